@@ -1,0 +1,71 @@
+"""accelerando: run one PyTorch script unchanged on CPU, one GPU, many GPUs and many machines.
+
+Public names are resolved lazily (PEP 562), so ``import accelerando`` costs almost nothing beyond
+``import torch``; each name's module is imported the first time the name is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelerando._lazy import lazy_getattr
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "Accelerator": "accelerando.accelerator",
+    "PartialState": "accelerando.state",
+    "ParallelismConfig": "accelerando.parallelism_config",
+    "init_empty_weights": "accelerando.big_modeling",
+    "init_on_device": "accelerando.big_modeling",
+    "cpu_offload": "accelerando.big_modeling",
+    "cpu_offload_with_hook": "accelerando.big_modeling",
+    "disk_offload": "accelerando.big_modeling",
+    "dispatch_model": "accelerando.big_modeling",
+    "load_checkpoint_and_dispatch": "accelerando.big_modeling",
+    "skip_first_batches": "accelerando.data_loader",
+    "prepare_pippy": "accelerando.inference",
+    "notebook_launcher": "accelerando.launchers",
+    "debug_launcher": "accelerando.launchers",
+    "find_executable_batch_size": "accelerando.utils.memory",
+    "infer_auto_device_map": "accelerando.utils.modeling",
+    "load_checkpoint_in_model": "accelerando.utils.modeling",
+    "compute_module_sizes": "accelerando.utils.modeling",
+    "get_balanced_memory": "accelerando.utils.modeling",
+    "find_tied_parameters": "accelerando.utils.modeling",
+    "check_tied_parameters_on_same_device": "accelerando.utils.modeling",
+    "retie_parameters": "accelerando.utils.modeling",
+    "synchronize_rng_states": "accelerando.utils.random",
+    "set_seed": "accelerando.utils.random",
+    "AutocastKwargs": "accelerando.plugins.kwargs",
+    "DistributedDataParallelKwargs": "accelerando.plugins.kwargs",
+    "GradScalerKwargs": "accelerando.plugins.kwargs",
+    "InitProcessGroupKwargs": "accelerando.plugins.kwargs",
+    "ProfileKwargs": "accelerando.plugins.kwargs",
+    "DataLoaderConfiguration": "accelerando.plugins.dataloader",
+    "DeepSpeedPlugin": "accelerando.plugins.deepspeed",
+    "FullyShardedDataParallelPlugin": "accelerando.plugins.fsdp",
+    "DDPCommunicationHookType": "accelerando.enums",
+    "DistributedType": "accelerando.enums",
+    "save_accelerator_state": "accelerando.checkpointing",
+    "load_accelerator_state": "accelerando.checkpointing",
+    "save_custom_state": "accelerando.checkpointing",
+    "load_custom_state": "accelerando.checkpointing",
+    "is_cuda_available": "accelerando.utils.imports",
+    "is_deepspeed_available": "accelerando.utils.imports",
+    "write_basic_config": "accelerando.commands.config",
+    "convert_bytes": "accelerando.utils.other",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - static analysers only
+    from accelerando.accelerator import Accelerator  # noqa: F401
+    from accelerando.state import PartialState  # noqa: F401

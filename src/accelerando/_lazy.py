@@ -1,0 +1,39 @@
+"""Lazy attribute resolution for public namespaces (PEP 562).
+
+A public module lists ``name -> defining module`` once; the defining module is imported the first
+time the name is read. This keeps ``import accelerando`` light: nothing beyond torch is imported
+until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_getattr(namespace: str, exports: Mapping[str, str], module_globals: dict[str, Any]) -> Callable[[str], Any]:
+    """Build a module-level ``__getattr__`` that imports each exported name on first access.
+
+    Args:
+        namespace: the public module's ``__name__`` (used in error messages).
+        exports: maps each public name to the absolute module that defines it.
+        module_globals: the public module's ``globals()``; resolved names are cached there so the
+            import happens once.
+
+    Returns:
+        A function suitable as the module's ``__getattr__``.
+
+    Raises:
+        AttributeError (from the returned function): for a name that is not exported.
+    """
+
+    def __getattr__(name: str) -> Any:
+        target = exports.get(name)
+        if target is None:
+            raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(target), name)
+        module_globals[name] = value
+        return value
+
+    return __getattr__
