@@ -1,0 +1,110 @@
+"""GradientState: the process-wide view of gradient accumulation and dataloader progress.
+
+Contract (who calls what):
+- ``Accelerator`` sets the accumulation plugin once (``_configure``) and flips ``sync_gradients``
+  at the start of every ``accumulate`` block (``_set_sync_gradients``).
+- Prepared dataloaders (``DataLoaderShard`` / ``DataLoaderDispatcher``) call ``_add_dataloader(self)``
+  when an iteration starts and ``_remove_dataloader(self)`` when it ends; while registered they expose
+  ``end_of_dataloader: bool`` (True while the last batch is being used) and ``remainder: int`` (number
+  of real samples in the last global batch when the dataset does not divide evenly, else -1).
+- Everything else only reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GradientState"]
+
+
+class GradientState:
+    """Shared (Borg) state of gradient synchronisation; every instance sees the same values.
+
+    Attributes:
+        sync_gradients: True when the current backward pass must all-reduce and the optimizer step
+            must run (the last micro-batch of an accumulation cycle).
+        num_steps: number of micro-batches per optimizer step.
+        adjust_scheduler: whether the scheduler accounts for accumulation.
+        sync_with_dataloader: force a sync at the end of each dataloader.
+        sync_each_batch: all-reduce on every micro-batch (saves memory, costs communication).
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin: Any | None = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self._shared_state.get("_initialized", False):
+            self.sync_gradients = True
+            self.active_dataloader: Any | None = None
+            self.dataloader_references: list[Any | None] = [None]
+            self.num_steps = 1
+            self.adjust_scheduler = True
+            self.sync_with_dataloader = True
+            self.sync_each_batch = False
+            self._initialized = True
+        if gradient_accumulation_plugin is not None:
+            self._configure(gradient_accumulation_plugin)
+
+    def _configure(self, plugin: Any) -> None:
+        self.num_steps = int(plugin.num_steps)
+        self.adjust_scheduler = bool(plugin.adjust_scheduler)
+        self.sync_with_dataloader = bool(plugin.sync_with_dataloader)
+        self.sync_each_batch = bool(plugin.sync_each_batch)
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the shared state has been created in this process."""
+        return GradientState._shared_state.get("_initialized", False)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch of the active prepared dataloader is in use."""
+        loader = self.active_dataloader
+        return bool(loader is not None and loader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the active loader's final global batch, or -1 when it divides evenly."""
+        loader = self.active_dataloader
+        return -1 if loader is None else int(loader.remainder)
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared dataloader is being iterated."""
+        return self.active_dataloader is not None
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The accumulation settings as keyword arguments."""
+        return {
+            "num_steps": self.num_steps,
+            "adjust_scheduler": self.adjust_scheduler,
+            "sync_with_dataloader": self.sync_with_dataloader,
+            "sync_each_batch": self.sync_each_batch,
+        }
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        refs = self.dataloader_references
+        for i in range(len(refs) - 1, -1, -1):
+            if refs[i] is dataloader:
+                del refs[i]
+                break
+        self.active_dataloader = refs[-1] if refs else None
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget everything (tests and ``Accelerator.free_memory``)."""
+        cls._shared_state.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"GradientState(sync_gradients={self.sync_gradients}, num_steps={self.num_steps}, "
+            f"end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
+        )

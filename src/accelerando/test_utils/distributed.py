@@ -1,0 +1,160 @@
+"""Run code in several real processes for tests (gloo on CPU, one rank per process).
+
+``run_distributed`` starts ``world_size`` fresh interpreters (multiprocessing "spawn"), gives each the
+environment torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+calls the function, and collects return values. The first failure is re-raised in the caller as
+``DistributedTestError`` tagged with its rank and carrying the child's traceback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["DistributedTestError", "execute_subprocess", "get_free_port", "launch_script", "run_distributed"]
+
+
+class DistributedTestError(RuntimeError):
+    """A process of a multi-process test failed; the message holds its rank and traceback."""
+
+
+def get_free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(
+    fn: Callable[..., Any], rank: int, world_size: int, port: int, env: Mapping[str, str], args: tuple, results: Any
+) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        }
+    )
+    os.environ.update(env)
+    try:
+        value = fn(*args)
+        results.put((rank, True, value))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *args: Any,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 240.0,
+) -> list[Any]:
+    """Run ``fn(*args)`` in ``world_size`` fresh processes and return the per-rank results.
+
+    Args:
+        fn: a picklable (module-level) function; it runs once per rank.
+        world_size: number of processes.
+        *args: picklable positional arguments passed to every rank.
+        env: extra environment variables for every rank.
+        timeout: seconds to wait for all ranks.
+
+    Returns:
+        ``[result_of_rank_0, result_of_rank_1, ...]`` (results must be picklable).
+
+    Raises:
+        DistributedTestError: a rank raised (message names the rank and holds its traceback), died
+            without reporting, or the run timed out.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = get_free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, dict(env or {}), args, results))
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    outcome: dict[int, Any] = {}
+    try:
+        while len(outcome) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=timeout)
+            except queue.Empty as exc:
+                raise DistributedTestError(f"timed out after {timeout}s; ranks done: {sorted(outcome)}") from exc
+            if not ok:
+                raise DistributedTestError(f"rank {rank} failed:\n{value}")
+            outcome[rank] = value
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return [outcome[rank] for rank in range(world_size)]
+
+
+def execute_subprocess(
+    cmd: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 300.0, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a command, returning its completed process; fail with its whole output if it fails.
+
+    Raises:
+        DistributedTestError: the command exited non-zero or timed out.
+    """
+    full_env = {**os.environ, **(env or {})}
+    try:
+        proc = subprocess.run(
+            list(cmd), env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise DistributedTestError(f"{' '.join(cmd)} timed out after {timeout}s\n{exc.stdout}\n{exc.stderr}") from exc
+    if proc.returncode != 0:
+        raise DistributedTestError(
+            f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+        )
+    return proc
+
+
+def launch_script(
+    path: str,
+    num_processes: int = 2,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``path`` under ``python -m torch.distributed.run`` with ``num_processes`` CPU processes.
+
+    Raises:
+        DistributedTestError: any process failed (the message holds every child's output).
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={num_processes}",
+        f"--master_port={get_free_port()}",
+        path,
+        *args,
+    ]
+    return execute_subprocess(cmd, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
