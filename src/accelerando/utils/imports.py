@@ -1,0 +1,525 @@
+"""Availability checks for optional libraries and hardware.
+
+Every ``is_*_available`` function answers without importing the optional package (it asks
+``importlib.util.find_spec``, cached per process) and without initialising an accelerator runtime, so
+calling one is safe before ``fork`` and costs microseconds after the first call.
+
+Why hardware checks never initialise CUDA: ``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``
+(which runs ``cuInit``) unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` is set, and a process that has run
+``cuInit`` can no longer fork CUDA-using children. ``torch.cuda.device_count()`` is documented as not
+poisoning fork when NVML discovery succeeds, and it does not cache a count taken before initialisation
+(so a later ``CUDA_VISIBLE_DEVICES`` change is still seen). We therefore answer "is CUDA there" with
+``torch.cuda.device_count() > 0`` and do not cache hardware answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import operator
+from collections.abc import Callable
+
+import torch
+from packaging.version import Version, parse
+
+__all__ = [
+    "compare_versions",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
+    "is_aim_available",
+    "is_bf16_available",
+    "is_bnb_available",
+    "is_clearml_available",
+    "is_comet_ml_available",
+    "is_cuda_available",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_dvclive_available",
+    "is_hpu_available",
+    "is_ipex_available",
+    "is_matplotlib_available",
+    "is_megatron_lm_available",
+    "is_mlflow_available",
+    "is_mps_available",
+    "is_msamp_available",
+    "is_neptune_available",
+    "is_npu_available",
+    "is_package_available",
+    "is_pynvml_available",
+    "is_rich_available",
+    "is_swanlab_available",
+    "is_tensorboard_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_torchao_available",
+    "is_torchdata_stateful_dataloader_available",
+    "is_tqdm_available",
+    "is_trackio_available",
+    "is_transformer_engine_available",
+    "is_transformers_available",
+    "is_wandb_available",
+    "is_xpu_available",
+    "package_version",
+]
+
+_OPERATORS: dict[str, Callable[[object, object], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    ">": operator.gt,
+}
+
+
+@functools.cache
+def is_package_available(import_name: str, distribution_name: str | None = None) -> bool:
+    """Tell whether a package could be imported, without importing it.
+
+    Args:
+        import_name: the top-level module name (``"wandb"``, ``"transformer_engine"``).
+        distribution_name: when given, the installed distribution must also have metadata under this
+            name (guards against a stray folder of the same name on ``sys.path``).
+
+    Returns:
+        True when the module spec is found (and the distribution metadata, if asked for).
+    """
+    if _find_spec_without_import(import_name) is None:
+        return False
+    if distribution_name is None:
+        return True
+    try:
+        importlib.metadata.version(distribution_name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _find_spec_without_import(name: str) -> importlib.machinery.ModuleSpec | None:
+    # importlib.util.find_spec("a.b") imports package "a" (running its __init__), so dotted names
+    # are resolved one level at a time through the parent's search path instead.
+    head, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(head)
+    except (ImportError, ValueError):
+        # Raised for a module already imported with __spec__ None, or a broken finder.
+        return None
+    for part in rest:
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    return spec
+
+
+@functools.cache
+def package_version(distribution_name: str) -> Version | None:
+    """Return the installed version of a distribution, or None when it is not installed.
+
+    Args:
+        distribution_name: the name pip knows the package by (``"bitsandbytes"``).
+
+    Returns:
+        The parsed version, or None.
+    """
+    try:
+        return parse(importlib.metadata.version(distribution_name))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
+    """Compare an installed library's version (or a version) with a requirement.
+
+    Args:
+        library_or_version: a distribution name (its installed version is used) or a version.
+        operation: one of ``<``, ``<=``, ``==``, ``!=``, ``>=``, ``>``.
+        requirement_version: the version to compare against.
+
+    Returns:
+        The result of ``installed <operation> requirement``; False when the library is not installed.
+
+    Raises:
+        ValueError: if ``operation`` is not one of the six comparison operators.
+    """
+    if operation not in _OPERATORS:
+        raise ValueError(f"Unknown comparison {operation!r}; use one of {sorted(_OPERATORS)}.")
+    if isinstance(library_or_version, Version):
+        current: Version | None = library_or_version
+    else:
+        current = package_version(library_or_version)
+        if current is None:
+            try:
+                current = parse(library_or_version)
+            except ValueError:
+                return False
+    return _OPERATORS[operation](current, parse(requirement_version))
+
+
+def is_torch_version(operation: str, version: str) -> bool:
+    """Compare the running torch version with ``version``.
+
+    Local build tags (``+cpu``, ``+cu121``) are ignored, so ``is_torch_version(">=", "2.1.0")`` holds
+    for ``2.1.0+cpu``.
+
+    Args:
+        operation: one of ``<``, ``<=``, ``==``, ``!=``, ``>=``, ``>``.
+        version: the version to compare against, e.g. ``"2.1.0"``.
+
+    Returns:
+        True when ``torch.__version__ <operation> version``.
+
+    Raises:
+        ValueError: if ``operation`` is not a comparison operator.
+    """
+    return compare_versions(parse(parse(torch.__version__).base_version), operation, version)
+
+
+# --- hardware --------------------------------------------------------------------------------------
+
+
+def is_cuda_available() -> bool:
+    """Tell whether at least one CUDA (or ROCm) device is visible, without initialising CUDA.
+
+    Returns:
+        True when torch was built with CUDA and reports one device or more.
+    """
+    return torch.cuda.device_count() > 0
+
+
+def is_mps_available(min_version: str | None = None) -> bool:
+    """Tell whether Apple's Metal (MPS) backend can be used.
+
+    Args:
+        min_version: optional minimum torch version required for MPS support.
+
+    Returns:
+        True when the MPS backend is built and available (and torch is recent enough).
+    """
+    if min_version is not None and not is_torch_version(">=", min_version):
+        return False
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_built() and mps.is_available())
+
+
+def is_xpu_available(check_device: bool = False) -> bool:
+    """Tell whether an Intel XPU device can be used.
+
+    Args:
+        check_device: also require that at least one device is visible (torch's check already does).
+
+    Returns:
+        True when ``torch.xpu`` reports a device.
+    """
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
+
+
+def is_npu_available(check_device: bool = False) -> bool:
+    """Tell whether an Ascend NPU can be used (requires the ``torch_npu`` extension).
+
+    Args:
+        check_device: also require that at least one device is visible. Importing ``torch_npu`` is
+            needed for that, so it only happens when asked.
+
+    Returns:
+        True when ``torch_npu`` is installed (and, if asked, a device is visible).
+    """
+    if not is_package_available("torch_npu"):
+        return False
+    if not check_device:
+        return True
+    import torch_npu  # noqa: F401  (registers torch.npu)
+
+    npu = getattr(torch, "npu", None)
+    return bool(npu is not None and npu.is_available())
+
+
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    """Tell whether an Intel Gaudi (HPU) device can be used.
+
+    Args:
+        init_hccl: accepted for API compatibility; the check never initialises the HCCL backend.
+
+    Returns:
+        True when the Habana PyTorch bridge is installed.
+    """
+    return is_package_available("habana_frameworks") and is_package_available("habana_frameworks.torch")
+
+
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """Tell whether ``torch_xla`` is installed.
+
+    Args:
+        check_is_tpu: accepted for API compatibility; asking for the device kind would initialise the
+            XLA runtime, so only installation is checked.
+        check_is_gpu: same as ``check_is_tpu``.
+
+    Returns:
+        True when ``torch_xla`` can be imported.
+    """
+    return is_package_available("torch_xla")
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """Tell whether bfloat16 arithmetic is supported on the default accelerator (or the CPU).
+
+    On CUDA this asks the device's compute capability, which initialises CUDA; it is therefore only
+    asked when a CUDA device is present.
+
+    Args:
+        ignore_tpu: do not answer True merely because torch_xla is installed.
+
+    Returns:
+        True when bf16 is usable.
+    """
+    if is_torch_xla_available() and not ignore_tpu:
+        return True
+    if is_cuda_available():
+        return bool(torch.cuda.is_bf16_supported())
+    if is_mps_available():
+        return is_torch_version(">=", "2.5.0")
+    return True
+
+
+def is_ipex_available() -> bool:
+    """Tell whether Intel Extension for PyTorch is installed.
+
+    Returns:
+        True when ``intel_extension_for_pytorch`` can be imported.
+    """
+    return is_package_available("intel_extension_for_pytorch")
+
+
+# --- libraries -------------------------------------------------------------------------------------
+
+
+def is_deepspeed_available() -> bool:
+    """Tell whether DeepSpeed is installed.
+
+    Returns:
+        True when ``deepspeed`` can be imported and has distribution metadata.
+    """
+    return is_package_available("deepspeed", "deepspeed")
+
+
+def is_transformers_available() -> bool:
+    """Tell whether Hugging Face Transformers is installed.
+
+    Returns:
+        True when ``transformers`` can be imported.
+    """
+    return is_package_available("transformers")
+
+
+def is_datasets_available() -> bool:
+    """Tell whether Hugging Face Datasets is installed.
+
+    Returns:
+        True when ``datasets`` can be imported.
+    """
+    return is_package_available("datasets")
+
+
+def is_wandb_available() -> bool:
+    """Tell whether Weights & Biases is installed.
+
+    Returns:
+        True when ``wandb`` can be imported.
+    """
+    return is_package_available("wandb")
+
+
+def is_tensorboard_available() -> bool:
+    """Tell whether a TensorBoard writer is installed (``tensorboard`` or ``tensorboardX``).
+
+    Returns:
+        True when either package can be imported.
+    """
+    return is_package_available("tensorboard") or is_package_available("tensorboardX")
+
+
+def is_comet_ml_available() -> bool:
+    """Tell whether Comet ML is installed.
+
+    Returns:
+        True when ``comet_ml`` can be imported.
+    """
+    return is_package_available("comet_ml")
+
+
+def is_mlflow_available() -> bool:
+    """Tell whether MLflow (or its lighter ``mlflow-skinny`` distribution) is installed.
+
+    Returns:
+        True when ``mlflow`` can be imported.
+    """
+    return is_package_available("mlflow")
+
+
+def is_aim_available() -> bool:
+    """Tell whether Aim is installed.
+
+    Returns:
+        True when ``aim`` can be imported.
+    """
+    return is_package_available("aim")
+
+
+def is_clearml_available() -> bool:
+    """Tell whether ClearML is installed.
+
+    Returns:
+        True when ``clearml`` can be imported.
+    """
+    return is_package_available("clearml")
+
+
+def is_dvclive_available() -> bool:
+    """Tell whether DVCLive is installed.
+
+    Returns:
+        True when ``dvclive`` can be imported.
+    """
+    return is_package_available("dvclive")
+
+
+def is_swanlab_available() -> bool:
+    """Tell whether SwanLab is installed.
+
+    Returns:
+        True when ``swanlab`` can be imported.
+    """
+    return is_package_available("swanlab")
+
+
+def is_trackio_available() -> bool:
+    """Tell whether Trackio is installed.
+
+    Returns:
+        True when ``trackio`` can be imported.
+    """
+    return is_package_available("trackio")
+
+
+def is_neptune_available() -> bool:
+    """Tell whether the Neptune client is installed.
+
+    Returns:
+        True when ``neptune`` can be imported.
+    """
+    return is_package_available("neptune")
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    """Tell whether bitsandbytes is installed (optionally at least ``min_version``).
+
+    Args:
+        min_version: the lowest acceptable version, e.g. ``"0.39.0"``.
+
+    Returns:
+        True when ``bitsandbytes`` is installed and recent enough.
+    """
+    if not is_package_available("bitsandbytes", "bitsandbytes"):
+        return False
+    return min_version is None or compare_versions("bitsandbytes", ">=", min_version)
+
+
+def is_4bit_bnb_available() -> bool:
+    """Tell whether the installed bitsandbytes supports 4-bit quantization (0.39.0 or later).
+
+    Returns:
+        True when 4-bit layers are available.
+    """
+    return is_bnb_available("0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    """Tell whether the installed bitsandbytes supports 8-bit quantization (0.37.2 or later).
+
+    Returns:
+        True when 8-bit layers are available.
+    """
+    return is_bnb_available("0.37.2")
+
+
+def is_rich_available() -> bool:
+    """Tell whether Rich is installed.
+
+    Returns:
+        True when ``rich`` can be imported.
+    """
+    return is_package_available("rich")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """Tell whether torchdata's ``StatefulDataLoader`` is installed.
+
+    Returns:
+        True when ``torchdata.stateful_dataloader`` can be imported.
+    """
+    return is_package_available("torchdata") and is_package_available("torchdata.stateful_dataloader")
+
+
+def is_matplotlib_available() -> bool:
+    """Tell whether matplotlib is installed.
+
+    Returns:
+        True when ``matplotlib`` can be imported.
+    """
+    return is_package_available("matplotlib")
+
+
+def is_pynvml_available() -> bool:
+    """Tell whether NVML bindings (``pynvml``) are installed.
+
+    Returns:
+        True when ``pynvml`` can be imported.
+    """
+    return is_package_available("pynvml")
+
+
+def is_transformer_engine_available() -> bool:
+    """Tell whether NVIDIA Transformer Engine is installed.
+
+    Returns:
+        True when ``transformer_engine`` can be imported.
+    """
+    return is_package_available("transformer_engine")
+
+
+def is_torchao_available() -> bool:
+    """Tell whether torchao is installed.
+
+    Returns:
+        True when ``torchao`` can be imported.
+    """
+    return is_package_available("torchao")
+
+
+def is_msamp_available() -> bool:
+    """Tell whether Microsoft's MS-AMP is installed.
+
+    Returns:
+        True when ``msamp`` can be imported.
+    """
+    return is_package_available("msamp")
+
+
+def is_megatron_lm_available() -> bool:
+    """Tell whether Megatron-LM (``megatron.core``) is installed.
+
+    Returns:
+        True when ``megatron.core`` can be imported.
+    """
+    return is_package_available("megatron") and is_package_available("megatron.core")
+
+
+def is_tqdm_available() -> bool:
+    """Tell whether tqdm is installed.
+
+    Returns:
+        True when ``tqdm`` can be imported.
+    """
+    return is_package_available("tqdm")
