@@ -1,0 +1,301 @@
+"""The table of every setting accelerando resolves.
+
+Each :class:`Field` row says, for one setting: its type and default, the environment variables it is
+read from (ours first, then the reference project's names for scripts migrated from it), where it
+lives in a config file, which launcher flag sets it, and which values it allows. The resolver, the
+config-file validator, the launcher's argparse options and its environment export are all generated
+from this one table, so a new setting is one new row.
+
+This module must stay importable without torch: the command line uses it before any process starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelerando.enums import DistributedType, DynamoBackend, PrecisionType
+
+__all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "GROUPS", "get_field", "fields_in_group"]
+
+#: Prefix of the environment variables the launcher writes and every process reads first.
+ENV_PREFIX = "ACCELERANDO_"
+
+_KINDS = ("str", "int", "float", "bool", "choice", "list")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One setting: its type, default and every place it can come from.
+
+    Attributes:
+        name: attribute name on :class:`~accelerando.settings.Settings`.
+        kind: one of ``"str"``, ``"int"``, ``"float"``, ``"bool"``, ``"choice"``, ``"list"``.
+        default: value when no layer sets it (``None`` = "not given; detect at run time").
+        group: ``"core"``, ``"launch"``, ``"dynamo"``, ``"fsdp"``, ``"deepspeed"``, ``"megatron"``.
+        help: one line shown by ``--help`` and ``accelerando env``.
+        choices: allowed values of a ``"choice"`` field, in canonical spelling.
+        aliases: extra spellings of choices (e.g. the reference's numeric FSDP strategies).
+        minimum: smallest allowed value of an ``"int"``/``"float"`` field.
+        env: the reference project's environment variable names, read after ours.
+        config_keys: dotted paths in a config file; the first is where the field is written.
+        cli: the launcher flag, or ``None`` when the field has none.
+        switch: the flag takes no value (``--cpu``), otherwise it takes one (``--zero_stage 2``).
+        export: the launcher carries the resolved value to the processes.
+        our_env: our environment variable name (``ACCELERANDO_<NAME>`` unless given).
+    """
+
+    name: str
+    kind: str
+    default: Any = None
+    group: str = "core"
+    help: str = ""
+    choices: tuple[str, ...] | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+    minimum: float | None = None
+    env: tuple[str, ...] = ()
+    config_keys: tuple[str, ...] = ()
+    cli: str | None = None
+    switch: bool = False
+    export: bool = True
+    our_env: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"Field {self.name!r}: kind {self.kind!r} is not one of {_KINDS}.")
+        if not self.our_env:
+            object.__setattr__(self, "our_env", ENV_PREFIX + self.name.upper())
+        if not self.config_keys:
+            object.__setattr__(self, "config_keys", (self.name,))
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        """All environment variable names, in reading order (ours first)."""
+        return (self.our_env, *self.env)
+
+    def describe_allowed(self) -> str:
+        """Human-readable description of the values this field accepts."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(repr(c) for c in self.choices or ())
+        if self.kind == "bool":
+            return "a boolean (true/false, yes/no, 1/0)"
+        if self.kind in ("int", "float"):
+            noun = "an integer" if self.kind == "int" else "a number"
+            return noun + (f" >= {self.minimum:g}" if self.minimum is not None else "")
+        if self.kind == "list":
+            return "a comma-separated list of names"
+        return "a string"
+
+
+def _core(name: str, kind: str, default: Any = None, **kw: Any) -> Field:
+    kw.setdefault("cli", "--" + name)
+    return Field(name, kind, default, **kw)
+
+
+def _fsdp(name: str, kind: str, default: Any = None, *, ref_env: str = "", **kw: Any) -> Field:
+    env = (ref_env or name.upper(),)
+    return Field(
+        name,
+        kind,
+        default,
+        group="fsdp",
+        env=env,
+        config_keys=("fsdp_config." + name,),
+        cli="--" + name,
+        **kw,
+    )
+
+
+def _ds(name: str, kind: str, default: Any = None, *, ref_env: str = "", **kw: Any) -> Field:
+    bare = name.removeprefix("deepspeed_")
+    env = (ref_env or "ACCELERATE_DEEPSPEED_" + bare.upper(),)
+    kw.setdefault("config_keys", ("deepspeed_config." + name,))
+    return Field(
+        name,
+        kind,
+        default,
+        group="deepspeed",
+        env=env,
+        cli="--" + name,
+        our_env=ENV_PREFIX + "DEEPSPEED_" + bare.upper(),
+        **kw,
+    )
+
+
+def _megatron(name: str, kind: str, help: str) -> Field:
+    return Field(
+        name,
+        kind,
+        None,
+        group="megatron",
+        help=help,
+        env=("ACCELERATE_" + name.upper(),),
+        config_keys=("megatron_lm_config." + name,),
+        cli="--" + name,
+        minimum=1 if kind == "int" else None,
+    )
+
+
+def _dynamo(name: str, kind: str, default: Any, help: str, **kw: Any) -> Field:
+    return Field(
+        name,
+        kind,
+        default,
+        group="dynamo",
+        help=help,
+        env=("ACCELERATE_" + name.upper(),),
+        config_keys=("dynamo_config." + name,),
+        cli="--" + name,
+        **kw,
+    )
+
+
+_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_OFFLOAD = ("none", "cpu", "nvme")
+
+# fmt: off
+FIELDS: tuple[Field, ...] = (
+    # --- core: read by every process -------------------------------------------------------------
+    _core("mixed_precision", "choice", "no", help="Numeric precision of the training step.",
+          choices=tuple(PrecisionType.list()), env=("ACCELERATE_MIXED_PRECISION",)),
+    _core("gradient_accumulation_steps", "int", 1, minimum=1,
+          help="Number of batches whose gradients are summed before an optimizer step.",
+          env=("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",),
+          config_keys=("gradient_accumulation_steps", "deepspeed_config.gradient_accumulation_steps")),
+    _core("cpu", "bool", False, switch=True, help="Run on CPU even when an accelerator is present.",
+          env=("ACCELERATE_USE_CPU",), config_keys=("use_cpu",)),
+    _core("distributed_type", "choice", None, choices=tuple(DistributedType.list()),
+          help="Distributed mode requested by the launcher or config (unset = detect)."),
+    _core("use_deepspeed", "bool", False, switch=True, help="Use the DeepSpeed backend.",
+          env=("ACCELERATE_USE_DEEPSPEED",)),
+    _core("use_fsdp", "bool", False, switch=True, help="Use Fully Sharded Data Parallel.",
+          env=("ACCELERATE_USE_FSDP",)),
+    _core("use_megatron_lm", "bool", False, switch=True, help="Use the Megatron-LM backend.",
+          env=("ACCELERATE_USE_MEGATRON_LM",)),
+    _core("debug", "bool", False, switch=True,
+          help="Check that collective operations get the same shapes on every process.",
+          env=("ACCELERATE_DEBUG_MODE",)),
+    _core("downcast_bf16", "bool", False, help="On TPUs, store float32 tensors as bfloat16.",
+          env=("ACCELERATE_DOWNCAST_BF16",)),
+    _core("log_level", "str", None, cli=None, help="Log level of accelerando's loggers.",
+          env=("ACCELERATE_LOG_LEVEL",)),
+    # --- launch topology: written by the launcher, informational inside a process ---------------
+    _core("num_processes", "int", None, group="launch", minimum=1,
+          help="Total number of processes to start (all machines).", env=("ACCELERATE_NUM_PROCESSES",)),
+    _core("num_machines", "int", None, group="launch", minimum=1, help="Number of machines."),
+    _core("machine_rank", "int", None, group="launch", minimum=0, help="Rank of this machine (0-based)."),
+    _core("gpu_ids", "str", None, group="launch",
+          help="GPUs to use on this machine: 'all' or a comma-separated list of ids."),
+    _core("multi_gpu", "bool", False, group="launch", switch=True, config_keys=("multi_gpu",),
+          help="Start one process per GPU with distributed data parallel."),
+    _core("main_process_ip", "str", None, group="launch", help="Address of the machine of rank 0."),
+    _core("main_process_port", "int", None, group="launch", minimum=0, help="Port of the machine of rank 0."),
+    _core("same_network", "bool", True, group="launch", switch=True,
+          help="All machines are on the same local network."),
+    _core("num_cpu_threads_per_process", "int", None, group="launch", minimum=1,
+          help="OMP_NUM_THREADS for each process."),
+    _core("enable_cpu_affinity", "bool", False, group="launch", switch=True,
+          help="Pin each process to the CPU cores closest to its GPU.", env=("ACCELERATE_CPU_AFFINITY",)),
+    _core("main_training_function", "str", "main", group="launch", cli=None,
+          help="Name of the function a notebook or TPU launch calls."),
+    _core("rdzv_backend", "str", "static", group="launch", help="Rendezvous backend (static, c10d, etcd)."),
+    _core("rdzv_conf", "str", None, group="launch", help="Extra rendezvous settings: key1=value1,key2=value2."),
+    _core("max_restarts", "int", 0, group="launch", minimum=0, help="Restarts allowed before failing."),
+    _core("monitor_interval", "float", 0.1, group="launch", minimum=0,
+          help="Seconds between checks of the processes' state."),
+    # --- torch.compile ----------------------------------------------------------------------------
+    _dynamo("dynamo_backend", "choice", "NO", "Backend passed to torch.compile ('no' = do not compile).",
+            choices=tuple(DynamoBackend.list())),
+    _dynamo("dynamo_mode", "choice", None, "torch.compile mode.",
+            choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")),
+    _dynamo("dynamo_use_fullgraph", "bool", False, "Compile the whole model as one graph.", switch=True),
+    _dynamo("dynamo_use_dynamic", "bool", False, "Compile with dynamic shapes.", switch=True),
+    _dynamo("dynamo_use_regional_compilation", "bool", False, "Compile repeated blocks once.", switch=True),
+    # --- FSDP -------------------------------------------------------------------------------------
+    _fsdp("fsdp_version", "choice", None, choices=("1", "2"), help="FSDP implementation version."),
+    _fsdp("fsdp_sharding_strategy", "choice", None, choices=_SHARDING,
+          aliases={str(i + 1): s for i, s in enumerate(_SHARDING)}, help="How FSDP shards state."),
+    _fsdp("fsdp_reshard_after_forward", "str", None,
+          help="FSDP2: true/false; FSDP1: a sharding strategy name."),
+    _fsdp("fsdp_auto_wrap_policy", "choice", None, ref_env="FSDP_AUTO_WRAP_POLICY",
+          choices=("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"), help="Which submodules to wrap."),
+    _fsdp("fsdp_transformer_layer_cls_to_wrap", "list", None, ref_env="FSDP_TRANSFORMER_CLS_TO_WRAP",
+          help="Layer class names to wrap (comma-separated)."),
+    _fsdp("fsdp_min_num_params", "int", None, minimum=0, help="Minimum parameters for size-based wrapping."),
+    _fsdp("fsdp_backward_prefetch", "choice", None,
+          choices=("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"), help="Backward prefetch policy."),
+    _fsdp("fsdp_forward_prefetch", "bool", None, help="Prefetch the next all-gather in forward."),
+    _fsdp("fsdp_offload_params", "bool", None, help="Offload parameters and gradients to CPU."),
+    _fsdp("fsdp_state_dict_type", "choice", None,
+          choices=("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"), help="Checkpoint layout."),
+    _fsdp("fsdp_cpu_ram_efficient_loading", "bool", None, help="Load weights on rank 0 only."),
+    _fsdp("fsdp_sync_module_states", "bool", None, help="Broadcast rank 0's weights at wrap time."),
+    _fsdp("fsdp_use_orig_params", "bool", None, help="Keep original parameters visible to the optimizer."),
+    _fsdp("fsdp_activation_checkpointing", "bool", None, help="Recompute activations in backward."),
+    # --- DeepSpeed --------------------------------------------------------------------------------
+    _ds("deepspeed_config_file", "str", None, help="Path to a DeepSpeed JSON config."),
+    _ds("zero_stage", "int", None, minimum=0, ref_env="ACCELERATE_DEEPSPEED_ZERO_STAGE", help="ZeRO stage 0-3."),
+    _ds("gradient_clipping", "float", None, minimum=0, ref_env="ACCELERATE_GRADIENT_CLIPPING",
+        help="Gradient norm clipping value."),
+    _ds("offload_optimizer_device", "choice", None, choices=_OFFLOAD, help="Where ZeRO offloads optimizer state."),
+    _ds("offload_param_device", "choice", None, choices=_OFFLOAD, help="Where ZeRO-3 offloads parameters."),
+    _ds("offload_optimizer_nvme_path", "str", None, help="NVMe path for optimizer offload."),
+    _ds("offload_param_nvme_path", "str", None, help="NVMe path for parameter offload."),
+    _ds("zero3_init_flag", "bool", None, ref_env="ACCELERATE_DEEPSPEED_ZERO3_INIT",
+        help="Build models directly sharded under ZeRO-3."),
+    _ds("zero3_save_16bit_model", "bool", None, help="Save a consolidated 16-bit model under ZeRO-3."),
+    _ds("deepspeed_moe_layer_cls_names", "list", None, help="Mixture-of-experts layer class names."),
+    _ds("deepspeed_hostfile", "str", None, export=False, help="DeepSpeed hostfile for multi-node launch."),
+    _ds("deepspeed_multinode_launcher", "str", None, export=False, help="pdsh, standard, openmpi, ..."),
+    # --- Megatron-LM ------------------------------------------------------------------------------
+    _megatron("megatron_lm_tp_degree", "int", "Tensor parallel degree."),
+    _megatron("megatron_lm_pp_degree", "int", "Pipeline parallel degree."),
+    _megatron("megatron_lm_num_micro_batches", "int", "Micro-batches per pipeline step."),
+    _megatron("megatron_lm_sequence_parallelism", "bool", "Enable sequence parallelism."),
+    _megatron("megatron_lm_recompute_activations", "bool", "Recompute activations."),
+    _megatron("megatron_lm_use_distributed_optimizer", "bool", "Shard optimizer state."),
+    _megatron("megatron_lm_gradient_clipping", "float", "Gradient clipping value."),
+)
+# fmt: on
+
+FIELDS_BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FIELDS))
+
+
+def get_field(name: str) -> Field:
+    """Return the :class:`Field` called ``name``.
+
+    Args:
+        name: a setting name, e.g. ``"mixed_precision"``.
+
+    Returns:
+        The field's table row.
+
+    Raises:
+        KeyError: when no setting has that name (the message suggests a close one).
+    """
+    try:
+        return FIELDS_BY_NAME[name]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(name, FIELDS_BY_NAME, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"Unknown setting {name!r}.{hint}") from None
+
+
+def fields_in_group(group: str) -> tuple[Field, ...]:
+    """Return the fields of one group (``"core"``, ``"launch"``, ``"fsdp"``, ...).
+
+    Args:
+        group: a group name from :data:`GROUPS`.
+
+    Returns:
+        The group's fields in table order.
+
+    Raises:
+        ValueError: when ``group`` is not a known group.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"Unknown settings group {group!r}; use one of {', '.join(GROUPS)}.")
+    return tuple(f for f in FIELDS if f.group == group)

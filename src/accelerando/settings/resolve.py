@@ -1,0 +1,320 @@
+"""Merge ordered layers of raw values into one frozen :class:`Settings` with provenance.
+
+A *layer* maps setting names to :class:`Sourced` raw values (a value plus a label saying where it came
+from: ``"env:ACCELERATE_MIXED_PRECISION"``, ``"config:/path.yaml"``, ``"cli:--cpu"``, ``"code"``).
+:func:`resolve` applies the layers in order on top of the defaults: a later layer wins, and a value of
+``None`` ("not given") never wins. Each raw value is parsed and validated against its
+:class:`~accelerando.settings.fields.Field` row, so a bad value is reported with its source.
+
+Who calls what:
+    * each process: :func:`resolve_runtime_settings` (defaults < environment < code);
+    * the launcher: :func:`resolve` with (config file, CLI flags) layers built by
+      :mod:`accelerando.settings.configfile` and :mod:`accelerando.commands.launch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from accelerando.settings.fields import FIELDS, FIELDS_BY_NAME, Field, fields_in_group, get_field
+
+__all__ = [
+    "Sourced",
+    "Layer",
+    "Settings",
+    "parse_value",
+    "resolve",
+    "env_layer",
+    "code_layer",
+    "resolve_runtime_settings",
+]
+
+logger = logging.getLogger("accelerando.settings")
+
+_TRUE = frozenset({"1", "true", "yes", "y", "on", "t"})
+_FALSE = frozenset({"0", "false", "no", "n", "off", "f", "none", ""})
+
+
+class Sourced(NamedTuple):
+    """A raw value and the label of the place it came from."""
+
+    value: Any
+    source: str
+
+
+Layer = Mapping[str, Sourced]
+
+
+def _bad(field: Field, raw: Any, source: str) -> ValueError:
+    where = source if source != "code" else "code (an argument)"
+    fix = f"Fix: set {field.name!r} to {field.describe_allowed()}"
+    if source.startswith("env:"):
+        fix += f" in {source[4:]}, or unset that variable"
+    elif source.startswith("config:"):
+        fix += f" in {source[7:]}"
+    return ValueError(
+        f"Invalid value {raw!r} for setting {field.name!r} (from {where}): expected {field.describe_allowed()}. {fix}."
+    )
+
+
+def _parse_bool(field: Field, raw: Any, source: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str):
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+    raise _bad(field, raw, source)
+
+
+def _parse_number(field: Field, raw: Any, source: str) -> int | float:
+    number: int | float
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        if field.kind == "int":
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError
+            number = int(raw.strip()) if isinstance(raw, str) else int(raw)
+        else:
+            number = float(raw)
+    except (TypeError, ValueError):
+        raise _bad(field, raw, source) from None
+    if field.minimum is not None and number < field.minimum:
+        raise _bad(field, raw, source)
+    return number
+
+
+def _parse_choice(field: Field, raw: Any, source: str) -> str:
+    text = str(raw).strip()
+    if isinstance(raw, bool):  # YAML turns a bare `no` into False
+        text = "no" if not raw else "yes"
+    low = text.lower()
+    for choice in field.choices or ():
+        if choice.lower() == low:
+            return choice
+    if low in field.aliases:
+        return field.aliases[low]
+    raise _bad(field, raw, source)
+
+
+def parse_value(field: Field | str, raw: Any, source: str = "code") -> Any:
+    """Parse and validate one raw value for a field.
+
+    Args:
+        field: the :class:`Field` or its name.
+        raw: the value as written (a string from the environment or CLI, or a typed value).
+        source: label of where ``raw`` came from, used in the error message.
+
+    Returns:
+        The value in the field's type (``None`` stays ``None``).
+
+    Raises:
+        ValueError: when ``raw`` is not allowed; the message names the setting, its source and the
+            allowed values.
+    """
+    fld = get_field(field) if isinstance(field, str) else field
+    if raw is None:
+        return None
+    if fld.kind == "bool":
+        return _parse_bool(fld, raw, source)
+    if fld.kind in ("int", "float"):
+        return _parse_number(fld, raw, source)
+    if fld.kind == "choice":
+        return _parse_choice(fld, raw, source)
+    if fld.kind == "list":
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, (list, tuple)):
+            raise _bad(fld, raw, source)
+        return tuple(str(i).strip() for i in items if str(i).strip())
+    if isinstance(raw, (dict, list, tuple)):
+        raise _bad(fld, raw, source)
+    return str(raw).lower() if isinstance(raw, bool) else str(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved values of every setting, each with the label of the layer that set it.
+
+    Read a value as an attribute (``settings.mixed_precision``) and its origin with
+    :meth:`source`. Instances are immutable; build a new one with :func:`resolve`.
+
+    Attributes:
+        values: setting name -> resolved value.
+        sources: setting name -> ``"default"``, ``"env:NAME"``, ``"config:<path>"``,
+            ``"cli:--flag"`` or ``"code"``.
+    """
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "values")
+        if name in values:
+            return values[name]
+        raise AttributeError(f"Settings has no field {name!r}")
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[get_field(name).name]
+
+    def source(self, name: str) -> str:
+        """Return where setting ``name`` came from.
+
+        Args:
+            name: a setting name.
+
+        Returns:
+            ``"default"``, ``"env:<VAR>"``, ``"config:<path>"``, ``"cli:--flag"`` or ``"code"``.
+
+        Raises:
+            KeyError: for an unknown setting name.
+        """
+        return self.sources[get_field(name).name]
+
+    def items(self) -> Iterator[tuple[str, Any, str]]:
+        """Yield ``(name, value, source)`` for every setting, in table order."""
+        for f in FIELDS:
+            yield f.name, self.values[f.name], self.sources[f.name]
+
+    def group(self, name: str) -> dict[str, Any]:
+        """Return the resolved values of one group (``"fsdp"``, ``"deepspeed"``, ``"dynamo"``, ...).
+
+        Args:
+            name: a group name from :data:`accelerando.settings.fields.GROUPS`.
+
+        Returns:
+            A new dict of setting name -> value for that group.
+
+        Raises:
+            ValueError: for an unknown group name.
+        """
+        return {f.name: self.values[f.name] for f in fields_in_group(name)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a plain copy of every resolved value."""
+        return dict(self.values)
+
+    def explicitly_set(self) -> dict[str, Any]:
+        """Return the values that some layer set (the source is not ``"default"``)."""
+        return {k: v for k, v in self.values.items() if self.sources[k] != "default"}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.explicitly_set().items())
+        return f"Settings({shown})"
+
+
+def _check_layer_names(layer: Layer) -> None:
+    for name in layer:
+        if name not in FIELDS_BY_NAME:
+            get_field(name)  # raises KeyError with a "did you mean"
+
+
+def resolve(layers: Sequence[Layer], *, warn_sources: tuple[str, ...] = ("code",)) -> Settings:
+    """Merge ``layers`` (lowest precedence first) on top of the defaults.
+
+    Args:
+        layers: mappings of setting name -> :class:`Sourced`; later layers win, ``None`` never wins.
+        warn_sources: when a value from a layer whose label is in this tuple replaces a *different*
+            value set by an earlier non-default layer, one warning lists every such override.
+
+    Returns:
+        The frozen :class:`Settings`.
+
+    Raises:
+        ValueError: when a value is not allowed for its setting.
+        KeyError: when a layer names an unknown setting.
+    """
+    values: dict[str, Any] = {f.name: f.default for f in FIELDS}
+    sources: dict[str, str] = dict.fromkeys(values, "default")
+    overrides: list[str] = []
+    for layer in layers:
+        _check_layer_names(layer)
+        for name, (raw, source) in layer.items():
+            value = parse_value(FIELDS_BY_NAME[name], raw, source)
+            if value is None:
+                continue
+            previous, previous_source = values[name], sources[name]
+            if source in warn_sources and previous_source != "default" and previous != value:
+                overrides.append(
+                    f"{name}={value!r} from {source} overrides {previous!r} from {previous_source}"
+                )
+            values[name], sources[name] = value, source
+    if overrides:
+        logger.warning("Explicit settings override the launcher/environment: %s", "; ".join(overrides))
+    return Settings(values=values, sources=sources)
+
+
+def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
+    """Read every setting from environment variables.
+
+    Our ``ACCELERANDO_*`` name is read first; when it is unset the reference project's names are
+    tried in order. An empty string counts as unset.
+
+    Args:
+        environ: the environment to read; ``None`` reads ``os.environ``.
+
+    Returns:
+        A layer for :func:`resolve`, labelled ``env:<VAR>`` per value.
+    """
+    env = os.environ if environ is None else environ
+    layer: dict[str, Sourced] = {}
+    for f in FIELDS:
+        for var in f.env_names:
+            raw = env.get(var)
+            if raw is not None and raw != "":
+                layer[f.name] = Sourced(raw, "env:" + var)
+                break
+    return layer
+
+
+def code_layer(values: Mapping[str, Any] | None) -> dict[str, Sourced]:
+    """Wrap arguments given in code as a layer (``None`` values mean "not given" and are dropped).
+
+    Args:
+        values: setting name -> value, e.g. the Accelerator's keyword arguments.
+
+    Returns:
+        A layer for :func:`resolve`, labelled ``"code"``.
+
+    Raises:
+        KeyError: when a name is not a known setting.
+    """
+    layer = {k: Sourced(v, "code") for k, v in (values or {}).items() if v is not None}
+    _check_layer_names(layer)
+    return layer
+
+
+def resolve_runtime_settings(
+    code: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Resolve the settings of the running process: defaults < environment < code.
+
+    The environment carries what the launcher resolved (config file and CLI flags) or what the user
+    exported; an argument given in code always wins, with one warning when it replaces a different
+    value from the environment.
+
+    Args:
+        code: setting name -> value given in code; ``None`` values mean "not given".
+        environ: the environment to read; ``None`` reads ``os.environ``.
+
+    Returns:
+        The frozen :class:`Settings`.
+
+    Raises:
+        ValueError: when a value is not allowed (the message names the setting, source and fix).
+        KeyError: when ``code`` names an unknown setting.
+
+    Example:
+        >>> s = resolve_runtime_settings({"mixed_precision": "bf16"}, environ={})
+        >>> s.mixed_precision, s.source("mixed_precision")
+        ('bf16', 'code')
+    """
+    return resolve([env_layer(environ), code_layer(code)])
