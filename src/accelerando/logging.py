@@ -1,0 +1,192 @@
+"""Process-aware logging: ``get_logger`` returns a logger that speaks once per run, not once per process.
+
+In a run of N processes every ``logger.info(...)`` would print N times. The adapter returned by
+:func:`get_logger` logs on the main process only unless a call says ``main_process_only=False``; with
+``in_order=True`` as well, processes take turns (rank 0 first) separated by barriers.
+
+It works before any :class:`~accelerando.state.PartialState` exists: the rank is read from the live
+process group when there is one, else from the launcher's ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE``
+variables, else the process is treated as the only one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, MutableMapping
+from typing import Any, NamedTuple
+
+__all__ = ["MultiProcessAdapter", "get_logger"]
+
+# The reference's variable is honoured so scripts migrated from it keep their log level.
+_LEVEL_ENV_VARS = ("ACCELERANDO_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
+
+
+class _ProcessView(NamedTuple):
+    rank: int
+    local_rank: int
+    world_size: int
+
+
+def _env_int(name: str, default: int) -> int:
+    # Read directly (not through settings/): logging must work before any settings are resolved.
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().lstrip("-").isdigit() else default
+
+
+def _process_view() -> _ProcessView:
+    """Return this process's rank, local rank and world size without creating any state.
+
+    The live process group wins; otherwise the launcher's environment; otherwise a single process.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        return _ProcessView(rank, _env_int("LOCAL_RANK", rank), dist.get_world_size())
+    rank = _env_int("RANK", 0)
+    return _ProcessView(rank, _env_int("LOCAL_RANK", rank), _env_int("WORLD_SIZE", 1))
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class MultiProcessAdapter(logging.LoggerAdapter):
+    """A :class:`logging.LoggerAdapter` whose log calls know about processes.
+
+    Every log method (``debug``, ``info``, ``warning``, ``error``, ``critical``, ``exception``, ``log``)
+    accepts two extra keyword arguments:
+
+    - ``main_process_only`` (default ``True``): log only on the global main process (rank 0).
+    - ``in_order`` (default ``False``): with ``main_process_only=False``, let each process log in rank
+      order, waiting on a barrier between turns. Every process must make the call, or the run hangs.
+
+    ``warning_once`` logs a given message once per process (cached on the message text).
+    """
+
+    def __init__(self, logger: logging.Logger, extra: Mapping[str, object] | None = None) -> None:
+        super().__init__(logger, extra or {})
+        self._warned: set[str] = set()
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        """Pass the message through unchanged (kept for :class:`logging.LoggerAdapter`'s contract)."""
+        return msg, kwargs
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log ``msg`` at ``level`` on the processes selected by ``main_process_only`` / ``in_order``.
+
+        Args:
+            level: a :mod:`logging` level (``logging.INFO``, ...).
+            msg: the message (``%``-style formatted with ``args``, as in :mod:`logging`).
+            *args: formatting arguments.
+            **kwargs: :mod:`logging` keyword arguments plus ``main_process_only`` and ``in_order``.
+
+        Raises:
+            TypeError: ``main_process_only`` or ``in_order`` is not a bool.
+        """
+        main_process_only = kwargs.pop("main_process_only", True)
+        in_order = kwargs.pop("in_order", False)
+        if not isinstance(main_process_only, bool) or not isinstance(in_order, bool):
+            raise TypeError(
+                "main_process_only and in_order must be True or False; "
+                f"got main_process_only={main_process_only!r}, in_order={in_order!r}."
+            )
+        # Default stacklevel points records at the caller of logger.info(...), not at this adapter.
+        kwargs.setdefault("stacklevel", 3)
+        if not self.isEnabledFor(level):
+            return
+        view = _process_view()
+        if main_process_only or not in_order:
+            if not main_process_only or view.rank == 0:
+                msg, kwargs = self.process(msg, kwargs)
+                self.logger.log(level, msg, *args, **kwargs)
+            return
+        for turn in range(view.world_size):
+            if turn == view.rank:
+                msg, kwargs = self.process(msg, kwargs)
+                self.logger.log(level, msg, *args, **kwargs)
+            _barrier()
+
+    def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log at DEBUG level (see :meth:`log` for the extra keywords)."""
+        self._dispatch(logging.DEBUG, msg, args, kwargs)
+
+    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log at INFO level (see :meth:`log` for the extra keywords)."""
+        self._dispatch(logging.INFO, msg, args, kwargs)
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log at WARNING level (see :meth:`log` for the extra keywords)."""
+        self._dispatch(logging.WARNING, msg, args, kwargs)
+
+    def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log at ERROR level (see :meth:`log` for the extra keywords)."""
+        self._dispatch(logging.ERROR, msg, args, kwargs)
+
+    def critical(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log at CRITICAL level (see :meth:`log` for the extra keywords)."""
+        self._dispatch(logging.CRITICAL, msg, args, kwargs)
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        """Log at ERROR level with the current exception's traceback."""
+        self._dispatch(logging.ERROR, msg, args, {**kwargs, "exc_info": exc_info})
+
+    def warning_once(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log a warning the first time this exact message is seen in this process, then stay silent."""
+        key = str(msg)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        self._dispatch(logging.WARNING, msg, args, kwargs)
+
+    def _dispatch(self, level: int, msg: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        # One extra frame (this helper) between the caller and logger.log.
+        kwargs.setdefault("stacklevel", 4)
+        self.log(level, msg, *args, **kwargs)
+
+
+def _level_from_env() -> str | None:
+    for name in _LEVEL_ENV_VARS:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAdapter:
+    """Return a process-aware logger for ``name`` (usually ``__name__``).
+
+    Args:
+        name: the logger name, as for :func:`logging.getLogger`.
+        log_level: level to set on the underlying logger (``"INFO"``, ``logging.DEBUG``, ...). When
+            ``None``, ``ACCELERANDO_LOG_LEVEL`` (or the reference's ``ACCELERATE_LOG_LEVEL``) is used if
+            set; otherwise the logger's level is left as it is.
+
+    Returns:
+        A :class:`MultiProcessAdapter`; its methods accept ``main_process_only=True`` and
+        ``in_order=False``.
+
+    Raises:
+        ValueError: the level (argument or environment variable) is not a logging level name.
+
+    Example:
+        >>> logger = get_logger(__name__, log_level="INFO")
+        >>> logger.info("printed once per run")
+        >>> logger.info("printed by every process", main_process_only=False)
+    """
+    if log_level is None:
+        log_level = _level_from_env()
+    logger = logging.getLogger(name)
+    if log_level is not None:
+        level = log_level.upper() if isinstance(log_level, str) else log_level
+        if isinstance(level, str) and not isinstance(logging.getLevelName(level), int):
+            raise ValueError(
+                f"Unknown log level {log_level!r}; use one of DEBUG, INFO, WARNING, ERROR, CRITICAL "
+                "(in get_logger(log_level=...) or ACCELERANDO_LOG_LEVEL)."
+            )
+        logger.setLevel(level)
+    return MultiProcessAdapter(logger, {})

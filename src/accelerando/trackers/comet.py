@@ -1,0 +1,77 @@
+"""Comet tracker (``comet_ml``); ``online=False`` in ``init_kwargs`` gives an offline experiment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.trackers.base import (
+    GeneralTracker,
+    missing_library_error,
+    on_main_process,
+    sanitize_config,
+    scalar_value,
+)
+
+__all__ = ["CometMLTracker"]
+
+
+class CometMLTracker(GeneralTracker):
+    """Log to a Comet experiment.
+
+    Args:
+        run_name: the Comet project name.
+        **kwargs: passed to ``comet_ml.start`` (``online``, ``workspace``, ``experiment_config``, ...).
+    """
+
+    name = "comet_ml"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self._kwargs = kwargs
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the experiment with ``comet_ml.start``."""
+        try:
+            import comet_ml
+        except ImportError as exc:
+            raise missing_library_error(self.name, "comet_ml") from exc
+        self._tracker = comet_ml.start(project_name=self.run_name, **self._kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Log the configuration as experiment parameters.
+
+        Args:
+            values: the configuration.
+        """
+        self._tracker.log_parameters(sanitize_config(values))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log numbers as metrics, strings as "other" values and dicts as grouped metrics.
+
+        Args:
+            values: name -> number, str or dict of numbers.
+            step: the global step.
+            **kwargs: passed to ``log_metric`` / ``log_other`` / ``log_metrics``.
+        """
+        experiment = self._tracker
+        if step is not None:
+            experiment.set_step(step)
+        for key, raw in values.items():
+            value = scalar_value(raw)
+            if isinstance(value, (int, float)):
+                experiment.log_metric(key, value, step=step, **kwargs)
+            elif isinstance(value, str):
+                experiment.log_other(key, value, **kwargs)
+            elif isinstance(value, dict):
+                experiment.log_metrics({k: scalar_value(v) for k, v in value.items()}, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        """End the experiment (writes the offline archive in offline mode)."""
+        if self._tracker is not None:
+            self._tracker.end()

@@ -1,0 +1,197 @@
+"""MLflow tracker: a run in a local file/sqlite store or a tracking server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from accelerando.logging import get_logger
+from accelerando.trackers.base import (
+    GeneralTracker,
+    flatten_config,
+    missing_library_error,
+    on_main_process,
+    scalar_value,
+)
+from accelerando.utils.imports import is_package_available
+
+__all__ = ["MLflowTracker"]
+
+logger = get_logger(__name__)
+
+# MLflow accepts at most 100 params per batch call and bounds the length of each value.
+_PARAMS_PER_BATCH = 100
+_MAX_PARAM_VALUE_LENGTH = 6000
+
+
+def _is_uri(text: str) -> bool:
+    return "://" in text or text.startswith(("sqlite:", "file:", "databricks"))
+
+
+def _tracking_uri(logging_dir: str | os.PathLike[str]) -> str:
+    """Map a folder to a store URI; URIs pass through.
+
+    Recent MLflow refuses new plain-folder (file) stores, so a folder becomes an sqlite database
+    inside it when SQLAlchemy is installed (``mlflow`` proper depends on it; ``mlflow-skinny`` not).
+    """
+    text = os.fspath(logging_dir)
+    if _is_uri(text):
+        return text
+    folder = os.path.abspath(text)
+    if is_package_available("sqlalchemy"):
+        os.makedirs(folder, exist_ok=True)
+        return "sqlite:///" + os.path.join(folder, "mlflow.db")
+    return folder
+
+
+class MLflowTracker(GeneralTracker):
+    """Log to an MLflow run.
+
+    Args:
+        experiment_name: the experiment (the Accelerator passes the project name).
+        logging_dir: tracking URI or folder (``sqlite:///runs.db``, ``./mlruns``, ``http://...``);
+            ``None`` keeps MLflow's own default / ``MLFLOW_TRACKING_URI``.
+        run_id: resume this run instead of creating one.
+        tags: tags set on the run.
+        nested_run: start the run nested in the active one.
+        run_name: a display name for the run.
+        description: a description shown in the UI.
+    """
+
+    name = "mlflow"
+    requires_logging_directory = False
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        logging_dir: str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        nested_run: bool = False,
+        run_name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.experiment_name = experiment_name
+        self.logging_dir = logging_dir
+        self.run_id = run_id
+        self.tags = tags
+        self.nested_run = nested_run
+        self.run_name = run_name
+        self.description = description
+
+    @on_main_process
+    def start(self) -> None:
+        """Point MLflow at ``logging_dir`` and start (or resume) the run."""
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise missing_library_error(self.name, "mlflow") from exc
+        if self.logging_dir is not None:
+            mlflow.set_tracking_uri(_tracking_uri(self.logging_dir))
+        experiment_id = None
+        if self.experiment_name and self.run_id is None:
+            experiment_id = self._experiment_id(mlflow)
+        self._tracker = mlflow.start_run(
+            run_id=self.run_id,
+            experiment_id=experiment_id,
+            run_name=self.run_name,
+            nested=self.nested_run,
+            tags=self.tags,
+            description=self.description,
+        )
+
+    def _experiment_id(self, mlflow: Any) -> str:
+        experiment = mlflow.get_experiment_by_name(self.experiment_name)
+        if experiment is not None:
+            return experiment.experiment_id
+        artifacts = None
+        if self.logging_dir is not None and not _is_uri(os.fspath(self.logging_dir)):
+            # Keep artifacts beside the store instead of in the current working directory.
+            artifacts = Path(os.path.abspath(self.logging_dir), "artifacts").as_uri()
+        return mlflow.create_experiment(self.experiment_name, artifact_location=artifacts)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Log the configuration as run params (flattened to ``a/b`` keys, long values truncated).
+
+        Args:
+            values: the configuration.
+        """
+        import mlflow
+
+        params = {}
+        for key, value in flatten_config(values).items():
+            text = str(value)
+            if len(text) > _MAX_PARAM_VALUE_LENGTH:
+                logger.warning(
+                    f"MLflowTracker: param {key!r} is longer than MLflow allows; it was truncated."
+                )
+                text = text[:_MAX_PARAM_VALUE_LENGTH]
+            params[key] = text
+        items = list(params.items())
+        for start in range(0, len(items), _PARAMS_PER_BATCH):
+            mlflow.log_params(dict(items[start : start + _PARAMS_PER_BATCH]))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log numeric values as metrics; other values are skipped with a warning (once per key).
+
+        Args:
+            values: name -> number.
+            step: the global step.
+            **kwargs: passed to ``mlflow.log_metrics``.
+        """
+        import mlflow
+
+        metrics = {}
+        for key, raw in values.items():
+            value = scalar_value(raw)
+            if isinstance(value, (int, float)):
+                metrics[key] = float(value)
+            else:
+                logger.warning_once(f"MLflowTracker: skipped {key!r}; MLflow metrics must be numbers.")
+        if metrics:
+            mlflow.log_metrics(metrics, step=step, **kwargs)
+
+    @on_main_process
+    def log_checkpoint(self, step: int | None, path: str, size_bytes: int) -> None:
+        """Log the checkpoint size as a metric and its path as the ``last_checkpoint`` tag."""
+        import mlflow
+
+        mlflow.set_tag("last_checkpoint", str(path))
+        self.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
+
+    @on_main_process
+    def log_figure(self, figure: Any, artifact_file: str, **kwargs: Any) -> None:
+        """Save a matplotlib/plotly figure as a run artifact.
+
+        Args:
+            figure: the figure.
+            artifact_file: path of the artifact inside the run (e.g. ``plots/loss.png``).
+            **kwargs: passed to ``mlflow.log_figure``.
+        """
+        import mlflow
+
+        mlflow.log_figure(figure=figure, artifact_file=artifact_file, **kwargs)
+
+    @on_main_process
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        """Upload a local file as a run artifact.
+
+        Args:
+            local_path: the file to upload.
+            artifact_path: folder inside the run's artifacts.
+        """
+        import mlflow
+
+        mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
+
+    @on_main_process
+    def finish(self) -> None:
+        """End the run."""
+        if self._tracker is not None:
+            import mlflow
+
+            mlflow.end_run()

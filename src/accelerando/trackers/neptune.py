@@ -1,0 +1,85 @@
+"""Neptune tracker (``neptune`` 1.x); ``mode="offline"`` or ``"debug"`` runs without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.logging import get_logger
+from accelerando.trackers.base import (
+    GeneralTracker,
+    missing_library_error,
+    on_main_process,
+    sanitize_config,
+    scalar_value,
+)
+
+__all__ = ["NeptuneTracker"]
+
+logger = get_logger(__name__)
+
+
+def _neptune_safe(node: Any) -> Any:
+    # Neptune namespaces accept nested dicts of str/int/float/bool but not lists or None.
+    if isinstance(node, dict):
+        return {key: _neptune_safe(value) for key, value in node.items()}
+    if node is None or isinstance(node, list):
+        return str(node)
+    return node
+
+
+class NeptuneTracker(GeneralTracker):
+    """Log to a Neptune run.
+
+    Args:
+        run_name: the run's display name.
+        **kwargs: passed to ``neptune.init_run`` (``project``, ``mode``, ``api_token``, ...).
+    """
+
+    name = "neptune"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self._kwargs = kwargs
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the run with ``neptune.init_run``."""
+        try:
+            import neptune
+        except ImportError as exc:
+            raise missing_library_error(self.name, "neptune") from exc
+        self._kwargs.setdefault("name", self.run_name)
+        self._tracker = neptune.init_run(**self._kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Store the configuration under the run's ``parameters`` namespace.
+
+        Args:
+            values: the configuration.
+        """
+        self._tracker["parameters"] = _neptune_safe(sanitize_config(values))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Append each value to the series of the same name.
+
+        Args:
+            values: name -> number or str.
+            step: the global step.
+            **kwargs: passed to ``append``.
+        """
+        for key, raw in values.items():
+            value = scalar_value(raw)
+            if isinstance(value, (int, float, str)):
+                self._tracker[key].append(value, step=step, **kwargs)
+            else:
+                logger.warning_once(f"NeptuneTracker: skipped {key!r}; only numbers and strings are logged.")
+
+    @on_main_process
+    def finish(self) -> None:
+        """Stop the run (flushes pending data)."""
+        if self._tracker is not None:
+            self._tracker.stop()

@@ -1,0 +1,65 @@
+"""SwanLab tracker; ``mode="offline"`` / ``"local"`` / ``"disabled"`` avoid the cloud."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.trackers.base import GeneralTracker, missing_library_error, on_main_process, sanitize_config
+
+__all__ = ["SwanLabTracker"]
+
+
+class SwanLabTracker(GeneralTracker):
+    """Log to a SwanLab run.
+
+    Args:
+        run_name: the SwanLab project name.
+        **kwargs: passed to ``swanlab.init`` (``mode``, ``logdir``, ``experiment_name``, ...).
+    """
+
+    name = "swanlab"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self._kwargs = kwargs
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the run with ``swanlab.init``."""
+        try:
+            import swanlab
+        except ImportError as exc:
+            raise missing_library_error(self.name, "swanlab") from exc
+        self._tracker = swanlab.init(project=self.run_name, **self._kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Add the configuration to the run's config.
+
+        Args:
+            values: the configuration.
+        """
+        import swanlab
+
+        swanlab.config.update(sanitize_config(values))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log values with ``run.log``.
+
+        Args:
+            values: name -> number (or SwanLab media object).
+            step: the global step.
+            **kwargs: passed to ``run.log``.
+        """
+        self._tracker.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        """Finish the run."""
+        if self._tracker is not None:
+            import swanlab
+
+            swanlab.finish()

@@ -1,0 +1,67 @@
+"""Trackio tracker: a local-first, W&B-compatible tracker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.trackers.base import GeneralTracker, missing_library_error, on_main_process, sanitize_config
+
+__all__ = ["TrackioTracker"]
+
+
+class TrackioTracker(GeneralTracker):
+    """Log to a Trackio run.
+
+    Args:
+        run_name: the Trackio project name.
+        **kwargs: passed to ``trackio.init`` (``name``, ``space_id``, ...).
+    """
+
+    name = "trackio"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self._kwargs = kwargs
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the run with ``trackio.init``."""
+        try:
+            import trackio
+        except ImportError as exc:
+            raise missing_library_error(self.name, "trackio") from exc
+        self._tracker = trackio.init(project=self.run_name, **self._kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Add the configuration to the run's config.
+
+        Args:
+            values: the configuration.
+        """
+        import trackio
+
+        trackio.config.update(sanitize_config(values))
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log values with ``trackio.log``.
+
+        Args:
+            values: name -> number.
+            step: the global step.
+            **kwargs: passed to ``trackio.log``.
+        """
+        import trackio
+
+        trackio.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        """Finish the run."""
+        if self._tracker is not None:
+            import trackio
+
+            trackio.finish()

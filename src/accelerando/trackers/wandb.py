@@ -1,0 +1,101 @@
+"""Weights & Biases tracker (``wandb``); offline runs work with ``mode="offline"``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.trackers.base import GeneralTracker, missing_library_error, on_main_process, sanitize_config
+
+__all__ = ["WandBTracker"]
+
+
+class WandBTracker(GeneralTracker):
+    """Log to a Weights & Biases run.
+
+    Args:
+        run_name: the W&B project name.
+        **kwargs: passed to ``wandb.init`` (``mode="offline"``, ``dir``, ``entity``, ``name``, ...).
+    """
+
+    name = "wandb"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self._kwargs = kwargs
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the run with ``wandb.init(project=run_name, **kwargs)``."""
+        try:
+            import wandb
+        except ImportError as exc:
+            raise missing_library_error(self.name, "wandb") from exc
+        self._tracker = wandb.init(project=self.run_name, **self._kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Store the configuration in the run's config.
+
+        Args:
+            values: the configuration (converted with ``sanitize_config``).
+        """
+        self._tracker.config.update(sanitize_config(values), allow_val_change=True)
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log values with ``run.log``.
+
+        Args:
+            values: name -> value (anything ``wandb`` accepts).
+            step: the global step.
+            **kwargs: passed to ``run.log`` (``commit``, ...).
+        """
+        self._tracker.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log lists of images as ``wandb.Image``.
+
+        Args:
+            values: name -> iterable of images (arrays, tensors or PIL images).
+            step: the global step.
+            **kwargs: passed to ``wandb.Image``.
+        """
+        import wandb
+
+        self._tracker.log(
+            {key: [wandb.Image(img, **kwargs) for img in imgs] for key, imgs in values.items()}, step=step
+        )
+
+    @on_main_process
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Log a table, from ``columns`` + ``data`` rows or from a pandas ``dataframe``.
+
+        Args:
+            table_name: the key of the table in the run.
+            columns: column names (with ``data``).
+            data: rows (with ``columns``).
+            dataframe: a pandas DataFrame instead of ``columns``/``data``.
+            step: the global step.
+            **kwargs: passed to ``run.log``.
+        """
+        import wandb
+
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        self._tracker.log({table_name: table}, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        """Finish the run (syncs or closes the offline files)."""
+        if self._tracker is not None:
+            self._tracker.finish()

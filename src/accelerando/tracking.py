@@ -1,0 +1,402 @@
+"""Experiment trackers: the public classes, the registry, and the manager the Accelerator delegates to.
+
+``Accelerator(log_with=...)`` builds a :class:`TrackingManager`; its methods back
+``init_trackers``, ``log``, ``get_tracker``, ``end_training`` and ``trackers``::
+
+    self._tracking = TrackingManager(log_with, logging_dir)          # in Accelerator.__init__
+    init_trackers(name, config, init_kwargs) -> self._tracking.init(name, config, init_kwargs)
+    log(values, step, log_kwargs)            -> self._tracking.log(values, step, log_kwargs)
+    get_tracker(name, unwrap)                -> self._tracking.get_tracker(name, unwrap)
+    end_training()                           -> self._tracking.finish()
+    trackers                                 -> self._tracking.trackers
+
+Importing this module imports no tracker library: each backend imports its own in ``start()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from accelerando.enums import LoggerType
+from accelerando.logging import _process_view, get_logger
+from accelerando.trackers.aim import AimTracker
+from accelerando.trackers.base import GeneralTracker, on_main_process, scalar_value
+from accelerando.trackers.clearml import ClearMLTracker
+from accelerando.trackers.comet import CometMLTracker
+from accelerando.trackers.dvclive import DVCLiveTracker
+from accelerando.trackers.mlflow import MLflowTracker
+from accelerando.trackers.neptune import NeptuneTracker
+from accelerando.trackers.swanlab import SwanLabTracker
+from accelerando.trackers.tensorboard import TensorBoardTracker
+from accelerando.trackers.trackio import TrackioTracker
+from accelerando.trackers.wandb import WandBTracker
+from accelerando.utils import imports
+
+__all__ = [
+    "LOGGER_TYPE_TO_CLASS",
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "GeneralTracker",
+    "MLflowTracker",
+    "NeptuneTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackingManager",
+    "TrackioTracker",
+    "WandBTracker",
+    "filter_trackers",
+    "get_available_trackers",
+    "on_main_process",
+    "register_tracker_class",
+]
+
+logger = get_logger(__name__)
+
+_REDUCE_OPS = ("mean", "sum", "max", "min")
+
+
+@dataclass(frozen=True)
+class _Backend:
+    cls: type[GeneralTracker]
+    pip_package: str
+    is_available: Callable[[], bool]
+
+
+_REGISTRY: dict[str, _Backend] = {
+    "tensorboard": _Backend(TensorBoardTracker, "tensorboard", imports.is_tensorboard_available),
+    "wandb": _Backend(WandBTracker, "wandb", imports.is_wandb_available),
+    "comet_ml": _Backend(CometMLTracker, "comet_ml", imports.is_comet_ml_available),
+    "aim": _Backend(AimTracker, "aim", imports.is_aim_available),
+    "mlflow": _Backend(MLflowTracker, "mlflow", imports.is_mlflow_available),
+    "clearml": _Backend(ClearMLTracker, "clearml", imports.is_clearml_available),
+    "dvclive": _Backend(DVCLiveTracker, "dvclive", imports.is_dvclive_available),
+    "swanlab": _Backend(SwanLabTracker, "swanlab", imports.is_swanlab_available),
+    "trackio": _Backend(TrackioTracker, "trackio", imports.is_trackio_available),
+    "neptune": _Backend(NeptuneTracker, "neptune", imports.is_neptune_available),
+}
+
+#: Tracker name -> class, for every registered backend (built in or added by ``register_tracker_class``).
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {name: b.cls for name, b in _REGISTRY.items()}
+
+
+def register_tracker_class(
+    cls: type[GeneralTracker], pip_package: str | None = None, is_available: Callable[[], bool] | None = None
+) -> type[GeneralTracker]:
+    """Make a tracker class selectable by its ``name`` in ``log_with`` (and by ``"all"``).
+
+    Usable as a class decorator.
+
+    Args:
+        cls: a :class:`GeneralTracker` subclass with a ``name``.
+        pip_package: the package to suggest when its library is missing.
+        is_available: tells whether its library is installed (default: always).
+
+    Returns:
+        ``cls`` unchanged.
+
+    Raises:
+        TypeError: ``cls`` is not a GeneralTracker subclass or has no ``name``.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)) or not isinstance(
+        getattr(cls, "name", None), str
+    ):
+        raise TypeError(f"register_tracker_class needs a GeneralTracker subclass with a `name`; got {cls!r}.")
+    _REGISTRY[cls.name] = _Backend(cls, pip_package or cls.name, is_available or (lambda: True))
+    LOGGER_TYPE_TO_CLASS[cls.name] = cls
+    return cls
+
+
+def get_available_trackers() -> list[str]:
+    """Return the names of registered trackers whose library is installed."""
+    return [name for name, backend in _REGISTRY.items() if backend.is_available()]
+
+
+def _as_list(log_with: Any) -> list[Any]:
+    if log_with is None:
+        return []
+    if isinstance(log_with, (str, LoggerType, GeneralTracker, type)):
+        return [log_with]
+    if isinstance(log_with, Iterable):
+        return list(log_with)
+    raise TypeError(
+        f"log_with must be a tracker name, LoggerType, GeneralTracker (class or instance) or a list of them; "
+        f"got {type(log_with).__name__}."
+    )
+
+
+def _resolve_name(name: str, logging_dir: Any, explicit: bool) -> type[GeneralTracker] | None:
+    backend = _REGISTRY.get(name)
+    if backend is None:
+        raise ValueError(f"Unknown tracker {name!r}; choose from {sorted(_REGISTRY)} or 'all'.")
+    if not backend.is_available():
+        if not explicit:
+            return None
+        raise ImportError(
+            f"The {name!r} tracker was requested but its library is not installed. "
+            f"Install it with `pip install {backend.pip_package}`, or remove {name!r} from log_with."
+        )
+    if backend.cls.requires_logging_directory and logging_dir is None:
+        if not explicit:
+            logger.warning(
+                f"log_with='all': skipping {name!r}, which needs a logging directory (set project_dir)."
+            )
+            return None
+        raise ValueError(
+            f"The {name!r} tracker writes files and needs a logging directory: pass "
+            f"Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)."
+        )
+    return backend.cls
+
+
+def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = None) -> list[Any]:
+    """Turn a ``log_with`` specification into tracker classes and instances.
+
+    Args:
+        log_with: a name, :class:`~accelerando.utils.LoggerType`, GeneralTracker class or instance,
+            ``"all"`` (every installed backend), or a list mixing them. ``None`` means no tracker.
+        logging_dir: the Accelerator's logging directory (required by file-based trackers).
+
+    Returns:
+        Tracker classes (to build in ``init``) and instances (used as given), without duplicates.
+
+    Raises:
+        ValueError: an unknown name, or a file-based tracker without ``logging_dir``.
+        ImportError: an explicitly named tracker whose library is missing (names the pip package).
+        TypeError: an entry of an unsupported type.
+    """
+    entries = _as_list(log_with)
+    wants_all = any(str(e) == "all" for e in entries if isinstance(e, (str, LoggerType)))
+    chosen: list[Any] = []
+    for entry in entries:
+        if isinstance(entry, (str, LoggerType)):
+            name = entry.value if isinstance(entry, LoggerType) else entry.lower()
+            if name == "all":
+                continue
+            cls = _resolve_name(name, logging_dir, explicit=True)
+            chosen.append(cls)
+        elif isinstance(entry, GeneralTracker) or (
+            isinstance(entry, type) and issubclass(entry, GeneralTracker)
+        ):
+            chosen.append(entry)
+        else:
+            raise TypeError(
+                f"log_with entry {entry!r} is not a tracker name, LoggerType or GeneralTracker; "
+                f"use one of {sorted(_REGISTRY)} or a GeneralTracker subclass/instance."
+            )
+    if wants_all:
+        for name in _REGISTRY:
+            cls = _resolve_name(name, logging_dir, explicit=False)
+            if cls is not None:
+                chosen.append(cls)
+    unique: list[Any] = []
+    seen: set[str] = set()
+    for entry in chosen:
+        key = getattr(entry, "name", None) or repr(entry)
+        if key not in seen:
+            seen.add(key)
+            unique.append(entry)
+    return unique
+
+
+def _runs_here(tracker: Any) -> bool:
+    return not getattr(tracker, "main_process_only", True) or _process_view().rank == 0
+
+
+def _accepts_logging_dir(cls: type) -> bool:
+    try:
+        return "logging_dir" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _reduce_values(values: dict[str, Any], op: str) -> dict[str, Any]:
+    """Reduce the numeric entries of ``values`` across processes; other entries are kept as is."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    keys = sorted(k for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    every_keys: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every_keys, keys)
+    if any(other != keys for other in every_keys):
+        raise ValueError(
+            f"log(..., reduce={op!r}) needs the same numeric keys on every process; got {every_keys}. "
+            "Log the same metric names on all processes, or drop reduce=."
+        )
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}.get(
+        op, dist.ReduceOp.MIN
+    )
+    dist.all_reduce(tensor, op=dist_op)
+    if op == "mean":
+        tensor /= dist.get_world_size()
+    reduced = dict(values)
+    for key, number in zip(keys, tensor.tolist(), strict=True):
+        keep_int = op != "mean" and isinstance(values[key], int)
+        reduced[key] = int(number) if keep_int else number
+    return reduced
+
+
+class TrackingManager:
+    """Owns the trackers of one Accelerator and fans calls out to them.
+
+    Contract: build it on every process (cheap: no library is imported). Call :meth:`init` once on
+    every process; only the processes a tracker runs on (rank 0 unless ``main_process_only=False``)
+    create runs and write. :meth:`log` with ``reduce=`` must be called by every process.
+
+    Args:
+        log_with: see :func:`filter_trackers`.
+        logging_dir: the Accelerator's logging directory.
+
+    Raises:
+        ValueError, ImportError, TypeError: as :func:`filter_trackers`.
+    """
+
+    def __init__(self, log_with: Any = None, logging_dir: str | os.PathLike[str] | None = None) -> None:
+        self.logging_dir = logging_dir
+        self._requested = filter_trackers(log_with, logging_dir)
+        self._trackers: list[GeneralTracker] = []
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers built by :meth:`init` (empty before)."""
+        return list(self._trackers)
+
+    def _build(self, cls: type[GeneralTracker], project_name: str, kwargs: dict[str, Any]) -> GeneralTracker:
+        if cls.requires_logging_directory:
+            return cls(project_name, self.logging_dir, **kwargs)
+        if self.logging_dir is not None and "logging_dir" not in kwargs and _accepts_logging_dir(cls):
+            kwargs = {**kwargs, "logging_dir": self.logging_dir}
+        return cls(project_name, **kwargs)
+
+    def init(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict] | None = None,
+    ) -> None:
+        """Build and start every requested tracker and store ``config`` in each.
+
+        Args:
+            project_name: the project / run name handed to every tracker.
+            config: hyperparameters stored once (values a backend cannot store are converted).
+            init_kwargs: tracker name -> keyword arguments for that tracker's constructor, e.g.
+                ``{"wandb": {"mode": "offline"}}``.
+
+        Raises:
+            TypeError: ``init_kwargs`` is not a dict of dicts.
+        """
+        init_kwargs = dict(init_kwargs or {})
+        if not all(isinstance(v, Mapping) for v in init_kwargs.values()):
+            raise TypeError(
+                'init_kwargs maps tracker names to dicts of options, e.g. {"wandb": {"mode": "offline"}}.'
+            )
+        known = {getattr(e, "name", None) for e in self._requested}
+        for name in set(init_kwargs) - known:
+            logger.warning(
+                f"init_kwargs[{name!r}] is ignored: no such tracker in log_with ({sorted(map(str, known))})."
+            )
+        self._trackers = []
+        for entry in self._requested:
+            tracker = entry
+            if isinstance(entry, type):
+                tracker = self._build(entry, project_name, dict(init_kwargs.get(entry.name, {})))
+            if _runs_here(tracker) and not getattr(tracker, "_started", False):
+                tracker.start()
+                tracker._started = True
+            if config is not None and _runs_here(tracker):
+                tracker.store_init_configuration(config)
+            self._trackers.append(tracker)
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, dict] | None = None,
+        reduce: str | None = None,
+    ) -> None:
+        """Log ``values`` at ``step`` to every tracker that runs on this process.
+
+        Args:
+            values: name -> value; one-element tensors become numbers.
+            step: the global step.
+            log_kwargs: tracker name -> extra keyword arguments for that tracker's ``log``.
+            reduce: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"`` to combine each numeric value across
+                processes before the main process writes it (every process must call ``log`` then).
+
+        Raises:
+            TypeError: ``values`` is not a dict.
+            ValueError: an unknown ``reduce`` op, or processes logging different numeric keys.
+        """
+        if not isinstance(values, Mapping):
+            raise TypeError(f"log() takes a dict of name -> value, got {type(values).__name__}.")
+        if reduce is not None and reduce not in _REDUCE_OPS:
+            raise ValueError(f"reduce must be one of {_REDUCE_OPS} or None, got {reduce!r}.")
+        values = {key: scalar_value(value) for key, value in values.items()}
+        if reduce is not None:
+            values = _reduce_values(values, reduce)
+        log_kwargs = log_kwargs or {}
+        for tracker in self._trackers:
+            if _runs_here(tracker):
+                tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log images to every running tracker that implements ``log_images``."""
+        for tracker in self._trackers:
+            if _runs_here(tracker) and hasattr(tracker, "log_images"):
+                tracker.log_images(values, step=step, **kwargs)
+
+    def log_checkpoint(self, step: int | None, path: str | os.PathLike[str], size_bytes: int) -> None:
+        """Record a committed checkpoint in every tracker (called by the checkpoint code, main process).
+
+        Args:
+            step: the training step the checkpoint belongs to.
+            path: the checkpoint folder.
+            size_bytes: its size on disk.
+        """
+        for tracker in self._trackers:
+            if not _runs_here(tracker):
+                continue
+            if hasattr(tracker, "log_checkpoint"):
+                tracker.log_checkpoint(step, os.fspath(path), int(size_bytes))
+            else:
+                tracker.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """Return the tracker called ``name``, or its native object with ``unwrap=True``.
+
+        On a process where the tracker does not run, the native object is ``None``.
+
+        Args:
+            name: the tracker's ``name`` (e.g. ``"wandb"``).
+            unwrap: return the backend's own object (run, writer, ...) instead of the wrapper.
+
+        Returns:
+            The tracker, its native object, or a blank :class:`GeneralTracker` when no trackers exist
+            (so calls on it do nothing).
+
+        Raises:
+            ValueError: trackers exist but none is called ``name``.
+        """
+        for tracker in self._trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if not self._trackers:
+            return GeneralTracker(_blank=True)
+        raise ValueError(
+            f"No tracker named {name!r}; the active trackers are {[t.name for t in self._trackers]}."
+        )
+
+    def finish(self) -> None:
+        """Call ``finish`` on every running tracker (``end_training``)."""
+        for tracker in self._trackers:
+            if _runs_here(tracker):
+                tracker.finish()
