@@ -163,7 +163,7 @@ FIELDS: tuple[Field, ...] = (
           env=("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",),
           config_keys=("gradient_accumulation_steps", "deepspeed_config.gradient_accumulation_steps")),
     _core("cpu", "bool", False, switch=True, help="Run on CPU even when an accelerator is present.",
-          env=("ACCELERATE_USE_CPU",), config_keys=("use_cpu",)),
+          env=("ACCELERATE_USE_CPU",), config_keys=("use_cpu",), our_env="ACCELERANDO_USE_CPU"),
     _core("distributed_type", "choice", None, choices=tuple(DistributedType.list()),
           help="Distributed mode requested by the launcher or config (unset = detect)."),
     _core("use_deepspeed", "bool", False, switch=True, help="Use the DeepSpeed backend.",

@@ -1,0 +1,89 @@
+"""The ``accelerando`` console script.
+
+Each subcommand lives in its own module of :mod:`accelerando.commands` exposing
+``add_parser(subparsers)`` (which registers the command and calls ``set_defaults(func=run)``) and
+``run(args) -> int``. A module that does not exist (yet) is skipped. When the first argument names a
+subcommand only that module is imported, which keeps ``accelerando launch`` fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+#: command name -> module under accelerando.commands.
+SUBCOMMANDS: dict[str, str] = {
+    "config": "config",
+    "env": "env",
+    "launch": "launch",
+    "test": "test",
+    "estimate-memory": "estimate",
+    "merge-weights": "merge",
+    "tpu-config": "tpu",
+}
+
+
+def _load(module: str) -> ModuleType | None:
+    name = f"accelerando.commands.{module}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name == name:  # not written yet: skip it; a missing dependency inside it still raises
+            return None
+        raise
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the ``accelerando`` parser with every available subcommand.
+
+    Args:
+        only: register just this command (used when the command line names it).
+
+    Returns:
+        The parser.
+    """
+    parser = argparse.ArgumentParser(
+        "accelerando", description="Launch and configure PyTorch training on any hardware."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else list(dict.fromkeys(SUBCOMMANDS.values()))
+    for module_name in modules:
+        module = _load(module_name)
+        if module is not None and hasattr(module, "add_parser"):
+            module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``accelerando`` command line.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status of the subcommand (2 for a usage error).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = argv[0] if argv else None
+    parser = build_parser(first if first in SUBCOMMANDS else None)
+    if first == "launch":
+        from accelerando.commands import launch
+
+        # Launch splits its own flags from the script's before argparse sees them.
+        args = launch.parse(parser._subparsers._group_actions[0].choices["launch"], argv[1:])  # type: ignore[union-attr]
+        return launch.run(args)
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0 if not argv else 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

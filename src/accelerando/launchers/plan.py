@@ -1,0 +1,297 @@
+"""Launch plans: turn resolved settings and a command into the processes to start.
+
+:func:`build` is pure: given the :class:`~accelerando.settings.Settings` the launcher resolved
+(defaults < config file < environment < CLI flags), the user's command and a description of the
+machine, it returns a :class:`LaunchPlan` (the command line and the environment variables for the
+processes) without starting anything, so every rule is tested without spawning. :func:`run` executes
+a plan: one process directly, several through PyTorch's elastic agent (``torch.distributed.run``).
+
+The launch plan is the only place that writes environment variables for the processes: every value
+some layer set is exported as ``ACCELERANDO_<NAME>``, plus the reference project's
+``ACCELERATE_MIXED_PRECISION`` / ``ACCELERATE_USE_FSDP`` / ``ACCELERATE_USE_DEEPSPEED`` which
+transformers reads.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelerando.settings.fields import FIELDS_BY_NAME
+from accelerando.settings.machine import MachineInfo, free_port
+from accelerando.settings.resolve import Settings
+
+__all__ = ["Command", "LaunchPlan", "build", "check_settings", "export_env"]
+
+_ELASTIC_MODULE = "torch.distributed.run"
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to run in each process.
+
+    Attributes:
+        target: a script path, a module name (``module=True``) or an executable (``no_python=True``).
+        args: arguments passed to it untouched.
+        module: run ``target`` as ``python -m target``.
+        no_python: run ``target`` directly, without the Python interpreter.
+    """
+
+    target: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+
+    def __post_init__(self) -> None:
+        if self.module and self.no_python:
+            raise ValueError("--module and --no_python cannot be combined. Fix: pass only one of them.")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start the processes of one launch.
+
+    Attributes:
+        mode: ``"simple"`` (one process, run directly) or ``"elastic"`` (torch.distributed.run).
+        argv: the equivalent command line; for ``"elastic"`` it starts with
+            ``python -m torch.distributed.run`` and :func:`run` passes the rest to the agent in-process.
+        env: variables to add to the processes' environment.
+        num_processes: processes on all machines together.
+        nproc_per_node: processes started on this machine.
+        num_machines: machines in the job.
+        machine_rank: rank of this machine.
+        notes: sentences to show the user (choices the plan made for them).
+    """
+
+    mode: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    num_processes: int
+    nproc_per_node: int
+    num_machines: int
+    machine_rank: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def agent_args(self) -> list[str]:
+        """Arguments for ``torch.distributed.run`` (the argv after ``python -m torch.distributed.run``)."""
+        if self.mode != "elastic":
+            raise ValueError("agent_args exists only for an elastic plan.")
+        return list(self.argv[3:])
+
+    def describe(self) -> str:
+        """Return a human-readable summary (what ``--dry-run`` prints)."""
+        lines = [
+            f"Topology: {self.num_processes} process(es) on {self.num_machines} machine(s); this machine "
+            f"(rank {self.machine_rank}) starts {self.nproc_per_node} ({self.mode} launch)",
+            "Command: " + shlex.join(self.argv),
+            "Environment:",
+            *(f"  {key}={value}" for key, value in sorted(self.env.items())),
+        ]
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _where(settings: Settings, name: str) -> str:
+    return f"{name} (from {settings.source(name)})"
+
+
+def check_settings(settings: Settings, machine: MachineInfo) -> None:
+    """Reject impossible combinations before anything starts.
+
+    Args:
+        settings: the launcher's resolved settings.
+        machine: the machine the launch runs on.
+
+    Raises:
+        ValueError: the message names the offending settings, where each came from, and the fix.
+    """
+    s = settings
+    wants_gpu = s.multi_gpu or s.distributed_type == "MULTI_GPU"
+    if wants_gpu and s.cpu:
+        raise ValueError(
+            f"{_where(s, 'multi_gpu' if s.multi_gpu else 'distributed_type')} asks for GPUs but "
+            f"{_where(s, 'cpu')} forces the CPU. Fix: keep only one of them."
+        )
+    if wants_gpu and machine.gpu_count == 0:
+        name = "multi_gpu" if s.multi_gpu else "distributed_type"
+        raise ValueError(
+            f"{_where(s, name)} asks for several GPUs but this machine has none visible. Fix: use "
+            "--cpu (use_cpu: true, distributed_type: MULTI_CPU in a config file), or run on a GPU machine."
+        )
+    if s.use_fsdp and s.use_deepspeed:
+        raise ValueError(
+            f"{_where(s, 'use_fsdp')} and {_where(s, 'use_deepspeed')} are both set. Fix: choose one backend."
+        )
+    machines = s.num_machines or 1
+    if s.num_processes is not None and s.num_processes % machines:
+        raise ValueError(
+            f"{_where(s, 'num_processes')}={s.num_processes} (the total over all machines) is not a multiple "
+            f"of {_where(s, 'num_machines')}={machines}. Fix: use a multiple of num_machines."
+        )
+    if s.machine_rank is not None and s.machine_rank >= machines:
+        raise ValueError(
+            f"{_where(s, 'machine_rank')}={s.machine_rank} must be below num_machines={machines}. "
+            f"Fix: use a machine_rank from 0 to {machines - 1}."
+        )
+    if machines > 1 and not s.main_process_ip:
+        raise ValueError(
+            f"{_where(s, 'num_machines')}={machines} needs the address of machine 0. "
+            "Fix: pass --main_process_ip (main_process_ip in a config file)."
+        )
+    if s.zero_stage is not None and s.zero_stage > 3:
+        raise ValueError(f"{_where(s, 'zero_stage')}={s.zero_stage} does not exist. Fix: use 0, 1, 2 or 3.")
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def export_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that carry the settings some layer set to the processes.
+
+    Args:
+        settings: the launcher's resolved settings.
+
+    Returns:
+        ``ACCELERANDO_<NAME>`` for every exported setting whose source is not the default, plus the
+        reference's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_FSDP`` and
+        ``ACCELERATE_USE_DEEPSPEED``.
+    """
+    env = {
+        FIELDS_BY_NAME[name].our_env: _env_text(value)
+        for name, value in settings.explicitly_set().items()
+        if value is not None and FIELDS_BY_NAME[name].export
+    }
+    env["ACCELERATE_MIXED_PRECISION"] = settings.mixed_precision
+    env["ACCELERATE_USE_FSDP"] = _env_text(bool(settings.use_fsdp))
+    env["ACCELERATE_USE_DEEPSPEED"] = _env_text(bool(settings.use_deepspeed))
+    return env
+
+
+def _topology(settings: Settings, machine: MachineInfo) -> tuple[int, int, list[str]]:
+    """Total processes and machines, with notes for choices made on the user's behalf."""
+    notes: list[str] = []
+    machines = settings.num_machines or 1
+    total = settings.num_processes
+    if total is None:
+        wants_gpu = settings.multi_gpu or settings.distributed_type == "MULTI_GPU"
+        if wants_gpu:
+            ids = settings.gpu_ids
+            per_node = len(ids.split(",")) if ids and ids != "all" else machine.gpu_count
+            total = per_node * machines
+            notes.append(f"num_processes not given: using {total} (one per visible GPU).")
+        else:
+            total = machines
+            if machine.gpu_count > 1 and not settings.cpu:
+                notes.append(
+                    f"{machine.gpu_count} GPUs are visible but only 1 process per machine starts. "
+                    "Pass --multi_gpu or --num_processes to use them all."
+                )
+    return total, machines, notes
+
+
+def _process_env(settings: Settings, machine: MachineInfo, total: int, per_node: int) -> dict[str, str]:
+    env = export_env(settings)
+    env["ACCELERANDO_NUM_PROCESSES"] = str(total)
+    env["ACCELERANDO_NUM_MACHINES"] = str(settings.num_machines or 1)
+    env["ACCELERANDO_MACHINE_RANK"] = str(settings.machine_rank or 0)
+    if settings.num_cpu_threads_per_process is not None:
+        env["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
+    elif per_node > 1 and not machine.omp_threads_set:
+        # Share the cores instead of letting every process start one thread per core.
+        env["OMP_NUM_THREADS"] = str(max(1, machine.cpu_count // per_node))
+    if settings.gpu_ids and settings.gpu_ids != "all" and not settings.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
+    return env
+
+
+def _target_argv(command: Command, python: str) -> list[str]:
+    if command.no_python:
+        return [command.target, *command.args]
+    if command.module:
+        return [python, "-m", command.target, *command.args]
+    return [python, command.target, *command.args]
+
+
+def _agent_argv(settings: Settings, command: Command, per_node: int, port: Callable[[], int]) -> list[str]:
+    machines = settings.num_machines or 1
+    address = settings.main_process_ip or "127.0.0.1"
+    main_port = settings.main_process_port or (port() if machines == 1 else 29500)
+    argv = [
+        "--nnodes",
+        str(machines),
+        "--nproc_per_node",
+        str(per_node),
+        "--node_rank",
+        str(settings.machine_rank or 0),
+    ]
+    if settings.rdzv_backend == "static":
+        argv += ["--master_addr", address, "--master_port", str(main_port)]
+    else:
+        argv += ["--rdzv_backend", settings.rdzv_backend, "--rdzv_endpoint", f"{address}:{main_port}"]
+    if settings.rdzv_conf:
+        argv += ["--rdzv_conf", settings.rdzv_conf]
+    argv += [
+        "--max_restarts",
+        str(settings.max_restarts),
+        "--monitor_interval",
+        f"{settings.monitor_interval:g}",
+    ]
+    if command.module:
+        argv.append("--module")
+    elif command.no_python:
+        argv.append("--no_python")
+    return [*argv, command.target, *command.args]
+
+
+def build(
+    settings: Settings,
+    command: Command,
+    machine: MachineInfo,
+    *,
+    agent_options: Sequence[str] = (),
+    port: Callable[[], int] = free_port,
+) -> LaunchPlan:
+    """Plan a launch without starting anything.
+
+    Args:
+        settings: the launcher's resolved settings (see :func:`accelerando.settings.resolve`).
+        command: what each process runs.
+        machine: the machine the launch runs on (:func:`accelerando.settings.machine.detect_machine`).
+        agent_options: extra ``torch.distributed.run`` options (``--role``, ``--tee``, ``--log_dir``).
+        port: returns a free port for a single-machine job that did not choose one.
+
+    Returns:
+        The :class:`LaunchPlan`: one process run directly, or an elastic-agent launch when more than
+        one process, more than one machine or restarts are asked for.
+
+    Raises:
+        ValueError: for an impossible combination of settings (see :func:`check_settings`).
+    """
+    check_settings(settings, machine)
+    total, machines, notes = _topology(settings, machine)
+    per_node = total // machines
+    env = _process_env(settings, machine, total, per_node)
+    elastic = total > 1 or machines > 1 or settings.max_restarts > 0
+    if elastic:
+        agent = _agent_argv(settings, command, per_node, port)
+        argv = [machine.python, "-m", _ELASTIC_MODULE, *agent_options, *agent]
+    else:
+        argv = _target_argv(command, machine.python)
+    return LaunchPlan(
+        mode="elastic" if elastic else "simple",
+        argv=tuple(argv),
+        env=env,
+        num_processes=total,
+        nproc_per_node=per_node,
+        num_machines=machines,
+        machine_rank=settings.machine_rank or 0,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,77 @@
+"""Execute a :class:`~accelerando.launchers.plan.LaunchPlan`.
+
+One process is started directly with :mod:`subprocess`. Several are started by PyTorch's elastic
+agent, called in this process (``torch.distributed.run``) so that a launch costs one interpreter
+start-up less than ``torchrun`` in a subprocess would; torch is imported only here, never for
+``--help`` or ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+from accelerando.launchers.plan import LaunchPlan
+
+__all__ = ["run"]
+
+
+def _run_simple(plan: LaunchPlan) -> int:
+    env = {**os.environ, **plan.env}
+    try:
+        return subprocess.run(list(plan.argv), env=env, check=False).returncode
+    except FileNotFoundError as err:
+        print(f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}.", file=sys.stderr)
+        return 127
+    except KeyboardInterrupt:
+        return 130
+
+
+def _report_failure(err: BaseException) -> int:
+    """Print one line about the first failed process and return its exit code."""
+    rank, failure = err.get_first_failure()  # type: ignore[attr-defined]
+    code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+    where = f"process {rank} (local rank {failure.local_rank}, pid {failure.pid})"
+    print(
+        f"accelerando launch: {where} failed with exit code {failure.exitcode}; its traceback is above. "
+        f"{len(err.failures)} process(es) failed in all.",  # type: ignore[attr-defined]
+        file=sys.stderr,
+    )
+    return code
+
+
+def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args
+    from torch.distributed.run import run as elastic_run
+
+    # The launcher is the one place that writes the processes' environment; the agent copies ours.
+    os.environ.update(plan.env)
+    # The agent's own failure log line repeats what _report_failure prints, and its INFO/WARNING lines
+    # are noise for a user; the processes' output and tracebacks are untouched.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        elastic_run(parse_args(plan.agent_args))
+    except ChildFailedError as err:
+        return _report_failure(err)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
+    """Start the processes of ``plan`` and wait for them.
+
+    Args:
+        plan: built by :func:`accelerando.launchers.plan.build`.
+        quiet: silence the elastic agent's own log lines.
+
+    Returns:
+        The exit status: the script's for one process; 0 when every process succeeded, else the
+        exit code of the first process that failed.
+    """
+    if plan.mode == "simple":
+        return _run_simple(plan)
+    return _run_elastic(plan, quiet)

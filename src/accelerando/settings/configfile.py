@@ -1,0 +1,333 @@
+"""Config files: find, load, validate, migrate and write them.
+
+The files use the reference project's keys (``compute_environment``, ``distributed_type``,
+``mixed_precision``, ``use_cpu``, ``fsdp_config: {...}``, ``deepspeed_config: {...}``, ...), so an
+existing ``default_config.yaml`` works unchanged. Keys are checked against the settings table
+(:mod:`accelerando.settings.fields`): an unknown key, a wrong type or an impossible combination is a
+:class:`ConfigError` naming the file, the key, the allowed values and a close match.
+
+Default location: ``$ACCELERANDO_CONFIG_FILE``, else ``$XDG_CACHE_HOME/accelerando/default_config.yaml``
+(``~/.cache`` when XDG_CACHE_HOME is unset). When that file does not exist but the reference project's
+default config does, that one is used and the caller is told so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from accelerando.settings.fields import FIELDS, Field
+from accelerando.settings.resolve import Sourced, parse_value
+
+__all__ = [
+    "ConfigError",
+    "CONFIG_KEYS",
+    "default_config_path",
+    "reference_config_path",
+    "find_config_file",
+    "read_config_file",
+    "load_config_layer",
+    "config_to_layer",
+    "migrate_config",
+    "settings_to_config",
+    "write_config_file",
+]
+
+#: dotted config key -> field it sets.
+CONFIG_KEYS: dict[str, Field] = {key: f for f in FIELDS for key in f.config_keys}
+_SECTIONS = frozenset(key.split(".")[0] for key in CONFIG_KEYS if "." in key)
+# Keys the reference writes that do not map to a setting here: accepted and kept, never an error.
+_ACCEPTED_TOP = frozenset(
+    {
+        "compute_environment", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
+        "tpu_vm", "commands", "command_file", "use_mps_device", "ipex_config", "mpirun_config", "fp8_config",
+        "parallelism_config", "ec2_instance_type", "iam_role_name", "image_uri", "profile", "region",
+        "base_job_name", "pytorch_version", "transformers_version", "py_version", "additional_args",
+        "sagemaker_inputs_file", "sagemaker_metrics_file",
+    }
+)  # fmt: skip
+_ACCEPTED_NESTED = frozenset(
+    {
+        "deepspeed_config.deepspeed_exclusion_filter", "deepspeed_config.deepspeed_inclusion_filter",
+        "fsdp_config.fsdp_backward_prefetch_policy",
+    }
+)  # fmt: skip
+# Old spellings that `config update` rewrites and that loading accepts.
+_RENAMED = {
+    "dynamo_backend": "dynamo_config.dynamo_backend",
+    "fsdp_config.fsdp_backward_prefetch_policy": "fsdp_config.fsdp_backward_prefetch",
+}
+_DISTRIBUTED_SWITCHES = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file, the key and the fix."""
+
+
+def default_config_path() -> Path:
+    """Return where our default config file lives (it may not exist).
+
+    Returns:
+        ``$ACCELERANDO_CONFIG_FILE`` if set, else ``<XDG cache>/accelerando/default_config.yaml``.
+    """
+    explicit = os.environ.get("ACCELERANDO_CONFIG_FILE")
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "accelerando" / "default_config.yaml"
+
+
+def reference_config_path() -> Path | None:
+    """Return the reference project's default config file if one exists on this machine."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    hf_home = Path(os.environ.get("HF_HOME") or Path(cache) / "huggingface")
+    for name in ("default_config.yaml", "default_config.json"):
+        candidate = hf_home / "accelerate" / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
+    """Choose the config file a launch uses.
+
+    Args:
+        explicit: ``--config_file`` as given, or ``None``.
+
+    Returns:
+        ``(path or None, note)``; ``note`` is a sentence to show the user when the choice is not
+        obvious (the reference project's file was used), else ``""``.
+
+    Raises:
+        ConfigError: when ``explicit`` names a file that does not exist.
+    """
+    if explicit is not None:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"Config file {str(path)!r} does not exist. Fix: check the path given to --config_file, "
+                "or create one with `accelerando config`."
+            )
+        return path, ""
+    ours = default_config_path()
+    if ours.is_file():
+        return ours, ""
+    reference = reference_config_path()
+    if reference is not None:
+        return reference, (
+            f"No accelerando config at {ours}; using the reference project's config {reference}. "
+            "Run `accelerando config update --config_file` on it to make your own copy."
+        )
+    return None, ""
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a dict (no validation).
+
+    Args:
+        path: the file; ``.json`` is read as JSON, anything else as YAML.
+
+    Returns:
+        The file's top-level mapping (empty for an empty file).
+
+    Raises:
+        ConfigError: when the file cannot be parsed or is not a mapping.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text) if text.strip() else {}
+        else:
+            import yaml  # only config reading needs it
+
+            data = yaml.safe_load(text) or {}
+    except Exception as err:  # noqa: BLE001 - any parser error becomes a message with the fix
+        raise ConfigError(
+            f"Config file {str(path)!r} cannot be parsed: {err}. Fix the syntax or regenerate it."
+        ) from err
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"Config file {str(path)!r} must hold a mapping of keys to values, not {type(data).__name__}."
+        )
+    return data
+
+
+def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS and isinstance(value, Mapping):
+            for sub, sub_value in value.items():
+                flat[f"{key}.{sub}"] = sub_value
+        else:
+            flat[str(key)] = value
+    return flat
+
+
+def _unknown_key(path: str, key: str) -> ConfigError:
+    known = sorted({*CONFIG_KEYS, *_ACCEPTED_TOP, *_SECTIONS})
+    leaf = key.split(".")[-1]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
+        leaf, [k.split(".")[-1] for k in known], n=1, cutoff=0.6
+    )
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(
+        f"Config file {path!r}: unknown key {key!r}.{hint} Fix: rename or remove it "
+        "(`accelerando config update` migrates old files)."
+    )
+
+
+def config_to_layer(data: Mapping[str, Any], path: str) -> dict[str, Sourced]:
+    """Validate a config mapping and turn it into a resolver layer labelled ``config:<path>``.
+
+    Args:
+        data: the file's content as read by :func:`read_config_file`.
+        path: the file path, used in labels and messages.
+
+    Returns:
+        Setting name -> :class:`Sourced` for every key the file sets (``None`` values dropped).
+
+    Raises:
+        ConfigError: unknown key (with a close match), a value of the wrong type or outside the
+            allowed values, or a compute environment this project does not support.
+    """
+    source = f"config:{path}"
+    layer: dict[str, Sourced] = {}
+    for key, raw in _flatten(data).items():
+        key = _RENAMED.get(key, key)
+        if key in _ACCEPTED_TOP or key in _ACCEPTED_NESTED:
+            continue
+        if key in _SECTIONS:  # a section that is not a mapping, e.g. `fsdp_config: null`
+            if raw not in (None, {}):
+                raise ConfigError(
+                    f"Config file {path!r}: {key!r} must be a mapping of its options, got {raw!r}."
+                )
+            continue
+        field = CONFIG_KEYS.get(key)
+        if field is None:
+            raise _unknown_key(path, key)
+        try:
+            value = parse_value(field, raw, source)
+        except ValueError as err:
+            raise ConfigError(f"Config file {path!r}, key {key!r}: {err}") from None
+        if value is not None:
+            layer[field.name] = Sourced(value, source)
+    env = data.get("compute_environment", "LOCAL_MACHINE")
+    if env not in (None, "LOCAL_MACHINE"):
+        raise ConfigError(
+            f"Config file {path!r}: compute_environment {env!r} is not supported. "
+            "Fix: set it to 'LOCAL_MACHINE' (the only allowed value)."
+        )
+    _derive_switches(layer)
+    return layer
+
+
+def _derive_switches(layer: dict[str, Sourced]) -> None:
+    """`distributed_type: FSDP` in a file means use_fsdp (and so on), as in the reference."""
+    dist = layer.get("distributed_type")
+    if dist is None:
+        return
+    switch = _DISTRIBUTED_SWITCHES.get(dist.value)
+    if switch and switch not in layer:
+        layer[switch] = Sourced(True, dist.source)
+    if dist.value == "MULTI_GPU" and "multi_gpu" not in layer:
+        layer["multi_gpu"] = Sourced(True, dist.source)
+
+
+def load_config_layer(path: str | os.PathLike[str]) -> dict[str, Sourced]:
+    """Read, validate and convert a config file into a resolver layer.
+
+    Args:
+        path: a YAML or JSON config file.
+
+    Returns:
+        The layer (see :func:`config_to_layer`).
+
+    Raises:
+        ConfigError: when the file cannot be read or is invalid.
+    """
+    return config_to_layer(read_config_file(path), str(path))
+
+
+def migrate_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Rewrite an old config mapping with current key names, keeping every value.
+
+    Args:
+        data: a config mapping, possibly using old keys (top-level ``dynamo_backend``,
+            ``fsdp_backward_prefetch_policy``, numeric FSDP sharding strategies).
+
+    Returns:
+        A new mapping in the current layout.
+    """
+    out: dict[str, Any] = {}
+    for key, value in _flatten(data).items():
+        key = _RENAMED.get(key, key)
+        field = CONFIG_KEYS.get(key)
+        if field is not None and field.kind == "choice" and value is not None:
+            try:
+                value = parse_value(field, value, "config")
+            except ValueError:
+                pass  # leave it for validation to report with the file name
+        section, _, sub = key.partition(".")
+        if sub:
+            out.setdefault(section, {})[sub] = value
+        else:
+            out[key] = value
+    out.setdefault("compute_environment", "LOCAL_MACHINE")
+    return out
+
+
+def settings_to_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Build a config mapping (reference layout) from setting values.
+
+    Args:
+        values: setting name -> value; ``None`` values are left out.
+
+    Returns:
+        A mapping ready for :func:`write_config_file`.
+
+    Raises:
+        KeyError: for an unknown setting name.
+    """
+    from accelerando.settings.fields import get_field
+
+    out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
+    for name, value in values.items():
+        if value is None:
+            continue
+        key = get_field(name).config_keys[0]
+        section, _, sub = key.partition(".")
+        value = list(value) if isinstance(value, tuple) else value
+        if sub:
+            out.setdefault(section, {})[sub] = value
+        else:
+            out[key] = value
+    return out
+
+
+def write_config_file(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a config mapping as YAML (or JSON for a ``.json`` path), creating parent folders.
+
+    Args:
+        data: the mapping to write.
+        path: destination file.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".json":
+        text = json.dumps(dict(data), indent=2, sort_keys=True) + "\n"
+    else:
+        import yaml
+
+        text = yaml.safe_dump(dict(data), sort_keys=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
