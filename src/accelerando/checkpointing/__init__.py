@@ -1,0 +1,36 @@
+"""Checkpointing: crash-safe ``save_state`` / ``load_state`` and the public checkpoint helpers.
+
+A checkpoint folder is either complete and verifiable (it has a manifest with every file's size and
+CRC-32) or invisible (a hidden staging folder). Modules:
+
+- ``atomic``: staging, durability, manifest, atomic rename, rotation, listing, verification;
+- ``files`` / ``state_io`` / ``rng``: the state files and how each kind of state is written and read;
+- ``public``: ``save_accelerator_state`` & co. in the seed's and the reference's forms;
+- ``orchestrate``: the multi-process protocol behind ``Accelerator.save_state`` / ``load_state``.
+"""
+
+from __future__ import annotations
+
+from accelerando.checkpointing.atomic import CheckpointError, list_checkpoints, verify_checkpoint
+from accelerando.checkpointing.orchestrate import latest_checkpoint, load_state, save_state
+from accelerando.checkpointing.public import (
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+    set_active_accelerator,
+)
+
+__all__ = [
+    "CheckpointError",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_accelerator_state",
+    "load_custom_state",
+    "load_state",
+    "save_accelerator_state",
+    "save_custom_state",
+    "save_state",
+    "set_active_accelerator",
+    "verify_checkpoint",
+]

@@ -1,0 +1,381 @@
+"""Crash-safe checkpoint folders: stage, make durable, describe in a manifest, rename into place.
+
+Invariant: a folder that carries a manifest under its final name is complete. Every file is written
+into a hidden sibling (``.<name>.partial``), flushed to disk, described in the manifest (size and
+CRC-32 of every file), and only then is the folder renamed to its final name, which is atomic on
+POSIX file systems. Deletions (rotation, overwrite) first rename the doomed folder to a hidden trash
+name, so a crash never leaves a half-deleted folder that looks like a checkpoint.
+
+Contract for callers (``accelerando.checkpointing.state_io`` and ``orchestrate``):
+1. ``prepare_staging(final_dir)`` on the committing process, then a barrier;
+2. every process writes its files into the staging folder and calls ``describe_files`` on them;
+3. the committing process calls ``commit(staging, final_dir, manifest)`` after a barrier.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MANIFEST_NAME",
+    "CheckpointError",
+    "FileEntry",
+    "Manifest",
+    "ChecksumVerifier",
+    "commit",
+    "describe_files",
+    "discard",
+    "file_digest",
+    "fsync_dir",
+    "fsync_file",
+    "list_checkpoints",
+    "prepare_staging",
+    "read_manifest",
+    "remove_stale",
+    "rotate",
+    "staging_path",
+    "verify_checkpoint",
+]
+
+MANIFEST_NAME = "checkpoint_manifest.json"
+MANIFEST_FORMAT = 1
+_CHUNK = 8 * 1024 * 1024
+_PARTIAL_SUFFIX = ".partial"
+_TRASH_MARK = ".trash-"
+_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder is incomplete or damaged; the message names the folder and the file."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """What the manifest records about one file."""
+
+    size: int
+    crc32: int
+
+
+@dataclass
+class Manifest:
+    """Description of a complete checkpoint folder (written last, read first)."""
+
+    files: dict[str, FileEntry]
+    world_size: int
+    library_version: str
+    created: float = field(default_factory=time.time)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Serialise to the manifest file's JSON text."""
+        payload = {
+            "format": MANIFEST_FORMAT,
+            "library": "accelerando",
+            "library_version": self.library_version,
+            "world_size": self.world_size,
+            "created": self.created,
+            "extra": self.extra,
+            "files": {name: {"size": e.size, "crc32": e.crc32} for name, e in sorted(self.files.items())},
+        }
+        return json.dumps(payload, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse a manifest's JSON text (raises ``KeyError``/``ValueError``/``TypeError`` if malformed)."""
+        payload = json.loads(text)
+        if payload.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"unknown manifest format {payload.get('format')!r}")
+        files = {name: FileEntry(int(e["size"]), int(e["crc32"])) for name, e in payload["files"].items()}
+        return cls(
+            files=files,
+            world_size=int(payload["world_size"]),
+            library_version=str(payload["library_version"]),
+            created=float(payload["created"]),
+            extra=dict(payload.get("extra", {})),
+        )
+
+
+def fsync_file(path: str) -> None:
+    """Flush a file's data and metadata to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a folder's entries (new, renamed or removed names) to stable storage."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # some platforms (Windows) cannot open folders; renames are durable there anyway
+        return
+    try:
+        os.fsync(fd)
+    except OSError as err:  # some file systems refuse fsync on folders
+        if err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def file_digest(path: str) -> FileEntry:
+    """Return the size and CRC-32 of a file, read in chunks (zlib releases the GIL while hashing)."""
+    crc = 0
+    size = 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            n = handle.readinto(buf)
+            if not n:
+                break
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return FileEntry(size, crc)
+
+
+def describe_files(folder: str, names: Iterable[str]) -> dict[str, FileEntry]:
+    """Make the named files (relative to ``folder``) durable and return their manifest entries.
+
+    The digest reads back the bytes that reached the file, and runs in a thread beside ``fsync`` so
+    the checksum costs little beyond the disk flush itself.
+    """
+    names = list(names)
+    entries: dict[str, FileEntry] = {}
+    errors: list[BaseException] = []
+
+    def flush_all() -> None:
+        try:
+            for name in names:
+                fsync_file(os.path.join(folder, name))
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(err)
+
+    flusher = threading.Thread(target=flush_all, name="accelerando-fsync", daemon=True)
+    flusher.start()
+    for name in names:
+        entries[name] = file_digest(os.path.join(folder, name))
+    flusher.join()
+    if errors:
+        raise errors[0]
+    return entries
+
+
+def staging_path(final_dir: str) -> str:
+    """The hidden sibling folder a checkpoint is written into before it becomes visible."""
+    final_dir = os.path.abspath(final_dir)
+    parent, name = os.path.split(final_dir)
+    return os.path.join(parent, f".{name}{_PARTIAL_SUFFIX}")
+
+
+def discard(path: str) -> None:
+    """Delete a folder crash-safely: rename it to a hidden trash name first, then remove it."""
+    if not os.path.lexists(path):
+        return
+    parent, name = os.path.split(os.path.abspath(path))
+    trash = os.path.join(parent, f".{name.lstrip('.')}{_TRASH_MARK}{uuid.uuid4().hex[:8]}")
+    os.rename(path, trash)
+    fsync_dir(parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_stale(parent: str) -> None:
+    """Remove staging and trash folders left in ``parent`` by an interrupted save or rotation."""
+    if not os.path.isdir(parent):
+        return
+    for name in os.listdir(parent):
+        if name.startswith(".") and (name.endswith(_PARTIAL_SUFFIX) or _TRASH_MARK in name):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def prepare_staging(final_dir: str) -> str:
+    """Create an empty staging folder for ``final_dir`` (removing a stale one) and return its path."""
+    staging = staging_path(final_dir)
+    parent = os.path.dirname(staging)
+    os.makedirs(parent, exist_ok=True)
+    if os.path.lexists(staging):
+        discard(staging)
+    os.makedirs(staging)
+    return staging
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)``; False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return result == 0
+
+
+def commit(staging: str, final_dir: str, manifest: Manifest) -> None:
+    """Write the manifest into ``staging`` and make it visible as ``final_dir`` atomically.
+
+    An existing ``final_dir`` is replaced: swapped atomically where the kernel allows it, otherwise
+    moved to the trash just before the rename (a crash in between leaves the old checkpoint in the
+    trash and the new one staged, both complete; ``load_state()`` then falls back to older ones).
+    """
+    final_dir = os.path.abspath(final_dir)
+    parent = os.path.dirname(final_dir)
+    manifest_path = os.path.join(staging, MANIFEST_NAME)
+    tmp_manifest = manifest_path + ".tmp"
+    with open(tmp_manifest, "w", encoding="utf-8") as handle:
+        handle.write(manifest.to_json())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp_manifest, manifest_path)
+    fsync_dir(staging)
+    if os.path.lexists(final_dir):
+        if _exchange(staging, final_dir):
+            fsync_dir(parent)
+            discard(staging)  # now holds the previous checkpoint
+            return
+        discard(final_dir)
+    os.rename(staging, final_dir)
+    fsync_dir(parent)
+
+
+def read_manifest(folder: str) -> Manifest:
+    """Read a checkpoint's manifest.
+
+    Raises:
+        CheckpointError: If the manifest is missing or unreadable (the message names it).
+    """
+    path = os.path.join(folder, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return Manifest.from_json(handle.read())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"Checkpoint {folder!r} has no {MANIFEST_NAME}: it is incomplete (a save was interrupted) "
+            "or was not written by accelerando; load another checkpoint."
+        ) from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(
+            f"Checkpoint {folder!r} is damaged: {path!r} cannot be parsed ({err}); load another checkpoint."
+        ) from err
+
+
+def _check_entry(folder: str, name: str, entry: FileEntry, checksum: bool) -> None:
+    path = os.path.join(folder, name)
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"Checkpoint {folder!r} is damaged: file {name!r} listed in its manifest is missing; "
+            "load another checkpoint."
+        ) from None
+    if size != entry.size:
+        raise CheckpointError(
+            f"Checkpoint {folder!r} is damaged: file {name!r} has {size} bytes, the manifest says "
+            f"{entry.size} (truncated or overwritten); load another checkpoint."
+        )
+    if checksum:
+        actual = file_digest(path)
+        if actual.crc32 != entry.crc32:
+            raise CheckpointError(
+                f"Checkpoint {folder!r} is damaged: file {name!r} fails its checksum (CRC-32 "
+                f"{actual.crc32:#010x}, manifest {entry.crc32:#010x}); load another checkpoint."
+            )
+
+
+def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str] | None = None) -> Manifest:
+    """Check a checkpoint folder against its manifest.
+
+    Args:
+        folder: The checkpoint folder.
+        checksums: Also compare every file's CRC-32 (reads every byte); sizes are always checked.
+        names: Only check these files (default: every file in the manifest).
+
+    Returns:
+        The manifest.
+
+    Raises:
+        CheckpointError: Naming the first missing, truncated or corrupted file.
+    """
+    manifest = read_manifest(folder)
+    wanted = manifest.files if names is None else {n: manifest.files[n] for n in names if n in manifest.files}
+    for name, entry in wanted.items():
+        _check_entry(folder, name, entry, checksums)
+    return manifest
+
+
+class ChecksumVerifier:
+    """Check files' CRC-32 in a background thread while the caller deserialises them.
+
+    Reading a file that was just read again comes from the page cache, and zlib releases the GIL, so
+    on a machine with a spare core the check adds little wall time. Call ``result()`` before applying
+    anything loaded: it raises ``CheckpointError`` naming the first corrupted file.
+    """
+
+    def __init__(self, folder: str, manifest: Manifest, names: Iterable[str]) -> None:
+        self._folder = folder
+        self._entries = [(n, manifest.files[n]) for n in names if n in manifest.files]
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="accelerando-verify", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for name, entry in self._entries:
+                _check_entry(self._folder, name, entry, checksum=True)
+        except BaseException as err:  # noqa: BLE001 - re-raised by result()
+            self._error = err
+
+    def result(self) -> None:
+        """Wait for the check to finish; raise its error if a file is corrupted."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def list_checkpoints(checkpoints_dir: str) -> list[tuple[int, str]]:
+    """Return ``(number, path)`` of every ``checkpoint_<n>`` folder with a manifest, oldest first.
+
+    Folders without a manifest (interrupted saves of other tools) and hidden staging or trash
+    folders are not listed. Damage inside a listed folder is found by :func:`verify_checkpoint`.
+    """
+    if not os.path.isdir(checkpoints_dir):
+        return []
+    found = []
+    for name in os.listdir(checkpoints_dir):
+        match = _CHECKPOINT_RE.match(name)
+        path = os.path.join(checkpoints_dir, name)
+        if match and os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def rotate(checkpoints_dir: str, total_limit: int | None) -> list[str]:
+    """Delete the oldest complete checkpoints so that at most ``total_limit`` remain.
+
+    Call only after the newest checkpoint was committed. Returns the deleted paths.
+    """
+    if total_limit is None:
+        return []
+    complete = list_checkpoints(checkpoints_dir)
+    doomed = [path for _, path in complete[: max(0, len(complete) - total_limit)]]
+    for path in doomed:
+        discard(path)
+    return doomed

@@ -1,0 +1,401 @@
+"""``Accelerator.save_state`` / ``load_state``: the multi-process commit protocol and auto-resume.
+
+Save (every process runs this, in this order):
+1. the committing process (main, or each node's local main with ``save_on_each_node``) clears
+   leftovers of interrupted saves and creates the hidden staging folder; barrier;
+2. every process writes its files into the staging folder, flushes them to disk and computes their
+   size and CRC-32; the results (or a failure) are gathered on every process, which is the barrier
+   that guarantees every rank's files are in place;
+3. the committing process writes the manifest and renames the folder into place, then rotates old
+   checkpoints (only now, so a crash never costs a complete checkpoint); barrier.
+
+Load reads everything first, verifies it (sizes always, CRC-32 in a background thread by default),
+agrees across processes that every rank succeeded, and only then applies it to the live objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+from typing import Any
+
+from accelerando.checkpointing import atomic
+from accelerando.checkpointing import files as F
+from accelerando.checkpointing.public import save_custom_state, set_active_accelerator
+from accelerando.checkpointing.state_io import (
+    LoadedState,
+    apply_state,
+    capture_gradients,
+    needed_files,
+    read_state_files,
+    write_state_files,
+)
+
+__all__ = ["CHECKPOINTS_FOLDER", "latest_checkpoint", "load_state", "save_state"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_FOLDER = "checkpoints"
+_NUMBERED = re.compile(r"^checkpoint_(\d+)$")
+
+
+def _gather(obj: Any, num_processes: int) -> list[Any]:
+    """Every process's ``obj``, on every process (also a barrier)."""
+    import torch.distributed as dist
+
+    if num_processes > 1 and dist.is_available() and dist.is_initialized():
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+def _is_committer(state: Any, save_on_each_node: bool) -> bool:
+    return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
+
+
+def _checkpoints_dir(accelerator: Any) -> str:
+    project_dir = accelerator.project_configuration.project_dir
+    if project_dir is None:
+        raise ValueError(
+            "automatic_checkpoint_naming needs a project folder; pass project_dir= to Accelerator or "
+            "ProjectConfiguration(project_dir=...)."
+        )
+    return os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER)
+
+
+def _resolve_save_dir(accelerator: Any, output_dir: str | os.PathLike | None) -> tuple[str, str | None]:
+    """``(final folder, checkpoints folder or None)`` for a save."""
+    config = accelerator.project_configuration
+    if config.automatic_checkpoint_naming:
+        root = _checkpoints_dir(accelerator)
+        final = os.path.join(root, f"checkpoint_{config.iteration}")
+        if output_dir is not None and os.path.abspath(output_dir) != os.path.abspath(final):
+            logger.warning("automatic_checkpoint_naming is on: saving to %s instead of %s", final, output_dir)
+        if os.path.exists(final):
+            raise ValueError(
+                f"Checkpoint folder {final!r} already exists (iteration {config.iteration}). Call "
+                "accelerator.load_state() first to resume (it sets the iteration), or set "
+                "accelerator.project_configuration.iteration to the next free number."
+            )
+        return os.path.abspath(final), root
+    if output_dir is None:
+        raise ValueError(
+            "save_state() needs output_dir= unless automatic checkpoint naming is on; pass a folder, or "
+            "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+        )
+    return os.path.abspath(os.fspath(output_dir)), None
+
+
+def _mid_accumulation(accelerator: Any) -> bool:
+    """Whether gradients of an unfinished accumulation cycle are pending."""
+    return not bool(getattr(accelerator, "sync_gradients", True))
+
+
+def _write_process_files(accelerator: Any, staging: str, safe_serialization: bool) -> list[str]:
+    """Write this process's files into the staging folder; return their names."""
+    config = accelerator.project_configuration
+    models = list(accelerator._models)
+    weights = [accelerator.get_state_dict(model) for model in models]
+    for hook in list(accelerator._save_model_state_pre_hook.values()):
+        hook(models, weights, staging)
+    grads = capture_gradients(models) if _mid_accumulation(accelerator) else None
+    names = write_state_files(
+        staging,
+        weights,
+        list(accelerator._optimizers),
+        list(accelerator._schedulers),
+        list(accelerator._dataloaders),
+        accelerator.state.process_index,
+        int(accelerator.step),
+        scaler=accelerator.scaler,
+        save_on_each_node=config.save_on_each_node,
+        safe_serialization=safe_serialization,
+        gradients=grads,
+    )
+    for i, obj in enumerate(accelerator._custom_objects):
+        written = save_custom_state(obj, staging, i, config.save_on_each_node)
+        if written is not None:
+            names.append(os.path.basename(written))
+    return names
+
+
+def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list[Any]) -> int:
+    """Committing process: manifest + atomic rename. Returns the checkpoint's size in bytes."""
+    entries: dict[str, atomic.FileEntry] = {}
+    for _, _, described in results:
+        entries.update(described)
+    # Files written by save hooks belong to the checkpoint too.
+    extra = []
+    for root, _, filenames in os.walk(staging):
+        for filename in filenames:
+            rel = os.path.relpath(os.path.join(root, filename), staging)
+            if rel not in entries and rel != atomic.MANIFEST_NAME:
+                extra.append(rel)
+    entries.update(atomic.describe_files(staging, extra))
+    from accelerando import __version__
+
+    config = accelerator.project_configuration
+    manifest = atomic.Manifest(
+        files=entries,
+        world_size=int(accelerator.state.num_processes),
+        library_version=__version__,
+        extra={"step": int(accelerator.step), "iteration": int(config.iteration)},
+    )
+    atomic.commit(staging, final_dir, manifest)
+    return sum(entry.size for entry in entries.values())
+
+
+def save_state(
+    accelerator: Any,
+    output_dir: str | os.PathLike | None = None,
+    safe_serialization: bool = True,
+    **save_model_func_kwargs: Any,
+) -> str:
+    """Save the complete training state crash-safely; ``Accelerator.save_state`` delegates here.
+
+    Saves every prepared model, optimizer, scheduler and dataloader, the GradScaler, each process's
+    random states and step counter, gradients of an unfinished accumulation cycle, and every object
+    registered with ``register_for_checkpointing``. The folder appears only once complete.
+
+    Args:
+        accelerator: The Accelerator whose state is saved.
+        output_dir: Destination folder; ignored with automatic checkpoint naming, which uses
+            ``<project_dir>/checkpoints/checkpoint_<iteration>``.
+        safe_serialization: Weights as safetensors (else ``torch.save``).
+        **save_model_func_kwargs: Accepted for API compatibility (engine-specific save options).
+
+    Returns:
+        The committed checkpoint folder.
+
+    Raises:
+        ValueError: If no folder can be determined or the automatic folder already exists.
+        CheckpointError: If a process failed to write its files (nothing is committed).
+    """
+    del save_model_func_kwargs
+    set_active_accelerator(accelerator)
+    state = accelerator.state
+    config = accelerator.project_configuration
+    final_dir, checkpoints_dir = _resolve_save_dir(accelerator, output_dir)
+    committer = _is_committer(state, config.save_on_each_node)
+    if committer:
+        atomic.remove_stale(os.path.dirname(final_dir))
+        atomic.prepare_staging(final_dir)
+    state.wait_for_everyone()
+    staging = atomic.staging_path(final_dir)
+    error: BaseException | None = None
+    described: dict[str, atomic.FileEntry] = {}
+    try:
+        names = _write_process_files(accelerator, staging, safe_serialization)
+        described = atomic.describe_files(staging, names)
+    except Exception as err:  # noqa: BLE001 - reported to every process below
+        error = err
+    report = None if error is None else f"{type(error).__name__}: {error}"
+    results = _gather((state.process_index, report, described), state.num_processes)
+    failed = [(rank, msg) for rank, msg, _ in results if msg is not None]
+    if failed:
+        if committer:
+            atomic.discard(staging)
+        if error is not None:
+            raise error
+        raise atomic.CheckpointError(f"Process {failed[0][0]} failed to write {final_dir!r}: {failed[0][1]}")
+    size = 0
+    if committer:
+        size = _commit_staged(accelerator, staging, final_dir, results)
+        if checkpoints_dir is not None:
+            atomic.rotate(checkpoints_dir, config.total_limit)
+    state.wait_for_everyone()
+    if config.automatic_checkpoint_naming:
+        config.iteration += 1
+    _report_to_trackers(accelerator, final_dir, size)
+    return final_dir
+
+
+def _report_to_trackers(accelerator: Any, path: str, size: int) -> None:
+    """Tell trackers that offer ``log_checkpoint(path, step, size_bytes)`` about a new checkpoint."""
+    if not accelerator.state.is_main_process:
+        return
+    for tracker in getattr(accelerator, "trackers", None) or []:
+        log_checkpoint = getattr(tracker, "log_checkpoint", None)
+        if callable(log_checkpoint):
+            log_checkpoint(path=path, step=int(accelerator.step), size_bytes=size)
+
+
+def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
+    """Newest complete checkpoint folder under ``<project_dir>/checkpoints``, or None.
+
+    Complete means committed (it has a manifest); damage is found when loading.
+
+    Args:
+        project_dir: The run's project folder.
+
+    Returns:
+        The folder path, or None when there is none (a fresh run).
+    """
+    found = atomic.list_checkpoints(os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER))
+    return found[-1][1] if found else None
+
+
+def _candidates(accelerator: Any, input_dir: str | os.PathLike | None) -> tuple[list[str], bool]:
+    """Folders to try, newest first, and whether falling back to an older one is allowed."""
+    if input_dir is not None:
+        folder = os.path.abspath(os.fspath(input_dir))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"Cannot load state: {folder!r} is not a folder; check the path.")
+        return [folder], False
+    if not accelerator.project_configuration.automatic_checkpoint_naming:
+        raise ValueError(
+            "load_state() needs input_dir= unless automatic checkpoint naming is on; pass the checkpoint "
+            "folder, or use ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+        )
+    root = _checkpoints_dir(accelerator)
+    found = [path for _, path in reversed(atomic.list_checkpoints(root))]
+    if not found:
+        raise FileNotFoundError(
+            f"No complete checkpoint under {root!r} to resume from; start fresh (see "
+            "accelerando.checkpointing.latest_checkpoint to test for one first)."
+        )
+    return found, True
+
+
+def _read_candidate(
+    accelerator: Any,
+    folder: str,
+    models: list[Any],
+    map_location: Any,
+    verify_checksums: bool,
+    explicit: bool,
+) -> tuple[LoadedState, list[Any], bool]:
+    """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
+    state = accelerator.state
+    manifest = None
+    if explicit and not os.path.exists(os.path.join(folder, atomic.MANIFEST_NAME)):
+        logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
+    else:
+        manifest = atomic.verify_checkpoint(folder)  # sizes of every file
+    per_rank = manifest is None or manifest.world_size == state.num_processes
+    if not per_rank:
+        warnings.warn(
+            f"{folder} was saved by {manifest.world_size} processes and is loaded by {state.num_processes}: "
+            "models, optimizers, schedulers, the scaler and custom objects are restored; random states, "
+            "dataloader positions and unfinished-accumulation gradients are per process and are NOT "
+            "restored, so the run will not continue bit-exactly.",
+            stacklevel=3,
+        )
+    loaders = list(accelerator._dataloaders) if per_rank else []
+    counts = (
+        len(models),
+        len(accelerator._optimizers),
+        len(accelerator._schedulers),
+        len(loaders),
+        state.process_index,
+        accelerator.scaler is not None,
+    )
+    customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(accelerator._custom_objects))]
+    names = needed_files(folder, *counts, per_rank=per_rank) + customs
+    verifier = atomic.ChecksumVerifier(folder, manifest, names) if manifest and verify_checksums else None
+    try:
+        loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
+        custom_states = [F.torch_load(_custom_path(folder, name)) for name in customs]
+    finally:
+        if verifier is not None:
+            verifier.result()  # a checksum failure names the file and wins over a parse error
+    return loaded, custom_states, per_rank
+
+
+def _custom_path(folder: str, name: str) -> str:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"Checkpoint {folder!r} has no {name!r}: fewer objects were registered with "
+            "register_for_checkpointing when it was saved; register the same objects in the same order."
+        )
+    return path
+
+
+def _attempt(accelerator: Any, folder: str, verify_checksums: bool, explicit: bool, kwargs: dict) -> Any:
+    """Try one folder on every process; returns the read state or the local error, plus everyone's verdict."""
+    models = list(accelerator._models)
+    for hook in list(accelerator._load_model_state_pre_hook.values()):
+        hook(models, folder)
+    outcome: Any
+    error: BaseException | None = None
+    try:
+        outcome = (
+            models,
+            *_read_candidate(accelerator, folder, models, kwargs["map_location"], verify_checksums, explicit),
+        )
+    except (atomic.CheckpointError, OSError, RuntimeError, ValueError, KeyError, EOFError) as err:
+        outcome, error = None, err
+    except Exception as err:  # noqa: BLE001 - e.g. safetensors' or pickle's own error types
+        outcome, error = None, err
+    report = None if error is None else f"{type(error).__name__}: {error}"
+    verdicts = _gather((accelerator.state.process_index, report), accelerator.state.num_processes)
+    return outcome, error, [(rank, msg) for rank, msg in verdicts if msg is not None]
+
+
+def load_state(
+    accelerator: Any, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
+) -> None:
+    """Restore everything ``save_state`` saved; ``Accelerator.load_state`` delegates here.
+
+    Without ``input_dir`` (automatic checkpoint naming), resumes from the newest complete checkpoint
+    under ``<project_dir>/checkpoints``, skipping damaged ones with a warning, and sets
+    ``project_configuration.iteration`` to the number after it. Nothing is applied unless every
+    process read and verified its files.
+
+    Args:
+        accelerator: The Accelerator to restore.
+        input_dir: Checkpoint folder (None: the newest complete one, with automatic naming).
+        **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
+            except ``map_location`` (device for loaded weights, default CPU) and ``verify_checksums``
+            (default True: compare every read file's CRC-32 with the manifest; sizes are always checked).
+
+    Raises:
+        FileNotFoundError: If the folder does not exist, or no checkpoint exists to resume from.
+        ValueError: If no folder is given and automatic naming is off.
+        CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
+    """
+    set_active_accelerator(accelerator)
+    kwargs = {"map_location": load_model_func_kwargs.pop("map_location", None)}
+    verify_checksums = bool(load_model_func_kwargs.pop("verify_checksums", True))
+    candidates, may_fall_back = _candidates(accelerator, input_dir)
+    for folder in candidates:
+        outcome, error, failed = _attempt(accelerator, folder, verify_checksums, not may_fall_back, kwargs)
+        if not failed:
+            _apply(accelerator, folder, outcome, load_model_func_kwargs)
+            return
+        if not may_fall_back:
+            if error is not None:
+                raise error
+            raise atomic.CheckpointError(f"Process {failed[0][0]} could not load {folder!r}: {failed[0][1]}")
+        logger.warning("Skipping checkpoint %s: %s", folder, failed[0][1])
+        warnings.warn(f"Skipping damaged checkpoint {folder}: {failed[0][1]}", stacklevel=2)
+    raise atomic.CheckpointError(
+        f"Every checkpoint under {os.path.dirname(candidates[0])!r} is damaged; nothing was loaded. "
+        "Start fresh or repair one (the warnings above name the damaged files)."
+    )
+
+
+def _apply(accelerator: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
+    models, loaded, custom_states, per_rank = outcome
+    apply_state(
+        loaded,
+        models,
+        list(accelerator._optimizers),
+        list(accelerator._schedulers),
+        list(accelerator._dataloaders) if per_rank else [],
+        accelerator.scaler,
+        **model_kwargs,
+    )
+    for obj, custom in zip(accelerator._custom_objects, custom_states, strict=True):
+        obj.load_state_dict(custom)
+    if loaded.step is not None:
+        accelerator.step = loaded.step
+    config = accelerator.project_configuration
+    match = _NUMBERED.match(os.path.basename(folder))
+    if config.automatic_checkpoint_naming and match:
+        config.iteration = int(match.group(1)) + 1
+    logger.info("Loaded state from %s", folder)

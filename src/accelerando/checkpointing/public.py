@@ -1,0 +1,320 @@
+"""The public checkpoint helpers, in both the seed's form and the reference project's explicit form.
+
+- ``save_accelerator_state(output_dir)`` / ``load_accelerator_state(input_dir)`` with only a folder
+  act on the active ``Accelerator`` (crash-safe, through ``Accelerator.save_state``).
+- The explicit forms take the objects themselves and write or read the files of one folder.
+- ``save_custom_state`` / ``load_custom_state`` accept a folder (``custom_checkpoint_<i>.pkl``
+  inside it) or a file path, and objects with ``state_dict`` or plain picklable values.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from accelerando.checkpointing import files as F
+from accelerando.checkpointing.atomic import MANIFEST_NAME, ChecksumVerifier, read_manifest, verify_checkpoint
+from accelerando.checkpointing.state_io import apply_state, needed_files, read_state_files, write_state_files
+
+__all__ = [
+    "active_accelerator",
+    "load_accelerator_state",
+    "load_custom_state",
+    "save_accelerator_state",
+    "save_custom_state",
+    "set_active_accelerator",
+]
+
+logger = logging.getLogger(__name__)
+
+_active: weakref.ReferenceType[Any] | None = None
+
+
+def set_active_accelerator(accelerator: Any) -> None:
+    """Remember ``accelerator`` as the one the folder-only helpers act on (the Accelerator calls this)."""
+    global _active
+    _active = weakref.ref(accelerator)
+
+
+def active_accelerator() -> Any:
+    """Return the active ``Accelerator``.
+
+    Raises:
+        ValueError: If no Accelerator exists in this process.
+    """
+    found = _active() if _active is not None else None
+    if found is None:
+        try:
+            from accelerando.accelerator import Accelerator
+        except ImportError:
+            Accelerator = None  # noqa: N806
+        if Accelerator is not None:
+            candidates = [obj for obj in gc.get_objects() if isinstance(obj, Accelerator)]
+            found = candidates[-1] if candidates else None
+    if found is None:
+        raise ValueError(
+            "save_accelerator_state/load_accelerator_state with only a folder act on the active Accelerator, "
+            "but none exists; create one with Accelerator() first, or pass the objects explicitly."
+        )
+    return found
+
+
+def save_accelerator_state(
+    output_dir: str | os.PathLike,
+    model_states: Sequence[dict[str, Any]] | None = None,
+    optimizers: Sequence[Any] | None = None,
+    schedulers: Sequence[Any] | None = None,
+    dataloaders: Sequence[Any] | None = None,
+    process_index: int | None = None,
+    step: int | None = None,
+    scaler: Any | None = None,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = True,
+) -> str:
+    """Save training state into ``output_dir``.
+
+    With only ``output_dir`` (and ``safe_serialization``), saves everything the active Accelerator
+    prepared, crash-safely (see ``Accelerator.save_state``). With the objects given (the reference's
+    form), writes this process's files directly into ``output_dir``: model weights (from
+    ``model_states``), optimizer, scheduler, dataloader and scaler states, and the random states of
+    process ``process_index`` together with ``step``.
+
+    Args:
+        output_dir: Destination folder.
+        model_states: State dicts of the models, in order.
+        optimizers: Optimizers whose ``state_dict()`` is saved.
+        schedulers: Learning-rate schedulers.
+        dataloaders: Dataloaders (their ``state_dict()``, or their sampler's).
+        process_index: Index of this process (names its random-state file).
+        step: Training step counter stored beside the random states.
+        scaler: A ``torch.amp.GradScaler`` or None.
+        save_on_each_node: Write the shared files on every node's local main process.
+        safe_serialization: Weights as safetensors (else ``torch.save``).
+
+    Returns:
+        The folder written.
+
+    Example:
+        >>> save_accelerator_state("ckpt/step_1000")  # with an Accelerator alive
+    """
+    explicit = (model_states, optimizers, schedulers, dataloaders, process_index, step, scaler)
+    if all(value is None for value in explicit):
+        from accelerando.checkpointing.orchestrate import save_state
+
+        return save_state(active_accelerator(), os.fspath(output_dir), safe_serialization=safe_serialization)
+    output_dir = os.fspath(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    write_state_files(
+        output_dir,
+        list(model_states or []),
+        list(optimizers or []),
+        list(schedulers or []),
+        list(dataloaders or []),
+        _process_index(process_index),
+        int(step or 0),
+        scaler,
+        save_on_each_node,
+        safe_serialization,
+    )
+    return output_dir
+
+
+def _process_index(process_index: int | None) -> int:
+    if process_index is not None:
+        return int(process_index)
+    from accelerando.state import PartialState
+
+    return PartialState().process_index
+
+
+def load_accelerator_state(
+    input_dir: str | os.PathLike,
+    models: Sequence[Any] | None = None,
+    optimizers: Sequence[Any] | None = None,
+    schedulers: Sequence[Any] | None = None,
+    dataloaders: Sequence[Any] | None = None,
+    process_index: int | None = None,
+    scaler: Any | None = None,
+    map_location: Any = None,
+    verify_checksums: bool = True,
+    **load_model_func_kwargs: Any,
+) -> dict[str, Any] | None:
+    """Load training state from ``input_dir``.
+
+    With only ``input_dir``, restores the active Accelerator (see ``Accelerator.load_state``). With
+    the objects given (the reference's form), reads the folder's files, verifies them against the
+    manifest when there is one, and only then loads them into the objects.
+
+    Args:
+        input_dir: Folder written by :func:`save_accelerator_state` or ``save_state``.
+        models: Models to load weights into (wrappers such as DDP are looked through).
+        optimizers: Optimizers to restore.
+        schedulers: Schedulers to restore.
+        dataloaders: Dataloaders to restore (their ``load_state_dict``, or their sampler's).
+        process_index: Index of this process (selects its random-state file).
+        scaler: GradScaler to restore, or None.
+        map_location: Device for loaded weights (default CPU; ``load_state_dict`` copies them).
+        verify_checksums: Compare every file's CRC-32 with the manifest (sizes are always checked).
+        **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``).
+
+    Returns:
+        ``{"step": <saved step>}`` in the explicit form; None in the folder-only form.
+
+    Raises:
+        CheckpointError: If a file is missing, truncated or corrupted (the message names it).
+    """
+    explicit = (models, optimizers, schedulers, dataloaders, process_index, scaler)
+    if all(value is None for value in explicit):
+        from accelerando.checkpointing.orchestrate import load_state
+
+        load_state(
+            active_accelerator(), os.fspath(input_dir), map_location=map_location, **load_model_func_kwargs
+        )
+        return None
+    folder = os.fspath(input_dir)
+    models, optimizers = list(models or []), list(optimizers or [])
+    schedulers, dataloaders = list(schedulers or []), list(dataloaders or [])
+    rank = _process_index(process_index)
+    counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
+    names = needed_files(folder, *counts)
+    verifier = None
+    if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
+        manifest = verify_checkpoint(folder)  # sizes of every file: catches deleted or truncated ones
+        verifier = ChecksumVerifier(folder, manifest, names) if verify_checksums else None
+    else:
+        logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
+    try:
+        loaded = read_state_files(folder, *counts, map_location=map_location)
+    finally:
+        if verifier is not None:
+            verifier.result()
+    apply_state(loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs)
+    return {"step": loaded.step if loaded.step is not None else 0}
+
+
+def _custom_target(path: str | os.PathLike, index: int) -> tuple[str, bool]:
+    """``(file path, is_folder_form)`` for a custom-state location."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return os.path.join(path, f"{F.CUSTOM_NAME}_{index}.pkl"), True
+    return path, False
+
+
+def save_custom_state(
+    obj: Any,
+    path: str | os.PathLike,
+    index: int = 0,
+    save_on_each_node: bool = False,
+    *,
+    process_index: int | None = None,
+    scaler: Any | None = None,
+) -> str | None:
+    """Save a custom object's state.
+
+    ``path`` may be a folder (the file ``custom_checkpoint_<index>.pkl`` is written inside it, the
+    reference's form) or a file path (the seed's form; ``index``/``process_index`` then selects the
+    process that writes). Objects with ``state_dict()`` are saved through it; anything else
+    picklable (e.g. a dict of metadata) is saved as it is.
+
+    Args:
+        obj: The object or value to save.
+        path: Folder or file path.
+        index: Number of the object in the folder form; writing process in the file form.
+        save_on_each_node: Folder form: write on every node's local main process.
+        process_index: Keyword alias of ``index`` for the file form (the seed's name).
+        scaler: Accepted for compatibility with the seed's signature; not used.
+
+    Returns:
+        The file written, or None on processes that do not write.
+
+    Example:
+        >>> save_custom_state({"epoch": 5}, "ckpt/metadata.pkl")
+    """
+    del scaler
+    index = index if process_index is None else process_index
+    target, folder_form = _custom_target(path, index)
+    state = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+    if folder_form:
+        from accelerando.utils.serialization import _should_write
+
+        writes = _should_write(save_on_each_node)
+    else:
+        writes = _current_index() == index
+    if not writes:
+        return None
+    parent = os.path.dirname(target)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    F.torch_save(state, target)
+    return target
+
+
+def _current_index() -> int:
+    try:
+        from accelerando.state import PartialState
+    except ImportError:
+        return 0
+    return PartialState().process_index
+
+
+def load_custom_state(
+    obj: Any,
+    path: str | os.PathLike | None = None,
+    index: int = 0,
+    *,
+    process_index: int | None = None,
+    scaler: Any | None = None,
+) -> Any:
+    """Load a custom state saved by :func:`save_custom_state`.
+
+    Two forms: ``load_custom_state(path)`` returns the saved value (the seed's form);
+    ``load_custom_state(obj, folder_or_file, index)`` loads it into ``obj`` with ``load_state_dict``
+    (the reference's form) and returns the loaded state too.
+
+    Args:
+        obj: The object to load into, or the path in the one-argument form.
+        path: Folder or file path (reference form).
+        index: Number of the object in a folder.
+        process_index: Keyword alias of ``index`` (the seed's name).
+        scaler: Accepted for compatibility with the seed's signature; not used.
+
+    Returns:
+        The loaded state.
+
+    Raises:
+        TypeError: If ``obj`` has no ``load_state_dict`` in the reference form.
+        FileNotFoundError: If the file does not exist.
+    """
+    del scaler
+    index = index if process_index is None else process_index
+    if path is None:
+        if not isinstance(obj, (str, os.PathLike)):
+            raise TypeError(
+                "load_custom_state(path) needs a path; to load into an object call "
+                "load_custom_state(obj, path, index)."
+            )
+        obj, path = None, obj
+    target, _ = _custom_target(path, index)
+    if not os.path.exists(target):
+        raise FileNotFoundError(f"No custom state at {target!r}; check the path and index used when saving.")
+    _verify_if_listed(target)
+    state = F.torch_load(target)
+    if obj is not None:
+        if not callable(getattr(obj, "load_state_dict", None)):
+            raise TypeError(
+                f"{type(obj).__name__} has no load_state_dict(); call load_custom_state(path) to get the "
+                "saved value back instead."
+            )
+        obj.load_state_dict(state)
+    return state
+
+
+def _verify_if_listed(target: str) -> None:
+    """Check a file against its folder's manifest, when the folder has one listing it."""
+    folder, name = os.path.split(os.path.abspath(target))
+    if os.path.exists(os.path.join(folder, MANIFEST_NAME)) and name in read_manifest(folder).files:
+        verify_checkpoint(folder, checksums=True, names=[name])

@@ -1,0 +1,275 @@
+"""Write and read the state files of one checkpoint folder (no commit logic here).
+
+Reading is split from applying: everything is read (and verified) first, and only then put into the
+live objects, so a damaged checkpoint never leaves a model half-loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accelerando.checkpointing import files as F
+from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
+
+__all__ = [
+    "LoadedState",
+    "apply_state",
+    "capture_gradients",
+    "needed_files",
+    "read_state_files",
+    "unwrap",
+    "write_state_files",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def unwrap(model: Any) -> Any:
+    """Strip DDP-style (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers from a model."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ in (
+            "DataParallel",
+            "DeepSpeedEngine",
+        ):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model, torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _dataloader_state(loader: Any) -> tuple[str, Any] | None:
+    """``(file stem, state)`` of a dataloader: its own state dict, else its sampler's, else None."""
+    if callable(getattr(loader, "state_dict", None)):
+        return F.DATALOADER_STATE_NAME, loader.state_dict()
+    sampler = getattr(loader, "sampler", None)
+    if sampler is None or not callable(getattr(sampler, "state_dict", None)):
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        sampler = getattr(batch_sampler, "sampler", None)
+    if sampler is not None and callable(getattr(sampler, "state_dict", None)):
+        return F.SAMPLER_NAME, sampler.state_dict()
+    return None
+
+
+def capture_gradients(models: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """Accumulated ``.grad`` tensors of the models' parameters, keyed ``<model index>.<name>``."""
+    grads: dict[str, torch.Tensor] = {}
+    for i, model in enumerate(models):
+        for name, param in unwrap(model).named_parameters():
+            if param.grad is not None:
+                grads[f"{i}.{name}"] = param.grad.detach()
+    return grads
+
+
+def write_state_files(
+    output_dir: str,
+    model_states: Sequence[dict[str, Any]],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    dataloaders: Sequence[Any],
+    process_index: int,
+    step: int,
+    scaler: Any | None = None,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = True,
+    gradients: dict[str, torch.Tensor] | None = None,
+) -> list[str]:
+    """Write this process's share of the state files into ``output_dir``.
+
+    The main process (each node's local main with ``save_on_each_node``) writes the shared files
+    (weights, optimizer, scheduler, dataloader, scaler); every process writes its random states and,
+    when given, its accumulated gradients.
+
+    Returns:
+        The names (relative to ``output_dir``) of the files this process wrote.
+    """
+    from accelerando.utils.serialization import _should_write
+
+    written: list[str] = []
+
+    def put(name: str, writer: Any, obj: Any) -> None:
+        writer(obj, os.path.join(output_dir, name))
+        written.append(name)
+
+    if _should_write(save_on_each_node):
+        for i, state in enumerate(model_states):
+            name = F.model_file(i, safe_serialization)
+            put(name, lambda o, p: F.save_model_weights(o, p, safe_serialization), state)
+        for i, optimizer in enumerate(optimizers):
+            put(F.indexed(F.OPTIMIZER_NAME, i, ".bin"), F.torch_save, optimizer.state_dict())
+        for i, scheduler in enumerate(schedulers):
+            put(F.indexed(F.SCHEDULER_NAME, i, ".bin"), F.torch_save, scheduler.state_dict())
+        for i, loader in enumerate(dataloaders):
+            found = _dataloader_state(loader)
+            if found is not None:
+                put(F.indexed(found[0], i, ".bin"), F.torch_save, found[1])
+        if scaler is not None:
+            put(F.SCALER_NAME, F.torch_save, scaler.state_dict())
+    payload = {"step": int(step), "rng": capture_rng_states()}
+    put(f"{F.RNG_STATE_NAME}_{process_index}.pkl", F.torch_save, payload)
+    if gradients:
+        put(
+            f"{F.GRADIENTS_NAME}_{process_index}.safetensors",
+            lambda o, p: F.save_model_weights(o, p, True),
+            gradients,
+        )
+    return written
+
+
+@dataclass
+class LoadedState:
+    """Everything read from a checkpoint folder, not yet applied."""
+
+    models: list[dict[str, Any]] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[tuple[str, Any] | None] = field(default_factory=list)
+    scaler: Any | None = None
+    rng: dict[str, Any] | None = None
+    step: int | None = None
+    gradients: dict[str, torch.Tensor] | None = None
+
+
+def _dataloader_file(folder: str, index: int) -> tuple[str, str] | None:
+    for stem in (F.DATALOADER_STATE_NAME, F.SAMPLER_NAME):
+        name = F.indexed(stem, index, ".bin")
+        if os.path.exists(os.path.join(folder, name)):
+            return stem, name
+    return None
+
+
+def needed_files(
+    folder: str,
+    num_models: int,
+    num_optimizers: int,
+    num_schedulers: int,
+    num_dataloaders: int,
+    process_index: int,
+    with_scaler: bool,
+    per_rank: bool = True,
+) -> list[str]:
+    """Names of the files this process reads for the given objects (only those that exist)."""
+    names = [os.path.basename(F.find_model_file(folder, i)) for i in range(num_models)]
+    names += [F.indexed(F.OPTIMIZER_NAME, i, ".bin") for i in range(num_optimizers)]
+    names += [F.indexed(F.SCHEDULER_NAME, i, ".bin") for i in range(num_schedulers)]
+    names += [found[1] for i in range(num_dataloaders) if (found := _dataloader_file(folder, i))]
+    if with_scaler:
+        names.append(F.SCALER_NAME)
+    if per_rank:
+        names.append(f"{F.RNG_STATE_NAME}_{process_index}.pkl")
+        grads = f"{F.GRADIENTS_NAME}_{process_index}.safetensors"
+        if os.path.exists(os.path.join(folder, grads)):
+            names.append(grads)
+    return [n for n in names if os.path.exists(os.path.join(folder, n))]
+
+
+def _require(folder: str, name: str, what: str) -> str:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"Checkpoint {folder!r} has no {name!r} ({what}); it was saved with fewer objects or "
+            "processes. Prepare the same objects as when saving, or pass another checkpoint."
+        )
+    return path
+
+
+def read_state_files(
+    folder: str,
+    num_models: int,
+    num_optimizers: int,
+    num_schedulers: int,
+    num_dataloaders: int,
+    process_index: int,
+    with_scaler: bool,
+    map_location: Any = None,
+    per_rank: bool = True,
+) -> LoadedState:
+    """Read (without applying) the state files for the given numbers of objects.
+
+    Args:
+        per_rank: Also read this process's random states and accumulated gradients.
+
+    Raises:
+        FileNotFoundError: Naming a file the objects need that the folder lacks.
+    """
+    out = LoadedState()
+    out.models = [F.load_model_weights(F.find_model_file(folder, i), map_location) for i in range(num_models)]
+    for i in range(num_optimizers):
+        name = F.indexed(F.OPTIMIZER_NAME, i, ".bin")
+        out.optimizers.append(F.torch_load(_require(folder, name, f"optimizer {i}"), "cpu"))
+    for i in range(num_schedulers):
+        name = F.indexed(F.SCHEDULER_NAME, i, ".bin")
+        out.schedulers.append(F.torch_load(_require(folder, name, f"scheduler {i}")))
+    for i in range(num_dataloaders):
+        found = _dataloader_file(folder, i)
+        out.dataloaders.append(
+            None if found is None else (found[0], F.torch_load(os.path.join(folder, found[1])))
+        )
+    if with_scaler:
+        out.scaler = F.torch_load(_require(folder, F.SCALER_NAME, "the GradScaler"))
+    if per_rank:
+        name = f"{F.RNG_STATE_NAME}_{process_index}.pkl"
+        payload = F.torch_load(_require(folder, name, f"random states of process {process_index}"))
+        out.step = int(payload.get("step", 0))
+        out.rng = payload.get("rng")
+        grads = os.path.join(folder, f"{F.GRADIENTS_NAME}_{process_index}.safetensors")
+        if os.path.exists(grads):
+            out.gradients = F.load_model_weights(grads)
+    return out
+
+
+def _apply_dataloader(loader: Any, entry: tuple[str, Any]) -> None:
+    stem, state = entry
+    if stem == F.DATALOADER_STATE_NAME and callable(getattr(loader, "load_state_dict", None)):
+        loader.load_state_dict(state)
+        return
+    sampler = getattr(loader, "sampler", None)
+    if sampler is None or not callable(getattr(sampler, "load_state_dict", None)):
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    if sampler is not None and callable(getattr(sampler, "load_state_dict", None)):
+        sampler.load_state_dict(state)
+    else:
+        logger.warning(
+            "Dataloader %s has no load_state_dict: its saved %s state was not restored", loader, stem
+        )
+
+
+def _apply_gradients(models: Sequence[Any], grads: dict[str, torch.Tensor]) -> None:
+    for i, model in enumerate(models):
+        for name, param in unwrap(model).named_parameters():
+            saved = grads.get(f"{i}.{name}")
+            if saved is not None:
+                param.grad = saved.to(device=param.device, dtype=param.dtype)
+
+
+def apply_state(
+    loaded: LoadedState,
+    models: Sequence[Any],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    dataloaders: Sequence[Any],
+    scaler: Any | None = None,
+    **load_model_func_kwargs: Any,
+) -> None:
+    """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``)."""
+    for model, state in zip(models, loaded.models, strict=True):
+        unwrap(model).load_state_dict(state, **load_model_func_kwargs)
+    for optimizer, state in zip(optimizers, loaded.optimizers, strict=True):
+        optimizer.load_state_dict(state)
+    for scheduler, state in zip(schedulers, loaded.schedulers, strict=True):
+        scheduler.load_state_dict(state)
+    for loader, entry in zip(dataloaders, loaded.dataloaders, strict=True):
+        if entry is not None:
+            _apply_dataloader(loader, entry)
+    if scaler is not None and loaded.scaler is not None:
+        scaler.load_state_dict(loaded.scaler)
+    if loaded.gradients:
+        _apply_gradients(models, loaded.gradients)
+    if loaded.rng is not None:
+        restore_rng_states(loaded.rng)

@@ -1,0 +1,168 @@
+"""Saving and loading objects: safetensors for flat tensor dicts, ``torch.save`` for everything else.
+
+``save`` writes from one process only (the main process, or each node's local main process), so a
+script can call it on every rank. ``load`` prefers ``weights_only`` loading, which cannot run code
+hidden in a pickle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["clean_state_dict_for_safetensors", "load", "save"]
+
+logger = logging.getLogger(__name__)
+
+_SAFETENSORS_SUFFIX = ".safetensors"
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
+    """Identify the memory a tensor lives in (device, storage pointer, storage size)."""
+    storage = tensor.untyped_storage()
+    return (str(tensor.device), storage.data_ptr(), storage.nbytes())
+
+
+def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Make a state dict writable by safetensors.
+
+    safetensors refuses tensors that share memory (tied weights such as an embedding and its output
+    layer) and non-contiguous tensors. For each group of tensors sharing storage, the first name is
+    kept and the others are dropped (loading with ``strict=False`` and re-tying restores them); every
+    remaining tensor is made contiguous.
+
+    Args:
+        state_dict: Mapping of names to tensors (non-tensor values are kept as they are).
+
+    Returns:
+        A new plain ``dict`` that ``safetensors.torch.save_file`` accepts.
+
+    Raises:
+        TypeError: If ``state_dict`` is not a mapping.
+
+    Example:
+        >>> sd = clean_state_dict_for_safetensors(model.state_dict())
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"clean_state_dict_for_safetensors expects a mapping of names to tensors, got "
+            f"{type(state_dict).__name__}; pass model.state_dict()."
+        )
+    first_name: dict[tuple[str, int, int], str] = {}
+    dropped: list[str] = []
+    cleaned: dict[str, Any] = {}
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            cleaned[name] = value
+            continue
+        # Zero-sized tensors all report a null pointer: they never really share memory.
+        if value.numel() > 0 and value.device.type != "meta":
+            key = _storage_key(value)
+            if key in first_name:
+                dropped.append(f"{name} (shares memory with {first_name[key]})")
+                continue
+            first_name[key] = name
+        cleaned[name] = value if value.is_contiguous() else value.contiguous()
+    if dropped:
+        logger.warning(
+            "Removed shared tensors before saving with safetensors: %s. Re-tie them after loading "
+            "(load with strict=False, or call tie_weights()).",
+            ", ".join(dropped),
+        )
+    return cleaned
+
+
+def _should_write(save_on_each_node: bool) -> bool:
+    """Whether this process is the one that writes shared files."""
+    try:
+        from accelerando.state import PartialState
+    except ImportError:  # the process-state module is not importable: behave as one process
+        return True
+    state = PartialState()
+    return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
+
+
+def save(
+    obj: Any,
+    f: str | os.PathLike,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = False,
+) -> None:
+    """Save ``obj`` to ``f`` from one process only.
+
+    Args:
+        obj: What to save; with ``safe_serialization`` a mapping of names to tensors.
+        f: Destination file path.
+        save_on_each_node: Write on each node's local main process instead of only the global main
+            process (for nodes without a shared file system).
+        safe_serialization: Write safetensors (shared tensors removed, see
+            :func:`clean_state_dict_for_safetensors`) instead of ``torch.save``.
+
+    Raises:
+        TypeError: If ``safe_serialization`` is set and ``obj`` is not a mapping of tensors.
+
+    Example:
+        >>> save(model.state_dict(), "weights.safetensors", safe_serialization=True)
+    """
+    if not _should_write(save_on_each_node):
+        return
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(_as_tensor_dict(obj), os.fspath(f), metadata={"format": "pt"})
+    else:
+        torch.save(obj, f)
+
+
+def _as_tensor_dict(obj: Any) -> dict[str, torch.Tensor]:
+    """Clean a mapping for safetensors and check every value is a tensor."""
+    if not isinstance(obj, Mapping):
+        raise TypeError(
+            f"safe_serialization=True needs a mapping of names to tensors, got {type(obj).__name__}; "
+            "save other objects with safe_serialization=False."
+        )
+    cleaned = clean_state_dict_for_safetensors(obj)
+    bad = [name for name, value in cleaned.items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        raise TypeError(
+            f"safe_serialization=True can only write tensors, but {bad[:5]} are not tensors; "
+            "save this object with safe_serialization=False."
+        )
+    return {name: value.detach() for name, value in cleaned.items()}
+
+
+def load(f: str | os.PathLike, map_location: str | torch.device | None = None, **kwargs: Any) -> Any:
+    """Load an object written by :func:`save` (or ``torch.save`` / safetensors).
+
+    Files ending in ``.safetensors`` are read with safetensors; anything else with ``torch.load``,
+    using ``weights_only=True`` unless the caller passes ``weights_only`` explicitly.
+
+    Args:
+        f: Path of the file to read.
+        map_location: Device to place tensors on (``None``: where they were saved; safetensors
+            files default to ``"cpu"``).
+        **kwargs: Passed to ``torch.load``.
+
+    Returns:
+        The loaded object.
+
+    Raises:
+        FileNotFoundError: If ``f`` does not exist.
+
+    Example:
+        >>> state_dict = load("weights.safetensors")
+    """
+    path = os.fspath(f)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Cannot load {path!r}: the file does not exist; check the path.")
+    if path.endswith(_SAFETENSORS_SUFFIX):
+        from safetensors.torch import load_file
+
+        device = "cpu" if map_location is None else str(map_location)
+        return load_file(path, device=device)
+    kwargs.setdefault("weights_only", True)
+    return torch.load(path, map_location=map_location, **kwargs)
