@@ -1,0 +1,42 @@
+"""A progress bar shown once per machine: ``tqdm`` that stays silent on all but the local main process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.logging import _process_view
+from accelerando.utils.imports import is_tqdm_available
+
+__all__ = ["tqdm"]
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """Build a ``tqdm.auto.tqdm`` bar that only the local main process displays.
+
+    Args:
+        *args: passed to ``tqdm`` (usually the iterable).
+        main_process_only: show the bar on the local main process only (``LOCAL_RANK`` 0); other
+            processes get a disabled bar that still iterates.
+        **kwargs: passed to ``tqdm`` (``total``, ``desc``, ``disable``, ...).
+
+    Returns:
+        The ``tqdm`` object.
+
+    Raises:
+        ImportError: ``tqdm`` is not installed.
+        TypeError: a bool was passed as the first positional argument (an old calling convention);
+            use ``main_process_only=...`` instead.
+    """
+    if not is_tqdm_available():
+        raise ImportError("accelerando.utils.tqdm needs the tqdm package: `pip install tqdm`.")
+    if args and isinstance(args[0], bool):
+        raise TypeError(
+            "tqdm() got a bool as its first argument; pass the iterable first and the flag by name: "
+            "tqdm(iterable, main_process_only=True)."
+        )
+    from tqdm.auto import tqdm as _tqdm
+
+    disable = bool(kwargs.pop("disable", False))
+    if main_process_only and _process_view().local_rank != 0:
+        disable = True
+    return _tqdm(*args, disable=disable, **kwargs)
