@@ -230,3 +230,18 @@ def test_broadcast_object_list_rejects_non_lists():
 def test_structures_survive_pickling_after_apply():
     out = recursively_apply(lambda t: t + 1, {"p": Point(torch.ones(1), 2)})
     assert pickle.loads(pickle.dumps(out))["p"].y == 2
+
+
+def test_transformers_containers_keep_their_types():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_outputs import BaseModelOutput
+
+    batch = transformers.BatchEncoding(
+        {"input_ids": torch.ones(2, 3, dtype=torch.long), "mask": torch.ones(2, 3)}
+    )
+    moved = send_to_device(batch, "cpu", skip_keys="mask")
+    assert type(moved) is transformers.BatchEncoding and moved["mask"] is batch["mask"]
+    output = BaseModelOutput(last_hidden_state=torch.ones(2, 2, dtype=torch.float16))
+    converted = convert_to_fp32(output)
+    assert type(converted) is BaseModelOutput and converted.last_hidden_state.dtype == torch.float32
+    assert concatenate([output, output]).last_hidden_state.shape == (4, 2)
