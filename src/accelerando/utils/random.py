@@ -205,7 +205,8 @@ def get_rng_states() -> dict[str, Any]:
     """Capture the state of every global random number generator of this process.
 
     Includes Python's ``random``, NumPy's global generator (if NumPy is installed), torch's CPU
-    generator and, for each accelerator family present, the list of its per-device states.
+    generator and, for each accelerator family present and already initialised in this process,
+    the list of its per-device states.
 
     Returns:
         A picklable dict, to be given back to :func:`set_rng_states` (e.g. saved in a checkpoint).
@@ -216,7 +217,10 @@ def get_rng_states() -> dict[str, Any]:
         states["numpy"] = np.random.get_state()
     for family in _DEVICE_FAMILIES:
         module = _device_module(family)
-        if module is not None:
+        # A family this process never initialised has not drawn numbers; reading its state would
+        # initialise it (and, for CUDA, forbid forking afterwards), so it is left out.
+        is_initialized = getattr(module, "is_initialized", None)
+        if module is not None and (not callable(is_initialized) or is_initialized()):
             states[family] = [module.get_rng_state(i) for i in range(module.device_count())]
     if _mps_available():
         states["mps"] = torch.mps.get_rng_state()
