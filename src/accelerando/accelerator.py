@@ -1,0 +1,742 @@
+"""The Accelerator: one object a training script talks to, whatever runs underneath.
+
+It is a facade. Settings are resolved by ``accelerando.settings``; the connector turns them into a
+strategy (how models are wrapped, how processes talk) and a precision (how numbers are computed);
+this class keeps the prepared objects, runs gradient accumulation, and delegates the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from accelerando.facade.collectives import CollectivesMixin
+from accelerando.facade.observing import ObservingMixin
+from accelerando.facade.saving import SavingMixin
+from accelerando.gradient_state import GradientState
+from accelerando.optimizer import AcceleratedOptimizer
+from accelerando.scheduler import AcceleratedScheduler
+
+__all__ = ["Accelerator"]
+
+logger = logging.getLogger(__name__)
+
+
+def _handlers_by_type(kwargs_handlers: list[Any] | None) -> dict[type, Any]:
+    from accelerando.plugins.kwargs import KwargsHandler
+
+    found: dict[type, Any] = {}
+    for handler in kwargs_handlers or []:
+        if not isinstance(handler, KwargsHandler):
+            raise TypeError(
+                f"kwargs_handlers accepts KwargsHandler instances (e.g. DistributedDataParallelKwargs()); "
+                f"got {type(handler).__name__}"
+            )
+        if type(handler) in found:
+            raise ValueError(f"kwargs_handlers has two {type(handler).__name__}; pass each kind once")
+        found[type(handler)] = handler
+    return found
+
+
+class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
+    """Prepare a PyTorch training loop to run on any hardware and number of processes.
+
+    Every setting left as None comes from the launcher's environment (``accelerando launch`` or
+    ``accelerate launch`` variables), else from the default; an explicit argument always wins (and
+    a warning names both values when it overrides a launcher setting).
+
+    Args:
+        device_placement: move prepared models and batches to the process's device.
+        split_batches: split each dataloader batch across processes instead of giving each process
+            its own batches (prefer ``dataloader_config``).
+        mixed_precision: "no", "fp16", "bf16" or "fp8".
+        gradient_accumulation_steps: micro-batches per optimizer step (default 1).
+        cpu: run on the CPU even if an accelerator is present.
+        dataloader_config: ``DataLoaderConfiguration``.
+        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin: backend plugins.
+        rng_types: RNGs synchronised at each epoch start by prepared dataloaders.
+        log_with: tracker name(s), ``GeneralTracker`` instance(s) or "all".
+        project_dir: folder for logs and checkpoints. project_config: ``ProjectConfiguration``.
+        gradient_accumulation_plugin: ``GradientAccumulationPlugin`` (excludes
+            ``gradient_accumulation_steps``).
+        step_scheduler_with_optimizer: step prepared schedulers once per real optimizer step.
+        kwargs_handlers: ``KwargsHandler`` instances (DDP, GradScaler, process group, autocast, ...).
+        dynamo_backend / dynamo_plugin: compile the prepared model with ``torch.compile``.
+        deepspeed_plugins: several named DeepSpeed plugins. parallelism_config: mesh layout.
+
+    Raises:
+        ValueError / TypeError: contradictory or invalid settings, naming where each came from.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool = False,
+        dataloader_config: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | None = None,
+        project_config: Any = None,
+        gradient_accumulation_plugin: Any = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+    ) -> None:
+        from accelerando.plugins.kwargs import (
+            AutocastKwargs,
+            DistributedDataParallelKwargs,
+            GradScalerKwargs,
+            InitProcessGroupKwargs,
+            ProfileKwargs,
+        )
+        from accelerando.settings import resolve_runtime_settings
+
+        # 1. Settings: code > launcher environment > defaults, with provenance.
+        if gradient_accumulation_plugin is not None and gradient_accumulation_steps not in (None, 1):
+            raise ValueError(
+                "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both; "
+                "set num_steps on the plugin"
+            )
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
+        plugin_steps = getattr(gradient_accumulation_plugin, "num_steps", None)
+        self.settings = resolve_runtime_settings(
+            code={
+                "mixed_precision": str(mixed_precision) if mixed_precision is not None else None,
+                "gradient_accumulation_steps": plugin_steps or gradient_accumulation_steps,
+                "cpu": True if cpu else None,
+                "dynamo_backend": str(getattr(dynamo_plugin, "backend", None) or dynamo_backend or "").lower()
+                or None,
+            }
+        )
+        handlers = _handlers_by_type(kwargs_handlers)
+        self.ddp_handler = handlers.get(DistributedDataParallelKwargs)
+        self.scaler_handler = handlers.get(GradScalerKwargs)
+        self.init_handler = handlers.get(InitProcessGroupKwargs)
+        self.autocast_handler = handlers.get(AutocastKwargs)
+        self.profile_handler = handlers.get(ProfileKwargs)
+        self._kwargs_handlers = handlers
+
+        # 2. Process state (initialises torch.distributed in multi-process jobs).
+        from accelerando.state import AcceleratorState
+
+        pg_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(cpu=bool(self.settings.cpu), pg_kwargs=pg_kwargs)
+        self._configure_backend(deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin)
+        self.state.mixed_precision = self.settings.mixed_precision
+        self.state.torch_tp_plugin = torch_tp_plugin
+        self.state.parallelism_config = parallelism_config
+
+        # 3. Precision and strategy, chosen by the connector.
+        self._precision = self._build_precision()
+        from accelerando.strategies import strategy_class
+
+        self._strategy = strategy_class(self._decision.strategy_name)(
+            self.state, self._precision, ddp_kwargs=self.ddp_handler
+        )
+        self.scaler = self._precision.scaler
+        self.native_amp = self.settings.mixed_precision in ("fp16", "bf16")
+
+        # 4. Accumulation, data, compilation, project layout.
+        from accelerando.plugins.accumulation import GradientAccumulationPlugin
+
+        if gradient_accumulation_plugin is None:
+            gradient_accumulation_plugin = GradientAccumulationPlugin()
+        gradient_accumulation_plugin.num_steps = int(self.settings.gradient_accumulation_steps)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+        self.dataloader_config = self._build_dataloader_config(dataloader_config, split_batches)
+        self.dynamo_plugin = self._build_dynamo_plugin(dynamo_plugin)
+        self.state.dynamo_plugin = self.dynamo_plugin
+        self.project_configuration = self._build_project_config(project_config, project_dir)
+        self.device_placement = device_placement
+        self.rng_types = rng_types if rng_types is not None else ["generator"]
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[Any] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._init_saving()
+        self._init_observing(log_with)
+
+    # --------------------------------------------------------------- building
+    def _configure_backend(
+        self, deepspeed_plugin: Any, deepspeed_plugins: Any, fsdp_plugin: Any, megatron: Any
+    ) -> None:
+        from accelerando.connector import decide
+
+        if deepspeed_plugin is not None and deepspeed_plugins is not None:
+            raise ValueError("pass either deepspeed_plugin or deepspeed_plugins, not both")
+        plugins = deepspeed_plugins
+        if deepspeed_plugin is not None:
+            plugins = (
+                deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"default": deepspeed_plugin}
+            )
+        s = self.settings
+        self._decision = decide(
+            num_processes=self.state.num_processes,
+            process_type=self.state._partial.distributed_type,
+            deepspeed_requested=plugins is not None or bool(s.use_deepspeed),
+            fsdp_requested=fsdp_plugin is not None or bool(s.use_fsdp),
+            megatron_requested=megatron is not None or bool(s.use_megatron_lm),
+            requested_type=s.distributed_type,
+            requested_type_source=s.source("distributed_type"),
+            device_name=self.state.device.type,
+        )
+        self.state.distributed_type = self._decision.distributed_type
+        self.state.deepspeed_plugins = plugins
+        self.state.fsdp_plugin = fsdp_plugin
+        self.state.megatron_lm_plugin = megatron
+
+    def _build_precision(self) -> Any:
+        from accelerando.precision import build_precision
+
+        scaler_kwargs: dict[str, Any] = {}
+        static = False
+        if self.scaler_handler is not None:
+            scaler_kwargs = self.scaler_handler.scaler_kwargs()
+            static = bool(self.scaler_handler.static_scale)
+        autocast_kwargs = self.autocast_handler.to_kwargs() if self.autocast_handler is not None else None
+        return build_precision(
+            self.settings.mixed_precision, self.state.device.type, scaler_kwargs, static, autocast_kwargs
+        )
+
+    def _build_dataloader_config(self, config: Any, split_batches: bool | None) -> Any:
+        from accelerando.plugins.dataloader import DataLoaderConfiguration
+
+        if config is None:
+            config = DataLoaderConfiguration()
+        if split_batches is not None:
+            config.split_batches = split_batches
+        return config
+
+    def _build_dynamo_plugin(self, plugin: Any) -> Any:
+        from accelerando.plugins.dynamo import TorchDynamoPlugin
+
+        if plugin is not None:
+            return plugin
+        s = self.settings
+        return TorchDynamoPlugin(
+            backend=s.dynamo_backend,
+            mode=s.dynamo_mode,
+            fullgraph=s.dynamo_use_fullgraph,
+            dynamic=s.dynamo_use_dynamic,
+        )
+
+    def _build_project_config(self, config: Any, project_dir: str | None) -> Any:
+        from accelerando.plugins.project import ProjectConfiguration
+
+        if config is None:
+            config = ProjectConfiguration()
+        if project_dir is not None:
+            config.set_directories(project_dir)
+        return config
+
+    # ------------------------------------------------------------- properties
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> Any:
+        """How processes cooperate (``DistributedType``)."""
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes."""
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """Global index of this process."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """Index of this process on its machine."""
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on global process 0."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on each machine's first process."""
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the last process."""
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether several processes cooperate."""
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed-precision mode in effect."""
+        return self.state.mixed_precision
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-batch where gradients are synchronised and the optimizer steps."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = int(value)
+
+    @property
+    def split_batches(self) -> bool:
+        """Whether batches are split across processes."""
+        return bool(self.dataloader_config.split_batches)
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether the main process reads batches and sends slices to the others."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether short final batches are padded so every process gets as many."""
+        return bool(self.dataloader_config.even_batches)
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Whether random samplers are replaced by a seedable one."""
+        return bool(self.dataloader_config.use_seedable_sampler)
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are moved to the device asynchronously."""
+        return bool(self.dataloader_config.non_blocking)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeed plugin, or None."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether FSDP version 2 (``fully_shard``) is in use."""
+        plugin = self.state.fsdp_plugin
+        return plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
+
+    @property
+    def fp8_backend(self) -> str | None:
+        """The FP8 backend in use (None unless mixed_precision is fp8)."""
+        return None
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The device mesh of a parallelism config, or None."""
+        return self.state.device_mesh
+
+    def _mesh_rank(self, axis: str) -> int:
+        mesh = self.state.device_mesh
+        if mesh is None or axis not in (mesh.mesh_dim_names or ()):
+            return 0
+        return int(mesh.get_local_rank(axis))
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """Rank on the tensor-parallel mesh axis (0 without one)."""
+        return self._mesh_rank("tp")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Rank on the pipeline-parallel mesh axis (0 without one)."""
+        return self._mesh_rank("pp")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """Rank on the context-parallel mesh axis (0 without one)."""
+        return self._mesh_rank("cp")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Rank among data-parallel replicas (the process index without a mesh)."""
+        if self.state.device_mesh is None:
+            return self.process_index
+        return self._mesh_rank("dp_replicate") or self._mesh_rank("dp_shard")
+
+    @property
+    def project_dir(self) -> str | None:
+        """The project folder."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """The folder trackers write to."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatically named checkpoint gets."""
+        return self.project_configuration.iteration
+
+    # ---------------------------------------------------------------- prepare
+    def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
+        """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
+
+        Returns the prepared objects in the order given (one object when one was passed). An object
+        that was already prepared comes back unchanged. Models are prepared first (some strategies
+        need them wrapped before their optimizers), then optimizers, dataloaders, schedulers.
+
+        Raises:
+            ValueError: ``device_placement`` has the wrong length.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
+            )
+        result = list(args)
+        order = (torch.nn.Module, torch.optim.Optimizer, "dataloader", "scheduler")
+        for kind in order:
+            for i, obj in enumerate(args):
+                if self._kind_of(obj) == kind:
+                    result[i] = self._prepare_one(obj, device_placement[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @staticmethod
+    def _kind_of(obj: Any) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return torch.nn.Module
+        if isinstance(obj, torch.optim.Optimizer):
+            return torch.optim.Optimizer
+        if isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "total_batch_size"):
+            return "dataloader"
+        if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, AcceleratedScheduler)) or (
+            hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+        ):
+            return "scheduler"
+        return None
+
+    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
+        kind = self._kind_of(obj)
+        if kind is torch.nn.Module:
+            return self.prepare_model(obj, device_placement=device_placement)
+        if kind is torch.optim.Optimizer:
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        if kind == "dataloader":
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        if kind == "scheduler":
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Prepare one model: precision conversion, then the strategy's wrap, then compilation.
+
+        The order matters: autocast must wrap the user's forward (inside DDP/FSDP), and
+        ``torch.compile`` must see the final wrapped module.
+
+        Raises:
+            ValueError: a model dispatched across devices with ``device_map`` moved by placement.
+        """
+        if any(model is m for m in self._models):
+            return model
+        if device_placement is None:
+            device_placement = self.device_placement
+        if getattr(model, "hf_device_map", None) is not None and self.verify_device_map(model):
+            device_placement = False
+        self._models.append(model)
+        model = self._precision.convert_module(model)
+        model = self._strategy.prepare_model(
+            model, device_placement=device_placement, evaluation_mode=evaluation_mode
+        )
+        if self.dynamo_plugin.enabled:
+            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
+        self._models[-1] = model
+        return model
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> Any:
+        """Wrap ``optimizer`` in an ``AcceleratedOptimizer`` (once; a prepared one comes back as is)."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        for prepared in self._optimizers:
+            if prepared.optimizer is optimizer:
+                return prepared
+        if device_placement is None:
+            device_placement = self.device_placement
+        optimizer = self._strategy.prepare_optimizer(optimizer)
+        wrapped = AcceleratedOptimizer(
+            optimizer,
+            device_placement=device_placement,
+            scaler=self.scaler,
+            precision=self._precision,
+            device=self.device,
+        )
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` so it steps with the real optimizer steps."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        for prepared in self._schedulers:
+            if prepared.scheduler is scheduler:
+                return prepared
+        target = getattr(scheduler, "optimizer", None)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target]
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers or self._optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self,
+        data_loader: Any,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Callable | None = None,
+    ) -> Any:
+        """Shard ``data_loader`` across processes and move its batches to the device."""
+        if any(data_loader is d for d in self._dataloaders):
+            return data_loader
+        from accelerando.data_loader import prepare_data_loader
+
+        if device_placement is None:
+            device_placement = self.device_placement
+        cfg = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=cfg.split_batches,
+            put_on_device=device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=cfg.dispatch_batches,
+            even_batches=cfg.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=cfg.use_seedable_sampler,
+            data_seed=cfg.data_seed,
+            non_blocking=cfg.non_blocking,
+            use_stateful_dataloader=cfg.use_stateful_dataloader,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """Return a loader that starts ``num_batches`` batches into ``dataloader`` (O(1) for map-style data)."""
+        from accelerando.data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # --------------------------------------------------------------- training
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate ``loss``: divided by the accumulation steps, scaled under fp16."""
+        steps = self.gradient_state.num_steps
+        if steps > 1 and getattr(self._strategy, "divides_loss_for_accumulation", True):
+            loss = loss / steps
+        self._strategy.backward(loss, **kwargs)
+
+    def _do_sync(self) -> None:
+        gs = self.gradient_state
+        if gs.sync_with_dataloader and gs.end_of_dataloader:
+            self.step = 0
+            gs._set_sync_gradients(True)
+        else:
+            self.step += 1
+            gs._set_sync_gradients(self.step % gs.num_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Context for one micro-batch: decides whether this is a sync step and skips the all-reduce otherwise.
+
+        Inside, ``sync_gradients`` says whether the optimizer will really step. Gradients are
+        synchronised on every ``gradient_accumulation_steps``-th micro-batch and on the last batch of
+        the dataloader (``sync_with_dataloader``); with ``sync_each_batch`` they are all-reduced on
+        every micro-batch but the optimizer still steps only on sync steps.
+        """
+        self._do_sync()
+        gs = self.gradient_state
+        if gs.sync_gradients or gs.sync_each_batch or not models:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for model in models:
+                stack.enter_context(self._strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Context in which backward passes of ``model`` accumulate locally without all-reduce."""
+        with self._strategy.no_sync(model):
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Context forcing the next backward of ``model`` to synchronise, even inside ``no_sync``."""
+        with self._strategy.trigger_sync_in_backward(model):
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Context letting processes with fewer batches finish without hanging (DDP's Join).
+
+        With ``even_batches`` given, prepared dataloaders use it for the duration.
+        """
+        previous = [getattr(dl, "even_batches", None) for dl in self._dataloaders]
+        if even_batches is not None:
+            for dl in self._dataloaders:
+                if hasattr(dl, "even_batches"):
+                    dl.even_batches = even_batches
+        try:
+            with self._strategy.join_uneven_inputs(joinables, even_batches):
+                yield
+        finally:
+            for dl, value in zip(self._dataloaders, previous, strict=True):
+                if value is not None:
+                    dl.even_batches = value
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide gradients by the fp16 loss scale (a no-op in other precisions)."""
+        if self._precision.scaler is None or not self.gradient_state.sync_gradients:
+            return
+        targets = (
+            self._optimizers
+            if optimizer is None
+            else (optimizer if isinstance(optimizer, list) else [optimizer])
+        )
+        for opt in targets:
+            self._precision.unscale_(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """Clip the gradient norm (unscaling fp16 gradients first); return the norm before clipping."""
+        self.unscale_gradients()
+        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp gradients into ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
+        self.unscale_gradients()
+        self._strategy.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+        """Context running its block in the mixed precision (an ``AutocastKwargs`` may tune it)."""
+        handler = autocast_handler or self.autocast_handler
+        if handler is None:
+            return self._precision.autocast()
+        return self._precision.autocast(enabled=handler.enabled, cache_enabled=handler.cache_enabled)
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update in one pass for LOMO / AdaLomo optimizers.
+
+        Raises:
+            ValueError: no prepared optimizer is a LOMO optimizer.
+        """
+        for opt in self._optimizers:
+            inner = opt.optimizer
+            if hasattr(inner, "fused_backward"):
+                inner.fused_backward(loss, learning_rate)
+                return
+        raise ValueError(
+            "lomo_backward needs a prepared LOMO or AdaLomo optimizer (from the lomo-optim package)"
+        )
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(
+        self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
+    ) -> Iterator[None]:
+        """Context for context parallelism; a no-op unless a parallelism config enables it.
+
+        Raises:
+            NotImplementedError: context parallelism was requested (not supported yet).
+        """
+        config = self.state.parallelism_config
+        if config is not None and getattr(config, "cp_size", 1) > 1:
+            raise NotImplementedError("context parallelism is not supported by accelerando yet")
+        yield
+
+    # ------------------------------------------------------------------ models
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """Return the user's module inside DDP / FSDP / DeepSpeed / torch.compile wrappers.
+
+        With ``keep_fp32_wrapper=False`` the mixed-precision forward wrapper is removed too.
+        """
+        from accelerando.utils.other import extract_model_from_parallel
+
+        return extract_model_from_parallel(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a submodule) was dispatched over several devices with a device map."""
+        for module in model.modules():
+            device_map = getattr(module, "hf_device_map", None)
+            if device_map is not None and len(set(device_map.values())) > 1:
+                return True
+        return False
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop references to every prepared object, collect garbage and empty device caches.
+
+        Returns ``objects`` replaced by Nones, to rebind: ``model, opt = accelerator.free_memory(model, opt)``.
+        """
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        gc.collect()
+        self.state.device_backend.empty_cache()
+        return [None for _ in objects]
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Alias of ``free_memory``."""
+        return self.free_memory(*objects)
+
+    def __repr__(self) -> str:
+        return f"Accelerator(distributed_type={self.distributed_type}, num_processes={self.num_processes}, device={self.device}, mixed_precision={self.mixed_precision})"

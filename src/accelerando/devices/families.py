@@ -1,0 +1,134 @@
+"""The hardware families accelerando knows. Each is a few declarations over ``DeviceBackend``."""
+
+from __future__ import annotations
+
+import torch
+
+from accelerando.devices.base import DeviceBackend
+
+__all__ = ["CPUBackend", "CUDABackend", "HPUBackend", "MPSBackend", "NPUBackend", "XPUBackend"]
+
+
+class CPUBackend(DeviceBackend):
+    """The host CPU: always available, gloo for collectives, one device for every process."""
+
+    name = "cpu"
+    dist_backend = "gloo"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 1
+
+    @classmethod
+    def device(cls, local_rank: int = 0) -> torch.device:
+        return torch.device("cpu")
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        return None
+
+    @classmethod
+    def get_rng_state(cls) -> torch.Tensor | None:
+        return torch.get_rng_state()
+
+    @classmethod
+    def set_rng_state(cls, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
+    @classmethod
+    def empty_cache(cls) -> None:
+        return None
+
+    @classmethod
+    def synchronize(cls) -> None:
+        return None
+
+    @classmethod
+    def memory_stats(cls) -> dict[str, int]:
+        return {}
+
+    @classmethod
+    def total_memory(cls, index: int = 0) -> int | None:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+
+
+class CUDABackend(DeviceBackend):
+    """NVIDIA (and ROCm) GPUs through ``torch.cuda``; nccl for collectives."""
+
+    name = "cuda"
+    dist_backend = "nccl"
+    rng_type = "cuda"
+    supports_pin_memory = True
+
+    @classmethod
+    def is_available(cls) -> bool:
+        # torch.cuda.is_available() asks the driver for a device count without creating a CUDA
+        # context, so a later fork (notebook_launcher) stays possible.
+        return bool(torch.cuda.is_available())
+
+
+class MPSBackend(DeviceBackend):
+    """Apple silicon GPUs; a single device, no multi-process backend."""
+
+    name = "mps"
+    dist_backend = "gloo"
+    rng_type = "mps"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        mps = getattr(torch.backends, "mps", None)
+        return bool(mps is not None and mps.is_available() and mps.is_built())
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 1 if cls.is_available() else 0
+
+    @classmethod
+    def device(cls, local_rank: int = 0) -> torch.device:
+        return torch.device("mps")
+
+
+class XPUBackend(DeviceBackend):
+    """Intel GPUs through ``torch.xpu``; xccl for collectives."""
+
+    name = "xpu"
+    dist_backend = "xccl"
+    rng_type = "xpu"
+    supports_pin_memory = True
+
+    @classmethod
+    def is_available(cls) -> bool:
+        xpu = getattr(torch, "xpu", None)
+        return bool(xpu is not None and xpu.is_available())
+
+
+class NPUBackend(DeviceBackend):
+    """Ascend NPUs (torch_npu registers ``torch.npu``); hccl for collectives."""
+
+    name = "npu"
+    dist_backend = "hccl"
+    rng_type = "npu"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        npu = getattr(torch, "npu", None)
+        return bool(npu is not None and npu.is_available())
+
+
+class HPUBackend(DeviceBackend):
+    """Intel Gaudi HPUs (habana_frameworks registers ``torch.hpu``); hccl for collectives."""
+
+    name = "hpu"
+    dist_backend = "hccl"
+    rng_type = "hpu"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        hpu = getattr(torch, "hpu", None)
+        return bool(hpu is not None and hpu.is_available())

@@ -1,0 +1,43 @@
+"""Cluster environments: each knows how to read rank and world size for one kind of job.
+
+``detect_environment`` tries them in order; the first whose ``detect`` matches wins. Adding a kind of
+job means adding a file and one line to ``ENVIRONMENTS``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from accelerando.environments.base import ClusterEnvironment
+from accelerando.environments.mpi import MPIEnvironment
+from accelerando.environments.single import SingleProcessEnvironment
+from accelerando.environments.slurm import SLURMEnvironment
+from accelerando.environments.torchrun import TorchElasticEnvironment
+
+__all__ = [
+    "ENVIRONMENTS",
+    "ClusterEnvironment",
+    "MPIEnvironment",
+    "SLURMEnvironment",
+    "SingleProcessEnvironment",
+    "TorchElasticEnvironment",
+    "detect_environment",
+]
+
+# Order matters: torchrun inside a SLURM/MPI allocation sets its own variables and must win.
+ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    TorchElasticEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    SingleProcessEnvironment,
+)
+
+
+def detect_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
+    """Return the cluster environment this process runs in (single process when nothing matches)."""
+    env = os.environ if environ is None else environ
+    for kind in ENVIRONMENTS:
+        if kind.detect(env):
+            return kind(env)
+    return SingleProcessEnvironment(env)

@@ -1,0 +1,31 @@
+"""A plain ``python script.py``: one process, no rendezvous."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from accelerando.environments.base import ClusterEnvironment
+
+__all__ = ["SingleProcessEnvironment"]
+
+
+class SingleProcessEnvironment(ClusterEnvironment):
+    """World size 1, rank 0. Always detected; it is the fallback."""
+
+    name = "single"
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        return True
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0

@@ -1,0 +1,136 @@
+"""Accelerator methods that talk across processes or restrict work to some processes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = ["CollectivesMixin"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _all_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return len(data) > 0 and all(_all_tensors(d) for d in data)
+    if isinstance(data, dict):
+        return len(data) > 0 and all(_all_tensors(v) for v in data.values())
+    return False
+
+
+class CollectivesMixin:
+    """gather / reduce / padding / process filters. Needs ``self.state`` and ``self.gradient_state``."""
+
+    state: Any
+    gradient_state: Any
+
+    # ------------------------------------------------------------ collectives
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nested structure of tensors) from every process along dim 0.
+
+        Raises:
+            ValueError: shapes differ across processes (use ``pad_across_processes`` first).
+        """
+        from accelerando.utils.operations import gather
+
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for evaluation, dropping the samples duplicated to even out the last batch.
+
+        Works for tensors in any nesting and, through ``gather_object``, for other picklable objects
+        (then a flat list comes back). On the last batch of a prepared dataloader whose dataset did
+        not divide evenly, only the first ``remainder`` gathered samples are real; the rest are
+        dropped so the result has exactly ``len(dataset)`` items over the epoch, in dataset order.
+        """
+        from accelerando.utils.operations import gather, gather_object, recursively_apply
+
+        use_object = use_gather_object or not _all_tensors(input_data)
+        data = gather_object(input_data) if use_object else gather(input_data)
+        gs = self.gradient_state
+        if not gs.end_of_dataloader:
+            return data
+        remainder = gs.remainder
+        if remainder < 0:
+            return data
+        if use_object:
+            return data[:remainder]
+        return recursively_apply(lambda t: t[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""
+        from accelerando.utils.operations import reduce
+
+        return reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered."""
+        from accelerando.utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+        """Context manager yielding this process's share of ``inputs`` (see ``PartialState``)."""
+        return self.state._partial.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self.state._partial.wait_for_everyone()
+
+    # ------------------------------------------------------------- triggers
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; ``check_trigger`` on every process then sees it."""
+        self._trigger_flag = torch.ones(1, device=self.state.device)
+
+    def check_trigger(self) -> bool:
+        """Return True on every process when any process called ``set_trigger``; resets the flag."""
+        flag = getattr(self, "_trigger_flag", None)
+        if flag is None:
+            flag = torch.zeros(1, device=self.state.device)
+        total = self.reduce(flag, reduction="sum")
+        self._trigger_flag = None
+        return bool(total.item() >= 1)
+
+    # ------------------------------------------------------- process filters
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine."""
+        self.state._partial.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Context: the main process runs the block before the others."""
+        return self.state._partial.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Context: each machine's first process runs the block before the others."""
+        return self.state._partial.local_main_process_first()
+
+    def on_main_process(self, function: F) -> F:
+        """Decorator: run only on the main process."""
+        return self.state._partial.on_main_process(function)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorator: run only on each machine's first process."""
+        return self.state._partial.on_local_main_process(function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorator: run only on the last process."""
+        return self.state._partial.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run only on process ``process_index``."""
+        return self.state._partial.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: run only on local process ``local_process_index``."""
+        return self.state._partial.on_local_process(function, local_process_index=local_process_index)
+
+    @contextlib.contextmanager
+    def _noop(self) -> Iterator[None]:
+        yield

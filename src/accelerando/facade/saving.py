@@ -1,0 +1,127 @@
+"""Accelerator methods that save and load models and training state."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["SavingMixin"]
+
+
+class SavingMixin:
+    """save / save_model / get_state_dict / save_state / load_state and their hooks."""
+
+    state: Any
+    _strategy: Any
+    _models: list[Any]
+    _custom_objects: list[Any]
+    project_configuration: Any
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Return the full state dict of ``model`` (gathered from shards by strategies that shard).
+
+        With ``unwrap=False`` the wrapper's own keys are kept (e.g. ``module.`` under DDP).
+        """
+        if not unwrap:
+            return model.state_dict()
+        return self._strategy.model_state_dict(model)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``)."""
+        from accelerando.utils.serialization import save
+
+        save(
+            obj,
+            f,
+            save_on_each_node=bool(self.project_configuration.save_on_each_node),
+            safe_serialization=safe_serialization,
+        )
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights into ``save_directory`` on the main process.
+
+        Safetensors by default; above ``max_shard_size`` the weights are sharded with an index
+        file; tied weights are stored once. Every process must call it (sharded strategies gather).
+
+        Raises:
+            ValueError: ``save_directory`` is a file.
+        """
+        from accelerando.model_io import write_model_weights
+
+        save_directory = os.fspath(save_directory)
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_directory {save_directory!r} is a file; pass a folder path")
+        state_dict = self.get_state_dict(model)
+        if self.state.is_main_process:
+            write_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
+        self.state._partial.wait_for_everyone()
+
+    # ------------------------------------------------------------- training state
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Add objects with ``state_dict()`` / ``load_state_dict()`` to what ``save_state`` saves.
+
+        Raises:
+            ValueError: some objects lack those methods (all offenders are listed).
+        """
+        bad = [
+            f"item {i} ({type(o).__name__})"
+            for i, o in enumerate(objects)
+            if not (
+                callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))
+            )
+        ]
+        if bad:
+            raise ValueError(
+                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                f"these have not: {', '.join(bad)}"
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Register ``hook(models, weights, output_dir)`` to run before ``save_state`` writes models.
+
+        The hook may edit ``weights`` (or empty ``models``) to save models its own way.
+        Returns a handle whose ``remove()`` unregisters it.
+        """
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Register ``hook(models, input_dir)`` to run before ``load_state`` loads models."""
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **save_model_func_kwargs: Any
+    ) -> str:
+        """Save everything needed to resume into a crash-safe checkpoint folder; return its path.
+
+        See ``accelerando.checkpointing.save_state`` for what is saved and the commit protocol.
+        """
+        from accelerando.checkpointing import save_state
+
+        return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir: str | None = None, **load_model_func_kwargs: Any) -> None:
+        """Restore a checkpoint written by ``save_state`` (the newest complete one when None)."""
+        from accelerando.checkpointing import load_state
+
+        load_state(self, input_dir, **load_model_func_kwargs)
+
+    def _init_saving(self) -> None:
+        self._custom_objects = []
+        self._save_model_state_pre_hook: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict[int, Callable[..., None]] = OrderedDict()

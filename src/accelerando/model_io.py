@@ -1,0 +1,132 @@
+"""Writing a model's weights: safetensors by default, sharded with an index above a size limit.
+
+Shard names and the index layout follow the convention transformers uses
+(``model-00001-of-00003.safetensors`` + ``model.safetensors.index.json``), so the folder loads with
+either library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import torch
+
+__all__ = ["parse_size", "shard_state_dict", "write_model_weights"]
+
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_size(size: int | str) -> int:
+    """Return a byte count from an int or a string such as ``"10GB"``, ``"500MiB"``, ``"2kb"``.
+
+    Raises:
+        ValueError: an unreadable string (names the accepted units).
+    """
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(size))
+    unit = match.group(2).upper() if match else ""
+    if not match or (unit and unit not in _UNITS):
+        raise ValueError(
+            f"cannot read size {size!r}; write a number of bytes or e.g. '10GB', '500MB', '4GiB'"
+        )
+    return int(float(match.group(1)) * _UNITS[unit or "B"])
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def shard_state_dict(
+    state_dict: dict[str, torch.Tensor], max_shard_size: int
+) -> list[dict[str, torch.Tensor]]:
+    """Split ``state_dict`` into consecutive shards of at most ``max_shard_size`` bytes each.
+
+    A tensor larger than the limit gets a shard of its own.
+    """
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    current = 0
+    for name, tensor in state_dict.items():
+        size = _nbytes(tensor) if isinstance(tensor, torch.Tensor) else 0
+        if shards[-1] and current + size > max_shard_size:
+            shards.append({})
+            current = 0
+        shards[-1][name] = tensor
+        current += size
+    return shards
+
+
+def _dedupe_shared(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop names whose tensor shares storage with an earlier one (tied weights); safetensors
+    refuses shared tensors, and loaders re-tie them."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    result: dict[str, Any] = {}
+    for name, tensor in state_dict.items():
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+        result[name] = tensor
+    return result
+
+
+def write_model_weights(
+    state_dict: dict[str, torch.Tensor],
+    save_directory: str,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[str]:
+    """Write ``state_dict`` into ``save_directory``; return the file names written.
+
+    Tied (storage-sharing) tensors are stored once. Above ``max_shard_size`` the weights are
+    split into shards plus an index JSON mapping each tensor name to its file.
+
+    Raises:
+        ValueError: ``save_directory`` is an existing file.
+    """
+    if os.path.isfile(save_directory):
+        raise ValueError(f"save_directory {save_directory!r} is a file; pass a folder path")
+    os.makedirs(save_directory, exist_ok=True)
+    weights = _dedupe_shared(state_dict) if safe_serialization else state_dict
+    weights = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in weights.items()}
+    stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    shards = shard_state_dict(weights, parse_size(max_shard_size))
+    names = (
+        [f"{stem}{ext}"]
+        if len(shards) == 1
+        else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{ext}" for i in range(len(shards))]
+    )
+    for name, shard in zip(names, shards, strict=True):
+        path = os.path.join(save_directory, name)
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(shard, path, metadata={"format": "pt"})
+        else:
+            torch.save(shard, path)
+    if len(shards) > 1:
+        index = {
+            "metadata": {
+                "total_size": sum(_nbytes(t) for t in weights.values() if isinstance(t, torch.Tensor))
+            },
+            "weight_map": {key: name for name, shard in zip(names, shards, strict=True) for key in shard},
+        }
+        index_name = f"{stem}{ext}.index.json"
+        with open(os.path.join(save_directory, index_name), "w", encoding="utf-8") as fh:
+            json.dump(index, fh, indent=2, sort_keys=True)
+        names.append(index_name)
+    return names

@@ -1,0 +1,139 @@
+"""AcceleratedOptimizer: an optimizer that steps only when gradients are synchronised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accelerando.gradient_state import GradientState
+
+__all__ = ["AcceleratedOptimizer"]
+
+
+def _move_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            # "step" counters stay where PyTorch keeps them (CPU) unless capturable.
+            if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
+                state[key] = value.to(device)
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps a torch optimizer for accumulation and mixed precision.
+
+    ``step()`` and ``zero_grad()`` do nothing while gradients are being accumulated (a non-sync
+    micro-batch); on sync steps ``step()`` goes through the precision plugin, which unscales and may
+    skip the step on overflow (then ``step_was_skipped`` is True). Everything else (param_groups,
+    state, state_dict, add_param_group) is the wrapped optimizer's.
+
+    Args:
+        optimizer: the user's optimizer.
+        device_placement: move existing optimizer state to the model's device.
+        scaler: accepted for compatibility; the precision plugin owns the scaler.
+        precision: the Accelerator's precision plugin (plain ``optimizer.step`` when None).
+        device: where the state should live when ``device_placement``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: Any = None,
+        precision: Any = None,
+        device: torch.device | None = None,
+    ) -> None:
+        # torch.optim.Optimizer.__init__ is deliberately not called: this object holds no params of
+        # its own and forwards attribute access to the wrapped optimizer.
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self._precision = precision
+        self.gradient_state = GradientState()
+        self.device_placement = device_placement
+        self._step_was_skipped = False
+        self._accelerate_step_called = False
+        if device_placement and device is not None and device.type != "cpu":
+            _move_state_to(optimizer, device)
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
+        self.optimizer.add_param_group(param_group)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Load the wrapped optimizer's state (moved to the model's device when placing)."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients, except while accumulating (they must add up)."""
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """Step on sync micro-batches only; records whether the loss scaler skipped it."""
+        if not self.gradient_state.sync_gradients:
+            return None
+        self._accelerate_step_called = True
+        if self._precision is None:
+            self._step_was_skipped = False
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        kwargs = {"closure": closure} if closure is not None else {}
+        self._step_was_skipped = not self._precision.optimizer_step(self.optimizer, **kwargs)
+        return None
+
+    def train(self) -> None:
+        """Forward ``train()`` to optimizers that have modes (schedule-free optimizers)."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Forward ``eval()`` to optimizers that have modes (schedule-free optimizers)."""
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped because of inf/nan gradients."""
+        return self._step_was_skipped
+
+    @property
+    def is_overflow(self) -> bool:
+        """Alias of ``step_was_skipped``."""
+        return self._step_was_skipped
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "gradient_state"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.gradient_state = GradientState()
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"

@@ -1,0 +1,44 @@
+"""Precision plugins: how forward, backward and optimizer steps treat numbers.
+
+``build_precision`` is the one place a precision name becomes an object; FP8 lives in its own
+module and is imported only when requested.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.precision.base import Precision
+
+__all__ = ["Precision", "build_precision"]
+
+
+def build_precision(
+    mixed_precision: str,
+    device_type: str,
+    scaler_kwargs: dict[str, Any] | None = None,
+    static_scale: bool = False,
+    autocast_kwargs: dict[str, Any] | None = None,
+) -> Precision:
+    """Return the precision object for ``mixed_precision`` ("no", "fp16", "bf16", "fp8").
+
+    Raises:
+        ValueError: an unknown name, or a mode the device cannot run (with the fix).
+        NotImplementedError: fp8 outside a CUDA device with an FP8 backend installed.
+    """
+    import torch
+
+    if mixed_precision == "no":
+        return Precision()
+    if mixed_precision in ("fp16", "bf16"):
+        from accelerando.precision.amp import AMPPrecision
+
+        dtype = torch.float16 if mixed_precision == "fp16" else torch.bfloat16
+        return AMPPrecision(dtype, device_type, scaler_kwargs, static_scale, autocast_kwargs)
+    if mixed_precision == "fp8":
+        from accelerando.precision.fp8 import build_fp8_precision
+
+        return build_fp8_precision(device_type)
+    raise ValueError(
+        f"unknown mixed_precision {mixed_precision!r}; choose one of 'no', 'fp16', 'bf16', 'fp8'"
+    )

@@ -1,0 +1,53 @@
+"""The precision contract: how numbers are represented in forward, backward and optimizer steps."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+__all__ = ["Precision"]
+
+
+class Precision:
+    """Full precision (fp32): every hook is the plain PyTorch operation, so it costs nothing.
+
+    Contract, in the order the Accelerator calls it:
+    ``convert_module(model)`` once in ``prepare``; ``autocast()`` around user code on request;
+    ``backward(loss)`` per micro-batch; ``unscale_(optimizer)`` before clipping;
+    ``optimizer_step(optimizer) -> bool`` on sync steps (False = skipped by the loss scaler);
+    ``state_dict()`` / ``load_state_dict()`` for checkpoints.
+    """
+
+    name = "no"
+    scaler: Any = None
+
+    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Prepare ``model`` for this precision (no change in fp32)."""
+        return model
+
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager:
+        """Context manager running its block in this precision (a no-op in fp32)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate ``loss``."""
+        loss.backward(**kwargs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide gradients by the loss scale (no-op without a scaler)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        """Run ``optimizer.step``; return False when the step was skipped."""
+        optimizer.step(**kwargs)
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state for checkpoints ({} without a scaler)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s result."""

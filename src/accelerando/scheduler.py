@@ -1,0 +1,92 @@
+"""AcceleratedScheduler: a learning-rate scheduler that follows real optimizer steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.gradient_state import GradientState
+
+__all__ = ["AcceleratedScheduler"]
+
+
+class AcceleratedScheduler:
+    """Wraps a torch LR scheduler so that it steps once per real optimizer step.
+
+    - While accumulating (a non-sync micro-batch) ``step()`` does not move the schedule (with
+      ``adjust_scheduler`` it only advances PyTorch's step counter so its order check stays quiet).
+    - When any wrapped optimizer skipped its step (fp16 overflow) the schedule does not move.
+    - Without ``split_batches``, each process sees 1/N of the data per step, so one real step covers
+      N "single-process" steps: the schedule advances N times (never past a ``total_steps`` bound),
+      which keeps a schedule written for one process correct on N.
+
+    Args:
+        scheduler: the user's scheduler.
+        optimizers: the AcceleratedOptimizer(s) it follows.
+        step_with_optimizer: False = step exactly when the user calls ``step()``.
+        split_batches: whether batches are split (then one step per optimizer step).
+        num_processes: number of processes (read from the state when None).
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: Any,
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+        num_processes: int | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.step_with_optimizer = step_with_optimizer
+        self.split_batches = split_batches
+        self.gradient_state = GradientState()
+        if num_processes is None:
+            from accelerando.state import PartialState
+
+            num_processes = PartialState().num_processes
+        self.num_processes = num_processes
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Advance the schedule as described in the class docstring."""
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            if self.gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
+        for opt in self.optimizers:
+            if getattr(opt, "step_was_skipped", False):
+                return
+        repeats = 1 if self.split_batches else self.num_processes
+        total = getattr(self.scheduler, "total_steps", None)
+        for _ in range(repeats):
+            # OneCycleLR raises past its last step; stop there instead.
+            if total is not None and self.scheduler._step_count > total:
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates of the last step."""
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state dict."""
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the wrapped scheduler's state."""
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_lr(self) -> Any:
+        """The wrapped scheduler's ``get_lr()``."""
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped scheduler's ``print_lr``."""
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("scheduler", "__setstate__", "__getstate__"):
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)

@@ -1,0 +1,95 @@
+"""The strategy contract: how models are wrapped and how processes cooperate on them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from accelerando.enums import DistributedType
+
+__all__ = ["Strategy"]
+
+
+class Strategy:
+    """Single-device training: no wrapping, no communication. Base class of every strategy.
+
+    Contract (the Accelerator calls these, in this order):
+    - ``prepare_model(model, device_placement, evaluation_mode)`` once per model, after the precision
+      has converted it; returns the object the user's loop will call.
+    - ``prepare_optimizer(optimizer)`` once per optimizer, after its models were prepared.
+    - per micro-batch: ``no_sync(model)`` around non-sync steps, ``backward(loss)``.
+    - ``clip_grad_norm_`` / ``clip_grad_value_`` on sync steps, after the precision unscaled.
+    - ``unwrap_model(model)`` whenever the user needs the plain module.
+    - ``model_state_dict(model)`` returns the full (unsharded) state dict on the main process.
+
+    Args:
+        state: the ``AcceleratorState`` (device, process index, ...).
+        precision: the ``Precision`` plugin.
+        options: strategy-specific settings (e.g. ``ddp_kwargs`` for DDP).
+    """
+
+    distributed_type: DistributedType = DistributedType.NO
+    name = "single"
+
+    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
+        self.state = state
+        self.precision = precision
+        self.options = options
+
+    # ------------------------------------------------------------------ wrap
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Move ``model`` to this process's device (when ``device_placement``) and return it."""
+        if device_placement:
+            model = model.to(self.state.device)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Return the optimizer the strategy will step (unchanged here)."""
+        return optimizer
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Return the user's module inside whatever the strategy wrapped it in."""
+        return model
+
+    # -------------------------------------------------------------- training
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` through the precision plugin."""
+        self.precision.backward(loss, **kwargs)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Context in which backward passes do not communicate (nothing to skip here)."""
+        return contextlib.nullcontext()
+
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Context forcing the next backward to synchronise even inside ``no_sync``."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the gradient norm of ``parameters``; return the total norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp every gradient element into ``[-clip_value, clip_value]``."""
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # ------------------------------------------------------------ state dicts
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict of ``model`` (unwrapped)."""
+        return self.unwrap_model(model).state_dict()
+
+    def load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> Any:
+        """Load a full state dict into ``model``."""
+        return self.unwrap_model(model).load_state_dict(state_dict, strict=strict)
+
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
+        """Context letting processes with fewer batches finish (a no-op without DDP)."""
+        return contextlib.nullcontext()
