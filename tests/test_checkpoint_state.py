@@ -1,0 +1,163 @@
+"""Explicit-form state helpers, custom state (both forms), RNG capture, ProjectConfiguration."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from accelerando.checkpointing import (
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+)
+from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
+from accelerando.plugins.project import ProjectConfiguration
+
+
+def _build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def _train(model, optimizer, scheduler, start: int, stop: int) -> None:
+    for step in range(start, stop):
+        x = torch.randn(8, 4)
+        noise = float(np.random.rand()) + random.random()
+        loss = (model(x) - noise).pow(2).mean() / 2
+        loss.backward()
+        if (step + 1) % 2 == 0:
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+
+
+def test_explicit_form_resumes_bit_exactly(tmp_path) -> None:
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    ref = _build(1)
+    _train(*ref, 0, 8)
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    first = _build(1)
+    _train(*first, 0, 4)
+    model, opt, sched = first
+    save_accelerator_state(tmp_path, [model.state_dict()], [opt], [sched], [], process_index=0, step=4)
+    assert sorted(os.listdir(tmp_path)) == [
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.pkl",
+        "scheduler.bin",
+    ]
+
+    torch.manual_seed(123)  # a fresh process would be in another RNG state
+    resumed = _build(99)
+    out = load_accelerator_state(tmp_path, [resumed[0]], [resumed[1]], [resumed[2]], [], process_index=0)
+    assert out == {"step": 4}
+    _train(*resumed, 4, 8)
+    for a, b in zip(ref[0].parameters(), resumed[0].parameters(), strict=True):
+        assert torch.equal(a, b)
+    sa, sb = ref[1].state_dict()["state"], resumed[1].state_dict()["state"]
+    for key in sa:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(sa[key][name], sb[key][name])
+
+
+def test_explicit_form_unsafe_serialization_and_several_models(tmp_path) -> None:
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(3, 1)
+    save_accelerator_state(
+        tmp_path,
+        [a.state_dict(), b.state_dict()],
+        [],
+        [],
+        [],
+        process_index=0,
+        step=0,
+        safe_serialization=False,
+    )
+    assert {"pytorch_model.bin", "pytorch_model_1.bin"} <= set(os.listdir(tmp_path))
+    a2, b2 = torch.nn.Linear(2, 2), torch.nn.Linear(3, 1)
+    load_accelerator_state(tmp_path, [a2, b2], [], [], [], process_index=0)
+    assert torch.equal(a2.weight, a.weight) and torch.equal(b2.weight, b.weight)
+
+
+def test_explicit_form_missing_optimizer_file_is_named(tmp_path) -> None:
+    model = torch.nn.Linear(2, 2)
+    save_accelerator_state(tmp_path, [model.state_dict()], [], [], [], process_index=0, step=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(FileNotFoundError, match="optimizer.bin"):
+        load_accelerator_state(tmp_path, [model], [opt], [], [], process_index=0)
+
+
+class Counter:
+    """A stateful object with the state_dict protocol."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.count = state["count"]
+
+
+def test_custom_state_reference_form(tmp_path) -> None:
+    counter = Counter()
+    counter.count = 7
+    path = save_custom_state(counter, tmp_path, 2)
+    assert os.path.basename(path) == "custom_checkpoint_2.pkl"
+    fresh = Counter()
+    assert load_custom_state(fresh, tmp_path, 2) == {"count": 7}
+    assert fresh.count == 7
+    with pytest.raises(TypeError, match="load_custom_state\\(path\\)"):
+        load_custom_state(object(), tmp_path, 2)
+
+
+def test_custom_state_seed_form_plain_values(tmp_path) -> None:
+    meta = {"epoch": 5, "best_loss": 0.1234, "learning_rates": [0.001, 0.0005]}
+    target = tmp_path / "ckpt" / "metadata.pkl"
+    save_custom_state(meta, target)
+    assert load_custom_state(target) == meta
+    assert save_custom_state(meta, tmp_path / "other.pkl", process_index=1) is None  # not this process
+    with pytest.raises(FileNotFoundError, match="other.pkl"):
+        load_custom_state(tmp_path / "other.pkl")
+
+
+def test_rng_capture_restore_round_trip() -> None:
+    payload = capture_rng_states()
+    expected = (random.random(), float(np.random.rand()), torch.rand(1).item())
+    torch.save(payload, "/dev/null")  # picklable
+    restore_rng_states(payload)
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expected
+
+
+def test_rng_payload_loads_weights_only(tmp_path) -> None:
+    torch.save(capture_rng_states(), tmp_path / "r.pkl")
+    payload = torch.load(tmp_path / "r.pkl", weights_only=True)
+    expected = float(np.random.rand())
+    restore_rng_states(payload)
+    assert float(np.random.rand()) == expected
+
+
+def test_project_configuration_defaults_and_validation(tmp_path) -> None:
+    config = ProjectConfiguration(project_dir=str(tmp_path))
+    assert config.logging_dir == str(tmp_path)
+    assert (config.automatic_checkpoint_naming, config.total_limit, config.iteration) == (False, None, 0)
+    config.set_directories(tmp_path / "b")
+    assert config.project_dir == str(tmp_path / "b") and config.logging_dir == str(tmp_path)
+    assert ProjectConfiguration(logging_dir="logs").logging_dir == "logs"
+    with pytest.raises(ValueError, match="total_limit"):
+        ProjectConfiguration(total_limit=0)
+    with pytest.raises(ValueError, match="iteration"):
+        ProjectConfiguration(iteration=-1)
