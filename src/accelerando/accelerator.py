@@ -432,6 +432,9 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
             )
+        grouped = self._strategy.prepare_all(self, list(args), list(device_placement))
+        if grouped is not None:
+            return grouped[0] if len(grouped) == 1 else tuple(grouped)
         result = list(args)
         order = (torch.nn.Module, torch.optim.Optimizer, "dataloader", "scheduler")
         for kind in order:

@@ -40,6 +40,15 @@ class Strategy:
         self.options = options
 
     # ------------------------------------------------------------------ wrap
+    def prepare_all(self, accelerator: Any, objects: list[Any], device_placement: list[bool | None]) -> list[Any] | None:
+        """Prepare every object of one ``Accelerator.prepare`` call at once, or return None.
+
+        Strategies that must see model, optimizer and scheduler together (DeepSpeed builds one
+        engine from all three) override this and return the prepared objects in the same order;
+        the default None lets the Accelerator prepare objects one by one.
+        """
+        return None
+
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:
@@ -89,6 +98,28 @@ class Strategy:
     ) -> Any:
         """Load a full state dict into ``model``."""
         return self.unwrap_model(model).load_state_dict(state_dict, strict=strict)
+
+    # ------------------------------------------------------------ checkpoints
+    def save_model_checkpoint(self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool) -> bool:
+        """Write ``model``'s training checkpoint into ``output_dir`` the strategy's own way.
+
+        Returns False (the default) to let checkpointing write the full state dict itself;
+        sharded strategies write per-rank files (e.g. torch.distributed.checkpoint) and return True.
+        Called on every process.
+        """
+        return False
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Load what ``save_model_checkpoint`` wrote; False = let checkpointing load the full state dict."""
+        return False
+
+    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+        """Write an optimizer's state the strategy's own way; False = checkpointing's default."""
+        return False
+
+    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+        """Load an optimizer's state written by ``save_optimizer_checkpoint``; False = default."""
+        return False
 
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
         """Context letting processes with fewer batches finish (a no-op without DDP)."""
