@@ -157,6 +157,13 @@ _EXPORTS: dict[str, str] = {
     "contextual_fp8_autocast": "accelerando.utils.fp8",
     "apply_fp8_autowrap": "accelerando.utils.fp8",
     "tqdm": "accelerando.utils.progress",
+    "parse_flag_from_env": "accelerando.utils.environment",
+    "get_int_from_env": "accelerando.utils.environment",
+    "is_compiled_module": "accelerando.utils.other",
+    "is_namedtuple": "accelerando.utils.operations",
+    "TensorInformation": "accelerando.utils.operations",
+    "is_package_available": "accelerando.utils.imports",
+    "compare_versions": "accelerando.utils.imports",
 }
 
 __all__ = list(_EXPORTS)
