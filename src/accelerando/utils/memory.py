@@ -88,7 +88,11 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     if (oom_type is not None and isinstance(exception, oom_type)) or isinstance(exception, MemoryError):
         return True
-    if isinstance(exception, RuntimeError) and len(exception.args) == 1 and isinstance(exception.args[0], str):
+    if (
+        isinstance(exception, RuntimeError)
+        and len(exception.args) == 1
+        and isinstance(exception.args[0], str)
+    ):
         return any(message in exception.args[0] for message in _OOM_MESSAGES)
     return False
 
