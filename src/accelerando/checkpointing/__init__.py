@@ -12,7 +12,13 @@ CRC-32) or invisible (a hidden staging folder). Modules:
 from __future__ import annotations
 
 from accelerando.checkpointing.atomic import CheckpointError, list_checkpoints, verify_checkpoint
-from accelerando.checkpointing.orchestrate import latest_checkpoint, load_state, save_state
+from accelerando.checkpointing.orchestrate import (
+    ResumePoint,
+    latest_checkpoint,
+    load_state,
+    resume_point,
+    save_state,
+)
 from accelerando.checkpointing.public import (
     load_accelerator_state,
     load_custom_state,
@@ -23,11 +29,13 @@ from accelerando.checkpointing.public import (
 
 __all__ = [
     "CheckpointError",
+    "ResumePoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_accelerator_state",
     "load_custom_state",
     "load_state",
+    "resume_point",
     "save_accelerator_state",
     "save_custom_state",
     "save_state",

@@ -19,6 +19,8 @@ import logging
 import os
 import re
 import warnings
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from accelerando.checkpointing import atomic
@@ -33,12 +35,40 @@ from accelerando.checkpointing.state_io import (
     write_state_files,
 )
 
-__all__ = ["CHECKPOINTS_FOLDER", "latest_checkpoint", "load_state", "save_state"]
+__all__ = [
+    "CHECKPOINTS_FOLDER",
+    "ResumePoint",
+    "latest_checkpoint",
+    "load_state",
+    "resume_point",
+    "save_state",
+]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_FOLDER = "checkpoints"
 _NUMBERED = re.compile(r"^checkpoint_(\d+)$")
+_RESUME_POINTS: weakref.WeakKeyDictionary[Any, ResumePoint] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run stands after ``load_state``: what an auto-resuming script needs to continue.
+
+    Attributes:
+        checkpoint: The folder that was loaded.
+        step: The accelerator's micro-step counter (``accelerator.step``) at the save.
+        epoch: Epoch of the first prepared dataloader at the save (0 without dataloaders).
+        batches_to_skip: Batches of that epoch already consumed, which the script must skip with
+            ``accelerator.skip_first_batches``; 0 in stateful mode, where the loader itself resumes.
+        dataloaders: ``(epoch, position)`` saved for every prepared dataloader, in order.
+    """
+
+    checkpoint: str
+    step: int
+    epoch: int = 0
+    batches_to_skip: int = 0
+    dataloaders: tuple[tuple[int, int], ...] = ()
 
 
 def _gather(obj: Any, num_processes: int) -> list[Any]:
@@ -398,4 +428,29 @@ def _apply(accelerator: Any, folder: str, outcome: Any, model_kwargs: dict[str, 
     match = _NUMBERED.match(os.path.basename(folder))
     if config.automatic_checkpoint_naming and match:
         config.iteration = int(match.group(1)) + 1
+    _RESUME_POINTS[accelerator] = _resume_point(accelerator, folder, loaded)
     logger.info("Loaded state from %s", folder)
+
+
+def _resume_point(accelerator: Any, folder: str, loaded: LoadedState) -> ResumePoint:
+    positions = []
+    for entry in loaded.dataloaders:
+        state = entry[1] if entry is not None and isinstance(entry[1], dict) else {}
+        positions.append((int(state.get("epoch", 0)), int(state.get("position", 0))))
+    loaders = list(accelerator._dataloaders)
+    epoch, skip = positions[0] if positions else (0, 0)
+    if loaders and getattr(loaders[0], "use_stateful_dataloader", False):
+        skip = 0
+    return ResumePoint(folder, int(accelerator.step), epoch, skip, tuple(positions))
+
+
+def resume_point(accelerator: Any) -> ResumePoint | None:
+    """What the last ``load_state`` of ``accelerator`` restored, or None if it loaded nothing.
+
+    Example:
+        >>> if latest_checkpoint(project_dir):
+        ...     accelerator.load_state()
+        >>> point = resume_point(accelerator)
+        >>> start_epoch, skip = (point.epoch, point.batches_to_skip) if point else (0, 0)
+    """
+    return _RESUME_POINTS.get(accelerator)
