@@ -1,0 +1,223 @@
+"""DataLoaderDispatcher: the main process reads the data and sends every process its slice.
+
+For data that cannot be sharded by index (a stream, a generator, a dataset reading a socket), only
+the main process iterates the underlying ``DataLoader``. Each step it takes one global batch (one
+batch with ``split_batches``, else ``num_processes`` batches), cuts it into one slice per process and
+scatters the slices; the other processes never touch the dataset while iterating.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from accelerando.data_loader.batches import batch_size_of, concat_batches, resolve_send_to_device, slice_batch
+from accelerando.data_loader.progress import PreparedLoaderMixin
+from accelerando.data_loader.samplers import BatchSamplerShard, _consume
+from accelerando.data_loader.shard import _wrap_batch_sampler
+
+__all__ = ["DataLoaderDispatcher"]
+
+# One message per process and step: None (no more data) or (is_last, remainder, batch or None).
+_Message = tuple[bool, int, Any] | None
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
+    """A ``DataLoader`` whose batches are read on the main process and scattered to all processes.
+
+    Args:
+        dataset: The dataset (not sharded: the main process reads all of it).
+        split_batches: Cut each batch of the underlying loader between processes (else each step
+            reads ``num_processes`` batches and every process gets one batch worth of samples).
+        skip_batches: Steps to skip at the start of the first iteration.
+        use_stateful_dataloader: Make ``load_state_dict`` restore the position inside the epoch.
+        slice_fn: ``slice_fn(batch, slice, process_index=..., num_processes=...)`` cutting a batch;
+            default: every tensor and leaf list along its first dimension.
+        torch_device_mesh: Accepted for API compatibility.
+        device: Where to put the received batches (None: leave them on the CPU).
+        rng_types: Random generators to synchronise from the main process at each epoch.
+        even_batches: Pad the final global batch with samples of the first one so every process gets
+            a batch; otherwise processes past the real samples get nothing at the last step.
+        **kwargs: Everything ``torch.utils.data.DataLoader`` accepts.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Callable[..., Any] | None = None,
+        torch_device_mesh: Any = None,
+        device: torch.device | str | None = None,
+        rng_types: list[Any] | None = None,
+        even_batches: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        _wrap_batch_sampler(dataset, kwargs)
+        self._init_args = dict(
+            split_batches=split_batches,
+            use_stateful_dataloader=use_stateful_dataloader,
+            _drop_last=_drop_last,
+            _non_blocking=_non_blocking,
+            slice_fn=slice_fn,
+            torch_device_mesh=torch_device_mesh,
+            device=device,
+            rng_types=rng_types,
+            even_batches=even_batches,
+            **kwargs,
+        )
+        super().__init__(dataset, **kwargs)
+        self.split_batches = bool(split_batches)
+        self.even_batches = bool(even_batches)
+        self.slice_fn = slice_fn or slice_batch
+        self.torch_device_mesh = torch_device_mesh
+        self._init_prepared(
+            device, rng_types, None, skip_batches, use_stateful_dataloader, _drop_last, _non_blocking
+        )
+
+    def _clone(self, skip_batches: int) -> DataLoaderDispatcher:
+        clone = type(self)(self.dataset, skip_batches=skip_batches, **self._init_args)
+        clone._progress = self._progress
+        return clone
+
+    def _base_len(self) -> int:
+        return DataLoader.__len__(self)
+
+    def __len__(self) -> int:
+        whole, processes = self._base_len(), _world()[0]
+        if self.split_batches:
+            steps = whole
+        elif self._drop_last:
+            steps = whole // processes
+        else:
+            steps = math.ceil(whole / processes)
+        return max(steps - self._skip_once, 0)
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes."""
+        size = self.batch_size
+        if size is None:
+            return None
+        return size if self.split_batches else size * _world()[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        start = self._start_epoch()
+        self.begin()
+        completed = False
+        try:
+            yield from self._receive(start)
+            completed = True
+        finally:
+            self.end(completed)
+
+    def _receive(self, start: int) -> Iterator[Any]:
+        processes, rank = _world()
+        steps = self._steps(start, processes) if rank == 0 else None
+        device = self.device
+        send = resolve_send_to_device() if device is not None and device.type != "cpu" else None
+        progress, position = self._progress, start
+        while True:
+            message = self._scatter(steps, processes, rank)
+            if message is None:
+                return
+            is_last, remainder, batch = message
+            if is_last:
+                self.end_of_dataloader = True
+                self.remainder = remainder
+            if batch is not None:
+                if send is not None:
+                    batch = send(batch, device, non_blocking=self._non_blocking)
+                position += 1
+                progress.position = position
+                yield batch
+            if is_last:
+                return
+
+    @staticmethod
+    def _scatter(steps: Iterator[list[_Message]] | None, processes: int, rank: int) -> _Message:
+        parts = next(steps, None) if steps is not None else None
+        if processes == 1:
+            return None if parts is None else parts[0]
+        import torch.distributed as dist
+
+        received: list[Any] = [None]
+        payload = (parts if parts is not None else [None] * processes) if rank == 0 else None
+        dist.scatter_object_list(received, payload, src=0)
+        return received[0]
+
+    def _base_batches(self, start_steps: int, processes: int) -> Iterator[Any]:
+        skip = start_steps * (1 if self.split_batches else processes)
+        if isinstance(self.batch_sampler, BatchSamplerShard):
+            self.batch_sampler._next_start = skip
+            return DataLoader.__iter__(self)
+        iterator = DataLoader.__iter__(self)
+        _consume(iterator, skip)
+        return iterator
+
+    def _steps(self, start: int, processes: int) -> Iterator[list[_Message]]:
+        """Main process: group base batches into steps and cut each into per-process messages."""
+        per_step = 1 if self.split_batches else processes
+        base = self._base_batches(start, processes)
+        state: dict[str, Any] = {"first": None, "size": None}
+        group = [batch for _, batch in zip(range(per_step), base)]
+        while group:
+            upcoming = [batch for _, batch in zip(range(per_step), base)]
+            yield self._cut(group, not upcoming, per_step, processes, state)
+            group = upcoming
+
+    def _cut(
+        self, group: list[Any], is_last: bool, per_step: int, processes: int, state: dict[str, Any]
+    ) -> list[_Message]:
+        sizes = [batch_size_of(batch) for batch in group]
+        if state["size"] is None:
+            state["size"] = sizes[0]
+        regular = len(group) == per_step and all(s == state["size"] for s in sizes)
+        whole = concat_batches(group)
+        if state["first"] is None:
+            state["first"] = whole
+        if regular and self.split_batches and (sizes[0] or 0) % processes != 0:
+            regular = False
+        if regular:
+            if not self.split_batches:
+                return [(is_last, -1, batch) for batch in group]
+            width = (sizes[0] or 0) // processes
+            return [
+                (is_last, -1, self._slice(whole, i * width, (i + 1) * width, i)) for i in range(processes)
+            ]
+        if self._drop_last:
+            return [(True, -1, None)] * processes
+        return self._cut_last(whole, processes, state["first"])
+
+    def _cut_last(self, whole: Any, processes: int, first: Any) -> list[_Message]:
+        real = batch_size_of(whole) or 0
+        width = math.ceil(real / processes)
+        remainder = -1
+        if self.even_batches and width * processes > real:
+            copies = math.ceil((width * processes - real) / max(batch_size_of(first) or 1, 1))
+            padding = slice_batch(concat_batches([first] * copies), slice(0, width * processes - real))
+            whole = concat_batches([whole, padding])
+            remainder = real
+        messages: list[_Message] = []
+        for i in range(processes):
+            lo, hi = i * width, min((i + 1) * width, batch_size_of(whole) or 0)
+            messages.append((True, remainder, self._slice(whole, lo, hi, i) if hi > lo else None))
+        return messages
+
+    def _slice(self, batch: Any, lo: int, hi: int, index: int) -> Any:
+        return self.slice_fn(batch, slice(lo, hi), process_index=index, num_processes=_world()[0])

@@ -1,0 +1,383 @@
+"""prepare_data_loader and skip_first_batches: turn a user's DataLoader into a prepared one."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+
+from accelerando.data_loader.dispatcher import DataLoaderDispatcher
+from accelerando.data_loader.samplers import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    _consume,
+)
+from accelerando.data_loader.shard import DataLoaderShard
+
+__all__ = ["SkipBatchSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
+
+# DataLoader settings carried over to the prepared loader (the sampling ones are rebuilt).
+_CARRIED = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+_NON_DATA_AXES = ("tp", "cp", "pp")
+
+
+def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+    import inspect
+
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    kwargs = {
+        name: getattr(dataloader, name) for name in _CARRIED if name in accepted and hasattr(dataloader, name)
+    }
+    if not kwargs.get("num_workers"):
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return kwargs
+
+
+def _data_parallel_layout(num_processes: int, process_index: int, mesh: Any) -> tuple[int, int]:
+    """Data-parallel size and rank: ranks that differ only along tp/cp/pp axes read the same data."""
+    if mesh is None:
+        return num_processes, process_index
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    inner = 1
+    for axis, name in enumerate(names):
+        if name in _NON_DATA_AXES:
+            inner *= int(mesh.size(axis))
+    return max(num_processes // inner, 1), process_index // inner
+
+
+def _check_not_empty(dataset: Any) -> None:
+    if isinstance(dataset, Sized) and len(dataset) == 0:
+        raise ValueError(
+            "prepare_data_loader got an empty dataset (len 0): there is nothing to shard between "
+            "processes; check the dataset's path or filters, or do not prepare this dataloader."
+        )
+
+
+def _with_sampler(batch_sampler: Any, sampler: Any) -> Any:
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    clone = copy.copy(batch_sampler)
+    clone.sampler = sampler
+    return clone
+
+
+def _prepare_sampling(
+    batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None
+) -> tuple[Any, torch.Generator | None]:
+    """Make shuffling reproducible: a seeded sampler, or a dedicated generator the loader can restore."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
+        return batch_sampler, getattr(sampler, "generator", None) if sampler is not None else None
+    if use_seedable_sampler:
+        seedable = SeedableRandomSampler(
+            sampler.data_source, sampler.replacement, sampler._num_samples, data_seed=data_seed
+        )
+        return _with_sampler(batch_sampler, seedable), None
+    if sampler.generator is None:
+        # A generator of its own (seeded from the global RNG, so set_seed still decides the order)
+        # lets the loader record and restore each epoch's order without touching the global RNG.
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        sampler = copy.copy(sampler)
+        sampler.generator = generator
+        return _with_sampler(batch_sampler, sampler), generator
+    return batch_sampler, sampler.generator
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: list[Any] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> DataLoader:
+    """Wrap ``dataloader`` so that each process gets its share of every epoch.
+
+    Map-style data is sharded at the batch-sampler level (``BatchSamplerShard``), iterable data at
+    the sample level (``IterableDatasetShard``), or, with ``dispatch_batches``, read on the main
+    process only and scattered (``DataLoaderDispatcher``). Every setting of the original loader
+    (workers, collate function, pinning, generator, ...) is kept.
+
+    Args:
+        dataloader: The loader to prepare.
+        device: Where batches go when ``put_on_device`` (default: this process's device).
+        num_processes: Number of processes (default: from ``PartialState``).
+        process_index: This process's index (default: from ``PartialState``).
+        split_batches: Cut each batch between processes instead of giving each process whole batches;
+            the batch size must then be a multiple of ``num_processes``.
+        put_on_device: Move every batch to ``device``.
+        rng_types: Random generators to synchronise from the main process at each epoch.
+        dispatch_batches: Read on the main process and scatter; default True only for iterable
+            datasets placed on a device.
+        even_batches: Pad the final global batch from the start of the data so that every process
+            gets the same number of batches (``GradientState().remainder`` tells the real count).
+        slice_fn_for_dispatch: Custom ``slice_fn(batch, slice, process_index=, num_processes=)``.
+        use_seedable_sampler: Replace a ``RandomSampler`` by a ``SeedableRandomSampler``.
+        data_seed: Seed of that sampler.
+        non_blocking: Copy batches asynchronously (with pinned memory on CUDA, one batch ahead).
+        use_stateful_dataloader: ``load_state_dict`` restores the position inside the epoch too.
+        torch_device_mesh: With tensor/context/pipeline axes, ranks along them share the data.
+
+    Returns:
+        A ``DataLoaderShard`` or ``DataLoaderDispatcher``.
+
+    Raises:
+        TypeError: When ``dataloader`` is not a ``torch.utils.data.DataLoader``.
+        ValueError: On an empty dataset, a batch size that ``split_batches`` cannot divide,
+            ``dispatch_batches`` without ``put_on_device``, or unbatched data over several processes.
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}."
+        )
+    dataset = dataloader.dataset
+    if dispatch_batches is None:
+        dispatch_batches = bool(put_on_device) and isinstance(dataset, IterableDataset)
+    if dispatch_batches and not put_on_device:
+        raise ValueError(
+            "dispatch_batches=True needs put_on_device=True; set both, or dispatch_batches=False."
+        )
+    if num_processes is None or process_index is None or (put_on_device and device is None):
+        from accelerando.state import PartialState
+
+        state = PartialState()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+        device = state.device if device is None else device
+    num_processes, process_index = _data_parallel_layout(num_processes, process_index, torch_device_mesh)
+    _check_not_empty(dataset)
+    _check_split(dataloader, split_batches, num_processes)
+    kwargs = _loader_kwargs(dataloader)
+    target = torch.device(device) if put_on_device and device is not None else None
+    if non_blocking and target is not None and target.type == "cuda":
+        kwargs["pin_memory"] = True
+    common = dict(use_stateful_dataloader=use_stateful_dataloader, _non_blocking=non_blocking)
+    if dispatch_batches:
+        return DataLoaderDispatcher(
+            dataset,
+            split_batches=split_batches,
+            _drop_last=dataloader.drop_last,
+            slice_fn=slice_fn_for_dispatch,
+            torch_device_mesh=torch_device_mesh,
+            device=target,
+            rng_types=rng_types,
+            even_batches=even_batches,
+            **_sampling_kwargs(dataloader),
+            **common,
+            **kwargs,
+        )
+    shard_args = dict(
+        device=target,
+        rng_types=rng_types,
+        torch_device_mesh=torch_device_mesh,
+        _drop_last=dataloader.drop_last,
+    )
+    if isinstance(dataset, IterableDataset):
+        loader_args = _shard_iterable(dataloader, num_processes, process_index, split_batches, even_batches)
+        return DataLoaderShard(**loader_args, **shard_args, **common, **kwargs)
+    loader_args, generator = _shard_map_style(
+        dataloader, num_processes, process_index, split_batches, even_batches, use_seedable_sampler, data_seed
+    )
+    return DataLoaderShard(synchronized_generator=generator, **loader_args, **shard_args, **common, **kwargs)
+
+
+def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int) -> None:
+    if not split_batches:
+        return
+    size = dataloader.batch_size
+    if size is None:
+        source = dataloader.batch_sampler or dataloader.sampler
+        size = getattr(source, "batch_size", None)
+    if size is None:
+        raise ValueError(
+            "split_batches=True needs a known batch size; give the DataLoader batch_size=... or a batch "
+            "sampler with a batch_size attribute, or set split_batches=False."
+        )
+    if size % num_processes != 0:
+        raise ValueError(
+            f"split_batches=True needs a batch size divisible by the number of processes, got batch size "
+            f"{size} for {num_processes} processes; use a multiple of {num_processes} (e.g. "
+            f"{size - size % num_processes or num_processes}) or set split_batches=False."
+        )
+
+
+def _sampling_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+    if dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
+        return {"batch_sampler": dataloader.batch_sampler}
+    if isinstance(dataloader.dataset, IterableDataset):
+        return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+    return {"batch_size": None, "sampler": dataloader.sampler}
+
+
+def _splits_by_worker(dataset: Any) -> bool:
+    """Whether the dataset already gives each loader worker its own part (Hugging Face datasets do)."""
+    if getattr(dataset, "splits_by_worker", False):
+        return True
+    return type(dataset).__module__.split(".")[0] == "datasets"
+
+
+def _shard_iterable(
+    dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool, even_batches: bool
+) -> dict[str, Any]:
+    dataset, size = dataloader.dataset, dataloader.batch_size
+    if num_processes == 1:
+        return {"dataset": dataset, "batch_size": size, "drop_last": dataloader.drop_last}
+    shard = IterableDatasetShard(
+        dataset,
+        batch_size=size or 1,
+        drop_last=dataloader.drop_last,
+        num_processes=num_processes,
+        process_index=process_index,
+        split_batches=split_batches,
+        even_batches=even_batches,
+    )
+    shard.split_by_worker = not _splits_by_worker(dataset)
+    per_process = None if size is None else shard.process_batch_size
+    return {"dataset": shard, "batch_size": per_process, "drop_last": dataloader.drop_last}
+
+
+def _shard_map_style(
+    dataloader: DataLoader,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+    even_batches: bool,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+) -> tuple[dict[str, Any], torch.Generator | None]:
+    dataset = dataloader.dataset
+    batch_sampler = dataloader.batch_sampler
+    sampler_is_batch_sampler = batch_sampler is None and isinstance(dataloader.sampler, BatchSampler)
+    if sampler_is_batch_sampler:
+        batch_sampler = dataloader.sampler
+    if batch_sampler is None:
+        if num_processes > 1:
+            raise ValueError(
+                "This DataLoader does not batch (batch_size=None), so it cannot be sharded between "
+                f"{num_processes} processes; give it a batch_size, or a batch sampler."
+            )
+        return {"dataset": dataset, "batch_size": None, "sampler": dataloader.sampler}, None
+    batch_sampler, generator = _prepare_sampling(batch_sampler, use_seedable_sampler, data_seed)
+    shard = BatchSamplerShard(
+        batch_sampler,
+        num_processes=num_processes,
+        process_index=process_index,
+        split_batches=split_batches,
+        even_batches=even_batches,
+    )
+    if sampler_is_batch_sampler:
+        return {"dataset": dataset, "batch_size": None, "sampler": shard}, generator
+    return {"dataset": dataset, "batch_sampler": shard}, generator
+
+
+class SkipBatchSampler(BatchSampler):
+    """A batch sampler that leaves out the first ``skip_batches`` batches of every iteration.
+
+    The skipped batches are never materialised when the wrapped sampler is a ``BatchSampler`` over a
+    sequential or seeded sampler (O(1)); otherwise only their indices are drawn, no data is loaded.
+
+    Args:
+        batch_sampler: The batch sampler to skip into.
+        skip_batches: Number of batches to leave out.
+    """
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip_batches = int(skip_batches)
+        self.sampler = getattr(batch_sampler, "sampler", None)
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        self._view = BatchSamplerShard(batch_sampler, num_processes=1, process_index=0)
+
+    @property
+    def total_length(self) -> int:
+        """Number of batches of the wrapped sampler, skipped ones included."""
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._view._iter_from(self.skip_batches)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+
+class SkipDataLoader(DataLoader):
+    """A ``DataLoader`` that reads and drops its first ``skip_batches`` batches (iterable data).
+
+    Args:
+        dataset: The dataset.
+        skip_batches: Batches to drop at the start of every iteration.
+        **kwargs: Everything ``torch.utils.data.DataLoader`` accepts.
+    """
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.skip_batches = int(skip_batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = super().__iter__()
+        _consume(iterator, self.skip_batches)
+        yield from iterator
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """Return a loader that starts ``num_batches`` batches into the current epoch of ``dataloader``.
+
+    For map-style data the skip happens at the sampler level: skipped samples are never loaded. A
+    prepared loader's copy keeps every setting and shares the original's progress, so after the
+    resumed epoch the original continues with the next epoch; the skip applies to the copy's first
+    iteration. Iterable data can only be skipped by reading it.
+
+    Args:
+        dataloader: A prepared or plain ``DataLoader``.
+        num_batches: Number of batches (of this process) already consumed.
+
+    Returns:
+        The loader to iterate for the rest of the epoch.
+
+    Raises:
+        ValueError: When ``num_batches`` is negative or not an integer.
+    """
+    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+        raise ValueError(f"num_batches must be a non-negative integer, got {num_batches!r}.")
+    if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
+        return dataloader._clone(num_batches)
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"skip_first_batches needs a DataLoader, got {type(dataloader).__name__}.")
+    kwargs = _loader_kwargs(dataloader)
+    dataset = dataloader.dataset
+    if not isinstance(dataset, IterableDataset) and dataloader.batch_sampler is not None:
+        return DataLoader(
+            dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs
+        )
+    return SkipDataLoader(dataset, skip_batches=num_batches, **_sampling_kwargs(dataloader), **kwargs)

@@ -1,0 +1,285 @@
+"""What prepared dataloaders share: epoch progress, RNG bookkeeping, GradientState hooks, state dicts.
+
+A loader returned by ``skip_first_batches`` shares its ``_Progress`` with the loader it came from, so
+finishing the resumed epoch on it advances the original loader too, and a checkpoint taken from
+either describes the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from accelerando.data_loader.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+
+__all__ = ["PreparedLoaderMixin"]
+
+_STATE_VERSION = 1
+
+
+@dataclass
+class _Progress:
+    """Where a prepared loader stands; shared between a loader and its ``skip_first_batches`` copies."""
+
+    epoch: int = 0
+    position: int = 0
+    in_epoch: bool = False
+    epoch_rng_state: torch.Tensor | None = None
+    pending_rng_state: torch.Tensor | None = None
+    pending_position: int = 0
+    seed_synced: bool = False
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _find_sampler(batch_sampler: Any) -> Any:
+    """The index sampler under one or two levels of batch samplers, if any."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    if sampler is None and hasattr(batch_sampler, "batch_sampler"):
+        sampler = getattr(batch_sampler.batch_sampler, "sampler", None)
+    return sampler
+
+
+class PreparedLoaderMixin:
+    """Behaviour common to ``DataLoaderShard`` and ``DataLoaderDispatcher`` (not used on its own).
+
+    Subclasses call ``_init_prepared`` from ``__init__`` and wrap each epoch in ``_start_epoch`` /
+    ``begin`` / ``end``.
+    """
+
+    dataset: Any
+    batch_sampler: Any
+
+    def _init_prepared(
+        self,
+        device: torch.device | str | None,
+        rng_types: list[Any] | None,
+        synchronized_generator: torch.Generator | None,
+        skip_batches: int,
+        use_stateful_dataloader: bool,
+        drop_last: bool,
+        non_blocking: bool,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else None
+        self.rng_types = list(rng_types) if rng_types is not None else None
+        if synchronized_generator is None:
+            sampler = _find_sampler(self.batch_sampler)
+            if not isinstance(sampler, SeedableRandomSampler):
+                synchronized_generator = getattr(sampler, "generator", None)
+        self.synchronized_generator = synchronized_generator
+        self.use_stateful_dataloader = bool(use_stateful_dataloader)
+        self._drop_last = bool(drop_last)
+        self._non_blocking = bool(non_blocking)
+        self._skip_once = int(skip_batches)
+        self._progress = _Progress()
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    # ------------------------------------------------------------------ epochs
+    @property
+    def iteration(self) -> int:
+        """Number of the current epoch (epochs completed so far, when between epochs)."""
+        return self._progress.epoch
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self._progress.epoch = int(value)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch: forwarded to the sampler (or batch sampler) and to the dataset.
+
+        Args:
+            epoch: The epoch number; seeded samplers draw their order from it.
+        """
+        self._progress.epoch = int(epoch)
+        for target in (_find_sampler(self.batch_sampler), self.batch_sampler):
+            if target is not None and hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+                break
+        else:
+            if hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(epoch)
+
+    def _sync_seed(self) -> None:
+        sampler = _find_sampler(self.batch_sampler)
+        if isinstance(sampler, SeedableRandomSampler) and not self._progress.seed_synced:
+            if _distributed():
+                import torch.distributed as dist
+
+                seed = torch.tensor([sampler.initial_seed], dtype=torch.int64, device=_collective_device())
+                dist.broadcast(seed, src=0)
+                sampler.initial_seed = int(seed.item())
+            self._progress.seed_synced = True
+
+    def _sync_rngs(self) -> None:
+        types = [str(t) for t in self.rng_types or []]
+        generator = self.synchronized_generator
+        if generator is not None and "generator" not in types:
+            # Every process must shuffle alike for the shards to partition the data.
+            types.append("generator")
+        if generator is None:
+            types = [t for t in types if t != "generator"]
+        if types and _distributed():
+            from accelerando.utils.random import synchronize_rng_states
+
+            synchronize_rng_states(types, generator=generator)
+
+    def _start_epoch(self) -> int:
+        """Prepare the RNGs and the sampler for an epoch; return the batch to start at."""
+        progress = self._progress
+        start = max(self._skip_once, progress.pending_position)
+        self._skip_once = progress.pending_position = 0
+        self._sync_seed()
+        generator = self.synchronized_generator
+        if progress.pending_rng_state is not None and generator is not None:
+            generator.set_state(progress.pending_rng_state)
+            progress.pending_rng_state = None
+        else:
+            self._sync_rngs()
+        if generator is not None:
+            progress.epoch_rng_state = generator.get_state()
+        self.set_epoch(progress.epoch)
+        progress.in_epoch = True
+        progress.position = start
+        return start
+
+    def begin(self) -> None:
+        """Register with ``GradientState`` at the start of an iteration."""
+        from accelerando.gradient_state import GradientState
+
+        self.end_of_dataloader = False
+        self.remainder = self._compute_remainder()
+        GradientState()._add_dataloader(self)
+
+    def end(self, completed: bool = True) -> None:
+        """Unregister from ``GradientState``; move to the next epoch when the epoch was completed.
+
+        Args:
+            completed: Whether every batch of the epoch was produced (False after a ``break``).
+        """
+        from accelerando.gradient_state import GradientState
+
+        GradientState()._remove_dataloader(self)
+        if completed:
+            progress = self._progress
+            progress.epoch += 1
+            progress.position = 0
+            progress.in_epoch = False
+
+    # ----------------------------------------------------------------- sizes
+    def _compute_remainder(self) -> int:
+        sampler = self.batch_sampler
+        if isinstance(sampler, BatchSamplerShard):
+            found = sampler.remainder
+            if found != -1 or sampler.total_length is not None:
+                return found
+            gbs = sampler.global_batch_size
+            if sampler.num_processes == 1 or not gbs or sampler.drop_last or not sampler.even_batches:
+                return -1
+            return _length_remainder(self.dataset, gbs)
+        dataset = self.dataset
+        if isinstance(dataset, IterableDatasetShard):
+            if dataset.drop_last or not dataset.even_batches or dataset.num_processes == 1:
+                return -1
+            return _length_remainder(dataset.dataset, dataset.global_batch_size)
+        return -1
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per optimizer step over all processes (one global batch)."""
+        sampler, dataset = self.batch_sampler, self.dataset
+        if isinstance(sampler, BatchSamplerShard):
+            return sampler.global_batch_size
+        if isinstance(dataset, IterableDatasetShard):
+            return dataset.global_batch_size
+        return getattr(self, "batch_size", None)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Number of samples in the whole dataset (all processes together)."""
+        dataset = self.dataset
+        if hasattr(dataset, "total_length"):
+            return int(dataset.total_length)
+        if isinstance(dataset, IterableDatasetShard):
+            return len(dataset.dataset)  # type: ignore[arg-type]
+        return len(dataset)
+
+    # ------------------------------------------------------------ state dicts
+    def state_dict(self) -> dict[str, Any]:
+        """Capture where this loader stands, for an exact resume.
+
+        Returns:
+            A plain dict: ``epoch``, ``position`` (batches given out in the epoch), ``version`` and,
+            when the order is random, ``generator_state`` (the shuffling generator's state at the
+            start of the epoch) or ``sampler_seed``.
+        """
+        progress = self._progress
+        state: dict[str, Any] = {
+            "version": _STATE_VERSION,
+            "epoch": progress.epoch,
+            "position": progress.position,
+        }
+        generator = self.synchronized_generator
+        if generator is not None:
+            snapshot = progress.epoch_rng_state if progress.in_epoch else None
+            if snapshot is None:
+                snapshot = progress.pending_rng_state
+            state["generator_state"] = (snapshot if snapshot is not None else generator.get_state()).clone()
+        sampler = _find_sampler(self.batch_sampler)
+        if isinstance(sampler, SeedableRandomSampler):
+            state["sampler_seed"] = int(sampler.initial_seed)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state from ``state_dict()``; the next iteration replays that epoch's order.
+
+        Without ``use_stateful_dataloader`` the position inside the epoch is not restored: call
+        ``skip_first_batches(loader, position)`` as with the reference library. With it, the next
+        iteration starts right after the last batch given out before the save.
+
+        Args:
+            state_dict: A dict returned by ``state_dict()``.
+
+        Raises:
+            ValueError: When ``state_dict`` lacks the ``epoch`` entry.
+        """
+        if "epoch" not in state_dict:
+            raise ValueError(
+                "load_state_dict expects the dict returned by a prepared dataloader's state_dict() "
+                f"(with 'epoch' and 'position'), got keys {sorted(state_dict)}."
+            )
+        progress = self._progress
+        progress.epoch = int(state_dict["epoch"])
+        progress.in_epoch = False
+        position = int(state_dict.get("position", 0))
+        progress.pending_position = position if self.use_stateful_dataloader else 0
+        progress.position = progress.pending_position
+        if state_dict.get("generator_state") is not None:
+            progress.pending_rng_state = torch.as_tensor(state_dict["generator_state"]).clone()
+        sampler = _find_sampler(self.batch_sampler)
+        if "sampler_seed" in state_dict and isinstance(sampler, SeedableRandomSampler):
+            sampler.initial_seed = int(state_dict["sampler_seed"])
+            progress.seed_synced = True
+
+
+def _length_remainder(dataset: Any, global_batch_size: int) -> int:
+    try:
+        extra = len(dataset) % global_batch_size
+    except TypeError:
+        return -1
+    return extra if extra else -1
+
+
+def _collective_device() -> torch.device:
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

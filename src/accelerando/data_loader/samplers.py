@@ -1,0 +1,452 @@
+"""Samplers that split one epoch's stream of indices (or samples) between processes.
+
+Every process builds the same stream (same sampler, same seed, same epoch) and keeps its own part, so
+no communication is needed: ``BatchSamplerShard`` for map-style datasets, ``IterableDatasetShard`` for
+iterable ones. Both can start an epoch at a given position without loading the skipped samples
+(``_next_start``, set by the prepared loader right before it iterates), which is how exact mid-epoch
+resume and ``skip_first_batches`` work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
+
+__all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler"]
+
+
+def _consume(iterator: Iterator[Any], count: int) -> None:
+    """Advance ``iterator`` by ``count`` items at C speed (no Python-level loop per item)."""
+    if count > 0:
+        next(itertools.islice(iterator, count, count), None)
+
+
+def _cycle_to(items: list[Any], count: int) -> list[Any]:
+    """Return the first ``count`` items of ``items`` repeated as often as needed."""
+    if count <= 0 or not items:
+        return []
+    repeats = -(-count // len(items))
+    return (items * repeats)[:count]
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``(seed, epoch)``.
+
+    Every process that builds it with the same seed gets the same permutation, so it needs no
+    synchronisation; ``set_epoch`` changes the permutation from one epoch to the next, and finishing
+    an iteration moves to the next epoch by itself (call ``set_epoch`` to choose one explicitly).
+
+    Args:
+        data_source: The dataset (anything with ``len``).
+        replacement: Draw with replacement.
+        num_samples: Number of indices per epoch (default: ``len(data_source)``).
+        generator: Kept for compatibility with ``RandomSampler``; the order never depends on it.
+        data_seed: The seed; default ``torch.initial_seed()`` of this process (call ``set_seed`` so
+            that every process agrees, or pass ``data_seed``).
+
+    Example:
+        >>> sampler = SeedableRandomSampler(range(4), data_seed=0)
+        >>> sorted(sampler)
+        [0, 1, 2, 3]
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
+    ) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        self.initial_seed = int(data_seed) if data_seed is not None else int(torch.initial_seed())
+        self.epoch = 0
+        self._cache: tuple[tuple[int, int, int], torch.Tensor] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation the next iteration yields.
+
+        Args:
+            epoch: The epoch number (any non-negative integer).
+        """
+        self.epoch = int(epoch)
+
+    def _indices(self) -> torch.Tensor:
+        total, size = self.num_samples, len(self.data_source)  # type: ignore[arg-type]
+        key = (self.initial_seed + self.epoch, total, size)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        gen = torch.Generator()
+        gen.manual_seed(key[0])
+        if self.replacement:
+            indices = torch.randint(size, (total,), generator=gen, dtype=torch.int64)
+        elif size == 0:
+            indices = torch.empty(0, dtype=torch.int64)
+        else:
+            parts = [torch.randperm(size, generator=gen) for _ in range(-(-total // size))]
+            indices = torch.cat(parts)[:total] if parts else torch.empty(0, dtype=torch.int64)
+        self._cache = (key, indices)
+        return indices
+
+    def _iter_from(self, start: int) -> Iterator[int]:
+        """Iterate this epoch's indices from position ``start`` (O(1) skip; the epoch stays)."""
+        return iter(self._indices()[start:].tolist())
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._iter_from(0)
+        self._cache = None
+        self.epoch += 1
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def _iter_sampler_from(sampler: Iterable[int], start: int) -> Iterator[int]:
+    """Iterate ``sampler`` from position ``start``, skipping in O(1) when the sampler allows it."""
+    fast = getattr(sampler, "_iter_from", None)
+    if fast is not None:
+        return fast(start)
+    if type(sampler) is SequentialSampler:
+        return iter(range(start, len(sampler)))
+    iterator = iter(sampler)
+    _consume(iterator, start)
+    return iterator
+
+
+class _EpochStream:
+    """One epoch of batches from a batch sampler, from a start batch, plus the epoch's first indices.
+
+    ``head`` (the first ``head_size`` indices of the epoch) is what padding cycles through; it is
+    taken from the same pass as the batches so that samplers drawing a fresh order per ``iter()``
+    stay consistent.
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], start_batch: int, head_batches: int) -> None:
+        self.head: list[int] = []
+        self.head_batches: list[list[int]] = []
+        if type(batch_sampler) is BatchSampler:
+            self.batches = self._from_indices(batch_sampler, start_batch, head_batches)
+        else:
+            self.batches = self._from_batches(batch_sampler, start_batch, head_batches)
+
+    def _from_indices(self, sampler: BatchSampler, start: int, head_batches: int) -> Iterator[list[int]]:
+        size = sampler.batch_size
+        head_size, start_index = head_batches * size, start * size
+        inner = sampler.sampler
+        if getattr(inner, "_iter_from", None) is not None or type(inner) is SequentialSampler:
+            # Deterministic samplers: read the head separately, then jump straight to the start.
+            self.head = list(itertools.islice(_iter_sampler_from(inner, 0), head_size))
+            if start_index >= len(self.head):
+                indices = _iter_sampler_from(inner, start_index)
+            else:
+                indices = itertools.chain(self.head[start_index:], _iter_sampler_from(inner, len(self.head)))
+        else:
+            indices = iter(inner)
+            self.head = list(itertools.islice(indices, head_size))
+            if start_index <= head_size:
+                indices = itertools.chain(self.head[start_index:], indices)
+            else:
+                _consume(indices, start_index - head_size)
+        return self._chunk(indices, size, sampler.drop_last)
+
+    @staticmethod
+    def _chunk(indices: Iterator[int], size: int, drop_last: bool) -> Iterator[list[int]]:
+        while True:
+            batch = list(itertools.islice(indices, size))
+            if len(batch) < size and (drop_last or not batch):
+                return
+            yield batch
+
+    def _from_batches(
+        self, sampler: Iterable[list[int]], start: int, head_batches: int
+    ) -> Iterator[list[int]]:
+        iterator = iter(sampler)
+        first = list(itertools.islice(iterator, head_batches))
+        self.head_batches = first
+        self.head = [index for batch in first for index in batch]
+        if start <= len(first):
+            return itertools.chain(first[start:], iterator)
+        _consume(iterator, start - len(first))
+        return iterator
+
+
+class BatchSamplerShard(BatchSampler):
+    """Give each process its share of the batches of a batch sampler.
+
+    Without ``split_batches``, process ``i`` takes batches ``i, i + n, i + 2n, ...`` (``n`` processes);
+    with it, every batch is cut into ``n`` equal slices and process ``i`` takes slice ``i``. With
+    ``even_batches`` (and a batch sampler that keeps its last short batch), the final global batch is
+    completed with indices from the start of the epoch so that every process gets the same number of
+    full batches; ``remainder`` then says how many indices of that final global batch are real.
+
+    Args:
+        batch_sampler: The batch sampler to shard (a ``BatchSampler`` or any iterable of index lists).
+        num_processes: Number of processes sharing the data.
+        process_index: This process's index in ``[0, num_processes)``.
+        split_batches: Slice each batch between processes instead of dealing whole batches.
+        even_batches: Pad the final global batch so every process gets the same number of batches.
+
+    Raises:
+        ValueError: On an index out of range, or ``split_batches`` with a batch size that the number
+            of processes does not divide (or a batch sampler without ``batch_size``).
+
+    Example:
+        >>> shard = BatchSamplerShard(BatchSampler(range(10), 2, False), num_processes=2, process_index=1)
+        >>> list(shard)
+        [[2, 3], [6, 7], [0, 1]]
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[int]],
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        _check_process(num_processes, process_index)
+        self.batch_sampler = batch_sampler
+        self.num_processes = int(num_processes)
+        self.process_index = int(process_index)
+        self.split_batches = bool(split_batches)
+        self.even_batches = bool(even_batches)
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
+        self.sampler = getattr(batch_sampler, "sampler", None)
+        self._next_start = 0
+        if self.split_batches:
+            if self.batch_size is None:
+                raise ValueError(
+                    "split_batches=True needs a batch sampler with a `batch_size` attribute; give your "
+                    "batch sampler one or set split_batches=False."
+                )
+            if self.batch_size % self.num_processes != 0:
+                raise ValueError(
+                    f"split_batches=True needs a batch size divisible by the number of processes, got "
+                    f"batch size {self.batch_size} for {self.num_processes} processes; use a batch size "
+                    f"that is a multiple of {self.num_processes} or set split_batches=False."
+                )
+
+    @property
+    def total_length(self) -> int | None:
+        """Number of indices the wrapped batch sampler yields per epoch, when it can be known."""
+        if type(self.batch_sampler) is BatchSampler:
+            sampler = self.batch_sampler.sampler
+            if isinstance(sampler, Sized):
+                total = len(sampler)
+                if self.drop_last and self.batch_size:
+                    total -= total % self.batch_size
+                return total
+        return None
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """Number of indices in one global batch (all processes together)."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    @property
+    def remainder(self) -> int:
+        """Real indices in the final, padded global batch; -1 when no padding is added."""
+        total, gbs = self.total_length, self.global_batch_size
+        if self.num_processes == 1 or total is None or not gbs or self.drop_last or not self.even_batches:
+            return -1
+        return -1 if total % gbs == 0 else total % gbs
+
+    def __len__(self) -> int:
+        batches = len(self.batch_sampler)  # type: ignore[arg-type]
+        n, p = self.num_processes, self.process_index
+        if n == 1:
+            return batches
+        if self.split_batches:
+            total = self.total_length
+            if self.even_batches or self.drop_last or total is None or self.batch_size is None:
+                return batches
+            short = total % self.batch_size
+            return batches if short == 0 or short > p * (self.batch_size // n) else batches - 1
+        full, extra = divmod(batches, n)
+        if extra == 0 or self.drop_last:
+            return full
+        return full + 1 if self.even_batches or p < extra else full
+
+    def _iter_from(self, start: int) -> Iterator[list[int]]:
+        """Iterate this process's batches of the epoch, starting at its batch number ``start``."""
+        n = self.num_processes
+        if n == 1:
+            yield from _EpochStream(self.batch_sampler, start, 0).batches
+        elif self.split_batches:
+            yield from self._iter_split(start)
+        else:
+            yield from self._iter_dealt(start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self._next_start = self._next_start, 0
+        return self._iter_from(start)
+
+    def _iter_split(self, start: int) -> Iterator[list[int]]:
+        size = self.batch_size or 0
+        width = size // self.num_processes
+        lo, hi = width * self.process_index, width * (self.process_index + 1)
+        stream = _EpochStream(self.batch_sampler, start, 1)
+        last: list[int] = []
+        for batch in stream.batches:
+            if len(batch) != size:
+                last = batch
+                break
+            yield batch[lo:hi]
+        if not last or self.drop_last:
+            return
+        if self.even_batches:
+            last = last + _cycle_to(stream.head, size - len(last))
+        if last[lo:hi]:
+            yield last[lo:hi]
+
+    def _iter_dealt(self, start: int) -> Iterator[list[int]]:
+        n, p, size = self.num_processes, self.process_index, self.batch_size
+        stream = _EpochStream(self.batch_sampler, start * n, n)
+        pending: list[list[int]] = []
+        for batch in stream.batches:
+            pending.append(batch)
+            if len(pending) == n:
+                if size is not None and len(batch) != size:
+                    break
+                yield pending[p]
+                pending = []
+        if not pending or self.drop_last:
+            return
+        if not self.even_batches:
+            if p < len(pending):
+                yield pending[p]
+            return
+        if size is None:
+            # Batches of unknown size: complete the round with whole batches from the epoch start.
+            yield (pending + _cycle_to(stream.head_batches, n - len(pending)))[p]
+            return
+        real = [index for batch in pending for index in batch]
+        padded = real + _cycle_to(stream.head, n * size - len(real))
+        yield padded[p * size : (p + 1) * size]
+
+
+def _check_process(num_processes: int, process_index: int) -> None:
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}.")
+    if not isinstance(process_index, int) or not 0 <= process_index < num_processes:
+        raise ValueError(
+            f"process_index must be in [0, {num_processes}), got {process_index!r}; pass this process's rank."
+        )
+
+
+class IterableDatasetShard(IterableDataset):
+    """Give each process its slice of every global batch of an iterable dataset.
+
+    Every process reads the whole stream and groups it into global batches of
+    ``batch_size * num_processes`` samples (``batch_size`` with ``split_batches``); process ``i``
+    keeps the ``i``-th slice of each. The last, short global batch is dropped with ``drop_last``,
+    completed with the first samples of the stream with ``even_batches``, or otherwise split as is.
+    When the loader uses worker processes, worker ``w`` of ``W`` keeps global batches
+    ``w, w + W, ...``, so the loader's round-robin over workers gives back the stream's order.
+
+    Args:
+        dataset: The iterable dataset.
+        batch_size: Per-process batch size (the global batch size with ``split_batches``).
+        drop_last: Drop the final incomplete global batch.
+        num_processes: Number of processes.
+        process_index: This process's index.
+        split_batches: Treat ``batch_size`` as the global batch size.
+        even_batches: Pad the final global batch with samples from the start of the stream.
+
+    Raises:
+        ValueError: On an index out of range or a ``batch_size`` the processes cannot split.
+    """
+
+    def __init__(
+        self,
+        dataset: Iterable[Any],
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        _check_process(num_processes, process_index)
+        if split_batches and batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs a batch size divisible by the number of processes, got "
+                f"{batch_size} for {num_processes} processes; use a multiple of {num_processes}."
+            )
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.num_processes = int(num_processes)
+        self.process_index = int(process_index)
+        self.split_batches = bool(split_batches)
+        self.even_batches = bool(even_batches)
+        self.epoch = 0
+        self.last_remainder = -1
+        self.split_by_worker = True
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record the epoch and forward it to the dataset when it has ``set_epoch``.
+
+        Args:
+            epoch: The epoch number.
+        """
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per global batch."""
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    @property
+    def process_batch_size(self) -> int:
+        """Samples each process takes from one global batch."""
+        return self.global_batch_size // self.num_processes
+
+    def __len__(self) -> int:
+        total = len(self.dataset)  # type: ignore[arg-type]
+        gbs, width = self.global_batch_size, self.process_batch_size
+        if self.drop_last:
+            return (total // gbs) * width
+        if self.even_batches:
+            return math.ceil(total / gbs) * width
+        full, extra = divmod(total, gbs)
+        return full * width + min(max(extra - self.process_index * width, 0), width)
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch.utils.data import get_worker_info
+
+        # A dataset that splits itself between workers must not be split again.
+        info = get_worker_info()
+        split = info is not None and self.split_by_worker
+        workers, worker = (info.num_workers, info.id) if split else (1, 0)
+        gbs, width = self.global_batch_size, self.process_batch_size
+        lo, hi = self.process_index * width, (self.process_index + 1) * width
+        first: list[Any] | None = None
+        current: list[Any] = []
+        count = 0
+        self.last_remainder = -1
+        for sample in self.dataset:
+            current.append(sample)
+            if len(current) == gbs:
+                if first is None:
+                    first = current
+                if count % workers == worker:
+                    yield from current[lo:hi]
+                count += 1
+                current = []
+        if not current or self.drop_last or count % workers != worker:
+            return
+        if self.even_batches and self.num_processes > 1:
+            self.last_remainder = len(current)
+            current = current + _cycle_to(first or current, gbs - len(current))
+        yield from current[lo:hi]

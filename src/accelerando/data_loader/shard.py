@@ -1,0 +1,238 @@
+"""DataLoaderShard: a ``DataLoader`` over this process's shard that keeps GradientState informed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from accelerando.data_loader.batches import resolve_send_to_device
+from accelerando.data_loader.progress import PreparedLoaderMixin
+from accelerando.data_loader.samplers import BatchSamplerShard, IterableDatasetShard, _consume
+
+__all__ = ["DataLoaderShard"]
+
+_END = object()
+
+
+def _wrap_batch_sampler(dataset: Any, kwargs: dict[str, Any]) -> None:
+    """Give a map-style loader a ``BatchSamplerShard`` so that it can start an epoch anywhere."""
+    if isinstance(dataset, IterableDataset):
+        return
+    batch_sampler = kwargs.get("batch_sampler")
+    if batch_sampler is None:
+        batch_size = kwargs.pop("batch_size", 1)
+        if batch_size is None:
+            kwargs["batch_size"] = None
+            return
+        sampler = kwargs.pop("sampler", None)
+        if sampler is None:
+            shuffle = kwargs.pop("shuffle", None)
+            sampler = (
+                RandomSampler(dataset, generator=kwargs.get("generator"))
+                if shuffle
+                else SequentialSampler(dataset)
+            )
+        kwargs.pop("shuffle", None)
+        batch_sampler = BatchSampler(sampler, batch_size, bool(kwargs.pop("drop_last", False)))
+    if not isinstance(batch_sampler, BatchSamplerShard):
+        batch_sampler = BatchSamplerShard(batch_sampler, num_processes=1, process_index=0)
+    kwargs["batch_sampler"] = batch_sampler
+
+
+class _CudaPrefetch:
+    """Copies a batch to the GPU on a side stream; ``ready`` makes the compute stream wait for it."""
+
+    def __init__(self, device: torch.device, send: Callable[..., Any]) -> None:
+        self.device = device
+        self.send = send
+        self.stream = torch.cuda.Stream(device=device)
+
+    def __call__(self, batch: Any) -> Any:
+        with torch.cuda.stream(self.stream):
+            return self.send(batch, self.device, non_blocking=True)
+
+    def ready(self, batch: Any) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        _record_stream(batch, current)
+        return batch
+
+
+def _record_stream(batch: Any, stream: Any) -> None:
+    if isinstance(batch, torch.Tensor):
+        if batch.is_cuda:
+            batch.record_stream(stream)
+    elif isinstance(batch, dict):
+        for value in batch.values():
+            _record_stream(value, stream)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _record_stream(value, stream)
+
+
+class DataLoaderShard(PreparedLoaderMixin, DataLoader):
+    """A ``DataLoader`` that yields this process's batches, on its device, and tracks its progress.
+
+    It behaves like the ``DataLoader`` it replaces (``len``, ``dataset``, ``batch_size``, ``sampler``,
+    workers, ...) and adds: device placement of every batch; synchronisation of the shuffling
+    generator between processes at each epoch; ``end_of_dataloader`` and ``remainder`` for
+    ``GradientState`` (the last batch of a map-style dataset is known from the batch count, so no batch
+    is read ahead); ``set_epoch``; and ``state_dict`` / ``load_state_dict`` for exact resume.
+
+    Args:
+        dataset: The dataset (usually already wrapped by ``prepare_data_loader``).
+        device: Where to put batches; None leaves them where the ``DataLoader`` makes them.
+        rng_types: Random generators to synchronise from the main process at each epoch.
+        synchronized_generator: The generator that shuffles (found on the sampler when None).
+        skip_batches: Batches to skip at the start of the first iteration (at the sampler level).
+        use_stateful_dataloader: Make ``load_state_dict`` restore the position inside the epoch.
+        torch_device_mesh: Accepted for API compatibility; sharding is decided by the caller.
+        **kwargs: Everything ``torch.utils.data.DataLoader`` accepts.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | str | None = None,
+        rng_types: list[Any] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        _wrap_batch_sampler(dataset, kwargs)
+        self._init_args = dict(
+            device=device,
+            rng_types=rng_types,
+            synchronized_generator=synchronized_generator,
+            use_stateful_dataloader=use_stateful_dataloader,
+            _drop_last=_drop_last,
+            _non_blocking=_non_blocking,
+            torch_device_mesh=torch_device_mesh,
+            **kwargs,
+        )
+        super().__init__(dataset, **kwargs)
+        self.torch_device_mesh = torch_device_mesh
+        self._init_prepared(
+            device,
+            rng_types,
+            synchronized_generator,
+            skip_batches,
+            use_stateful_dataloader,
+            _drop_last,
+            _non_blocking,
+        )
+
+    # DataLoader forbids setting these after construction and reports None for them when a batch
+    # sampler is given; report the per-process values instead.
+    @property
+    def batch_size(self) -> int | None:  # type: ignore[override]
+        """Samples per batch on this process."""
+        sampler = self.__dict__.get("batch_sampler")
+        if isinstance(sampler, BatchSamplerShard) and sampler.batch_size is not None:
+            size = sampler.batch_size
+            return size // sampler.num_processes if sampler.split_batches else size
+        return self.__dict__.get("_plain_batch_size")
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self.__dict__["_plain_batch_size"] = value
+
+    @property
+    def drop_last(self) -> bool:  # type: ignore[override]
+        """Whether the last incomplete batch is dropped."""
+        sampler = self.__dict__.get("batch_sampler")
+        if isinstance(sampler, BatchSamplerShard):
+            return sampler.drop_last
+        return bool(self.__dict__.get("_plain_drop_last", False))
+
+    @drop_last.setter
+    def drop_last(self, value: bool) -> None:
+        self.__dict__["_plain_drop_last"] = value
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self._skip_once, 0)
+
+    def _clone(self, skip_batches: int) -> DataLoaderShard:
+        clone = type(self)(self.dataset, skip_batches=skip_batches, **self._init_args)
+        clone._progress = self._progress
+        return clone
+
+    def __iter__(self) -> Iterator[Any]:
+        start = self._start_epoch()
+        self.begin()
+        completed = False
+        try:
+            yield from self._iterate(start)
+            completed = True
+        finally:
+            self.end(completed)
+
+    def _transfer(self) -> Callable[[Any], Any] | _CudaPrefetch | None:
+        device = self.device
+        if device is None or device.type == "cpu":
+            # Batches come out of the DataLoader on the CPU already: nothing to move.
+            return None
+        send = resolve_send_to_device()
+        if self._non_blocking and device.type == "cuda":
+            return _CudaPrefetch(device, send)
+        non_blocking = self._non_blocking
+        return lambda batch: send(batch, device, non_blocking=non_blocking)
+
+    def _iterate(self, start: int) -> Iterator[Any]:
+        transfer = self._transfer()
+        counted = isinstance(self.batch_sampler, BatchSamplerShard) and not isinstance(
+            transfer, _CudaPrefetch
+        )
+        if counted:
+            total = len(self.batch_sampler)
+            self.batch_sampler._next_start = start
+            yield from self._iterate_counted(DataLoader.__iter__(self), start, total, transfer)
+            return
+        if isinstance(self.batch_sampler, BatchSamplerShard):
+            self.batch_sampler._next_start = start
+            iterator = DataLoader.__iter__(self)
+        else:
+            iterator = DataLoader.__iter__(self)
+            _consume(iterator, start)  # iterable data: skipping means reading
+        yield from self._iterate_ahead(iterator, start, transfer)
+
+    def _iterate_counted(
+        self, iterator: Iterator[Any], position: int, total: int, transfer: Callable[[Any], Any] | None
+    ) -> Iterator[Any]:
+        progress = self._progress
+        last = total - 1
+        for batch in iterator:
+            if position >= last:
+                self.end_of_dataloader = True
+            if transfer is not None:
+                batch = transfer(batch)
+            position += 1
+            progress.position = position
+            yield batch
+
+    def _iterate_ahead(self, iterator: Iterator[Any], position: int, transfer: Any) -> Iterator[Any]:
+        """Read one batch ahead: needed to see the end of iterable data, and to overlap copies."""
+        progress = self._progress
+        prefetch = transfer if isinstance(transfer, _CudaPrefetch) else None
+        current = next(iterator, _END)
+        if current is not _END and transfer is not None:
+            current = transfer(current)
+        while current is not _END:
+            upcoming = next(iterator, _END)
+            if upcoming is _END:
+                self.end_of_dataloader = True
+                if isinstance(self.dataset, IterableDatasetShard) and self.dataset.last_remainder > 0:
+                    self.remainder = self.dataset.last_remainder
+            elif transfer is not None:
+                upcoming = transfer(upcoming)
+            position += 1
+            progress.position = position
+            yield prefetch.ready(current) if prefetch is not None else current
+            current = upcoming
