@@ -1,0 +1,468 @@
+"""Run models bigger than one device: empty initialisation, dispatch over devices, CPU/disk offload.
+
+Typical flow::
+
+    with init_empty_weights():
+        model = MyModel(config)            # allocates nothing
+    model = load_checkpoint_and_dispatch(model, "ckpt/", device_map="auto", offload_folder="off/")
+
+``dispatch_model`` turns a device map into hooks (:mod:`accelerando.hooks`): blocks on an
+accelerator stay there, blocks mapped to ``"cpu"``/``"disk"`` are loaded onto the main device at each
+forward while the next offloaded block is prefetched in the background.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from accelerando.hooks import (
+    _MOVE_METHODS,
+    AlignDevicesHook,
+    CpuOffload,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    attach_layerwise_casting_hooks,
+    link_prefetch,
+)
+from accelerando.utils.modeling import (
+    check_tied_parameters_on_same_device,
+    find_tied_parameters,
+    get_balanced_memory,
+    infer_auto_device_map,
+    load_checkpoint_in_model,
+    normalize_device_key,
+    to_torch_device,
+)
+from accelerando.utils.offload import (
+    OffloadedWeightsLoader,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
+
+__all__ = [
+    "attach_layerwise_casting_hooks",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+]
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
+    """Context manager in which new parameters (and optionally buffers) are created on ``device``.
+
+    With ``include_buffers=True`` every tensor factory defaults to ``device`` (as under
+    ``with torch.device(device)``), so nothing is ever allocated elsewhere. Without it, buffers
+    keep their real values (e.g. rotary frequencies computed in ``__init__``) and only parameters move.
+    Parameters created with an explicit other device are moved at registration either way.
+
+    Args:
+        device: the device for new parameters (``"meta"`` allocates nothing).
+        include_buffers: put buffers on ``device`` too (default False).
+
+    Yields:
+        Nothing; build the model inside the block.
+    """
+    device = torch.device(device)
+    include_buffers = bool(include_buffers)
+    original_parameter = nn.Module.register_parameter
+    original_buffer = nn.Module.register_buffer
+
+    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original_parameter(module, name, param)
+        if param is not None and param.device != device:
+            moved = module._parameters[name]
+            extra = {key: value for key, value in moved.__dict__.items() if not key.startswith("_")}
+            kind = type(moved)
+            data = moved.data.to(device)
+            module._parameters[name] = (
+                kind(data, requires_grad=moved.requires_grad, **extra)
+                if extra
+                else kind(data, moved.requires_grad)
+            )
+
+    def register_buffer(
+        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
+    ) -> None:
+        if tensor is not None and tensor.device != device:
+            tensor = tensor.to(device)
+        original_buffer(module, name, tensor, persistent=persistent)
+
+    nn.Module.register_parameter = register_parameter
+    if include_buffers:
+        nn.Module.register_buffer = register_buffer
+    try:
+        with device if include_buffers else contextlib.nullcontext():
+            yield
+    finally:
+        nn.Module.register_parameter = original_parameter
+        nn.Module.register_buffer = original_buffer
+
+
+def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager[None]:
+    """Context manager in which models are built without allocating their weights (``meta`` device).
+
+    Load real weights afterwards with :func:`load_checkpoint_and_dispatch` or
+    :func:`~accelerando.utils.load_checkpoint_in_model`.
+
+    Args:
+        include_buffers: also create buffers on ``meta`` (default False: buffers keep their values).
+
+    Returns:
+        The context manager (see :func:`init_on_device`).
+    """
+    return init_on_device(torch.device("meta"), include_buffers=include_buffers)
+
+
+def _default_execution_device(model: nn.Module) -> torch.device:
+    for param in model.parameters():
+        if param.device.type != "meta":
+            return param.device
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def cpu_offload(
+    model: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    offload_buffers: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    preload_module_classes: list[str] | None = None,
+) -> nn.Module:
+    """Keep all weights on CPU and load each layer's weights onto ``execution_device`` only while it runs.
+
+    Args:
+        model: the model.
+        execution_device: where forwards run (default: the device of the model's first parameter).
+        offload_buffers: offload buffers too.
+        state_dict: the CPU weights to use (default: the model's own, moved to CPU).
+        preload_module_classes: class names whose submodules' weights load together.
+
+    Returns:
+        The model, with hooks attached.
+    """
+    device = (
+        to_torch_device(execution_device)
+        if execution_device is not None
+        else _default_execution_device(model)
+    )
+    if state_dict is None:
+        state_dict = {
+            name: tensor.detach().to("cpu") for name, tensor in model.state_dict(keep_vars=True).items()
+        }
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model, device, offload=True, weights_map=state_dict, offload_buffers=offload_buffers,
+        preload_module_classes=preload_module_classes,
+    )  # fmt: skip
+    link_prefetch(model)
+    return model
+
+
+def cpu_offload_with_hook(
+    model: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    prev_module_hook: UserCpuOffloadHook | None = None,
+) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Keep a whole model on CPU and move it to ``execution_device`` when it runs; it stays there
+    until offloaded through the returned hook (or until the next model of a chain runs).
+
+    Chain models of a pipeline by passing each model's hook as the next one's ``prev_module_hook``.
+
+    Args:
+        model: the model.
+        execution_device: where it runs (default: the first accelerator, else CPU).
+        prev_module_hook: hook of the previous model; that model is offloaded when this one runs.
+
+    Returns:
+        ``(model, hook)``; call ``hook.offload()`` to move the model back to CPU, ``hook.remove()``
+        to detach it.
+    """
+    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
+def disk_offload(
+    model: nn.Module,
+    offload_dir: str | os.PathLike,
+    execution_device: int | str | torch.device | None = None,
+    offload_buffers: bool = False,
+    preload_module_classes: list[str] | None = None,
+) -> nn.Module:
+    """Keep all weights on disk (memory-mapped) and load each layer's weights only while it runs.
+
+    If ``offload_dir`` has no ``index.json`` yet, the model's current weights are written there first.
+
+    Args:
+        model: the model.
+        offload_dir: the offload folder.
+        execution_device: where forwards run (default: the device of the model's first parameter).
+        offload_buffers: offload buffers too.
+        preload_module_classes: class names whose submodules' weights load together.
+
+    Returns:
+        The model, with hooks attached.
+    """
+    if not os.path.isfile(os.path.join(offload_dir, "index.json")):
+        offload_state_dict(offload_dir, model.state_dict())
+    device = (
+        to_torch_device(execution_device)
+        if execution_device is not None
+        else _default_execution_device(model)
+    )
+    weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model, device, offload=True, weights_map=weights_map, offload_buffers=offload_buffers,
+        preload_module_classes=preload_module_classes,
+    )  # fmt: skip
+    link_prefetch(model)
+    return model
+
+
+def _normalize_map(device_map: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(device_map, Mapping):
+        raise TypeError(
+            f"device_map must be a dict of module name -> device, got {type(device_map).__name__}."
+        )
+    return {name: normalize_device_key(device) for name, device in device_map.items()}
+
+
+def _check_coverage(model: nn.Module, device_map: dict[str, Any]) -> None:
+    uncovered = []
+    for name, _ in model.named_parameters():
+        probe = name
+        while probe not in device_map and probe:
+            probe = probe.rpartition(".")[0]
+        if probe not in device_map:
+            uncovered.append(name)
+    if uncovered:
+        raise ValueError(
+            f"The device_map does not cover {uncovered[:5]}{' ...' if len(uncovered) > 5 else ''}; add entries "
+            "for these modules (or a '' entry for the whole model)."
+        )
+
+
+def _covered_by(name: str, prefixes: list[str]) -> bool:
+    return any(prefix == "" or name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
+
+
+def _disk_weights(model, disk_modules, offload_dir, offload_index, offload_buffers) -> dict:
+    if offload_dir is None and offload_index is None:
+        raise ValueError(
+            "The device_map sends modules to 'disk': pass offload_dir (or offload_index) to dispatch_model."
+        )
+    index = (
+        dict(offload_index or OffloadedWeightsLoader(save_folder=offload_dir, index=None).index)
+        if offload_dir
+        else dict(offload_index)
+    )
+    fresh: dict = {}
+    tensors = model.state_dict(keep_vars=True)
+    buffers = {name for name, _ in model.named_buffers()}
+    for name, tensor in tensors.items():
+        if name in index or tensor.device.type == "meta" or not _covered_by(name, disk_modules):
+            continue
+        if name in buffers and not offload_buffers:
+            continue
+        if offload_dir is None:
+            raise ValueError(f"{name!r} must be written to disk: pass offload_dir to dispatch_model.")
+        offload_weight(tensor, name, offload_dir, index=fresh)
+    if fresh:
+        save_offload_index(fresh, offload_dir)
+        index.update(fresh)
+    return index
+
+
+def _guard_moves(model: nn.Module, summary: str) -> None:
+    def refuse_for(method: str):
+        def refuse(*args: Any, **kwargs: Any) -> nn.Module:
+            raise RuntimeError(
+                f"This model is dispatched over {summary} with hooks; .{method}() would move only part of it and "
+                "break them. Call accelerando.hooks.remove_hook_from_submodules(model) first (offloaded weights "
+                "are restored), or load it again with the device_map you want."
+            )
+
+        return refuse
+
+    for method in _MOVE_METHODS:
+        model.__dict__[method] = refuse_for(method)
+    model.__dict__["_dispatch_move_guard"] = True
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: dict[str, int | str | torch.device],
+    main_device: int | str | torch.device | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    offload_dir: str | os.PathLike | None = None,
+    offload_index: dict[str, dict] | None = None,
+    offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+) -> nn.Module:
+    """Place a model according to a device map, attaching the hooks that make it run across devices.
+
+    Blocks mapped to an accelerator are moved there; blocks mapped to ``"cpu"`` (when the main device
+    is an accelerator) or ``"disk"`` are offloaded and loaded onto the main device for each forward.
+    A model that fits on a single device is simply moved there (unless ``force_hooks``). Afterwards
+    ``model.hf_device_map`` holds the map, and ``.to()``/``.cuda()`` raise a clear error instead of
+    silently breaking the placement.
+
+    Args:
+        model: the model (weights loaded, or on ``meta`` for disk-offloaded blocks).
+        device_map: module name -> device (``0``, ``"cuda:1"``, ``"mps"``, ``"cpu"``, ``"disk"``).
+        main_device: where offloaded blocks run (default: the first accelerator in the map, else CPU).
+        state_dict: CPU weights of the CPU-offloaded blocks (default: read from the model).
+        offload_dir: folder of disk-offloaded weights (weights not there yet are written to it).
+        offload_index: the disk offload index (default: ``offload_dir/index.json``).
+        offload_buffers: offload buffers too.
+        skip_keys: input/output dict keys never moved (e.g. ``"past_key_values"``).
+        preload_module_classes: class names whose submodules' weights load together.
+        force_hooks: attach hooks even for a single-device map.
+
+    Returns:
+        The model.
+
+    Raises:
+        ValueError: if the map misses parameters, or sends modules to disk without ``offload_dir``.
+    """
+    device_map = _normalize_map(device_map)
+    _check_coverage(model, device_map)
+    check_tied_parameters_on_same_device(find_tied_parameters(model), device_map)
+    values = set(device_map.values())
+    if main_device is None:
+        main_device = (
+            "cpu"
+            if values <= {"cpu", "disk"}
+            else next(v for v in device_map.values() if v not in ("cpu", "disk"))
+        )
+    main_device = normalize_device_key(main_device)
+    if len(values) == 1 and "disk" not in values and not force_hooks:
+        model.to(to_torch_device(values.pop()))
+        model.hf_device_map = dict(device_map)
+        return model
+    cpu_modules = [name for name, device in device_map.items() if device == "cpu" and main_device != "cpu"]
+    disk_modules = [name for name, device in device_map.items() if device == "disk"]
+    if state_dict is None and cpu_modules:
+        state_dict = {
+            name: tensor.detach().to("cpu")
+            for name, tensor in model.state_dict(keep_vars=True).items()
+            if _covered_by(name, cpu_modules) and tensor.device.type != "meta"
+        }
+    index = (
+        _disk_weights(model, disk_modules, offload_dir, offload_index, offload_buffers)
+        if disk_modules
+        else {}
+    )
+    weights_map = (
+        OffloadedWeightsLoader(state_dict=state_dict or {}, save_folder=offload_dir, index=index)
+        if (cpu_modules or disk_modules)
+        else None
+    )
+    execution = {
+        name: main_device if device in ("cpu", "disk") else device for name, device in device_map.items()
+    }
+    offload = {name: name in cpu_modules or name in disk_modules for name in device_map}
+    tied_map = {}
+    for group in find_tied_parameters(model):
+        for name in group:
+            if state_dict and name in state_dict:
+                tied_map.setdefault(state_dict[name].data_ptr(), {})
+    attach_align_device_hook_on_blocks(
+        model, execution, offload, weights_map, offload_buffers, skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes, tied_params_map=tied_map,
+    )  # fmt: skip
+    link_prefetch(model)
+    model.hf_device_map = dict(device_map)
+    if len(values) > 1 or disk_modules or cpu_modules:
+        _guard_moves(model, f"{sorted(map(str, values))}")
+    return model
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: str | dict[str, int | str | torch.device] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    offload_buffers: bool = False,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool | None = None,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> nn.Module:
+    """Load a checkpoint into an (empty) model and dispatch it over the available devices.
+
+    Args:
+        model: the model, usually built under :func:`init_empty_weights`.
+        checkpoint: a weights file, a sharded checkpoint's ``*.index.json``, or a folder.
+        device_map: a dict, or a strategy: ``"auto"``/``"balanced"`` (spread evenly over accelerators),
+            ``"balanced_low_0"`` (keep accelerator 0 nearly free), ``"sequential"`` (fill in order).
+            None loads everything on CPU without hooks.
+        max_memory: budgets per device (bytes or strings like ``"10GiB"``); free memory when None.
+        no_split_module_classes: class names never split across devices.
+        offload_folder: folder for disk-offloaded weights.
+        offload_buffers: offload buffers too.
+        dtype: cast floating-point weights to this dtype.
+        offload_state_dict: accepted for compatibility (loading already streams tensor by tensor).
+        skip_keys: input/output dict keys never moved.
+        preload_module_classes: class names whose submodules' weights load together.
+        force_hooks: attach hooks even for a single-device map.
+        strict: raise if the checkpoint's keys do not match the model's.
+        full_state_dict: see :func:`~accelerando.utils.load_checkpoint_in_model`.
+        broadcast_from_rank0: read on rank 0 only and broadcast (distributed runs).
+
+    Returns:
+        The loaded, dispatched model.
+
+    Raises:
+        ValueError: for an unknown device-map strategy (and see :func:`dispatch_model`).
+    """
+    strategies = ("auto", "balanced", "balanced_low_0", "sequential")
+    if isinstance(device_map, str):
+        if device_map not in strategies:
+            raise ValueError(f"device_map must be a dict or one of {strategies}, got {device_map!r}.")
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(
+                model,
+                max_memory,
+                no_split_module_classes,
+                dtype=dtype,
+                low_zero=device_map == "balanced_low_0",
+            )
+        device_map = infer_auto_device_map(
+            model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
+            offload_buffers=offload_buffers,
+        )  # fmt: skip
+    load_checkpoint_in_model(
+        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
+        offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
+        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
+    )  # fmt: skip
+    if device_map is None:
+        return model
+    return dispatch_model(
+        model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes, force_hooks=force_hooks,
+    )  # fmt: skip

@@ -1,0 +1,262 @@
+"""Device maps: decide where each part of a model lives, in one linear pass over the module tree.
+
+The walk keeps a stack of units (modules or single tensors) in forward order. A unit that fits on
+the current device goes there; one that does not is split into its children when allowed, or
+pushed to the next device. Every unit is looked at a bounded number of times (once per split and
+once per device change), so the cost is linear in the number of modules, unlike approaches that
+rescan the remaining modules for every decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from accelerando.utils.modeling._memory import DeviceKey, get_max_memory
+from accelerando.utils.modeling._sizes import (
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    get_max_layer_size,
+)
+
+__all__ = ["clean_device_map", "infer_auto_device_map"]
+
+_OFFLOAD = ("cpu", "disk")
+
+
+def _tied_partners(model: nn.Module) -> dict[str, list[str]]:
+    """Map each tied parameter kept by ``named_parameters`` to the modules owning its other names."""
+    first_name: dict[int, str] = {}
+    partners: dict[str, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        key = id(param)
+        if key not in first_name:
+            first_name[key] = name
+        else:
+            owner = name.rpartition(".")[0]
+            partners.setdefault(first_name[key], []).append(owner)
+    return partners
+
+
+def _partners_by_unit(partners: dict[str, list[str]]) -> dict[str, list[tuple[str, str]]]:
+    """Index ``(canonical tensor, partner module)`` pairs under every ancestor of the canonical name."""
+    by_unit: dict[str, list[tuple[str, str]]] = {}
+    for canonical, owners in partners.items():
+        pieces = canonical.split(".")
+        for depth in range(1, len(pieces) + 1):
+            unit = ".".join(pieces[:depth])
+            by_unit.setdefault(unit, []).extend((canonical, owner) for owner in owners)
+    return by_unit
+
+
+def _expand(name: str, module: nn.Module) -> list[tuple[str, nn.Module | None]]:
+    prefix = f"{name}." if name else ""
+    parts: list[tuple[str, nn.Module | None]] = [
+        (prefix + tensor_name, None) for tensor_name, _ in module.named_parameters(recurse=False)
+    ]
+    parts.extend((prefix + tensor_name, None) for tensor_name, _ in module.named_buffers(recurse=False))
+    parts.extend((prefix + child_name, child) for child_name, child in module.named_children())
+    return parts
+
+
+class _Planner:
+    """State of one device-map computation (kept in an object so each step stays a short method)."""
+
+    def __init__(self, model, budget, sizes, no_split, verbose, reserve, partners):
+        self.devices: list[DeviceKey] = list(budget)
+        if "disk" not in budget:
+            self.devices.append("disk")
+        self.budget = {key: float(value) for key, value in budget.items()}
+        self.budget["disk"] = float("inf")
+        self.sizes = sizes
+        self.no_split = no_split
+        self.verbose = verbose
+        self.reserve = reserve
+        self.partners = partners
+        self.used = dict.fromkeys(self.devices, 0)
+        self.index = 0
+        self.device_map: dict[str, DeviceKey] = {}
+        self.preplaced: set[str] = set()
+        self.preplaced_size: dict[str, int] = {}
+        self.stack = list(reversed(_expand("", model)))
+
+    def log(self, message: str) -> None:
+        if self.verbose:
+            print(message)
+
+    def capacity(self, device: DeviceKey) -> float:
+        return self.budget[device] - (self.reserve if self.index == 0 else 0)
+
+    def unit_partners(self, name: str) -> list[str]:
+        inside = f"{name}."
+        found = []
+        for _, owner in self.partners.get(name, ()):
+            if (
+                owner != name
+                and not owner.startswith(inside)
+                and owner not in self.device_map
+                and owner not in found
+            ):
+                found.append(owner)
+        return found
+
+    def place(self, name: str, device: DeviceKey, size: int, partners: list[str]) -> None:
+        self.device_map[name] = device
+        self.used[device] += size
+        for owner in partners:
+            self.device_map[owner] = device
+            self.preplaced.add(owner)
+            pieces = owner.split(".")
+            for depth in range(len(pieces)):
+                ancestor = ".".join(pieces[:depth])
+                self.preplaced_size[ancestor] = self.preplaced_size.get(ancestor, 0) + self.sizes.get(
+                    owner, 0
+                )
+        extra = f" with its tied partners {partners}" if partners else ""
+        self.log(f"Putting {name!r} ({size} bytes){extra} on {device!r}.")
+
+    def splittable(self, name: str, module: nn.Module | None) -> bool:
+        if module is None or type(module).__name__ in self.no_split:
+            return False
+        return next(iter(module.children()), None) is not None
+
+    def step(self, name: str, module: nn.Module | None) -> None:
+        if name in self.preplaced:
+            return
+        device = self.devices[self.index]
+        partners = self.unit_partners(name)
+        size = self.sizes.get(name, 0) - self.preplaced_size.get(name, 0)
+        size += sum(self.sizes.get(owner, 0) for owner in partners)
+        must_split = name in self.preplaced_size and self.splittable(name, module)
+        if not must_split and self.used[device] + size <= self.capacity(device):
+            self.place(name, device, size, partners)
+        elif self.splittable(name, module):
+            self.log(f"Splitting {name!r} ({size} bytes): it does not fit on {device!r} as a whole.")
+            self.stack.extend(reversed(_expand(name, module)))
+        else:
+            self.log(
+                f"{name!r} ({size} bytes) does not fit on {device!r} and can not be split; using the next device."
+            )
+            self.stack.append((name, module))
+            self.index += 1
+
+    def fallback(self) -> None:
+        """Put on the current (still empty) device the first pending unit that fits there whole."""
+        device = self.devices[self.index]
+        for position in range(len(self.stack) - 1, -1, -1):
+            name, _ = self.stack[position]
+            size = self.sizes.get(name, 0)
+            if name not in self.preplaced and 0 < size <= self.capacity(device):
+                del self.stack[position]
+                self.place(name, device, size, [])
+                return
+
+    def run(self, fallback_allocation: bool) -> dict[str, DeviceKey]:
+        while self.stack:
+            name, module = self.stack.pop()
+            before = self.index
+            self.step(name, module)
+            if fallback_allocation and self.index != before and self.used[self.devices[before]] == 0:
+                self.index = before
+                self.fallback()
+                self.index += 1
+        return self.device_map
+
+
+def _iter_names(model: nn.Module) -> Iterator[str]:
+    for module_name, module in model.named_modules():
+        yield module_name
+        prefix = f"{module_name}." if module_name else ""
+        for tensor_name, _ in module.named_parameters(recurse=False):
+            yield prefix + tensor_name
+        for tensor_name, _ in module.named_buffers(recurse=False):
+            yield prefix + tensor_name
+
+
+def clean_device_map(device_map: dict[str, DeviceKey], model: nn.Module) -> dict[str, DeviceKey]:
+    """Merge entries whose parts all go to one device into a single entry for their parent.
+
+    Args:
+        device_map: a device map covering the model.
+        model: the model it describes.
+
+    Returns:
+        An equivalent, shorter device map in the model's module order (``{"": device}`` when
+        everything goes to one device).
+    """
+    result = dict(device_map)
+    order = {name: position for position, name in enumerate(_iter_names(model))}
+    for name, module in reversed(list(model.named_modules())):
+        if name in result:
+            continue
+        parts = [part for part, _ in _expand(name, module)]
+        if not parts or any(part not in result for part in parts):
+            continue
+        targets = {result[part] for part in parts}
+        if len(targets) == 1:
+            for part in parts:
+                del result[part]
+            result[name] = targets.pop()
+    return dict(sorted(result.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def infer_auto_device_map(
+    model: nn.Module,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    verbose: bool = False,
+    clean_result: bool = True,
+    offload_buffers: bool = False,
+    fallback_allocation: bool = False,
+) -> dict[str, DeviceKey]:
+    """Compute a device map: fill the accelerators in order, then the CPU, then the disk.
+
+    Guarantees: a module whose class name is in ``no_split_module_classes`` is never split; tied
+    parameters land on one device; each device's share stays within its budget; when some weights
+    will be offloaded, the first (execution) device keeps room for the largest layer, which is
+    brought there to run, and for the buffers of offloaded modules unless ``offload_buffers``.
+    Runs in time linear in the number of modules.
+
+    Args:
+        model: the model to place (build it under :func:`init_empty_weights` to allocate nothing).
+        max_memory: budgets per device (bytes or strings like ``"10GiB"``); free memory when None.
+        no_split_module_classes: class names whose instances stay on one device (residual blocks).
+        dtype: count floating-point weights in this dtype (the dtype you will load in).
+        special_dtypes: per-tensor dtype overrides.
+        verbose: print each decision (placement, split, move to the next device) and why.
+        clean_result: merge entries whose parts share a device into their parent.
+        offload_buffers: offloaded modules also offload their buffers (no main-device reserve for them).
+        fallback_allocation: when the first unit does not fit on a device, put the first later unit
+            that does fit there instead of leaving the device empty.
+
+    Returns:
+        An ordered dict from module (or tensor) names to a device: an accelerator index, ``"mps"``,
+        ``"xpu:0"``-style names, ``"cpu"`` or ``"disk"``.
+
+    Raises:
+        ValueError: for an unknown device or unreadable size in ``max_memory``.
+    """
+    budget = get_max_memory(max_memory)
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    no_split = set(no_split_module_classes or ())
+    devices = list(budget)
+    main = devices[0] if devices else "cpu"
+    on_main_side = [key for key in devices if key not in _OFFLOAD] or ([main] if main == "cpu" else [])
+    reserve = 0
+    if sizes.get("", 0) > sum(budget[key] for key in on_main_side):
+        reserve, names = get_max_layer_size(list(model.named_children()), sizes, list(no_split))
+        if not offload_buffers:
+            reserve += compute_module_total_buffer_size(model, dtype=dtype, special_dtypes=special_dtypes)
+        if verbose:
+            print(
+                f"The model does not fit on {on_main_side}: reserving {reserve} bytes on {main!r} for {names}."
+            )
+    planner = _Planner(
+        model, budget, sizes, no_split, verbose, reserve, _partners_by_unit(_tied_partners(model))
+    )
+    device_map = planner.run(fallback_allocation)
+    return clean_device_map(device_map, model) if clean_result else device_map

@@ -1,0 +1,316 @@
+"""Load checkpoints into (possibly empty) models, one tensor at a time, straight to their device.
+
+Peak memory while loading is the model's own placed weights plus one tensor: tensors are read from
+the file directly into the memory that becomes the parameter (no whole-state-dict copy), and
+tensors mapped to ``"disk"`` that already sit in a safetensors file are indexed in place instead of
+being rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from accelerando.utils.modeling._sizes import parse_dtype
+from accelerando.utils.modeling._tensors import (
+    find_tied_parameters,
+    retie_parameters,
+    set_module_tensor_to_device,
+    to_torch_device,
+)
+from accelerando.utils.offload import (
+    SAFETENSORS_DTYPES,
+    offload_weight,
+    read_safetensors_header,
+    save_offload_index,
+)
+
+__all__ = ["checkpoint_files", "load_checkpoint_in_model", "load_state_dict"]
+
+logger = logging.getLogger(__name__)
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_DEFAULT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_DEFAULT_SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
+
+
+def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
+    """Resolve a checkpoint given as a file, a ``*.index.json`` or a folder to its weight files.
+
+    Args:
+        checkpoint: a ``.safetensors``/``.bin`` file, a sharded checkpoint's index, or a folder holding
+            either (an index is preferred, then ``model.safetensors``, then a single weights file).
+
+    Returns:
+        The weight files to read, in shard order.
+
+    Raises:
+        ValueError: if nothing loadable is found; the message lists what the folder holds.
+    """
+    path = Path(checkpoint)
+    if path.is_file() and path.name.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
+            weight_map = json.load(handle).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{path} has no 'weight_map'; pass a sharded checkpoint's *.index.json file.")
+        return [str(path.parent / name) for name in dict.fromkeys(weight_map.values())]
+    if path.is_file():
+        return [str(path)]
+    if not path.is_dir():
+        raise ValueError(
+            f"Checkpoint {str(checkpoint)!r} does not exist; pass a weights file, an index or a folder."
+        )
+    for name in (*_DEFAULT_INDEX_NAMES, *_DEFAULT_SINGLE_NAMES):
+        if (path / name).is_file():
+            return checkpoint_files(path / name)
+    indexes = sorted(p for p in path.iterdir() if p.name.endswith(".index.json"))
+    if len(indexes) == 1:
+        return checkpoint_files(indexes[0])
+    weights = sorted(p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+    if len(weights) == 1:
+        return [str(weights[0])]
+    raise ValueError(
+        f"{path} holds no single checkpoint (found {sorted(p.name for p in path.iterdir())}); pass the weights "
+        "file or the *.index.json of a sharded checkpoint."
+    )
+
+
+def _device_resolver(device_map: dict[str, object] | None):
+    cache: dict[str, object] = {}
+
+    def resolve(name: str) -> object:
+        if device_map is None:
+            return "cpu"
+        probe = name
+        while probe not in device_map:
+            if probe in cache:
+                return cache[probe]
+            if not probe:
+                raise ValueError(
+                    f"{name!r} is not covered by the device_map; add an entry for it or for a parent."
+                )
+            probe = probe.rpartition(".")[0]
+        if probe != name:
+            cache[name.rpartition(".")[0]] = device_map[probe]
+        return device_map[probe]
+
+    return resolve
+
+
+def _iter_file(path: str, device_for) -> Iterator[tuple[str, torch.Tensor | None, tuple[str, dict] | None]]:
+    """Yield ``(name, tensor, in_place)``; for names kept on disk in place the tensor is None and
+    ``in_place`` is ``(safetensors path, header entry)``."""
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        header, _ = read_safetensors_header(path)
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            for name in header:
+                if device_for(name) == "disk":
+                    yield name, None, (path, header[name])
+                else:
+                    yield name, handle.get_tensor(name), None
+        return
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    for name, tensor in state.items():
+        # A memory-mapped tensor kept as a CPU parameter would alias the file: copy it out once.
+        yield name, (tensor.clone() if device_for(name) == "cpu" else tensor), None
+
+
+def load_state_dict(
+    checkpoint_file: str | os.PathLike, device_map: dict[str, object] | None = None
+) -> dict[str, torch.Tensor]:
+    """Load one weights file into a dict, placing each tensor on its device from ``device_map``.
+
+    Args:
+        checkpoint_file: a ``.safetensors`` or torch pickle (``.bin``) file.
+        device_map: if given, each tensor goes to the device of its longest matching entry
+            (tensors mapped to ``"disk"`` stay on CPU).
+
+    Returns:
+        The state dict.
+    """
+    path = str(checkpoint_file)
+    resolve = _device_resolver(device_map)
+    result: dict[str, torch.Tensor] = {}
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                device = resolve(name)
+                tensor = handle.get_tensor(name)
+                result[name] = tensor if device in ("cpu", "disk") else tensor.to(to_torch_device(device))
+        return result
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for name, tensor in state.items():
+        device = resolve(name)
+        result[name] = tensor if device in ("cpu", "disk") else tensor.to(to_torch_device(device))
+    return result
+
+
+def _keeps_fp32(name: str, keep_in_fp32_modules: list[str]) -> bool:
+    return any(f".{module}." in f".{name}." for module in keep_in_fp32_modules)
+
+
+class _Loader:
+    """One checkpoint load: the bookkeeping shared by every tensor."""
+
+    def __init__(self, model, device_map, offload_folder, dtype, offload_buffers, keep_in_fp32_modules):
+        self.model = model
+        self.resolve = _device_resolver(device_map)
+        self.offload_folder = offload_folder
+        self.dtype = parse_dtype(dtype)
+        self.keep_fp32 = list(keep_in_fp32_modules or [])
+        self.buffers = {name for name, _ in model.named_buffers()}
+        self.offload_buffers = offload_buffers
+        self.expected = set(model.state_dict().keys())
+        self.loaded: set[str] = set()
+        self.unexpected: list[str] = []
+        self.index: dict[str, dict] = {}
+        self.devices: dict[object, torch.device] = {}
+
+    def cast_for(self, name: str, tensor_dtype: torch.dtype) -> torch.dtype | None:
+        if not tensor_dtype.is_floating_point:
+            return None
+        if self.keep_fp32 and _keeps_fp32(name, self.keep_fp32):
+            return torch.float32
+        return self.dtype if isinstance(self.dtype, torch.dtype) else None
+
+    def place(self, name: str, tensor: torch.Tensor | None, source: tuple[str, dict] | None) -> None:
+        if name not in self.expected:
+            self.unexpected.append(name)
+            return
+        device = self.resolve(name)
+        if device == "disk" and name in self.buffers and not self.offload_buffers:
+            device = "cpu"  # buffers of offloaded modules stay in memory unless asked otherwise
+        if device == "disk":
+            self.to_disk(name, tensor, source)
+        else:
+            if tensor is None:
+                from accelerando.utils.offload import safetensors_view
+
+                tensor = safetensors_view(source[0], name).clone()
+            if device not in self.devices:
+                self.devices[device] = to_torch_device(device)
+            set_module_tensor_to_device(
+                self.model, name, self.devices[device], value=tensor, dtype=self.cast_for(name, tensor.dtype)
+            )
+        self.loaded.add(name)
+
+    def to_disk(self, name: str, tensor: torch.Tensor | None, source: tuple[str, dict] | None) -> None:
+        if source is not None:
+            path, entry = source
+            stored = SAFETENSORS_DTYPES[entry["dtype"]]
+            cast = self.cast_for(name, stored)
+            self.index[name] = {
+                "safetensors_file": os.path.abspath(path),
+                "weight_name": name,
+                "dtype": str(cast or stored).removeprefix("torch."),
+                "shape": entry["shape"],
+            }
+            return
+        if self.offload_folder is None:
+            raise ValueError(f"{name!r} is mapped to 'disk': pass offload_folder to say where to write it.")
+        cast = self.cast_for(name, tensor.dtype)
+        offload_weight(
+            tensor if cast is None else tensor.to(cast), name, self.offload_folder, index=self.index
+        )
+
+    def finish(self, strict: bool) -> tuple[list[str], list[str]]:
+        if self.index:
+            if self.offload_folder is None:
+                raise ValueError(
+                    "Some weights are mapped to 'disk': pass offload_folder to keep their index."
+                )
+            save_offload_index(self.index, self.offload_folder)
+        missing = sorted(self.expected - self.loaded)
+        if strict and (missing or self.unexpected):
+            raise ValueError(
+                f"The checkpoint does not match the model: missing keys {missing}, unexpected keys "
+                f"{self.unexpected}. Fix the checkpoint or model configuration, or pass strict=False."
+            )
+        if missing or self.unexpected:
+            logger.warning(
+                "Checkpoint loaded with missing keys %s and unexpected keys %s.", missing, self.unexpected
+            )
+        return missing, list(self.unexpected)
+
+
+def _tied_aliases(tied_params: list[list[str]]) -> dict[str, list[str]]:
+    aliases: dict[str, list[str]] = {}
+    for group in tied_params:
+        for name in group:
+            aliases[name] = [other for other in group if other != name]
+    return aliases
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: dict[str, int | str | torch.device] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    dtype: torch.dtype | str | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> tuple[list[str], list[str]]:
+    """Load a checkpoint into a model (which may be empty, on ``meta``), tensor by tensor.
+
+    Each tensor goes straight to its device from ``device_map``; tensors mapped to ``"disk"`` are
+    written to ``offload_folder`` (or, when they already sit in a safetensors file with the right
+    dtype, indexed in place without a copy) and an ``index.json`` is saved there.
+
+    Args:
+        model: the model to fill.
+        checkpoint: a ``.safetensors``/``.bin`` file, a sharded checkpoint's ``*.index.json``, or a folder.
+        device_map: module or tensor name -> device (``0``, ``"cuda:1"``, ``"cpu"``, ``"disk"``); all
+            on CPU when None.
+        offload_folder: where disk-mapped tensors and their index go (required if any are).
+        dtype: cast floating-point weights to this dtype (integer tensors are never cast).
+        offload_state_dict: accepted for compatibility; loading already streams one tensor at a time,
+            so CPU weights are never held twice.
+        offload_buffers: also send buffers of disk-mapped modules to disk (else they load on CPU).
+        keep_in_fp32_modules: module names whose floating-point weights stay in float32.
+        offload_8bit_bnb: accepted for compatibility; 8-bit weights are offloaded like any tensor.
+        strict: raise if keys are missing or unexpected.
+        full_state_dict: the checkpoint holds full (unsharded) tensors; the only layout supported here.
+        broadcast_from_rank0: in a distributed run, only rank 0 reads the files and every rank
+            receives the tensors by broadcast (all ranks must call this).
+
+    Returns:
+        ``(missing_keys, unexpected_keys)``.
+
+    Raises:
+        ValueError: for a missing checkpoint, disk offload without ``offload_folder``, or, with
+            ``strict=True``, a checkpoint that does not match the model.
+    """
+    del offload_state_dict, offload_8bit_bnb, full_state_dict
+    tied = find_tied_parameters(model)
+    loader = _Loader(model, device_map, offload_folder, dtype, offload_buffers, keep_in_fp32_modules)
+    if broadcast_from_rank0 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        from accelerando.utils.modeling._broadcast import broadcast_checkpoint
+
+        broadcast_checkpoint(loader, checkpoint_files(checkpoint), _iter_file)
+    else:
+        for path in checkpoint_files(checkpoint):
+            for name, tensor, source in _iter_file(path, loader.resolve):
+                loader.place(name, tensor, source)
+    aliases = _tied_aliases(tied)
+    # A tied weight saved once (safetensors drops shared copies) also covers its other names.
+    loader.loaded.update(alias for name in list(loader.loaded) for alias in aliases.get(name, ()))
+    for name in list(loader.index):
+        for alias in aliases.get(name, ()):
+            loader.index.setdefault(alias, loader.index[name])
+    retie_parameters(model, tied)
+    return loader.finish(strict)

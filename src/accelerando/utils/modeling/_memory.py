@@ -1,0 +1,214 @@
+"""Memory budgets per device: parse user budgets, read free memory, balance across accelerators."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from accelerando.utils.modeling._sizes import compute_module_sizes, get_max_layer_size
+
+__all__ = [
+    "DeviceKey",
+    "convert_file_size_to_int",
+    "get_balanced_memory",
+    "get_max_memory",
+    "normalize_device_key",
+]
+
+DeviceKey = int | str
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
+# Accelerator families addressed as "<family>:<index>"; plain integers mean the default accelerator.
+_INDEXED_FAMILIES = ("cuda", "xpu", "npu", "mlu", "sdaa", "musa", "hpu")
+
+
+def convert_file_size_to_int(size: int | float | str) -> int:
+    """Convert a size given as bytes or as a string with a unit to a number of bytes.
+
+    Decimal units (``KB``, ``MB``, ``GB``, ``TB``) are powers of 1000 and binary units (``KiB``,
+    ``MiB``, ``GiB``, ``TiB``) powers of 1024; units are case-insensitive and a fraction such as
+    ``"1.5GB"`` is allowed.
+
+    Args:
+        size: bytes as an int (or float), or a string such as ``"10GB"``, ``"10GiB"`` or ``"500MB"``.
+
+    Returns:
+        The number of bytes.
+
+    Raises:
+        ValueError: for a negative size or a string that is not a number followed by a known unit.
+        TypeError: for any other type.
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, float, str)):
+        raise TypeError(f"A memory size must be an int or a string like '10GiB', got {type(size).__name__}.")
+    if isinstance(size, (int, float)):
+        if size < 0:
+            raise ValueError(f"A memory size can not be negative, got {size}.")
+        return int(size)
+    match = _SIZE_PATTERN.match(size)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"Can not read the memory size {size!r}: write a number of bytes or a number followed by one of "
+            "KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '10GiB'."
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def normalize_device_key(key: int | str | torch.device) -> DeviceKey:
+    """Bring a device name to the form used in device maps and budgets.
+
+    ``0``, ``"0"`` and ``"cuda:0"`` all become ``0``; ``"cpu"``, ``"disk"``, ``"mps"`` and
+    ``"meta"`` stay strings; other accelerators keep their ``"xpu:0"`` form.
+
+    Args:
+        key: an index, a device string or a ``torch.device``.
+
+    Returns:
+        The normalised key.
+
+    Raises:
+        ValueError: for a device name that is not recognised.
+    """
+    if isinstance(key, torch.device):
+        key = str(key) if key.index is not None or key.type != "cuda" else "cuda:0"
+    if isinstance(key, bool):
+        raise ValueError(
+            f"Unknown device {key!r}; use an index (0), 'cuda:0', 'cpu', 'disk', 'mps' or 'xpu:0'."
+        )
+    if isinstance(key, int):
+        if key < 0:
+            raise ValueError(f"Device index must be >= 0, got {key}.")
+        return key
+    text = str(key).strip().lower()
+    if text.isdigit():
+        return int(text)
+    if text in ("cpu", "disk", "mps", "meta"):
+        return text
+    family, _, index = text.partition(":")
+    if family == "cuda" and (index == "" or index.isdigit()):
+        return int(index or 0)
+    if family in _INDEXED_FAMILIES and (index == "" or index.isdigit()):
+        return f"{family}:{index or 0}"
+    raise ValueError(
+        f"Unknown device {key!r} in max_memory/device_map; use an accelerator index (0), 'cuda:0', "
+        "'xpu:0', 'npu:0', 'mps', 'cpu' or 'disk'."
+    )
+
+
+def _device_order(key: DeviceKey) -> tuple[int, str, int]:
+    if isinstance(key, int):
+        return (0, "", key)
+    if ":" in key:
+        family, _, index = key.partition(":")
+        return (1, family, int(index))
+    return ({"mps": 2, "cpu": 3, "disk": 4}.get(key, 5), key, 0)
+
+
+def _free_memory() -> dict[DeviceKey, int]:
+    import psutil
+
+    budget: dict[DeviceKey, int] = {}
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            try:
+                budget[index] = torch.cuda.mem_get_info(index)[0]
+            except RuntimeError:  # a device that is visible but unusable (e.g. in a bad state)
+                budget[index] = 0
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        for index in range(xpu.device_count()):
+            budget[f"xpu:{index}"] = xpu.get_device_properties(index).total_memory - xpu.memory_allocated(
+                index
+            )
+    if torch.backends.mps.is_available():
+        budget["mps"] = psutil.virtual_memory().available
+    budget["cpu"] = psutil.virtual_memory().available
+    return budget
+
+
+def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict[DeviceKey, int]:
+    """Return the memory budget of every device, in bytes, sorted accelerators first, then cpu, disk.
+
+    Args:
+        max_memory: the budgets the user chose (device -> bytes or a size string). If None, the free
+            memory of every visible device is read (free accelerator memory, available RAM).
+
+    Returns:
+        A dict from normalised device keys (see :func:`normalize_device_key`) to bytes.
+
+    Raises:
+        ValueError: for an unknown device name or an unreadable size.
+        TypeError: if ``max_memory`` is not a dict.
+    """
+    if max_memory is None:
+        return dict(sorted(_free_memory().items(), key=lambda item: _device_order(item[0])))
+    if not isinstance(max_memory, dict):
+        raise TypeError(
+            f"max_memory must be a dict such as {{0: '10GiB', 'cpu': '30GiB'}}, got {type(max_memory).__name__}."
+        )
+    budget: dict[DeviceKey, int] = {}
+    for key, value in max_memory.items():
+        budget[normalize_device_key(key)] = convert_file_size_to_int(value)
+    return dict(sorted(budget.items(), key=lambda item: _device_order(item[0])))
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    low_zero: bool = False,
+    low_zero_memory: bool | None = None,
+) -> dict[DeviceKey, int]:
+    """Lower the accelerator budgets so a model spreads evenly over all accelerators.
+
+    Without this, :func:`infer_auto_device_map` fills the first accelerator completely before using the
+    next one. Each accelerator but the last gets about ``model size / count`` plus room for the
+    largest layer; the last keeps its full budget so that rounding never pushes layers to the CPU.
+
+    Args:
+        model: the model (``meta`` is fine).
+        max_memory: budgets per device; free memory is read when None.
+        no_split_module_classes: class names never split (their size sets the per-device slack).
+        dtype: count floating-point weights in this dtype.
+        special_dtypes: per-tensor dtype overrides.
+        low_zero: give accelerator 0 as little as possible (it then only holds what must run first),
+            to leave it room for work such as ``generate``.
+        low_zero_memory: the same switch under its other documented name; wins when given.
+
+    Returns:
+        The balanced budgets, in the format of :func:`get_max_memory`.
+    """
+    low_zero = bool(low_zero if low_zero_memory is None else low_zero_memory)
+    budget = get_max_memory(max_memory)
+    accelerators = [key for key in budget if key not in ("cpu", "disk", "mps") and budget[key] > 0]
+    if len(accelerators) <= 1:
+        return budget
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    sharing = len(accelerators) - (1 if low_zero else 0)
+    per_device = sizes[""] // max(sharing, 1)
+    max_layer, _ = get_max_layer_size(list(model.named_children()), sizes, no_split_module_classes)
+    # Slack: the largest unit that can not be split, plus 10% for rounding at unit boundaries.
+    per_device += max_layer + per_device // 10
+    for position, key in enumerate(accelerators[:-1]):
+        if low_zero and position == 0:
+            budget[key] = min(budget[key], max_layer)
+        else:
+            budget[key] = min(budget[key], per_device)
+    return budget

@@ -1,0 +1,354 @@
+"""Place, tie and walk the tensors of a model."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from accelerando.utils.modeling._memory import normalize_device_key
+
+__all__ = [
+    "align_module_device",
+    "check_tied_parameters_on_same_device",
+    "find_tied_parameters",
+    "get_module_children_bottom_up",
+    "has_offloaded_params",
+    "resolve_submodule",
+    "retie_parameters",
+    "set_module_tensor_to_device",
+    "to_torch_device",
+]
+
+
+def to_torch_device(device: int | str | torch.device) -> torch.device:
+    """Turn a device-map value (``0``, ``"cuda:0"``, ``"cpu"``, ``torch.device``) into a ``torch.device``.
+
+    Args:
+        device: the device; ``"disk"`` is not a torch device and is rejected.
+
+    Returns:
+        The matching ``torch.device``.
+
+    Raises:
+        ValueError: for ``"disk"`` or an unknown name.
+    """
+    if isinstance(device, torch.device):
+        return device
+    key = normalize_device_key(device)
+    if key == "disk":
+        raise ValueError(
+            "'disk' is not a torch device: offloaded tensors are loaded through hooks, not moved."
+        )
+    if isinstance(key, int):
+        return torch.device("cuda", key)
+    return torch.device(key)
+
+
+def resolve_submodule(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
+    """Split a dotted tensor name into the module that owns the tensor and the tensor's own name.
+
+    Args:
+        module: the root module.
+        tensor_name: e.g. ``"encoder.layer.0.weight"``.
+
+    Returns:
+        ``(owner, "weight")``.
+
+    Raises:
+        ValueError: if a part of the path is not a submodule.
+    """
+    owner = module
+    *path, leaf = tensor_name.split(".")
+    for part in path:
+        child = owner._modules.get(part)
+        if child is None:
+            raise ValueError(
+                f"{type(owner).__name__} has no submodule {part!r} (while resolving {tensor_name!r})."
+            )
+        owner = child
+    return owner, leaf
+
+
+def _new_parameter(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
+    if type(old) is nn.Parameter:
+        return nn.Parameter(data, requires_grad=old.requires_grad and data.is_floating_point())
+    # Parameter subclasses (quantised weights) carry extra attributes in their __dict__.
+    extra = {key: value for key, value in old.__dict__.items() if not key.startswith("_")}
+    try:
+        return type(old)(data, requires_grad=old.requires_grad, **extra)
+    except TypeError:
+        return type(old)(data, requires_grad=old.requires_grad)
+
+
+def set_module_tensor_to_device(
+    module: nn.Module,
+    tensor_name: str,
+    device: int | str | torch.device,
+    value: torch.Tensor | None = None,
+    dtype: torch.dtype | str | None = None,
+    fp16_statistics: torch.Tensor | None = None,
+    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+) -> None:
+    """Move one parameter or buffer of a module to a device, optionally replacing its value.
+
+    This is how weights get out of the ``meta`` device: pass the loaded ``value``. When ``value`` is
+    already on ``device`` with the right dtype it is used as is (no copy).
+
+    Args:
+        module: the root module.
+        tensor_name: dotted name of the tensor (``"layers.0.weight"``).
+        device: target device (index, name or ``torch.device``).
+        value: the new content; required when the tensor is on ``meta`` and ``device`` is not.
+        dtype: cast a floating-point ``value`` to this dtype. Without it, a floating-point value takes
+            the current tensor's floating dtype; integer and boolean values are never cast.
+        fp16_statistics: quantisation statistics stored as ``SCB`` next to an int8 weight.
+        tied_params_map: shared cache ``{data_ptr of the source: {device: tensor}}`` so that tied
+            weights loaded twice to the same device reuse one copy.
+
+    Raises:
+        ValueError: for an unknown tensor, a shape mismatch, or a meta tensor without a value.
+    """
+    owner, name = resolve_submodule(module, tensor_name)
+    is_buffer = name in owner._buffers
+    if name not in owner._parameters and not is_buffer:
+        raise ValueError(
+            f"{type(owner).__name__} has no parameter or buffer named {name!r} ({tensor_name!r})."
+        )
+    old = owner._buffers[name] if is_buffer else owner._parameters[name]
+    target = device if isinstance(device, torch.device) else to_torch_device(device)
+    if value is None:
+        if old is None:
+            return
+        if old.device.type == "meta" and target.type != "meta":
+            raise ValueError(f"{tensor_name} is on the meta device: pass its `value` to move it to {target}.")
+        value = old
+    elif old is not None and old.shape != value.shape and old.dtype not in (torch.uint8, torch.int8):
+        raise ValueError(
+            f"Shape mismatch for {tensor_name!r}: the model expects {tuple(old.shape)} but the value has "
+            f"{tuple(value.shape)}; check that the checkpoint matches the model's configuration."
+        )
+    if tied_params_map is not None and value.device.type != "meta":
+        cached = tied_params_map.get(value.data_ptr(), {}).get(target)
+        if cached is not None:
+            _store(owner, name, is_buffer, old, cached)
+            return
+    cast = _target_dtype(value, old, dtype)
+    new = value.to(device=target, dtype=cast) if cast is not None else value.to(target)
+    if fp16_statistics is not None:
+        new.SCB = fp16_statistics.to(target)
+    if tied_params_map is not None and value.device.type != "meta" and value.data_ptr() in tied_params_map:
+        tied_params_map[value.data_ptr()][target] = new
+    _store(owner, name, is_buffer, old, new)
+
+
+def _target_dtype(
+    value: torch.Tensor, old: torch.Tensor | None, dtype: torch.dtype | str | None
+) -> torch.dtype | None:
+    if not value.is_floating_point():
+        return None
+    if dtype is not None:
+        from accelerando.utils.modeling._sizes import parse_dtype
+
+        parsed = parse_dtype(dtype)
+        return parsed if isinstance(parsed, torch.dtype) else None
+    if old is not None and old.is_floating_point() and old.dtype != value.dtype:
+        return old.dtype
+    return None
+
+
+def _store(owner: nn.Module, name: str, is_buffer: bool, old: torch.Tensor | None, new: torch.Tensor) -> None:
+    if is_buffer:
+        owner._buffers[name] = new
+    elif isinstance(new, nn.Parameter) and (old is None or type(new) is type(old)):
+        owner._parameters[name] = new
+    elif old is None:
+        owner._parameters[name] = nn.Parameter(new, requires_grad=new.is_floating_point())
+    else:
+        owner._parameters[name] = _new_parameter(old, new.detach() if new.requires_grad else new)
+
+
+def find_tied_parameters(model: nn.Module, **kwargs: object) -> list[list[str]]:
+    """List the groups of parameter names that share one parameter object (tied weights).
+
+    Works on the ``meta`` device because ties are found by identity, not by memory address.
+
+    Args:
+        model: the model.
+        **kwargs: ignored (accepted for compatibility with older call forms).
+
+    Returns:
+        A sorted list of sorted name groups, e.g. ``[["lm_head.weight", "transformer.wte.weight"]]``.
+    """
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return sorted(sorted(names) for names in groups.values() if len(names) > 1)
+
+
+def _tensor_devices(model: nn.Module) -> dict[str, str]:
+    devices: dict[str, str] = {}
+    for module_name, module in model.named_modules():
+        hook = getattr(module, "_hf_hook", None)
+        execution = getattr(hook, "execution_device", None) if getattr(hook, "offload", False) else None
+        prefix = f"{module_name}." if module_name else ""
+        for name, param in module.named_parameters(recurse=False):
+            devices[prefix + name] = str(execution if execution is not None else param.device)
+    return devices
+
+
+def _device_of(name: str, device_map: dict[str, object]) -> object:
+    probe = name
+    while True:
+        if probe in device_map:
+            return device_map[probe]
+        if not probe:
+            return None
+        probe = probe.rpartition(".")[0]
+
+
+def check_tied_parameters_on_same_device(
+    model_or_tied_params: nn.Module | list[list[str]], device_map: dict[str, object] | None = None
+) -> bool:
+    """Check that every group of tied parameters lives on one device.
+
+    Two call forms: ``check_tied_parameters_on_same_device(model)`` reads where the model's tensors
+    (or, for offloaded modules, their execution device) are; ``check_tied_parameters_on_same_device(
+    tied_params, device_map)`` checks a planned device map and warns for each split group.
+
+    Args:
+        model_or_tied_params: a model, or groups of tied names from :func:`find_tied_parameters`.
+        device_map: the planned device map (second form only).
+
+    Returns:
+        True when every group is on one device.
+
+    Raises:
+        TypeError: for a list of groups without a ``device_map``.
+    """
+    if isinstance(model_or_tied_params, nn.Module):
+        devices = _tensor_devices(model_or_tied_params)
+        groups = find_tied_parameters(model_or_tied_params)
+        lookup = devices.get
+    else:
+        if device_map is None:
+            raise TypeError("Pass the device_map to check tied parameter groups, or pass the model itself.")
+        groups = model_or_tied_params
+
+        def lookup(name: str) -> object:
+            return _device_of(name, device_map)
+
+    all_same = True
+    for group in groups:
+        placed = {str(lookup(name)) for name in group}
+        if len(placed) > 1:
+            all_same = False
+            warnings.warn(
+                f"Tied parameters {group} are on different devices {sorted(placed)}; keep them together "
+                "(infer_auto_device_map does) or results may be wrong.",
+                stacklevel=2,
+            )
+    return all_same
+
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Make every name of each group point to one parameter again (after loading replaced some).
+
+    The kept parameter is the first one of the group that holds real data (not ``meta``).
+
+    Args:
+        model: the model.
+        tied_params: groups of names, as returned by :func:`find_tied_parameters` before loading.
+    """
+    for group in tied_params:
+        located = [resolve_submodule(model, name) for name in group]
+        params = [owner._parameters.get(leaf) for owner, leaf in located]
+        source = next((p for p in params if p is not None and p.device.type != "meta"), None)
+        source = source if source is not None else next((p for p in params if p is not None), None)
+        if source is None:
+            continue
+        for owner, leaf in located:
+            owner._parameters[leaf] = source
+
+
+def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list:
+    """List all modules with children before their parents (post-order); the model comes last.
+
+    Args:
+        model: the root module.
+        return_fqns: return ``(name, module)`` pairs instead of modules.
+
+    Returns:
+        The modules (or pairs) in post-order.
+    """
+    ordered: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module, bool]] = [("", model, False)]
+    while stack:
+        name, module, expanded = stack.pop()
+        if expanded:
+            ordered.append((name, module))
+            continue
+        stack.append((name, module, True))
+        prefix = f"{name}." if name else ""
+        for child_name, child in reversed(list(module.named_children())):
+            stack.append((prefix + child_name, child, False))
+    return ordered if return_fqns else [module for _, module in ordered]
+
+
+def has_offloaded_params(module: nn.Module) -> bool:
+    """Tell whether a module's weights are offloaded (kept on CPU or disk and loaded at each forward).
+
+    Args:
+        module: the module.
+
+    Returns:
+        True when an offloading :class:`~accelerando.hooks.AlignDevicesHook` is attached to it.
+    """
+    from accelerando.hooks import AlignDevicesHook
+
+    hook = getattr(module, "_hf_hook", None)
+    return isinstance(hook, AlignDevicesHook) and hook.offload
+
+
+@contextlib.contextmanager
+def align_module_device(
+    module: nn.Module, execution_device: int | str | torch.device | None = None
+) -> Iterator[None]:
+    """Context manager in which a module's own tensors are materialised on one device.
+
+    For an offloaded module the weights are loaded (to ``execution_device`` if given, else the
+    hook's) and offloaded again on exit. For a plain module with ``execution_device`` given, its
+    direct parameters are moved there and moved back on exit.
+
+    Args:
+        module: the module.
+        execution_device: where to materialise the tensors.
+
+    Yields:
+        Nothing; read the tensors from ``module`` inside the block.
+    """
+    if has_offloaded_params(module):
+        hook = module._hf_hook
+        original = hook.execution_device
+        if execution_device is not None:
+            hook.execution_device = to_torch_device(execution_device)
+        try:
+            hook.pre_forward(module)
+            yield
+        finally:
+            hook.post_forward(module, None)
+            hook.execution_device = original
+    elif execution_device is not None:
+        saved = {name: param.device for name, param in module.named_parameters(recurse=False)}
+        try:
+            for name in saved:
+                set_module_tensor_to_device(module, name, execution_device)
+            yield
+        finally:
+            for name, device in saved.items():
+                set_module_tensor_to_device(module, name, device)
+    else:
+        yield
