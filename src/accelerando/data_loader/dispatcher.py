@@ -175,9 +175,9 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         per_step = 1 if self.split_batches else processes
         base = self._base_batches(start, processes)
         state: dict[str, Any] = {"first": None, "size": None}
-        group = [batch for _, batch in zip(range(per_step), base)]
+        group = [batch for _, batch in zip(range(per_step), base, strict=False)]
         while group:
-            upcoming = [batch for _, batch in zip(range(per_step), base)]
+            upcoming = [batch for _, batch in zip(range(per_step), base, strict=False)]
             yield self._cut(group, not upcoming, per_step, processes, state)
             group = upcoming
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
 
 from accelerando.data_loader.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
 

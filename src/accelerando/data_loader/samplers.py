@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 
 __all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler"]
 
@@ -95,7 +95,13 @@ class SeedableRandomSampler(RandomSampler):
 
     def _iter_from(self, start: int) -> Iterator[int]:
         """Iterate this epoch's indices from position ``start`` (O(1) skip; the epoch stays)."""
-        return iter(self._indices()[start:].tolist())
+        return self._chunks(self._indices()[start:])
+
+    @staticmethod
+    def _chunks(indices: torch.Tensor) -> Iterator[int]:
+        # Convert piecewise: a list of every index of a large dataset would cost tens of bytes each.
+        for chunk in indices.split(1 << 16):
+            yield from chunk.tolist()
 
     def __iter__(self) -> Iterator[int]:
         yield from self._iter_from(0)
