@@ -1,0 +1,461 @@
+"""Memory and resource monitor: per-step memory samples, leak warning, JSON record and PNG timeline.
+
+What the Accelerator (or a user) calls, in order::
+
+    monitor = MemoryMonitor(trackers=accelerator._tracking, output_dir=".../memory")
+    monitor.start()            # once, before the training loop (after prepare)
+    monitor.step(step)         # once per optimizer step, on every process
+    monitor.stop()             # once (end_training): writes the JSON record and the PNG plot
+
+Each process samples itself: peak CPU RSS since the previous sample (Linux ``VmHWM``, reset after
+each read), current RSS of the process and of its children, device memory allocated / reserved /
+peak (CUDA, XPU, NPU where torch reports it), and through NVML (``nvidia-ml-py``) the GPU temperature,
+power and utilisation. Sampling reads a few ``/proc`` files and allocator counters: tens of
+microseconds per step, and nothing at all when no monitor is built. Trackers only write on the main
+process, so they show rank 0's numbers; each process writes its own JSON record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from accelerando.logging import _process_view, get_logger
+
+__all__ = ["MemoryMonitor", "linear_trend"]
+
+logger = get_logger(__name__)
+
+_MIB = 1024 * 1024
+
+
+def linear_trend(values: Sequence[float]) -> tuple[float, float]:
+    """Fit ``values[i] ~ a + slope * i`` by least squares.
+
+    Args:
+        values: equally spaced samples (at least two).
+
+    Returns:
+        ``(slope, r_squared)``; ``r_squared`` is 0 for a constant series.
+    """
+    n = len(values)
+    mean_x = (n - 1) / 2
+    mean_y = sum(values) / n
+    sxx = sum((i - mean_x) ** 2 for i in range(n))
+    sxy = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    syy = sum((v - mean_y) ** 2 for v in values)
+    if sxx == 0 or syy == 0:
+        return 0.0, 0.0
+    slope = sxy / sxx
+    return slope, (sxy * sxy) / (sxx * syy)
+
+
+class _ProcReader:
+    """Reads this process's RSS and peak RSS (Linux: /proc and getrusage), falling back to psutil."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self._children: list[Any] = []
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        try:
+            # Kept open: re-reading an open procfs file costs a fraction of opening it each step.
+            self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+            self._clear_refs: int | None = os.open("/proc/self/clear_refs", os.O_WRONLY)
+        except OSError:
+            self._statm = -1
+            self._clear_refs = None
+
+    def rss_and_peak(self) -> tuple[int, int]:
+        if self._clear_refs is None:
+            rss = int(self._process.memory_info().rss)
+            return rss, rss
+        import resource
+
+        rss = int(os.pread(self._statm, 256, 0).split()[1]) * self._page
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        try:
+            # "5" resets the kernel's peak-RSS mark, so the next getrusage reports the next step's peak.
+            os.write(self._clear_refs, b"5")
+        except OSError:
+            self.close()
+        return rss, max(peak, rss)
+
+    def close(self) -> None:
+        for fd in (self._statm, self._clear_refs):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self._statm, self._clear_refs = -1, None
+
+    def refresh_children(self) -> None:
+        import psutil
+
+        try:
+            self._children = self._process.children(recursive=True)
+        except psutil.Error:
+            self._children = []
+
+    def children_rss(self) -> int:
+        import psutil
+
+        total = 0
+        for child in self._children:
+            try:
+                total += int(child.memory_info().rss)
+            except psutil.Error:
+                continue
+        return total
+
+
+class _DeviceReader:
+    """Allocator counters of the accelerator in use, plus NVML sensors on NVIDIA GPUs."""
+
+    def __init__(self, use_nvml: bool) -> None:
+        import torch
+
+        from accelerando.devices import detect_device_backend
+
+        self.backend = detect_device_backend()
+        self._module = getattr(torch, self.backend.name, None)
+        self._nvml: Any = None
+        self._handle: Any = None
+        if use_nvml and self.backend.name == "cuda":
+            self._open_nvml(torch)
+
+    def _open_nvml(self, torch: Any) -> None:
+        from accelerando.utils.imports import is_pynvml_available
+
+        if not is_pynvml_available():
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = torch.cuda.current_device()
+            uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
+            try:
+                self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}" if uuid else "")
+            except pynvml.NVMLError:
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._nvml = pynvml
+        except Exception as exc:  # noqa: BLE001 - NVML missing or driver mismatch: sensors are optional
+            logger.warning(f"MemoryMonitor: NVML unavailable ({exc}); GPU temperature/power not recorded.")
+            self._nvml = None
+
+    def memory(self) -> dict[str, int]:
+        if self.backend.name == "cpu" or self._module is None:
+            return {}
+        import torch
+
+        if self.backend.name == "cuda" and not torch.cuda.is_initialized():
+            return {}
+        stats = self.backend.memory_stats()
+        out = {f"device_{key}": value for key, value in stats.items()}
+        if hasattr(self._module, "reset_peak_memory_stats"):
+            self._module.reset_peak_memory_stats()
+        return out
+
+    def sensors(self) -> dict[str, float]:
+        if self._nvml is None:
+            return {}
+        nvml, handle = self._nvml, self._handle
+        out: dict[str, float] = {}
+        try:
+            out["gpu_temperature_c"] = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            out["gpu_power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+            out["gpu_utilization_pct"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nvml.NVMLError:
+            pass
+        return out
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass
+            self._nvml = None
+
+
+class MemoryMonitor:
+    """Record memory (and GPU sensors) once per step, warn on steady growth, write a record at the end.
+
+    Args:
+        trackers: where to log each sample: a :class:`~accelerando.tracking.TrackingManager`, a list
+            of trackers, or a callable ``fn(values, step)``; ``None`` logs nowhere.
+        window: number of recent samples examined by the leak check.
+        output_dir: folder for ``memory_rank<k>.json`` and ``memory_rank<k>.png`` (nothing is written
+            when ``None``).
+        sample_every: take a sample every this many ``step()`` calls.
+        log_every: send every this many samples to the trackers.
+        leak_min_growth_mb: growth over the window (MiB) below which no leak is reported.
+        leak_min_r2: how straight the growth must be (R^2 of a linear fit, 0..1) to count as steady.
+        nvml_every: read NVML sensors every this many samples (they cost more than counters).
+        children_refresh_s: re-list child processes (dataloader workers, ...) at most this often,
+            in seconds; listing them scans /proc and costs milliseconds.
+        plot: write the PNG timeline at ``stop()`` when matplotlib is installed.
+        prefix: key prefix of the logged metrics.
+
+    Raises:
+        ValueError: a non-positive window or period, or ``leak_min_r2`` outside [0, 1].
+    """
+
+    _RATE_KEYS = ("sample_every", "log_every", "nvml_every")
+
+    def __init__(
+        self,
+        trackers: Any = None,
+        window: int = 50,
+        output_dir: str | os.PathLike[str] | None = None,
+        *,
+        sample_every: int = 1,
+        log_every: int = 1,
+        leak_min_growth_mb: float = 32.0,
+        leak_min_r2: float = 0.9,
+        nvml_every: int = 10,
+        children_refresh_s: float = 30.0,
+        plot: bool = True,
+        prefix: str = "memory/",
+    ) -> None:
+        periods = dict(zip(self._RATE_KEYS, (sample_every, log_every, nvml_every), strict=True))
+        for name, value in {"window": window, **periods}.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"MemoryMonitor {name} must be a positive int, got {value!r}.")
+        if window < 3:
+            raise ValueError(f"MemoryMonitor window must be at least 3 samples to fit a trend, got {window}.")
+        if not 0.0 <= leak_min_r2 <= 1.0:
+            raise ValueError(f"leak_min_r2 is an R^2 between 0 and 1, got {leak_min_r2}.")
+        self.trackers = trackers
+        self.window = window
+        self.output_dir = os.fspath(output_dir) if output_dir is not None else None
+        self.periods = periods
+        self.leak_min_growth_bytes = leak_min_growth_mb * _MIB
+        self.leak_min_r2 = leak_min_r2
+        self.children_refresh_s = float(children_refresh_s)
+        self._children_at = 0.0
+        self.plot = plot
+        self.prefix = prefix
+        self.records: list[dict[str, Any]] = []
+        self.leaks: list[dict[str, Any]] = []
+        self._calls = 0
+        self._sensors: dict[str, float] = {}
+        self._proc: _ProcReader | None = None
+        self._device: _DeviceReader | None = None
+        self._t0 = 0.0
+        self.rank = _process_view().rank
+
+    @property
+    def running(self) -> bool:
+        """Whether ``start()`` was called and ``stop()`` not yet."""
+        return self._proc is not None
+
+    def start(self) -> MemoryMonitor:
+        """Open the readers and reset the peak counters; returns ``self``."""
+        self._proc = _ProcReader()
+        self._proc.refresh_children()
+        self._children_at = time.perf_counter()
+        self._proc.rss_and_peak()
+        self._device = _DeviceReader(use_nvml=True)
+        self._device.memory()
+        self._t0 = time.perf_counter()
+        self._calls = 0
+        return self
+
+    def step(self, step: int | None = None) -> dict[str, Any] | None:
+        """Take a sample (every ``sample_every`` calls), log it, and run the leak check.
+
+        Args:
+            step: the training step to attach the sample to (defaults to the call count).
+
+        Returns:
+            The sample (bytes, watts, degrees, percent), or ``None`` when this call was not sampled.
+
+        Raises:
+            RuntimeError: ``start()`` was not called.
+        """
+        if self._proc is None or self._device is None:
+            raise RuntimeError("MemoryMonitor.step() called before start(); call monitor.start() first.")
+        self._calls += 1
+        if (self._calls - 1) % self.periods["sample_every"]:
+            return None
+        sample_index = len(self.records)
+        now = time.perf_counter()
+        if now - self._children_at >= self.children_refresh_s:
+            self._proc.refresh_children()
+            self._children_at = now
+        rss, peak = self._proc.rss_and_peak()
+        record: dict[str, Any] = {
+            "step": self._calls - 1 if step is None else step,
+            "time_s": now - self._t0,
+            "cpu_rss": rss,
+            "cpu_rss_peak": peak,
+            "children_rss": self._proc.children_rss(),
+        }
+        record.update(self._device.memory())
+        if sample_index % self.periods["nvml_every"] == 0:
+            self._sensors = self._device.sensors()
+        record.update(self._sensors)
+        self.records.append(record)
+        if sample_index % self.periods["log_every"] == 0:
+            self._log(record)
+        if len(self.records) >= self.window and sample_index % max(1, self.window // 4) == 0:
+            self._check_leaks()
+        return record
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.trackers is None:
+            return
+        values = {f"{self.prefix}{k}": v for k, v in record.items() if k not in ("step", "time_s")}
+        step = record["step"]
+        if callable(getattr(self.trackers, "log", None)):
+            self.trackers.log(values, step=step)
+        elif callable(self.trackers):
+            self.trackers(values, step)
+        else:
+            for tracker in self.trackers:
+                if not getattr(tracker, "main_process_only", True) or self.rank == 0:
+                    tracker.log(values, step=step)
+
+    def _check_leaks(self) -> None:
+        recent = self.records[-self.window :]
+        for key in ("cpu_rss", "device_allocated"):
+            if key in {leak["metric"] for leak in self.leaks} or key not in recent[-1]:
+                continue
+            series = [float(r.get(key, 0)) for r in recent]
+            slope, r2 = linear_trend(series)
+            growth = slope * (len(series) - 1)
+            if growth < self.leak_min_growth_bytes or r2 < self.leak_min_r2:
+                continue
+            leak = {
+                "metric": key,
+                "step": recent[-1]["step"],
+                "bytes_per_step": slope,
+                "growth_bytes": growth,
+                "r2": r2,
+                "steps_until_exhausted": self._steps_left(key, slope),
+            }
+            self.leaks.append(leak)
+            horizon = leak["steps_until_exhausted"]
+            logger.warning(
+                f"MemoryMonitor (rank {self.rank}): possible memory leak: {key} grew steadily by "
+                f"{growth / _MIB:.1f} MiB over the last {len(series)} samples ({slope / _MIB:.2f} MiB/step, "
+                f"R^2={r2:.2f})"
+                + (
+                    f"; at this rate memory runs out in about {horizon} steps."
+                    if horizon is not None
+                    else "."
+                )
+                + " Look for tensors kept across steps (e.g. appending a loss without .item()).",
+                main_process_only=False,
+            )
+
+    def _steps_left(self, key: str, slope: float) -> int | None:
+        if slope <= 0:
+            return None
+        if key == "cpu_rss":
+            import psutil
+
+            return int(psutil.virtual_memory().available / slope)
+        total = self._device.backend.total_memory() if self._device is not None else None
+        if not total:
+            return None
+        return int(max(total - self.records[-1].get("device_reserved", 0), 0) / slope)
+
+    def summary(self) -> dict[str, Any]:
+        """Peaks and last values over all samples, plus the leak reports.
+
+        Returns:
+            ``{"samples", "peak_<metric>", "last_<metric>", "leaks"}``.
+        """
+        out: dict[str, Any] = {"samples": len(self.records), "leaks": list(self.leaks)}
+        if self.records:
+            keys = [k for k in self.records[-1] if k not in ("step", "time_s")]
+            for key in keys:
+                values = [r[key] for r in self.records if key in r]
+                out[f"peak_{key}"] = max(values)
+                out[f"last_{key}"] = values[-1]
+        return out
+
+    def stop(self) -> dict[str, Any]:
+        """Close the readers and write ``memory_rank<k>.json`` (and ``.png``) into ``output_dir``.
+
+        Returns:
+            The :meth:`summary`, with ``json_path`` / ``png_path`` when files were written.
+        """
+        if self._device is not None:
+            self._device.close()
+        if self._proc is not None:
+            self._proc.close()
+        self._proc = None
+        self._device = None
+        result = self.summary()
+        if self.output_dir is None:
+            return result
+        os.makedirs(self.output_dir, exist_ok=True)
+        json_path = os.path.join(self.output_dir, f"memory_rank{self.rank}.json")
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"rank": self.rank, "summary": result, "records": self.records}, handle, indent=1)
+        result["json_path"] = json_path
+        if self.plot and self.records:
+            png_path = _plot_timeline(
+                self.records, os.path.join(self.output_dir, f"memory_rank{self.rank}.png")
+            )
+            if png_path is not None:
+                result["png_path"] = png_path
+        return result
+
+    def profile_step(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one step under the memory profiler; see :func:`accelerando.profiling.profile_memory_step`."""
+        from accelerando.profiling import profile_memory_step
+
+        return profile_memory_step(function, *args, **kwargs)
+
+    def __enter__(self) -> MemoryMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _plot_timeline(records: list[dict[str, Any]], path: str) -> str | None:
+    from accelerando.utils.imports import is_matplotlib_available
+
+    if not is_matplotlib_available():
+        logger.warning(
+            "MemoryMonitor: matplotlib is not installed, no PNG timeline (`pip install matplotlib`)."
+        )
+        return None
+    # Figure (not pyplot) draws off-screen without touching the user's matplotlib backend.
+    from matplotlib.figure import Figure
+
+    steps = [r["step"] for r in records]
+    sensors = [k for k in ("gpu_temperature_c", "gpu_power_w", "gpu_utilization_pct") if k in records[-1]]
+    fig = Figure(figsize=(9, 6 if sensors else 4))
+    axes = fig.subplots(2 if sensors else 1, 1, squeeze=False)
+    memory_axis = axes[0][0]
+    for key in (
+        "cpu_rss",
+        "cpu_rss_peak",
+        "children_rss",
+        "device_allocated",
+        "device_reserved",
+        "device_peak",
+    ):
+        if key in records[-1]:
+            memory_axis.plot(steps, [r.get(key, math.nan) / _MIB for r in records], label=key)
+    memory_axis.set_ylabel("MiB")
+    memory_axis.set_title("Memory per step")
+    memory_axis.legend(loc="upper left", fontsize="small")
+    if sensors:
+        for key in sensors:
+            axes[1][0].plot(steps, [r.get(key, math.nan) for r in records], label=key)
+        axes[1][0].legend(loc="upper left", fontsize="small")
+    axes[-1][0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
