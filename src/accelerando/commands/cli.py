@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Launch splits its own flags from the script's before argparse sees them.
         args = launch.parse(parser._subparsers._group_actions[0].choices["launch"], argv[1:])  # type: ignore[union-attr]
         return launch.run(args)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "accepts_unknown", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -1,0 +1,117 @@
+"""``accelerando env``: what a bug report needs: versions, hardware and the settings in effect.
+
+The settings are resolved exactly as ``accelerando launch`` would (defaults < config file <
+environment), and every value is printed with its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+__all__ = ["add_parser", "run", "collect_versions", "collect_hardware"]
+
+_OPTIONAL = ("torch", "numpy", "safetensors", "transformers", "deepspeed", "torchao", "transformer_engine",
+             "bitsandbytes", "tensorboard", "wandb", "mlflow", "questionary")  # fmt: skip
+
+
+def collect_versions() -> dict[str, str]:
+    """Return the versions of Python, accelerando and the packages it can use, without importing them.
+
+    Returns:
+        Name -> version, ``"not installed"`` for a missing package.
+    """
+    versions = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in ("accelerando", *_OPTIONAL):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _gpus() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    rows = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        rows.append(f"{index}: {props.name}, {props.total_memory / 2**30:.1f} GiB")
+    return rows
+
+
+def collect_hardware(with_gpus: bool = True) -> dict[str, Any]:
+    """Return CPU, RAM and GPU facts about this machine.
+
+    Args:
+        with_gpus: query GPUs through torch (imports torch; CUDA is queried, not used).
+
+    Returns:
+        ``cpus``, ``ram_gib`` and ``gpus`` (one line per GPU with its memory).
+    """
+    import os
+
+    import psutil
+
+    return {
+        "cpus": os.cpu_count(),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": _gpus() if with_gpus else [],
+    }
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``accelerando env``.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+
+    Returns:
+        The new subparser.
+    """
+    parser = subparsers.add_parser("env", help="Print versions, hardware and the settings in effect.")
+    parser.add_argument(
+        "--config_file", default=None, help="Config file to inspect (default: the default one)."
+    )
+    parser.add_argument("--all", action="store_true", help="Also list settings left at their defaults.")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the environment report.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        0, or 2 when the config file is invalid (the message says why).
+    """
+    from accelerando.settings.configfile import ConfigError, find_config_file, load_config_layer
+    from accelerando.settings.resolve import env_layer, resolve
+
+    print("Versions:")
+    for name, version in collect_versions().items():
+        print(f"  {name}: {version}")
+    hardware = collect_hardware()
+    print(f"Hardware:\n  CPUs: {hardware['cpus']}\n  RAM: {hardware['ram_gib']} GiB")
+    print("  GPUs: " + ("none" if not hardware["gpus"] else "\n    " + "\n    ".join(hardware["gpus"])))
+    try:
+        path, note = find_config_file(args.config_file)
+        settings = resolve([load_config_layer(path) if path else {}, env_layer()], warn_sources=())
+    except (ConfigError, ValueError) as err:
+        print(f"accelerando env: {err}", file=sys.stderr)
+        return 2
+    print(f"Config file: {path or 'none (defaults)'}")
+    if note:
+        print(f"  {note}")
+    print("Settings in effect (value [source]):")
+    for name, value, source in settings.items():
+        if args.all or source != "default":
+            print(f"  {name}: {value!r} [{source}]")
+    return 0
