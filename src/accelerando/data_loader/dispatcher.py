@@ -165,7 +165,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         skip = start_steps * (1 if self.split_batches else processes)
         if isinstance(self.batch_sampler, BatchSamplerShard):
             self.batch_sampler._next_start = skip
-            return DataLoader.__iter__(self)
+            try:
+                return DataLoader.__iter__(self)
+            finally:
+                self.batch_sampler._next_start = 0
         iterator = DataLoader.__iter__(self)
         _consume(iterator, skip)
         return iterator

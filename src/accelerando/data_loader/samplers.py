@@ -292,8 +292,8 @@ class BatchSamplerShard(BatchSampler):
             yield from self._iter_dealt(start)
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, self._next_start = self._next_start, 0
-        return self._iter_from(start)
+        # The loader sets ``_next_start`` around creating its iterator (which may call iter() twice).
+        return self._iter_from(self._next_start)
 
     def _iter_split(self, start: int) -> Iterator[list[int]]:
         size = self.batch_size or 0

@@ -192,16 +192,23 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         )
         if counted:
             total = len(self.batch_sampler)
-            self.batch_sampler._next_start = start
-            yield from self._iterate_counted(DataLoader.__iter__(self), start, total, transfer)
+            iterator = self._base_iterator(start)
+            yield from self._iterate_counted(iterator, start, total, transfer)
             return
         if isinstance(self.batch_sampler, BatchSamplerShard):
-            self.batch_sampler._next_start = start
-            iterator = DataLoader.__iter__(self)
+            iterator = self._base_iterator(start)
         else:
             iterator = DataLoader.__iter__(self)
             _consume(iterator, start)  # iterable data: skipping means reading
         yield from self._iterate_ahead(iterator, start, transfer)
+
+    def _base_iterator(self, start: int) -> Iterator[Any]:
+        sampler = self.batch_sampler
+        sampler._next_start = start
+        try:
+            return DataLoader.__iter__(self)
+        finally:
+            sampler._next_start = 0
 
     def _iterate_counted(
         self, iterator: Iterator[Any], position: int, total: int, transfer: Callable[[Any], Any] | None
