@@ -1,0 +1,194 @@
+"""Training script run by the checkpoint tests in fresh processes (no tests in this module).
+
+It follows the documented auto-resume pattern: if the project holds a complete checkpoint, load it
+and continue from the restored position; otherwise start fresh. ``--kill-at k`` saves a checkpoint
+after micro-step k and then kills its own process with SIGKILL, like a crash.
+
+Usage: python tests/test_checkpoint_worker.py PROJECT OUT [--steps N] [--kill-at K] [--stateful]
+(also under ``torch.distributed.run`` with several processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+
+import numpy as np
+import torch
+
+
+class Progress:
+    """The script's own counter of micro-steps, registered for checkpointing."""
+
+    def __init__(self) -> None:
+        self.micro_steps = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"micro_steps": self.micro_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.micro_steps = int(state["micro_steps"])
+
+
+def build(project: str, stateful: bool):
+    """Seeded model (with dropout), AdamW, scheduler, shuffled dataloader, accumulation of 2."""
+    from accelerando import Accelerator
+    from accelerando.plugins.project import ProjectConfiguration
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    kwargs = {}
+    if stateful:
+        from accelerando import DataLoaderConfiguration
+
+        kwargs["dataloader_config"] = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = Accelerator(
+        cpu=True,
+        gradient_accumulation_steps=2,
+        project_config=ProjectConfiguration(
+            project_dir=project, automatic_checkpoint_naming=True, total_limit=2
+        ),
+        **kwargs,
+    )
+    data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    return accelerator, model, optimizer, loader, scheduler
+
+
+def train(project: str, out: str, steps: int, kill_at: int, stateful: bool) -> None:
+    from accelerando.checkpointing import latest_checkpoint, resume_point
+
+    accelerator, model, optimizer, loader, scheduler = build(project, stateful)
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress)
+    start_epoch, skip = 0, 0
+    if latest_checkpoint(project):
+        accelerator.load_state()
+        point = resume_point(accelerator)
+        start_epoch, skip = point.epoch, point.batches_to_skip
+    epoch = start_epoch
+    while progress.micro_steps < steps:
+        loader.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(loader, skip) if skip else loader
+        skip = 0
+        for x, y in batches:
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            progress.micro_steps += 1
+            if progress.micro_steps == kill_at:
+                accelerator.save_state()
+                os.kill(os.getpid(), signal.SIGKILL)
+            if progress.micro_steps == steps:
+                break
+        epoch += 1
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        torch.save({"params": unwrapped.state_dict(), "optimizer": optimizer.state_dict()}, out)
+    accelerator.wait_for_everyone()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("project")
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--kill-at", type=int, default=-1)
+    parser.add_argument("--stateful", action="store_true")
+    args = parser.parse_args()
+    train(args.project, args.out, args.steps, args.kill_at, args.stateful)
+
+
+if __name__ == "__main__":
+    main()
+
+
+def saver_loop(project: str, log_path: str, ready, pause: str | None) -> None:
+    """Resume from the newest checkpoint (logging what was found), then save over and over until killed.
+
+    Before each save every parameter is set to the number of the checkpoint being written, so a
+    resumed process can tell which checkpoint it loaded. ``pause`` ("rmtree" or "fsync") stalls the
+    process inside rotation or inside the flush of a save and signals ``ready``, so that the parent
+    kills it exactly there; otherwise ``ready`` is set when the saving loop starts.
+    """
+    import torch
+
+    from accelerando import Accelerator
+    from accelerando.checkpointing import atomic, latest_checkpoint
+    from accelerando.plugins.project import ProjectConfiguration
+
+    accelerator = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(
+            project_dir=project, automatic_checkpoint_naming=True, total_limit=2
+        ),
+    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    with open(log_path, "a") as log:
+        if latest_checkpoint(project):
+            accelerator.load_state()
+            loaded = accelerator.project_configuration.iteration - 1
+            values = {float(v) for p in model.parameters() for v in p.detach().flatten()}
+            log.write(f"resumed {loaded} {'ok' if values == {float(loaded)} else 'bad'}\n")
+        else:
+            log.write("fresh\n")
+        log.flush()
+        _install_pause(atomic, pause, ready)
+        if pause is None:
+            ready.set()
+        while True:
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.fill_(float(accelerator.project_configuration.iteration))
+            path = accelerator.save_state()
+            log.write(f"committed {os.path.basename(path).split('_')[-1]}\n")
+            log.flush()
+            os.fsync(log.fileno())
+
+
+def _install_pause(atomic, pause: str | None, ready) -> None:
+    """Make the child stall (after signalling) inside rotation's delete or a save's flush."""
+    import time
+
+    if pause == "rmtree":
+        original_rmtree = atomic.shutil.rmtree
+
+        def slow_rmtree(path, *args, **kwargs):
+            if (
+                ".trash-" in os.path.basename(path)
+                and os.path.basename(os.path.dirname(path)) == "checkpoints"
+            ):
+                names = sorted(os.listdir(path))
+                if names:
+                    os.remove(os.path.join(path, names[0]))  # half-deleted when the kill lands
+                ready.set()
+                time.sleep(5)
+            original_rmtree(path, *args, **kwargs)
+
+        atomic.shutil.rmtree = slow_rmtree
+    elif pause == "fsync":
+        original_fsync = atomic.fsync_file
+        calls = {"n": 0}
+
+        def slow_fsync(path):
+            calls["n"] += 1
+            if calls["n"] > 3:  # inside a later save, with some files already flushed
+                ready.set()
+                time.sleep(5)
+            original_fsync(path)
+
+        atomic.fsync_file = slow_fsync
