@@ -14,8 +14,8 @@ import torch
 
 from accelerando import tracking
 from accelerando.enums import LoggerType
-from accelerando.tracking import GeneralTracker, TrackingManager, filter_trackers, on_main_process
 from accelerando.trackers.base import flatten_config, sanitize_config
+from accelerando.tracking import GeneralTracker, TrackingManager, filter_trackers, on_main_process
 
 
 class RecordingTracker(GeneralTracker):
