@@ -51,7 +51,12 @@ class CollectivesMixin:
         from accelerando.utils.operations import gather, gather_object, recursively_apply
 
         use_object = use_gather_object or not _all_tensors(input_data)
-        data = gather_object(input_data) if use_object else gather(input_data)
+        if use_object:
+            data = gather_object(input_data)
+        elif getattr(self, "even_batches", True) or not self.state.use_distributed:
+            data = gather(input_data)
+        else:
+            data = self._gather_ragged(input_data)
         gs = self.gradient_state
         if not gs.end_of_dataloader:
             return data
@@ -61,6 +66,25 @@ class CollectivesMixin:
         if use_object:
             return data[:remainder]
         return recursively_apply(lambda t: t[:remainder], data)
+
+    def _gather_ragged(self, data: Any) -> Any:
+        """Gather tensors whose first dimension differs across processes (uneven last batches)."""
+        from accelerando.utils.operations import (
+            find_batch_size,
+            gather,
+            pad_across_processes,
+            recursively_apply,
+        )
+
+        local = torch.tensor([find_batch_size(data)], device=self.state.device)
+        sizes = gather(local).tolist()
+        padded = gather(pad_across_processes(data, dim=0))
+        width = max(sizes)
+
+        def pick(tensor: torch.Tensor) -> torch.Tensor:
+            return torch.cat([tensor[i * width : i * width + n] for i, n in enumerate(sizes)])
+
+        return recursively_apply(pick, padded)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""

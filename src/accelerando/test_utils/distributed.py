@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -33,7 +34,13 @@ def get_free_port() -> int:
 
 
 def _rank_main(
-    fn: Callable[..., Any], rank: int, world_size: int, port: int, env: Mapping[str, str], args: tuple, results: Any
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    env: Mapping[str, str],
+    args: tuple,
+    results: Any,
 ) -> None:
     os.environ.update(
         {
@@ -50,7 +57,9 @@ def _rank_main(
     os.environ.update(env)
     try:
         value = fn(*args)
-        results.put((rank, True, value))
+        # Plain pickle copies tensor data; the queue's own pickler would pass shared-memory file
+        # descriptors that die with this process before the parent reads them.
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -96,15 +105,26 @@ def run_distributed(
     for proc in procs:
         proc.start()
     outcome: dict[int, Any] = {}
+    failures: dict[int, str] = {}
     try:
-        while len(outcome) < world_size:
+        while len(outcome) + len(failures) < world_size:
             try:
-                rank, ok, value = results.get(timeout=timeout)
+                # Once one rank failed, the others usually fail soon after (a broken collective);
+                # wait a little for them so the report shows the root cause, not only the echo.
+                rank, ok, value = results.get(timeout=10 if failures else timeout)
             except queue.Empty as exc:
-                raise DistributedTestError(f"timed out after {timeout}s; ranks done: {sorted(outcome)}") from exc
-            if not ok:
-                raise DistributedTestError(f"rank {rank} failed:\n{value}")
-            outcome[rank] = value
+                if failures:
+                    break
+                raise DistributedTestError(
+                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}"
+                ) from exc
+            if ok:
+                outcome[rank] = pickle.loads(value)
+            else:
+                failures[rank] = value
+        if failures:
+            report = "\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in sorted(failures.items()))
+            raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
     finally:
         for proc in procs:
             proc.join(timeout=10)
@@ -128,7 +148,9 @@ def execute_subprocess(
             list(cmd), env=full_env, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
         )
     except subprocess.TimeoutExpired as exc:
-        raise DistributedTestError(f"{' '.join(cmd)} timed out after {timeout}s\n{exc.stdout}\n{exc.stderr}") from exc
+        raise DistributedTestError(
+            f"{' '.join(cmd)} timed out after {timeout}s\n{exc.stdout}\n{exc.stderr}"
+        ) from exc
     if proc.returncode != 0:
         raise DistributedTestError(
             f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
