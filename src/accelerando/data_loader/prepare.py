@@ -15,6 +15,7 @@ from accelerando.data_loader.samplers import (
     IterableDatasetShard,
     SeedableRandomSampler,
     _consume,
+    _DrawnRandomSampler,
 )
 from accelerando.data_loader.shard import DataLoaderShard
 
@@ -95,8 +96,11 @@ def _prepare_sampling(
         # lets the loader record and restore each epoch's order without touching the global RNG.
         generator = torch.Generator()
         generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-        sampler = copy.copy(sampler)
-        sampler.generator = generator
+        if not sampler.replacement and sampler._num_samples is None:
+            sampler = _DrawnRandomSampler(sampler.data_source, generator=generator)
+        else:
+            sampler = copy.copy(sampler)
+            sampler.generator = generator
         return _with_sampler(batch_sampler, sampler), generator
     return batch_sampler, sampler.generator
 

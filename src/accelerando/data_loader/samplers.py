@@ -34,6 +34,26 @@ def _cycle_to(items: list[Any], count: int) -> list[Any]:
     return (items * repeats)[:count]
 
 
+def _tensor_iter(indices: torch.Tensor) -> Iterator[int]:
+    """Iterate a 1-D index tensor at C speed, converting it to Python ints piecewise.
+
+    Piecewise, because a list of every index of a large dataset costs tens of bytes per index; and
+    without a Python generator per index, so skipping another process's indices is cheap.
+    """
+    return itertools.chain.from_iterable(chunk.tolist() for chunk in indices.split(1 << 16))
+
+
+class _DrawnRandomSampler(RandomSampler):
+    """A ``RandomSampler`` that draws one permutation from its generator per ``iter()``.
+
+    Prepared loaders use it when the user's ``RandomSampler`` had no generator of its own: the order
+    is then ours to choose, and this one can be walked (and skipped through) at C speed.
+    """
+
+    def __iter__(self) -> Iterator[int]:
+        return _tensor_iter(torch.randperm(len(self.data_source), generator=self.generator))  # type: ignore[arg-type]
+
+
 class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order depends only on ``(seed, epoch)``.
 
@@ -95,13 +115,7 @@ class SeedableRandomSampler(RandomSampler):
 
     def _iter_from(self, start: int) -> Iterator[int]:
         """Iterate this epoch's indices from position ``start`` (O(1) skip; the epoch stays)."""
-        return self._chunks(self._indices()[start:])
-
-    @staticmethod
-    def _chunks(indices: torch.Tensor) -> Iterator[int]:
-        # Convert piecewise: a list of every index of a large dataset would cost tens of bytes each.
-        for chunk in indices.split(1 << 16):
-            yield from chunk.tolist()
+        return _tensor_iter(self._indices()[start:])
 
     def __iter__(self) -> Iterator[int]:
         yield from self._iter_from(0)
@@ -144,7 +158,7 @@ class _EpochStream:
         size = sampler.batch_size
         head_size, start_index = head_batches * size, start * size
         inner = sampler.sampler
-        if getattr(inner, "_iter_from", None) is not None or type(inner) is SequentialSampler:
+        if isinstance(inner, SeedableRandomSampler) or type(inner) is SequentialSampler:
             # Deterministic samplers: read the head separately, then jump straight to the start.
             self.head = list(itertools.islice(_iter_sampler_from(inner, 0), head_size))
             if start_index >= len(self.head):
