@@ -81,6 +81,33 @@ class PreparedLoaderMixin:
         self.end_of_dataloader = False
         self.remainder = -1
 
+    # DataLoader forbids setting these after construction and reports None for them when a batch
+    # sampler is given; report the per-process values instead.
+    @property
+    def batch_size(self) -> int | None:  # type: ignore[override]
+        """Samples per batch on this process."""
+        sampler = self.__dict__.get("batch_sampler")
+        if isinstance(sampler, BatchSamplerShard) and sampler.batch_size is not None:
+            size = sampler.batch_size
+            return size // sampler.num_processes if sampler.split_batches else size
+        return self.__dict__.get("_plain_batch_size")
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self.__dict__["_plain_batch_size"] = value
+
+    @property
+    def drop_last(self) -> bool:  # type: ignore[override]
+        """Whether the last incomplete batch is dropped."""
+        sampler = self.__dict__.get("batch_sampler")
+        if isinstance(sampler, BatchSamplerShard):
+            return sampler.drop_last
+        return bool(self.__dict__.get("_plain_drop_last", False))
+
+    @drop_last.setter
+    def drop_last(self, value: bool) -> None:
+        self.__dict__["_plain_drop_last"] = value
+
     # ------------------------------------------------------------------ epochs
     @property
     def iteration(self) -> int:
@@ -173,9 +200,16 @@ class PreparedLoaderMixin:
             progress.in_epoch = False
 
     # ----------------------------------------------------------------- sizes
+    def _shard(self) -> BatchSamplerShard | None:
+        """The ``BatchSamplerShard`` this loader draws from (as batch sampler, or as sampler)."""
+        for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
+            if isinstance(candidate, BatchSamplerShard):
+                return candidate
+        return None
+
     def _compute_remainder(self) -> int:
-        sampler = self.batch_sampler
-        if isinstance(sampler, BatchSamplerShard):
+        sampler = self._shard()
+        if sampler is not None:
             found = sampler.remainder
             if found != -1 or sampler.total_length is not None:
                 return found
@@ -193,8 +227,8 @@ class PreparedLoaderMixin:
     @property
     def total_batch_size(self) -> int | None:
         """Samples per optimizer step over all processes (one global batch)."""
-        sampler, dataset = self.batch_sampler, self.dataset
-        if isinstance(sampler, BatchSamplerShard):
+        sampler, dataset = self._shard(), self.dataset
+        if sampler is not None:
             return sampler.global_batch_size
         if isinstance(dataset, IterableDatasetShard):
             return dataset.global_batch_size

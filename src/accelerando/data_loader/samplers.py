@@ -279,7 +279,17 @@ class BatchSamplerShard(BatchSampler):
             return -1
         return -1 if total % gbs == 0 else total % gbs
 
+    @property
+    def has_length(self) -> bool:
+        """Whether the wrapped batch sampler has a length (so this one has too)."""
+        return isinstance(self.batch_sampler, Sized)
+
     def __len__(self) -> int:
+        if not self.has_length:
+            raise TypeError(
+                f"{type(self.batch_sampler).__name__} has no __len__, so the number of batches per process "
+                "is unknown; give the batch sampler a __len__ (or avoid len() on the prepared loader)."
+            )
         batches = len(self.batch_sampler)  # type: ignore[arg-type]
         n, p = self.num_processes, self.process_index
         if n == 1:

@@ -129,33 +129,6 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             _non_blocking,
         )
 
-    # DataLoader forbids setting these after construction and reports None for them when a batch
-    # sampler is given; report the per-process values instead.
-    @property
-    def batch_size(self) -> int | None:  # type: ignore[override]
-        """Samples per batch on this process."""
-        sampler = self.__dict__.get("batch_sampler")
-        if isinstance(sampler, BatchSamplerShard) and sampler.batch_size is not None:
-            size = sampler.batch_size
-            return size // sampler.num_processes if sampler.split_batches else size
-        return self.__dict__.get("_plain_batch_size")
-
-    @batch_size.setter
-    def batch_size(self, value: int | None) -> None:
-        self.__dict__["_plain_batch_size"] = value
-
-    @property
-    def drop_last(self) -> bool:  # type: ignore[override]
-        """Whether the last incomplete batch is dropped."""
-        sampler = self.__dict__.get("batch_sampler")
-        if isinstance(sampler, BatchSamplerShard):
-            return sampler.drop_last
-        return bool(self.__dict__.get("_plain_drop_last", False))
-
-    @drop_last.setter
-    def drop_last(self, value: bool) -> None:
-        self.__dict__["_plain_drop_last"] = value
-
     def __len__(self) -> int:
         return max(super().__len__() - self._skip_once, 0)
 
@@ -187,28 +160,23 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
 
     def _iterate(self, start: int) -> Iterator[Any]:
         transfer = self._transfer()
-        counted = isinstance(self.batch_sampler, BatchSamplerShard) and not isinstance(
-            transfer, _CudaPrefetch
-        )
-        if counted:
-            total = len(self.batch_sampler)
-            iterator = self._base_iterator(start)
-            yield from self._iterate_counted(iterator, start, total, transfer)
-            return
-        if isinstance(self.batch_sampler, BatchSamplerShard):
-            iterator = self._base_iterator(start)
-        else:
+        shard = self._shard()
+        if shard is None:
             iterator = DataLoader.__iter__(self)
             _consume(iterator, start)  # iterable data: skipping means reading
-        yield from self._iterate_ahead(iterator, start, transfer)
+            yield from self._iterate_ahead(iterator, start, transfer)
+        elif shard.has_length and not isinstance(transfer, _CudaPrefetch):
+            total = len(shard)
+            yield from self._iterate_counted(self._base_iterator(shard, start), start, total, transfer)
+        else:
+            yield from self._iterate_ahead(self._base_iterator(shard, start), start, transfer)
 
-    def _base_iterator(self, start: int) -> Iterator[Any]:
-        sampler = self.batch_sampler
-        sampler._next_start = start
+    def _base_iterator(self, shard: BatchSamplerShard, start: int) -> Iterator[Any]:
+        shard._next_start = start
         try:
             return DataLoader.__iter__(self)
         finally:
-            sampler._next_start = 0
+            shard._next_start = 0
 
     def _iterate_counted(
         self, iterator: Iterator[Any], position: int, total: int, transfer: Callable[[Any], Any] | None
