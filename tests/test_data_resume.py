@@ -147,3 +147,30 @@ def test_skip_on_iterable_data_reads_through():
     assert [b.tolist() for b in skip_first_batches(loader, 1)] == [[6, 7], [0, 1]]
     with pytest.raises(ValueError, match="non-negative"):
         skip_first_batches(loader, -1)
+
+
+def test_dispatcher_resume_and_direct_construction():
+    from accelerando.data_loader import DataLoaderDispatcher, DataLoaderShard
+
+    def make():
+        return prepare_data_loader(
+            DataLoader(Counting(11), batch_size=2),
+            num_processes=1,
+            process_index=0,
+            put_on_device=True,
+            device=torch.device("cpu"),
+            dispatch_batches=True,
+            use_stateful_dataloader=True,
+        )
+
+    reference = [b.clone() for b in make()]
+    loader = make()
+    assert isinstance(loader, DataLoaderDispatcher)
+    state = _run_until(loader, 2)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(list(resumed), reference[2:], strict=True))
+    direct = DataLoaderShard(list(range(16)), batch_size=4)
+    assert [b.tolist() for b in direct] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [b.tolist() for b in skip_first_batches(direct, 3)] == [[12, 13, 14, 15]]
+    assert direct.iteration == 2
