@@ -23,7 +23,16 @@ import test_checkpoint_worker as worker  # noqa: E402
 
 def _context():
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "accelerando", "accelerando.accelerator", "test_checkpoint_worker"])
+    ctx.set_forkserver_preload(
+        [
+            "torch",
+            "torch._dynamo",
+            "torch.optim",
+            "accelerando",
+            "accelerando.accelerator",
+            "test_checkpoint_worker",
+        ]
+    )
     return ctx
 
 

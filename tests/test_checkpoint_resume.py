@@ -4,34 +4,48 @@ run with shuffling, dropout, a scheduler and gradient accumulation; 1 and 2 proc
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
-import subprocess
 import sys
 
-import pytest
 import torch
 
-from accelerando.test_utils import DistributedTestError, launch_script
+from accelerando.test_utils import get_free_port
 
-WORKER = os.path.join(os.path.dirname(__file__), "test_checkpoint_worker.py")
-STEPS = 20  # 12 batches per epoch: the run crosses one epoch boundary
+sys.path.insert(0, os.path.dirname(__file__))
+import test_checkpoint_worker as worker  # noqa: E402
+
+STEPS = 20  # 12 batches per epoch with one process: the run crosses an epoch boundary
 
 
-def _run(project: str, out: str, *extra: str, processes: int = 1, expect_kill: bool = False) -> None:
-    args = [project, out, "--steps", str(STEPS), *extra]
-    if processes == 1:
-        proc = subprocess.run(
-            [sys.executable, WORKER, *args], capture_output=True, text=True, timeout=240, check=False
-        )
-        expected = -signal.SIGKILL if expect_kill else 0
-        assert proc.returncode == expected, proc.stderr[-4000:]
-        return
-    if expect_kill:
-        with pytest.raises(DistributedTestError):
-            launch_script(WORKER, processes, args, timeout=240)
-    else:
-        launch_script(WORKER, processes, args, timeout=240)
+def _context():
+    # A fork server with torch preloaded: each run costs a fork, not an interpreter start.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(
+        [
+            "torch",
+            "torch._dynamo",
+            "torch.optim",
+            "accelerando",
+            "accelerando.accelerator",
+            "test_checkpoint_worker",
+        ]
+    )
+    return ctx
+
+
+def _run(project: str, out: str, kill_at: int = -1, stateful: bool = False, processes: int = 1) -> None:
+    ctx = _context()
+    port = get_free_port()
+    args = (project, out, STEPS, kill_at, stateful)
+    procs = [ctx.Process(target=worker.rank_entry, args=(r, processes, port, args)) for r in range(processes)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=240)
+    expected = -signal.SIGKILL if kill_at > 0 else 0
+    assert [p.exitcode for p in procs] == [expected] * processes
 
 
 def _assert_bitwise_equal(a_path: str, b_path: str) -> None:
@@ -47,14 +61,13 @@ def _assert_bitwise_equal(a_path: str, b_path: str) -> None:
 
 
 def _scenario(tmp_path, processes: int, kill_points: list[int], stateful: bool = False) -> None:
-    flags = ["--stateful"] if stateful else []
     reference = str(tmp_path / "reference.pt")
-    _run(str(tmp_path / "ref"), reference, *flags, processes=processes)
+    _run(str(tmp_path / "ref"), reference, stateful=stateful, processes=processes)
     for k in kill_points:
         project, out = str(tmp_path / f"run_{k}"), str(tmp_path / f"resumed_{k}.pt")
-        _run(project, out, "--kill-at", str(k), *flags, processes=processes, expect_kill=True)
+        _run(project, out, kill_at=k, stateful=stateful, processes=processes)
         assert not os.path.exists(out)
-        _run(project, out, *flags, processes=processes)  # same command again: auto-resume
+        _run(project, out, stateful=stateful, processes=processes)  # the same run again: auto-resume
         _assert_bitwise_equal(reference, out)
 
 
@@ -67,6 +80,5 @@ def test_exact_resume_two_processes_mid_epoch(tmp_path) -> None:
     _scenario(tmp_path, 2, [5])
 
 
-@pytest.mark.slow
 def test_exact_resume_two_processes_epoch_boundary(tmp_path) -> None:
     _scenario(tmp_path, 2, [6])  # 6 batches per process and epoch with 2 processes

@@ -54,7 +54,9 @@ def build(project: str, stateful: bool):
         **kwargs,
     )
     data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
-    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
@@ -192,3 +194,19 @@ def _install_pause(atomic, pause: str | None, ready) -> None:
             original_fsync(path)
 
         atomic.fsync_file = slow_fsync
+
+
+def rank_entry(rank: int, world_size: int, port: int, args: tuple) -> None:
+    """Run :func:`train` as rank ``rank`` of ``world_size`` (torchrun-style environment, gloo)."""
+    if world_size > 1:
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+        )
+    train(*args)
