@@ -7,9 +7,7 @@ environment), and every value is printed with its source.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
-from importlib import metadata
 from typing import Any
 
 __all__ = ["add_parser", "run", "collect_versions", "collect_hardware"]
@@ -24,6 +22,9 @@ def collect_versions() -> dict[str, str]:
     Returns:
         Name -> version, ``"not installed"`` for a missing package.
     """
+    import platform
+    from importlib import metadata
+
     versions = {"python": platform.python_version(), "platform": platform.platform()}
     for name in ("accelerando", *_OPTIONAL):
         try:

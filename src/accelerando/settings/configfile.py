@@ -13,8 +13,6 @@ default config does, that one is used and the caller is told so.
 
 from __future__ import annotations
 
-import difflib
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -137,6 +135,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         ConfigError: when the file cannot be parsed or is not a mapping.
     """
+    import json
+
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     try:
@@ -169,6 +169,8 @@ def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unknown_key(path: str, key: str) -> ConfigError:
+    import difflib
+
     known = sorted({*CONFIG_KEYS, *_ACCEPTED_TOP, *_SECTIONS})
     leaf = key.split(".")[-1]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
@@ -322,6 +324,8 @@ def write_config_file(data: Mapping[str, Any], path: str | os.PathLike[str]) -> 
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
+        import json
+
         text = json.dumps(dict(data), indent=2, sort_keys=True) + "\n"
     else:
         import yaml

@@ -7,7 +7,6 @@ CPU counts are read from the driver's ``/proc`` entries and the environment.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +67,8 @@ def detect_machine() -> MachineInfo:
 
 def free_port() -> int:
     """Return a TCP port that was free on the loopback interface a moment ago."""
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
