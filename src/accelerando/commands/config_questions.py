@@ -37,6 +37,7 @@ def _answer(question: Any) -> Any:
 
 def _validator(name: str) -> Any:
     def check(text: str) -> bool | str:
+        """questionary validator: True, or the message shown under the prompt."""
         try:
             parse_value(name, text, "answer")
         except ValueError:

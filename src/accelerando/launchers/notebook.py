@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from accelerando.settings.machine import detect_machine
 from accelerando.settings.resolve import parse_value
 
 __all__ = ["notebook_launcher", "debug_launcher"]
@@ -79,7 +80,9 @@ def _format_failure(err: Any) -> str:
     return f"Process {rank} of the launched function failed (exit code {failure.exitcode}):\n{body}"
 
 
-def _launch(function: Callable[..., Any], args: tuple[Any, ...], nprocs: int, env: Mapping[str, str], **kw: Any) -> list[Any]:
+def _launch(
+    function: Callable[..., Any], args: tuple[Any, ...], nprocs: int, env: Mapping[str, str], **kw: Any
+) -> list[Any]:
     """Start ``nprocs`` forked processes through the elastic agent and return their results by rank."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -172,15 +175,18 @@ def notebook_launcher(
         port = free_port()
         print(f"notebook_launcher: port {use_port} is busy; using {port}.", file=sys.stderr)
     endpoint = rdzv_endpoint or f"{master_addr}:{port}"
-    if num_processes > 1:
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // num_processes))
+    machine = detect_machine()
+    if not machine.omp_threads_set:  # share the cores instead of one thread per core in every process
+        env["OMP_NUM_THREADS"] = str(max(1, machine.cpu_count // num_processes))
     return _launch(function, tuple(args), num_processes, env, num_nodes=num_nodes, node_rank=node_rank,
                    rdzv_endpoint=endpoint, rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                    rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
                    log_line_prefix_template=log_line_prefix_template)  # fmt: skip
 
 
-def debug_launcher(function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2) -> list[Any]:
+def debug_launcher(
+    function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2
+) -> list[Any]:
     """Run ``function(*args)`` in ``num_processes`` CPU processes, for tests and debugging.
 
     Args:

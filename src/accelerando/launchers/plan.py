@@ -282,7 +282,9 @@ def build(
     if settings.distributed_type == "NO" and total > 1:
         # A config written for one process must not pin several processes to "not distributed".
         env.pop(FIELDS_BY_NAME["distributed_type"].our_env, None)
-        notes.append(f"distributed_type 'NO' ({settings.source('distributed_type')}) ignored: {total} processes.")
+        notes.append(
+            f"distributed_type 'NO' ({settings.source('distributed_type')}) ignored: {total} processes."
+        )
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0
     if elastic:
         agent = _agent_argv(settings, command, per_node, port)

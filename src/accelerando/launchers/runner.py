@@ -19,9 +19,10 @@ __all__ = ["run"]
 
 
 def _run_simple(plan: LaunchPlan) -> int:
-    env = {**os.environ, **plan.env}
+    # The launcher is the one place that writes the processes' environment; the child inherits ours.
+    os.environ.update(plan.env)
     try:
-        return subprocess.run(list(plan.argv), env=env, check=False).returncode
+        return subprocess.run(list(plan.argv), check=False).returncode
     except FileNotFoundError as err:
         print(f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}.", file=sys.stderr)
         return 127
