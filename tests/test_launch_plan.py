@@ -183,3 +183,22 @@ def test_cli_and_launch_help_do_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "estimate-memory" in result.stdout or "launch" in result.stdout
+
+
+def test_elastic_agent_options_and_compat_flags_in_dry_run(capsys):
+    argv = ["--dry-run", "--cpu", "--num_processes", "2", "--tee", "3", "--log_dir", "/tmp/logs", "--role", "w",
+            "--fp8_backend", "te", "--ipex", "--max_restarts", "2", "--rdzv_conf", "timeout=5", "t.py"]  # fmt: skip
+    assert launch.main(argv) == 0
+    out = capsys.readouterr().out
+    command = next(line for line in out.splitlines() if line.startswith("Command:"))
+    assert "--role=w" in command and "--tee=3" in command and "--log_dir=/tmp/logs" in command
+    assert "--max_restarts 2" in command and "--rdzv_conf timeout=5" in command
+    assert "ACCELERATE_FP8_BACKEND=te" in out and "ACCELERATE_IPEX=true" in out
+
+
+def test_public_names_resolve_lazily():
+    import accelerando
+    import accelerando.utils
+
+    assert accelerando.write_basic_config is accelerando.utils.write_basic_config
+    assert callable(accelerando.notebook_launcher) and callable(accelerando.debug_launcher)

@@ -92,3 +92,14 @@ def test_real_notebook_runs_notebook_launcher(tmp_path):
         o.get("text", "") for o in notebook.cells[0].outputs if o.get("output_type") == "stream"
     )
     assert "RESULTS [(0, 2, 30.0), (1, 2, 30.0)]" in outputs, outputs
+
+
+def test_launch_refused_when_state_exists_in_parent():
+    from accelerando.state import PartialState
+
+    PartialState(cpu=True)
+    try:
+        with pytest.raises(ValueError, match="inside the launched function"):
+            notebook_launcher(_fail_on_rank_one, num_processes=2)
+    finally:
+        PartialState._reset_state()
