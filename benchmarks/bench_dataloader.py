@@ -31,12 +31,17 @@ def _epoch_time(loader: Iterable) -> float:
     return time.perf_counter() - start
 
 
-def _compare(raw: Iterable, prepared: Iterable, repeats: int, batches: int) -> dict[str, float]:
+def _compare(
+    raw: Iterable, prepared: Iterable, repeats: int, batches: int, align: Callable[[], None] = lambda: None
+) -> dict[str, float]:
+    """Median epoch times; ``align`` runs (untimed) before each epoch, e.g. a barrier between ranks."""
     _epoch_time(raw)
     _epoch_time(prepared)
     raw_times, prep_times = [], []
     for _ in range(repeats):
+        align()
         raw_times.append(_epoch_time(raw))
+        align()
         prep_times.append(_epoch_time(prepared))
     raw_t, prep_t = statistics.median(raw_times), statistics.median(prep_times)
     return {
@@ -77,8 +82,12 @@ def _ddp_rank(samples: int, batch_size: int, repeats: int) -> dict[str, float]:
     dataset = _dataset(samples)
     sampler = DistributedSampler(dataset, state.num_processes, state.process_index, shuffle=True)
     raw = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-    prepared = prepare_data_loader(DataLoader(dataset, batch_size=batch_size, shuffle=True), put_on_device=True)
-    return _compare(raw, prepared, repeats, len(raw))
+    prepared = prepare_data_loader(
+        DataLoader(dataset, batch_size=batch_size, shuffle=True), put_on_device=True
+    )
+    # Without the barrier, a rank slowed by the machine would be charged the other's waiting time in
+    # the prepared loader's once-per-epoch generator synchronisation.
+    return _compare(raw, prepared, repeats, len(raw), align=state.wait_for_everyone)
 
 
 def two_processes(samples: int, batch_size: int, repeats: int) -> list[dict[str, float]]:

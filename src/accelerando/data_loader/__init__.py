@@ -8,7 +8,12 @@ process its slice); ``skip_first_batches`` resumes inside an epoch without loadi
 from __future__ import annotations
 
 from accelerando.data_loader.dispatcher import DataLoaderDispatcher
-from accelerando.data_loader.prepare import prepare_data_loader, skip_first_batches
+from accelerando.data_loader.prepare import (
+    SkipBatchSampler,
+    SkipDataLoader,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from accelerando.data_loader.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
 from accelerando.data_loader.shard import DataLoaderShard
 
@@ -18,6 +23,8 @@ __all__ = [
     "DataLoaderShard",
     "IterableDatasetShard",
     "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "SkipDataLoader",
     "prepare_data_loader",
     "skip_first_batches",
 ]

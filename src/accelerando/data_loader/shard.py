@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -43,29 +43,38 @@ def _wrap_batch_sampler(dataset: Any, kwargs: dict[str, Any]) -> None:
 
 
 class _CudaPrefetch:
-    """Copies a batch to the GPU on a side stream; ``ready`` makes the compute stream wait for it."""
+    """Copies a batch to the GPU on a side stream; ``ready`` makes the compute stream wait for it.
+
+    Each copy records an event, so that waiting for one batch does not also wait for the copy of
+    the next one, which is already under way while the current batch is used.
+    """
 
     def __init__(self, device: torch.device, send: Callable[..., Any]) -> None:
         self.device = device
         self.send = send
         self.stream = torch.cuda.Stream(device=device)
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: Any) -> tuple[Any, Any]:
         with torch.cuda.stream(self.stream):
-            return self.send(batch, self.device, non_blocking=True)
+            moved = self.send(batch, self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.stream)
+        return moved, copied
 
-    def ready(self, batch: Any) -> Any:
+    def ready(self, pending: tuple[Any, Any]) -> Any:
+        batch, copied = pending
         current = torch.cuda.current_stream(self.device)
-        current.wait_stream(self.stream)
+        current.wait_event(copied)
         _record_stream(batch, current)
         return batch
 
 
 def _record_stream(batch: Any, stream: Any) -> None:
+    # The copies were allocated on the side stream; tell the allocator the compute stream uses them.
     if isinstance(batch, torch.Tensor):
         if batch.is_cuda:
             batch.record_stream(stream)
-    elif isinstance(batch, dict):
+    elif isinstance(batch, Mapping):
         for value in batch.values():
             _record_stream(value, stream)
     elif isinstance(batch, (list, tuple)):
