@@ -1,0 +1,72 @@
+"""``accelerando merge-weights CHECKPOINT_DIR OUTPUT_DIR``: sharded FSDP weights -> full weights.
+
+Runs in one process without a process group. torch is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``accelerando merge-weights``.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+
+    Returns:
+        The new subparser.
+    """
+    parser = subparsers.add_parser(
+        "merge-weights",
+        help="Merge a sharded FSDP checkpoint (pytorch_model_fsdp_<i>/) into full weights.",
+        description="Merge the shards FSDP wrote with SHARDED_STATE_DICT into one weights file "
+        "(or several with an index above --max_shard_size).",
+    )
+    parser.add_argument(
+        "checkpoint_directory", help="The sharded folder, e.g. checkpoint/pytorch_model_fsdp_0."
+    )
+    parser.add_argument("output_path", help="Folder to write the merged weights into.")
+    parser.add_argument(
+        "--unsafe_serialization",
+        action="store_true",
+        help="Write pytorch_model.bin with torch.save instead of model.safetensors.",
+    )
+    parser.add_argument(
+        "--remove_checkpoint_dir", action="store_true", help="Delete the sharded folder after merging."
+    )
+    parser.add_argument(
+        "--max_shard_size", default="10GB", help="Largest output file before splitting (default 10GB)."
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Merge the shards named by ``args``; print where the weights went.
+
+    Args:
+        args: parsed arguments of ``merge-weights``.
+
+    Returns:
+        0 on success, 1 when the folder is not a sharded checkpoint.
+    """
+    from accelerando.utils.fsdp import merge_fsdp_weights
+
+    try:
+        out = merge_fsdp_weights(
+            args.checkpoint_directory,
+            args.output_path,
+            safe_serialization=not args.unsafe_serialization,
+            remove_checkpoint_dir=args.remove_checkpoint_dir,
+            max_shard_size=args.max_shard_size,
+        )
+    except FileNotFoundError as err:
+        print(f"accelerando merge-weights: {err}", file=sys.stderr)
+        return 1
+    print(f"Merged weights written to {out}")
+    return 0

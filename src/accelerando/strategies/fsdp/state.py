@@ -1,0 +1,154 @@
+"""State dicts of FSDP models and optimizers: full (gathered on rank 0) and sharded (DCP folders).
+
+Everything goes through ``torch.distributed.checkpoint.state_dict`` so FSDP1 and FSDP2 models are
+handled the same way and keys are the plain module names (no wrapper prefixes).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "MODEL_SHARDS_NAME",
+    "OPTIMIZER_SHARDS_NAME",
+    "broadcast_buffers",
+    "broadcast_full_state_dict",
+    "broadcast_params",
+    "full_model_state_dict",
+    "full_optimizer_state_dict",
+    "load_full_model_state_dict",
+    "load_full_optimizer_state_dict",
+    "load_sharded_model",
+    "load_sharded_optimizer",
+    "save_sharded_model",
+    "save_sharded_optimizer",
+]
+
+# Folder names inside a checkpoint, as the reference names them (merge-weights takes the first).
+MODEL_SHARDS_NAME = "pytorch_model_fsdp"
+OPTIMIZER_SHARDS_NAME = "optimizer"
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def broadcast_params(model: torch.nn.Module) -> None:
+    """Overwrite every process's parameters and buffers with rank 0's (before sharding)."""
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Overwrite every process's buffers with rank 0's (buffers are never sharded)."""
+    with torch.no_grad():
+        for buffer in model.buffers():
+            dist.broadcast(buffer.data, src=0)
+
+
+def broadcast_full_state_dict(
+    model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
+) -> None:
+    """Load rank 0's full state dict into a sharded model; other ranks pass ``{}`` and keep their shard."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    options = _options(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=cpu_offload)
+    set_model_state_dict(model, full_sd if dist.get_rank() == 0 else {}, options=options)
+
+
+def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict on rank 0 (CPU tensors); ``{}`` on the other ranks. Every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_model_state_dict(
+    model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+) -> Any:
+    """Load a full state dict (present on every rank) into a sharded model."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    return set_model_state_dict(model, state_dict, options=_options(full_state_dict=True, strict=strict))
+
+
+def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's full (unsharded) state on rank 0, keyed by parameter names; ``{}`` elsewhere."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(
+        model, optimizer, options=_options(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def load_full_optimizer_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load a full optimizer state (present on every rank); each rank keeps its shard of it."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=_options(full_state_dict=True))
+
+
+def _folder(root: str, stem: str, index: int) -> str:
+    return os.path.join(root, f"{stem}_{index}")
+
+
+def save_sharded_model(model: torch.nn.Module, output_dir: str, index: int) -> str:
+    """Write each rank's shard of ``model`` with ``torch.distributed.checkpoint``; return the folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    folder = _folder(output_dir, MODEL_SHARDS_NAME, index)
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder)
+    return folder
+
+
+def load_sharded_model(model: torch.nn.Module, input_dir: str, index: int) -> bool:
+    """Load a folder written by :func:`save_sharded_model`; False when the checkpoint has none."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    folder = _folder(input_dir, MODEL_SHARDS_NAME, index)
+    if not os.path.isdir(folder):
+        return False
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=folder)
+    set_model_state_dict(model, state["model"])
+    return True
+
+
+def save_sharded_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, output_dir: str, index: int
+) -> str:
+    """Write each rank's shard of the optimizer state; return the folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    folder = _folder(output_dir, OPTIMIZER_SHARDS_NAME, index)
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+    return folder
+
+
+def load_sharded_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, input_dir: str, index: int
+) -> bool:
+    """Load a folder written by :func:`save_sharded_optimizer`; False when the checkpoint has none."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    folder = _folder(input_dir, OPTIMIZER_SHARDS_NAME, index)
+    if not os.path.isdir(folder):
+        return False
+    # The template holds initialised (empty) state for every parameter, so DCP knows every shape.
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return True

@@ -1,0 +1,264 @@
+"""Wrapping a model with FSDP2 (``fully_shard``) or FSDP1 (``FullyShardedDataParallel``).
+
+FSDP2 preparation is one visible sequence, each step placed where it must be:
+1. choose the wrap units (layer classes or sizes) on the plain model, before anything renames it;
+2. RAM-efficient loading: keep rank 0's full weights aside and move every rank to ``meta``, so no
+   process but rank 0 ever holds more than its shard;
+3. activation checkpointing wraps each unit *before* sharding, so the recomputed forward runs inside
+   the unit's all-gather (recomputation then re-gathers just that unit's parameters);
+4. ``fully_shard`` each unit, then the root last (the root owns whatever no unit took);
+5. materialise and broadcast rank 0's weights (RAM-efficient loading / ``sync_module_states``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+import torch
+
+from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
+
+__all__ = [
+    "apply_activation_checkpointing",
+    "fsdp1_wrap",
+    "fsdp2_wrap",
+    "ignored_modules",
+    "make_mesh",
+    "reshard_after_forward_for",
+    "wrap_units",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def wrap_units(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Submodules sharded as their own units (the root is not included), in forward order.
+
+    Raises:
+        ValueError: a configured layer class name matches nothing.
+    """
+    policy = plugin.auto_wrap_policy
+    if callable(policy):
+        return [
+            m
+            for m in model.modules()
+            if m is not model and policy(module=m, recurse=False, nonwrapped_numel=_numel(m))
+        ]
+    if policy == "TRANSFORMER_BASED_WRAP":
+        classes = tuple(plugin.set_auto_wrap_policy(model))
+        return [m for m in model.modules() if m is not model and isinstance(m, classes)] if classes else []
+    if policy == "SIZE_BASED_WRAP":
+        return _size_units(model, plugin.min_num_params)
+    return []
+
+
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _size_units(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Module]:
+    """Bottom-up: a module becomes a unit once the parameters not yet in a unit reach the threshold."""
+    units: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> int:
+        remaining = sum(p.numel() for p in module.parameters(recurse=False))
+        for child in module.children():
+            remaining += visit(child)
+        if module is not model and remaining >= max(min_num_params, 1):
+            units.append(module)
+            return 0
+        return remaining
+
+    visit(model)
+    return units
+
+
+def ignored_modules(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules FSDP must leave alone: given modules, or those whose name matches a regex."""
+    spec = plugin.ignored_modules
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        pattern = re.compile(spec)
+        return [m for name, m in model.named_modules() if name and pattern.fullmatch(name)]
+    return list(spec)
+
+
+def reshard_after_forward_for(strategy: str) -> bool:
+    """FSDP2's ``reshard_after_forward`` for an FSDP1 sharding strategy name."""
+    return strategy in ("FULL_SHARD", "HYBRID_SHARD")
+
+
+def make_mesh(strategy: str, world_size: int, local_world_size: int, device_type: str) -> Any:
+    """The device mesh FSDP2 shards over for ``strategy``.
+
+    NO_SHARD is a hybrid mesh whose shard axis has size 1 (every process keeps everything and
+    gradients are all-reduced, as DDP). HYBRID_* shard within a machine and replicate across them.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if strategy == "NO_SHARD":
+        return init_device_mesh(device_type, (world_size, 1), mesh_dim_names=("dp_replicate", "dp_shard"))
+    if (
+        strategy.startswith("HYBRID")
+        and 1 < local_world_size < world_size
+        and world_size % local_world_size == 0
+    ):
+        shape = (world_size // local_world_size, local_world_size)
+        return init_device_mesh(device_type, shape, mesh_dim_names=("dp_replicate", "dp_shard"))
+    return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
+
+
+def apply_activation_checkpointing(
+    model: torch.nn.Module, units: list[torch.nn.Module]
+) -> list[torch.nn.Module]:
+    """Wrap each unit in a checkpoint wrapper; return the wrappers (same order).
+
+    The wrapper's state-dict hooks hide its extra name level, so checkpoints keep the plain names.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointWrapper,
+        apply_activation_checkpointing as apply_ac,
+    )
+
+    targets = {id(u) for u in units}
+    apply_ac(model, check_fn=lambda m: id(m) in targets and not isinstance(m, CheckpointWrapper))
+    wrapped = {
+        id(m._checkpoint_wrapped_module): m for m in model.modules() if isinstance(m, CheckpointWrapper)
+    }
+    return [wrapped.get(id(u), u) for u in units]
+
+
+def _mp_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtypes = plugin.mixed_precision_dtypes()
+    if not dtypes:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(
+        param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype")
+    )
+
+
+def fsdp2_wrap(
+    plugin: FullyShardedDataParallelPlugin,
+    model: torch.nn.Module,
+    strategy: str,
+    mesh: Any,
+    device: torch.device,
+    is_main: bool,
+) -> torch.nn.Module:
+    """Shard ``model`` in place with ``fully_shard`` (steps 1-5 of the module docstring); return it."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    from accelerando.strategies.fsdp.state import (
+        broadcast_buffers,
+        broadcast_full_state_dict,
+        broadcast_params,
+    )
+
+    units = wrap_units(plugin, model)  # 1
+    efficient = plugin.cpu_ram_efficient_loading
+    full_sd: dict[str, torch.Tensor] = {}
+    if efficient:  # 2
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers() if not b.is_meta}
+        if is_main:
+            full_sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        model.to("meta")
+    elif plugin.sync_module_states:
+        broadcast_params(model)
+    if plugin.activation_checkpointing:  # 3
+        units = apply_activation_checkpointing(model, units)
+    ignored = {p for m in ignored_modules(plugin, model) for p in m.parameters()}
+    offload = plugin.cpu_offload
+    offload_policy = offload if isinstance(offload, OffloadPolicy) else None
+    if offload_policy is None:
+        offload_policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+    kwargs = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward_for(strategy),
+        "mp_policy": _mp_policy(plugin),
+        "offload_policy": offload_policy,
+    }
+    if ignored:
+        kwargs["ignored_params"] = ignored
+    for unit in units:  # 4
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    if plugin.forward_prefetch:
+        for current, upcoming in zip(units, units[1:], strict=False):
+            current.set_modules_to_forward_prefetch([upcoming])
+    if efficient:  # 5
+        model.to_empty(device="cpu" if offload else device)
+        broadcast_full_state_dict(model, full_sd, cpu_offload=bool(offload))
+        for name, value in buffers.items():
+            _set_buffer(model, name, value.to(device))
+        broadcast_buffers(model)
+        if callable(getattr(model, "tie_weights", None)):
+            model.tie_weights()
+    return model
+
+
+def _set_buffer(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    with torch.no_grad():
+        getattr(owner, leaf).copy_(value)
+
+
+def fsdp1_wrap(
+    plugin: FullyShardedDataParallelPlugin,
+    model: torch.nn.Module,
+    strategy: str,
+    device: torch.device,
+    is_main: bool,
+) -> torch.nn.Module:
+    """Wrap ``model`` in ``FullyShardedDataParallel`` (FSDP1) as the plugin says; return the wrapper."""
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    units = wrap_units(plugin, model)
+    unit_ids = {id(u) for u in units}
+
+    def policy(module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        return True if recurse else id(module) in unit_ids
+
+    dtypes = plugin.mixed_precision_dtypes()
+    offload = plugin.cpu_offload
+    kwargs: dict[str, Any] = {
+        "sharding_strategy": ShardingStrategy[strategy],
+        "cpu_offload": offload
+        if isinstance(offload, CPUOffload)
+        else CPUOffload(offload_params=bool(offload)),
+        "auto_wrap_policy": policy if units else None,
+        "backward_prefetch": BackwardPrefetch[plugin.backward_prefetch]
+        if plugin.backward_prefetch not in (None, "NO_PREFETCH")
+        else None,
+        "mixed_precision": MixedPrecision(**dtypes) if dtypes else None,
+        "ignored_modules": ignored_modules(plugin, model) or None,
+        "param_init_fn": plugin.param_init_fn,
+        "device_id": device,
+        "sync_module_states": plugin.sync_module_states,
+        "forward_prefetch": plugin.forward_prefetch,
+        "limit_all_gathers": plugin.limit_all_gathers,
+        "use_orig_params": plugin.use_orig_params,
+    }
+    if plugin.cpu_ram_efficient_loading and not is_main and kwargs["param_init_fn"] is None:
+        # Non-zero ranks hold meta weights: give them storage, sync_module_states fills it from rank 0.
+        kwargs["param_init_fn"] = functools.partial(_materialise, device=device)
+    wrapped = FSDP(model, **kwargs)
+    if plugin.activation_checkpointing and units:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            apply_activation_checkpointing as apply_ac,
+        )
+
+        unit_types = tuple({type(u) for u in units})
+        apply_ac(wrapped, check_fn=lambda m: isinstance(m, unit_types))
+    return wrapped
+
+
+def _materialise(module: torch.nn.Module, device: torch.device) -> None:
+    module.to_empty(device=device, recurse=False)
