@@ -152,9 +152,10 @@ def test_skip_on_iterable_data_reads_through():
 def test_dispatcher_resume_and_direct_construction():
     from accelerando.data_loader import DataLoaderDispatcher, DataLoaderShard
 
-    def make():
+    def make(seed=0):
+        torch.manual_seed(seed)
         return prepare_data_loader(
-            DataLoader(Counting(11), batch_size=2),
+            DataLoader(Counting(11), batch_size=2, shuffle=True),
             num_processes=1,
             process_index=0,
             put_on_device=True,
@@ -167,7 +168,7 @@ def test_dispatcher_resume_and_direct_construction():
     loader = make()
     assert isinstance(loader, DataLoaderDispatcher)
     state = _run_until(loader, 2)
-    resumed = make()
+    resumed = make(seed=1)
     resumed.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(list(resumed), reference[2:], strict=True))
     direct = DataLoaderShard(list(range(16)), batch_size=4)

@@ -193,7 +193,7 @@ def prepare_data_loader(
             device=target,
             rng_types=rng_types,
             even_batches=even_batches,
-            **_sampling_kwargs(dataloader),
+            **_sampling_kwargs(dataloader, use_seedable_sampler, data_seed),
             **common,
             **kwargs,
         )
@@ -232,9 +232,12 @@ def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int
         )
 
 
-def _sampling_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+def _sampling_kwargs(
+    dataloader: DataLoader, use_seedable_sampler: bool = False, data_seed: int | None = None
+) -> dict[str, Any]:
     if dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
-        return {"batch_sampler": dataloader.batch_sampler}
+        batch_sampler, _ = _prepare_sampling(dataloader.batch_sampler, use_seedable_sampler, data_seed)
+        return {"batch_sampler": batch_sampler}
     if isinstance(dataloader.dataset, IterableDataset):
         return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
     return {"batch_size": None, "sampler": dataloader.sampler}
