@@ -89,18 +89,19 @@ class _Planner:
     def capacity(self, device: DeviceKey) -> float:
         return self.budget[device] - (self.reserve if self.index == 0 else 0)
 
-    def unit_partners(self, name: str) -> list[str]:
+    def unit_partners(self, name: str) -> tuple[list[str], DeviceKey | None]:
+        """Tied partner modules outside ``name``: those still unplaced, and the device of placed ones."""
         inside = f"{name}."
-        found = []
+        pending: list[str] = []
+        bound = None
         for _, owner in self.partners.get(name, ()):
-            if (
-                owner != name
-                and not owner.startswith(inside)
-                and owner not in self.device_map
-                and owner not in found
-            ):
-                found.append(owner)
-        return found
+            if owner == name or owner.startswith(inside):
+                continue
+            if owner in self.device_map:
+                bound = self.device_map[owner]
+            elif owner not in pending:
+                pending.append(owner)
+        return pending, bound
 
     def place(self, name: str, device: DeviceKey, size: int, partners: list[str]) -> None:
         self.device_map[name] = device
@@ -126,19 +127,24 @@ class _Planner:
         if name in self.preplaced:
             return
         device = self.devices[self.index]
-        partners = self.unit_partners(name)
+        partners, bound = self.unit_partners(name)
         size = self.sizes.get(name, 0) - self.preplaced_size.get(name, 0)
         size += sum(self.sizes.get(owner, 0) for owner in partners)
-        must_split = name in self.preplaced_size and self.splittable(name, module)
-        if not must_split and self.used[device] + size <= self.capacity(device):
+        splittable = self.splittable(name, module)
+        if name in self.preplaced_size and splittable:
+            self.log(f"Splitting {name!r}: part of it was already placed with a tied partner.")
+            self.stack.extend(reversed(_expand(name, module)))
+        elif bound is not None and (not splittable or self.used[bound] + size <= self.budget[bound]):
+            # A tied weight must share the device its other names were placed on.
+            self.place(name, bound, size, partners)
+        elif bound is None and self.used[device] + size <= self.capacity(device):
             self.place(name, device, size, partners)
-        elif self.splittable(name, module):
-            self.log(f"Splitting {name!r} ({size} bytes): it does not fit on {device!r} as a whole.")
+        elif splittable:
+            target = device if bound is None else bound
+            self.log(f"Splitting {name!r} ({size} bytes): it does not fit on {target!r} as a whole.")
             self.stack.extend(reversed(_expand(name, module)))
         else:
-            self.log(
-                f"{name!r} ({size} bytes) does not fit on {device!r} and can not be split; using the next device."
-            )
+            self.log(f"{name!r} ({size} bytes) does not fit on {device!r} and can not be split; using the next device.")
             self.stack.append((name, module))
             self.index += 1
 
