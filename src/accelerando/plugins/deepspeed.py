@@ -1,0 +1,297 @@
+"""DeepSpeedPlugin: the user's DeepSpeed configuration (a JSON file or dict, or a few fields)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelerando.utils.deepspeed.config import AUTO, get_value, load_config, set_value
+
+__all__ = ["DeepSpeedPlugin"]
+
+logger = logging.getLogger(__name__)
+
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme", AUTO)
+# plugin field -> dotted key of the DeepSpeed config it controls.
+_FIELD_KEYS = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+# plugin field -> setting name (accelerando.settings) that fills it when the field is None.
+_SETTING_NAMES = {
+    "hf_ds_config": "deepspeed_config_file",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_stage",
+    "offload_optimizer_device": "offload_optimizer_device",
+    "offload_param_device": "offload_param_device",
+    "offload_optimizer_nvme_path": "offload_optimizer_nvme_path",
+    "offload_param_nvme_path": "offload_param_nvme_path",
+    "zero3_init_flag": "zero3_init_flag",
+    "zero3_save_16bit_model": "zero3_save_16bit_model",
+    "transformer_moe_cls_names": "deepspeed_moe_layer_cls_names",
+}
+
+
+def _launcher_settings() -> dict[str, Any]:
+    """DeepSpeed settings from the launcher's environment (defaults < environment)."""
+    try:
+        from accelerando.settings import resolve_runtime_settings
+    except ImportError:  # settings package optional during bootstrap
+        return {}
+    settings = resolve_runtime_settings(code={})
+    found = {name: settings.values.get(name) for name in set(_SETTING_NAMES.values())}
+    if settings.source("gradient_accumulation_steps") != "default":
+        found["gradient_accumulation_steps"] = settings.values.get("gradient_accumulation_steps")
+    return found
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed settings: a config file/dict used as is, or a config built from these fields.
+
+    Every field left as None comes from the launcher (``ACCELERANDO_DEEPSPEED_*`` /
+    ``ACCELERATE_DEEPSPEED_*`` variables, ``--zero_stage`` ...), else from the default. With a
+    config (``hf_ds_config``), a field fills the config's ``"auto"`` at its key; a field that
+    contradicts a concrete config value is an error. Values still ``"auto"`` (batch sizes, optimizer
+    and scheduler hyper-parameters, precision) are filled at ``prepare`` from the prepared objects.
+
+    Args:
+        hf_ds_config: DeepSpeed config as a JSON file path or a dict.
+        gradient_accumulation_steps: micro-batches per step; None/"auto" = the Accelerator's.
+        gradient_clipping: max gradient norm applied by the engine; None/"auto" = no clipping.
+        zero_stage: 0-3, or "auto" to pick the lowest stage that fits in memory (default 2).
+        is_train_batch_min: with several training dataloaders, use the smallest batch size for
+            ``train_micro_batch_size_per_gpu`` (False = the largest).
+        offload_optimizer_device: "none", "cpu", "nvme" or "auto" (offload only if needed).
+        offload_param_device: "none", "cpu", "nvme" or "auto" (ZeRO-3 only).
+        offload_optimizer_nvme_path / offload_param_nvme_path: NVMe folders for "nvme" offload.
+        zero3_init_flag: build models under ``deepspeed.zero.Init`` (already sharded) with ZeRO-3.
+        zero3_save_16bit_model: gather a full 16-bit model on save under ZeRO-3.
+        transformer_moe_cls_names: comma-separated mixture-of-experts layer class names.
+        enable_msamp: use MS-AMP FP8 optimizer states (needs the ``msamp`` package).
+        msamp_opt_level: MS-AMP level, "O1" or "O2".
+
+    Raises:
+        ValueError / TypeError: an invalid value or a contradiction with the config, naming the fix.
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | str | None = None
+    gradient_clipping: float | str | None = None
+    zero_stage: int | str | None = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    transformer_moe_cls_names: str | None = None
+    enable_msamp: bool = False
+    msamp_opt_level: str = "O1"
+    deepspeed_config: dict[str, Any] = field(init=False, repr=False)
+    selected: bool = field(init=False, default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        code_given = {name for name in _FIELD_KEYS if getattr(self, name) is not None}
+        for name, value in _launcher_settings().items():
+            attr = next((a for a, s in _SETTING_NAMES.items() if s == name), name)
+            if getattr(self, attr, None) is None and value is not None:
+                setattr(self, attr, value)
+        self._validate_fields()
+        if self.hf_ds_config is not None:
+            self.deepspeed_config = load_config(self.hf_ds_config)
+            self._merge_fields_into_config(code_given)
+        else:
+            self.deepspeed_config = self._config_from_fields()
+        self._sync_fields_from_config()
+        self._finish_zero3_flags()
+        if self.enable_msamp:
+            self._check_msamp()
+
+    # ------------------------------------------------------------------ building
+    def _validate_fields(self) -> None:
+        stage = self.zero_stage
+        if stage is not None and stage != AUTO and (isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
+            try:
+                stage = int(stage)
+            except (TypeError, ValueError):
+                stage = -1
+            if stage not in (0, 1, 2, 3):
+                raise ValueError(f"zero_stage must be 0, 1, 2, 3 or 'auto', got {self.zero_stage!r}")
+            self.zero_stage = stage
+        for name in ("offload_optimizer_device", "offload_param_device"):
+            value = getattr(self, name)
+            if value is not None and str(value).lower() not in _OFFLOAD_DEVICES:
+                raise ValueError(f"{name} must be one of {_OFFLOAD_DEVICES}, got {value!r}")
+        if self.msamp_opt_level not in ("O1", "O2"):
+            raise ValueError(f"msamp_opt_level must be 'O1' or 'O2', got {self.msamp_opt_level!r}")
+        gas = self.gradient_accumulation_steps
+        if gas is not None and gas != AUTO and (not isinstance(gas, int) or gas < 1):
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1 or 'auto', got {gas!r}")
+
+    def _config_from_fields(self) -> dict[str, Any]:
+        """A complete config from the fields; batch sizes and precision stay "auto" until prepare."""
+        config: dict[str, Any] = {
+            "train_batch_size": AUTO,
+            "train_micro_batch_size_per_gpu": AUTO,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps or AUTO,
+            "zero_optimization": {
+                "stage": 2 if self.zero_stage is None else self.zero_stage,
+                "offload_optimizer": {"device": self.offload_optimizer_device or "none"},
+                "offload_param": {"device": self.offload_param_device or "none"},
+                "stage3_gather_16bit_weights_on_model_save": bool(self.zero3_save_16bit_model),
+            },
+            "gradient_clipping": self.gradient_clipping if self.gradient_clipping is not None else AUTO,
+            "steps_per_print": 2**31 - 1,
+            "fp16": {"enabled": AUTO},
+            "bf16": {"enabled": AUTO},
+        }
+        for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path"):
+            if getattr(self, name) is not None:
+                set_value(config, _FIELD_KEYS[name], getattr(self, name))
+        return config
+
+    def _merge_fields_into_config(self, code_given: set[str]) -> None:
+        """Fill the config's "auto" values from fields; refuse code values that contradict it."""
+        config = self.deepspeed_config
+        for name, key in _FIELD_KEYS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            current = get_value(config, key)
+            if current == AUTO:
+                set_value(config, key, value)
+            elif current is not None and name in code_given and current != value:
+                raise ValueError(
+                    f"DeepSpeedPlugin({name}={value!r}) contradicts {key}={current!r} in the DeepSpeed "
+                    f'config; set it in one place only (or write "auto" in the config)'
+                )
+
+    def _sync_fields_from_config(self) -> None:
+        """Make the fields reflect the config (the config is what the engine will use)."""
+        config = self.deepspeed_config
+        for name, key in _FIELD_KEYS.items():
+            value = get_value(config, key)
+            if value is not None:
+                setattr(self, name, value)
+        if self.zero_stage is None:
+            self.zero_stage = 0
+
+    def _finish_zero3_flags(self) -> None:
+        if self.zero3_init_flag is None:
+            self.zero3_init_flag = False
+        if self.zero3_init_flag and self.zero_stage not in (3, AUTO):
+            warnings.warn(
+                f"zero3_init_flag applies to ZeRO stage 3 only; it is ignored with stage {self.zero_stage}",
+                stacklevel=3,
+            )
+            self.zero3_init_flag = False
+
+    def _check_msamp(self) -> None:
+        from accelerando.utils.imports import is_package_available
+
+        if not is_package_available("msamp"):
+            raise ValueError(
+                "enable_msamp=True needs MS-AMP: install the `msamp` package, or set enable_msamp=False"
+            )
+        self.deepspeed_config.setdefault("msamp", {"enabled": True, "opt_level": self.msamp_opt_level})
+
+    # ------------------------------------------------------------------- queries
+    @property
+    def config(self) -> dict[str, Any]:
+        """Alias of ``deepspeed_config``."""
+        return self.deepspeed_config
+
+    def is_auto(self, key: str) -> bool:
+        """Whether the dotted ``key`` of the config is still "auto"."""
+        return get_value(self.deepspeed_config, key) == AUTO
+
+    def get_value(self, key: str, default: Any = None) -> Any:
+        """Read a dotted key of the config (``"zero_optimization.stage"``)."""
+        return get_value(self.deepspeed_config, key, default)
+
+    def fill_match(self, key: str, must_match: bool = True, **values: Any) -> None:
+        """Fill ``key`` when "auto"; with ``must_match``, a concrete different value is an error.
+
+        Args:
+            key: dotted config key.
+            must_match: raise when the config holds a concrete value other than the given one.
+            **values: ``value=...``, the value to fill.
+
+        Raises:
+            ValueError: naming the key, the config's value and the given value.
+        """
+        value = values.get("value")
+        current = self.get_value(key)
+        if current == AUTO:
+            set_value(self.deepspeed_config, key, value)
+        elif must_match and current is not None and value is not None and current != value:
+            raise ValueError(
+                f"DeepSpeed config has {key}={current!r} but the script gives {value!r}; set {key} to "
+                f'"auto" in the config or make them equal'
+            )
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Fill ``fp16.enabled`` / ``bf16.enabled`` "auto" values from the Accelerator's precision.
+
+        Raises:
+            ValueError: the config enables a 16-bit format that contradicts ``mixed_precision``.
+        """
+        config = self.deepspeed_config
+        for fmt in ("fp16", "bf16"):
+            wanted = mixed_precision == fmt
+            current = get_value(config, f"{fmt}.enabled")
+            if current == AUTO:
+                set_value(config, f"{fmt}.enabled", wanted)
+            elif current is True and not wanted and mixed_precision not in ("no", None):
+                raise ValueError(
+                    f"the DeepSpeed config enables {fmt} but mixed_precision is {mixed_precision!r}; "
+                    f'use mixed_precision={fmt!r} or set {fmt}.enabled to "auto"'
+                )
+
+    def is_zero3_init_enabled(self) -> bool:
+        """Whether models built now are sharded at construction (ZeRO-3 with ``zero3_init_flag``)."""
+        return bool(self.zero3_init_flag) and self.zero_stage == 3
+
+    @contextlib.contextmanager
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """Context in which models are built directly sharded (``deepspeed.zero.Init``).
+
+        Active when ``enable`` is True or ``zero3_init_flag`` is set, and the stage is 3.
+
+        Raises:
+            ImportError: DeepSpeed is not installed (names the pip extra).
+        """
+        if not ((enable or self.zero3_init_flag) and self.zero_stage == 3):
+            yield
+            return
+        from accelerando.strategies.deepspeed import import_deepspeed, zero_init_config
+
+        deepspeed = import_deepspeed()
+        with deepspeed.zero.Init(config_dict_or_path=zero_init_config(self.deepspeed_config)):
+            yield
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Mark this plugin as the active one.
+
+        Raises:
+            ValueError: called directly; use ``accelerator.state.select_deepspeed_plugin(name)``
+                (or ``accelerando.utils.deepspeed.select_deepspeed_plugin``) so the state knows.
+        """
+        if not _from_accelerator_state:
+            raise ValueError(
+                "select a DeepSpeed plugin through the accelerator state: "
+                "accelerator.state.select_deepspeed_plugin(name)"
+            )
+        self.selected = True

@@ -1,0 +1,371 @@
+"""DeepSpeed: ZeRO stages 0-3 and offload, through one engine per trained model.
+
+``prepare_all`` sees the model, optimizer, scheduler and dataloaders of one ``prepare`` call
+together, resolves the plugin's config ("auto" values) from them, and builds the engine with
+``deepspeed.initialize``. ``deepspeed`` is imported here only, when this strategy is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from accelerando.enums import DistributedType
+from accelerando.gradient_state import GradientState
+from accelerando.strategies.base import Strategy
+from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config, zero_init_config
+from accelerando.utils.deepspeed.auto_stage import ZeroChoice
+from accelerando.utils.deepspeed.wrappers import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    get_active_deepspeed_plugin,
+)
+
+__all__ = ["DeepSpeedStrategy", "import_deepspeed", "zero_init_config"]
+
+logger = logging.getLogger(__name__)
+
+
+def import_deepspeed() -> Any:
+    """Import and return the ``deepspeed`` module.
+
+    Raises:
+        ImportError: DeepSpeed is not installed; the message names the pip extra.
+    """
+    from accelerando.utils.imports import is_deepspeed_available
+
+    if not is_deepspeed_available():
+        raise ImportError(
+            "DeepSpeed is not installed: pip install 'accelerando[deepspeed]' (or pip install deepspeed)"
+        )
+    import deepspeed
+
+    return deepspeed
+
+
+def _is_engine(obj: Any) -> bool:
+    return type(obj).__name__ == "DeepSpeedEngine" or hasattr(obj, "zero_optimization_stage")
+
+
+def _kind(obj: Any) -> str | None:
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
+        return "optimizer"
+    if isinstance(obj, (DummyScheduler, torch.optim.lr_scheduler.LRScheduler)) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    ):
+        return "scheduler"
+    if isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "total_batch_size"):
+        return "dataloader"
+    return None
+
+
+def _batch_size_per_process(loader: Any, num_processes: int, split_batches: bool) -> int | None:
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    if size is None:
+        return None
+    return int(size) // num_processes if split_batches else int(size)
+
+
+class DeepSpeedStrategy(Strategy):
+    """Wrap each prepared model (with its optimizer and scheduler) in a DeepSpeed engine.
+
+    The engine divides the loss for accumulation, reduces gradients, clips (``gradient_clipping``
+    in the config) and steps; the Accelerator's ``backward`` hands the loss over undivided.
+    """
+
+    distributed_type = DistributedType.DEEPSPEED
+    name = "deepspeed"
+    divides_loss_for_accumulation = False
+
+    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
+        super().__init__(state, precision, **options)
+        self.engines: list[Any] = []
+        self.engine_wrapper: DeepSpeedEngineWrapper | None = None
+        self.auto_choice: ZeroChoice | None = None
+        self._batch_sizes: list[int] = []
+        self._hooked: set[int] = set()
+        self._warned_clip = False
+
+    # ------------------------------------------------------------------ prepare
+    def prepare_all(
+        self, accelerator: Any, objects: list[Any], device_placement: list[bool | None]
+    ) -> list[Any]:
+        """Build one engine from the model, optimizer and scheduler of this ``prepare`` call.
+
+        Dataloaders are prepared as usual first (their batch size fills the config). Objects
+        already prepared come back unchanged.
+
+        Raises:
+            ImportError: DeepSpeed is not installed.
+            ValueError: several models, or an optimizer/scheduler without its model, in one call;
+                config problems (see ``resolve_config``).
+        """
+        import_deepspeed()
+        result = list(objects)
+        found: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": []}
+        for i, obj in enumerate(objects):
+            kind = _kind(obj)
+            if kind == "dataloader":
+                self._note_batch_size(accelerator, obj)
+                result[i] = accelerator.prepare_data_loader(obj, device_placement=device_placement[i])
+            elif kind in found and not self._already_prepared(accelerator, obj):
+                found[kind].append(i)
+        if not found["model"]:
+            if found["optimizer"] or found["scheduler"]:
+                raise ValueError(
+                    "under DeepSpeed, pass the model together with its optimizer and scheduler to one "
+                    "accelerator.prepare(...) call"
+                )
+            return result
+        for kind, where in found.items():
+            if len(where) > 1:
+                raise ValueError(
+                    f"DeepSpeed builds one engine per prepare() call, which got {len(where)} {kind}s; "
+                    "prepare each model (with its optimizer and scheduler) in its own call"
+                )
+        pick = {k: (objects[v[0]] if v else None) for k, v in found.items()}
+        engine, optimizer, scheduler = self._build_engine(
+            accelerator, pick["model"], pick["optimizer"], pick["scheduler"]
+        )
+        for kind, value in (("model", engine), ("optimizer", optimizer), ("scheduler", scheduler)):
+            if found[kind]:
+                result[found[kind][0]] = value
+        return result
+
+    def _already_prepared(self, accelerator: Any, obj: Any) -> bool:
+        prepared = [*accelerator._models, *accelerator._optimizers, *accelerator._schedulers]
+        return any(obj is p for p in prepared)
+
+    def _note_batch_size(self, accelerator: Any, loader: Any) -> None:
+        size = _batch_size_per_process(loader, accelerator.num_processes, accelerator.split_batches)
+        if size is not None:
+            self._batch_sizes.append(size)
+
+    def _build_engine(
+        self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any
+    ) -> tuple[Any, Any, Any]:
+        deepspeed = import_deepspeed()
+        plugin = get_active_deepspeed_plugin(accelerator.state)
+        inputs = PrepareInputs(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            batch_sizes=list(self._batch_sizes),
+            num_processes=accelerator.num_processes,
+            gradient_accumulation_steps=accelerator.gradient_accumulation_steps,
+            mixed_precision=str(accelerator.mixed_precision or "no"),
+            device=accelerator.device,
+            device_backend=getattr(accelerator.state, "device_backend", None),
+            is_train_batch_min=bool(plugin.is_train_batch_min),
+            local_processes=max(
+                1,
+                int(
+                    getattr(accelerator.state, "num_processes", 1)
+                    // max(getattr(accelerator.state, "num_nodes", 1), 1)
+                ),
+            ),
+        )
+        config, choice = resolve_config(plugin, inputs)
+        if choice is not None:
+            self.auto_choice = choice
+        self._align_accumulation(accelerator, int(config["gradient_accumulation_steps"]))
+        kwargs: dict[str, Any] = {"model": model, "config": config}
+        if isinstance(optimizer, DummyOptim):
+            kwargs["model_parameters"] = optimizer.params
+        elif optimizer is not None:
+            kwargs["optimizer"] = optimizer
+        if isinstance(scheduler, DummyScheduler):
+            if scheduler.lr_scheduler_callable is not None and "scheduler" not in config:
+                kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        elif scheduler is not None:
+            kwargs["lr_scheduler"] = scheduler
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        return self._register(accelerator, engine, optimizer, ds_optimizer, scheduler, ds_scheduler)
+
+    def _align_accumulation(self, accelerator: Any, gas: int) -> None:
+        if gas != accelerator.gradient_accumulation_steps:
+            logger.warning(
+                "the DeepSpeed config sets gradient_accumulation_steps=%d; the Accelerator's %d is replaced",
+                gas,
+                accelerator.gradient_accumulation_steps,
+            )
+            accelerator.gradient_accumulation_steps = gas
+
+    def _register(
+        self,
+        accelerator: Any,
+        engine: Any,
+        optimizer: Any,
+        ds_optimizer: Any,
+        scheduler: Any,
+        ds_scheduler: Any,
+    ) -> tuple[Any, Any, Any]:
+        self.engines.append(engine)
+        accelerator._models.append(engine)
+        opt_wrapper = sched_wrapper = None
+        if optimizer is not None and ds_optimizer is not None:
+            opt_wrapper = DeepSpeedOptimizerWrapper(ds_optimizer)
+            accelerator._optimizers.append(opt_wrapper)
+            self.engine_wrapper = DeepSpeedEngineWrapper(engine)
+            accelerator.deepspeed_engine_wrapped = self.engine_wrapper
+        if scheduler is not None and ds_scheduler is not None:
+            sched_wrapper = DeepSpeedSchedulerWrapper(ds_scheduler, [opt_wrapper] if opt_wrapper else [])
+            accelerator._schedulers.append(sched_wrapper)
+        self._register_checkpoint_hooks(accelerator)
+        return engine, opt_wrapper, sched_wrapper
+
+    # ----------------------------------------------------------------- training
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward, gradient reduction and (on sync micro-batches) the optimizer step, by the engine.
+
+        Raises:
+            ValueError: no model was prepared with an optimizer.
+        """
+        if self.engine_wrapper is None:
+            raise ValueError(
+                "accelerator.backward under DeepSpeed needs a model prepared with its optimizer "
+                "(accelerator.prepare(model, optimizer, ...))"
+            )
+        self.engine_wrapper.backward(loss, sync_gradients=GradientState().sync_gradients, **kwargs)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Nothing to do: the engine reduces gradients only at its accumulation boundary."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
+        """Return the norm the engine computed; clipping itself is the config's ``gradient_clipping``."""
+        if not self._warned_clip and self.engines:
+            configured = float(self.engines[-1].gradient_clipping() or 0.0)
+            if configured != float(max_norm):
+                warnings.warn(
+                    f"under DeepSpeed, gradients are clipped by the engine with gradient_clipping={configured} "
+                    f"from the config, not max_norm={max_norm}; set gradient_clipping in the DeepSpeed "
+                    "config or DeepSpeedPlugin(gradient_clipping=...)",
+                    stacklevel=3,
+                )
+                self._warned_clip = True
+        norm = self.engine_wrapper.get_global_grad_norm() if self.engine_wrapper is not None else None
+        return torch.tensor(norm) if norm is not None else None
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unsupported: DeepSpeed clips by norm only.
+
+        Raises:
+            NotImplementedError: always; use ``gradient_clipping`` in the DeepSpeed config.
+        """
+        raise NotImplementedError(
+            "DeepSpeed clips gradients by norm only; set gradient_clipping in the DeepSpeed config"
+        )
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The user's module inside the engine."""
+        return model.module if _is_engine(model) else model
+
+    # ------------------------------------------------------------- state dicts
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict; under ZeRO-3 gathered from every process (call on all of them).
+
+        Returns an empty dict on processes other than the main one under ZeRO-3.
+        """
+        if _is_engine(model) and model.zero_optimization_partition_weights():
+            return model._zero3_consolidated_16bit_state_dict() or {}
+        return self.unwrap_model(model).state_dict()
+
+    def load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> Any:
+        """Load a full state dict (under ZeRO-3 the main process's copy is scattered to the shards)."""
+        module = self.unwrap_model(model)
+        if not (_is_engine(model) and model.zero_optimization_partition_weights()):
+            return module.load_state_dict(state_dict, strict=strict)
+        deepspeed = import_deepspeed()
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
+            if self.state.is_main_process:
+                return module.load_state_dict(state_dict, strict=strict)
+        return None
+
+    # ------------------------------------------------------------- checkpoints
+    @staticmethod
+    def _tag(index: int) -> str:
+        return "pytorch_model" if index == 0 else f"pytorch_model_{index}"
+
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
+        """Write the engine checkpoint (weights, sharded optimizer and scheduler) on every process."""
+        if not _is_engine(model):
+            return False
+        model.save_checkpoint(output_dir, tag=self._tag(index), save_latest=False)
+        return True
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Restore what ``save_model_checkpoint`` wrote.
+
+        Raises:
+            FileNotFoundError: the folder has no engine checkpoint for this model.
+        """
+        if not _is_engine(model):
+            return False
+        path, _ = model.load_checkpoint(
+            input_dir, tag=self._tag(index), load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(
+                f"{input_dir!r} has no DeepSpeed checkpoint {self._tag(index)!r}; was it saved under DeepSpeed?"
+            )
+        return True
+
+    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+        """DeepSpeed optimizers are saved inside the engine checkpoint: nothing more to write."""
+        return isinstance(optimizer, DeepSpeedOptimizerWrapper)
+
+    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+        """DeepSpeed optimizers are restored with the engine checkpoint: nothing more to read."""
+        return isinstance(optimizer, DeepSpeedOptimizerWrapper)
+
+    def _register_checkpoint_hooks(self, accelerator: Any) -> None:
+        """Route save_state / load_state through the engine until checkpointing calls the hooks itself."""
+        if id(accelerator) in self._hooked or not hasattr(accelerator, "register_save_state_pre_hook"):
+            return
+        self._hooked.add(id(accelerator))
+        accelerator.register_save_state_pre_hook(_SaveHook(self, accelerator))
+        accelerator.register_load_state_pre_hook(_LoadHook(self, accelerator))
+
+
+class _AlreadyLoaded(torch.nn.Module):
+    """Stands in for an engine after its checkpoint was loaded, so the generic loader skips it."""
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return None
+
+
+class _SaveHook:
+    def __init__(self, strategy: DeepSpeedStrategy, accelerator: Any) -> None:
+        self.strategy, self.accelerator = strategy, accelerator
+
+    def __call__(self, models: list[Any], weights: list[Any], output_dir: str) -> None:
+        for i, model in enumerate(self.accelerator._models):
+            self.strategy.save_model_checkpoint(model, output_dir, i, True)
+
+
+class _LoadHook:
+    def __init__(self, strategy: DeepSpeedStrategy, accelerator: Any) -> None:
+        self.strategy, self.accelerator = strategy, accelerator
+
+    def __call__(self, models: list[Any], input_dir: str) -> None:
+        for i, model in enumerate(list(models)):
+            if self.strategy.load_model_checkpoint(model, input_dir, i):
+                models[i] = _AlreadyLoaded()

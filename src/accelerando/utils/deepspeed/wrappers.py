@@ -1,0 +1,219 @@
+"""Objects a DeepSpeed training script sees: placeholders, engine/optimizer/scheduler wrappers, plugin lookup."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from accelerando.gradient_state import GradientState
+from accelerando.optimizer import AcceleratedOptimizer
+from accelerando.scheduler import AcceleratedScheduler
+
+__all__ = [
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "get_active_deepspeed_plugin",
+    "select_deepspeed_plugin",
+]
+
+# What DeepSpeedOptimizerWrapper.state_dict returns: the real state lives in the engine checkpoint.
+ENGINE_CHECKPOINT_MARKER = "accelerando_deepspeed_engine_checkpoint"
+
+
+def get_active_deepspeed_plugin(state: Any) -> Any:
+    """Return the DeepSpeed plugin currently selected in ``state`` (an ``AcceleratorState``).
+
+    Args:
+        state: the accelerator state holding ``deepspeed_plugins``.
+
+    Returns:
+        The active ``DeepSpeedPlugin``.
+
+    Raises:
+        ValueError: DeepSpeed is not in use (no plugin was given).
+    """
+    plugins = getattr(state, "deepspeed_plugins", None)
+    if not plugins:
+        raise ValueError(
+            "DeepSpeed is not enabled: pass Accelerator(deepspeed_plugin=...) or deepspeed_plugins={...}, "
+            "or launch with --use_deepspeed"
+        )
+    name = getattr(state, "active_deepspeed_plugin_name", None)
+    return plugins[name] if name is not None else next(iter(plugins.values()))
+
+
+def select_deepspeed_plugin(state: Any, name: str | None = None) -> Any:
+    """Make the plugin called ``name`` the active one (the next ``prepare`` uses its config).
+
+    Args:
+        state: the accelerator state holding ``deepspeed_plugins``.
+        name: a key of ``deepspeed_plugins``; None selects the first one.
+
+    Returns:
+        The selected plugin.
+
+    Raises:
+        ValueError: DeepSpeed is not in use, or no plugin has that name (the message lists the names).
+    """
+    plugins = getattr(state, "deepspeed_plugins", None)
+    if not plugins:
+        get_active_deepspeed_plugin(state)  # raises the "not enabled" error
+    if name is None:
+        name = next(iter(plugins))
+    if name not in plugins:
+        raise ValueError(f"no DeepSpeed plugin named {name!r}; the plugins are {list(plugins)}")
+    for key, plugin in plugins.items():
+        if key != name:
+            plugin.selected = False
+    plugins[name].select(_from_accelerator_state=True)
+    state.active_deepspeed_plugin_name = name
+    return plugins[name]
+
+
+class DummyOptim:
+    """Placeholder for the optimizer built by DeepSpeed from the config's ``"optimizer"`` section.
+
+    Pass it to ``prepare`` with the model; its ``lr`` / ``weight_decay`` / extra keyword arguments fill
+    the section's ``"auto"`` values.
+
+    Args:
+        params: the model parameters (or parameter groups).
+        lr: learning rate for ``"lr": "auto"``.
+        weight_decay: weight decay for ``"weight_decay": "auto"``.
+        **kwargs: other hyper-parameters (``betas``, ``eps``) for their ``"auto"`` values.
+    """
+
+    def __init__(
+        self, params: Iterable[Any], lr: float = 0.001, weight_decay: float = 0.0, **kwargs: Any
+    ) -> None:
+        self.params = list(params)
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.kwargs = kwargs
+
+
+class DummyScheduler:
+    """Placeholder for the scheduler built by DeepSpeed from the config's ``"scheduler"`` section.
+
+    Args:
+        optimizer: the ``DummyOptim`` (or optimizer) it schedules.
+        total_num_steps: fills ``"total_num_steps": "auto"``.
+        warmup_num_steps: fills ``"warmup_num_steps": "auto"``.
+        lr_scheduler_callable: ``callable(optimizer) -> scheduler`` used instead of the config section.
+        **kwargs: other values for ``"auto"`` scheduler parameters.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        lr_scheduler_callable: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.warmup_num_steps = warmup_num_steps
+        self.lr_scheduler_callable = lr_scheduler_callable
+        self.kwargs = kwargs
+
+
+class DeepSpeedEngineWrapper:
+    """Runs backward and the optimizer step through a DeepSpeed engine.
+
+    The engine divides the loss by its own accumulation steps, so the Accelerator must not divide it
+    again (the strategy declares ``divides_loss_for_accumulation = False``).
+
+    Args:
+        engine: the ``deepspeed.DeepSpeedEngine``.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
+        """Back-propagate ``loss``; on a sync micro-batch also reduce gradients and step.
+
+        The engine's own micro-step counter is overridden by ``sync_gradients`` so that its
+        accumulation boundary always equals the Accelerator's (including the forced sync on the
+        last batch of a dataloader).
+
+        Args:
+            loss: the unscaled loss of this micro-batch.
+            sync_gradients: whether this micro-batch ends an accumulation cycle.
+            **kwargs: forwarded to ``engine.backward``.
+        """
+        self.engine.set_gradient_accumulation_boundary(bool(sync_gradients))
+        self.engine.backward(loss, **kwargs)
+        # step() on a non-boundary micro-batch only advances the engine's counters; on the boundary
+        # it runs clipping (from the config), the optimizer, the scheduler and zeroes gradients.
+        self.engine.step()
+
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm the engine computed at its last optimizer step (None if not computed)."""
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else None
+
+
+class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+    """The optimizer a DeepSpeed script sees; the engine already steps and zeroes it.
+
+    ``step()`` and ``zero_grad()`` are no-ops (``DeepSpeedEngineWrapper.backward`` did them);
+    ``step_was_skipped`` reports the engine's fp16 overflow. ``state_dict()`` returns a marker: the
+    (per-process, sharded) optimizer state is saved by the engine checkpoint.
+
+    Args:
+        optimizer: ``engine.optimizer`` (a ZeRO optimizer or the user's).
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        super().__init__(optimizer, device_placement=False, scaler=None)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No-op: the engine zeroes gradients after its step."""
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        """No-op: the engine stepped in ``backward``; records whether it skipped on overflow."""
+        if GradientState().sync_gradients:
+            self._accelerate_step_called = True
+        self._step_was_skipped = bool(getattr(self.optimizer, "overflow", False))
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """A marker; the real state is in the engine checkpoint written by ``save_state``."""
+        return {ENGINE_CHECKPOINT_MARKER: True}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Accept the marker (the engine checkpoint restored the state) or a full optimizer state.
+
+        Raises:
+            ValueError: a plain state dict under ZeRO (it would hold only one process's shard).
+        """
+        if state_dict.get(ENGINE_CHECKPOINT_MARKER):
+            return
+        try:
+            self.optimizer.load_state_dict(state_dict)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                "a DeepSpeed optimizer's state is restored from the engine checkpoint written by "
+                "Accelerator.save_state; load that checkpoint with Accelerator.load_state"
+            ) from exc
+
+
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """The scheduler a DeepSpeed script sees; the engine steps it at each optimizer step.
+
+    Args:
+        scheduler: ``engine.lr_scheduler``.
+        optimizers: the ``DeepSpeedOptimizerWrapper``(s).
+    """
+
+    def __init__(self, scheduler: Any, optimizers: Any) -> None:
+        super().__init__(scheduler, optimizers, step_with_optimizer=True, split_batches=True, num_processes=1)
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """No-op: the engine stepped the schedule after its optimizer step."""
