@@ -13,8 +13,6 @@ import random
 import signal
 import sys
 
-import pytest
-
 from accelerando.checkpointing import atomic
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -65,8 +63,13 @@ def _check_after_kill(root: str, log: str) -> int | None:
     numbers = [n for n, _ in complete]
     committed = [int(entry[1]) for entry in _log(log) if entry[0] == "committed"]
     if committed:
-        assert committed[-1] in numbers, f"checkpoint {committed[-1]} was committed but is gone: {numbers}"
-        assert len(numbers) >= min(2, len(set(committed)))
+        # A save may have committed after the last log line (its rotation then removed an older
+        # one), so the newest checkpoint is at least the last logged one, and with total_limit=2
+        # the one before it must still be there: rotation only ever removes the third newest.
+        newest = max(numbers)
+        assert newest >= committed[-1], f"checkpoint {committed[-1]} was committed but is gone: {numbers}"
+        if newest >= 1:
+            assert numbers[-2:] == [newest - 1, newest], f"a complete checkpoint was lost: {numbers}"
     return max(numbers) if numbers else None
 
 
@@ -97,14 +100,8 @@ def _trials(tmp_path, pauses: list[str | None]) -> dict[str, int]:
     return stats
 
 
-def test_sigkill_during_save_10_trials(tmp_path) -> None:
-    pauses = [None, "rmtree", None, "fsync", None, None, "rmtree", None, "fsync", None]
-    stats = _trials(tmp_path, pauses)
-    assert stats["trash_left"] >= 2 and stats["partial_left"] >= 2
-
-
-@pytest.mark.slow
 def test_sigkill_during_save_30_trials(tmp_path) -> None:
+    # 20 kills at random moments of the saving loop, 5 inside rotation's delete, 5 inside a flush.
     pauses = [None] * 20 + ["rmtree"] * 5 + ["fsync"] * 5
     random.Random(7).shuffle(pauses)
     stats = _trials(tmp_path, pauses)
