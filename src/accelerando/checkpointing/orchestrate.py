@@ -244,13 +244,14 @@ def save_state(
 
 
 def _report_to_trackers(accelerator: Any, path: str, size: int) -> None:
-    """Tell trackers that offer ``log_checkpoint(path, step, size_bytes)`` about a new checkpoint."""
-    if not accelerator.state.is_main_process:
-        return
-    for tracker in getattr(accelerator, "trackers", None) or []:
-        log_checkpoint = getattr(tracker, "log_checkpoint", None)
-        if callable(log_checkpoint):
-            log_checkpoint(path=path, step=int(accelerator.step), size_bytes=size)
+    """Report a committed checkpoint (step, path, size) to the active trackers, on the main process."""
+    log_checkpoint = getattr(accelerator, "log_checkpoint", None)
+    if (
+        accelerator.state.is_main_process
+        and callable(log_checkpoint)
+        and getattr(accelerator, "trackers", None)
+    ):
+        log_checkpoint(int(accelerator.step), path, size)
 
 
 def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
