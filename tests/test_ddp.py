@@ -5,8 +5,6 @@ Each launch costs seconds, so one launch runs many checks and returns numbers th
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
@@ -141,6 +139,39 @@ def _gather_for_metrics_lengths():
     return results
 
 
+def _join_and_trigger():
+    import torch.distributed as dist
+
+    from accelerando import DataLoaderConfiguration
+
+    model, x, y = _problem()
+    acc = _fresh_accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # 5 batches of 4 over 2 processes: rank 0 gets 3, rank 1 gets 2; Join keeps rank 0 from hanging.
+    model, opt, dl = acc.prepare(model, opt, DataLoader(TensorDataset(x[:20], y[:20]), batch_size=MICRO))
+    batches = 0
+    with acc.join_uneven_inputs([model]):
+        for xb, yb in dl:
+            acc.backward(nn.functional.mse_loss(model(xb), yb))
+            opt.step()
+            opt.zero_grad()
+            batches += 1
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(1)
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    model.register_comm_hook(None, counting_hook)
+    xb, yb = x[:4], y[:4]
+    with acc.no_sync(model):
+        acc.backward(nn.functional.mse_loss(model(xb), yb))  # local only
+        with acc.trigger_sync_in_backward(model):
+            acc.backward(nn.functional.mse_loss(model(xb), yb))  # forced all-reduce
+    return batches, len(calls)
+
+
 def _rank_main():
     from accelerando.state import PartialState
 
@@ -155,6 +186,7 @@ def _rank_main():
         "allreduce_counts": _count_allreduces(3),
         "fp16_skip": _fp16_skip_agreement(),
         "gather_for_metrics": _gather_for_metrics_lengths(),
+        "join_trigger": _join_and_trigger(),
     }
     return out
 
@@ -225,6 +257,5 @@ def test_gather_for_metrics_returns_dataset_exactly_once(two_process_results):
             assert sorted(objects, key=lambda s: int(s[1:])) == [f"s{i}" for i in expected]
 
 
-def test_single_process_reference_is_sane():
-    model, _, _ = _problem()
-    assert copy.deepcopy(model) is not model
+def test_join_uneven_inputs_and_trigger_sync(two_process_results):
+    assert [r["join_trigger"] for r in two_process_results] == [(3, 1), (2, 1)]
