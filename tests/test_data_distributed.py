@@ -102,6 +102,16 @@ def _check_all() -> dict:
     )
     assert sorted(_gather_ids(seeded, lambda b: b.tolist())) == list(range(16))
     results["state"] = loader.state_dict()["epoch"]
+    # Through the Accelerator: gather_for_metrics gives each sample once, in order, in both modes.
+    from accelerando import Accelerator, DataLoaderConfiguration
+
+    for dispatch in (False, True):
+        accelerator = Accelerator(
+            cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch)
+        )
+        prepared = accelerator.prepare(DataLoader(list(range(21)), batch_size=4))
+        gathered = [accelerator.gather_for_metrics(batch) for batch in prepared]
+        assert torch.cat(gathered).tolist() == list(range(21)), (dispatch, gathered)
     return results
 
 
