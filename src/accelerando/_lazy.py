@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_getattr(namespace: str, exports: Mapping[str, str], module_globals: dict[str, Any]) -> Callable[[str], Any]:
+def lazy_getattr(
+    namespace: str, exports: Mapping[str, str], module_globals: dict[str, Any]
+) -> Callable[[str], Any]:
     """Build a module-level ``__getattr__`` that imports each exported name on first access.
 
     Args:
