@@ -108,6 +108,11 @@ class PreparedLoaderMixin:
     def drop_last(self, value: bool) -> None:
         self.__dict__["_plain_drop_last"] = value
 
+    @property
+    def skip_batches(self) -> int:
+        """Batches the next iteration skips (set by ``skip_first_batches``; 0 once it has started)."""
+        return self._skip_once
+
     # ------------------------------------------------------------------ epochs
     @property
     def iteration(self) -> int:
