@@ -166,3 +166,11 @@ def test_table_is_consistent():
 def test_settings_module_does_not_import_torch():
     code = "import sys, accelerando.settings; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_only_rank_zero_warns_about_overrides(caplog):
+    env = {"ACCELERATE_MIXED_PRECISION": "fp16", "RANK": "1"}
+    with caplog.at_level(logging.WARNING, logger="accelerando.settings"):
+        settings = resolve_runtime_settings({"mixed_precision": "bf16"}, environ=env)
+    assert settings.mixed_precision == "bf16"
+    assert not [r for r in caplog.records if r.name == "accelerando.settings"]

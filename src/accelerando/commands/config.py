@@ -150,8 +150,12 @@ def run(args: argparse.Namespace) -> int:
             if written is False:
                 return 1
         else:
-            from accelerando.commands.config_questions import ask_questions
-
+            try:
+                import questionary  # noqa: F401 - checked here to give the install fix
+            except ImportError:
+                print("accelerando config: the questions need questionary. Fix: `pip install questionary`, "
+                      "or run `accelerando config default`.", file=sys.stderr)  # fmt: skip
+                return 2
             values = ask_questions()
             if values is None:
                 print("accelerando config: cancelled; nothing written.", file=sys.stderr)

@@ -298,8 +298,8 @@ def resolve_runtime_settings(
     """Resolve the settings of the running process: defaults < environment < code.
 
     The environment carries what the launcher resolved (config file and CLI flags) or what the user
-    exported; an argument given in code always wins, with one warning when it replaces a different
-    value from the environment.
+    exported; an argument given in code always wins, with one warning (on the process of rank 0 only)
+    when it replaces a different value from the environment.
 
     Args:
         code: setting name -> value given in code; ``None`` values mean "not given".
@@ -317,4 +317,7 @@ def resolve_runtime_settings(
         >>> s.mixed_precision, s.source("mixed_precision")
         ('bf16', 'code')
     """
-    return resolve([env_layer(environ), code_layer(code)])
+    env = os.environ if environ is None else environ
+    # Every process resolves the same values; only the first one says that code overrode the launcher.
+    first_process = env.get("RANK", "0") == "0"
+    return resolve([env_layer(env), code_layer(code)], warn_sources=("code",) if first_process else ())
