@@ -207,6 +207,8 @@ class FullyShardedDataParallelPlugin:
         if isinstance(self.transformer_cls_names_to_wrap, str):
             names = self.transformer_cls_names_to_wrap.split(",")
             self.transformer_cls_names_to_wrap = [n.strip() for n in names if n.strip()]
+        elif self.transformer_cls_names_to_wrap is not None:
+            self.transformer_cls_names_to_wrap = list(self.transformer_cls_names_to_wrap)
         for attr in ("forward_prefetch", "sync_module_states", "use_orig_params", "activation_checkpointing"):
             setattr(self, attr, _bool(attr, getattr(self, attr)))
         self.cpu_ram_efficient_loading = _bool("cpu_ram_efficient_loading", self.cpu_ram_efficient_loading)

@@ -263,15 +263,27 @@ def load_sharded_checkpoint(checkpoint_dir: str) -> dict[str, torch.Tensor]:
             "pytorch_model_fsdp_<i> folder inside a save_state checkpoint"
         )
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 
     state: dict[str, Any] = {}
-    dcp.load(
-        state,
-        storage_reader=dcp.FileSystemReader(checkpoint_dir),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
+    try:
+        # The planner that fills an empty dict with whatever the checkpoint holds; public
+        # ``dcp.load`` returns early on an empty dict, so the loader dcp_to_torch_save uses is called.
+        from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
+    except ImportError:  # a torch without the private loader: go through a temporary torch.save file
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(checkpoint_dir, os.path.join(tmp, "full.pt"))
+            state = torch.load(os.path.join(tmp, "full.pt"), weights_only=True)
+    else:
+        _load_state_dict(
+            state,
+            storage_reader=dcp.FileSystemReader(checkpoint_dir),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
     if set(state) == {"model"} and isinstance(state["model"], dict):
         state = state["model"]
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

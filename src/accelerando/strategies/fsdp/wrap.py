@@ -121,6 +121,8 @@ def apply_activation_checkpointing(
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointWrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing as apply_ac,
     )
 
