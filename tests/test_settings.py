@@ -174,3 +174,35 @@ def test_only_rank_zero_warns_about_overrides(caplog):
         settings = resolve_runtime_settings({"mixed_precision": "bf16"}, environ=env)
     assert settings.mixed_precision == "bf16"
     assert not [r for r in caplog.records if r.name == "accelerando.settings"]
+
+
+def test_fill_unset_copies_launcher_values_into_unset_plugin_fields():
+    from dataclasses import dataclass
+
+    from accelerando.settings import fill_unset
+
+    @dataclass
+    class Plugin:
+        sharding_strategy: str | None = None
+        offload_params: bool | None = True  # given in code: kept
+        transformer_cls_names_to_wrap: list | None = None
+        state_dict_type: str | None = None
+
+    env = {
+        "FSDP_SHARDING_STRATEGY": "NO_SHARD",
+        "FSDP_OFFLOAD_PARAMS": "false",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block",
+    }
+    plugin = Plugin()
+    filled = fill_unset(
+        plugin,
+        "fsdp",
+        prefix="fsdp_",
+        rename={"fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap"},
+        settings=resolve_runtime_settings(environ=env),
+    )
+    assert plugin == Plugin("NO_SHARD", True, ["Block"], None)
+    assert filled == {
+        "sharding_strategy": "env:FSDP_SHARDING_STRATEGY",
+        "transformer_cls_names_to_wrap": "env:FSDP_TRANSFORMER_CLS_TO_WRAP",
+    }
