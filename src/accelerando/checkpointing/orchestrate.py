@@ -283,6 +283,15 @@ def _candidates(accelerator: Any, input_dir: str | os.PathLike | None) -> tuple[
         )
     root = _checkpoints_dir(accelerator)
     found = [path for _, path in reversed(atomic.list_checkpoints(root))]
+    newest = os.path.basename(found[0]) if found else None
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        match = _NUMBERED.match(name)
+        if match and (newest is None or int(match.group(1)) > int(newest.split("_")[1])):
+            if not os.path.exists(os.path.join(root, name, atomic.MANIFEST_NAME)):
+                warnings.warn(
+                    f"Skipping incomplete checkpoint {os.path.join(root, name)}: it has no manifest",
+                    stacklevel=3,
+                )
     if not found:
         raise FileNotFoundError(
             f"No complete checkpoint under {root!r} to resume from; start fresh (see "
@@ -297,12 +306,12 @@ def _read_candidate(
     models: list[Any],
     map_location: Any,
     verify_checksums: bool,
-    explicit: bool,
+    allow_unverified: bool,
 ) -> tuple[LoadedState, list[Any], bool]:
     """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
     state = accelerator.state
     manifest = None
-    if explicit and not os.path.exists(os.path.join(folder, atomic.MANIFEST_NAME)):
+    if allow_unverified and not os.path.exists(os.path.join(folder, atomic.MANIFEST_NAME)):
         logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
     else:
         manifest = atomic.verify_checkpoint(folder)  # sizes of every file
@@ -346,7 +355,7 @@ def _custom_path(folder: str, name: str) -> str:
     return path
 
 
-def _attempt(accelerator: Any, folder: str, verify_checksums: bool, explicit: bool, kwargs: dict) -> Any:
+def _attempt(accelerator: Any, folder: str, kwargs: dict[str, Any]) -> Any:
     """Try one folder on every process; returns the read state or the local error, plus everyone's verdict."""
     models = list(accelerator._models)
     for hook in list(accelerator._load_model_state_pre_hook.values()):
@@ -356,15 +365,44 @@ def _attempt(accelerator: Any, folder: str, verify_checksums: bool, explicit: bo
     try:
         outcome = (
             models,
-            *_read_candidate(accelerator, folder, models, kwargs["map_location"], verify_checksums, explicit),
+            *_read_candidate(
+                accelerator,
+                folder,
+                models,
+                kwargs["map_location"],
+                kwargs["verify_checksums"],
+                kwargs["allow_unverified"],
+            ),
         )
-    except (atomic.CheckpointError, OSError, RuntimeError, ValueError, KeyError, EOFError) as err:
+    except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
         outcome, error = None, err
-    except Exception as err:  # noqa: BLE001 - e.g. safetensors' or pickle's own error types
-        outcome, error = None, err
-    report = None if error is None else f"{type(error).__name__}: {error}"
+    report = None if error is None else (f"{type(error).__name__}: {error}", _is_damage(error))
     verdicts = _gather((accelerator.state.process_index, report), accelerator.state.num_processes)
-    return outcome, error, [(rank, msg) for rank, msg in verdicts if msg is not None]
+    return outcome, error, [(rank, *rep) for rank, rep in verdicts if rep is not None]
+
+
+def _is_damage(error: BaseException) -> bool:
+    """Whether a load error means a damaged file (fall back) rather than a bug or a mismatch (raise)."""
+    import pickle
+
+    damage: tuple[type[BaseException], ...] = (
+        atomic.CheckpointError,
+        EOFError,
+        pickle.UnpicklingError,
+        OSError,
+    )
+    try:
+        from safetensors import SafetensorError
+
+        damage += (SafetensorError,)
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        pass
+    if isinstance(error, FileNotFoundError):
+        return True
+    # torch.load reports a corrupted zip archive as a RuntimeError from its stream reader.
+    return isinstance(error, damage) or (
+        isinstance(error, RuntimeError) and "PytorchStreamReader" in str(error)
+    )
 
 
 def load_state(
@@ -381,8 +419,10 @@ def load_state(
         accelerator: The Accelerator to restore.
         input_dir: Checkpoint folder (None: the newest complete one, with automatic naming).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
-            except ``map_location`` (device for loaded weights, default CPU) and ``verify_checksums``
-            (default True: compare every read file's CRC-32 with the manifest; sizes are always checked).
+            except ``map_location`` (device for loaded weights, default CPU), ``verify_checksums``
+            (default True: compare every read file's CRC-32 with the manifest; sizes are always
+            checked) and ``allow_unverified`` (default False: an explicit folder without a manifest,
+            e.g. written by another library, is loaded with a warning instead of refused).
 
     Raises:
         FileNotFoundError: If the folder does not exist, or no checkpoint exists to resume from.
@@ -390,15 +430,18 @@ def load_state(
         CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
     """
     set_active_accelerator(accelerator)
-    kwargs = {"map_location": load_model_func_kwargs.pop("map_location", None)}
-    verify_checksums = bool(load_model_func_kwargs.pop("verify_checksums", True))
     candidates, may_fall_back = _candidates(accelerator, input_dir)
+    kwargs = {
+        "map_location": load_model_func_kwargs.pop("map_location", None),
+        "verify_checksums": bool(load_model_func_kwargs.pop("verify_checksums", True)),
+        "allow_unverified": bool(load_model_func_kwargs.pop("allow_unverified", False)) and not may_fall_back,
+    }
     for folder in candidates:
-        outcome, error, failed = _attempt(accelerator, folder, verify_checksums, not may_fall_back, kwargs)
+        outcome, error, failed = _attempt(accelerator, folder, kwargs)
         if not failed:
             _apply(accelerator, folder, outcome, load_model_func_kwargs)
             return
-        if not may_fall_back:
+        if not may_fall_back or not all(is_damage for _, _, is_damage in failed):
             if error is not None:
                 raise error
             raise atomic.CheckpointError(f"Process {failed[0][0]} could not load {folder!r}: {failed[0][1]}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -48,19 +49,31 @@ def active_accelerator() -> Any:
     """
     found = _active() if _active is not None else None
     if found is None:
-        try:
-            from accelerando.accelerator import Accelerator
-        except ImportError:
-            Accelerator = None  # noqa: N806
-        if Accelerator is not None:
-            candidates = [obj for obj in gc.get_objects() if isinstance(obj, Accelerator)]
-            found = candidates[-1] if candidates else None
+        alive = _live_accelerators()
+        if len(alive) > 1:
+            raise ValueError(
+                f"{len(alive)} Accelerator objects are alive, so the folder-only form cannot tell which to "
+                "use; call accelerator.save_state(folder) / accelerator.load_state(folder) instead."
+            )
+        found = alive[0] if alive else None
     if found is None:
         raise ValueError(
             "save_accelerator_state/load_accelerator_state with only a folder act on the active Accelerator, "
             "but none exists; create one with Accelerator() first, or pass the objects explicitly."
         )
     return found
+
+
+def _live_accelerators() -> list[Any]:
+    """Every reachable Accelerator (a fallback for when none registered itself as active)."""
+    try:
+        from accelerando.accelerator import Accelerator
+    except ImportError:
+        return []
+    gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance on some lazy modules warns about deprecations
+        return [obj for obj in gc.get_objects() if isinstance(obj, Accelerator)]
 
 
 def save_accelerator_state(
