@@ -1,6 +1,7 @@
 """Benchmark: iterating a prepared dataloader against the raw ``DataLoader`` over the same data.
 
-No compute: 50k samples of 16 floats, batch 32, shuffled, one full epoch per measurement. Raw and
+No compute: 50k samples of 16 floats, batch 32, one full epoch per measurement (shuffled, and
+in order for the single-process case). Raw and
 prepared runs alternate and each figure is the median of ``--repeats`` epochs, which keeps the
 comparison fair on a shared machine.
 
@@ -58,14 +59,14 @@ def _dataset(samples: int) -> TensorDataset:
     return TensorDataset(torch.randn(samples, 16, generator=generator), torch.arange(samples))
 
 
-def single_process(samples: int, batch_size: int, repeats: int) -> dict[str, float]:
+def single_process(samples: int, batch_size: int, repeats: int, shuffle: bool = True) -> dict[str, float]:
     """Raw vs prepared loader in this process."""
     from accelerando.data_loader import prepare_data_loader
 
     dataset = _dataset(samples)
-    raw = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    raw = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
     prepared = prepare_data_loader(
-        DataLoader(dataset, batch_size=batch_size, shuffle=True),
+        DataLoader(dataset, batch_size=batch_size, shuffle=shuffle),
         num_processes=1,
         process_index=0,
         put_on_device=True,
@@ -114,7 +115,9 @@ def main() -> None:
     parser.add_argument("--no-ddp", action="store_true", help="skip the 2-process measurement")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    _report("single process", single_process(args.samples, args.batch_size, args.repeats))
+    _report("single process, shuffled", single_process(args.samples, args.batch_size, args.repeats))
+    # In order, both loaders draw indices the same way: this isolates the wrapper's own cost.
+    _report("single process, in order", single_process(args.samples, args.batch_size, args.repeats, False))
     if not args.no_ddp:
         for rank, result in enumerate(two_processes(args.samples, args.batch_size, args.repeats)):
             _report(f"2 processes, rank {rank}", result)

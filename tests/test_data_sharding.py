@@ -247,3 +247,37 @@ def test_configuration_defaults():
         "non_blocking": False,
         "use_stateful_dataloader": False,
     }
+
+
+@settings(max_examples=80, deadline=None)
+@given(configs())
+def test_dispatch_cuts_partition_the_dataset(config):
+    """The main process's cutting of global batches, checked for every simulated process at once."""
+    from accelerando.data_loader import DataLoaderDispatcher
+
+    n, size = config["num_processes"], config["batch_size"]
+    data = [{"id": torch.tensor(i), "tag": f"t{i}"} for i in range(config["length"])]
+    loader = DataLoaderDispatcher(
+        data,
+        split_batches=config["split"],
+        even_batches=config["even"],
+        _drop_last=config["drop_last"],
+        batch_size=size,
+        drop_last=config["drop_last"],
+    )
+    steps = list(loader._steps(0, n))
+    gathered: list[int] = []
+    for index, messages in enumerate(steps):
+        assert len(messages) == n
+        is_last = index == len(steps) - 1
+        assert all(message[0] == is_last for message in messages)
+        parts = [message[2] for message in messages if message[2] is not None]
+        if config["even"] and not config["drop_last"]:
+            assert len(parts) == n, "even_batches: every process gets a batch at every step"
+        for part in parts:
+            assert part["tag"] == [f"t{int(i)}" for i in part["id"].tolist()]
+        merged = [int(i) for part in parts for i in part["id"].tolist()]
+        if is_last and messages[0][1] > 0:
+            merged = merged[: messages[0][1]]
+        gathered.extend(merged)
+    assert gathered == _expected(config, list(range(config["length"])))
