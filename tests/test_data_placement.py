@@ -117,3 +117,17 @@ def test_cuda_prefetch_gives_the_same_batches():
     got = [b["x"] for b in loader]
     assert all(t.is_cuda for t in got)
     assert torch.cat(got).cpu().flatten().tolist() == [float(i) for i in range(50)]
+
+
+def test_distributed_sampler_is_not_sharded_twice():
+    from torch.utils.data import DistributedSampler
+
+    data = list(range(8))
+    shards = []
+    for rank in range(2):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=False)
+        loader = prepare_data_loader(
+            DataLoader(data, batch_size=2, sampler=sampler), num_processes=2, process_index=rank
+        )
+        shards.append([i for b in loader for i in b.tolist()])
+    assert sorted(shards[0] + shards[1]) == data

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 from accelerando.data_loader.dispatcher import DataLoaderDispatcher
 from accelerando.data_loader.samplers import (
@@ -36,6 +37,8 @@ _CARRIED = (
     "in_order",
 )
 _NON_DATA_AXES = ("tp", "cp", "pp")
+
+logger = logging.getLogger(__name__)
 
 
 def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
@@ -292,6 +295,13 @@ def _shard_map_style(
             )
         return {"dataset": dataset, "batch_size": None, "sampler": dataloader.sampler}, None
     batch_sampler, generator = _prepare_sampling(batch_sampler, use_seedable_sampler, data_seed)
+    if isinstance(getattr(batch_sampler, "sampler", None), DistributedSampler) and num_processes > 1:
+        # Sharding an already sharded sampler again would give each process 1/n of its 1/n.
+        logger.warning(
+            "The DataLoader already uses a DistributedSampler; it is kept as the only sharding. Remove it "
+            "and let prepare_data_loader shard the data to get even_batches and exact resume."
+        )
+        num_processes, process_index = 1, 0
     shard = BatchSamplerShard(
         batch_sampler,
         num_processes=num_processes,
