@@ -196,3 +196,41 @@ def test_config_default_and_update_commands(tmp_path, capsys):
     assert data["mixed_precision"] == "fp16"
     assert migrate_config(data) == data  # idempotent
     assert cli_main(["config", "update", "--config_file", str(tmp_path / "nope.yaml")]) == 2
+
+
+def test_reference_deepspeed_megatron_dynamo_sections(tmp_path):
+    text = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  deepspeed_multinode_launcher: standard
+  gradient_accumulation_steps: 4
+  gradient_clipping: 1.0
+  offload_optimizer_device: none
+  offload_param_device: cpu
+  zero3_init_flag: true
+  zero3_save_16bit_model: false
+  zero_stage: 3
+dynamo_config:
+  dynamo_backend: INDUCTOR
+  dynamo_mode: max-autotune
+  dynamo_use_fullgraph: false
+  dynamo_use_dynamic: true
+megatron_lm_config:
+  megatron_lm_tp_degree: 2
+  megatron_lm_sequence_parallelism: true
+fsdp_config: {}
+ipex_config:
+  ipex: false
+mpirun_config: {}
+gpu_ids: 0,1
+main_process_port: null
+"""
+    values = {k: s.value for k, s in load_config_layer(write(tmp_path, text)).items()}
+    assert values["use_deepspeed"] is True and values["zero_stage"] == 3
+    assert values["gradient_accumulation_steps"] == 4 and values["gradient_clipping"] == 1.0
+    assert values["offload_param_device"] == "cpu" and values["zero3_init_flag"] is True
+    assert values["dynamo_backend"] == "INDUCTOR" and values["dynamo_mode"] == "max-autotune"
+    assert values["dynamo_use_dynamic"] is True
+    assert values["megatron_lm_tp_degree"] == 2 and values["megatron_lm_sequence_parallelism"] is True
+    assert values["gpu_ids"] == "0,1" and "main_process_port" not in values
