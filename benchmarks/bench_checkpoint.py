@@ -60,6 +60,7 @@ def checksum_speed(nbytes: int = 256 * 2**20) -> dict[str, float]:
     speeds = {}
     for name, fn in {
         "crc32": lambda: zlib.crc32(data),
+        "xxh3_64": lambda: __import__("xxhash").xxh3_64(data).intdigest(),
         "adler32": lambda: zlib.adler32(data),
         "blake2b": lambda: hashlib.blake2b(data).digest(),
         "sha1": lambda: hashlib.sha1(data).digest(),

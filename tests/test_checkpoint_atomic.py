@@ -102,3 +102,25 @@ def test_remove_stale_cleans_partial_and_trash(tmp_path) -> None:
 def test_missing_manifest_is_reported(tmp_path) -> None:
     with pytest.raises(atomic.CheckpointError, match="incomplete"):
         atomic.read_manifest(str(tmp_path))
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "xxh3_64"])
+def test_both_checksum_algorithms_detect_a_flip(tmp_path, algorithm: str) -> None:
+    if algorithm == "xxh3_64":
+        pytest.importorskip("xxhash")
+    folder = tmp_path / "ckpt"
+    staging = atomic.prepare_staging(str(folder))
+    (tmp_path / ".ckpt.partial" / "a.bin").write_bytes(bytes(1000))
+    entry = atomic.file_digest(os.path.join(staging, "a.bin"), algorithm)
+    assert entry.algorithm == algorithm and entry.size == 1000
+    atomic.commit(staging, str(folder), atomic.Manifest({"a.bin": entry}, 1, "test"))
+    atomic.verify_checkpoint(str(folder), checksums=True)
+    (folder / "a.bin").write_bytes(bytes(999) + b"\x01")
+    with pytest.raises(atomic.CheckpointError, match=f"a.bin.*{algorithm}"):
+        atomic.verify_checkpoint(str(folder), checksums=True)
+
+
+def test_unknown_algorithm_is_refused(tmp_path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(ValueError, match="not available"):
+        atomic.file_digest(str(tmp_path / "f"), "md4")

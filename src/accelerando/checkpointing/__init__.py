@@ -1,7 +1,7 @@
 """Checkpointing: crash-safe ``save_state`` / ``load_state`` and the public checkpoint helpers.
 
 A checkpoint folder is either complete and verifiable (it has a manifest with every file's size and
-CRC-32) or invisible (a hidden staging folder). Modules:
+checksum) or invisible (a hidden staging folder). Modules:
 
 - ``atomic``: staging, durability, manifest, atomic rename, rotation, listing, verification;
 - ``files`` / ``state_io`` / ``rng``: the state files and how each kind of state is written and read;

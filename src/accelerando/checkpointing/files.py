@@ -60,8 +60,7 @@ def model_file(index: int, safe_serialization: bool) -> str:
 
 def torch_save(obj: Any, path: str) -> None:
     """``torch.save`` to ``path`` (durability is handled by the commit step)."""
-    with open(path, "wb") as handle:
-        torch.save(obj, handle)
+    torch.save(obj, path)  # a path, not a Python file object: torch's C++ writer is faster
 
 
 def torch_load(path: str, map_location: Any = None) -> Any:

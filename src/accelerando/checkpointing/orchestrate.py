@@ -4,12 +4,12 @@ Save (every process runs this, in this order):
 1. the committing process (main, or each node's local main with ``save_on_each_node``) clears
    leftovers of interrupted saves and creates the hidden staging folder; barrier;
 2. every process writes its files into the staging folder, flushes them to disk and computes their
-   size and CRC-32; the results (or a failure) are gathered on every process, which is the barrier
+   size and checksum; the results (or a failure) are gathered on every process, which is the barrier
    that guarantees every rank's files are in place;
 3. the committing process writes the manifest and renames the folder into place, then rotates old
    checkpoints (only now, so a crash never costs a complete checkpoint); barrier.
 
-Load reads everything first, verifies it (sizes always, CRC-32 in a background thread by default),
+Load reads everything first, verifies it (sizes always, checksum in a background thread by default),
 agrees across processes that every rank succeeded, and only then applies it to the live objects.
 """
 
@@ -420,7 +420,7 @@ def load_state(
         input_dir: Checkpoint folder (None: the newest complete one, with automatic naming).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
             except ``map_location`` (device for loaded weights, default CPU), ``verify_checksums``
-            (default True: compare every read file's CRC-32 with the manifest; sizes are always
+            (default True: compare every read file's checksum with the manifest; sizes are always
             checked) and ``allow_unverified`` (default False: an explicit folder without a manifest,
             e.g. written by another library, is loaded with a warning instead of refused).
 

@@ -171,7 +171,7 @@ def load_accelerator_state(
         process_index: Index of this process (selects its random-state file).
         scaler: GradScaler to restore, or None.
         map_location: Device for loaded weights (default CPU; ``load_state_dict`` copies them).
-        verify_checksums: Compare every file's CRC-32 with the manifest (sizes are always checked).
+        verify_checksums: Compare every file's checksum with the manifest (sizes are always checked).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``).
 
     Returns:
