@@ -24,6 +24,7 @@ def _cli() -> tuple[str, list[str]]:
 def env(tmp_path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_"))}
     clean.update(XDG_CACHE_HOME=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"), TERM="xterm")
+    clean["PROMPT_TOOLKIT_NO_CPR"] = "1"  # do not wait for cursor-position replies the test never sends
     clean["CUDA_VISIBLE_DEVICES"] = ""  # the questions depend on GPUs; make the machine CPU-only
     return clean
 

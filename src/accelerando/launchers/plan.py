@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.settings.fields import FIELDS_BY_NAME
-from accelerando.settings.machine import MachineInfo, free_port
+from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 from accelerando.settings.resolve import Settings
 
 __all__ = ["Command", "LaunchPlan", "build", "check_settings", "export_env"]
@@ -254,7 +254,7 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
 def build(
     settings: Settings,
     command: Command,
-    machine: MachineInfo,
+    machine: MachineInfo | None = None,
     *,
     agent_options: Sequence[str] = (),
     port: Callable[[], int] = free_port,
@@ -264,7 +264,8 @@ def build(
     Args:
         settings: the launcher's resolved settings (see :func:`accelerando.settings.resolve`).
         command: what each process runs.
-        machine: the machine the launch runs on (:func:`accelerando.settings.machine.detect_machine`).
+        machine: the machine the launch runs on; ``None`` detects this one
+            (:func:`accelerando.settings.machine.detect_machine`).
         agent_options: extra ``torch.distributed.run`` options (``--role``, ``--tee``, ``--log_dir``).
         port: returns a free port for a single-machine job that did not choose one.
 
@@ -275,6 +276,8 @@ def build(
     Raises:
         ValueError: for an impossible combination of settings (see :func:`check_settings`).
     """
+    if machine is None:
+        machine = detect_machine()
     check_settings(settings, machine)
     total, machines, notes = _topology(settings, machine)
     per_node = total // machines
