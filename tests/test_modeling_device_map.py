@@ -181,7 +181,7 @@ def test_balanced_memory_spreads_and_accepts_both_low_zero_names():
 
 
 def _counting_sizes(counter: list[int]):
-    real = device_map_module.compute_module_sizes
+    real = device_map_module.sizes_of_modules
 
     class CountingSizes(dict):
         def get(self, key, default=None):
@@ -213,7 +213,7 @@ def test_device_map_work_grows_linearly(monkeypatch, flat_models, fits):
     lookups = {}
     for count, model in flat_models.items():
         counter = [0]
-        monkeypatch.setattr(device_map_module, "compute_module_sizes", _counting_sizes(counter))
+        monkeypatch.setattr(device_map_module, "sizes_of_modules", _counting_sizes(counter))
         # Either everything fits, or the model is split across cpu and disk (every module is visited).
         budget = {"cpu": "1GB"} if fits else {"cpu": count * 1088 // 2, "disk": "1GB"}
         device_map = infer_auto_device_map(model, budget)

@@ -61,6 +61,39 @@ __all__ = [
 ]
 
 
+# In-place initialisers: on meta tensors they only validate shapes, yet several of them run through
+# slow Python reference implementations (``normal_`` ~1 ms, ``clamp_`` ~2 ms per call). Inside
+# ``init_empty_weights`` they return at once for meta tensors, so initialising costs nothing.
+_INPLACE_INITIALISERS = (
+    "normal_", "uniform_", "erfinv_", "clamp_", "log_normal_", "exponential_", "cauchy_", "geometric_",
+    "random_", "bernoulli_",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _skip_meta_initialisers() -> Iterator[None]:
+    originals = {name: torch.Tensor.__dict__.get(name) for name in _INPLACE_INITIALISERS}
+
+    def skipping(original):
+        def method(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if self.is_meta:
+                return self
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in _INPLACE_INITIALISERS:
+        setattr(torch.Tensor, name, skipping(getattr(torch.Tensor, name)))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
 @contextlib.contextmanager
 def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
     """Context manager in which new parameters (and optionally buffers) are created on ``device``.
@@ -105,8 +138,9 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
     nn.Module.register_parameter = register_parameter
     if include_buffers:
         nn.Module.register_buffer = register_buffer
+    skip = _skip_meta_initialisers() if device.type == "meta" else contextlib.nullcontext()
     try:
-        with device if include_buffers else contextlib.nullcontext():
+        with device if include_buffers else contextlib.nullcontext(), skip:
             yield
     finally:
         nn.Module.register_parameter = original_parameter

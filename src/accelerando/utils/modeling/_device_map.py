@@ -9,16 +9,16 @@ rescan the remaining modules for every decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
 
 import torch
 from torch import nn
 
 from accelerando.utils.modeling._memory import DeviceKey, get_max_memory
 from accelerando.utils.modeling._sizes import (
-    compute_module_sizes,
-    compute_module_total_buffer_size,
     get_max_layer_size,
+    sizes_of_modules,
+    walk_modules,
 )
 
 __all__ = ["clean_device_map", "infer_auto_device_map"]
@@ -30,13 +30,21 @@ def _tied_partners(model: nn.Module) -> dict[str, list[str]]:
     """Map each tied parameter kept by ``named_parameters`` to the modules owning its other names."""
     first_name: dict[int, str] = {}
     partners: dict[str, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        key = id(param)
-        if key not in first_name:
-            first_name[key] = name
-        else:
-            owner = name.rpartition(".")[0]
-            partners.setdefault(first_name[key], []).append(owner)
+    # Modules registered under several names (shared embeddings) are visited under each name.
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        module_name, module = stack.pop()
+        prefix = f"{module_name}." if module_name else ""
+        for key, param in module._parameters.items():
+            if param is None:
+                continue
+            if id(param) not in first_name:
+                first_name[id(param)] = prefix + key
+            else:
+                partners.setdefault(first_name[id(param)], []).append(module_name)
+        stack.extend(
+            (prefix + key, child) for key, child in reversed(module._modules.items()) if child is not None
+        )
     return partners
 
 
@@ -52,12 +60,13 @@ def _partners_by_unit(partners: dict[str, list[str]]) -> dict[str, list[tuple[st
 
 
 def _expand(name: str, module: nn.Module) -> list[tuple[str, nn.Module | None]]:
+    """The parts of a module: its own tensors (as ``(name, None)``), then its children."""
     prefix = f"{name}." if name else ""
     parts: list[tuple[str, nn.Module | None]] = [
-        (prefix + tensor_name, None) for tensor_name, _ in module.named_parameters(recurse=False)
+        (prefix + key, None) for key, tensor in module._parameters.items() if tensor is not None
     ]
-    parts.extend((prefix + tensor_name, None) for tensor_name, _ in module.named_buffers(recurse=False))
-    parts.extend((prefix + child_name, child) for child_name, child in module.named_children())
+    parts.extend((prefix + key, None) for key, tensor in module._buffers.items() if tensor is not None)
+    parts.extend((prefix + key, child) for key, child in module._modules.items() if child is not None)
     return parts
 
 
@@ -121,7 +130,7 @@ class _Planner:
     def splittable(self, name: str, module: nn.Module | None) -> bool:
         if module is None or type(module).__name__ in self.no_split:
             return False
-        return next(iter(module.children()), None) is not None
+        return bool(module._modules)
 
     def step(self, name: str, module: nn.Module | None) -> None:
         if name in self.preplaced:
@@ -144,7 +153,9 @@ class _Planner:
             self.log(f"Splitting {name!r} ({size} bytes): it does not fit on {target!r} as a whole.")
             self.stack.extend(reversed(_expand(name, module)))
         else:
-            self.log(f"{name!r} ({size} bytes) does not fit on {device!r} and can not be split; using the next device.")
+            self.log(
+                f"{name!r} ({size} bytes) does not fit on {device!r} and can not be split; using the next device."
+            )
             self.stack.append((name, module))
             self.index += 1
 
@@ -171,41 +182,46 @@ class _Planner:
         return self.device_map
 
 
-def _iter_names(model: nn.Module) -> Iterator[str]:
-    for module_name, module in model.named_modules():
-        yield module_name
-        prefix = f"{module_name}." if module_name else ""
-        for tensor_name, _ in module.named_parameters(recurse=False):
-            yield prefix + tensor_name
-        for tensor_name, _ in module.named_buffers(recurse=False):
-            yield prefix + tensor_name
-
-
-def clean_device_map(device_map: dict[str, DeviceKey], model: nn.Module) -> dict[str, DeviceKey]:
+def clean_device_map(
+    device_map: dict[str, DeviceKey], model: nn.Module, modules: list[tuple[str, nn.Module]] | None = None
+) -> dict[str, DeviceKey]:
     """Merge entries whose parts all go to one device into a single entry for their parent.
 
     Args:
         device_map: a device map covering the model.
         model: the model it describes.
+        modules: the model's modules from ``walk_modules`` when the caller has them already.
 
     Returns:
         An equivalent, shorter device map in the model's module order (``{"": device}`` when
         everything goes to one device).
     """
     result = dict(device_map)
-    order = {name: position for position, name in enumerate(_iter_names(model))}
-    for name, module in reversed(list(model.named_modules())):
+    order: dict[str, int] = {}
+    modules = walk_modules(model) if modules is None else modules
+    for name, module in modules:
+        order[name] = len(order)
+        for part, _ in _expand(name, module):
+            order.setdefault(part, len(order))
+    for name, module in reversed(modules):
         if name in result:
             continue
         parts = [part for part, _ in _expand(name, module)]
-        if not parts or any(part not in result for part in parts):
+        if not parts:
             continue
-        targets = {result[part] for part in parts}
-        if len(targets) == 1:
-            for part in parts:
-                del result[part]
-            result[name] = targets.pop()
-    return dict(sorted(result.items(), key=lambda item: order.get(item[0], len(order))))
+        targets = set()
+        for part in parts:
+            if part not in result:
+                break
+            targets.add(result[part])
+        else:
+            if len(targets) == 1:
+                for part in parts:
+                    del result[part]
+                result[name] = targets.pop()
+    ordered = {name: result[name] for name in order if name in result}
+    ordered.update((name, device) for name, device in result.items() if name not in ordered)
+    return ordered
 
 
 def infer_auto_device_map(
@@ -247,7 +263,22 @@ def infer_auto_device_map(
         ValueError: for an unknown device or unreadable size in ``max_memory``.
     """
     budget = get_max_memory(max_memory)
-    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    # The cyclic garbage collector scans the whole heap (the model's objects included) each time it
+    # runs, which would make this pass superlinear on large models; nothing here creates cycles.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _infer(model, budget, no_split_module_classes, dtype, special_dtypes, verbose, clean_result,
+                      offload_buffers, fallback_allocation)  # fmt: skip
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _infer(model, budget, no_split_module_classes, dtype, special_dtypes, verbose, clean_result, offload_buffers,
+           fallback_allocation) -> dict[str, DeviceKey]:  # fmt: skip
+    modules = walk_modules(model)
+    sizes = sizes_of_modules(modules, dtype, special_dtypes)
     no_split = set(no_split_module_classes or ())
     devices = list(budget)
     main = devices[0] if devices else "cpu"
@@ -256,7 +287,7 @@ def infer_auto_device_map(
     if sizes.get("", 0) > sum(budget[key] for key in on_main_side):
         reserve, names = get_max_layer_size(list(model.named_children()), sizes, list(no_split))
         if not offload_buffers:
-            reserve += compute_module_total_buffer_size(model, dtype=dtype, special_dtypes=special_dtypes)
+            reserve += sizes_of_modules(modules, dtype, special_dtypes, buffers_only=True).get("", 0)
         if verbose:
             print(
                 f"The model does not fit on {on_main_side}: reserving {reserve} bytes on {main!r} for {names}."
@@ -265,4 +296,4 @@ def infer_auto_device_map(
         model, budget, sizes, no_split, verbose, reserve, _partners_by_unit(_tied_partners(model))
     )
     device_map = planner.run(fallback_allocation)
-    return clean_device_map(device_map, model) if clean_result else device_map
+    return clean_device_map(device_map, model, modules) if clean_result else device_map

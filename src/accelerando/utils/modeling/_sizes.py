@@ -21,6 +21,8 @@ __all__ = [
     "get_max_layer_size",
     "named_module_tensors",
     "parse_dtype",
+    "sizes_of_modules",
+    "walk_modules",
 ]
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
@@ -138,10 +140,41 @@ def _tensor_size(
 ) -> int:
     if special_dtypes is not None and name in special_dtypes:
         return int(tensor.numel() * dtype_byte_size(special_dtypes[name]))
-    if dtype is None or not tensor.is_floating_point():
+    own = tensor.dtype
+    if dtype is None or not own.is_floating_point:
         # Integer and boolean tensors (token ids, masks, quantised storage) are never recast.
-        return int(tensor.numel() * dtype_byte_size(tensor.dtype))
-    return int(tensor.numel() * min(dtype_byte_size(dtype), dtype_byte_size(tensor.dtype)))
+        return tensor.numel() * (1 if own == torch.bool else own.itemsize)
+    return int(tensor.numel() * min(dtype_byte_size(dtype), own.itemsize))
+
+
+def walk_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """List ``(name, module)`` pairs in pre-order, each module once, reading ``_modules`` directly.
+
+    Equivalent to ``model.named_modules()`` but several times faster on models with thousands of
+    modules, which matters for device-map inference.
+
+    Args:
+        model: the root module.
+
+    Returns:
+        The pairs, root first (named ``""``).
+    """
+    ordered: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        ordered.append((name, module))
+        children = module._modules
+        if children:
+            prefix = f"{name}." if name else ""
+            stack.extend(
+                (prefix + key, child) for key, child in reversed(children.items()) if child is not None
+            )
+    return ordered
 
 
 def compute_module_sizes(
@@ -164,17 +197,45 @@ def compute_module_sizes(
     Returns:
         A ``defaultdict(int)`` mapping module and tensor names to bytes; ``""`` is the whole model.
     """
+    return sizes_of_modules(walk_modules(model), dtype, special_dtypes, buffers_only)
+
+
+def sizes_of_modules(
+    modules: list[tuple[str, nn.Module]],
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    buffers_only: bool = False,
+) -> dict[str, int]:
+    """:func:`compute_module_sizes` over modules already listed by :func:`walk_modules`.
+
+    Args:
+        modules: the pre-order ``(name, module)`` list.
+        dtype: see :func:`compute_module_sizes`.
+        special_dtypes: see :func:`compute_module_sizes`.
+        buffers_only: see :func:`compute_module_sizes`.
+
+    Returns:
+        Sizes by name, as :func:`compute_module_sizes` returns them.
+    """
     dtype = parse_dtype(dtype)
     sizes: defaultdict[str, int] = defaultdict(int)
-    tensors = model.named_buffers() if buffers_only else named_module_tensors(model, recurse=True)
-    for name, tensor in tensors:
-        size = _tensor_size(name, tensor, dtype, special_dtypes)
-        sizes[""] += size
-        position = name.find(".")
-        while position != -1:
-            sizes[name[:position]] += size
-            position = name.find(".", position + 1)
-        sizes[name] += size
+    seen: set[int] = set()
+    for name, module in modules:
+        prefix = f"{name}." if name else ""
+        total = 0
+        groups = (module._buffers,) if buffers_only else (module._parameters, module._buffers)
+        for group in groups:
+            for tensor_name, tensor in group.items():
+                if tensor is None or id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+                size = _tensor_size(prefix + tensor_name, tensor, dtype, special_dtypes)
+                sizes[prefix + tensor_name] = size
+                total += size
+        sizes[name] += total
+    # Children come after their parent in pre-order: walking backwards adds each total to its parent.
+    for name, _ in reversed(modules[1:]):
+        sizes[name.rpartition(".")[0]] += sizes[name]
     return sizes
 
 
@@ -219,7 +280,7 @@ def get_max_layer_size(
     stack = list(reversed(modules))
     while stack:
         name, module = stack.pop()
-        children = list(module.named_children())
+        children = [(key, child) for key, child in module._modules.items() if child is not None]
         if not children or type(module).__name__ in no_split:
             size = module_sizes.get(name, 0)
             if size > max_size:
