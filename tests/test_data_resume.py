@@ -175,3 +175,51 @@ def test_dispatcher_resume_and_direct_construction():
     assert [b.tolist() for b in direct] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     assert [b.tolist() for b in skip_first_batches(direct, 3)] == [[12, 13, 14, 15]]
     assert direct.iteration == 2
+
+
+class Resumable(IterableDataset):
+    """An iterable dataset that can save and restore its position (torchdata's Stateful protocol)."""
+
+    def __init__(self, length: int) -> None:
+        self.length, self.position, self.reads, self._start = length, 0, 0, 0
+
+    def __iter__(self):
+        start, self._start = self._start, 0
+        for i in range(start, self.length):
+            self.position = i + 1
+            self.reads += 1
+            yield torch.tensor([i, 10 * i])
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._start = state["position"]
+
+
+@pytest.mark.parametrize(("processes", "workers"), [(1, 0), (2, 0), (2, 2)])
+def test_stateful_iterable_resumes_through_torchdata(processes, workers):
+    pytest.importorskip("torchdata.stateful_dataloader")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make():
+        base = DataLoader(Resumable(29), batch_size=3, num_workers=workers)
+        return prepare_data_loader(
+            base, num_processes=processes, process_index=processes - 1, use_stateful_dataloader=True
+        )
+
+    reference = _uninterrupted(make())
+    assert isinstance(make(), StatefulDataLoader)
+    for stop in (2, len(reference) // EPOCHS + 1):
+        state = _run_until(make(), stop)
+        assert "loader_state" in state
+        resumed_loader = make()
+        resumed = _resume(resumed_loader, state, stateful=True)
+        assert len(resumed) == len(reference) - stop, f"stop={stop}"
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(resumed, reference[stop:], strict=True))
+        if workers == 0:
+            dataset = resumed_loader.dataset
+            inner = dataset.dataset if processes > 1 else dataset
+            per_epoch_reads = 29
+            # The resumed epoch does not re-read what was consumed before the save.
+            assert inner.reads < per_epoch_reads * (EPOCHS - state["epoch"])

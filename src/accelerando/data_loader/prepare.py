@@ -18,7 +18,7 @@ from accelerando.data_loader.samplers import (
     _consume,
     _DrawnRandomSampler,
 )
-from accelerando.data_loader.shard import DataLoaderShard
+from accelerando.data_loader.shard import DataLoaderShard, with_stateful_base
 
 __all__ = ["SkipBatchSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
@@ -186,8 +186,14 @@ def prepare_data_loader(
     if non_blocking and target is not None and target.type == "cuda":
         kwargs["pin_memory"] = True
     common = dict(use_stateful_dataloader=use_stateful_dataloader, _non_blocking=non_blocking)
+    shard_cls, dispatch_cls = DataLoaderShard, DataLoaderDispatcher
+    if use_stateful_dataloader:
+        shard_cls, dispatch_cls = (
+            with_stateful_base(DataLoaderShard),
+            with_stateful_base(DataLoaderDispatcher),
+        )
     if dispatch_batches:
-        return DataLoaderDispatcher(
+        return dispatch_cls(
             dataset,
             split_batches=split_batches,
             _drop_last=dataloader.drop_last,
@@ -208,11 +214,11 @@ def prepare_data_loader(
     )
     if isinstance(dataset, IterableDataset):
         loader_args = _shard_iterable(dataloader, num_processes, process_index, split_batches, even_batches)
-        return DataLoaderShard(**loader_args, **shard_args, **common, **kwargs)
+        return shard_cls(**loader_args, **shard_args, **common, **kwargs)
     loader_args, generator = _shard_map_style(
         dataloader, num_processes, process_index, split_batches, even_batches, use_seedable_sampler, data_seed
     )
-    return DataLoaderShard(synchronized_generator=generator, **loader_args, **shard_args, **common, **kwargs)
+    return shard_cls(synchronized_generator=generator, **loader_args, **shard_args, **common, **kwargs)
 
 
 def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int) -> None:

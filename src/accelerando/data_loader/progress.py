@@ -30,6 +30,8 @@ class _Progress:
     pending_rng_state: torch.Tensor | None = None
     pending_position: int = 0
     seed_synced: bool = False
+    loader_state: Any = None
+    pending_loader_state: Any = None
 
 
 def _distributed() -> bool:
@@ -203,6 +205,7 @@ class PreparedLoaderMixin:
             progress.epoch += 1
             progress.position = 0
             progress.in_epoch = False
+            progress.loader_state = None
 
     # ----------------------------------------------------------------- sizes
     def _shard(self) -> BatchSamplerShard | None:
@@ -273,6 +276,8 @@ class PreparedLoaderMixin:
         sampler = _find_sampler(self.batch_sampler)
         if isinstance(sampler, SeedableRandomSampler):
             state["sampler_seed"] = int(sampler.initial_seed)
+        if progress.in_epoch and progress.loader_state is not None:
+            state["loader_state"] = progress.loader_state
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -299,6 +304,8 @@ class PreparedLoaderMixin:
         position = int(state_dict.get("position", 0))
         progress.pending_position = position if self.use_stateful_dataloader else 0
         progress.position = progress.pending_position
+        if self.use_stateful_dataloader and state_dict.get("loader_state") is not None:
+            progress.pending_loader_state = state_dict["loader_state"]
         if state_dict.get("generator_state") is not None:
             progress.pending_rng_state = torch.as_tensor(state_dict["generator_state"]).clone()
         sampler = _find_sampler(self.batch_sampler)

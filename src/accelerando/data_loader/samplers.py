@@ -421,6 +421,9 @@ class IterableDatasetShard(IterableDataset):
         self.epoch = 0
         self.last_remainder = -1
         self.split_by_worker = True
+        self._batches = 0
+        self._first: list[Any] | None = None
+        self._resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Record the epoch and forward it to the dataset when it has ``set_epoch``.
@@ -452,6 +455,39 @@ class IterableDatasetShard(IterableDataset):
         full, extra = divmod(total, gbs)
         return full * width + min(max(extra - self.process_index * width, 0), width)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current pass over the stream stands (used by torchdata's ``StatefulDataLoader``).
+
+        Returns:
+            ``batches`` (global batches read so far), ``first`` (the first global batch, kept for
+            padding) and, when the wrapped dataset has ``state_dict``, its ``dataset`` state.
+        """
+        state: dict[str, Any] = {"batches": self._batches, "first": self._first}
+        if callable(getattr(self.dataset, "state_dict", None)):
+            state["dataset"] = self.dataset.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next pass continue from ``state_dict`` (from ``state_dict()``).
+
+        Args:
+            state_dict: The saved state. A wrapped dataset with ``load_state_dict`` is restored
+                directly; otherwise the next pass reads through the batches already seen.
+        """
+        self._resume = dict(state_dict)
+        if "dataset" in state_dict and callable(getattr(self.dataset, "load_state_dict", None)):
+            self.dataset.load_state_dict(state_dict["dataset"])
+
+    def _stream(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        self._batches, self._first = 0, None
+        iterator = iter(self.dataset)
+        if resume is not None:
+            self._batches, self._first = int(resume["batches"]), resume.get("first")
+            if "dataset" not in resume:
+                _consume(iterator, self._batches * self.global_batch_size)
+        return iterator
+
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import get_worker_info
 
@@ -461,22 +497,21 @@ class IterableDatasetShard(IterableDataset):
         workers, worker = (info.num_workers, info.id) if split else (1, 0)
         gbs, width = self.global_batch_size, self.process_batch_size
         lo, hi = self.process_index * width, (self.process_index + 1) * width
-        first: list[Any] | None = None
         current: list[Any] = []
-        count = 0
         self.last_remainder = -1
-        for sample in self.dataset:
+        for sample in self._stream():
             current.append(sample)
             if len(current) == gbs:
-                if first is None:
-                    first = current
-                if count % workers == worker:
+                if self._first is None:
+                    self._first = current
+                # Counted before yielding: a state saved after this slice must include the batch.
+                self._batches += 1
+                if (self._batches - 1) % workers == worker:
                     yield from current[lo:hi]
-                count += 1
                 current = []
-        if not current or self.drop_last or count % workers != worker:
+        if not current or self.drop_last or self._batches % workers != worker:
             return
         if self.even_batches and self.num_processes > 1:
             self.last_remainder = len(current)
-            current = current + _cycle_to(first or current, gbs - len(current))
+            current = current + _cycle_to(self._first or current, gbs - len(current))
         yield from current[lo:hi]

@@ -82,6 +82,42 @@ def _record_stream(batch: Any, stream: Any) -> None:
             _record_stream(value, stream)
 
 
+_STATEFUL_VARIANTS: dict[type, type] = {}
+
+
+def with_stateful_base(cls: type) -> type:
+    """Return ``cls`` combined with torchdata's ``StatefulDataLoader`` when torchdata is installed.
+
+    The combination passes ``isinstance(loader, StatefulDataLoader)`` checks (as with the reference
+    library); iteration and ``state_dict`` stay ours, and iterable data resumes through torchdata's
+    state instead of reading through. Without torchdata, ``cls`` itself is returned.
+
+    Args:
+        cls: ``DataLoaderShard`` or ``DataLoaderDispatcher``.
+
+    Returns:
+        The class to instantiate.
+    """
+    from accelerando.utils.imports import is_torchdata_stateful_dataloader_available
+
+    if not is_torchdata_stateful_dataloader_available():
+        return cls
+    if cls not in _STATEFUL_VARIANTS:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
+        _STATEFUL_VARIANTS[cls] = type(cls.__name__, (cls, StatefulDataLoader), namespace)
+    return _STATEFUL_VARIANTS[cls]
+
+
+def _stateful_base(cls: type) -> Any:
+    """torchdata's ``StatefulDataLoader`` when ``cls`` derives from it, else None."""
+    for base in cls.__mro__:
+        if base.__name__ == "StatefulDataLoader" and base.__module__.startswith("torchdata"):
+            return base
+    return None
+
+
 class DataLoaderShard(PreparedLoaderMixin, DataLoader):
     """A ``DataLoader`` that yields this process's batches, on its device, and tracks its progress.
 
@@ -171,14 +207,27 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         transfer = self._transfer()
         shard = self._shard()
         if shard is None:
-            iterator = DataLoader.__iter__(self)
-            _consume(iterator, start)  # iterable data: skipping means reading
-            yield from self._iterate_ahead(iterator, start, transfer)
+            iterator, resumed, capture = self._iterable_iterator()
+            if not resumed:
+                _consume(iterator, start)  # iterable data without saved state: skipping means reading
+            yield from self._iterate_ahead(iterator, start, transfer, capture)
         elif shard.has_length and not isinstance(transfer, _CudaPrefetch):
             total = len(shard)
             yield from self._iterate_counted(self._base_iterator(shard, start), start, total, transfer)
         else:
             yield from self._iterate_ahead(self._base_iterator(shard, start), start, transfer)
+
+    def _iterable_iterator(self) -> tuple[Any, bool, Callable[[], Any] | None]:
+        """The underlying iterator; with torchdata, resumed from a loaded state when there is one."""
+        stateful = _stateful_base(type(self))
+        if stateful is None:
+            return DataLoader.__iter__(self), False, None
+        progress = self._progress
+        pending, progress.pending_loader_state = progress.pending_loader_state, None
+        if pending is not None:
+            stateful.load_state_dict(self, pending)
+        iterator = stateful.__iter__(self)
+        return iterator, pending is not None, iterator.state_dict
 
     def _base_iterator(self, shard: BatchSamplerShard, start: int) -> Iterator[Any]:
         shard._next_start = start
@@ -201,14 +250,22 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             progress.position = position
             yield batch
 
-    def _iterate_ahead(self, iterator: Iterator[Any], position: int, transfer: Any) -> Iterator[Any]:
-        """Read one batch ahead: needed to see the end of iterable data, and to overlap copies."""
+    def _iterate_ahead(
+        self, iterator: Iterator[Any], position: int, transfer: Any, capture: Callable[[], Any] | None = None
+    ) -> Iterator[Any]:
+        """Read one batch ahead: needed to see the end of iterable data, and to overlap copies.
+
+        ``capture`` (torchdata's iterator ``state_dict``) is called before each read-ahead, so the
+        saved state describes the batches given out, not the one read in advance.
+        """
         progress = self._progress
         prefetch = transfer if isinstance(transfer, _CudaPrefetch) else None
         current = next(iterator, _END)
         if current is not _END and transfer is not None:
             current = transfer(current)
         while current is not _END:
+            if capture is not None:
+                progress.loader_state = capture()
             upcoming = next(iterator, _END)
             if upcoming is _END:
                 self.end_of_dataloader = True
