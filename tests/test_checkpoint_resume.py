@@ -82,3 +82,8 @@ def test_exact_resume_two_processes_mid_epoch(tmp_path) -> None:
 
 def test_exact_resume_two_processes_epoch_boundary(tmp_path) -> None:
     _scenario(tmp_path, 2, [6])  # 6 batches per process and epoch with 2 processes
+
+
+def test_exact_resume_one_process_stateful_loader(tmp_path) -> None:
+    # Stateful mode: the loader resumes its position itself (ResumePoint.batches_to_skip is 0).
+    _scenario(tmp_path, 1, [7], stateful=True)
