@@ -7,6 +7,30 @@ checksum) or invisible (a hidden staging folder). Modules:
 - ``files`` / ``state_io`` / ``rng``: the state files and how each kind of state is written and read;
 - ``public``: ``save_accelerator_state`` & co. in the seed's and the reference's forms;
 - ``orchestrate``: the multi-process protocol behind ``Accelerator.save_state`` / ``load_state``.
+
+Auto-resume pattern (re-running the same command after a crash continues where it stopped)::
+
+    from accelerando import Accelerator
+    from accelerando.checkpointing import latest_checkpoint, resume_point
+    from accelerando.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir="runs/a", automatic_checkpoint_naming=True, total_limit=3)
+    accelerator = Accelerator(project_config=config)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    accelerator.register_for_checkpointing(progress)  # e.g. your own step counter
+    start_epoch, skip = 0, 0
+    if latest_checkpoint(config.project_dir):  # None on the first run
+        accelerator.load_state()  # newest complete checkpoint; damaged ones are skipped
+        point = resume_point(accelerator)
+        start_epoch, skip = point.epoch, point.batches_to_skip  # skip is 0 in stateful mode
+    for epoch in range(start_epoch, num_epochs):
+        loader.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(loader, skip) if skip else loader
+        skip = 0
+        for batch in batches:
+            ...  # train; every N steps: accelerator.save_state()
+
+For a bit-exact resume with ``shuffle=True``, give the DataLoader its own ``generator``.
 """
 
 from __future__ import annotations
