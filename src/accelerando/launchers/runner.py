@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -31,19 +32,24 @@ def _run_simple(plan: LaunchPlan) -> int:
 
 
 def _report_failure(err: BaseException) -> int:
-    """Print one line about the first failed process and return its exit code."""
+    """Print one line about the first failed process and return the exit status to use."""
     rank, failure = err.get_first_failure()  # type: ignore[attr-defined]
-    code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     where = f"process {rank} (local rank {failure.local_rank}, pid {failure.pid})"
-    print(
-        f"accelerando launch: {where} failed with exit code {failure.exitcode}; its traceback is above. "
-        f"{len(err.failures)} process(es) failed in all.",  # type: ignore[attr-defined]
-        file=sys.stderr,
-    )
+    count = len(err.failures)  # type: ignore[attr-defined]
+    if failure.exitcode < 0:  # killed by a signal: there is no traceback to point at
+        name = signal.Signals(-failure.exitcode).name if -failure.exitcode in signal.valid_signals() else "?"
+        what, code = f"was killed by signal {-failure.exitcode} ({name})", 128 - failure.exitcode
+    else:
+        what, code = (
+            f"failed with exit code {failure.exitcode}; its traceback is above",
+            failure.exitcode or 1,
+        )
+    print(f"accelerando launch: {where} {what}. {count} process(es) failed in all.", file=sys.stderr)
     return code
 
 
 def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args
     from torch.distributed.run import run as elastic_run
@@ -57,6 +63,9 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
         elastic_run(parse_args(plan.agent_args))
     except ChildFailedError as err:
         return _report_failure(err)
+    except SignalException as err:  # the agent stopped the processes after SIGTERM/SIGINT/...
+        print(f"accelerando launch: stopped by signal {err.sigval.name}.", file=sys.stderr)
+        return 128 + int(err.sigval)
     except KeyboardInterrupt:
         return 130
     return 0
