@@ -66,6 +66,20 @@ def _data_parallel_layout(num_processes: int, process_index: int, mesh: Any) -> 
     return max(num_processes // inner, 1), process_index // inner
 
 
+def _layout(
+    num_processes: int | None, process_index: int | None, device: Any, mesh: Any
+) -> tuple[int, int, torch.device]:
+    """Fill what the caller left out from ``PartialState``; then keep only data-parallel ranks."""
+    if num_processes is None or process_index is None or device is None:
+        from accelerando.state import PartialState
+
+        state = PartialState()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+        device = state.device if device is None else device
+    return (*_data_parallel_layout(num_processes, process_index, mesh), torch.device(device))
+
+
 def _check_not_empty(dataset: Any) -> None:
     if isinstance(dataset, Sized) and len(dataset) == 0:
         raise ValueError(
@@ -171,18 +185,13 @@ def prepare_data_loader(
         raise ValueError(
             "dispatch_batches=True needs put_on_device=True; set both, or dispatch_batches=False."
         )
-    if num_processes is None or process_index is None or (put_on_device and device is None):
-        from accelerando.state import PartialState
-
-        state = PartialState()
-        num_processes = state.num_processes if num_processes is None else num_processes
-        process_index = state.process_index if process_index is None else process_index
-        device = state.device if device is None else device
-    num_processes, process_index = _data_parallel_layout(num_processes, process_index, torch_device_mesh)
+    num_processes, process_index, device = _layout(
+        num_processes, process_index, device if put_on_device else torch.device("cpu"), torch_device_mesh
+    )
     _check_not_empty(dataset)
     _check_split(dataloader, split_batches, num_processes)
     kwargs = _loader_kwargs(dataloader)
-    target = torch.device(device) if put_on_device and device is not None else None
+    target = device if put_on_device else None
     if non_blocking and target is not None and target.type == "cuda":
         kwargs["pin_memory"] = True
     common = dict(use_stateful_dataloader=use_stateful_dataloader, _non_blocking=non_blocking)
