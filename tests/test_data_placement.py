@@ -131,3 +131,17 @@ def test_distributed_sampler_is_not_sharded_twice():
         )
         shards.append([i for b in loader for i in b.tolist()])
     assert sorted(shards[0] + shards[1]) == data
+
+
+def test_preparing_a_prepared_loader_shards_its_original_sampler():
+    once = prepare_data_loader(
+        DataLoader(list(range(8)), batch_size=2, shuffle=True), num_processes=1, process_index=0
+    )
+    twice = [prepare_data_loader(once, num_processes=2, process_index=p) for p in range(2)]
+    seen = []
+    for loader in twice:
+        # The simulated ranks share one generator object: reseed it as the per-epoch sync would.
+        loader.synchronized_generator.manual_seed(3)
+        seen += [i for b in loader for i in b.tolist()]
+    seen.sort()
+    assert seen == list(range(8))

@@ -11,6 +11,9 @@ from accelerando.data_loader.prepare import SkipBatchSampler
 
 EPOCHS = 3
 
+# torchdata's StatefulDataLoader calls a deprecated torch function on construction.
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+
 
 class Counting(Dataset):
     """A map-style dataset that counts how often ``__getitem__`` runs."""

@@ -100,6 +100,8 @@ def _prepare_sampling(
     batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None
 ) -> tuple[Any, torch.Generator | None]:
     """Make shuffling reproducible: a seeded sampler, or a dedicated generator the loader can restore."""
+    if isinstance(batch_sampler, BatchSamplerShard) and batch_sampler.num_processes == 1:
+        batch_sampler = batch_sampler.batch_sampler  # a loader prepared before: start from its own sampler
     sampler = getattr(batch_sampler, "sampler", None)
     if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
         return batch_sampler, getattr(sampler, "generator", None) if sampler is not None else None
