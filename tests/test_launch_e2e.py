@@ -33,6 +33,7 @@ report = {
     "device": str(state.device), "sum": float(total), "args": sys.argv[3:],
     "mixed_precision": [settings.mixed_precision, settings.source("mixed_precision")],
     "gas": [settings.gradient_accumulation_steps, settings.source("gradient_accumulation_steps")],
+    "origins": {n: settings.origin(n) for n in ("mixed_precision", "gradient_accumulation_steps", "cpu")},
     "omp": os.environ.get("OMP_NUM_THREADS"),
 }
 with open(os.path.join(out, f"rank{state.process_index}.json"), "w") as f:
@@ -90,7 +91,12 @@ def test_cli_two_processes_flag_beats_env_and_config_code_beats_all(probe, env, 
         assert r["mixed_precision"] == ["bf16", "env:ACCELERANDO_MIXED_PRECISION"]  # the flag, carried
         assert r["gas"] == [8, "code"]
         assert r["omp"] is not None
-    assert "gradient_accumulation_steps=8 from code overrides 2" in result.stderr
+    assert reports[0]["origins"]["mixed_precision"] == "cli:--mixed_precision"
+    assert reports[0]["origins"]["cpu"] == "cli:--cpu"
+    assert (
+        "gradient_accumulation_steps=8 from code overrides 2 from env:ACCELERANDO_GRADIENT_ACCUMULATION_STEPS "
+        "(the launcher's cli:--gradient_accumulation_steps)" in result.stderr
+    )
     assert result.stderr.count("overrides") == 1  # rank 0 warns, the other ranks stay quiet
 
 
@@ -106,6 +112,8 @@ def test_python_m_two_processes_from_config_with_env_override(probe, env, tmp_pa
     for r in reports:
         assert r["mixed_precision"] == ["bf16", "env:ACCELERANDO_MIXED_PRECISION"]
         assert r["gas"] == [3, "env:ACCELERANDO_GRADIENT_ACCUMULATION_STEPS"]
+        assert r["origins"]["mixed_precision"] == f"config:{config}"  # provenance survives the hand-over
+        assert r["origins"]["gradient_accumulation_steps"] == "env:ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 
 
 def test_one_process_defaults_env_and_exit_status(probe, env):

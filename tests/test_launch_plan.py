@@ -202,3 +202,18 @@ def test_public_names_resolve_lazily():
 
     assert accelerando.write_basic_config is accelerando.utils.write_basic_config
     assert callable(accelerando.notebook_launcher) and callable(accelerando.debug_launcher)
+
+
+def test_launcher_sources_travel_with_the_values():
+    from accelerando.settings import resolve_runtime_settings
+
+    config = {"mixed_precision": Sourced("bf16", "config:/c.yaml")}
+    flags = {"gradient_accumulation_steps": Sourced("4", "cli:--gradient_accumulation_steps")}
+    env = export_env(resolve([config, flags], warn_sources=()))
+    seen = resolve_runtime_settings(environ=env)
+    assert seen.source("mixed_precision") == "env:ACCELERANDO_MIXED_PRECISION"
+    assert seen.origin("mixed_precision") == "config:/c.yaml"
+    assert seen.origin("gradient_accumulation_steps") == "cli:--gradient_accumulation_steps"
+    assert seen.origin("cpu") == "default"
+    code = resolve_runtime_settings({"mixed_precision": "no"}, environ=env)
+    assert code.origin("mixed_precision") == "code"  # a value from code has no launcher origin

@@ -14,6 +14,7 @@ transformers reads.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 
 from accelerando.settings.fields import FIELDS_BY_NAME
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
-from accelerando.settings.resolve import Settings
+from accelerando.settings.resolve import SOURCES_ENV, Settings
 
 __all__ = ["Command", "LaunchPlan", "build", "check_settings", "export_env"]
 
@@ -169,6 +170,9 @@ def export_env(settings: Settings) -> dict[str, str]:
         for name, value in settings.explicitly_set().items()
         if value is not None and FIELDS_BY_NAME[name].export
     }
+    exported = [n for n, v in settings.explicitly_set().items() if v is not None and FIELDS_BY_NAME[n].export]
+    if exported:  # lets each process say "from config:/x.yaml", not only "from ACCELERANDO_X"
+        env[SOURCES_ENV] = json.dumps({name: settings.origin(name) for name in exported}, sort_keys=True)
     env["ACCELERATE_MIXED_PRECISION"] = settings.mixed_precision
     env["ACCELERATE_USE_FSDP"] = _env_text(bool(settings.use_fsdp))
     env["ACCELERATE_USE_DEEPSPEED"] = _env_text(bool(settings.use_deepspeed))

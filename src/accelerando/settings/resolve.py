@@ -18,12 +18,14 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple
 
 from accelerando.settings.fields import FIELDS, FIELDS_BY_NAME, Field, fields_in_group, get_field
 
 __all__ = [
     "Sourced",
+    "SOURCES_ENV",
     "Layer",
     "Settings",
     "parse_value",
@@ -39,11 +41,20 @@ _TRUE = frozenset({"1", "true", "yes", "y", "on", "t"})
 _FALSE = frozenset({"0", "false", "no", "n", "off", "f", "none", ""})
 
 
+#: Variable in which the launcher tells each process where it found every value it exported.
+SOURCES_ENV = "ACCELERANDO_SOURCES"
+
+
 class Sourced(NamedTuple):
-    """A raw value and the label of the place it came from."""
+    """A raw value, the label of the place it came from, and where that place got it (if known).
+
+    ``origin`` is set for values the launcher exported: the source it resolved them from
+    (``"config:/path.yaml"``, ``"cli:--mixed_precision"``), while ``source`` is the variable read.
+    """
 
     value: Any
     source: str
+    origin: str | None = None
 
 
 Layer = Mapping[str, Sourced]
@@ -155,6 +166,7 @@ class Settings:
 
     values: Mapping[str, Any]
     sources: Mapping[str, str]
+    origins: Mapping[str, str] = dataclass_field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         values = object.__getattribute__(self, "values")
@@ -178,6 +190,22 @@ class Settings:
             KeyError: for an unknown setting name.
         """
         return self.sources[get_field(name).name]
+
+    def origin(self, name: str) -> str:
+        """Return where a value came from before the launcher passed it on.
+
+        Args:
+            name: a setting name.
+
+        Returns:
+            For a value the launcher exported, the launcher's source (``"config:/x.yaml"``,
+            ``"cli:--mixed_precision"``, ...); otherwise the same as :meth:`source`.
+
+        Raises:
+            KeyError: for an unknown setting name.
+        """
+        key = get_field(name).name
+        return self.origins.get(key, self.sources[key])
 
     def items(self) -> Iterator[tuple[str, Any, str]]:
         """Yield ``(name, value, source)`` for every setting, in table order."""
@@ -234,22 +262,26 @@ def resolve(layers: Sequence[Layer], *, warn_sources: tuple[str, ...] = ("code",
     """
     values: dict[str, Any] = {f.name: f.default for f in FIELDS}
     sources: dict[str, str] = dict.fromkeys(values, "default")
+    origins: dict[str, str] = {}
     overrides: list[str] = []
     for layer in layers:
         _check_layer_names(layer)
-        for name, (raw, source) in layer.items():
-            value = parse_value(FIELDS_BY_NAME[name], raw, source)
+        for name, entry in layer.items():
+            value = parse_value(FIELDS_BY_NAME[name], entry.value, entry.source)
             if value is None:
                 continue
-            previous, previous_source = values[name], sources[name]
-            if source in warn_sources and previous_source != "default" and previous != value:
+            if entry.source in warn_sources and sources[name] != "default" and values[name] != value:
+                where = sources[name] + (f" (the launcher's {origins[name]})" if name in origins else "")
                 overrides.append(
-                    f"{name}={value!r} from {source} overrides {previous!r} from {previous_source}"
+                    f"{name}={value!r} from {entry.source} overrides {values[name]!r} from {where}"
                 )
-            values[name], sources[name] = value, source
+            values[name], sources[name] = value, entry.source
+            origins.pop(name, None)
+            if entry.origin and entry.origin != entry.source:
+                origins[name] = entry.origin
     if overrides:
         logger.warning("Explicit settings override the launcher/environment: %s", "; ".join(overrides))
-    return Settings(values=values, sources=sources)
+    return Settings(values=values, sources=sources, origins=origins)
 
 
 def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
@@ -265,14 +297,29 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
         A layer for :func:`resolve`, labelled ``env:<VAR>`` per value.
     """
     env = os.environ if environ is None else environ
+    launcher_sources = _launcher_sources(env)
     layer: dict[str, Sourced] = {}
     for f in FIELDS:
         for var in f.env_names:
             raw = env.get(var)
             if raw is not None and raw != "":
-                layer[f.name] = Sourced(raw, "env:" + var)
+                origin = launcher_sources.get(f.name) if var == f.our_env else None
+                layer[f.name] = Sourced(raw, "env:" + var, origin)
                 break
     return layer
+
+
+def _launcher_sources(env: Mapping[str, str]) -> dict[str, str]:
+    text = env.get(SOURCES_ENV)
+    if not text:
+        return {}
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:  # written by our launcher; a hand-edited value only loses provenance
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def code_layer(values: Mapping[str, Any] | None) -> dict[str, Sourced]:
