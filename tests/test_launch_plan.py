@@ -90,6 +90,10 @@ def test_multi_gpu_defaults_to_one_process_per_gpu_and_gpu_ids():
     assert any("one per visible GPU" in n for n in plan.notes)
     plan = plan_for(GPU_BOX, multi_gpu=True, gpu_ids="0,2")
     assert plan.num_processes == 2 and plan.env["CUDA_VISIBLE_DEVICES"] == "0,2"
+    assert plan_for(GPU_BOX).num_processes == 4  # several GPUs and no count: all of them
+    assert plan_for(GPU_BOX, cpu=True).num_processes == 1
+    assert plan_for(GPU_BOX, distributed_type="NO").num_processes == 1
+    assert plan_for(MachineInfo(gpu_count=1)).mode == "simple"
 
 
 def test_multi_machine_static_rendezvous():

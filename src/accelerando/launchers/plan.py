@@ -185,19 +185,16 @@ def _topology(settings: Settings, machine: MachineInfo) -> tuple[int, int, list[
     machines = settings.num_machines or 1
     total = settings.num_processes
     if total is None:
-        wants_gpu = settings.multi_gpu or settings.distributed_type == "MULTI_GPU"
-        if wants_gpu:
-            ids = settings.gpu_ids
-            per_node = len(ids.split(",")) if ids and ids != "all" else machine.gpu_count
-            total = per_node * machines
-            notes.append(f"num_processes not given: using {total} (one per visible GPU).")
-        else:
+        ids = settings.gpu_ids
+        gpus = 0 if settings.cpu else (len(ids.split(",")) if ids and ids != "all" else machine.gpu_count)
+        if settings.distributed_type == "NO" or gpus <= 1:
             total = machines
-            if machine.gpu_count > 1 and not settings.cpu:
-                notes.append(
-                    f"{machine.gpu_count} GPUs are visible but only 1 process per machine starts. "
-                    "Pass --multi_gpu or --num_processes to use them all."
-                )
+        else:
+            # As the reference does: with several GPUs and no process count, use every GPU.
+            total = gpus * machines
+            notes.append(
+                f"num_processes not given: using {total} (one per visible GPU). Pass --num_processes to change."
+            )
     return total, machines, notes
 
 
