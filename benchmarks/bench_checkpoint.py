@@ -69,32 +69,28 @@ def checksum_speed(nbytes: int = 256 * 2**20) -> dict[str, float]:
     return speeds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=int, default=400)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", default="/tmp/bench_ckpt")
-    args = parser.parse_args()
+def interleaved(
+    variants: dict[str, Callable[[], None]], repeats: int, before: Callable[[], None] | None
+) -> dict:
+    """Median seconds of each variant, run in alternating order so that drift in machine load and
+    page-cache state hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(repeats):
+        for name in list(variants)[:: 1 if i % 2 == 0 else -1]:
+            times[name].append(_median_time(variants[name], 1, before))
+    return {name: statistics.median(values) for name, values in times.items()}
 
+
+def measure(accelerator, model, optimizer, folder: str, repeats: int) -> tuple[dict, dict]:
+    """Save and load timings of raw safetensors + torch.save against save_state / load_state."""
     from safetensors.torch import load_file, save_file
 
-    from accelerando import Accelerator
-
-    for name, speed in checksum_speed().items():
-        print(f"checksum {name:8s} {speed:8.0f} MB/s")
-    model, optimizer = build(args.size_mb)
-    accelerator = Accelerator(cpu=True)
-    model, optimizer = accelerator.prepare(model, optimizer)
     state = accelerator.unwrap_model(model).state_dict()
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    print(f"weights {nbytes / 2**20:.0f} MB, optimizer state ~{2 * nbytes / 2**20:.0f} MB")
-
-    raw_dir = os.path.join(args.dir, "raw")
-    ours_dir = os.path.join(args.dir, "ours")
+    raw_dir, ours_dir = os.path.join(folder, "raw"), os.path.join(folder, "ours")
     weights, opt_file = os.path.join(raw_dir, "model.safetensors"), os.path.join(raw_dir, "optimizer.bin")
 
     def reset() -> None:
-        shutil.rmtree(args.dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(raw_dir)
 
     def raw_write() -> None:
@@ -106,28 +102,59 @@ def main() -> None:
         _fsync(weights)
         _fsync(opt_file)
 
-    t_raw_nofsync = _median_time(raw_write, args.repeats, reset)
-    t_raw = _median_time(raw_save, args.repeats, reset)
-    t_ours = _median_time(lambda: accelerator.save_state(ours_dir), args.repeats, reset)
-    reset()
-    raw_save()
-    accelerator.save_state(ours_dir)
-
     def raw_load() -> None:
         load_file(weights)
         torch.load(opt_file, weights_only=True)
 
-    t_raw_load = _median_time(raw_load, args.repeats)
-    t_load = _median_time(lambda: accelerator.load_state(ours_dir), args.repeats)
-    t_load_nock = _median_time(lambda: accelerator.load_state(ours_dir, verify_checksums=False), args.repeats)
-    fsync_share = (t_raw - t_raw_nofsync) / t_raw
-    print(f"raw save (write only)        {t_raw_nofsync:7.3f} s")
-    print(f"raw save (write + fsync)     {t_raw:7.3f} s   fsync share {fsync_share:.0%}")
-    print(f"save_state                   {t_ours:7.3f} s   = {t_ours / t_raw:.3f} x raw+fsync")
-    print(f"raw load                     {t_raw_load:7.3f} s")
-    print(f"load_state (CRC-32 verified) {t_load:7.3f} s   = {t_load / t_raw_load:.3f} x raw")
-    print(f"load_state (sizes only)      {t_load_nock:7.3f} s   = {t_load_nock / t_raw_load:.3f} x raw")
-    shutil.rmtree(args.dir, ignore_errors=True)
+    saves = interleaved(
+        {"raw_nofsync": raw_write, "raw": raw_save, "ours": lambda: accelerator.save_state(ours_dir)},
+        repeats,
+        reset,
+    )
+    reset()
+    raw_save()
+    accelerator.save_state(ours_dir)
+    loads = interleaved(
+        {
+            "raw": raw_load,
+            "ours": lambda: accelerator.load_state(ours_dir),
+            "ours_sizes": lambda: accelerator.load_state(ours_dir, verify_checksums=False),
+        },
+        repeats,
+        None,
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+    return saves, loads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", default="/tmp/bench_ckpt")
+    args = parser.parse_args()
+
+    from accelerando import Accelerator
+
+    for name, speed in checksum_speed().items():
+        print(f"checksum {name:8s} {speed:8.0f} MB/s")
+    model, optimizer = build(args.size_mb)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"weights {nbytes / 2**20:.0f} MB, optimizer state ~{2 * nbytes / 2**20:.0f} MB")
+    saves, loads = measure(accelerator, model, optimizer, args.dir, args.repeats)
+    fsync_share = (saves["raw"] - saves["raw_nofsync"]) / saves["raw"]
+    print(f"raw save (write only)        {saves['raw_nofsync']:7.3f} s")
+    print(f"raw save (write + fsync)     {saves['raw']:7.3f} s   fsync share {fsync_share:.0%}")
+    print(
+        f"save_state                   {saves['ours']:7.3f} s   = {saves['ours'] / saves['raw']:.3f} x raw+fsync"
+    )
+    print(f"raw load                     {loads['raw']:7.3f} s")
+    print(f"load_state (checksums)       {loads['ours']:7.3f} s   = {loads['ours'] / loads['raw']:.3f} x raw")
+    print(
+        f"load_state (sizes only)      {loads['ours_sizes']:7.3f} s   = {loads['ours_sizes'] / loads['raw']:.3f} x raw"
+    )
 
 
 if __name__ == "__main__":

@@ -267,3 +267,19 @@ def test_seed_form_helpers_act_on_the_active_accelerator(tmp_path) -> None:
         load_accelerator_state(folder)
     assert all(bool((p == 6.0).all()) for p in model.parameters())
     assert load_custom_state(os.path.join(folder, "metadata.pkl")) == {"epoch": 5, "best_loss": 0.1234}
+
+
+def test_failed_write_commits_nothing(tmp_path) -> None:
+    accelerator, model, optimizer, scheduler = _setup(tmp_path)
+
+    def broken_hook(models, weights, output_dir):
+        raise OSError("disk full")
+
+    handle = accelerator.register_save_state_pre_hook(broken_hook)
+    with pytest.raises(OSError, match="disk full"):
+        accelerator.save_state()
+    root = os.path.join(str(tmp_path), "checkpoints")
+    assert os.listdir(root) == []  # no checkpoint, no staging folder
+    assert accelerator.save_iteration == 0
+    handle.remove()
+    assert os.path.basename(accelerator.save_state()) == "checkpoint_0"

@@ -178,6 +178,37 @@ def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list
     return sum(entry.size for entry in entries.values())
 
 
+def _write_everywhere(
+    accelerator: Any, staging: str, final_dir: str, safe_serialization: bool, committer: bool
+) -> list[Any]:
+    """Every process writes and describes its files; all learn whether every process succeeded.
+
+    Returns:
+        ``[(rank, None, entries), ...]`` for every process.
+
+    Raises:
+        The local error, or ``CheckpointError`` naming the failed process (the staging is discarded).
+    """
+    state = accelerator.state
+    error: BaseException | None = None
+    described: dict[str, atomic.FileEntry] = {}
+    try:
+        names = _write_process_files(accelerator, staging, safe_serialization)
+        described = atomic.describe_files(staging, names)
+    except Exception as err:  # noqa: BLE001 - reported to every process below
+        error = err
+    report = None if error is None else f"{type(error).__name__}: {error}"
+    results = _gather((state.process_index, report, described), state.num_processes)
+    failed = [(rank, msg) for rank, msg, _ in results if msg is not None]
+    if failed:
+        if committer:
+            atomic.discard(staging)
+        if error is not None:
+            raise error
+        raise atomic.CheckpointError(f"Process {failed[0][0]} failed to write {final_dir!r}: {failed[0][1]}")
+    return results
+
+
 def save_state(
     accelerator: Any,
     output_dir: str | os.PathLike | None = None,
@@ -215,22 +246,7 @@ def save_state(
         atomic.prepare_staging(final_dir)
     state.wait_for_everyone()
     staging = atomic.staging_path(final_dir)
-    error: BaseException | None = None
-    described: dict[str, atomic.FileEntry] = {}
-    try:
-        names = _write_process_files(accelerator, staging, safe_serialization)
-        described = atomic.describe_files(staging, names)
-    except Exception as err:  # noqa: BLE001 - reported to every process below
-        error = err
-    report = None if error is None else f"{type(error).__name__}: {error}"
-    results = _gather((state.process_index, report, described), state.num_processes)
-    failed = [(rank, msg) for rank, msg, _ in results if msg is not None]
-    if failed:
-        if committer:
-            atomic.discard(staging)
-        if error is not None:
-            raise error
-        raise atomic.CheckpointError(f"Process {failed[0][0]} failed to write {final_dir!r}: {failed[0][1]}")
+    results = _write_everywhere(accelerator, staging, final_dir, safe_serialization, committer)
     size = 0
     if committer:
         size = _commit_staged(accelerator, staging, final_dir, results)
