@@ -1,9 +1,9 @@
 """Benchmark: iterating a prepared dataloader against the raw ``DataLoader`` over the same data.
 
-No compute: 50k samples of 16 floats, batch 32, one full epoch per measurement (shuffled, and
-in order for the single-process case). Raw and
-prepared runs alternate and each figure is the median of ``--repeats`` epochs (the ratio of the
-fastest epochs is printed too: on a loaded machine it is the steadier estimate of intrinsic cost).
+No compute: 50k samples of 16 floats, batch 32, one full epoch per measurement (shuffled, and in
+order for the single-process case). Raw and prepared runs alternate; each figure is the median of
+``--repeats`` epochs (the ratio of the fastest epochs is printed too: on a loaded machine it is the
+steadier estimate of the intrinsic cost).
 
 - single process: raw ``DataLoader`` vs ``prepare_data_loader(..., put_on_device=True)`` on CPU.
 - 2 processes (gloo): per process, raw ``DataLoader`` + ``DistributedSampler`` (what one writes by
