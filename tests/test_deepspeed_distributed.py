@@ -15,9 +15,11 @@ import pytest
 
 from accelerando.utils.imports import is_deepspeed_available
 
-pytestmark = pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)")
+pytestmark = pytest.mark.skipif(
+    not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)"
+)
 
-ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore::FutureWarning"}
 MICRO, STEPS, LR = 4, 10, 0.05
 
 
@@ -43,7 +45,9 @@ def _loader() -> Any:
     return torch.utils.data.DataLoader(data, batch_size=MICRO)
 
 
-def _reference(gas: int, world: int, opt_name: str = "sgd") -> tuple[list[float], list[float], dict[str, Any]]:
+def _reference(
+    gas: int, world: int, opt_name: str = "sgd"
+) -> tuple[list[float], list[float], dict[str, Any]]:
     """Losses and gradient norms of plain training on all ranks' data; final weights."""
     import torch
 
@@ -78,7 +82,9 @@ def _fresh_accelerator(**kwargs: Any) -> Any:
     return Accelerator(**kwargs)
 
 
-def _train(acc: Any, model: Any, opt: Any, gas: int, steps: int, start: int = 0) -> tuple[list[float], list[float]]:
+def _train(
+    acc: Any, model: Any, opt: Any, gas: int, steps: int, start: int = 0
+) -> tuple[list[float], list[float]]:
     """Train ``steps`` optimizer steps; return this rank's mean losses per step (all-reduced) and norms."""
     import torch
 
@@ -128,11 +134,135 @@ def _close(a: Any, b: Any, tol: float = 1e-4) -> bool:
     return all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
 
 
-def test_zero_stages_match_plain_training_with_and_without_accumulation() -> None:
+AUTO_CONFIG = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "fp16": {"enabled": "auto"},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 500000000},
+}
+CONCRETE_CONFIG = {
+    "train_batch_size": MICRO * 2 * 2,
+    "train_micro_batch_size_per_gpu": MICRO,
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1e9,
+    "zero_optimization": {"stage": 3},
+}
+
+
+def _config_run(config: dict[str, Any], from_config: bool, gas: int) -> dict[str, Any]:
+    import torch
+
+    from accelerando import DeepSpeedPlugin
+    from accelerando.utils import DummyOptim
+
+    acc = _fresh_accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), gradient_accumulation_steps=gas
+    )
+    model = _model()
+    if from_config:
+        opt = DummyOptim(model.parameters(), lr=LR, weight_decay=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+    model, opt, _ = acc.prepare(model, opt, _loader())
+    losses, _ = _train(acc, model, opt, acc.gradient_accumulation_steps, STEPS)
+    return {"losses": losses, "gas": acc.gradient_accumulation_steps}
+
+
+def _two_plugins(tmp: str) -> dict[str, Any]:
+    """A trained ZeRO-2 student and a frozen ZeRO-3 teacher built under zero.Init; ZeRO-3 save_model."""
+    import torch
+
+    from accelerando import DeepSpeedPlugin
+    from accelerando.utils.deepspeed import get_active_deepspeed_plugin, select_deepspeed_plugin
+
+    plugins = {
+        "student": DeepSpeedPlugin(zero_stage=2),
+        "teacher": DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, hf_ds_config=None),
+    }
+    acc = _fresh_accelerator(deepspeed_plugins=plugins)
+    out: dict[str, Any] = {"first_active": get_active_deepspeed_plugin(acc.state) is plugins["student"]}
+    student = _model()
+    opt = torch.optim.SGD(student.parameters(), lr=LR)
+    student, opt, _ = acc.prepare(student, opt, _loader())
+    select_deepspeed_plugin(acc.state, "teacher")
+    out["teacher_active"] = acc.deepspeed_plugin is plugins["teacher"]
+    with plugins["teacher"].zero3_init_context_manager():
+        teacher = _model()
+    out["teacher_sharded"] = all(hasattr(p, "ds_id") for p in teacher.parameters())
+    teacher = acc.prepare(teacher)
+    x, y = _batch(0, 0, acc.process_index)
+    with torch.no_grad():
+        target = teacher(x)
+    loss = ((student(x) - target) ** 2).mean()
+    acc.backward(loss)
+    opt.step()
+    out["student_stage"] = student.zero_optimization_stage()
+    out["teacher_stage"] = teacher.zero_optimization_stage()
+    # ZeRO-3 save_model gathers the shards into one safetensors file.
+    acc.save_model(teacher, os.path.join(tmp, "teacher"))
+    out["teacher_out"] = teacher(x).detach()
+    out["x"] = x
+    return out
+
+
+def _checkpoint_run(tmp: str, phase: str) -> dict[str, Any]:
+    """phase "full": 10 steps, saving at 5. phase "resume": load the step-5 checkpoint, 5 more steps."""
+    import torch
+
+    from accelerando import DeepSpeedPlugin
+
+    acc = _fresh_accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0), gradient_accumulation_steps=2
+    )
+    torch.manual_seed(123 if phase == "resume" else 0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    model, opt, sched, _ = acc.prepare(model, opt, sched, _loader())
+    folder = os.path.join(tmp, "ckpt")
+    if phase == "full":
+        first, _ = _train(acc, model, opt, 2, 5)
+        acc.save_state(folder)
+        rest, _ = _train(acc, model, opt, 2, 5, start=5)
+        losses = first + rest
+    else:
+        acc.load_state(folder)
+        losses = _train(acc, model, opt, 2, 5, start=5)[0]
+    return {"losses": losses, "weights": acc.get_state_dict(model), "lr": sched.get_last_lr()}
+
+
+def _all_checks_per_rank(tmp: str) -> dict[str, Any]:
+    out = _stages_per_rank()
+    out.update(
+        {
+            "auto_from_config": _config_run(AUTO_CONFIG, True, 1),
+            "concrete_from_script": _config_run(CONCRETE_CONFIG, False, 1),
+            "plugins": _two_plugins(tmp),
+            "full": _checkpoint_run(tmp, "full"),
+        }
+    )
+    return out
+
+
+def _resume_per_rank(tmp: str) -> dict[str, Any]:
+    return _checkpoint_run(tmp, "resume")
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: Any) -> tuple[dict[str, Any], Any]:
+    """One 2-process launch running every check; (rank 0's observations, its folder)."""
     from accelerando.test_utils import run_distributed
 
-    results = run_distributed(_stages_per_rank, 2, env=ENV)
-    main = results[0]
+    tmp = tmp_path_factory.mktemp("deepspeed")
+    return run_distributed(_all_checks_per_rank, 2, str(tmp), env=ENV)[0], tmp
+
+
+def test_zero_stages_match_plain_training_with_and_without_accumulation(launched: Any) -> None:
+    main, _ = launched
     for gas in (1, 4):
         ref_losses, ref_norms, ref_weights = _reference(gas, 2)
         for stage in (1, 2, 3):
@@ -144,6 +274,52 @@ def test_zero_stages_match_plain_training_with_and_without_accumulation() -> Non
             assert _close(got["norms"], ref_norms, 1e-3), (stage, gas, got["norms"], ref_norms)
             for key, value in ref_weights.items():
                 assert (got["weights"][key] - value).abs().max() < 1e-4, (stage, gas, key)
+
+
+def test_cpu_offload_of_optimizer_state_trains(launched: Any) -> None:
+    main, _ = launched
     ref_losses, _, _ = _reference(1, 2)
     for name in ("z2_offload", "z3_offload"):
         assert _close(main[name]["losses"], ref_losses), name
+
+
+def test_config_with_auto_values_and_config_optimizer(launched: Any) -> None:
+    main, _ = launched
+    # "auto" batch sizes / accumulation / lr / weight decay; DeepSpeed's AdamW (torch's, on CPU).
+    assert _close(main["auto_from_config"]["losses"], _reference(1, 2, "adamw")[0], 1e-3)
+
+
+def test_concrete_config_with_script_optimizer(launched: Any) -> None:
+    main, _ = launched
+    # The config's accumulation (2) replaces the Accelerator's (1).
+    assert main["concrete_from_script"]["gas"] == 2
+    assert _close(main["concrete_from_script"]["losses"], _reference(2, 2)[0])
+
+
+def test_two_plugins_and_zero3_save_model(launched: Any) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    main, tmp = launched
+    plugins = main["plugins"]
+    assert plugins["first_active"] and plugins["teacher_active"] and plugins["teacher_sharded"]
+    assert (plugins["student_stage"], plugins["teacher_stage"]) == (2, 3)
+    weights = load_file(str(tmp / "teacher" / "model.safetensors"))
+    plain = _model()
+    plain.load_state_dict(weights)
+    assert torch.allclose(plain(plugins["x"]), plugins["teacher_out"], atol=1e-6)
+
+
+def test_save_state_then_fresh_processes_resume_identically(launched: Any) -> None:
+    from accelerando.test_utils import run_distributed
+
+    main, tmp = launched
+    saved = [os.path.relpath(os.path.join(r, f), tmp) for r, _, fs in os.walk(tmp / "ckpt") for f in fs]
+    # The engine checkpoint holds each process's optimizer shard.
+    assert any("zero_pp_rank_1" in name for name in saved), saved
+    resumed = run_distributed(_resume_per_rank, 2, str(tmp), env=ENV)[0]
+    full = main["full"]
+    assert _close(resumed["losses"], full["losses"][5:], 1e-6), (resumed["losses"], full["losses"][5:])
+    for key, value in full["weights"].items():
+        assert (resumed["weights"][key] - value).abs().max() <= 1e-6, key
+    assert resumed["lr"] == full["lr"]
