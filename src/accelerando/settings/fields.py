@@ -175,7 +175,7 @@ FIELDS: tuple[Field, ...] = (
     _core("debug", "bool", False, switch=True,
           help="Check that collective operations get the same shapes on every process.",
           env=("ACCELERATE_DEBUG_MODE",)),
-    _core("downcast_bf16", "bool", False, help="On TPUs, store float32 tensors as bfloat16.",
+    _core("downcast_bf16", "bool", False, switch=True, help="On TPUs, store float32 tensors as bfloat16.",
           env=("ACCELERATE_DOWNCAST_BF16",)),
     _core("log_level", "str", None, cli=None, help="Log level of accelerando's loggers.",
           env=("ACCELERATE_LOG_LEVEL",)),
