@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator  # accelerando
+from accelerando.checkpointing import latest_checkpoint, resume_point
 from accelerando.utils import ProjectConfiguration, set_seed
 
 
@@ -61,7 +62,9 @@ def main() -> None:
     )
     model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    train = DataLoader(make_data(4096, args.seed), batch_size=args.batch_size, shuffle=True)
+    # A generator of its own makes the shuffling order part of the checkpoint (bit-exact resume).
+    shuffle_rng = torch.Generator().manual_seed(args.seed)
+    train = DataLoader(make_data(4096, args.seed), batch_size=args.batch_size, shuffle=True, generator=shuffle_rng)
     evaluation = DataLoader(make_data(1000, args.seed + 1), batch_size=128)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(train))
     model, optimizer, train, evaluation, scheduler = accelerator.prepare(  # accelerando
@@ -69,15 +72,11 @@ def main() -> None:
     )
 
     start_epoch, skip = 0, 0
-    if args.resume:
-        try:
-            accelerator.load_state()  # the newest complete checkpoint under project_dir/checkpoints
-        except FileNotFoundError:
-            accelerator.print("no checkpoint yet: starting from scratch")
-        else:
-            progress = accelerator.resume_position(train)
-            start_epoch, skip = progress.epoch, progress.batches_to_skip
-            accelerator.print(f"resumed at epoch {start_epoch}, skipping {skip} batches")
+    if args.resume and latest_checkpoint(args.project_dir):
+        accelerator.load_state()  # the newest complete checkpoint; damaged ones are skipped
+        point = resume_point(accelerator)
+        start_epoch, skip = point.epoch, point.batches_to_skip
+        accelerator.print(f"resumed at epoch {start_epoch}, skipping {skip} batches already seen")
 
     step = 0
     for epoch in range(start_epoch, args.epochs):
