@@ -198,15 +198,17 @@ def clean_device_map(
     """
     result = dict(device_map)
     order: dict[str, int] = {}
+    parts_of: dict[str, list[str]] = {}
     modules = walk_modules(model) if modules is None else modules
     for name, module in modules:
         order[name] = len(order)
-        for part, _ in _expand(name, module):
+        parts = parts_of[name] = [part for part, _ in _expand(name, module)]
+        for part in parts:
             order.setdefault(part, len(order))
-    for name, module in reversed(modules):
+    for name, _ in reversed(modules):
         if name in result:
             continue
-        parts = [part for part, _ in _expand(name, module)]
+        parts = parts_of[name]
         if not parts:
             continue
         targets = set()
@@ -292,8 +294,16 @@ def _infer(model, budget, no_split_module_classes, dtype, special_dtypes, verbos
             print(
                 f"The model does not fit on {on_main_side}: reserving {reserve} bytes on {main!r} for {names}."
             )
+    if clean_result and devices and sizes.get("", 0) <= budget[main]:
+        if verbose:
+            print(f"The whole model ({sizes.get('', 0)} bytes) fits on {main!r}.")
+        return {"": main}
     planner = _Planner(
         model, budget, sizes, no_split, verbose, reserve, _partners_by_unit(_tied_partners(model))
     )
     device_map = planner.run(fallback_allocation)
-    return clean_device_map(device_map, model, modules) if clean_result else device_map
+    if not clean_result:
+        return device_map
+    if len(set(device_map.values())) == 1:
+        return {"": next(iter(device_map.values()))}
+    return clean_device_map(device_map, model, modules)
