@@ -165,12 +165,12 @@ def export_env(settings: Settings) -> dict[str, str]:
         reference's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_FSDP`` and
         ``ACCELERATE_USE_DEEPSPEED``.
     """
-    env = {
-        FIELDS_BY_NAME[name].our_env: _env_text(value)
+    exported = {
+        name: value
         for name, value in settings.explicitly_set().items()
         if value is not None and FIELDS_BY_NAME[name].export
     }
-    exported = [n for n, v in settings.explicitly_set().items() if v is not None and FIELDS_BY_NAME[n].export]
+    env = {FIELDS_BY_NAME[name].our_env: _env_text(value) for name, value in exported.items()}
     if exported:  # lets each process say "from config:/x.yaml", not only "from ACCELERANDO_X"
         env[SOURCES_ENV] = json.dumps({name: settings.origin(name) for name in exported}, sort_keys=True)
     env["ACCELERATE_MIXED_PRECISION"] = settings.mixed_precision
