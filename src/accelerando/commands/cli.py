@@ -70,13 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     first = argv[0] if argv else None
-    parser = build_parser(first if first in SUBCOMMANDS else None)
     if first == "launch":
+        # Launch splits its own flags from the script's before argparse sees them.
         from accelerando.commands import launch
 
-        # Launch splits its own flags from the script's before argparse sees them.
-        args = launch.parse(parser._subparsers._group_actions[0].choices["launch"], argv[1:])  # type: ignore[union-attr]
-        return launch.run(args)
+        return launch.main(argv[1:])
+    parser = build_parser(first if first in SUBCOMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "accepts_unknown", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
