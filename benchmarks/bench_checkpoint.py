@@ -3,7 +3,8 @@
 Model: ~400 MB of fp32 weights plus AdamW state (2 x 400 MB). Raw save = ``safetensors.save_file``
 of the weights and ``torch.save`` of the optimizer state, then ``fsync`` of both files (the fsync
 share is reported). Raw load = ``safetensors.load_file`` + ``torch.load(weights_only=True)``.
-Every figure is the median of ``--repeats`` runs with a warm page cache.
+"Raw load + load_state_dict" also puts the tensors into the model and optimizer, as ``load_state``
+does. Every figure is the median of ``--repeats`` runs (variants interleaved), warm page cache.
 
 Run: python benchmarks/bench_checkpoint.py [--size-mb 400] [--repeats 3] [--dir /tmp/bench_ckpt]
 """
@@ -106,6 +107,10 @@ def measure(accelerator, model, optimizer, folder: str, repeats: int) -> tuple[d
         load_file(weights)
         torch.load(opt_file, weights_only=True)
 
+    def raw_load_apply() -> None:
+        accelerator.unwrap_model(model).load_state_dict(load_file(weights))
+        optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
+
     saves = interleaved(
         {"raw_nofsync": raw_write, "raw": raw_save, "ours": lambda: accelerator.save_state(ours_dir)},
         repeats,
@@ -117,6 +122,7 @@ def measure(accelerator, model, optimizer, folder: str, repeats: int) -> tuple[d
     loads = interleaved(
         {
             "raw": raw_load,
+            "raw_apply": raw_load_apply,
             "ours": lambda: accelerator.load_state(ours_dir),
             "ours_sizes": lambda: accelerator.load_state(ours_dir, verify_checksums=False),
         },
