@@ -120,6 +120,7 @@ def _prepare_sampling(
         else:
             sampler = copy.copy(sampler)
             sampler.generator = generator
+            sampler._owned_generator = True
         return _with_sampler(batch_sampler, sampler), generator
     return batch_sampler, sampler.generator
 

@@ -30,6 +30,7 @@ class _Progress:
     pending_rng_state: torch.Tensor | None = None
     pending_position: int = 0
     seed_synced: bool = False
+    generator_synced: bool = False
     loader_state: Any = None
     pending_loader_state: Any = None
 
@@ -154,15 +155,23 @@ class PreparedLoaderMixin:
     def _sync_rngs(self) -> None:
         types = [str(t) for t in self.rng_types or []]
         generator = self.synchronized_generator
-        if generator is not None and "generator" not in types:
-            # Every process must shuffle alike for the shards to partition the data.
-            types.append("generator")
         if generator is None:
             types = [t for t in types if t != "generator"]
+        elif (
+            getattr(_find_sampler(self.batch_sampler), "_owned_generator", False)
+            and self._progress.generator_synced
+        ):
+            # A generator this library created is drawn from only by the sampler, identically on every
+            # process: once synchronised it stays so, and an epoch need not pay a collective.
+            types = [t for t in types if t != "generator"]
+        elif "generator" not in types:
+            # Every process must shuffle alike for the shards to partition the data.
+            types.append("generator")
         if types and _distributed():
             from accelerando.utils.random import synchronize_rng_states
 
             synchronize_rng_states(types, generator=generator)
+        self._progress.generator_synced = True
 
     def _start_epoch(self) -> int:
         """Prepare the RNGs and the sampler for an epoch; return the batch to start at."""

@@ -50,6 +50,8 @@ class _DrawnRandomSampler(RandomSampler):
     is then ours to choose, and this one can be walked (and skipped through) at C speed.
     """
 
+    _owned_generator = True
+
     def __iter__(self) -> Iterator[int]:
         return _tensor_iter(torch.randperm(len(self.data_source), generator=self.generator))  # type: ignore[arg-type]
 
