@@ -171,3 +171,28 @@ def test_layerwise_casting_stores_low_and_computes_high():
     assert isinstance(model[0]._hf_hook, LayerwiseCastingHook)
     with pytest.raises(TypeError, match="torch dtypes"):
         attach_layerwise_casting_hooks(model, "bf16", torch.float32)
+
+
+def test_disk_offload_prefetches_the_next_module(tmp_path, monkeypatch):
+    import threading
+
+    from accelerando.big_modeling import disk_offload
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(3)])
+    x = torch.randn(2, 4)
+    expected = model(x)
+    disk_offload(model, tmp_path, execution_device="cpu")
+    hooks = [layer._hf_hook for layer in model]
+    assert hooks[0].next_hook is hooks[1] and hooks[1].next_hook is hooks[2] and hooks[2].next_hook is None
+    threads: list[str] = []
+    original = AlignDevicesHook._load
+
+    def recording(self):
+        threads.append(threading.current_thread().name)
+        return original(self)
+
+    monkeypatch.setattr(AlignDevicesHook, "_load", recording)
+    torch.testing.assert_close(model(x), expected)
+    assert len(threads) == 2 and all(name.startswith("accelerando-prefetch") for name in threads)
+    assert all(hook._prefetched is None for hook in hooks)

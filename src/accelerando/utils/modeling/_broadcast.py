@@ -10,7 +10,7 @@ import torch.distributed as dist
 __all__ = ["broadcast_checkpoint"]
 
 
-def broadcast_checkpoint(loader, files: list[str], iter_file: Callable) -> None:
+def broadcast_checkpoint(loader, resolve_files: Callable[[], list[str]], iter_file: Callable) -> None:
     """Feed ``loader.place`` on every rank with tensors read on rank 0 only.
 
     Rank 0 announces each file's tensor names, shapes and dtypes, then broadcasts the tensors one at a
@@ -19,14 +19,16 @@ def broadcast_checkpoint(loader, files: list[str], iter_file: Callable) -> None:
 
     Args:
         loader: the ``_Loader`` of the current load (its ``resolve`` and ``place`` are used).
-        files: the weight files (only rank 0 reads them).
+        resolve_files: returns the weight files; called on rank 0 only (other ranks may not see them).
         iter_file: the per-file iterator of the loading module.
     """
     backend_device = (
         torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     )
     rank = dist.get_rank()
-    for path in files:
+    files = [resolve_files() if rank == 0 else None]
+    dist.broadcast_object_list(files, src=0)
+    for path in files[0]:
         items = list(iter_file(path, loader.resolve)) if rank == 0 else []
         meta = [
             [

@@ -301,7 +301,7 @@ def load_checkpoint_in_model(
     if broadcast_from_rank0 and torch.distributed.is_available() and torch.distributed.is_initialized():
         from accelerando.utils.modeling._broadcast import broadcast_checkpoint
 
-        broadcast_checkpoint(loader, checkpoint_files(checkpoint), _iter_file)
+        broadcast_checkpoint(loader, lambda: checkpoint_files(checkpoint), _iter_file)
     else:
         for path in checkpoint_files(checkpoint):
             for name, tensor, source in _iter_file(path, loader.resolve):
