@@ -95,7 +95,10 @@ def test_remove_stale_cleans_partial_and_trash(tmp_path) -> None:
     (tmp_path / ".checkpoint_3.partial").mkdir()
     (tmp_path / ".checkpoint_1.trash-abcd").mkdir()
     (tmp_path / ".keep").mkdir()
+    (tmp_path / ".download.partial").mkdir()  # someone else's: left alone
     atomic.remove_stale(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [".download.partial", ".keep"]
+    atomic.remove_stale(str(tmp_path), "download")
     assert sorted(os.listdir(tmp_path)) == [".keep"]
 
 

@@ -161,3 +161,15 @@ def test_project_configuration_defaults_and_validation(tmp_path) -> None:
         ProjectConfiguration(total_limit=0)
     with pytest.raises(ValueError, match="iteration"):
         ProjectConfiguration(iteration=-1)
+
+
+def test_explicit_form_saves_and_restores_a_grad_scaler(tmp_path) -> None:
+    model = torch.nn.Linear(2, 2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(1))  # materialises the scale
+    scaler.update(512.0)
+    save_accelerator_state(tmp_path, [model.state_dict()], [], [], [], process_index=0, step=3, scaler=scaler)
+    assert "scaler.pt" in os.listdir(tmp_path)
+    fresh = torch.amp.GradScaler("cpu", init_scale=1.0)
+    load_accelerator_state(tmp_path, [model], [], [], [], process_index=0, scaler=fresh)
+    assert fresh.get_scale() == 512.0

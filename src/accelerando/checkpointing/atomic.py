@@ -252,12 +252,18 @@ def discard(path: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def remove_stale(parent: str) -> None:
-    """Remove staging and trash folders left in ``parent`` by an interrupted save or rotation."""
+def remove_stale(parent: str, name_prefix: str = "checkpoint_") -> None:
+    """Remove staging and trash folders left in ``parent`` by an interrupted save or rotation.
+
+    Only hidden folders made by this module for targets whose name starts with ``name_prefix`` are
+    touched, so other hidden files in a user's folder are left alone.
+    """
     if not os.path.isdir(parent):
         return
     for name in os.listdir(parent):
-        if name.startswith(".") and (name.endswith(_PARTIAL_SUFFIX) or _TRASH_MARK in name):
+        if not name.startswith("." + name_prefix):
+            continue
+        if name.endswith(_PARTIAL_SUFFIX) or _TRASH_MARK in name:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 

@@ -157,6 +157,8 @@ def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list
     entries: dict[str, atomic.FileEntry] = {}
     for _, _, described in results:
         entries.update(described)
+    # With save_on_each_node (no shared file system) only this node's files are here to commit.
+    entries = {name: entry for name, entry in entries.items() if os.path.exists(os.path.join(staging, name))}
     # Files written by save hooks belong to the checkpoint too.
     extra = []
     for root, _, filenames in os.walk(staging):
@@ -242,7 +244,8 @@ def save_state(
     final_dir, checkpoints_dir = _resolve_save_dir(accelerator, output_dir)
     committer = _is_committer(state, config.save_on_each_node)
     if committer:
-        atomic.remove_stale(os.path.dirname(final_dir))
+        prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir)
+        atomic.remove_stale(os.path.dirname(final_dir), prefix)
         atomic.prepare_staging(final_dir)
     state.wait_for_everyone()
     staging = atomic.staging_path(final_dir)
