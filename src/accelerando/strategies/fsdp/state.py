@@ -39,6 +39,18 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
+def _gather_options(model: torch.nn.Module) -> Any:
+    """Full-state-dict options: gathered on rank 0 and moved to CPU.
+
+    FSDP1 modules whose shards already live on the CPU crash (segfault, torch 2.13) when asked to
+    offload to CPU; for them the gather is done without offloading and other ranks drop the copy.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    on_cpu = isinstance(model, FullyShardedDataParallel) and next(model.parameters()).device.type == "cpu"
+    return _options(full_state_dict=True, cpu_offload=not on_cpu)
+
+
 def broadcast_params(model: torch.nn.Module) -> None:
     """Overwrite every process's parameters and buffers with rank 0's (before sharding)."""
     with torch.no_grad():
@@ -56,18 +68,40 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
 def broadcast_full_state_dict(
     model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
 ) -> None:
-    """Load rank 0's full state dict into a sharded model; other ranks pass ``{}`` and keep their shard."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    """Load rank 0's full state dict into a sharded model; other ranks pass ``{}``.
 
-    options = _options(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=cpu_offload)
-    set_model_state_dict(model, full_sd if dist.get_rank() == 0 else {}, options=options)
+    One tensor at a time: rank 0 broadcasts it and each process copies out only its own shard,
+    so no process other than rank 0 ever holds more than its shards plus one full tensor.
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    del cpu_offload  # shards are copied in place, wherever they live
+    is_source = dist.get_rank() == 0
+    with torch.no_grad():
+        for name, current in model.state_dict().items():
+            local = current.to_local() if isinstance(current, DTensor) else current
+            if is_source:
+                full = full_sd[name].to(device=local.device, dtype=local.dtype).contiguous()
+            else:
+                full = torch.empty(current.shape, dtype=local.dtype, device=local.device)
+            dist.broadcast(full, src=0)
+            if isinstance(current, DTensor):
+                shape, offset = compute_local_shape_and_global_offset(
+                    current.shape, current.device_mesh, current.placements
+                )
+                local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))])
+            else:
+                local.copy_(full)
+            del full
 
 
 def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full state dict on rank 0 (CPU tensors); ``{}`` on the other ranks. Every rank must call it."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=_gather_options(model))
+    return state if dist.get_rank() == 0 else {}
 
 
 def load_full_model_state_dict(
@@ -83,9 +117,8 @@ def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Opt
     """The optimizer's full (unsharded) state on rank 0, keyed by parameter names; ``{}`` elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(
-        model, optimizer, options=_options(full_state_dict=True, cpu_offload=True)
-    )
+    state = get_optimizer_state_dict(model, optimizer, options=_gather_options(model))
+    return state if dist.get_rank() == 0 else {}
 
 
 def load_full_optimizer_state_dict(
