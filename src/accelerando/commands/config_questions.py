@@ -101,8 +101,11 @@ def _ask_backend(values: dict[str, Any], dist: str) -> None:
         values["gradient_clipping"] = _ask_value("gradient_clipping", "Gradient clipping value?", 1.0)
 
 
-def ask_questions() -> dict[str, Any] | None:
+def ask_questions(gpu_count: int | None = None) -> dict[str, Any] | None:
     """Ask where and how to train, and return the implied setting values.
+
+    Args:
+        gpu_count: GPUs to offer choices for; ``None`` counts this machine's (without CUDA).
 
     Returns:
         Setting name -> value (ready for :func:`accelerando.settings.configfile.settings_to_config`),
@@ -110,7 +113,7 @@ def ask_questions() -> dict[str, Any] | None:
     """
     import questionary
 
-    gpus = visible_gpu_count()
+    gpus = visible_gpu_count() if gpu_count is None else gpu_count
     kinds = [k for k, v in MACHINE_TYPES.items() if gpus or v in ("NO", "MULTI_CPU")]
     try:
         dist = MACHINE_TYPES[_answer(questionary.select("Which kind of training?", choices=kinds))]
