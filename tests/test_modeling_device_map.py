@@ -180,8 +180,8 @@ def test_balanced_memory_spreads_and_accepts_both_low_zero_names():
     assert get_balanced_memory(model, {0: "1GB", "cpu": "1GB"}) == get_max_memory({0: "1GB", "cpu": "1GB"})
 
 
-def _counting_sizes(counter: list[int]):
-    real = device_map_module.sizes_of_modules
+def _counting_scan(counter: list[int]):
+    real = device_map_module._scan
 
     class CountingSizes(dict):
         def get(self, key, default=None):
@@ -192,7 +192,12 @@ def _counting_sizes(counter: list[int]):
             counter[0] += 1
             return super().__getitem__(key)
 
-    return lambda *args, **kwargs: CountingSizes(real(*args, **kwargs))
+    def scan(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.sizes = CountingSizes(result.sizes)
+        return result
+
+    return scan
 
 
 class Leaf(nn.Module):
@@ -213,7 +218,7 @@ def test_device_map_work_grows_linearly(monkeypatch, flat_models, fits):
     lookups = {}
     for count, model in flat_models.items():
         counter = [0]
-        monkeypatch.setattr(device_map_module, "sizes_of_modules", _counting_sizes(counter))
+        monkeypatch.setattr(device_map_module, "_scan", _counting_scan(counter))
         # Either everything fits, or the model is split across cpu and disk (every module is visited).
         budget = {"cpu": "1GB"} if fits else {"cpu": count * 1088 // 2, "disk": "1GB"}
         device_map = infer_auto_device_map(model, budget)

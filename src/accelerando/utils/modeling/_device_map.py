@@ -10,42 +10,93 @@ rescan the remaining modules for every decision.
 from __future__ import annotations
 
 import gc
+from collections import defaultdict
 
 import torch
 from torch import nn
 
 from accelerando.utils.modeling._memory import DeviceKey, get_max_memory
-from accelerando.utils.modeling._sizes import (
-    get_max_layer_size,
-    sizes_of_modules,
-    walk_modules,
-)
+from accelerando.utils.modeling._sizes import _tensor_size, parse_dtype
 
 __all__ = ["clean_device_map", "infer_auto_device_map"]
 
 _OFFLOAD = ("cpu", "disk")
 
 
-def _tied_partners(model: nn.Module) -> dict[str, list[str]]:
-    """Map each tied parameter kept by ``named_parameters`` to the modules owning its other names."""
-    first_name: dict[int, str] = {}
-    partners: dict[str, list[str]] = {}
-    # Modules registered under several names (shared embeddings) are visited under each name.
-    stack: list[tuple[str, nn.Module]] = [("", model)]
-    while stack:
-        module_name, module = stack.pop()
-        prefix = f"{module_name}." if module_name else ""
-        for key, param in module._parameters.items():
-            if param is None:
+class _Scan:
+    """Everything the planner needs from the model, read in one walk over its modules.
+
+    Large models do not fit in CPU caches, so every extra pass over the module objects costs cache
+    misses; the planner and the clean-up then work on these plain dicts only.
+
+    Attributes:
+        names: module names in pre-order (a module registered twice appears under both names).
+        parts: module name -> its parts in order: ``(tensor name, False)`` then ``(child name, True)``.
+        kinds: module name -> class name.
+        sizes: module and tensor name -> bytes (shared tensors counted once, under their first name).
+        buffers: total bytes of buffers.
+        partners: first name of each tied parameter -> modules owning its other names.
+    """
+
+    def __init__(self, model: nn.Module, dtype, special_dtypes) -> None:
+        dtype = parse_dtype(dtype)
+        self.names: list[str] = []
+        self.parts: dict[str, list[tuple[str, bool]]] = {}
+        self.kinds: dict[str, str] = {}
+        self.sizes: dict[str, int] = defaultdict(int)
+        self.buffers = 0
+        self.partners: dict[str, list[str]] = {}
+        first: dict[int, str] = {}
+        stack: list[tuple[str, nn.Module]] = [("", model)]
+        while stack:
+            name, module = stack.pop()
+            prefix = f"{name}." if name else ""
+            own: list[tuple[str, bool]] = []
+            total = self._tensors(name, prefix, module._parameters, own, first, dtype, special_dtypes)
+            buffers = self._tensors(name, prefix, module._buffers, own, first, dtype, special_dtypes)
+            self.buffers += buffers
+            children = [(prefix + key, child) for key, child in module._modules.items() if child is not None]
+            own.extend((child_name, True) for child_name, _ in children)
+            self.names.append(name)
+            self.parts[name] = own
+            self.kinds[name] = type(module).__name__
+            self.sizes[name] += total + buffers
+            stack.extend(reversed(children))
+        for name in reversed(self.names[1:]):
+            self.sizes[name.rpartition(".")[0]] += self.sizes[name]
+
+    def _tensors(self, name, prefix, tensors, own, first, dtype, special_dtypes) -> int:
+        total = 0
+        for key, tensor in tensors.items():
+            if tensor is None:
                 continue
-            if id(param) not in first_name:
-                first_name[id(param)] = prefix + key
-            else:
-                partners.setdefault(first_name[id(param)], []).append(module_name)
-        stack.extend(
-            (prefix + key, child) for key, child in reversed(module._modules.items()) if child is not None
-        )
-    return partners
+            full = prefix + key
+            own.append((full, False))
+            if id(tensor) in first:
+                self.partners.setdefault(first[id(tensor)], []).append(name)
+                continue
+            first[id(tensor)] = full
+            size = _tensor_size(full, tensor, dtype, special_dtypes)
+            self.sizes[full] = size
+            total += size
+        return total
+
+    def max_layer(self, no_split: set[str]) -> tuple[int, list[str]]:
+        """Largest unit that can not be split (a leaf or a no-split module) and its names."""
+        best, names = 0, []
+        stack = [part for part, is_module in reversed(self.parts[""]) if is_module]
+        while stack:
+            name = stack.pop()
+            children = [part for part, is_module in self.parts[name] if is_module]
+            if children and self.kinds[name] not in no_split:
+                stack.extend(reversed(children))
+                continue
+            size = self.sizes.get(name, 0)
+            if size > best:
+                best, names = size, [name]
+            elif size == best and size:
+                names.append(name)
+        return best, names
 
 
 def _partners_by_unit(partners: dict[str, list[str]]) -> dict[str, list[tuple[str, str]]]:
@@ -59,37 +110,27 @@ def _partners_by_unit(partners: dict[str, list[str]]) -> dict[str, list[tuple[st
     return by_unit
 
 
-def _expand(name: str, module: nn.Module) -> list[tuple[str, nn.Module | None]]:
-    """The parts of a module: its own tensors (as ``(name, None)``), then its children."""
-    prefix = f"{name}." if name else ""
-    parts: list[tuple[str, nn.Module | None]] = [
-        (prefix + key, None) for key, tensor in module._parameters.items() if tensor is not None
-    ]
-    parts.extend((prefix + key, None) for key, tensor in module._buffers.items() if tensor is not None)
-    parts.extend((prefix + key, child) for key, child in module._modules.items() if child is not None)
-    return parts
-
-
 class _Planner:
     """State of one device-map computation (kept in an object so each step stays a short method)."""
 
-    def __init__(self, model, budget, sizes, no_split, verbose, reserve, partners):
+    def __init__(self, scan: _Scan, budget, no_split: set[str], verbose: bool, reserve: int) -> None:
         self.devices: list[DeviceKey] = list(budget)
         if "disk" not in budget:
             self.devices.append("disk")
         self.budget = {key: float(value) for key, value in budget.items()}
         self.budget["disk"] = float("inf")
-        self.sizes = sizes
+        self.scan = scan
+        self.sizes = scan.sizes
         self.no_split = no_split
         self.verbose = verbose
         self.reserve = reserve
-        self.partners = partners
+        self.partners = _partners_by_unit(scan.partners)
         self.used = dict.fromkeys(self.devices, 0)
         self.index = 0
         self.device_map: dict[str, DeviceKey] = {}
         self.preplaced: set[str] = set()
         self.preplaced_size: dict[str, int] = {}
-        self.stack = list(reversed(_expand("", model)))
+        self.stack: list[tuple[str, bool]] = list(reversed(scan.parts[""]))
 
     def log(self, message: str) -> None:
         if self.verbose:
@@ -127,12 +168,12 @@ class _Planner:
         extra = f" with its tied partners {partners}" if partners else ""
         self.log(f"Putting {name!r} ({size} bytes){extra} on {device!r}.")
 
-    def splittable(self, name: str, module: nn.Module | None) -> bool:
-        if module is None or type(module).__name__ in self.no_split:
+    def splittable(self, name: str, is_module: bool) -> bool:
+        if not is_module or self.scan.kinds[name] in self.no_split:
             return False
-        return bool(module._modules)
+        return any(child for _, child in self.scan.parts[name])
 
-    def step(self, name: str, module: nn.Module | None) -> None:
+    def step(self, name: str, module: bool) -> None:
         if name in self.preplaced:
             return
         device = self.devices[self.index]
@@ -142,7 +183,7 @@ class _Planner:
         splittable = self.splittable(name, module)
         if name in self.preplaced_size and splittable:
             self.log(f"Splitting {name!r}: part of it was already placed with a tied partner.")
-            self.stack.extend(reversed(_expand(name, module)))
+            self.stack.extend(reversed(self.scan.parts[name]))
         elif bound is not None and (not splittable or self.used[bound] + size <= self.budget[bound]):
             # A tied weight must share the device its other names were placed on.
             self.place(name, bound, size, partners)
@@ -151,7 +192,7 @@ class _Planner:
         elif splittable:
             target = device if bound is None else bound
             self.log(f"Splitting {name!r} ({size} bytes): it does not fit on {target!r} as a whole.")
-            self.stack.extend(reversed(_expand(name, module)))
+            self.stack.extend(reversed(self.scan.parts[name]))
         else:
             self.log(
                 f"{name!r} ({size} bytes) does not fit on {device!r} and can not be split; using the next device."
@@ -183,42 +224,37 @@ class _Planner:
 
 
 def clean_device_map(
-    device_map: dict[str, DeviceKey], model: nn.Module, modules: list[tuple[str, nn.Module]] | None = None
+    device_map: dict[str, DeviceKey], model: nn.Module, scan: _Scan | None = None
 ) -> dict[str, DeviceKey]:
     """Merge entries whose parts all go to one device into a single entry for their parent.
 
     Args:
         device_map: a device map covering the model.
         model: the model it describes.
-        modules: the model's modules from ``walk_modules`` when the caller has them already.
+        scan: the model's scan when the caller has it already (internal).
 
     Returns:
         An equivalent, shorter device map in the model's module order (``{"": device}`` when
         everything goes to one device).
     """
+    scan = _Scan(model, None, None) if scan is None else scan
     result = dict(device_map)
-    order: dict[str, int] = {}
-    parts_of: dict[str, list[str]] = {}
-    modules = walk_modules(model) if modules is None else modules
-    for name, module in modules:
-        order[name] = len(order)
-        parts = parts_of[name] = [part for part, _ in _expand(name, module)]
-        for part in parts:
-            order.setdefault(part, len(order))
-    for name, _ in reversed(modules):
-        if name in result:
-            continue
-        parts = parts_of[name]
-        if not parts:
+    order: dict[str, None] = {}
+    for name in scan.names:
+        order[name] = None
+        order.update((part, None) for part, _ in scan.parts[name])
+    for name in reversed(scan.names):
+        parts = scan.parts[name]
+        if name in result or not parts:
             continue
         targets = set()
-        for part in parts:
+        for part, _ in parts:
             if part not in result:
                 break
             targets.add(result[part])
         else:
             if len(targets) == 1:
-                for part in parts:
+                for part, _ in parts:
                     del result[part]
                 result[name] = targets.pop()
     ordered = {name: result[name] for name in order if name in result}
@@ -279,31 +315,32 @@ def infer_auto_device_map(
 
 def _infer(model, budget, no_split_module_classes, dtype, special_dtypes, verbose, clean_result, offload_buffers,
            fallback_allocation) -> dict[str, DeviceKey]:  # fmt: skip
-    modules = walk_modules(model)
-    sizes = sizes_of_modules(modules, dtype, special_dtypes)
+    scan = _scan(model, dtype, special_dtypes)
+    total = scan.sizes.get("", 0)
     no_split = set(no_split_module_classes or ())
     devices = list(budget)
     main = devices[0] if devices else "cpu"
     on_main_side = [key for key in devices if key not in _OFFLOAD] or ([main] if main == "cpu" else [])
+    if clean_result and devices and total <= budget[main]:
+        if verbose:
+            print(f"The whole model ({total} bytes) fits on {main!r}.")
+        return {"": main}
     reserve = 0
-    if sizes.get("", 0) > sum(budget[key] for key in on_main_side):
-        reserve, names = get_max_layer_size(list(model.named_children()), sizes, list(no_split))
+    if total > sum(budget[key] for key in on_main_side):
+        reserve, names = scan.max_layer(no_split)
         if not offload_buffers:
-            reserve += sizes_of_modules(modules, dtype, special_dtypes, buffers_only=True).get("", 0)
+            reserve += scan.buffers
         if verbose:
             print(
                 f"The model does not fit on {on_main_side}: reserving {reserve} bytes on {main!r} for {names}."
             )
-    if clean_result and devices and sizes.get("", 0) <= budget[main]:
-        if verbose:
-            print(f"The whole model ({sizes.get('', 0)} bytes) fits on {main!r}.")
-        return {"": main}
-    planner = _Planner(
-        model, budget, sizes, no_split, verbose, reserve, _partners_by_unit(_tied_partners(model))
-    )
-    device_map = planner.run(fallback_allocation)
+    device_map = _Planner(scan, budget, no_split, verbose, reserve).run(fallback_allocation)
     if not clean_result:
         return device_map
     if len(set(device_map.values())) == 1:
         return {"": next(iter(device_map.values()))}
-    return clean_device_map(device_map, model, modules)
+    return clean_device_map(device_map, model, scan)
+
+
+def _scan(model: nn.Module, dtype, special_dtypes) -> _Scan:
+    return _Scan(model, dtype, special_dtypes)
