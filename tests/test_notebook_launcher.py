@@ -10,6 +10,16 @@ from accelerando.launchers import debug_launcher, notebook_launcher
 from accelerando.launchers.notebook import LaunchedFunctionError
 
 
+@pytest.fixture(autouse=True)
+def fresh_parent_state():
+    """Other tests in the same session may leave a PartialState behind; launching refuses that."""
+    from accelerando.state import PartialState
+
+    PartialState._reset_state()
+    yield
+    PartialState._reset_state()
+
+
 def _train_and_report(steps: int):
     import torch
 
