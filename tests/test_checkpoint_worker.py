@@ -198,6 +198,11 @@ def _install_pause(atomic, pause: str | None, ready) -> None:
 
 def rank_entry(rank: int, world_size: int, port: int, args: tuple) -> None:
     """Run :func:`train` as rank ``rank`` of ``world_size`` (torchrun-style environment, gloo)."""
+    rank_call(rank, world_size, port, "train", args)
+
+
+def rank_call(rank: int, world_size: int, port: int, name: str, args: tuple) -> None:
+    """Run ``globals()[name](*args)`` as rank ``rank`` of ``world_size``."""
     if world_size > 1:
         os.environ.update(
             {
@@ -209,4 +214,49 @@ def rank_entry(rank: int, world_size: int, port: int, args: tuple) -> None:
                 "MASTER_PORT": str(port),
             }
         )
-    train(*args)
+    globals()[name](*args)
+
+
+def _small_run(project: str):
+    import torch
+
+    from accelerando import Accelerator
+    from accelerando.plugins.project import ProjectConfiguration
+
+    accelerator = Accelerator(
+        cpu=True, project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    )
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, accelerator.unwrap_model(model)
+
+
+def save_two(project: str) -> None:
+    """Save checkpoints 0 (weights 1.0) and 1 (weights 2.0) from every rank."""
+    import torch
+
+    accelerator, model = _small_run(project)
+    for value in (1.0, 2.0):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.fill_(value)
+        accelerator.save_state()
+
+
+def load_and_report(project: str, out_dir: str) -> None:
+    """``load_state()`` and write what was loaded (weight value, iteration, warnings) per rank."""
+    import json
+    import warnings
+
+    accelerator, model = _small_run(project)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator.load_state()
+    report = {
+        "value": float(next(model.parameters()).flatten()[0]),
+        "iteration": accelerator.project_configuration.iteration,
+        "warnings": [str(w.message) for w in caught],
+    }
+    with open(os.path.join(out_dir, f"rank_{accelerator.process_index}.json"), "w") as handle:
+        json.dump(report, handle)
