@@ -162,6 +162,8 @@ def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list
     # Files written by save hooks belong to the checkpoint too.
     extra = []
     for root, _, filenames in os.walk(staging):
+        if root != staging:
+            atomic.fsync_dir(root)  # a hook's sub-folder: make its entries durable too
         for filename in filenames:
             rel = os.path.relpath(os.path.join(root, filename), staging)
             if rel not in entries and rel != atomic.MANIFEST_NAME:
@@ -222,6 +224,8 @@ def save_state(
     Saves every prepared model, optimizer, scheduler and dataloader, the GradScaler, each process's
     random states and step counter, gradients of an unfinished accumulation cycle, and every object
     registered with ``register_for_checkpointing``. The folder appears only once complete.
+    Save hooks (``register_save_state_pre_hook``) receive the hidden staging folder as their
+    ``output_dir``; whatever they write there is verified and committed with the rest.
 
     Args:
         accelerator: The Accelerator whose state is saved.
