@@ -134,6 +134,8 @@ def test_module_and_no_python_targets():
         ({"num_machines": 2, "machine_rank": 2, "main_process_ip": "h"}, CPU_BOX, ["machine_rank", "0 to 1"]),
         ({"num_machines": 2}, CPU_BOX, ["main_process_ip", "num_machines"]),
         ({"zero_stage": 4}, CPU_BOX, ["zero_stage", "0, 1, 2 or 3"]),
+        ({"deepspeed_config_file": "/nonexistent/ds.json"}, CPU_BOX, ["deepspeed_config_file", "existing"]),
+        ({"offload_param_device": "nvme"}, CPU_BOX, ["offload_param_device", "offload_param_nvme_path"]),
     ],
 )
 def test_impossible_combinations_are_rejected_with_the_fix(values, machine, needles):

@@ -144,6 +144,22 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
         )
     if s.zero_stage is not None and s.zero_stage > 3:
         raise ValueError(f"{_where(s, 'zero_stage')}={s.zero_stage} does not exist. Fix: use 0, 1, 2 or 3.")
+    _check_deepspeed_paths(s)
+
+
+def _check_deepspeed_paths(s: Settings) -> None:
+    """Files the DeepSpeed settings name must be usable before N processes start and fail alike."""
+    from pathlib import Path
+
+    if s.deepspeed_config_file and not Path(s.deepspeed_config_file).is_file():
+        raise ValueError(
+            f"{_where(s, 'deepspeed_config_file')}={s.deepspeed_config_file!r} is not a file. "
+            "Fix: give the path of an existing DeepSpeed JSON config."
+        )
+    for kind in ("optimizer", "param"):
+        device, path = f"offload_{kind}_device", f"offload_{kind}_nvme_path"
+        if s[device] == "nvme" and not s[path]:
+            raise ValueError(f"{_where(s, device)}='nvme' needs a folder. Fix: set {path} (--{path}).")
 
 
 def _env_text(value: Any) -> str:
