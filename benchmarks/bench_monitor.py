@@ -1,0 +1,71 @@
+"""Step-time overhead of the MemoryMonitor: a small CPU training loop with the monitor off and on.
+
+Run: ``python benchmarks/bench_monitor.py [--steps 300] [--rounds 5] [--hidden 512]``
+
+Off and on blocks are interleaved (off, on, off, on, ...) so that load from other processes hits both
+alike; the reported figure is the ratio of the median per-step times, plus the cost of one
+``monitor.step()`` call measured alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from accelerando.monitoring import MemoryMonitor
+
+
+def _train_block(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, monitor: MemoryMonitor | None
+) -> list[float]:
+    batch = torch.randn(64, model[0].in_features)
+    times = []
+    for step in range(steps):
+        start = time.perf_counter()
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if monitor is not None:
+            monitor.step(step)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=512)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    _train_block(model, opt, 50, None)  # warm-up
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(args.rounds):
+        off += _train_block(model, opt, args.steps, None)
+        monitor = MemoryMonitor(window=50).start()
+        on += _train_block(model, opt, args.steps, monitor)
+        monitor.stop()
+    monitor = MemoryMonitor(window=50).start()
+    start = time.perf_counter()
+    for step in range(2000):
+        monitor.step(step)
+    per_call_us = (time.perf_counter() - start) / 2000 * 1e6
+    monitor.stop()
+    off_ms, on_ms = statistics.median(off) * 1e3, statistics.median(on) * 1e3
+    print(f"median step time off: {off_ms:.3f} ms, on: {on_ms:.3f} ms, ratio on/off: {on_ms / off_ms:.4f}")
+    print(
+        f"monitor.step() alone: {per_call_us:.1f} us per call ({per_call_us / 1e3 / off_ms * 100:.2f}% of a step)"
+    )
+
+
+if __name__ == "__main__":
+    main()
