@@ -395,6 +395,10 @@ class TrackingManager:
             f"No tracker named {name!r}; the active trackers are {[t.name for t in self._trackers]}."
         )
 
+    def get(self, name: str, unwrap: bool = False) -> Any:
+        """Alias of :meth:`get_tracker`."""
+        return self.get_tracker(name, unwrap=unwrap)
+
     def finish(self) -> None:
         """Call ``finish`` on every running tracker (``end_training``)."""
         for tracker in self._trackers:
