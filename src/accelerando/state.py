@@ -8,6 +8,7 @@ pattern) and initialises ``torch.distributed`` when the process is part of a mul
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import math
@@ -100,6 +101,7 @@ class PartialState:
                 **options,
             )
         self.backend = dist.get_backend()
+        atexit.register(_destroy_process_group_at_exit)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -225,6 +227,18 @@ class PartialState:
             f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
             f"Device: {self.device}\n"
         )
+
+
+def _destroy_process_group_at_exit() -> None:
+    # A gloo/nccl group left alive at interpreter exit can abort the process ("terminate called
+    # without an active exception") while its threads are torn down; closing it first avoids that.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
+            pass
 
 
 def _only_when(function: F, predicate: Callable[[], bool]) -> F:

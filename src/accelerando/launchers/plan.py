@@ -179,7 +179,7 @@ def export_env(settings: Settings) -> dict[str, str]:
     Returns:
         ``ACCELERANDO_<NAME>`` for every exported setting whose source is not the default, plus the
         reference's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_FSDP`` and
-        ``ACCELERATE_USE_DEEPSPEED``.
+        ``ACCELERATE_USE_DEEPSPEED`` when those were set.
     """
     exported = {
         name: value
@@ -189,9 +189,15 @@ def export_env(settings: Settings) -> dict[str, str]:
     env = {FIELDS_BY_NAME[name].our_env: _env_text(value) for name, value in exported.items()}
     if exported:  # lets each process say "from config:/x.yaml", not only "from ACCELERANDO_X"
         env[SOURCES_ENV] = json.dumps({name: settings.origin(name) for name in exported}, sort_keys=True)
-    env["ACCELERATE_MIXED_PRECISION"] = settings.mixed_precision
-    env["ACCELERATE_USE_FSDP"] = _env_text(bool(settings.use_fsdp))
-    env["ACCELERATE_USE_DEEPSPEED"] = _env_text(bool(settings.use_deepspeed))
+    # transformers reads these names; exporting a default would make every process see an
+    # "environment" value that nobody set (and warn when code overrides it).
+    for name, variable in (
+        ("mixed_precision", "ACCELERATE_MIXED_PRECISION"),
+        ("use_fsdp", "ACCELERATE_USE_FSDP"),
+        ("use_deepspeed", "ACCELERATE_USE_DEEPSPEED"),
+    ):
+        if name in exported:
+            env[variable] = _env_text(exported[name])
     return env
 
 
