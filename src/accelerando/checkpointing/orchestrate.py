@@ -453,6 +453,7 @@ def load_state(
         CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
     """
     set_active_accelerator(accelerator)
+    _check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
     candidates, may_fall_back = _candidates(accelerator, input_dir)
     kwargs = {
         "map_location": load_model_func_kwargs.pop("map_location", None),
@@ -474,6 +475,16 @@ def load_state(
         f"Every checkpoint under {os.path.dirname(candidates[0])!r} is damaged; nothing was loaded. "
         "Start fresh or repair one (the warnings above name the damaged files)."
     )
+
+
+def _check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:
+    """The reference's ``load_kwargs`` (options for ``torch.load``): accepted, but ours are fixed."""
+    if load_kwargs:
+        warnings.warn(
+            f"load_kwargs={sorted(load_kwargs)} are ignored: accelerando reads checkpoint files with "
+            "weights_only=True where possible; pass map_location= directly to choose the device.",
+            stacklevel=3,
+        )
 
 
 def _apply(accelerator: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:

@@ -153,6 +153,7 @@ def load_accelerator_state(
     process_index: int | None = None,
     scaler: Any | None = None,
     map_location: Any = None,
+    load_kwargs: dict[str, Any] | None = None,
     verify_checksums: bool = True,
     **load_model_func_kwargs: Any,
 ) -> dict[str, Any] | None:
@@ -171,6 +172,8 @@ def load_accelerator_state(
         process_index: Index of this process (selects its random-state file).
         scaler: GradScaler to restore, or None.
         map_location: Device for loaded weights (default CPU; ``load_state_dict`` copies them).
+        load_kwargs: The reference's ``torch.load`` options; accepted for compatibility and ignored
+            with a warning (files are read with ``weights_only=True`` where possible).
         verify_checksums: Compare every file's checksum with the manifest (sizes are always checked).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``).
 
@@ -185,9 +188,17 @@ def load_accelerator_state(
         from accelerando.checkpointing.orchestrate import load_state
 
         load_state(
-            active_accelerator(), os.fspath(input_dir), map_location=map_location, **load_model_func_kwargs
+            active_accelerator(),
+            os.fspath(input_dir),
+            map_location=map_location,
+            load_kwargs=load_kwargs,
+            verify_checksums=verify_checksums,
+            **load_model_func_kwargs,
         )
         return None
+    from accelerando.checkpointing.orchestrate import _check_load_kwargs
+
+    _check_load_kwargs(load_kwargs)
     folder = os.fspath(input_dir)
     models, optimizers = list(models or []), list(optimizers or [])
     schedulers, dataloaders = list(schedulers or []), list(dataloaders or [])
