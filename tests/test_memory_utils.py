@@ -31,8 +31,10 @@ def _fails_above(threshold: int, calls: list[int], kind: str = "cpu"):
     return train
 
 
-@pytest.mark.parametrize("threshold", [1, 3, 37, 64, 65, 127, 128])
-@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+@pytest.mark.parametrize(
+    ("threshold", "kind"),
+    [(1, "cpu"), (3, "cuda"), (37, "cpu"), (64, "cuda"), (65, "cpu"), (127, "cuda"), (128, "cpu")],
+)
 def test_finds_exact_threshold_from_above_in_log_tries(threshold: int, kind: str) -> None:
     calls: list[int] = []
     finder = find_executable_batch_size(_fails_above(threshold, calls, kind), starting_batch_size=128)
@@ -45,7 +47,7 @@ def test_finds_exact_threshold_from_above_in_log_tries(threshold: int, kind: str
     assert max(size for size, ok in finder.tries if ok) == threshold
 
 
-@pytest.mark.parametrize("threshold", [9, 333, 1000])
+@pytest.mark.parametrize("threshold", [9, 1000])
 def test_grows_from_below_when_max_batch_size_given(threshold: int) -> None:
     calls: list[int] = []
     finder = find_executable_batch_size(
