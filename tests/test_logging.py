@@ -54,6 +54,7 @@ def test_bad_level_and_flags() -> None:
 
 
 def test_tqdm_main_process_only(monkeypatch) -> None:
+    pytest.importorskip("tqdm", reason="tqdm is not installed (pip install tqdm)")
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert not tqdm(range(3)).disable
     monkeypatch.setenv("LOCAL_RANK", "1")
