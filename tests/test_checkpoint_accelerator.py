@@ -283,3 +283,42 @@ def test_failed_write_commits_nothing(tmp_path) -> None:
     assert accelerator.save_iteration == 0
     handle.remove()
     assert os.path.basename(accelerator.save_state()) == "checkpoint_0"
+
+
+def test_committed_checkpoints_are_reported_to_trackers(tmp_path) -> None:
+    from accelerando.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name = "recorder"
+        requires_logging_directory = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.logged: list[tuple] = []
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values) -> None:
+            pass
+
+        def log(self, values, step=None, **kwargs) -> None:
+            self.logged.append(("log", values, step))
+
+        def log_checkpoint(self, step, path, size_bytes) -> None:
+            self.logged.append(("checkpoint", step, path, size_bytes))
+
+    recorder = Recorder()
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config, log_with=recorder)
+    accelerator.init_trackers("run")
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.step = 5
+    path = accelerator.save_state()
+    (entry,) = [e for e in recorder.logged if e[0] == "checkpoint"]
+    assert entry[1:3] == (5, path)
+    assert entry[3] == sum(
+        os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n != MANIFEST_NAME
+    )
+    del model

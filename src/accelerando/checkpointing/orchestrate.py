@@ -268,12 +268,11 @@ def save_state(
 
 def _report_to_trackers(accelerator: Any, path: str, size: int) -> None:
     """Report a committed checkpoint (step, path, size) to the active trackers, on the main process."""
-    log_checkpoint = getattr(accelerator, "log_checkpoint", None)
-    if (
-        accelerator.state.is_main_process
-        and callable(log_checkpoint)
-        and getattr(accelerator, "trackers", None)
-    ):
+    if not accelerator.state.is_main_process:
+        return
+    manager = getattr(accelerator, "_tracking", None)  # accelerando.tracking.TrackingManager or None
+    log_checkpoint = getattr(manager, "log_checkpoint", None) or getattr(accelerator, "log_checkpoint", None)
+    if callable(log_checkpoint):
         log_checkpoint(int(accelerator.step), path, size)
 
 
