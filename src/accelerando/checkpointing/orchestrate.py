@@ -248,7 +248,7 @@ def save_state(
     final_dir, checkpoints_dir = _resolve_save_dir(accelerator, output_dir)
     committer = _is_committer(state, config.save_on_each_node)
     if committer:
-        prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir)
+        prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir) + "."
         atomic.remove_stale(os.path.dirname(final_dir), prefix)
         atomic.prepare_staging(final_dir)
     state.wait_for_everyone()
