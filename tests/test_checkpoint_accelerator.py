@@ -322,3 +322,17 @@ def test_committed_checkpoints_are_reported_to_trackers(tmp_path) -> None:
         os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n != MANIFEST_NAME
     )
     del model
+
+
+def test_save_on_each_node_single_process(tmp_path) -> None:
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, save_on_each_node=True
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    _fill(model, 3.0)
+    path = accelerator.save_state()
+    _fill(model, 0.0)
+    accelerator.load_state()
+    assert os.path.basename(path) == "checkpoint_0"
+    assert all(bool((p == 3.0).all()) for p in model.parameters())
