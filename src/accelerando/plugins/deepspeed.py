@@ -172,10 +172,16 @@ class DeepSpeedPlugin:
             current = get_value(config, key)
             if current == AUTO:
                 set_value(config, key, value)
-            elif current is not None and name in code_given and current != value:
-                raise ValueError(
-                    f"DeepSpeedPlugin({name}={value!r}) contradicts {key}={current!r} in the DeepSpeed "
-                    f'config; set it in one place only (or write "auto" in the config)'
+            elif current is not None and current != value:
+                if name in code_given:
+                    raise ValueError(
+                        f"DeepSpeedPlugin({name}={value!r}) contradicts {key}={current!r} in the DeepSpeed "
+                        'config; set it in one place only (or write "auto" in the config)'
+                    )
+                warnings.warn(
+                    f"the launcher's {name}={value!r} is ignored: the DeepSpeed config sets {key}={current!r} "
+                    '(write "auto" there to take the launcher\'s value)',
+                    stacklevel=4,
                 )
 
     def _sync_fields_from_config(self) -> None:
@@ -282,6 +288,33 @@ class DeepSpeedPlugin:
         with deepspeed.zero.Init(config_dict_or_path=zero_init_config(self.deepspeed_config)):
             yield
 
+    def set_deepspeed_weakref(self) -> None:
+        """Let ``transformers`` build models under ``deepspeed.zero.Init`` when ZeRO-3 init is on.
+
+        ``transformers`` reads a process-wide weak reference to a ``HfDeepSpeedConfig``; this plugin
+        keeps the object alive while it is the active one. A no-op without ``transformers`` or
+        without ``zero3_init_flag`` at stage 3; a logged warning when ``transformers`` refuses.
+        """
+        from accelerando.utils.imports import is_package_available
+
+        self._hf_config = None
+        if not self.is_zero3_init_enabled() or not is_package_available("transformers"):
+            return
+        from accelerando.strategies.deepspeed import zero_init_config
+
+        try:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._hf_config = HfDeepSpeedConfig(zero_init_config(self.deepspeed_config))
+        except (ImportError, LookupError) as exc:
+            # Some transformers versions refuse HfDeepSpeedConfig unless the `accelerate` package is
+            # installed (PackageNotFoundError is a LookupError); building under our context still works.
+            logger.warning(
+                "transformers will not build models under deepspeed.zero.Init by itself (%s); build them "
+                "inside `with deepspeed_plugin.zero3_init_context_manager():`",
+                exc,
+            )
+
     def select(self, _from_accelerator_state: bool = False) -> None:
         """Mark this plugin as the active one.
 
@@ -295,3 +328,4 @@ class DeepSpeedPlugin:
                 "accelerator.state.select_deepspeed_plugin(name)"
             )
         self.selected = True
+        self.set_deepspeed_weakref()

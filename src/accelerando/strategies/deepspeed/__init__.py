@@ -96,6 +96,13 @@ class DeepSpeedStrategy(Strategy):
         self._batch_sizes: list[int] = []
         self._hooked: set[int] = set()
         self._warned_clip = False
+        if not getattr(state, "deepspeed_plugins", None):
+            # Chosen by the launcher (--use_deepspeed) without a plugin in code: the plugin reads
+            # the launcher's DeepSpeed settings from the environment.
+            from accelerando.plugins.deepspeed import DeepSpeedPlugin
+
+            state.deepspeed_plugins = {"default": DeepSpeedPlugin()}
+        get_active_deepspeed_plugin(state).set_deepspeed_weakref()
 
     # ------------------------------------------------------------------ prepare
     def prepare_all(

@@ -1,0 +1,117 @@
+"""Step time and per-process peak memory of ZeRO-1/2/3 versus DDP, same model, 2 CPU processes.
+
+Each variant is its own ``torchrun`` launch (fresh processes, clean peak-memory counters). Every
+process measures its resident-set peak growth from just before the model is built to the end of
+training (``ru_maxrss``), and the median step time after warm-up steps. The table prints the
+maximum over processes of the memory and the median step time of rank 0.
+
+    python benchmarks/bench_deepspeed.py --width 1024 --layers 8 --steps 20
+
+Model: ``layers`` x Linear(width, width) (8 x 1024^2 = 8.4M parameters, 34 MB in fp32), AdamW
+(8 bytes of optimizer state per parameter), batch 8 per process, fp32. ``zero3init`` builds the
+model under ``deepspeed.zero.Init`` (``zero3_init_flag``), so the full model never exists in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def worker(variant: str, width: int, layers: int, steps: int, warmup: int, out: str) -> None:
+    """One process of one variant: build, prepare, train, write its measurements to ``out``."""
+    import resource
+
+    import torch
+
+    from accelerando import Accelerator, DeepSpeedPlugin
+
+    torch.manual_seed(0)
+    plugin = None
+    if variant != "ddp":
+        stage = int(variant[len("zero")])
+        plugin = DeepSpeedPlugin(zero_stage=stage, zero3_init_flag=variant.endswith("init"))
+    acc = Accelerator(deepspeed_plugin=plugin)
+    if variant != "ddp":
+        import deepspeed  # noqa: F401 - the library's own import is not the model's memory
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with plugin.zero3_init_context_manager() if plugin is not None else contextlib.nullcontext():
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.utils.data.TensorDataset(torch.randn(8 * (steps + warmup) * 2, width))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    times = []
+    for i, (x,) in enumerate(loader):
+        start = time.perf_counter()
+        loss = model(x).pow(2).mean()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        if i + 1 >= steps + warmup:
+            break
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    result = {
+        "rank": acc.process_index,
+        "step_s": statistics.median(times),
+        "peak_mib": (peak - before) / 1024,
+    }
+    with open(f"{out}.{acc.process_index}", "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+
+
+def run_variant(variant: str, args: argparse.Namespace) -> dict[str, float]:
+    """Launch one variant on 2 processes; return rank 0's step time and the max peak growth."""
+    from accelerando.test_utils import get_free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result")
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={get_free_port()}",
+            __file__, "--worker", variant, "--width", str(args.width), "--layers", str(args.layers),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out,
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{variant} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        ranks = [json.load(open(f"{out}.{r}", encoding="utf-8")) for r in range(2)]
+    return {"step_ms": ranks[0]["step_s"] * 1000, "peak_mib": max(r["peak_mib"] for r in ranks)}
+
+
+def main() -> None:
+    """Parse arguments; run as the benchmark driver or as one worker process."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--variants", default="ddp,zero1,zero2,zero3,zero3init")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.width, args.layers, args.steps, args.warmup, args.out)
+        return
+    params = args.layers * (args.width * args.width + args.width)
+    print(
+        f"model: {params / 1e6:.1f}M parameters ({params * 4 / 2**20:.0f} MiB fp32), AdamW, 2 CPU processes"
+    )
+    print(f"{'variant':<8} {'step ms':>9} {'peak MiB/process':>17}")
+    for variant in args.variants.split(","):
+        r = run_variant(variant, args)
+        print(f"{variant:<8} {r['step_ms']:>9.1f} {r['peak_mib']:>17.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
