@@ -40,7 +40,9 @@ def test_leaking_loop_warns_once_and_files_are_written(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="accelerando.monitoring")
     tracker = ListTracker()
-    monitor = MemoryMonitor(trackers=[tracker], window=16, output_dir=tmp_path, leak_min_growth_mb=16).start()
+    monitor = MemoryMonitor(
+        trackers=[tracker], window=16, output_dir=tmp_path, leak_min_growth_mb=16, log_every=1
+    ).start()
     kept = []
     for step in range(40):
         kept.append(torch.ones(512 * 1024))  # 2 MiB kept per step: a leak

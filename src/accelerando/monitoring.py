@@ -192,7 +192,8 @@ class MemoryMonitor:
         output_dir: folder for ``memory_rank<k>.json`` and ``memory_rank<k>.png`` (nothing is written
             when ``None``).
         sample_every: take a sample every this many ``step()`` calls.
-        log_every: send every this many samples to the trackers.
+        log_every: send every this many samples to the trackers (every sample is kept in the JSON
+            record; some trackers, e.g. MLflow with a database store, cost milliseconds per write).
         leak_min_growth_mb: growth over the window (MiB) below which no leak is reported.
         leak_min_r2: how straight the growth must be (R^2 of a linear fit, 0..1) to count as steady.
         nvml_every: read NVML sensors every this many samples (they cost more than counters).
@@ -214,7 +215,7 @@ class MemoryMonitor:
         output_dir: str | os.PathLike[str] | None = None,
         *,
         sample_every: int = 1,
-        log_every: int = 1,
+        log_every: int = 10,
         leak_min_growth_mb: float = 32.0,
         leak_min_r2: float = 0.9,
         nvml_every: int = 10,
