@@ -239,14 +239,14 @@ def save_custom_state(
 ) -> str | None:
     """Save a custom object's state.
 
-    ``path`` may be a folder (the file ``custom_checkpoint_<index>.pkl`` is written inside it, the
+    ``path`` may be an existing folder (the file ``custom_checkpoint_<index>.pkl`` is written inside it, the
     reference's form) or a file path (the seed's form; ``index``/``process_index`` then selects the
     process that writes). Objects with ``state_dict()`` are saved through it; anything else
     picklable (e.g. a dict of metadata) is saved as it is.
 
     Args:
         obj: The object or value to save.
-        path: Folder or file path.
+        path: An existing folder, or a file path (any other path).
         index: Number of the object in the folder form; writing process in the file form.
         save_on_each_node: Folder form: write on every node's local main process.
         process_index: Keyword alias of ``index`` for the file form (the seed's name).
