@@ -127,3 +127,15 @@ def test_unknown_algorithm_is_refused(tmp_path) -> None:
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(ValueError, match="not available"):
         atomic.file_digest(str(tmp_path / "f"), "md4")
+
+
+def test_mapped_and_read_hashing_agree(tmp_path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 * 2**20 + 5))
+    entry = atomic.file_digest(str(path))
+    hasher = atomic._hasher(entry.algorithm)
+    with open(path, "rb") as handle:
+        assert atomic._hash_read(handle, hasher) == entry.size
+    assert hasher.intdigest() == entry.checksum
+    (tmp_path / "empty").write_bytes(b"")
+    assert atomic.file_digest(str(tmp_path / "empty")).size == 0

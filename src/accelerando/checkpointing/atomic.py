@@ -18,6 +18,7 @@ import ctypes
 import errno
 import functools
 import json
+import mmap
 import os
 import re
 import shutil
@@ -180,8 +181,34 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _hash_mapped(handle: Any, size: int, hasher: Any) -> None:
+    """Hash a file through a read-only memory map (no copy through a read buffer)."""
+    if not size:
+        return
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            for offset in range(0, size, _CHUNK):
+                hasher.update(view[offset : offset + _CHUNK])
+        finally:
+            view.release()
+
+
+def _hash_read(handle: Any, hasher: Any) -> int:
+    """Hash a file by reading it in chunks into one reused buffer; return its size."""
+    size = 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    while True:
+        n = handle.readinto(buf)
+        if not n:
+            return size
+        hasher.update(view[:n])
+        size += n
+
+
 def file_digest(path: str, algorithm: str | None = None) -> FileEntry:
-    """Return the size and checksum of a file, read in chunks into one reused buffer.
+    """Return the size and checksum of a file (hashed through a read-only memory map).
 
     Args:
         path: The file.
@@ -194,16 +221,14 @@ def file_digest(path: str, algorithm: str | None = None) -> FileEntry:
     hasher = _hasher(algorithm)
     if hasher is None:
         raise ValueError(f"Checksum algorithm {algorithm!r} is not available; install xxhash for 'xxh3_64'.")
-    size = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as handle:
-        while True:
-            n = handle.readinto(buf)
-            if not n:
-                break
-            hasher.update(view[:n])
-            size += n
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
+            _hash_mapped(handle, size, hasher)
+        except (OSError, ValueError):  # a file system without mmap support: read in chunks instead
+            hasher = _hasher(algorithm)
+            handle.seek(0)
+            size = _hash_read(handle, hasher)
     return FileEntry(size, hasher.intdigest(), algorithm)
 
 
