@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,20 @@ def _records(raw: bytes):
             yield pending + data
 
 
+def _read_until_exit(path: Path, record_type: type, timeout: float = 60.0) -> list:
+    # wandb's service process may still be writing the file when finish() returns: wait for "exit".
+    deadline = time.monotonic() + timeout
+    while True:
+        records = []
+        for data in _records(path.read_bytes()):
+            record = record_type()
+            record.ParseFromString(data)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def test_offline_run_holds_config_and_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from wandb.proto import wandb_internal_pb2
 
@@ -51,12 +66,14 @@ def test_offline_run_holds_config_and_history(tmp_path: Path, monkeypatch: pytes
     manager.finish()
 
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = _read_until_exit(run_file, wandb_internal_pb2.Record)
     config, history = {}, []
-    for data in _records(run_file.read_bytes()):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
+    for record in records:
         kind = record.WhichOneof("record_type")
-        if kind == "config":
+        # the config travels in the run record or in config records, depending on timing
+        if kind == "run":
+            config.update({u.key: json.loads(u.value_json) for u in record.run.config.update})
+        elif kind == "config":
             config.update({u.key: json.loads(u.value_json) for u in record.config.update})
         elif kind == "history":
             history.append(
