@@ -85,6 +85,7 @@ class FSDPStrategy(Strategy):
         self._param_map: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
         self._models: list[torch.nn.Module] = []
         self._optimizer_models: dict[int, torch.nn.Module] = {}
+        self._unsynced: set[int] = set()  # ids of FSDP2 models inside no_sync
 
     # ------------------------------------------------------------------ wrap
     def prepare_model(
@@ -176,7 +177,7 @@ class FSDPStrategy(Strategy):
                 state for the original (unsharded) parameters.
         """
         prepared = {id(p): p for m in self._models for p in m.parameters()}
-        unmatched, changed, owners = 0, 0, set()
+        unmatched, changed = 0, 0
         for group in optimizer.param_groups:
             params = []
             for p in group["params"]:
@@ -205,7 +206,6 @@ class FSDPStrategy(Strategy):
         all_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for model in self._models:
             if any(id(p) in all_ids for p in model.parameters()):
-                owners.add(id(model))
                 self._optimizer_models[id(optimizer)] = model
         return optimizer
 
@@ -219,9 +219,11 @@ class FSDPStrategy(Strategy):
         """Accumulate gradients locally: FSDP2 skips reduce-scatter, FSDP1 uses its ``no_sync``."""
         if _is_fsdp2(model):
             model.set_requires_gradient_sync(False)
+            self._unsynced.add(id(model))
             try:
                 yield
             finally:
+                self._unsynced.discard(id(model))
                 model.set_requires_gradient_sync(True)
         elif _is_fsdp1(model):
             with model.no_sync():
@@ -231,12 +233,16 @@ class FSDPStrategy(Strategy):
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
-        """Force the next backward of an FSDP2 model to reduce gradients (FSDP1 cannot)."""
+        """Force backwards inside this context to reduce gradients (FSDP2; FSDP1 cannot)."""
         if not _is_fsdp2(model):
             yield
             return
         model.set_requires_gradient_sync(True)
-        yield
+        try:
+            yield
+        finally:
+            if id(model) in self._unsynced:
+                model.set_requires_gradient_sync(False)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
