@@ -484,7 +484,9 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
             return model
         if device_placement is None:
             device_placement = self.device_placement
-        if getattr(model, "hf_device_map", None) is not None and self.verify_device_map(model):
+        if any(getattr(m, "hf_device_map", None) is not None for m in model.modules()):
+            # A dispatched model (device map, offload hooks) already sits where it must run;
+            # moving it would undo the dispatch.
             device_placement = False
         self._models.append(model)
         model = self._precision.convert_module(model)

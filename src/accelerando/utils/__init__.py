@@ -164,6 +164,12 @@ _EXPORTS: dict[str, str] = {
     "TensorInformation": "accelerando.utils.operations",
     "is_package_available": "accelerando.utils.imports",
     "compare_versions": "accelerando.utils.imports",
+    "PrefixedDataset": "accelerando.utils.offload",
+    "load_offloaded_weight": "accelerando.utils.offload",
+    "save_offload_index": "accelerando.utils.offload",
+    "convert_file_size_to_int": "accelerando.utils.modeling",
+    "dtype_byte_size": "accelerando.utils.modeling",
+    "clean_device_map": "accelerando.utils.modeling",
 }
 
 __all__ = list(_EXPORTS)
