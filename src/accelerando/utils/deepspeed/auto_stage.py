@@ -106,6 +106,30 @@ def _candidates(num_processes: int) -> list[tuple[int, bool, bool]]:
     return [(s, False, False) for s in stages] + offloads
 
 
+def _reason(
+    stage: int,
+    off_opt: bool,
+    off_param: bool,
+    device: int,
+    cpu: int,
+    budget: float,
+    procs: int,
+    total_gib: float,
+) -> str:
+    """One sentence explaining a choice, for the log and for ``--dry-run`` / ``accelerando env``."""
+    what = f"ZeRO-{stage}" + (" with optimizer offload" if off_opt else "")
+    what += " and parameter offload" if off_param else ""
+    reason = (
+        f"{what}: model states need {device / _GIB:.2f} GiB per device "
+        f"(of {budget / _GIB:.2f} GiB usable, {procs} process(es), {total_gib:.2f} GiB unsharded)"
+    )
+    if stage > 0 or off_opt:
+        reason += "; every lower stage without offload does not fit"
+    if off_opt:
+        reason += f"; {cpu / _GIB:.2f} GiB per process offloaded to CPU RAM"
+    return reason
+
+
 def choose_zero_config(
     num_params: int,
     device_memory: int,
@@ -151,20 +175,7 @@ def choose_zero_config(
         )
         if device > device_budget or (cpu_budget is not None and cpu > cpu_budget):
             continue
-        what = (
-            f"ZeRO-{stage}"
-            + (" with optimizer offload" if off_opt else "")
-            + (" and parameter offload" if off_param else "")
-        )
-        reason = (
-            f"{what}: model states need {device / _GIB:.2f} GiB per device "
-            f"(of {device_budget / _GIB:.2f} GiB usable, {num_processes} process(es), "
-            f"{total_gib:.2f} GiB unsharded)"
-        )
-        if stage > 0 or off_opt:
-            reason += "; every lower stage without offload does not fit"
-        if off_opt:
-            reason += f"; {cpu / _GIB:.2f} GiB per process offloaded to CPU RAM"
+        reason = _reason(stage, off_opt, off_param, device, cpu, device_budget, num_processes, total_gib)
         choice = ZeroChoice(
             stage, "cpu" if off_opt else "none", "cpu" if off_param else "none", device, cpu, reason
         )
