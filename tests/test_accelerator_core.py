@@ -283,3 +283,19 @@ def test_trigger_and_free_memory():
     model = acc.prepare(model)
     (model,) = acc.free_memory(model)
     assert model is None and acc._models == []
+
+
+def test_memory_monitor_switch_samples_each_optimizer_step(tmp_path):
+    model, x, y = make_problem()
+    acc = Accelerator(project_dir=str(tmp_path))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    monitor = acc.enable_memory_monitor(window=5, plot=False)
+    for _ in range(3):
+        acc.backward(nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    acc.end_training()
+    record = json.loads((tmp_path / "memory" / "memory_rank0.json").read_text())
+    assert len(record["records"]) == 3 and record["records"][0]["cpu_rss"] > 0
+    assert monitor is not None and opt._after_step is None

@@ -517,6 +517,9 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
             precision=self._precision,
             device=self.device,
         )
+        monitor = getattr(self, "_memory_monitor", None)
+        if monitor is not None:
+            wrapped._after_step = monitor.step
         self._optimizers.append(wrapped)
         return wrapped
 

@@ -52,6 +52,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self._step_was_skipped = False
         self._accelerate_step_called = False
+        # Optional callback after each real step (the memory monitor); None costs one check.
+        self._after_step: Any = None
         if device_placement and device is not None and device.type != "cpu":
             _move_state_to(optimizer, device)
 
@@ -103,9 +105,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._accelerate_step_called = True
         if self._precision is None:
             self._step_was_skipped = False
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+            if self._after_step is not None:
+                self._after_step()
+            return result
         kwargs = {"closure": closure} if closure is not None else {}
         self._step_was_skipped = not self._precision.optimizer_step(self.optimizer, **kwargs)
+        if self._after_step is not None:
+            self._after_step()
         return None
 
     def train(self) -> None:

@@ -14,6 +14,7 @@ class ObservingMixin:
 
     state: Any
     project_configuration: Any
+    _optimizers: list[Any]
     profile_handler: Any
 
     def _init_observing(self, log_with: Any) -> None:
@@ -60,8 +61,35 @@ class ObservingMixin:
         """Return the tracker called ``name`` (its native run object with ``unwrap=True``)."""
         return self._tracking_manager().get(name, unwrap=unwrap)
 
+    def enable_memory_monitor(self, window: int = 50, output_dir: str | None = None, **kwargs: Any) -> Any:
+        """Record memory (RSS, device memory, NVML sensors) after every optimizer step.
+
+        Samples go to the active trackers; a steady growth over ``window`` steps triggers one leak
+        warning; ``end_training()`` writes ``memory_rank<k>.json`` (and a PNG timeline with
+        matplotlib) into ``output_dir`` (default ``<project_dir>/memory`` when a project dir is set).
+        Extra keyword arguments go to ``accelerando.monitoring.MemoryMonitor``. Returns the monitor.
+        """
+        import os
+
+        from accelerando.monitoring import MemoryMonitor
+
+        if output_dir is None and self.project_configuration.project_dir:
+            output_dir = os.path.join(self.project_configuration.project_dir, "memory")
+        self._memory_monitor = MemoryMonitor(
+            trackers=self._tracking, window=window, output_dir=output_dir, **kwargs
+        ).start()
+        for optimizer in self._optimizers:
+            optimizer._after_step = self._memory_monitor.step
+        return self._memory_monitor
+
     def end_training(self) -> None:
-        """Finish every tracker's run and wait for all processes."""
+        """Finish every tracker's run, stop the memory monitor, and wait for all processes."""
+        monitor = getattr(self, "_memory_monitor", None)
+        if monitor is not None:
+            monitor.stop()
+            self._memory_monitor = None
+            for optimizer in self._optimizers:
+                optimizer._after_step = None
         if self._tracking is not None:
             self._tracking.finish()
         self.state._partial.wait_for_everyone()
