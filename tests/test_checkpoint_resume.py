@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 
+import pytest
 import torch
 
 from accelerando.test_utils import get_free_port
@@ -35,10 +36,17 @@ def _context():
     return ctx
 
 
-def _run(project: str, out: str, kill_at: int = -1, stateful: bool = False, processes: int = 1) -> None:
+def _run(
+    project: str,
+    out: str,
+    kill_at: int = -1,
+    stateful: bool = False,
+    processes: int = 1,
+    own_generator: bool = True,
+) -> None:
     ctx = _context()
     port = get_free_port()
-    args = (project, out, STEPS, kill_at, stateful)
+    args = (project, out, STEPS, kill_at, stateful, own_generator)
     procs = [ctx.Process(target=worker.rank_entry, args=(r, processes, port, args)) for r in range(processes)]
     for proc in procs:
         proc.start()
@@ -60,14 +68,17 @@ def _assert_bitwise_equal(a_path: str, b_path: str) -> None:
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
 
 
-def _scenario(tmp_path, processes: int, kill_points: list[int], stateful: bool = False) -> None:
+def _scenario(
+    tmp_path, processes: int, kill_points: list[int], stateful: bool = False, own_generator: bool = True
+) -> None:
+    opts = {"stateful": stateful, "processes": processes, "own_generator": own_generator}
     reference = str(tmp_path / "reference.pt")
-    _run(str(tmp_path / "ref"), reference, stateful=stateful, processes=processes)
+    _run(str(tmp_path / "ref"), reference, **opts)
     for k in kill_points:
         project, out = str(tmp_path / f"run_{k}"), str(tmp_path / f"resumed_{k}.pt")
-        _run(project, out, kill_at=k, stateful=stateful, processes=processes)
+        _run(project, out, kill_at=k, **opts)
         assert not os.path.exists(out)
-        _run(project, out, stateful=stateful, processes=processes)  # the same run again: auto-resume
+        _run(project, out, **opts)  # the same run again: auto-resume
         _assert_bitwise_equal(reference, out)
 
 
@@ -87,3 +98,13 @@ def test_exact_resume_two_processes_epoch_boundary(tmp_path) -> None:
 def test_exact_resume_one_process_stateful_loader(tmp_path) -> None:
     # Stateful mode: the loader resumes its position itself (ResumePoint.batches_to_skip is 0).
     _scenario(tmp_path, 1, [7], stateful=True)
+
+
+@pytest.mark.xfail(
+    reason="data layer: a DataLoader without its own generator draws its base seed from the global "
+    "torch RNG each time an iterator is created, so the resumed run's re-created iterator shifts "
+    "the RNG by one draw (reported to the data issue #4)",
+    strict=False,
+)
+def test_exact_resume_loader_without_generator(tmp_path) -> None:
+    _scenario(tmp_path, 1, [7], own_generator=False)

@@ -32,7 +32,7 @@ class Progress:
         self.micro_steps = int(state["micro_steps"])
 
 
-def build(project: str, stateful: bool):
+def build(project: str, stateful: bool, own_generator: bool = True):
     """Seeded model (with dropout), AdamW, scheduler, shuffled dataloader, accumulation of 2."""
     from accelerando import Accelerator
     from accelerando.plugins.project import ProjectConfiguration
@@ -55,7 +55,10 @@ def build(project: str, stateful: bool):
     )
     data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
     loader = torch.utils.data.DataLoader(
-        data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0)
+        data,
+        batch_size=4,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0) if own_generator else None,
     )
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -64,10 +67,12 @@ def build(project: str, stateful: bool):
     return accelerator, model, optimizer, loader, scheduler
 
 
-def train(project: str, out: str, steps: int, kill_at: int, stateful: bool) -> None:
+def train(
+    project: str, out: str, steps: int, kill_at: int, stateful: bool, own_generator: bool = True
+) -> None:
     from accelerando.checkpointing import latest_checkpoint, resume_point
 
-    accelerator, model, optimizer, loader, scheduler = build(project, stateful)
+    accelerator, model, optimizer, loader, scheduler = build(project, stateful, own_generator)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
     start_epoch, skip = 0, 0
