@@ -7,6 +7,10 @@ processes (so peak RSS is the variant's own): the model is built, prepared, trai
 just before the model is built to the peak during training (weights, gradients, optimizer state,
 gathered parameters, activations), and the median step time.
 
+glibc keeps freed blocks of up to 32 MB in its heaps, which makes RSS track the allocator's
+history rather than live tensors; the children therefore run with ``MALLOC_MMAP_THRESHOLD_=65536``
+(blocks above 64 KB are mapped and returned on free) unless the variable is already set.
+
 Run: python benchmarks/bench_fsdp.py [--width 1024] [--layers 8] [--steps 10] [--warmup 2]
 """
 
@@ -79,7 +83,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
+    import os
+
     from accelerando.test_utils import run_distributed
+
+    # Read by glibc when each child process starts (see the module docstring).
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
 
     weights_mb = args.layers * (args.width * args.width + args.width) * 4 / 2**20
     print(

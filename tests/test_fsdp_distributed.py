@@ -362,3 +362,58 @@ def test_fsdp_checkpoints_resume_exactly_merge_and_ram_efficient_loading(tmp_pat
 def test_fsdp1_sharded_checkpoint_resumes_and_merges(tmp_path):
     first = _check_resume(str(tmp_path), (("SHARDED_STATE_DICT", 1), ("FULL_STATE_DICT", 1)))
     assert first[0]["SHARDED_STATE_DICT_1"]["merge_equal"]
+
+
+_LAUNCHED = """
+import torch
+from accelerando import Accelerator
+acc = Accelerator()
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = acc.prepare(model, opt)
+acc.backward(model(torch.randn(3, 4)).sum())
+opt.step()
+p = acc.state.fsdp_plugin
+acc.print("RESULT", acc.distributed_type, p.fsdp_version, p.resolved_sharding(), p.state_dict_type)
+"""
+
+_CONFIG = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: SIZE_BASED_WRAP
+  fsdp_min_num_params: 10
+  fsdp_backward_prefetch_policy: BACKWARD_PRE
+  fsdp_sharding_strategy: SHARD_GRAD_OP
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+machine_rank: 0
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+use_cpu: true
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_from_config_file_launcher_and_plain_torchrun(tmp_path):
+    import sys
+
+    from accelerando.test_utils import execute_subprocess, launch_script
+
+    script, config = tmp_path / "script.py", tmp_path / "config.yaml"
+    script.write_text(_LAUNCHED)
+    config.write_text(_CONFIG)
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerando.commands.cli",
+        "launch",
+        "--config_file",
+        str(config),
+        str(script),
+    ]
+    out = execute_subprocess(cmd, env={"OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    assert "RESULT FSDP 2 SHARD_GRAD_OP SHARDED_STATE_DICT" in out.stdout
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "1"}
+    out = launch_script(str(script), 2, env=env)
+    assert "RESULT FSDP 1 FULL_SHARD FULL_STATE_DICT" in out.stdout

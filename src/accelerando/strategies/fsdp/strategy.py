@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -81,8 +82,9 @@ class FSDPStrategy(Strategy):
         state.fsdp_plugin = plugin
         self.plugin = plugin
         self.last_choice: Any = None
-        # id(original parameter) -> (original, sharded); originals are kept so ids are never reused.
-        self._param_map: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
+        # id(original parameter) -> (weak ref to the original, sharded). Weak: holding the originals
+        # would keep a full unsharded copy of every model alive; the ref also detects a reused id.
+        self._param_map: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
         self._models: list[torch.nn.Module] = []
         self._optimizer_models: dict[int, torch.nn.Module] = {}
         self._unsynced: set[int] = set()  # ids of FSDP2 models inside no_sync
@@ -116,10 +118,11 @@ class FSDPStrategy(Strategy):
         else:
             wrapped = W.fsdp1_wrap(self.plugin, model, strategy, device, is_main)
         after = {_clean(name): p for name, p in wrapped.named_parameters()}
+        self._param_map = {k: v for k, v in self._param_map.items() if v[0]() is not None}
         for name, old in before.items():
             new = after.get(_clean(name))
             if new is not None and new is not old:
-                self._param_map[id(old)] = (old, new)
+                self._param_map[id(old)] = (weakref.ref(old), new)
         self._models.append(wrapped)
         return wrapped
 
@@ -182,7 +185,7 @@ class FSDPStrategy(Strategy):
             params = []
             for p in group["params"]:
                 entry = self._param_map.get(id(p))
-                if entry is not None and entry[0] is p:
+                if entry is not None and entry[0]() is p:
                     params.append(entry[1])
                     changed += 1
                 elif id(p) in prepared:
