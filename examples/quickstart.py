@@ -36,6 +36,19 @@ def make_data(n: int, seed: int) -> TensorDataset:
     return TensorDataset(x, label)
 
 
+class StepCounter:
+    """Optimizer steps taken so far; registered for checkpointing so it survives a resume."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = int(state["value"])
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
@@ -71,6 +84,8 @@ def main() -> None:
         model, optimizer, train, evaluation, scheduler
     )
 
+    steps = StepCounter()
+    accelerator.register_for_checkpointing(steps)
     start_epoch, skip = 0, 0
     if args.resume and latest_checkpoint(args.project_dir):
         accelerator.load_state()  # the newest complete checkpoint; damaged ones are skipped
@@ -78,7 +93,6 @@ def main() -> None:
         start_epoch, skip = point.epoch, point.batches_to_skip
         accelerator.print(f"resumed at epoch {start_epoch}, skipping {skip} batches already seen")
 
-    step = 0
     for epoch in range(start_epoch, args.epochs):
         model.train()
         train.set_epoch(epoch)
@@ -92,8 +106,8 @@ def main() -> None:
                 scheduler.step()
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
-                step += 1
-                if args.checkpoint_every and step % args.checkpoint_every == 0:
+                steps.value += 1
+                if args.checkpoint_every and steps.value % args.checkpoint_every == 0:
                     accelerator.save_state()
         model.eval()
         correct = total = 0

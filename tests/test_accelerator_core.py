@@ -209,7 +209,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="twice|two"):
         Accelerator(kwargs_handlers=[GradScalerKwargs(), GradScalerKwargs()])
     acc = Accelerator()
-    with pytest.raises(ValueError, match="state_dict"):
+    with pytest.raises(TypeError, match="state_dict"):
         acc.register_for_checkpointing(object())
 
 

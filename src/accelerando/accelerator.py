@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -174,6 +175,8 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
         self._dataloaders: list[Any] = []
         self._init_saving()
         self._init_observing(log_with)
+        # The folder-only save_accelerator_state(dir) acts on the newest Accelerator.
+        self.state.accelerator_ref = weakref.ref(self)
 
     # --------------------------------------------------------------- building
     def _configure_backend(
@@ -409,6 +412,13 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
     def logging_dir(self) -> str | None:
         """The folder trackers write to."""
         return self.project_configuration.logging_dir
+
+    @property
+    def resume_point(self) -> Any:
+        """Where the last ``load_state`` left the run (epoch, step, batches to skip), or None."""
+        from accelerando.checkpointing import resume_point
+
+        return resume_point(self)
 
     @property
     def save_iteration(self) -> int:

@@ -49,6 +49,12 @@ def active_accelerator() -> Any:
     """
     found = _active() if _active is not None else None
     if found is None:
+        from accelerando.state import AcceleratorState
+
+        # Each Accelerator registers itself here (a weak reference) when it is created.
+        ref = AcceleratorState._shared_state.get("accelerator_ref")
+        found = ref() if ref is not None else None
+    if found is None:
         alive = _live_accelerators()
         if len(alive) > 1:
             raise ValueError(

@@ -72,7 +72,7 @@ class SavingMixin:
         """Add objects with ``state_dict()`` / ``load_state_dict()`` to what ``save_state`` saves.
 
         Raises:
-            ValueError: some objects lack those methods (all offenders are listed).
+            TypeError: some objects lack those methods (all offenders are listed).
         """
         bad = [
             f"item {i} ({type(o).__name__})"
@@ -82,7 +82,7 @@ class SavingMixin:
             )
         ]
         if bad:
-            raise ValueError(
+            raise TypeError(
                 f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
                 f"these have not: {', '.join(bad)}"
             )
