@@ -2,8 +2,9 @@
 
 Each variant is its own ``torchrun`` launch (fresh processes, clean peak-memory counters). Every
 process measures its resident-set peak growth from just before the model is built to the end of
-training (``ru_maxrss``), and the median step time after warm-up steps. The table prints the
-maximum over processes of the memory and the median step time of rank 0.
+training (``prep+train``), the peak during the training steps alone (``train``: the kernel's peak
+counter is reset after ``prepare`` through ``/proc/self/clear_refs``, Linux only), and the median step
+time after warm-up steps. Memory is the maximum over processes, time is rank 0's median.
 
     python benchmarks/bench_deepspeed.py --width 1024 --layers 8 --steps 20
 
@@ -25,10 +26,22 @@ import tempfile
 import time
 
 
+def _rss_kib(field: str) -> int:
+    """``VmHWM`` (peak) or ``VmRSS`` (current) of this process in KiB, from /proc/self/status."""
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+        handle.write("5")  # resets VmHWM to the current RSS
+
+
 def worker(variant: str, width: int, layers: int, steps: int, warmup: int, out: str) -> None:
     """One process of one variant: build, prepare, train, write its measurements to ``out``."""
-    import resource
-
     import torch
 
     from accelerando import Accelerator, DeepSpeedPlugin
@@ -42,13 +55,15 @@ def worker(variant: str, width: int, layers: int, steps: int, warmup: int, out: 
     if variant != "ddp":
         import deepspeed  # noqa: F401 - the library's own import is not the model's memory
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _rss_kib("VmRSS")
     with plugin.zero3_init_context_manager() if plugin is not None else contextlib.nullcontext():
         model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.utils.data.TensorDataset(torch.randn(8 * (steps + warmup) * 2, width))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     model, opt, loader = acc.prepare(model, opt, loader)
+    prep_peak = _rss_kib("VmHWM")
+    _reset_peak()
     times = []
     for i, (x,) in enumerate(loader):
         start = time.perf_counter()
@@ -60,11 +75,12 @@ def worker(variant: str, width: int, layers: int, steps: int, warmup: int, out: 
             times.append(time.perf_counter() - start)
         if i + 1 >= steps + warmup:
             break
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    train_peak = _rss_kib("VmHWM")
     result = {
         "rank": acc.process_index,
         "step_s": statistics.median(times),
-        "peak_mib": (peak - before) / 1024,
+        "peak_mib": (max(prep_peak, train_peak) - before) / 1024,
+        "train_peak_mib": (train_peak - before) / 1024,
     }
     with open(f"{out}.{acc.process_index}", "w", encoding="utf-8") as handle:
         json.dump(result, handle)
@@ -86,7 +102,11 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, float]:
         if proc.returncode != 0:
             raise RuntimeError(f"{variant} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         ranks = [json.load(open(f"{out}.{r}", encoding="utf-8")) for r in range(2)]
-    return {"step_ms": ranks[0]["step_s"] * 1000, "peak_mib": max(r["peak_mib"] for r in ranks)}
+    return {
+        "step_ms": ranks[0]["step_s"] * 1000,
+        "peak_mib": max(r["peak_mib"] for r in ranks),
+        "train_peak_mib": max(r["train_peak_mib"] for r in ranks),
+    }
 
 
 def main() -> None:
@@ -107,10 +127,13 @@ def main() -> None:
     print(
         f"model: {params / 1e6:.1f}M parameters ({params * 4 / 2**20:.0f} MiB fp32), AdamW, 2 CPU processes"
     )
-    print(f"{'variant':<8} {'step ms':>9} {'peak MiB/process':>17}")
+    print(f"{'variant':<10} {'step ms':>9} {'peak MiB prep+train':>20} {'peak MiB train':>15}")
     for variant in args.variants.split(","):
         r = run_variant(variant, args)
-        print(f"{variant:<8} {r['step_ms']:>9.1f} {r['peak_mib']:>17.0f}", flush=True)
+        print(
+            f"{variant:<10} {r['step_ms']:>9.1f} {r['peak_mib']:>20.0f} {r['train_peak_mib']:>15.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ def _stage_run(stage: int, gas: int, extra: dict[str, Any] | None = None) -> dic
     model, opt, _ = acc.prepare(model, opt, _loader())
     losses, norms = _train(acc, model, opt, gas, STEPS)
     weights = acc.get_state_dict(model)
+    acc._strategy.release()  # engines are destroyed between runs of one process
     return {"losses": losses, "norms": norms, "weights": weights, "type": str(acc.distributed_type)}
 
 

@@ -281,6 +281,16 @@ class DeepSpeedStrategy(Strategy):
         """The user's module inside the engine."""
         return model.module if _is_engine(model) else model
 
+    def release(self) -> None:
+        """Destroy every engine built so far (frees DeepSpeed's buffers and hooks).
+
+        Meant for ``Accelerator.free_memory``; prepared objects must not be used afterwards.
+        """
+        for engine in self.engines:
+            engine.destroy()
+        self.engines.clear()
+        self.engine_wrapper = None
+
     # ------------------------------------------------------------- state dicts
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict; under ZeRO-3 gathered from every process (call on all of them).
