@@ -344,3 +344,30 @@ def test_resolve_applies_auto_stage_and_offload() -> None:
     assert choice is not None and choice.stage == 0
     assert cfg["zero_optimization"]["stage"] == 0
     assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "none"
+
+
+# ----------------------------------------------------------------------------- wrappers
+def test_optimizer_wrapper_defers_to_the_engine() -> None:
+    from accelerando.utils.deepspeed import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = DeepSpeedOptimizerWrapper(inner)
+    model(torch.ones(1, 2)).sum().backward()
+    before = model.weight.detach().clone()
+    opt.step()
+    opt.zero_grad()
+    # The engine steps and zeroes; the wrapper must do neither itself.
+    assert torch.equal(model.weight, before) and model.weight.grad is not None
+    marker = opt.state_dict()
+    opt.load_state_dict(marker)  # the engine checkpoint holds the real state
+    sched = DeepSpeedSchedulerWrapper(torch.optim.lr_scheduler.StepLR(inner, 1, 0.5), [opt])
+    sched.step()
+    assert sched.get_last_lr() == [0.1]
+
+
+def test_launcher_value_contradicting_the_config_file_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERANDO_DEEPSPEED_ZERO_STAGE", "1")
+    with pytest.warns(UserWarning, match="launcher's zero_stage=1 is ignored"):
+        plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}})
+    assert plugin.zero_stage == 3
