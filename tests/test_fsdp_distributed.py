@@ -146,7 +146,20 @@ def _training_checks(steps: int, full_matrix: bool) -> dict:
         res["fsdp2_size_wrap"] = _run({"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}, steps)
     res["errors"] = _errors()
     res["auto"] = _auto_choice()
+    res["helpers"] = _public_helpers()
     return res
+
+
+def _public_helpers() -> bool:
+    """fsdp2_prepare_model shards; fsdp2_load_full_state_dict spreads rank 0's weights to the shards."""
+    from accelerando.utils import fsdp2_load_full_state_dict, fsdp2_prepare_model
+
+    acc = _fresh(fsdp_plugin=_plugin())
+    model = fsdp2_prepare_model(acc, _llama(seed=acc.process_index))  # ranks start different
+    wanted = _llama(seed=7).state_dict()
+    fsdp2_load_full_state_dict(acc, model, wanted if acc.is_main_process else {})
+    full = acc.get_state_dict(model)
+    return not acc.is_main_process or all(torch.equal(full[k], v) for k, v in wanted.items())
 
 
 def _auto_choice() -> tuple:
@@ -175,6 +188,7 @@ def _assert_training(results: list[dict], full_matrix: bool) -> None:
         strategy, reason, placements, is_fsdp2 = res["auto"]
         assert (strategy, placements, is_fsdp2) == ("NO_SHARD", "(Replicate(), Shard(dim=0))", True)
         assert reason.startswith("NO_SHARD: needs") and reason.endswith("chosen")
+        assert res["helpers"] is True
         errors = res["errors"]
         assert "no model prepared with FSDP" in errors["optimizer"] and "together with" in errors["optimizer"]
         assert "GPT2Block" in errors["layer"] and LAYER in errors["layer"]

@@ -134,6 +134,9 @@ class FullyShardedDataParallelPlugin:
             the model's ``_no_split_modules``).
         min_num_params: parameters a submodule needs to be wrapped by SIZE_BASED_WRAP.
 
+    Attributes:
+        sources: field name -> where its value came from ("code", "env:FSDP_...", "default").
+
     Raises:
         ValueError: an unknown choice, or an unsupported version.
     """
@@ -158,7 +161,7 @@ class FullyShardedDataParallelPlugin:
     cpu_ram_efficient_loading: bool | None = None
     transformer_cls_names_to_wrap: list[str] | str | None = None
     min_num_params: int | None = None
-    sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    sources: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._fill_from_settings()
