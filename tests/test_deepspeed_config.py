@@ -371,3 +371,11 @@ def test_launcher_value_contradicting_the_config_file_warns(monkeypatch: pytest.
     with pytest.warns(UserWarning, match="launcher's zero_stage=1 is ignored"):
         plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}})
     assert plugin.zero_stage == 3
+
+
+def test_offload_auto_at_a_fixed_stage_offloads_only_when_needed() -> None:
+    plugin = DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="auto", offload_param_device="auto")
+    cfg, choice = resolve_config(plugin, _inputs(torch.nn.Linear(8, 8)))
+    assert choice is not None and "ZeRO-3 (given) with no offload" in choice.reason
+    assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "none"
+    assert cfg["zero_optimization"]["offload_param"]["device"] == "none"

@@ -176,11 +176,7 @@ class DeepSpeedStrategy(Strategy):
             device_backend=getattr(accelerator.state, "device_backend", None),
             is_train_batch_min=bool(plugin.is_train_batch_min),
             local_processes=max(
-                1,
-                int(
-                    getattr(accelerator.state, "num_processes", 1)
-                    // max(getattr(accelerator.state, "num_nodes", 1), 1)
-                ),
+                1, accelerator.num_processes // max(getattr(accelerator.state, "num_nodes", 1), 1)
             ),
         )
         config, choice = resolve_config(plugin, inputs)

@@ -100,6 +100,7 @@ def _apply_auto_zero(config: dict[str, Any], inputs: PrepareInputs) -> ZeroChoic
 def _offload_for_fixed_stage(
     stage: int, num_params: int, device_memory: int, inputs: PrepareInputs
 ) -> ZeroChoice:
+    """The least offload that fits at a stage the user fixed (the most offload when none fits)."""
     budget = device_memory * 0.8
     options = [(False, False), (True, False)] + ([(True, True)] if stage == 3 else [])
     for off_opt, off_par in options:
@@ -107,16 +108,14 @@ def _offload_for_fixed_stage(
             num_params, inputs.num_processes, stage, inputs.mixed_precision, off_opt, off_par
         )
         if dev <= budget or (off_opt, off_par) == options[-1]:
-            what = (
-                "no offload"
-                if not off_opt
-                else "optimizer offload" + (" and parameter offload" if off_par else "")
-            )
-            reason = f"ZeRO-{stage} (given) with {what}: {dev / 1024**3:.2f} GiB per device of {budget / 1024**3:.2f} usable"
-            return ZeroChoice(
-                stage, "cpu" if off_opt else "none", "cpu" if off_par else "none", dev, cpu, reason
-            )
-    raise AssertionError("unreachable")  # the last option always returns
+            break
+    what = "optimizer offload" if off_opt else "no offload"
+    what += " and parameter offload" if off_par else ""
+    reason = (
+        f"ZeRO-{stage} (given) with {what}: {dev / 1024**3:.2f} GiB per device "
+        f"of {budget / 1024**3:.2f} GiB usable"
+    )
+    return ZeroChoice(stage, "cpu" if off_opt else "none", "cpu" if off_par else "none", dev, cpu, reason)
 
 
 def _resolve_batch(config: dict[str, Any], inputs: PrepareInputs, gas: int) -> None:
