@@ -119,6 +119,11 @@ def _resolve_save_dir(accelerator: Any, output_dir: str | os.PathLike | None) ->
     return os.path.abspath(os.fspath(output_dir)), None
 
 
+def _owns_loading(accelerator: Any) -> bool:
+    """Whether the strategy restores models and optimizers itself (sharded layouts)."""
+    return bool(getattr(getattr(accelerator, "_strategy", None), "loads_own_checkpoints", False))
+
+
 def _mid_accumulation(accelerator: Any) -> bool:
     """Whether gradients of an unfinished accumulation cycle are pending."""
     return not bool(getattr(accelerator, "sync_gradients", True))
@@ -128,14 +133,29 @@ def _write_process_files(accelerator: Any, staging: str, safe_serialization: boo
     """Write this process's files into the staging folder; return their names."""
     config = accelerator.project_configuration
     models = list(accelerator._models)
-    weights = [accelerator.get_state_dict(model) for model in models]
+    optimizers = list(accelerator._optimizers)
+    strategy = getattr(accelerator, "_strategy", None)
+    # Sharded strategies (FSDP, DeepSpeed) write their own per-process files on every process;
+    # whatever they handle is left out of the files written below (None entries are skipped).
+    weights: list[Any] = []
+    for i, model in enumerate(models):
+        own = strategy is not None and strategy.save_model_checkpoint(model, staging, i, safe_serialization)
+        weights.append(None if own else accelerator.get_state_dict(model))
+    for i, optimizer in enumerate(optimizers):
+        owner = models[i] if i < len(models) else None
+        if strategy is not None and strategy.save_optimizer_checkpoint(optimizer, owner, staging, i):
+            optimizers[i] = None
     for hook in list(accelerator._save_model_state_pre_hook.values()):
         hook(models, weights, staging)
-    grads = capture_gradients(models) if _mid_accumulation(accelerator) else None
+    grads = (
+        capture_gradients(models)
+        if _mid_accumulation(accelerator) and not _owns_loading(accelerator)
+        else None
+    )
     names = write_state_files(
         staging,
         weights,
-        list(accelerator._optimizers),
+        optimizers,
         list(accelerator._schedulers),
         list(accelerator._dataloaders),
         accelerator.state.process_index,
@@ -347,9 +367,10 @@ def _read_candidate(
             stacklevel=3,
         )
     loaders = list(accelerator._dataloaders) if per_rank else []
+    owns = _owns_loading(accelerator)  # then models and optimizers are read by the strategy in _apply
     counts = (
-        len(models),
-        len(accelerator._optimizers),
+        0 if owns else len(models),
+        0 if owns else len(accelerator._optimizers),
         len(accelerator._schedulers),
         len(loaders),
         state.process_index,
@@ -488,10 +509,23 @@ def _check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:
 
 def _apply(accelerator: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
     models, loaded, custom_states, per_rank = outcome
+    optimizers = list(accelerator._optimizers)
+    if _owns_loading(accelerator):
+        strategy = accelerator._strategy
+        for i, model in enumerate(models):
+            if not strategy.load_model_checkpoint(model, folder, i):
+                raise FileNotFoundError(f"{folder!r}: the {strategy.name} strategy could not load model {i}")
+        for i, optimizer in enumerate(optimizers):
+            owner = models[i] if i < len(models) else None
+            if not strategy.load_optimizer_checkpoint(optimizer, owner, folder, i):
+                raise FileNotFoundError(
+                    f"{folder!r}: the {strategy.name} strategy could not load optimizer {i}"
+                )
+        models, optimizers = [], []
     apply_state(
         loaded,
         models,
-        list(accelerator._optimizers),
+        optimizers,
         list(accelerator._schedulers),
         list(accelerator._dataloaders) if per_rank else [],
         accelerator.scaler,

@@ -36,6 +36,7 @@ def unwrap(model: Any) -> Any:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ in (
             "DataParallel",
             "DeepSpeedEngine",
+            "FullyShardedDataParallel",
         ):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model, torch.nn.Module):
@@ -99,9 +100,13 @@ def write_state_files(
 
     if _should_write(save_on_each_node):
         for i, state in enumerate(model_states):
+            if state is None:  # written by the strategy itself
+                continue
             name = F.model_file(i, safe_serialization)
             put(name, lambda o, p: F.save_model_weights(o, p, safe_serialization), state)
         for i, optimizer in enumerate(optimizers):
+            if optimizer is None:  # written by the strategy itself
+                continue
             put(F.indexed(F.OPTIMIZER_NAME, i, ".bin"), F.torch_save, optimizer.state_dict())
         for i, scheduler in enumerate(schedulers):
             put(F.indexed(F.SCHEDULER_NAME, i, ".bin"), F.torch_save, scheduler.state_dict())

@@ -33,6 +33,9 @@ class Strategy:
 
     distributed_type: DistributedType = DistributedType.NO
     name = "single"
+    # True for sharded strategies whose load_*_checkpoint hooks restore every model and optimizer
+    # (the checkpoint then holds no full state dict to read for them).
+    loads_own_checkpoints = False
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         self.state = state

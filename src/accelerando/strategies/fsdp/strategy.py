@@ -63,6 +63,7 @@ class FSDPStrategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     name = "fsdp"
+    loads_own_checkpoints = True
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         super().__init__(state, precision, **options)
