@@ -213,8 +213,9 @@ FIELDS: tuple[Field, ...] = (
     _dynamo("dynamo_use_regional_compilation", "bool", False, "Compile repeated blocks once.", switch=True),
     # --- FSDP -------------------------------------------------------------------------------------
     _fsdp("fsdp_version", "choice", None, choices=("1", "2"), help="FSDP implementation version."),
-    _fsdp("fsdp_sharding_strategy", "choice", None, choices=_SHARDING,
-          aliases={str(i + 1): s for i, s in enumerate(_SHARDING)}, help="How FSDP shards state."),
+    _fsdp("fsdp_sharding_strategy", "choice", None, choices=(*_SHARDING, "AUTO"),
+          aliases={str(i + 1): s for i, s in enumerate(_SHARDING)},
+          help="How FSDP shards state (AUTO: the least sharding that fits, decided at prepare)."),
     _fsdp("fsdp_reshard_after_forward", "str", None,
           help="FSDP2: true/false; FSDP1: a sharding strategy name."),
     _fsdp("fsdp_auto_wrap_policy", "choice", None, ref_env="FSDP_AUTO_WRAP_POLICY",
