@@ -281,8 +281,12 @@ def test_merge_command_module_does_not_import_torch():
 
 # ----------------------------------------------------------------------- switches and errors
 def test_ram_efficient_loading_switches(monkeypatch):
-    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    monkeypatch.delenv("ACCELERANDO_USE_FSDP", raising=False)
+    from accelerando.utils.fsdp import _RAM_EFFICIENT_VARS
+
+    # setenv (not delenv of an absent name) registers a restore, so nothing leaks to later tests.
+    for name in (*_RAM_EFFICIENT_VARS, "ACCELERATE_USE_FSDP", "ACCELERANDO_USE_FSDP"):
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
     enable_fsdp_ram_efficient_loading()
     assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
     assert os.environ["ACCELERATE_USE_FSDP"] == "true"
