@@ -162,7 +162,6 @@ _EXPORTS: dict[str, str] = {
     "is_compiled_module": "accelerando.utils.other",
     "is_namedtuple": "accelerando.utils.operations",
     "TensorInformation": "accelerando.utils.operations",
-    "is_package_available": "accelerando.utils.imports",
     "compare_versions": "accelerando.utils.imports",
     "PrefixedDataset": "accelerando.utils.offload",
     "load_offloaded_weight": "accelerando.utils.offload",
