@@ -100,11 +100,5 @@ def test_exact_resume_one_process_stateful_loader(tmp_path) -> None:
     _scenario(tmp_path, 1, [7], stateful=True)
 
 
-@pytest.mark.xfail(
-    reason="data layer: a DataLoader without its own generator draws its base seed from the global "
-    "torch RNG each time an iterator is created, so the resumed run's re-created iterator shifts "
-    "the RNG by one draw (reported to the data issue #4)",
-    strict=False,
-)
 def test_exact_resume_loader_without_generator(tmp_path) -> None:
     _scenario(tmp_path, 1, [7], own_generator=False)

@@ -231,10 +231,17 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
 
     def _base_iterator(self, shard: BatchSamplerShard, start: int) -> Iterator[Any]:
         shard._next_start = start
+        # Creating a DataLoader iterator without a generator of its own draws a base seed from the
+        # global RNG. An epoch entered mid-way (resume / skip_first_batches) had that draw made when
+        # the interrupted run entered it, and the restored RNG state already includes it: drawing
+        # again would shift every later random number (dropout masks) by one.
+        rng_state = torch.get_rng_state() if start > 0 and self.generator is None else None
         try:
             return DataLoader.__iter__(self)
         finally:
             shard._next_start = 0
+            if rng_state is not None:
+                torch.set_rng_state(rng_state)
 
     def _iterate_counted(
         self, iterator: Iterator[Any], position: int, total: int, transfer: Callable[[Any], Any] | None
