@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 
-import pytest
 import torch
 
 from accelerando.test_utils import get_free_port
