@@ -11,7 +11,9 @@ figures are growth over the resident size just before the model is built (MiB).
 
 Model: ``layers`` x Linear(width, width) (8 x 1024^2 = 8.4M parameters, 34 MB in fp32), AdamW
 (8 bytes of optimizer state per parameter), batch 8 per process, fp32. ``zero3init`` builds the
-model under ``deepspeed.zero.Init`` (``zero3_init_flag``), so the full model never exists in one process.
+model under ``deepspeed.zero.Init`` (``zero3_init_flag``), so the full model never exists in one process;
+``zero2small`` / ``zero3small`` use 2M-element communication buckets instead of DeepSpeed's GPU-sized
+defaults (see ``SMALL_BUCKETS``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+
+SMALL_BUCKETS = {
+    "reduce_bucket_size": 2_000_000,
+    "allgather_bucket_size": 2_000_000,
+    "stage3_prefetch_bucket_size": 2_000_000,
+    "stage3_max_live_parameters": 2_000_000,
+    "stage3_param_persistence_threshold": 10_000,
+}
 
 
 def _rss_kib(field: str) -> int:
@@ -58,7 +68,12 @@ def worker(variant: str, width: int, layers: int, steps: int, warmup: int, out: 
     plugin = None
     if variant != "ddp":
         stage = int(variant[len("zero")])
-        plugin = DeepSpeedPlugin(zero_stage=stage, zero3_init_flag=variant.endswith("init"))
+        config = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto"}
+        if variant.endswith("small"):
+            # DeepSpeed's default buckets (5e8 elements) exceed this whole model, so every bucket
+            # holds all of it; GPU-sized defaults hide sharding's saving on a small CPU model.
+            config["zero_optimization"].update(SMALL_BUCKETS)
+        plugin = DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=variant.endswith("init"))
     acc = Accelerator(deepspeed_plugin=plugin)
     if variant != "ddp":
         import deepspeed  # noqa: F401 - the library's own import is not the model's memory
@@ -127,7 +142,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--variants", default="ddp,zero1,zero2,zero3,zero3init")
+    parser.add_argument("--variants", default="ddp,zero1,zero2,zero3,zero3init,zero2small,zero3small")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
