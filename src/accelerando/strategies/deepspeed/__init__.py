@@ -87,6 +87,8 @@ class DeepSpeedStrategy(Strategy):
     distributed_type = DistributedType.DEEPSPEED
     name = "deepspeed"
     divides_loss_for_accumulation = False
+    # Checkpointing reads no model/optimizer files for us: the engine checkpoint restores them.
+    loads_own_checkpoints = True
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         super().__init__(state, precision, **options)
@@ -94,7 +96,6 @@ class DeepSpeedStrategy(Strategy):
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self.auto_choice: ZeroChoice | None = None
         self._batch_sizes: list[int] = []
-        self._hooked: set[int] = set()
         self._warned_clip = False
         if not getattr(state, "deepspeed_plugins", None):
             # Chosen by the launcher (--use_deepspeed) without a plugin in code: the plugin reads
@@ -225,7 +226,6 @@ class DeepSpeedStrategy(Strategy):
         if scheduler is not None and ds_scheduler is not None:
             sched_wrapper = DeepSpeedSchedulerWrapper(ds_scheduler, [opt_wrapper] if opt_wrapper else [])
             accelerator._schedulers.append(sched_wrapper)
-        self._register_checkpoint_hooks(accelerator)
         return engine, opt_wrapper, sched_wrapper
 
     # ----------------------------------------------------------------- training
@@ -348,37 +348,3 @@ class DeepSpeedStrategy(Strategy):
     def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
         """DeepSpeed optimizers are restored with the engine checkpoint: nothing more to read."""
         return isinstance(optimizer, DeepSpeedOptimizerWrapper)
-
-    def _register_checkpoint_hooks(self, accelerator: Any) -> None:
-        """Route save_state / load_state through the engine until checkpointing calls the hooks itself."""
-        if id(accelerator) in self._hooked or not hasattr(accelerator, "register_save_state_pre_hook"):
-            return
-        self._hooked.add(id(accelerator))
-        accelerator.register_save_state_pre_hook(_SaveHook(self, accelerator))
-        accelerator.register_load_state_pre_hook(_LoadHook(self, accelerator))
-
-
-class _AlreadyLoaded(torch.nn.Module):
-    """Stands in for an engine after its checkpoint was loaded, so the generic loader skips it."""
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return None
-
-
-class _SaveHook:
-    def __init__(self, strategy: DeepSpeedStrategy, accelerator: Any) -> None:
-        self.strategy, self.accelerator = strategy, accelerator
-
-    def __call__(self, models: list[Any], weights: list[Any], output_dir: str) -> None:
-        for i, model in enumerate(self.accelerator._models):
-            self.strategy.save_model_checkpoint(model, output_dir, i, True)
-
-
-class _LoadHook:
-    def __init__(self, strategy: DeepSpeedStrategy, accelerator: Any) -> None:
-        self.strategy, self.accelerator = strategy, accelerator
-
-    def __call__(self, models: list[Any], input_dir: str) -> None:
-        for i, model in enumerate(list(models)):
-            if self.strategy.load_model_checkpoint(model, input_dir, i):
-                models[i] = _AlreadyLoaded()
