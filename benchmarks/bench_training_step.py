@@ -87,21 +87,21 @@ def measure(width: int, accumulation: int, reps: int, n: int) -> tuple[float, fl
     raw_opt = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     model, opt, loader = acc.prepare(model, opt, DataLoader(data, batch_size=64))
-    raw_times, prep_times = [], []
+    times: dict[tuple[str, str], list[float]] = {}
     for rep in range(reps + 1):  # the first round warms up and is dropped
         for name in ("raw", "prep") if rep % 2 == 0 else ("prep", "raw"):
             acc.wait_for_everyone()
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             if name == "raw":
                 raw_epoch(raw_model, raw_opt, raw_loader, accumulation)
             else:
                 prepared_epoch(acc, model, opt, loader, accumulation)
-            elapsed = time.perf_counter() - start
             if rep:
-                (raw_times if name == "raw" else prep_times).append(elapsed)
-    raw, prep = statistics.median(raw_times), statistics.median(prep_times)
-    steps = len(loader)
-    return raw, prep, (prep - raw) / steps * 1e6
+                times.setdefault((name, "wall"), []).append(time.perf_counter() - wall)
+                # CPU time of this process: with one thread it is barely touched by other load.
+                times.setdefault((name, "cpu"), []).append(time.process_time() - cpu)
+    med = {key: statistics.median(values) for key, values in times.items()}
+    return med, len(loader)
 
 
 def main() -> None:
@@ -114,13 +114,16 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for width in args.widths:
         for accumulation in (1, 2):
-            raw, prep, per_step = measure(width, accumulation, args.reps, args.samples)
+            med, steps = measure(width, accumulation, args.reps, args.samples)
             if int(os.environ.get("RANK", "0")) == 0:
-                print(
-                    f"processes={world} width={width:4d} accumulation={accumulation}: raw {raw * 1e3:8.2f} ms  "
-                    f"prepared {prep * 1e3:8.2f} ms  ratio {prep / raw:.3f}  ({per_step:+.1f} us/step)",
-                    flush=True,
-                )
+                parts = []
+                for clock in ("wall", "cpu"):
+                    raw, prep = med[("raw", clock)], med[("prep", clock)]
+                    parts.append(
+                        f"{clock}: raw {raw * 1e3:7.1f} ms prepared {prep * 1e3:7.1f} ms "
+                        f"ratio {prep / raw:.3f} ({(prep - raw) / steps * 1e6:+.1f} us/step)"
+                    )
+                print(f"processes={world} width={width:4d} accumulation={accumulation} | " + " | ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

@@ -143,13 +143,14 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
         self.state.torch_tp_plugin = torch_tp_plugin
         self.state.parallelism_config = parallelism_config
 
-        # 3. Precision and strategy, chosen by the connector.
-        self._precision = self._build_precision()
+        # 3. Precision and strategy, chosen by the connector. A strategy that runs its own mixed
+        # precision (DeepSpeed's engine) gets the fp32 plugin, so nothing is cast or scaled twice.
+        from accelerando.precision import Precision
         from accelerando.strategies import strategy_class
 
-        self._strategy = strategy_class(self._decision.strategy_name)(
-            self.state, self._precision, ddp_kwargs=self.ddp_handler
-        )
+        strategy_cls = strategy_class(self._decision.strategy_name)
+        self._precision = Precision() if strategy_cls.manages_precision else self._build_precision()
+        self._strategy = strategy_cls(self.state, self._precision, ddp_kwargs=self.ddp_handler)
         self.scaler = self._precision.scaler
         self.native_amp = self.settings.mixed_precision in ("fp16", "bf16")
 
@@ -748,6 +749,9 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
         self._schedulers.clear()
         self._dataloaders.clear()
         self.step = 0
+        release = getattr(self._strategy, "release", None)
+        if release is not None:
+            release()  # e.g. DeepSpeed engines hold buffers outside the prepared objects
         gc.collect()
         self.state.device_backend.empty_cache()
         return [None for _ in objects]

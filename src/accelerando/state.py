@@ -328,6 +328,16 @@ class AcceleratorState:
             return None
         return plugins[self.active_deepspeed_plugin_name or next(iter(plugins))]
 
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the DeepSpeed plugin registered as ``name`` the active one (several-model setups).
+
+        Raises:
+            ValueError: no plugin of that name (the known names are listed).
+        """
+        from accelerando.utils.deepspeed import select_deepspeed_plugin
+
+        select_deepspeed_plugin(self, name)
+
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes not found normally: defer to the process state.
         if name.startswith("__") or name == "_partial":

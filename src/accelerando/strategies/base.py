@@ -36,6 +36,9 @@ class Strategy:
     # True for sharded strategies whose load_*_checkpoint hooks restore every model and optimizer
     # (the checkpoint then holds no full state dict to read for them).
     loads_own_checkpoints = False
+    # True when the wrapped engine applies mixed precision itself (the Accelerator then gives the
+    # strategy the fp32 precision plugin).
+    manages_precision = False
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         self.state = state

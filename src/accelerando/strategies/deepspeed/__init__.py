@@ -86,6 +86,7 @@ class DeepSpeedStrategy(Strategy):
 
     distributed_type = DistributedType.DEEPSPEED
     name = "deepspeed"
+    manages_precision = True
     divides_loss_for_accumulation = False
     # Checkpointing reads no model/optimizer files for us: the engine checkpoint restores them.
     loads_own_checkpoints = True
