@@ -224,3 +224,12 @@ def test_launcher_sources_travel_with_the_values():
     assert seen.origin("cpu") == "default"
     code = resolve_runtime_settings({"mixed_precision": "no"}, environ=env)
     assert code.origin("mixed_precision") == "code"  # a value from code has no launcher origin
+
+
+def test_auto_choices_travel_and_are_explained_in_the_plan():
+    plan = plan_for(
+        cpu=True, num_processes=2, use_deepspeed=True, zero_stage="auto", offload_optimizer_device="auto"
+    )
+    assert plan.env["ACCELERANDO_DEEPSPEED_ZERO_STAGE"] == "auto"
+    assert any(note.startswith("ZeRO stage: auto") for note in plan.notes)
+    assert any(note.startswith("DeepSpeed optimizer offload: auto") for note in plan.notes)

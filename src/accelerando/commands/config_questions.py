@@ -94,7 +94,7 @@ def _ask_backend(values: dict[str, Any], dist: str) -> None:
             "fsdp_state_dict_type", "State dict type?", "SHARDED_STATE_DICT"
         )
     elif dist == "DEEPSPEED":
-        values["zero_stage"] = _ask_value("zero_stage", "ZeRO stage (0-3)?", 2)
+        values["zero_stage"] = _ask_value("zero_stage", "ZeRO stage (0-3, or auto)?", 2)
         values["offload_optimizer_device"] = _ask_choice(
             "offload_optimizer_device", "Offload optimizer state to?"
         )

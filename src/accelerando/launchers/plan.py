@@ -142,7 +142,7 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
             f"{_where(s, 'num_machines')}={machines} needs the address of machine 0. "
             "Fix: pass --main_process_ip (main_process_ip in a config file)."
         )
-    if s.zero_stage is not None and s.zero_stage > 3:
+    if isinstance(s.zero_stage, int) and s.zero_stage > 3:
         raise ValueError(f"{_where(s, 'zero_stage')}={s.zero_stage} does not exist. Fix: use 0, 1, 2 or 3.")
     _check_deepspeed_paths(s)
 
@@ -311,6 +311,17 @@ def build(
         notes.append(
             f"distributed_type 'NO' ({settings.source('distributed_type')}) ignored: {total} processes."
         )
+    for name, what in (
+        ("zero_stage", "ZeRO stage"),
+        ("offload_optimizer_device", "DeepSpeed optimizer offload"),
+        ("offload_param_device", "DeepSpeed parameter offload"),
+        ("fsdp_sharding_strategy", "FSDP sharding strategy"),
+    ):
+        if settings[name] in ("auto", "AUTO"):
+            notes.append(
+                f"{what}: auto ({settings.source(name)}): chosen at prepare() from the model's size and each "
+                "device's memory; the choice and its reason are logged then"
+            )
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0
     if elastic:
         agent = _agent_argv(settings, command, per_node, port)

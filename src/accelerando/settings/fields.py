@@ -81,7 +81,8 @@ class Field:
             return "a boolean (true/false, yes/no, 1/0)"
         if self.kind in ("int", "float"):
             noun = "an integer" if self.kind == "int" else "a number"
-            return noun + (f" >= {self.minimum:g}" if self.minimum is not None else "")
+            extra = "".join(f" or {c!r}" for c in self.choices or ())
+            return noun + (f" >= {self.minimum:g}" if self.minimum is not None else "") + extra
         if self.kind == "list":
             return "a comma-separated list of names"
         return "a string"
@@ -151,7 +152,7 @@ def _dynamo(name: str, kind: str, default: Any, help: str, **kw: Any) -> Field:
 
 
 _SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-_OFFLOAD = ("none", "cpu", "nvme")
+_OFFLOAD = ("none", "cpu", "nvme", "auto")
 
 # fmt: off
 FIELDS: tuple[Field, ...] = (
@@ -235,7 +236,8 @@ FIELDS: tuple[Field, ...] = (
     _fsdp("fsdp_activation_checkpointing", "bool", None, help="Recompute activations in backward."),
     # --- DeepSpeed --------------------------------------------------------------------------------
     _ds("deepspeed_config_file", "str", None, help="Path to a DeepSpeed JSON config."),
-    _ds("zero_stage", "int", None, minimum=0, ref_env="ACCELERATE_DEEPSPEED_ZERO_STAGE", help="ZeRO stage 0-3."),
+    _ds("zero_stage", "int", None, minimum=0, choices=("auto",), ref_env="ACCELERATE_DEEPSPEED_ZERO_STAGE",
+        help="ZeRO stage 0-3, or auto (the lowest stage that fits, decided at prepare)."),
     _ds("gradient_clipping", "float", None, minimum=0, ref_env="ACCELERATE_GRADIENT_CLIPPING",
         help="Gradient norm clipping value."),
     _ds("offload_optimizer_device", "choice", None, choices=_OFFLOAD, help="Where ZeRO offloads optimizer state."),

@@ -86,8 +86,10 @@ def _parse_bool(field: Field, raw: Any, source: str) -> bool:
     raise _bad(field, raw, source)
 
 
-def _parse_number(field: Field, raw: Any, source: str) -> int | float:
+def _parse_number(field: Field, raw: Any, source: str) -> int | float | str:
     number: int | float
+    if isinstance(raw, str) and raw.strip().lower() in (field.choices or ()):
+        return raw.strip().lower()  # a named value a number field also accepts ("auto")
     try:
         if isinstance(raw, bool):
             raise ValueError
