@@ -521,11 +521,13 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
         if device_placement is None:
             device_placement = self.device_placement
         optimizer = self._strategy.prepare_optimizer(optimizer)
+        # In fp32 the precision plugin's step is the plain step: skip the indirection on the hot path.
+        precision = self._precision if self._precision.scaler is not None else None
         wrapped = AcceleratedOptimizer(
             optimizer,
             device_placement=device_placement,
             scaler=self.scaler,
-            precision=self._precision,
+            precision=precision,
             device=self.device,
         )
         monitor = getattr(self, "_memory_monitor", None)
