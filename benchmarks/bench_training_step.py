@@ -12,6 +12,7 @@ the median epoch times are compared as ratios (prepared / raw) measured in the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -32,21 +33,17 @@ def build(width: int, n: int) -> tuple[nn.Module, TensorDataset]:
 
 def raw_epoch(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, accumulation: int) -> None:
     for i, (x, y) in enumerate(loader):
-        loss = nn.functional.mse_loss(model(x), y)
-        if accumulation > 1:
-            loss = loss / accumulation
-            sync = (i + 1) % accumulation == 0
-            ctx = model.no_sync() if (not sync and hasattr(model, "no_sync")) else None
-            if ctx is not None:
-                with ctx:
-                    loss.backward()
-            else:
-                loss.backward()
-            if sync:
-                opt.step()
-                opt.zero_grad()
-        else:
-            loss.backward()
+        if accumulation == 1:
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            continue
+        sync = (i + 1) % accumulation == 0
+        # DDP decides at forward time whether the backward all-reduces: forward inside no_sync too.
+        skip = not sync and hasattr(model, "no_sync")
+        with model.no_sync() if skip else contextlib.nullcontext():
+            (nn.functional.mse_loss(model(x), y) / accumulation).backward()
+        if sync:
             opt.step()
             opt.zero_grad()
 
