@@ -253,3 +253,20 @@ def test_estimate_memory_from_transformers_config(tmp_path):
     total, largest, name = estimate.estimate_sizes(str(tmp_path))
     assert total == transformers.GPT2Model(config).num_parameters() and 0 < largest < total and name
     assert os.listdir(tmp_path) == ["config.json"]
+
+
+def test_library_progress_helper_and_sharded_loading_refusal(tmp_path):
+    import torch
+
+    from accelerando.utils.modeling import load_checkpoint_in_model
+    from accelerando.utils.progress import progress
+
+    items = list(range(5))
+    wrapped = progress(items, desc="x")
+    assert list(wrapped) == items and wrapped is not items  # a tqdm bar over several items
+    assert progress([1], desc="x") == [1]  # nothing to show for one item
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / "m.pt"
+    torch.save(model.state_dict(), path)
+    with pytest.raises(NotImplementedError, match="full_state_dict=True"):
+        load_checkpoint_in_model(model, str(path), full_state_dict=False)

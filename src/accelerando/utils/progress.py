@@ -7,7 +7,7 @@ from typing import Any
 from accelerando.logging import _process_view
 from accelerando.utils.imports import is_tqdm_available
 
-__all__ = ["tqdm"]
+__all__ = ["tqdm", "progress"]
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
@@ -40,3 +40,20 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     if main_process_only and _process_view().local_rank != 0:
         disable = True
     return _tqdm(*args, disable=disable, **kwargs)
+
+
+def progress(iterable: Any, desc: str, total: int | None = None, min_items: int = 2) -> Any:
+    """Wrap the library's own long loops in a main-process progress bar.
+
+    Returns ``iterable`` unchanged when tqdm is not installed, when there are fewer than
+    ``min_items`` items, or when ``ACCELERANDO_DISABLE_PROGRESS_BARS``-style disabling is in effect
+    through tqdm's own ``TQDM_DISABLE`` variable.
+    """
+    if total is None:
+        try:
+            total = len(iterable)
+        except TypeError:
+            total = None
+    if not is_tqdm_available() or (total is not None and total < min_items):
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=False)

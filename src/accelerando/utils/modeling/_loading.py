@@ -295,6 +295,11 @@ def load_checkpoint_in_model(
         ValueError: for a missing checkpoint, disk offload without ``offload_folder``, or, with
             ``strict=True``, a checkpoint that does not match the model.
     """
+    if full_state_dict is False:
+        raise NotImplementedError(
+            "load_checkpoint_in_model(full_state_dict=False) (loading into sharded DTensor parameters) is not "
+            "supported yet; load the full state dict (full_state_dict=True) before sharding the model"
+        )
     del offload_state_dict, offload_8bit_bnb, full_state_dict
     tied = find_tied_parameters(model)
     loader = _Loader(model, device_map, offload_folder, dtype, offload_buffers, keep_in_fp32_modules)
@@ -303,7 +308,9 @@ def load_checkpoint_in_model(
 
         broadcast_checkpoint(loader, lambda: checkpoint_files(checkpoint), _iter_file)
     else:
-        for path in checkpoint_files(checkpoint):
+        from accelerando.utils.progress import progress
+
+        for path in progress(checkpoint_files(checkpoint), desc="Loading checkpoint shards"):
             for name, tensor, source in _iter_file(path, loader.resolve):
                 loader.place(name, tensor, source)
     aliases = _tied_aliases(tied)
