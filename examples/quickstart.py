@@ -77,7 +77,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     # A generator of its own makes the shuffling order part of the checkpoint (bit-exact resume).
     shuffle_rng = torch.Generator().manual_seed(args.seed)
-    train = DataLoader(make_data(4096, args.seed), batch_size=args.batch_size, shuffle=True, generator=shuffle_rng)
+    train = DataLoader(
+        make_data(4096, args.seed), batch_size=args.batch_size, shuffle=True, generator=shuffle_rng
+    )
     evaluation = DataLoader(make_data(1000, args.seed + 1), batch_size=128)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(train))
     model, optimizer, train, evaluation, scheduler = accelerator.prepare(  # accelerando

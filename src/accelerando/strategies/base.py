@@ -46,7 +46,9 @@ class Strategy:
         self.options = options
 
     # ------------------------------------------------------------------ wrap
-    def prepare_all(self, accelerator: Any, objects: list[Any], device_placement: list[bool | None]) -> list[Any] | None:
+    def prepare_all(
+        self, accelerator: Any, objects: list[Any], device_placement: list[bool | None]
+    ) -> list[Any] | None:
         """Prepare every object of one ``Accelerator.prepare`` call at once, or return None.
 
         Strategies that must see model, optimizer and scheduler together (DeepSpeed builds one
@@ -106,7 +108,9 @@ class Strategy:
         return self.unwrap_model(model).load_state_dict(state_dict, strict=strict)
 
     # ------------------------------------------------------------ checkpoints
-    def save_model_checkpoint(self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool) -> bool:
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
         """Write ``model``'s training checkpoint into ``output_dir`` the strategy's own way.
 
         Returns False (the default) to let checkpointing write the full state dict itself;

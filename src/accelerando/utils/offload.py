@@ -201,7 +201,9 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, tor
     index: dict = {}
     from accelerando.utils.progress import progress
 
-    for name, tensor in progress(state_dict.items(), desc="Offloading weights to disk", total=len(state_dict)):
+    for name, tensor in progress(
+        state_dict.items(), desc="Offloading weights to disk", total=len(state_dict)
+    ):
         offload_weight(tensor, name, save_dir, index=index)
     save_offload_index(index, save_dir)
     return index
