@@ -233,3 +233,54 @@ def test_auto_choices_travel_and_are_explained_in_the_plan():
     assert plan.env["ACCELERANDO_DEEPSPEED_ZERO_STAGE"] == "auto"
     assert any(note.startswith("ZeRO stage: auto") for note in plan.notes)
     assert any(note.startswith("DeepSpeed optimizer offload: auto") for note in plan.notes)
+
+
+def test_multi_machine_deepspeed_uses_deepspeeds_runner(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
+    plan = plan_for(
+        cpu=True,
+        num_processes=4,
+        num_machines=2,
+        main_process_ip="10.1.2.3",
+        main_process_port=29511,
+        use_deepspeed=True,
+        zero_stage=2,
+        deepspeed_hostfile=str(hostfile),
+        deepspeed_inclusion_filter="worker-0@worker-1:0",
+        deepspeed_multinode_launcher="openmpi",
+    )
+    assert plan.mode == "deepspeed"
+    argv = list(plan.argv)
+    assert argv[1:3] == ["-m", "deepspeed.launcher.runner"]
+    for flag, value in (
+        ("--num_nodes", "2"),
+        ("--num_gpus", "2"),
+        ("--master_addr", "10.1.2.3"),
+        ("--master_port", "29511"),
+        ("--launcher", "openmpi"),
+        ("--hostfile", str(hostfile)),
+        ("--include", "worker-0@worker-1:0"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
+    assert argv[-3:] == ["train.py", "--lr", "1"]
+    assert plan.env["ACCELERANDO_DEEPSPEED_ZERO_STAGE"] == "2"
+    standard = plan_for(
+        cpu=True,
+        num_processes=4,
+        num_machines=2,
+        main_process_ip="10.1.2.3",
+        use_deepspeed=True,
+        deepspeed_multinode_launcher="standard",
+    )
+    assert standard.mode == "elastic"  # "standard" means torchrun on every machine
+
+
+def test_deepspeed_env_file_carries_the_settings(tmp_path):
+    from accelerando.launchers.runner import write_deepspeed_env
+
+    path = tmp_path / ".deepspeed_env"
+    write_deepspeed_env({"ACCELERANDO_MIXED_PRECISION": "bf16", "A": "1"}, str(path))
+    assert path.read_text().splitlines() == ["A=1", "ACCELERANDO_MIXED_PRECISION=bf16"]
+    with pytest.raises(ValueError, match="newline"):
+        write_deepspeed_env({"BAD": "a\nb"}, str(path))

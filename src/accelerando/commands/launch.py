@@ -33,7 +33,7 @@ _GROUP_TITLES = {
 _COMPAT_VALUE_FLAGS = (
     "fp8_backend", "fp8_format", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
     "fp8_amax_compute_algo", "fp8_override_linear_precision", "fp8_opt_level",
-    "deepspeed_exclusion_filter", "deepspeed_inclusion_filter", "main_training_function",
+    "main_training_function",
 )  # fmt: skip
 _COMPAT_SWITCHES = ("use_xpu", "ipex", "tpu", "tpu_use_cluster", "fp8_use_autocast_during_eval")
 _VALUE_OPTIONS_OWN = ("--config_file", "--role", "--tee", "--log_dir")

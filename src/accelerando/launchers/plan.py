@@ -55,7 +55,8 @@ class LaunchPlan:
     """Everything needed to start the processes of one launch.
 
     Attributes:
-        mode: ``"simple"`` (one process, run directly) or ``"elastic"`` (torch.distributed.run).
+        mode: ``"simple"`` (one process, run directly), ``"elastic"`` (torch.distributed.run) or
+            ``"deepspeed"`` (DeepSpeed's multi-node runner, which starts the other hosts itself).
         argv: the equivalent command line; for ``"elastic"`` it starts with
             ``python -m torch.distributed.run`` and :func:`run` passes the rest to the agent in-process.
         env: variables to add to the processes' environment.
@@ -274,6 +275,48 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
     return [*argv, command.target, *command.args]
 
 
+_DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
+
+
+def _uses_deepspeed_runner(settings: Settings, machines: int) -> bool:
+    """DeepSpeed on several machines with a launcher other than "standard" (torchrun on each node)."""
+    launcher = settings.deepspeed_multinode_launcher or "pdsh"
+    return bool(settings.use_deepspeed) and machines > 1 and launcher != "standard"
+
+
+def _deepspeed_argv(
+    settings: Settings, command: Command, machines: int, per_node: int, python: str, port: Callable[[], int]
+) -> list[str]:
+    """``python -m deepspeed.launcher.runner ...``: the main machine starts every host itself."""
+    argv = [
+        python,
+        "-m",
+        _DEEPSPEED_RUNNER,
+        "--no_local_rank",
+        "--num_nodes",
+        str(machines),
+        "--num_gpus",
+        str(per_node),
+        "--master_addr",
+        settings.main_process_ip or "127.0.0.1",
+        "--master_port",
+        str(settings.main_process_port or 29500),
+        "--launcher",
+        settings.deepspeed_multinode_launcher or "pdsh",
+    ]
+    if settings.deepspeed_hostfile:
+        argv += ["--hostfile", settings.deepspeed_hostfile]
+    if settings.deepspeed_inclusion_filter:
+        argv += ["--include", settings.deepspeed_inclusion_filter]
+    if settings.deepspeed_exclusion_filter:
+        argv += ["--exclude", settings.deepspeed_exclusion_filter]
+    if command.module:
+        argv.append("--module")
+    elif command.no_python:
+        argv.append("--no_python")
+    return [*argv, command.target, *command.args]
+
+
 def build(
     settings: Settings,
     command: Command,
@@ -323,13 +366,21 @@ def build(
                 "device's memory; the choice and its reason are logged then"
             )
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0
-    if elastic:
+    mode = "elastic" if elastic else "simple"
+    if _uses_deepspeed_runner(settings, machines):
+        mode = "deepspeed"
+        argv = _deepspeed_argv(settings, command, machines, per_node, machine.python, port)
+        notes.append(
+            f"multi-machine DeepSpeed job: started from this machine by DeepSpeed's "
+            f"{settings.deepspeed_multinode_launcher or 'pdsh'} launcher on every host of the hostfile"
+        )
+    elif elastic:
         agent = _agent_argv(settings, command, per_node, port)
         argv = [machine.python, "-m", _ELASTIC_MODULE, *agent_options, *agent]
     else:
         argv = _target_argv(command, machine.python)
     return LaunchPlan(
-        mode="elastic" if elastic else "simple",
+        mode=mode,
         argv=tuple(argv),
         env=env,
         num_processes=total,

@@ -13,10 +13,11 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 from accelerando.launchers.plan import LaunchPlan
 
-__all__ = ["run"]
+__all__ = ["run", "write_deepspeed_env"]
 
 
 def _run_simple(plan: LaunchPlan) -> int:
@@ -84,4 +85,40 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
     """
     if plan.mode == "simple":
         return _run_simple(plan)
+    if plan.mode == "deepspeed":
+        return _run_deepspeed(plan)
     return _run_elastic(plan, quiet)
+
+
+def write_deepspeed_env(env: dict[str, str] | Any, path: str) -> None:
+    """Write ``env`` as DeepSpeed's ``.deepspeed_env`` file (``KEY=VALUE`` lines).
+
+    DeepSpeed's multi-node runner exports the variables listed there on every host; without it
+    the settings the launcher resolved would reach only this machine's processes.
+
+    Raises:
+        ValueError: a value contains a newline (it would corrupt the file).
+    """
+    lines = []
+    for key, value in sorted(env.items()):
+        if "\n" in str(value):
+            raise ValueError(
+                f"environment value of {key} contains a newline; DeepSpeed's env file cannot carry it"
+            )
+        lines.append(f"{key}={value}")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def _run_deepspeed(plan: LaunchPlan) -> int:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="accelerando-ds-") as folder:
+        env_file = os.path.join(folder, ".deepspeed_env")
+        write_deepspeed_env(dict(plan.env), env_file)
+        # DeepSpeed joins DS_ENV_FILE onto its search folders; an absolute path is used as is.
+        os.environ.update({**plan.env, "DS_ENV_FILE": env_file})
+        try:
+            return subprocess.run(list(plan.argv), check=False).returncode
+        except KeyboardInterrupt:
+            return 130
