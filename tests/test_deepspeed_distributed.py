@@ -121,6 +121,24 @@ def _stage_run(stage: int, gas: int, extra: dict[str, Any] | None = None) -> dic
     return {"losses": losses, "norms": norms, "weights": weights, "type": str(acc.distributed_type)}
 
 
+def _bf16_run() -> dict[str, Any]:
+    """ZeRO-2 with mixed_precision="bf16": DeepSpeed keeps bf16 weights, autocast meets fp32 inputs."""
+    import torch
+
+    from accelerando import DeepSpeedPlugin
+
+    acc = _fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), mixed_precision="bf16")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    model, opt, _ = acc.prepare(model, opt, _loader())
+    x, _ = _batch(0, 0, acc.process_index)
+    out_dtype = str(model(x).dtype)
+    losses, _ = _train(acc, model, opt, 1, STEPS)
+    param_dtype = str(next(model.module.parameters()).dtype)
+    acc._strategy.release()
+    return {"losses": losses, "param_dtype": param_dtype, "out_dtype": out_dtype, "scaler": acc.scaler}
+
+
 def _stages_per_rank() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for stage in (1, 2, 3):
@@ -128,6 +146,7 @@ def _stages_per_rank() -> dict[str, Any]:
             out[f"z{stage}_gas{gas}"] = _stage_run(stage, gas)
     out["z2_offload"] = _stage_run(2, 1, {"offload_optimizer_device": "cpu"})
     out["z3_offload"] = _stage_run(3, 1, {"offload_optimizer_device": "cpu"})
+    out["z2_bf16"] = _bf16_run()
     return out
 
 
@@ -366,3 +385,11 @@ def test_save_state_then_fresh_processes_resume_identically(launched: Any) -> No
     for key, value in full["weights"].items():
         assert (resumed["weights"][key] - value).abs().max() <= 1e-6, key
     assert resumed["lr"] == full["lr"]
+
+
+def test_bf16_under_deepspeed_trains_in_bf16_and_matches_fp32_closely(launched: Any) -> None:
+    observed, _ = launched
+    run, fp32 = observed["z2_bf16"], observed["z2_gas1"]
+    assert run["param_dtype"] == "torch.bfloat16" and run["out_dtype"] == "torch.float32"
+    assert run["scaler"] is None  # the engine, not a GradScaler, owns loss scaling
+    assert _close(run["losses"], fp32["losses"], tol=5e-2)

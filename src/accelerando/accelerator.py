@@ -143,13 +143,12 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
         self.state.torch_tp_plugin = torch_tp_plugin
         self.state.parallelism_config = parallelism_config
 
-        # 3. Precision and strategy, chosen by the connector. A strategy that runs its own mixed
-        # precision (DeepSpeed's engine) gets the fp32 plugin, so nothing is cast or scaled twice.
-        from accelerando.precision import Precision
+        # 3. Precision and strategy, chosen by the connector. A strategy whose engine scales the
+        # loss itself (DeepSpeed) keeps autocast (inputs meet low-precision weights) but no scaler.
         from accelerando.strategies import strategy_class
 
         strategy_cls = strategy_class(self._decision.strategy_name)
-        self._precision = Precision() if strategy_cls.manages_precision else self._build_precision()
+        self._precision = self._build_precision(loss_scaling=not strategy_cls.manages_precision)
         self._strategy = strategy_cls(self.state, self._precision, ddp_kwargs=self.ddp_handler)
         self.scaler = self._precision.scaler
         self.native_amp = self.settings.mixed_precision in ("fp16", "bf16")
@@ -208,7 +207,7 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
         self.state.fsdp_plugin = fsdp_plugin
         self.state.megatron_lm_plugin = megatron
 
-    def _build_precision(self) -> Any:
+    def _build_precision(self, loss_scaling: bool = True) -> Any:
         from accelerando.precision import build_precision
 
         scaler_kwargs: dict[str, Any] = {}
@@ -218,7 +217,12 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
             static = bool(self.scaler_handler.static_scale)
         autocast_kwargs = self.autocast_handler.to_kwargs() if self.autocast_handler is not None else None
         return build_precision(
-            self.settings.mixed_precision, self.state.device.type, scaler_kwargs, static, autocast_kwargs
+            self.settings.mixed_precision,
+            self.state.device.type,
+            scaler_kwargs,
+            static,
+            autocast_kwargs,
+            loss_scaling=loss_scaling,
         )
 
     def _build_dataloader_config(self, config: Any, split_batches: bool | None) -> Any:

@@ -19,8 +19,12 @@ def build_precision(
     scaler_kwargs: dict[str, Any] | None = None,
     static_scale: bool = False,
     autocast_kwargs: dict[str, Any] | None = None,
+    loss_scaling: bool = True,
 ) -> Precision:
     """Return the precision object for ``mixed_precision`` ("no", "fp16", "bf16", "fp8").
+
+    ``loss_scaling=False`` keeps autocast but no GradScaler (for engines that scale the loss
+    themselves, e.g. DeepSpeed).
 
     Raises:
         ValueError: an unknown name, or a mode the device cannot run (with the fix).
@@ -34,7 +38,7 @@ def build_precision(
         from accelerando.precision.amp import AMPPrecision
 
         dtype = torch.float16 if mixed_precision == "fp16" else torch.bfloat16
-        return AMPPrecision(dtype, device_type, scaler_kwargs, static_scale, autocast_kwargs)
+        return AMPPrecision(dtype, device_type, scaler_kwargs, static_scale, autocast_kwargs, loss_scaling)
     if mixed_precision == "fp8":
         from accelerando.precision.fp8 import build_fp8_precision
 

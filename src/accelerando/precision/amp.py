@@ -26,6 +26,7 @@ class AMPPrecision(Precision):
         scaler_kwargs: ``GradScalerKwargs`` fields (fp16 only).
         static_scale: keep the initial scale for the whole run.
         autocast_kwargs: ``AutocastKwargs`` fields (``enabled``, ``cache_enabled``).
+        loss_scaling: create the fp16 GradScaler (False when an engine scales the loss itself).
 
     Raises:
         ValueError: fp16 requested on a device where autocast does not support it.
@@ -38,6 +39,7 @@ class AMPPrecision(Precision):
         scaler_kwargs: dict[str, Any] | None = None,
         static_scale: bool = False,
         autocast_kwargs: dict[str, Any] | None = None,
+        loss_scaling: bool = True,
     ) -> None:
         self.dtype = dtype
         self.device_type = device_type
@@ -50,7 +52,7 @@ class AMPPrecision(Precision):
             )
         self.scaler: torch.amp.GradScaler | None = None
         self._static_scale: float | None = None
-        if self.name == "fp16":
+        if self.name == "fp16" and loss_scaling:
             kwargs = dict(scaler_kwargs or {})
             self.scaler = torch.amp.GradScaler(device_type, **kwargs)
             if static_scale:

@@ -144,6 +144,9 @@ class DeepSpeedStrategy(Strategy):
                     "prepare each model (with its optimizer and scheduler) in its own call"
                 )
         pick = {k: (objects[v[0]] if v else None) for k, v in found.items()}
+        # Autocast around the user's forward (the engine holds low-precision weights; the inputs
+        # the script passes stay fp32), exactly as for the other strategies.
+        pick["model"] = self.precision.convert_module(pick["model"])
         engine, optimizer, scheduler = self._build_engine(
             accelerator, pick["model"], pick["optimizer"], pick["scheduler"]
         )
