@@ -38,3 +38,50 @@ def test_broadcast_from_rank0(tmp_path):
     results = test_utils.run_distributed(_load_on_rank, 2, str(tmp_path))
     expected = [p.detach().flatten().tolist() for p in reference.parameters()]
     assert results[0] == expected and results[1] == expected
+
+
+def _load_into_fully_sharded(full_path: str, shard_dir: str) -> dict:
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.fsdp import fully_shard
+
+    from accelerando.state import PartialState
+    from accelerando.utils.modeling import load_checkpoint_in_model
+
+    state = PartialState()
+    reference = torch.load(full_path.replace(".safetensors", ".pt"))
+
+    def fresh():
+        torch.manual_seed(100 + state.process_index)  # different weights than the checkpoint
+        model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4))
+        for layer in model:
+            fully_shard(layer)
+        return fully_shard(model)
+
+    model = fresh()
+    missing, unexpected = load_checkpoint_in_model(model, full_path)
+    full_ok = all(torch.equal(p.full_tensor(), reference[n]) for n, p in model.state_dict().items())
+    # Each process writes exactly its own shards, then loads them with full_state_dict=False.
+    mine = os.path.join(shard_dir, f"rank{state.process_index}.safetensors")
+    save_file({n: p.to_local().contiguous() for n, p in model.state_dict().items()}, mine)
+    again = fresh()
+    load_checkpoint_in_model(again, mine, full_state_dict=False)
+    shard_ok = all(torch.equal(p.full_tensor(), reference[n]) for n, p in again.state_dict().items())
+    return {"full": full_ok, "shards": shard_ok, "missing": missing, "unexpected": unexpected}
+
+
+def test_load_into_dtensor_parameters_full_and_per_process_shards(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from accelerando.test_utils import run_distributed
+
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)).state_dict()
+    full_path = str(tmp_path / "full.safetensors")
+    save_file(reference, full_path)
+    torch.save(reference, str(tmp_path / "full.pt"))
+    results = run_distributed(_load_into_fully_sharded, 2, full_path, str(tmp_path))
+    assert results == [{"full": True, "shards": True, "missing": [], "unexpected": []}] * 2

@@ -255,7 +255,7 @@ def test_estimate_memory_from_transformers_config(tmp_path):
     assert os.listdir(tmp_path) == ["config.json"]
 
 
-def test_library_progress_helper_and_sharded_loading_refusal(tmp_path):
+def test_library_progress_helper_and_shard_layout_needs_dtensors(tmp_path):
     import torch
 
     from accelerando.utils.modeling import load_checkpoint_in_model
@@ -268,5 +268,5 @@ def test_library_progress_helper_and_sharded_loading_refusal(tmp_path):
     model = torch.nn.Linear(2, 2)
     path = tmp_path / "m.pt"
     torch.save(model.state_dict(), path)
-    with pytest.raises(NotImplementedError, match="full_state_dict=True"):
+    with pytest.raises(ValueError, match="full_state_dict=True"):
         load_checkpoint_in_model(model, str(path), full_state_dict=False)

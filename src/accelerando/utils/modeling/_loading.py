@@ -159,6 +159,10 @@ def _keeps_fp32(name: str, keep_in_fp32_modules: list[str]) -> bool:
     return any(f".{module}." in f".{name}." for module in keep_in_fp32_modules)
 
 
+def _is_dtensor(tensor: object) -> bool:
+    return type(tensor).__name__ == "DTensor" or "DTensor" in (c.__name__ for c in type(tensor).__mro__)
+
+
 class _Loader:
     """One checkpoint load: the bookkeeping shared by every tensor."""
 
@@ -175,6 +179,9 @@ class _Loader:
         self.unexpected: list[str] = []
         self.index: dict[str, dict] = {}
         self.devices: dict[object, torch.device] = {}
+        self.full_state_dict = True
+        # Parameters already sharded across processes (FSDP2 / tensor parallel DTensors).
+        self.sharded = {name: t for name, t in model.state_dict(keep_vars=True).items() if _is_dtensor(t)}
 
     def cast_for(self, name: str, tensor_dtype: torch.dtype) -> torch.dtype | None:
         if not tensor_dtype.is_floating_point:
@@ -186,6 +193,9 @@ class _Loader:
     def place(self, name: str, tensor: torch.Tensor | None, source: tuple[str, dict] | None) -> None:
         if name not in self.expected:
             self.unexpected.append(name)
+            return
+        if name in self.sharded:
+            self.place_sharded(name, tensor, source)
             return
         device = self.resolve(name)
         if device == "disk" and name in self.buffers and not self.offload_buffers:
@@ -202,6 +212,40 @@ class _Loader:
             set_module_tensor_to_device(
                 self.model, name, self.devices[device], value=tensor, dtype=self.cast_for(name, tensor.dtype)
             )
+        self.loaded.add(name)
+
+    def place_sharded(self, name: str, tensor: torch.Tensor | None, source: tuple[str, dict] | None) -> None:
+        """Fill a DTensor parameter: from the full tensor (each process keeps its shard) or, with
+        ``full_state_dict=False``, from a checkpoint that holds exactly this process's local shard."""
+        if tensor is None:
+            from accelerando.utils.offload import safetensors_view
+
+            tensor = safetensors_view(source[0], name)
+        current = self.sharded[name]
+        local = current.to_local()
+        if self.full_state_dict:
+            from torch.distributed.tensor import distribute_tensor
+
+            if tuple(tensor.shape) != tuple(current.shape):
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(current.shape)}"
+                )
+            # Every process read the full tensor: slice locally, no communication (src_data_rank=None).
+            piece = distribute_tensor(
+                tensor.to(device=local.device, dtype=local.dtype),
+                current.device_mesh,
+                current.placements,
+                src_data_rank=None,
+            ).to_local()
+        else:
+            if tuple(tensor.shape) != tuple(local.shape):
+                raise ValueError(
+                    f"{name}: full_state_dict=False expects this process's shard of shape {tuple(local.shape)}, "
+                    f"the checkpoint holds {tuple(tensor.shape)}; pass full_state_dict=True for a full checkpoint"
+                )
+            piece = tensor
+        with torch.no_grad():
+            local.copy_(piece.to(device=local.device, dtype=local.dtype))
         self.loaded.add(name)
 
     def to_disk(self, name: str, tensor: torch.Tensor | None, source: tuple[str, dict] | None) -> None:
@@ -284,7 +328,9 @@ def load_checkpoint_in_model(
         keep_in_fp32_modules: module names whose floating-point weights stay in float32.
         offload_8bit_bnb: accepted for compatibility; 8-bit weights are offloaded like any tensor.
         strict: raise if keys are missing or unexpected.
-        full_state_dict: the checkpoint holds full (unsharded) tensors; the only layout supported here.
+        full_state_dict: the checkpoint holds full (unsharded) tensors; DTensor parameters (FSDP2 /
+            tensor parallel) keep their shard of each. ``False``: the checkpoint holds exactly this
+            process's local shards of the DTensor parameters.
         broadcast_from_rank0: in a distributed run, only rank 0 reads the files and every rank
             receives the tensors by broadcast (all ranks must call this).
 
@@ -295,14 +341,15 @@ def load_checkpoint_in_model(
         ValueError: for a missing checkpoint, disk offload without ``offload_folder``, or, with
             ``strict=True``, a checkpoint that does not match the model.
     """
-    if full_state_dict is False:
-        raise NotImplementedError(
-            "load_checkpoint_in_model(full_state_dict=False) (loading into sharded DTensor parameters) is not "
-            "supported yet; load the full state dict (full_state_dict=True) before sharding the model"
-        )
-    del offload_state_dict, offload_8bit_bnb, full_state_dict
+    del offload_state_dict, offload_8bit_bnb
     tied = find_tied_parameters(model)
     loader = _Loader(model, device_map, offload_folder, dtype, offload_buffers, keep_in_fp32_modules)
+    loader.full_state_dict = full_state_dict is not False
+    if not loader.full_state_dict and not loader.sharded:
+        raise ValueError(
+            "full_state_dict=False loads per-process shards into DTensor parameters, but this model has none; "
+            "shard it first (fully_shard / tensor parallel) or pass full_state_dict=True"
+        )
     if broadcast_from_rank0 and torch.distributed.is_available() and torch.distributed.is_initialized():
         from accelerando.utils.modeling._broadcast import broadcast_checkpoint
 
