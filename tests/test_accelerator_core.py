@@ -299,3 +299,23 @@ def test_memory_monitor_switch_samples_each_optimizer_step(tmp_path):
     record = json.loads((tmp_path / "memory" / "memory_rank0.json").read_text())
     assert len(record["records"]) == 3 and record["records"][0]["cpu_rss"] > 0
     assert monitor is not None and opt._after_step is None
+
+
+def test_get_state_dict_reads_offloaded_weights(tmp_path):
+    from accelerando import cpu_offload, disk_offload
+
+    for offload in ("cpu", "disk"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        if offload == "cpu":
+            cpu_offload(model, execution_device="cpu")
+        else:
+            disk_offload(model, str(tmp_path / "offload"), execution_device="cpu")
+        assert any(p.device.type == "meta" for p in model.parameters())
+        acc = Accelerator()
+        state = acc.get_state_dict(model)
+        assert set(state) == set(expected)
+        for key, value in expected.items():
+            assert torch.equal(state[key], value), (offload, key)
+        AcceleratorState._reset_state(reset_partial_state=True)

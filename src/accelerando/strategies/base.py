@@ -98,8 +98,25 @@ class Strategy:
 
     # ------------------------------------------------------------ state dicts
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The full state dict of ``model`` (unwrapped)."""
-        return self.unwrap_model(model).state_dict()
+        """The full state dict of ``model`` (unwrapped).
+
+        Weights offloaded to CPU or disk by big-model hooks (which leave ``meta`` tensors in the
+        module) are read back from their offload storage, so the result holds real tensors.
+        """
+        module = self.unwrap_model(model)
+        state = module.state_dict()
+        if not any(t.device.type == "meta" for t in state.values() if isinstance(t, torch.Tensor)):
+            return state
+        from accelerando.utils.modeling import align_module_device, has_offloaded_params
+
+        for prefix, sub in module.named_modules():
+            if not has_offloaded_params(sub):
+                continue
+            with align_module_device(sub, "cpu"):
+                own = [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]
+                for name, tensor in own:
+                    state[f"{prefix}.{name}" if prefix else name] = tensor.detach().clone()
+        return state
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
