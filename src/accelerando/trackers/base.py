@@ -26,6 +26,7 @@ from accelerando.logging import _process_view
 
 __all__ = [
     "GeneralTracker",
+    "LibraryRunTracker",
     "flatten_config",
     "missing_library_error",
     "on_main_process",
@@ -137,6 +138,51 @@ class GeneralTracker:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={getattr(self, 'name', None)!r})"
+
+
+class LibraryRunTracker(GeneralTracker):
+    """A tracker whose library starts a run with ``<module>.<init_function>(<project_keyword>=run_name, **kwargs)``.
+
+    Subclasses set ``name``, ``module_name`` (and ``pip_package`` when it differs) and, if needed,
+    ``init_function`` / ``project_keyword`` (None: the run name is not passed); they implement
+    ``store_init_configuration``, ``log`` and ``finish`` against ``self._tracker``. A key of the init
+    kwargs equal to ``project_keyword`` overrides the run name.
+
+    Args:
+        run_name: the project (or run) name given to ``init_trackers``.
+        **kwargs: passed to the library's init function.
+    """
+
+    requires_logging_directory = False
+    module_name: str = ""
+    pip_package: str | None = None
+    init_function = "init"
+    project_keyword: str | None = "project"
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self._kwargs = kwargs
+
+    def library(self) -> Any:
+        """Import the backend library.
+
+        Raises:
+            ImportError: it is not installed (the message names the pip package).
+        """
+        import importlib
+
+        try:
+            return importlib.import_module(self.module_name)
+        except ImportError as exc:
+            raise missing_library_error(self.name, self.pip_package or self.module_name) from exc
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the run with the library's init function."""
+        init = getattr(self.library(), self.init_function)
+        named = {self.project_keyword: self.run_name} if self.project_keyword else {}
+        self._tracker = init(**{**named, **self._kwargs})  # an explicit init kwarg wins
 
 
 def missing_library_error(tracker_name: str, pip_package: str) -> ImportError:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from accelerando.trackers.base import (
-    GeneralTracker,
-    missing_library_error,
+    LibraryRunTracker,
     on_main_process,
     sanitize_config,
     scalar_value,
@@ -15,7 +14,7 @@ from accelerando.trackers.base import (
 __all__ = ["CometMLTracker"]
 
 
-class CometMLTracker(GeneralTracker):
+class CometMLTracker(LibraryRunTracker):
     """Log to a Comet experiment.
 
     Args:
@@ -24,21 +23,9 @@ class CometMLTracker(GeneralTracker):
     """
 
     name = "comet_ml"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self._kwargs = kwargs
-
-    @on_main_process
-    def start(self) -> None:
-        """Create the experiment with ``comet_ml.start``."""
-        try:
-            import comet_ml
-        except ImportError as exc:
-            raise missing_library_error(self.name, "comet_ml") from exc
-        self._tracker = comet_ml.start(project_name=self.run_name, **self._kwargs)
+    module_name = "comet_ml"
+    init_function = "start"
+    project_keyword = "project_name"
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:

@@ -6,8 +6,7 @@ from typing import Any
 
 from accelerando.logging import get_logger
 from accelerando.trackers.base import (
-    GeneralTracker,
-    missing_library_error,
+    LibraryRunTracker,
     on_main_process,
     sanitize_config,
     scalar_value,
@@ -27,7 +26,7 @@ def _neptune_safe(node: Any) -> Any:
     return node
 
 
-class NeptuneTracker(GeneralTracker):
+class NeptuneTracker(LibraryRunTracker):
     """Log to a Neptune run.
 
     Args:
@@ -36,22 +35,9 @@ class NeptuneTracker(GeneralTracker):
     """
 
     name = "neptune"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self._kwargs = kwargs
-
-    @on_main_process
-    def start(self) -> None:
-        """Create the run with ``neptune.init_run``."""
-        try:
-            import neptune
-        except ImportError as exc:
-            raise missing_library_error(self.name, "neptune") from exc
-        self._kwargs.setdefault("name", self.run_name)
-        self._tracker = neptune.init_run(**self._kwargs)
+    module_name = "neptune"
+    init_function = "init_run"
+    project_keyword = "name"
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerando.trackers.base import GeneralTracker, missing_library_error, on_main_process, sanitize_config
+from accelerando.trackers.base import (
+    LibraryRunTracker,
+    on_main_process,
+    sanitize_config,
+)
 
 __all__ = ["SwanLabTracker"]
 
 
-class SwanLabTracker(GeneralTracker):
+class SwanLabTracker(LibraryRunTracker):
     """Log to a SwanLab run.
 
     Args:
@@ -18,21 +22,7 @@ class SwanLabTracker(GeneralTracker):
     """
 
     name = "swanlab"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self._kwargs = kwargs
-
-    @on_main_process
-    def start(self) -> None:
-        """Create the run with ``swanlab.init``."""
-        try:
-            import swanlab
-        except ImportError as exc:
-            raise missing_library_error(self.name, "swanlab") from exc
-        self._tracker = swanlab.init(project=self.run_name, **self._kwargs)
+    module_name = "swanlab"
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerando.trackers.base import GeneralTracker, missing_library_error, on_main_process, sanitize_config
+from accelerando.trackers.base import (
+    LibraryRunTracker,
+    on_main_process,
+    sanitize_config,
+)
 
 __all__ = ["WandBTracker"]
 
 
-class WandBTracker(GeneralTracker):
+class WandBTracker(LibraryRunTracker):
     """Log to a Weights & Biases run.
 
     Args:
@@ -18,21 +22,7 @@ class WandBTracker(GeneralTracker):
     """
 
     name = "wandb"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self._kwargs = kwargs
-
-    @on_main_process
-    def start(self) -> None:
-        """Create the run with ``wandb.init(project=run_name, **kwargs)``."""
-        try:
-            import wandb
-        except ImportError as exc:
-            raise missing_library_error(self.name, "wandb") from exc
-        self._tracker = wandb.init(project=self.run_name, **self._kwargs)
+    module_name = "wandb"
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
