@@ -24,8 +24,14 @@ class DeviceBackend:
 
     @classmethod
     def is_available(cls) -> bool:
-        """Return whether at least one device of this family is usable."""
-        return False
+        """Return whether at least one device of this family is usable.
+
+        The default asks ``torch.<name>.is_available()``, which counts devices without creating a
+        context (so a later fork, e.g. by notebook_launcher, stays possible); a family whose torch
+        module is not registered (plug-in not installed) is unavailable.
+        """
+        mod = getattr(torch, cls.name, None)
+        return bool(mod is not None and mod.is_available())
 
     @classmethod
     def module(cls) -> Any:

@@ -66,12 +66,6 @@ class CUDABackend(DeviceBackend):
     rng_type = "cuda"
     supports_pin_memory = True
 
-    @classmethod
-    def is_available(cls) -> bool:
-        # torch.cuda.is_available() asks the driver for a device count without creating a CUDA
-        # context, so a later fork (notebook_launcher) stays possible.
-        return bool(torch.cuda.is_available())
-
 
 class MPSBackend(DeviceBackend):
     """Apple silicon GPUs; a single device, no multi-process backend."""
@@ -102,11 +96,6 @@ class XPUBackend(DeviceBackend):
     rng_type = "xpu"
     supports_pin_memory = True
 
-    @classmethod
-    def is_available(cls) -> bool:
-        xpu = getattr(torch, "xpu", None)
-        return bool(xpu is not None and xpu.is_available())
-
 
 class NPUBackend(DeviceBackend):
     """Ascend NPUs (torch_npu registers ``torch.npu``); hccl for collectives."""
@@ -115,11 +104,6 @@ class NPUBackend(DeviceBackend):
     dist_backend = "hccl"
     rng_type = "npu"
 
-    @classmethod
-    def is_available(cls) -> bool:
-        npu = getattr(torch, "npu", None)
-        return bool(npu is not None and npu.is_available())
-
 
 class HPUBackend(DeviceBackend):
     """Intel Gaudi HPUs (habana_frameworks registers ``torch.hpu``); hccl for collectives."""
@@ -127,8 +111,3 @@ class HPUBackend(DeviceBackend):
     name = "hpu"
     dist_backend = "hccl"
     rng_type = "hpu"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        hpu = getattr(torch, "hpu", None)
-        return bool(hpu is not None and hpu.is_available())
