@@ -9,41 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 import torch
 
-__all__ = ["parse_size", "shard_state_dict", "write_model_weights"]
-
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Return a byte count from an int or a string such as ``"10GB"``, ``"500MiB"``, ``"2kb"``.
-
-    Raises:
-        ValueError: an unreadable string (names the accepted units).
-    """
-    if isinstance(size, int):
-        return size
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(size))
-    unit = match.group(2).upper() if match else ""
-    if not match or (unit and unit not in _UNITS):
-        raise ValueError(
-            f"cannot read size {size!r}; write a number of bytes or e.g. '10GB', '500MB', '4GiB'"
-        )
-    return int(float(match.group(1)) * _UNITS[unit or "B"])
+__all__ = ["shard_state_dict", "write_model_weights"]
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -104,7 +74,9 @@ def write_model_weights(
     weights = _dedupe_shared(state_dict) if safe_serialization else state_dict
     weights = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in weights.items()}
     stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
-    shards = shard_state_dict(weights, parse_size(max_shard_size))
+    from accelerando.utils.modeling._memory import convert_file_size_to_int
+
+    shards = shard_state_dict(weights, convert_file_size_to_int(max_shard_size))
     names = (
         [f"{stem}{ext}"]
         if len(shards) == 1

@@ -10,38 +10,22 @@ initialised is unsafe, so that case is refused with the fix. Settings reach the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from accelerando.settings.machine import detect_machine
 from accelerando.settings.resolve import parse_value
+from accelerando.utils.environment import patch_environment
 
 __all__ = ["notebook_launcher", "debug_launcher"]
 
 
 class LaunchedFunctionError(RuntimeError):
     """A process started by :func:`notebook_launcher` or :func:`debug_launcher` failed."""
-
-
-@contextlib.contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """Set variables for the children (forked processes copy them), restoring the old ones after."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def _port_is_free(port: int, address: str) -> bool:
@@ -98,7 +82,7 @@ def _launch(
     agent_logger = logging.getLogger("torch.distributed.elastic")
     level = agent_logger.level
     agent_logger.setLevel(logging.CRITICAL)
-    with _environment(env):
+    with patch_environment(**env):
         try:
             results = elastic_launch(config, function)(*args)
         except ChildFailedError as err:
@@ -165,7 +149,7 @@ def notebook_launcher(
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer. Fix: pass e.g. 2.")
     env = {"ACCELERANDO_MIXED_PRECISION": precision, "ACCELERATE_MIXED_PRECISION": precision}
     if num_processes == 1 and num_nodes == 1:
-        with _environment(env):
+        with patch_environment(**env):
             return function(*args)
     _check_parent_is_clean()
     port = int(use_port)
