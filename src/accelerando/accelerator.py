@@ -602,7 +602,7 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss``: divided by the accumulation steps, scaled under fp16."""
         steps = self.gradient_state.num_steps
-        if steps > 1 and getattr(self._strategy, "divides_loss_for_accumulation", True):
+        if steps > 1 and self._strategy.divides_loss_for_accumulation:
             loss = loss / steps
         self._strategy.backward(loss, **kwargs)
 

@@ -7,7 +7,6 @@ declare the type they report. The decisions are taken in numbered steps so each 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
@@ -76,8 +75,3 @@ def decide(
     if process_type is not DistributedType.NO:
         return Decision(process_type, "ddp", f"{num_processes} processes")
     return Decision(DistributedType.NO, "single", "one process")
-
-
-def is_data_parallel(distributed_type: Any) -> bool:
-    """Whether the type is one of the plain multi-process data-parallel types."""
-    return distributed_type in _MULTI_BY_DEVICE.values() or distributed_type == DistributedType.MULTI_MLU

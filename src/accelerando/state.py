@@ -30,10 +30,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _resolve_cpu_flag(cpu: bool | None) -> bool:
     """cpu from code, else from the launcher's environment (ACCELERANDO_USE_CPU / ACCELERATE_USE_CPU)."""
-    try:
-        from accelerando.settings import resolve_runtime_settings
-    except ImportError:  # the settings package is optional during bootstrap
-        return bool(cpu)
+    from accelerando.settings import resolve_runtime_settings
+
     return bool(resolve_runtime_settings(code={"cpu": True if cpu else None}).cpu)
 
 

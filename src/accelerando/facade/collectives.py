@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -154,7 +154,3 @@ class CollectivesMixin:
     def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
         """Decorator: run only on local process ``local_process_index``."""
         return self.state._partial.on_local_process(function, local_process_index=local_process_index)
-
-    @contextlib.contextmanager
-    def _noop(self) -> Iterator[None]:
-        yield

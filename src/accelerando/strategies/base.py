@@ -39,6 +39,8 @@ class Strategy:
     # True when the wrapped engine applies mixed precision itself (the Accelerator then gives the
     # strategy the fp32 precision plugin).
     manages_precision = False
+    # False when the engine divides the loss by the accumulation steps itself (DeepSpeed).
+    divides_loss_for_accumulation = True
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         self.state = state
