@@ -7,7 +7,6 @@ numbers the parent compares. The full matrix over 10 steps is marked slow.
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 
@@ -208,35 +207,12 @@ def test_fsdp_training_matches_ddp_full_matrix_10_steps():
 
 
 # -------------------------------------------------------------------------------- checkpoints
-def _hooks_wired() -> bool:
-    from accelerando.checkpointing import orchestrate
-
-    return "save_model_checkpoint" in inspect.getsource(orchestrate)
-
-
 def _save(acc, model, opt, folder: str) -> None:
-    """``save_state`` when checkpointing calls the strategy hooks, else the hooks themselves."""
-    if _hooks_wired():
-        acc.save_state(folder)
-        return
-    strategy = acc._strategy
-    os.makedirs(folder, exist_ok=True)
-    if not strategy.save_model_checkpoint(model, folder, 0, True):
-        state = acc.get_state_dict(model)
-        if acc.is_main_process:
-            from accelerando.checkpointing import files as F
-
-            F.save_model_weights(state, os.path.join(folder, F.model_file(0, True)), True)
-    strategy.save_optimizer_checkpoint(opt, model, folder, 0)
-    acc.wait_for_everyone()
+    acc.save_state(folder)
 
 
 def _load(acc, model, opt, folder: str) -> None:
-    if _hooks_wired():
-        acc.load_state(folder)
-        return
-    acc._strategy.load_model_checkpoint(model, folder, 0)
-    acc._strategy.load_optimizer_checkpoint(opt, model, folder, 0)
+    acc.load_state(folder)
 
 
 def _checkpoint_phase(root: str, phase: int, kind: str, version: int) -> dict:
