@@ -50,3 +50,34 @@ def test_file_store_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_plain_folder_becomes_sqlite_store(tmp_path: Path) -> None:
     pytest.importorskip("sqlalchemy", reason="the sqlite store needs SQLAlchemy (pip install mlflow)")
     _round_trip(str(tmp_path), f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path)
+
+
+def test_all_logs_to_both_installed_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_with="all" with exactly TensorBoard and MLflow installed: both runs get the values."""
+    import dataclasses
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from accelerando import tracking
+
+    for name, backend in list(tracking._REGISTRY.items()):
+        keep = name in ("tensorboard", "mlflow")  # the other libraries may be installed here too
+        monkeypatch.setitem(
+            tracking._REGISTRY, name, dataclasses.replace(backend, is_available=lambda k=keep: k)
+        )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    manager = TrackingManager("all", logging_dir=tmp_path / "logs")
+    manager.init("exp", config={"lr": 0.5}, init_kwargs={"mlflow": {"logging_dir": uri}})
+    assert sorted(t.name for t in manager.trackers) == ["mlflow", "tensorboard"]
+    for step in range(3):
+        manager.log({"loss": float(3 - step)}, step=step)
+    run_id = manager.get_tracker("mlflow", unwrap=True).info.run_id
+    manager.finish()
+
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+    events = EventAccumulator(str(tmp_path / "logs" / "exp"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(0, 3.0), (1, 2.0), (2, 1.0)]
