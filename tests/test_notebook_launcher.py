@@ -113,3 +113,13 @@ def test_launch_refused_when_state_exists_in_parent():
             notebook_launcher(_fail_on_rank_one, num_processes=2)
     finally:
         PartialState._reset_state()
+
+
+def test_launch_refused_when_cuda_is_initialised_in_parent(monkeypatch):
+    # The trigger is hardware state this CPU machine cannot reach; report it as a CUDA process would.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ValueError, match="move every CUDA call .* into the launched function"):
+        notebook_launcher(_fail_on_rank_one, num_processes=2)
