@@ -82,7 +82,9 @@ def interleaved(
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def measure(accelerator, model, optimizer, folder: str, repeats: int) -> tuple[dict, dict]:
+def measure(
+    accelerator, model, optimizer, folder: str, repeats: int, only: str | None = None
+) -> tuple[dict, dict]:
     """Save and load timings of raw safetensors + torch.save against save_state / load_state."""
     from safetensors.torch import load_file, save_file
 
@@ -111,14 +113,20 @@ def measure(accelerator, model, optimizer, folder: str, repeats: int) -> tuple[d
         accelerator.unwrap_model(model).load_state_dict(load_file(weights))
         optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
 
-    saves = interleaved(
-        {"raw_nofsync": raw_write, "raw": raw_save, "ours": lambda: accelerator.save_state(ours_dir)},
-        repeats,
-        reset,
-    )
+    saves = {}
+    if only != "load":
+        saves = interleaved(
+            {"raw_nofsync": raw_write, "raw": raw_save, "ours": lambda: accelerator.save_state(ours_dir)},
+            repeats,
+            reset,
+        )
     reset()
     raw_save()
     accelerator.save_state(ours_dir)
+    loads = {}
+    if only == "save":
+        shutil.rmtree(folder, ignore_errors=True)
+        return saves, loads
     loads = interleaved(
         {
             "raw": raw_load,
@@ -138,6 +146,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/bench_ckpt")
+    parser.add_argument("--only", choices=("save", "load"), help="measure only saving or only loading")
     args = parser.parse_args()
 
     from accelerando import Accelerator
@@ -149,13 +158,25 @@ def main() -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"weights {nbytes / 2**20:.0f} MB, optimizer state ~{2 * nbytes / 2**20:.0f} MB")
-    saves, loads = measure(accelerator, model, optimizer, args.dir, args.repeats)
+    saves, loads = measure(accelerator, model, optimizer, args.dir, args.repeats, args.only)
+    if saves:
+        report_saves(saves)
+    if loads:
+        report_loads(loads)
+
+
+def report_saves(saves: dict) -> None:
+    """Print the save timings and their ratio to a raw write + fsync."""
     fsync_share = (saves["raw"] - saves["raw_nofsync"]) / saves["raw"]
     print(f"raw save (write only)        {saves['raw_nofsync']:7.3f} s")
     print(f"raw save (write + fsync)     {saves['raw']:7.3f} s   fsync share {fsync_share:.0%}")
     print(
         f"save_state                   {saves['ours']:7.3f} s   = {saves['ours'] / saves['raw']:.3f} x raw+fsync"
     )
+
+
+def report_loads(loads: dict) -> None:
+    """Print the load timings and their ratios to a raw load (with and without load_state_dict)."""
     print(f"raw load                     {loads['raw']:7.3f} s")
     print(f"raw load + load_state_dict   {loads['raw_apply']:7.3f} s")
     for key, label in (("ours", "load_state (checksums) "), ("ours_sizes", "load_state (sizes only)")):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 
 import pytest
 
-from accelerando.checkpointing import atomic
+from accelerando.checkpointing import atomic, digest
 
 
 def _commit(final: str, files: dict[str, bytes], world_size: int = 1) -> str:
@@ -70,14 +71,19 @@ def test_damage_is_named(tmp_path, damage: str) -> None:
         atomic.verify_checkpoint(final, checksums=True)
 
 
-def test_checksum_verifier_reports_in_result(tmp_path) -> None:
-    final = _commit(str(tmp_path / "ckpt"), {"a.bin": b"abcdef"})
-    manifest = atomic.read_manifest(final)
-    atomic.ChecksumVerifier(final, manifest, ["a.bin"]).result()
-    with open(os.path.join(final, "a.bin"), "r+b") as handle:
-        handle.write(b"X")
-    with pytest.raises(atomic.CheckpointError, match="a.bin"):
-        atomic.ChecksumVerifier(final, manifest, ["a.bin"]).result()
+def test_parallel_verification_names_the_damaged_file_among_many(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(digest, "PIECE_BYTES", 4096)  # many pieces per file, hashed by the pool at once
+    files = {f"f{i}.bin": os.urandom(4096 * i + 7) for i in range(6)}
+    final = _commit(str(tmp_path / "ckpt"), files)
+    assert atomic.verify_checkpoint(final, checksums=True).files["f5.bin"].size == 4096 * 5 + 7
+    with open(os.path.join(final, "f3.bin"), "r+b") as handle:
+        handle.seek(4096 * 2 + 1)  # inside the third piece
+        byte = handle.read(1)
+        handle.seek(4096 * 2 + 1)
+        handle.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(atomic.CheckpointError, match="f3.bin"):
+        atomic.verify_checkpoint(final, checksums=True)
+    atomic.verify_checkpoint(final, checksums=True, names=["f1.bin", "f4.bin"])  # only those are read
 
 
 def test_rotation_deletes_oldest_only(tmp_path) -> None:
@@ -107,9 +113,9 @@ def test_missing_manifest_is_reported(tmp_path) -> None:
         atomic.read_manifest(str(tmp_path))
 
 
-@pytest.mark.parametrize("algorithm", ["crc32", "xxh3_64"])
-def test_both_checksum_algorithms_detect_a_flip(tmp_path, algorithm: str) -> None:
-    if algorithm == "xxh3_64":
+@pytest.mark.parametrize("algorithm", ["crc32", "xxh3_64", "crc32-p64m", "xxh3_64-p64m"])
+def test_every_checksum_algorithm_detects_a_flip(tmp_path, algorithm: str) -> None:
+    if algorithm.startswith("xxh3_64"):
         pytest.importorskip("xxhash")
     folder = tmp_path / "ckpt"
     staging = atomic.prepare_staging(str(folder))
@@ -129,13 +135,27 @@ def test_unknown_algorithm_is_refused(tmp_path) -> None:
         atomic.file_digest(str(tmp_path / "f"), "md4")
 
 
-def test_mapped_and_read_hashing_agree(tmp_path) -> None:
+def test_pieced_digest_is_the_digest_of_piece_digests(tmp_path, monkeypatch) -> None:
+    xxhash = pytest.importorskip("xxhash")
+    monkeypatch.setattr(digest, "PIECE_BYTES", 1 << 20)
+    data = os.urandom(3 * 2**20 + 5)
     path = tmp_path / "f.bin"
-    path.write_bytes(os.urandom(3 * 2**20 + 5))
-    entry = atomic.file_digest(str(path))
-    hasher = atomic._hasher(entry.algorithm)
-    with open(path, "rb") as handle:
-        assert atomic._hash_read(handle, hasher) == entry.size
-    assert hasher.intdigest() == entry.checksum
+    path.write_bytes(data)
+    pieces = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+    expected = xxhash.xxh3_64_intdigest(
+        b"".join(xxhash.xxh3_64_intdigest(p).to_bytes(8, "little") for p in pieces)
+    )
+    mapped = atomic.file_digest(str(path), "xxh3_64-p64m")
+    assert (mapped.size, mapped.checksum) == (len(data), expected)
+    assert atomic.file_digest(str(path), "xxh3_64").checksum == xxhash.xxh3_64_intdigest(data)
+    assert atomic.file_digest(str(path), "crc32").checksum == zlib.crc32(data)
+
+    def no_mmap(*args, **kwargs):
+        raise OSError("this file system cannot map files")
+
+    monkeypatch.setattr(digest.mmap, "mmap", no_mmap)  # the pread path must give the same digests
+    for algorithm in ("xxh3_64-p64m", "xxh3_64", "crc32", "crc32-p64m"):
+        assert atomic.file_digest(str(path), algorithm) == digest.digest_files([(str(path), algorithm)])[0]
+    assert atomic.file_digest(str(path), "xxh3_64-p64m") == mapped
     (tmp_path / "empty").write_bytes(b"")
     assert atomic.file_digest(str(tmp_path / "empty")).size == 0

@@ -173,3 +173,59 @@ def test_explicit_form_saves_and_restores_a_grad_scaler(tmp_path) -> None:
     fresh = torch.amp.GradScaler("cpu", init_scale=1.0)
     load_accelerator_state(tmp_path, [model], [], [], [], process_index=0, scaler=fresh)
     assert fresh.get_scale() == 512.0
+
+
+def _mapped_paths() -> str:
+    with open("/proc/self/maps") as handle:
+        return handle.read()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+@pytest.mark.parametrize("warm", [True, False])
+def test_big_optimizer_state_loads_through_a_map_into_existing_memory(
+    tmp_path, monkeypatch, warm: bool
+) -> None:
+    """A big optimizer file is read through a memory map and copied into the optimizer's own tensors
+    (or clones, when it has none yet): bitwise what load_state_dict gives, and no map outlives the load."""
+    import gc
+
+    from accelerando.checkpointing import files as F
+    from accelerando.checkpointing.state_io import load_optimizer_state
+
+    monkeypatch.setattr(F, "MAPPED_LOAD_MIN_BYTES", 1)  # small test tensors still take the mapped path
+    model, optimizer, _ = _build(0)
+    optimizer.param_groups[0]["lr"] = torch.tensor(0.05)  # a tensor inside param_groups is cloned too
+    _train(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 2), 0, 4)
+    path = str(tmp_path / "optimizer.bin")
+    torch.save(optimizer.state_dict(), path)
+    expected = torch.load(path, weights_only=True)
+
+    target = torch.optim.AdamW(model.parameters(), lr=0.05)
+    if warm:
+        _train(model, target, torch.optim.lr_scheduler.StepLR(target, 2), 0, 2)  # has state of its own
+    before = {id(p): {k: v.data_ptr() for k, v in s.items()} for p, s in target.state.items()}
+    loaded = F.torch_load(path, "cpu", mapped=True)
+    assert path in _mapped_paths()  # it really is a memory map
+    load_optimizer_state(target, loaded)
+    del loaded
+    gc.collect()
+    assert path not in _mapped_paths()  # nothing the optimizer kept points into the file
+    reference = torch.optim.AdamW(model.parameters(), lr=0.05)
+    reference.load_state_dict(expected)
+    for param in model.parameters():
+        for key, value in reference.state[param].items():
+            assert torch.equal(target.state[param][key], value)
+            if warm:
+                assert (
+                    target.state[param][key].data_ptr() == before[id(param)][key]
+                )  # reused, not reallocated
+    assert torch.equal(target.param_groups[0]["lr"], reference.param_groups[0]["lr"])
+
+
+def test_legacy_torch_save_files_load_when_mapping_is_asked(tmp_path, monkeypatch) -> None:
+    from accelerando.checkpointing import files as F
+
+    monkeypatch.setattr(F, "MAPPED_LOAD_MIN_BYTES", 1)
+    path = str(tmp_path / "legacy.bin")
+    torch.save({"x": torch.arange(5)}, path, _use_new_zipfile_serialization=False)
+    assert torch.equal(F.torch_load(path, mapped=True)["x"], torch.arange(5))

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import json
-import mmap
 import os
 import re
 import shutil
@@ -26,17 +24,23 @@ import threading
 import time
 import uuid
 import warnings
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from accelerando.checkpointing.digest import (
+    FileEntry,
+    available,
+    default_algorithm,
+    digest_files,
+    file_digest,
+)
 
 __all__ = [
     "MANIFEST_NAME",
     "CheckpointError",
     "FileEntry",
     "Manifest",
-    "ChecksumVerifier",
     "commit",
     "default_algorithm",
     "describe_files",
@@ -55,8 +59,6 @@ __all__ = [
 
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT = 1
-_MAPPED_CHUNK = 1 << 30
-_CHUNK = 8 * 1024 * 1024
 _PARTIAL_SUFFIX = ".partial"
 _TRASH_MARK = ".trash-"
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
@@ -64,53 +66,6 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint folder is incomplete or damaged; the message names the folder and the file."""
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """What the manifest records about one file: its size and checksum (and the checksum's algorithm)."""
-
-    size: int
-    checksum: int
-    algorithm: str = "crc32"
-
-
-class _Crc32:
-    """zlib's CRC-32 behind the incremental-hasher interface of ``xxhash``."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def update(self, data: Any) -> None:
-        self.value = zlib.crc32(data, self.value)
-
-    def intdigest(self) -> int:
-        return self.value
-
-
-@functools.lru_cache(maxsize=1)
-def _xxh3() -> Any | None:
-    try:
-        import xxhash
-    except ImportError:
-        return None
-    return xxhash.xxh3_64
-
-
-def default_algorithm() -> str:
-    """The checksum new manifests use: XXH3-64 when ``xxhash`` is installed (about 5x faster than
-    zlib's CRC-32 here, see benchmarks/bench_checkpoint.py), else CRC-32."""
-    return "xxh3_64" if _xxh3() is not None else "crc32"
-
-
-def _hasher(algorithm: str) -> Any | None:
-    """A fresh incremental hasher for ``algorithm``, or None if this installation lacks it."""
-    if algorithm == "crc32":
-        return _Crc32()
-    if algorithm == "xxh3_64":
-        factory = _xxh3()
-        return None if factory is None else factory()
-    return None
 
 
 @dataclass
@@ -182,59 +137,6 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _hash_mapped(handle: Any, size: int, hasher: Any) -> None:
-    """Hash a file through a read-only memory map (no copy through a read buffer)."""
-    if not size:
-        return
-    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            # Large pieces: the hasher releases the GIL inside each update, and every return to
-            # Python waits for the GIL, which the loading thread holds much of the time.
-            for offset in range(0, size, _MAPPED_CHUNK):
-                hasher.update(view[offset : offset + _MAPPED_CHUNK])
-        finally:
-            view.release()
-
-
-def _hash_read(handle: Any, hasher: Any) -> int:
-    """Hash a file by reading it in chunks into one reused buffer; return its size."""
-    size = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    while True:
-        n = handle.readinto(buf)
-        if not n:
-            return size
-        hasher.update(view[:n])
-        size += n
-
-
-def file_digest(path: str, algorithm: str | None = None) -> FileEntry:
-    """Return the size and checksum of a file (hashed through a read-only memory map).
-
-    Args:
-        path: The file.
-        algorithm: ``"xxh3_64"`` or ``"crc32"``; default :func:`default_algorithm`.
-
-    Raises:
-        ValueError: If ``algorithm`` is unknown or its library is not installed.
-    """
-    algorithm = algorithm or default_algorithm()
-    hasher = _hasher(algorithm)
-    if hasher is None:
-        raise ValueError(f"Checksum algorithm {algorithm!r} is not available; install xxhash for 'xxh3_64'.")
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        try:
-            _hash_mapped(handle, size, hasher)
-        except (OSError, ValueError):  # a file system without mmap support: read in chunks instead
-            hasher = _hasher(algorithm)
-            handle.seek(0)
-            size = _hash_read(handle, hasher)
-    return FileEntry(size, hasher.intdigest(), algorithm)
-
-
 def describe_files(folder: str, names: Iterable[str]) -> dict[str, FileEntry]:
     """Make the named files (relative to ``folder``) durable and return their manifest entries.
 
@@ -254,9 +156,11 @@ def describe_files(folder: str, names: Iterable[str]) -> dict[str, FileEntry]:
 
     flusher = threading.Thread(target=flush_all, name="accelerando-fsync", daemon=True)
     flusher.start()
-    for name in names:
-        entries[name] = file_digest(os.path.join(folder, name))
-    flusher.join()
+    try:
+        digests = digest_files([(os.path.join(folder, name), None) for name in names])
+    finally:
+        flusher.join()
+    entries.update(zip(names, digests, strict=True))
     if errors:
         raise errors[0]
     return entries
@@ -370,10 +274,9 @@ def read_manifest(folder: str) -> Manifest:
         ) from err
 
 
-def _check_entry(folder: str, name: str, entry: FileEntry, checksum: bool) -> None:
-    path = os.path.join(folder, name)
+def _check_size(folder: str, name: str, entry: FileEntry) -> None:
     try:
-        size = os.stat(path).st_size
+        size = os.stat(os.path.join(folder, name)).st_size
     except FileNotFoundError:
         raise CheckpointError(
             f"Checkpoint {folder!r} is damaged: file {name!r} listed in its manifest is missing; "
@@ -384,19 +287,25 @@ def _check_entry(folder: str, name: str, entry: FileEntry, checksum: bool) -> No
             f"Checkpoint {folder!r} is damaged: file {name!r} has {size} bytes, the manifest says "
             f"{entry.size} (truncated or overwritten); load another checkpoint."
         )
-    if checksum:
-        if _hasher(entry.algorithm) is None:
+
+
+def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
+    checkable = {}
+    for name, entry in wanted.items():
+        if available(entry.algorithm):
+            checkable[name] = entry
+        else:
             warnings.warn(
                 f"Cannot verify {name!r} in {folder!r}: its {entry.algorithm} checksum needs a library this "
                 "installation lacks (pip install xxhash); only its size was checked.",
-                stacklevel=3,
+                stacklevel=4,
             )
-            return
-        actual = file_digest(path, entry.algorithm)
-        if actual.checksum != entry.checksum:
+    actual = digest_files([(os.path.join(folder, name), e.algorithm) for name, e in checkable.items()])
+    for (name, entry), found in zip(checkable.items(), actual, strict=True):
+        if found.checksum != entry.checksum or found.size != entry.size:
             raise CheckpointError(
                 f"Checkpoint {folder!r} is damaged: file {name!r} fails its {entry.algorithm} checksum "
-                f"({actual.checksum:#x}, manifest {entry.checksum:#x}); load another checkpoint."
+                f"({found.checksum:#x}, manifest {entry.checksum:#x}); load another checkpoint."
             )
 
 
@@ -405,7 +314,8 @@ def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str]
 
     Args:
         folder: The checkpoint folder.
-        checksums: Also compare every file's checksum (reads every byte); sizes are always checked.
+        checksums: Also compare every file's checksum (reads every byte, all files' pieces in parallel);
+            sizes are always checked.
         names: Only check these files (default: every file in the manifest).
 
     Returns:
@@ -417,37 +327,10 @@ def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str]
     manifest = read_manifest(folder)
     wanted = manifest.files if names is None else {n: manifest.files[n] for n in names if n in manifest.files}
     for name, entry in wanted.items():
-        _check_entry(folder, name, entry, checksums)
+        _check_size(folder, name, entry)
+    if checksums:
+        _check_checksums(folder, wanted)
     return manifest
-
-
-class ChecksumVerifier:
-    """Check files' checksums in a background thread while the caller deserialises them.
-
-    Re-reading a file that was just read comes from the page cache and the hashers run in C, so
-    on a machine with a spare core the check adds little wall time. Call ``result()`` before applying
-    anything loaded: it raises ``CheckpointError`` naming the first corrupted file.
-    """
-
-    def __init__(self, folder: str, manifest: Manifest, names: Iterable[str]) -> None:
-        self._folder = folder
-        self._entries = [(n, manifest.files[n]) for n in names if n in manifest.files]
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="accelerando-verify", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for name, entry in self._entries:
-                _check_entry(self._folder, name, entry, checksum=True)
-        except BaseException as err:  # noqa: BLE001 - re-raised by result()
-            self._error = err
-
-    def result(self) -> None:
-        """Wait for the check to finish; raise its error if a file is corrupted."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def list_checkpoints(checkpoints_dir: str) -> list[tuple[int, str]]:

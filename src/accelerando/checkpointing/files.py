@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import zipfile
 from typing import Any
 
 import torch
@@ -63,18 +64,30 @@ def torch_save(obj: Any, path: str) -> None:
     torch.save(obj, path)  # a path, not a Python file object: torch's C++ writer is faster
 
 
-def torch_load(path: str, map_location: Any = None) -> Any:
+# Files at least this big are read through a memory map when the caller copies their tensors
+# elsewhere anyway (see state_io.load_optimizer_state): no fresh allocation, no second copy.
+MAPPED_LOAD_MIN_BYTES = 16 * 2**20
+
+
+def torch_load(path: str, map_location: Any = None, mapped: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True``, falling back to full unpickling.
 
     The fallback only runs for files inside checkpoint folders, which accelerando wrote and verified
     against their manifest; it exists for state dicts holding objects the restricted unpickler does
     not know (some schedulers and user objects).
+
+    Args:
+        mapped: For a file of at least ``MAPPED_LOAD_MIN_BYTES``, return tensors backed by a private,
+            read-only-on-disk memory map of the file (``torch.load(mmap=True)``) instead of fresh
+            memory. The caller must copy or clone them before the file may go away.
     """
+    # Legacy (non-zip) torch.save files cannot be memory-mapped.
+    use_mmap = mapped and os.path.getsize(path) >= MAPPED_LOAD_MIN_BYTES and zipfile.is_zipfile(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError:
         logger.debug("%s needs full unpickling (it holds non-tensor objects)", path)
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=use_mmap)
 
 
 def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization: bool) -> None:

@@ -9,7 +9,7 @@ Save (every process runs this, in this order):
 3. the committing process writes the manifest and renames the folder into place, then rotates old
    checkpoints (only now, so a crash never costs a complete checkpoint); barrier.
 
-Load reads everything first, verifies it (sizes always, checksum in a background thread by default),
+Load verifies first (sizes always; checksums by default, every file's pieces hashed in parallel), reads,
 agrees across processes that every rank succeeded, and only then applies it to the live objects.
 """
 
@@ -378,13 +378,11 @@ def _read_candidate(
     )
     customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(accelerator._custom_objects))]
     names = needed_files(folder, *counts, per_rank=per_rank) + customs
-    verifier = atomic.ChecksumVerifier(folder, manifest, names) if manifest and verify_checksums else None
-    try:
-        loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
-        custom_states = [F.torch_load(_custom_path(folder, name)) for name in customs]
-    finally:
-        if verifier is not None:
-            verifier.result()  # a checksum failure names the file and wins over a parse error
+    if manifest and verify_checksums:
+        # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
+        atomic.verify_checkpoint(folder, checksums=True, names=names)
+    loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
+    custom_states = [F.torch_load(_custom_path(folder, name)) for name in customs]
     return loaded, custom_states, per_rank
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from accelerando.checkpointing import files as F
-from accelerando.checkpointing.atomic import MANIFEST_NAME, ChecksumVerifier, read_manifest, verify_checkpoint
+from accelerando.checkpointing.atomic import MANIFEST_NAME, read_manifest, verify_checkpoint
 from accelerando.checkpointing.state_io import apply_state, needed_files, read_state_files, write_state_files
 
 __all__ = [
@@ -211,17 +211,13 @@ def load_accelerator_state(
     rank = _process_index(process_index)
     counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
     names = needed_files(folder, *counts)
-    verifier = None
     if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
-        manifest = verify_checkpoint(folder)  # sizes of every file: catches deleted or truncated ones
-        verifier = ChecksumVerifier(folder, manifest, names) if verify_checksums else None
+        verify_checkpoint(folder)  # sizes of every file: catches deleted or truncated ones
+        if verify_checksums:
+            verify_checkpoint(folder, checksums=True, names=names)
     else:
         logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
-    try:
-        loaded = read_state_files(folder, *counts, map_location=map_location)
-    finally:
-        if verifier is not None:
-            verifier.result()
+    loaded = read_state_files(folder, *counts, map_location=map_location)
     apply_state(loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs)
     return {"step": loaded.step if loaded.step is not None else 0}
 

@@ -21,6 +21,7 @@ __all__ = [
     "LoadedState",
     "apply_state",
     "capture_gradients",
+    "load_optimizer_state",
     "needed_files",
     "read_state_files",
     "unwrap",
@@ -207,7 +208,7 @@ def read_state_files(
     out.models = [F.load_model_weights(F.find_model_file(folder, i), map_location) for i in range(num_models)]
     for i in range(num_optimizers):
         name = F.indexed(F.OPTIMIZER_NAME, i, ".bin")
-        out.optimizers.append(F.torch_load(_require(folder, name, f"optimizer {i}"), "cpu"))
+        out.optimizers.append(F.torch_load(_require(folder, name, f"optimizer {i}"), "cpu", mapped=True))
     for i in range(num_schedulers):
         name = F.indexed(F.SCHEDULER_NAME, i, ".bin")
         out.schedulers.append(F.torch_load(_require(folder, name, f"scheduler {i}")))
@@ -250,7 +251,64 @@ def _apply_gradients(models: Sequence[Any], grads: dict[str, torch.Tensor]) -> N
         for name, param in unwrap(model).named_parameters():
             saved = grads.get(f"{i}.{name}")
             if saved is not None:
-                param.grad = saved.to(device=param.device, dtype=param.dtype)
+                # copy=True: safetensors returns tensors backed by the file's memory map
+                param.grad = saved.to(device=param.device, dtype=param.dtype, copy=True)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for value in tree.values() for t in _tensors(value)]
+    if isinstance(tree, list | tuple):
+        return [t for value in tree for t in _tensors(value)]
+    return []
+
+
+def load_optimizer_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state_dict)`` that reuses the optimizer's current state memory.
+
+    ``state_dict`` may hold tensors backed by a memory map of the checkpoint file (see
+    ``files.torch_load(mapped=True)``). After the optimizer's own ``load_state_dict`` has mapped and cast
+    every value, each one still backed by the file is copied into the tensor the optimizer held
+    for the same parameter and key when their shape, dtype and device agree (no new allocation, and
+    the old and new state never coexist), and cloned into fresh memory otherwise. The result is the
+    same as a plain ``load_state_dict`` bit for bit, and no tensor keeps the file open.
+    """
+    previous = {id(param): dict(values) for param, values in _inner_state(optimizer).items()}
+    mapped = {t.untyped_storage().data_ptr() for t in _tensors(state_dict) if t.numel()}
+    optimizer.load_state_dict(state_dict)
+    if not mapped:
+        return
+    for group in getattr(optimizer, "param_groups", []):
+        for key, value in group.items():
+            if (
+                isinstance(value, torch.Tensor)
+                and value.numel()
+                and value.untyped_storage().data_ptr() in mapped
+            ):
+                group[key] = value.clone()  # e.g. a tensor learning rate
+    for param, values in _inner_state(optimizer).items():
+        old = previous.get(id(param), {})
+        for key, value in list(values.items()):
+            if not isinstance(value, torch.Tensor) or not value.numel():
+                continue
+            if value.untyped_storage().data_ptr() not in mapped:
+                continue  # already converted to fresh memory by load_state_dict (dtype or device change)
+            target = old.get(key)
+            same = isinstance(target, torch.Tensor) and target is not value
+            if same and (target.shape, target.dtype, target.device) == (
+                value.shape,
+                value.dtype,
+                value.device,
+            ):
+                values[key] = target.copy_(value)
+            else:
+                values[key] = value.clone()
+
+
+def _inner_state(optimizer: Any) -> Any:
+    return getattr(optimizer, "state", {})
 
 
 def apply_state(
@@ -266,7 +324,7 @@ def apply_state(
     for model, state in zip(models, loaded.models, strict=True):
         unwrap(model).load_state_dict(state, **load_model_func_kwargs)
     for optimizer, state in zip(optimizers, loaded.optimizers, strict=True):
-        optimizer.load_state_dict(state)
+        load_optimizer_state(optimizer, state)
     for scheduler, state in zip(schedulers, loaded.schedulers, strict=True):
         scheduler.load_state_dict(state)
     for loader, entry in zip(dataloaders, loaded.dataloaders, strict=True):

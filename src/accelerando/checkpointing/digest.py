@@ -1,0 +1,212 @@
+"""File checksums for checkpoint manifests, computed in parallel pieces.
+
+Checking a checkpoint reads every byte once, and on a memory-bound machine that pass costs as much
+as loading does. The pieced algorithms cut a file into ``PIECE_BYTES`` pieces that threads hash at
+the same time (the hashers release the GIL), then hash the pieces' digests, so the check uses every
+core. Algorithms:
+
+- ``xxh3_64-p64m`` (default with ``xxhash`` installed): XXH3-64 of each 64 MiB piece, then XXH3-64
+  of the pieces' 8-byte little-endian digests (an empty file: XXH3-64 of no bytes).
+- ``crc32-p64m`` (default without ``xxhash``): the same with zlib's CRC-32 and 4-byte digests.
+- ``xxh3_64``, ``crc32``: one digest of the whole file, hashed in order (manifests written by
+  accelerando 0.1 use them; they are still verified).
+
+Files are read through read-only memory maps (no copy through a read buffer), or with ``pread`` on file
+systems that cannot map them.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "PIECE_BYTES",
+    "FileEntry",
+    "available",
+    "default_algorithm",
+    "digest_files",
+    "file_digest",
+]
+
+PIECE_BYTES = 64 * 2**20
+_PIECED_SUFFIX = "-p64m"
+_WHOLE_FILE_STEP = 1 << 30  # update() size for whole-file digests of mapped files
+_MAX_THREADS = 8
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """What the manifest records about one file: its size and checksum (and the checksum's algorithm)."""
+
+    size: int
+    checksum: int
+    algorithm: str = "crc32"
+
+
+@functools.lru_cache(maxsize=1)
+def _xxhash() -> Any | None:
+    try:
+        import xxhash
+    except ImportError:
+        return None
+    return xxhash
+
+
+def _crc32_once(data: Any) -> int:
+    return zlib.crc32(data)
+
+
+def _base(algorithm: str) -> str:
+    return algorithm.removesuffix(_PIECED_SUFFIX)
+
+
+def _one_shot(base: str) -> Callable[[Any], int] | None:
+    """The function hashing one buffer with ``base`` (None if this installation lacks it)."""
+    if base == "crc32":
+        return _crc32_once
+    if base == "xxh3_64":
+        module = _xxhash()
+        return None if module is None else module.xxh3_64_intdigest
+    return None
+
+
+def available(algorithm: str) -> bool:
+    """Whether this installation can compute ``algorithm`` (``xxh3_64*`` needs ``xxhash``)."""
+    known = algorithm in ("crc32", "xxh3_64") or (
+        algorithm.endswith(_PIECED_SUFFIX) and _base(algorithm) in ("crc32", "xxh3_64")
+    )
+    return known and _one_shot(_base(algorithm)) is not None
+
+
+def default_algorithm() -> str:
+    """The checksum new manifests use: pieced XXH3-64 when ``xxhash`` is installed (about 4x faster than
+    zlib's CRC-32 here, see benchmarks/bench_checkpoint.py), else pieced CRC-32."""
+    return ("xxh3_64" if _xxhash() is not None else "crc32") + _PIECED_SUFFIX
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    workers = max(
+        1, min(_MAX_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    )
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="accelerando-digest")
+
+
+def _combine(base: str, digests: list[int]) -> int:
+    width = 8 if base == "xxh3_64" else 4
+    joined = b"".join(d.to_bytes(width, "little") for d in digests)
+    hash_once = _one_shot(base)
+    assert hash_once is not None
+    return hash_once(joined)
+
+
+class _OpenFile:
+    """One file being hashed: its descriptor, size and (when the file system allows) memory map."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+        self.map: mmap.mmap | None = None
+        if self.size:
+            try:
+                self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                self.map = None
+
+    def hash_range(self, hash_once: Callable[[Any], int], start: int, stop: int) -> int:
+        if self.map is None:
+            return hash_once(os.pread(self.fd, stop - start, start))
+        with memoryview(self.map) as view, view[start:stop] as piece:
+            return hash_once(piece)
+
+    def hash_whole(self, base: str) -> int:
+        update: Callable[[Any], None]
+        if base == "crc32":
+            crc = [0]
+
+            def update(data: Any) -> None:
+                crc[0] = zlib.crc32(data, crc[0])
+
+            def result() -> int:
+                return crc[0]
+        else:
+            module = _xxhash()
+            assert module is not None
+            hasher = module.xxh3_64()
+            update, result = hasher.update, hasher.intdigest
+        for start in range(0, self.size, _WHOLE_FILE_STEP):
+            stop = min(self.size, start + _WHOLE_FILE_STEP)
+            if self.map is None:
+                update(os.pread(self.fd, stop - start, start))
+            else:
+                with memoryview(self.map) as view, view[start:stop] as piece:
+                    update(piece)
+        return result()
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+        os.close(self.fd)
+
+
+def digest_files(items: Sequence[tuple[str, str | None]]) -> list[FileEntry]:
+    """Size and checksum of each ``(path, algorithm)`` (``None``: :func:`default_algorithm`), in order.
+
+    All pieces of all files are hashed by one thread pool, so a folder of files uses every core.
+
+    Raises:
+        ValueError: If an algorithm is unknown or its library is not installed.
+        OSError: If a file cannot be read (``FileNotFoundError`` when it is missing).
+    """
+    resolved = [(path, algorithm or default_algorithm()) for path, algorithm in items]
+    for _, algorithm in resolved:
+        if not available(algorithm):
+            raise ValueError(
+                f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
+                "pip install xxhash."
+            )
+    opened: list[_OpenFile] = []
+    jobs: list[tuple[str, list[Future[int]]]] = []
+    try:
+        for path, algorithm in resolved:
+            handle = _OpenFile(path)
+            opened.append(handle)
+            base = _base(algorithm)
+            if algorithm.endswith(_PIECED_SUFFIX):
+                hash_once = _one_shot(base)
+                futures = [
+                    _pool().submit(handle.hash_range, hash_once, start, min(handle.size, start + PIECE_BYTES))
+                    for start in range(0, handle.size, PIECE_BYTES)
+                ]
+            else:
+                futures = [_pool().submit(handle.hash_whole, base)]
+            jobs.append((algorithm, futures))
+        entries = []
+        for handle, (algorithm, futures) in zip(opened, jobs, strict=True):
+            digests = [future.result() for future in futures]
+            if algorithm.endswith(_PIECED_SUFFIX):
+                checksum = _combine(_base(algorithm), digests)
+            else:
+                checksum = digests[0]
+            entries.append(FileEntry(handle.size, checksum, algorithm))
+        return entries
+    finally:
+        wait([future for _, futures in jobs for future in futures])  # no worker may still read a map
+        for handle in opened:
+            handle.close()
+
+
+def file_digest(path: str, algorithm: str | None = None) -> FileEntry:
+    """Return the size and checksum of one file (see :func:`digest_files`).
+
+    Raises:
+        ValueError: If ``algorithm`` is unknown or its library is not installed.
+    """
+    return digest_files([(path, algorithm)])[0]
