@@ -7,6 +7,7 @@ share is reported). Raw load = ``safetensors.load_file`` + ``torch.load(weights_
 does. Every figure is the median of ``--repeats`` runs (variants interleaved), warm page cache.
 
 Run: python benchmarks/bench_checkpoint.py [--size-mb 400] [--repeats 3] [--dir /tmp/bench_ckpt]
+     [--only save|load] [--fresh-processes N]
 """
 
 from __future__ import annotations
@@ -42,16 +43,18 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def build(size_mb: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """A stack of square linear layers holding ``size_mb`` MB of fp32 weights, after one AdamW step."""
+def build(size_mb: int, step: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A stack of square linear layers holding ``size_mb`` MB of fp32 weights, after one AdamW step
+    (``step=False``: an optimizer without state yet, as in a process that is about to resume)."""
     width = 2048
     layers = max(1, round(size_mb * 2**20 / (4 * (width * width + width))))
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model(torch.randn(2, width)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
+    if step:
+        model(torch.randn(2, width)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
     return model, optimizer
 
 
@@ -141,13 +144,74 @@ def measure(
     return saves, loads
 
 
+def _child_load(variant: str, folder: str, size_mb: int) -> None:
+    """In a fresh process (as a resumed run is): time one load into a model and a stateless optimizer."""
+    from safetensors.torch import load_file
+
+    from accelerando import Accelerator
+
+    model, optimizer = build(size_mb, step=False)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    raw_dir, ours_dir = os.path.join(folder, "raw"), os.path.join(folder, "ours")
+    start = time.perf_counter()
+    if variant == "raw_apply":
+        accelerator.unwrap_model(model).load_state_dict(load_file(os.path.join(raw_dir, "model.safetensors")))
+        optimizer.load_state_dict(torch.load(os.path.join(raw_dir, "optimizer.bin"), weights_only=True))
+    else:
+        accelerator.load_state(ours_dir, verify_checksums=variant == "ours")
+    print(time.perf_counter() - start)
+
+
+def fresh_process_loads(accelerator, model, optimizer, folder: str, rounds: int, size_mb: int) -> dict:
+    """Median seconds of one load in each of ``rounds`` fresh processes per variant (alternating)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(os.path.join(folder, "raw"))
+    save_file(accelerator.unwrap_model(model).state_dict(), os.path.join(folder, "raw", "model.safetensors"))
+    torch.save(optimizer.state_dict(), os.path.join(folder, "raw", "optimizer.bin"))
+    accelerator.save_state(os.path.join(folder, "ours"))
+    times: dict[str, list[float]] = {"raw_apply": [], "ours": [], "ours_sizes": []}
+    for i in range(rounds):
+        for variant in list(times)[:: 1 if i % 2 == 0 else -1]:
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                variant,
+                "--dir",
+                folder,
+                "--size-mb",
+                str(size_mb),
+            ]
+            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            times[variant].append(float(out.strip().splitlines()[-1]))
+    shutil.rmtree(folder, ignore_errors=True)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/bench_ckpt")
     parser.add_argument("--only", choices=("save", "load"), help="measure only saving or only loading")
+    parser.add_argument(
+        "--fresh-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time loads in N fresh processes per variant (a resumed run: optimizer without state)",
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        _child_load(args.child, args.dir, args.size_mb)
+        return
 
     from accelerando import Accelerator
 
@@ -163,6 +227,15 @@ def main() -> None:
         report_saves(saves)
     if loads:
         report_loads(loads)
+    if args.fresh_processes:
+        fresh = fresh_process_loads(
+            accelerator, model, optimizer, args.dir, args.fresh_processes, args.size_mb
+        )
+        print(f"fresh process, raw load + load_state_dict   {fresh['raw_apply']:7.3f} s")
+        for key, label in (("ours", "load_state (checksums) "), ("ours_sizes", "load_state (sizes only)")):
+            print(
+                f"fresh process, {label}      {fresh[key]:7.3f} s   = {fresh[key] / fresh['raw_apply']:.3f} x"
+            )
 
 
 def report_saves(saves: dict) -> None:
