@@ -18,6 +18,7 @@ import ctypes
 import errno
 import json
 import os
+import queue
 import re
 import shutil
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 
 from accelerando.checkpointing.digest import (
     FileEntry,
+    PendingDigests,
     available,
     default_algorithm,
     digest_files,
@@ -39,6 +41,7 @@ from accelerando.checkpointing.digest import (
 __all__ = [
     "MANIFEST_NAME",
     "CheckpointError",
+    "FileDescriber",
     "FileEntry",
     "Manifest",
     "commit",
@@ -137,33 +140,81 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class FileDescriber:
+    """Make files durable and describe them for the manifest, each as soon as it is written.
+
+    ``add(name)`` hands over a finished file: a flusher thread ``fsync``s it and the digest pool hashes it
+    (reading back the bytes that reached the file) while the caller writes the next one, so disk
+    writeback and checksums overlap serialisation. ``finish()`` waits and returns the entries;
+    ``close()`` (idempotent) releases everything after a failure.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+        self._names: list[str] = []
+        self._digests = PendingDigests()
+        self._paths: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._errors: list[BaseException] = []
+        self._flusher: threading.Thread | None = None
+
+    def add(self, name: str) -> None:
+        """Start flushing and hashing ``name`` (relative to the folder); raises if it cannot be opened."""
+        path = os.path.join(self._folder, name)
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_loop, name="accelerando-fsync", daemon=True)
+            self._flusher.start()
+        self._paths.put(path)
+        self._names.append(name)
+        self._digests.add(path)
+
+    def _flush_loop(self) -> None:
+        while (path := self._paths.get()) is not None:
+            if self._errors:
+                continue
+            try:
+                fsync_file(path)
+            except BaseException as err:  # noqa: BLE001 - re-raised by finish() in the caller's thread
+                self._errors.append(err)
+
+    def _stop_flusher(self) -> None:
+        if self._flusher is not None:
+            self._paths.put(None)
+            self._flusher.join()
+            self._flusher = None
+
+    def finish(self) -> dict[str, FileEntry]:
+        """Wait until every added file is on disk and hashed; return ``{name: entry}``.
+
+        Raises:
+            OSError: If a flush or a read failed.
+        """
+        try:
+            entries = self._digests.result()
+        finally:
+            self._stop_flusher()
+        if self._errors:
+            raise self._errors[0]
+        return dict(zip(self._names, entries, strict=True))
+
+    def close(self) -> None:
+        """Stop the flusher and the hashing of a describer that will not finish (after a failure)."""
+        self._stop_flusher()
+        self._digests.close()
+
+
 def describe_files(folder: str, names: Iterable[str]) -> dict[str, FileEntry]:
     """Make the named files (relative to ``folder``) durable and return their manifest entries.
 
-    The digest reads back the bytes that reached the file, and runs in a thread beside ``fsync`` so
-    the checksum costs little beyond the disk flush itself.
+    Raises:
+        OSError: If a file is missing or cannot be flushed or read.
     """
-    names = list(names)
-    entries: dict[str, FileEntry] = {}
-    errors: list[BaseException] = []
-
-    def flush_all() -> None:
-        try:
-            for name in names:
-                fsync_file(os.path.join(folder, name))
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(err)
-
-    flusher = threading.Thread(target=flush_all, name="accelerando-fsync", daemon=True)
-    flusher.start()
+    describer = FileDescriber(folder)
     try:
-        digests = digest_files([(os.path.join(folder, name), None) for name in names])
+        for name in names:
+            describer.add(name)
+        return describer.finish()
     finally:
-        flusher.join()
-    entries.update(zip(names, digests, strict=True))
-    if errors:
-        raise errors[0]
-    return entries
+        describer.close()
 
 
 def staging_path(final_dir: str) -> str:

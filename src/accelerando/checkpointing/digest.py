@@ -29,6 +29,7 @@ from typing import Any
 __all__ = [
     "PIECE_BYTES",
     "FileEntry",
+    "PendingDigests",
     "available",
     "default_algorithm",
     "digest_files",
@@ -156,6 +157,64 @@ class _OpenFile:
         os.close(self.fd)
 
 
+class PendingDigests:
+    """Checksums being computed by the thread pool; :meth:`result` waits for them.
+
+    Files stay open (and mapped) until :meth:`result` or :meth:`close` has run.
+    """
+
+    def __init__(self) -> None:
+        self._opened: list[_OpenFile] = []
+        self._jobs: list[tuple[str, list[Future[int]]]] = []
+
+    def add(self, path: str, algorithm: str | None = None) -> None:
+        """Start hashing ``path`` (``None``: :func:`default_algorithm`).
+
+        Raises:
+            ValueError: If the algorithm is unknown or its library is not installed.
+            OSError: If the file cannot be opened.
+        """
+        algorithm = algorithm or default_algorithm()
+        if not available(algorithm):
+            raise ValueError(
+                f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
+                "pip install xxhash."
+            )
+        handle = _OpenFile(path)
+        self._opened.append(handle)
+        base = _base(algorithm)
+        if algorithm.endswith(_PIECED_SUFFIX):
+            hash_once = _one_shot(base)
+            futures = [
+                _pool().submit(handle.hash_range, hash_once, start, min(handle.size, start + PIECE_BYTES))
+                for start in range(0, handle.size, PIECE_BYTES)
+            ]
+        else:
+            futures = [_pool().submit(handle.hash_whole, base)]
+        self._jobs.append((algorithm, futures))
+
+    def result(self) -> list[FileEntry]:
+        """The entries of every added file, in the order added (raises the first hashing error)."""
+        try:
+            entries = []
+            for handle, (algorithm, futures) in zip(self._opened, self._jobs, strict=True):
+                digests = [future.result() for future in futures]
+                checksum = (
+                    _combine(_base(algorithm), digests) if algorithm.endswith(_PIECED_SUFFIX) else digests[0]
+                )
+                entries.append(FileEntry(handle.size, checksum, algorithm))
+            return entries
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Wait for the workers, then close every file (idempotent)."""
+        wait([future for _, futures in self._jobs for future in futures])  # no worker may still read a map
+        for handle in self._opened:
+            handle.close()
+        self._opened, self._jobs = [], []
+
+
 def digest_files(items: Sequence[tuple[str, str | None]]) -> list[FileEntry]:
     """Size and checksum of each ``(path, algorithm)`` (``None``: :func:`default_algorithm`), in order.
 
@@ -165,42 +224,13 @@ def digest_files(items: Sequence[tuple[str, str | None]]) -> list[FileEntry]:
         ValueError: If an algorithm is unknown or its library is not installed.
         OSError: If a file cannot be read (``FileNotFoundError`` when it is missing).
     """
-    resolved = [(path, algorithm or default_algorithm()) for path, algorithm in items]
-    for _, algorithm in resolved:
-        if not available(algorithm):
-            raise ValueError(
-                f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
-                "pip install xxhash."
-            )
-    opened: list[_OpenFile] = []
-    jobs: list[tuple[str, list[Future[int]]]] = []
+    pending = PendingDigests()
     try:
-        for path, algorithm in resolved:
-            handle = _OpenFile(path)
-            opened.append(handle)
-            base = _base(algorithm)
-            if algorithm.endswith(_PIECED_SUFFIX):
-                hash_once = _one_shot(base)
-                futures = [
-                    _pool().submit(handle.hash_range, hash_once, start, min(handle.size, start + PIECE_BYTES))
-                    for start in range(0, handle.size, PIECE_BYTES)
-                ]
-            else:
-                futures = [_pool().submit(handle.hash_whole, base)]
-            jobs.append((algorithm, futures))
-        entries = []
-        for handle, (algorithm, futures) in zip(opened, jobs, strict=True):
-            digests = [future.result() for future in futures]
-            if algorithm.endswith(_PIECED_SUFFIX):
-                checksum = _combine(_base(algorithm), digests)
-            else:
-                checksum = digests[0]
-            entries.append(FileEntry(handle.size, checksum, algorithm))
-        return entries
+        for path, algorithm in items:
+            pending.add(path, algorithm)
+        return pending.result()
     finally:
-        wait([future for _, futures in jobs for future in futures])  # no worker may still read a map
-        for handle in opened:
-            handle.close()
+        pending.close()
 
 
 def file_digest(path: str, algorithm: str | None = None) -> FileEntry:

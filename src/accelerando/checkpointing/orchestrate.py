@@ -20,6 +20,7 @@ import os
 import re
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,8 +130,10 @@ def _mid_accumulation(accelerator: Any) -> bool:
     return not bool(getattr(accelerator, "sync_gradients", True))
 
 
-def _write_process_files(accelerator: Any, staging: str, safe_serialization: bool) -> list[str]:
-    """Write this process's files into the staging folder; return their names."""
+def _write_process_files(
+    accelerator: Any, staging: str, safe_serialization: bool, on_written: Callable[[str], None]
+) -> None:
+    """Write this process's files into the staging folder, handing each name to ``on_written``."""
     config = accelerator.project_configuration
     models = list(accelerator._models)
     optimizers = list(accelerator._optimizers)
@@ -152,7 +155,7 @@ def _write_process_files(accelerator: Any, staging: str, safe_serialization: boo
         if _mid_accumulation(accelerator) and not _owns_loading(accelerator)
         else None
     )
-    names = write_state_files(
+    write_state_files(
         staging,
         weights,
         optimizers,
@@ -164,12 +167,12 @@ def _write_process_files(accelerator: Any, staging: str, safe_serialization: boo
         save_on_each_node=config.save_on_each_node,
         safe_serialization=safe_serialization,
         gradients=grads,
+        on_written=on_written,
     )
     for i, obj in enumerate(accelerator._custom_objects):
         written = save_custom_state(obj, staging, i, config.save_on_each_node)
         if written is not None:
-            names.append(os.path.basename(written))
-    return names
+            on_written(os.path.basename(written))
 
 
 def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list[Any]) -> int:
@@ -216,11 +219,14 @@ def _write_everywhere(
     state = accelerator.state
     error: BaseException | None = None
     described: dict[str, atomic.FileEntry] = {}
+    describer = atomic.FileDescriber(staging)  # flushes and hashes each file while the next is written
     try:
-        names = _write_process_files(accelerator, staging, safe_serialization)
-        described = atomic.describe_files(staging, names)
+        _write_process_files(accelerator, staging, safe_serialization, describer.add)
+        described = describer.finish()
     except Exception as err:  # noqa: BLE001 - reported to every process below
         error = err
+    finally:
+        describer.close()
     report = None if error is None else f"{type(error).__name__}: {error}"
     results = _gather((state.process_index, report, described), state.num_processes)
     failed = [(rank, msg) for rank, msg, _ in results if msg is not None]

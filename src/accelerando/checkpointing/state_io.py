@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,12 +81,16 @@ def write_state_files(
     save_on_each_node: bool = False,
     safe_serialization: bool = True,
     gradients: dict[str, torch.Tensor] | None = None,
+    on_written: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Write this process's share of the state files into ``output_dir``.
 
     The main process (each node's local main with ``save_on_each_node``) writes the shared files
     (weights, optimizer, scheduler, dataloader, scaler); every process writes its random states and,
     when given, its accumulated gradients.
+
+    Args:
+        on_written: Called with each file's name as soon as it is complete (e.g. to start flushing it).
 
     Returns:
         The names (relative to ``output_dir``) of the files this process wrote.
@@ -98,6 +102,8 @@ def write_state_files(
     def put(name: str, writer: Any, obj: Any) -> None:
         writer(obj, os.path.join(output_dir, name))
         written.append(name)
+        if on_written is not None:
+            on_written(name)
 
     if _should_write(save_on_each_node):
         for i, state in enumerate(model_states):
