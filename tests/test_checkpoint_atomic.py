@@ -159,3 +159,47 @@ def test_pieced_digest_is_the_digest_of_piece_digests(tmp_path, monkeypatch) -> 
     assert atomic.file_digest(str(path), "xxh3_64-p64m") == mapped
     (tmp_path / "empty").write_bytes(b"")
     assert atomic.file_digest(str(tmp_path / "empty")).size == 0
+
+
+def test_file_describer_flushes_and_hashes_files_as_they_come(tmp_path, monkeypatch) -> None:
+    flushed: list[str] = []
+    real_fsync = atomic.fsync_file
+    monkeypatch.setattr(
+        atomic, "fsync_file", lambda path: (flushed.append(os.path.basename(path)), real_fsync(path))
+    )
+    describer = atomic.FileDescriber(str(tmp_path))
+    for i in range(3):
+        (tmp_path / f"f{i}").write_bytes(os.urandom(1000 * (i + 1)))
+        describer.add(f"f{i}")  # handed over before the next file exists
+    entries = describer.finish()
+    assert flushed == ["f0", "f1", "f2"]
+    assert entries == {f"f{i}": atomic.file_digest(str(tmp_path / f"f{i}")) for i in range(3)}
+    describer.close()  # idempotent
+
+    failing = atomic.FileDescriber(str(tmp_path))
+    failing.add("f0")
+    with pytest.raises(FileNotFoundError):
+        failing.add("missing")
+    failing.close()  # releases the flusher and the open files after a failure
+
+
+def test_state_files_are_handed_over_complete_one_by_one(tmp_path) -> None:
+    import torch
+
+    from accelerando.checkpointing.state_io import write_state_files
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    sizes: dict[str, int] = {}
+    names = write_state_files(
+        str(tmp_path),
+        [model.state_dict()],
+        [optimizer],
+        [],
+        [],
+        0,
+        3,
+        on_written=lambda name: sizes.setdefault(name, os.path.getsize(tmp_path / name)),
+    )
+    assert list(sizes) == names == ["model.safetensors", "optimizer.bin", "random_states_0.pkl"]
+    assert sizes == {name: os.path.getsize(tmp_path / name) for name in names}
