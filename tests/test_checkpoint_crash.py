@@ -7,7 +7,6 @@ and a few saves rather than an interpreter start.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -17,21 +16,6 @@ from accelerando.checkpointing import atomic
 
 sys.path.insert(0, os.path.dirname(__file__))
 import test_checkpoint_worker as worker  # noqa: E402
-
-
-def _context():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(
-        [
-            "torch",
-            "torch._dynamo",
-            "torch.optim",
-            "accelerando",
-            "accelerando.accelerator",
-            "test_checkpoint_worker",
-        ]
-    )
-    return ctx
 
 
 def _log(path: str) -> list[str]:
@@ -74,7 +58,7 @@ def _check_after_kill(root: str, log: str) -> int | None:
 
 
 def _trials(tmp_path, pauses: list[str | None]) -> dict[str, int]:
-    ctx = _context()
+    ctx = worker.forkserver_context()
     project = str(tmp_path / "run")
     root = os.path.join(project, "checkpoints")
     log = str(tmp_path / "log.txt")

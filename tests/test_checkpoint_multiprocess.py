@@ -4,7 +4,6 @@ damaged, and a checkpoint saved by 2 processes loads in 1 with a warning about t
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 
@@ -15,17 +14,7 @@ import test_checkpoint_worker as worker  # noqa: E402
 
 
 def _ranks(world_size: int, name: str, *args) -> None:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(
-        [
-            "torch",
-            "torch._dynamo",
-            "torch.optim",
-            "accelerando",
-            "accelerando.accelerator",
-            "test_checkpoint_worker",
-        ]
-    )
+    ctx = worker.forkserver_context()
     port = get_free_port()
     procs = [
         ctx.Process(target=worker.rank_call, args=(r, world_size, port, name, args))

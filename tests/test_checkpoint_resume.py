@@ -4,7 +4,6 @@ run with shuffling, dropout, a scheduler and gradient accumulation; 1 and 2 proc
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -19,22 +18,6 @@ import test_checkpoint_worker as worker  # noqa: E402
 STEPS = 20  # 12 batches per epoch with one process: the run crosses an epoch boundary
 
 
-def _context():
-    # A fork server with torch preloaded: each run costs a fork, not an interpreter start.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(
-        [
-            "torch",
-            "torch._dynamo",
-            "torch.optim",
-            "accelerando",
-            "accelerando.accelerator",
-            "test_checkpoint_worker",
-        ]
-    )
-    return ctx
-
-
 def _run(
     project: str,
     out: str,
@@ -43,7 +26,7 @@ def _run(
     processes: int = 1,
     own_generator: bool = True,
 ) -> None:
-    ctx = _context()
+    ctx = worker.forkserver_context()
     port = get_free_port()
     args = (project, out, STEPS, kill_at, stateful, own_generator)
     procs = [ctx.Process(target=worker.rank_entry, args=(r, processes, port, args)) for r in range(processes)]

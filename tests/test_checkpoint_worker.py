@@ -19,6 +19,25 @@ import numpy as np
 import torch
 
 
+def forkserver_context():
+    """A multiprocessing context whose fork server has torch and this module preloaded: each process a
+    test starts then costs a fork, not an interpreter start and imports."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(
+        [
+            "torch",
+            "torch._dynamo",
+            "torch.optim",
+            "accelerando",
+            "accelerando.accelerator",
+            "test_checkpoint_worker",
+        ]
+    )
+    return ctx
+
+
 class Progress:
     """The script's own counter of micro-steps, registered for checkpointing."""
 
