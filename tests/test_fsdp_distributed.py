@@ -238,10 +238,27 @@ def _checkpoint_phase(root: str, phase: int, kind: str, version: int) -> dict:
             )
         if kind == "FULL_STATE_DICT":
             out.update(_save_model_check(acc, model, root))
+        if kind == "SHARDED_STATE_DICT":
+            out["mid_cycle_warnings"] = _save_mid_cycle(acc, os.path.join(root, f"mid_{kind}_{version}"))
     else:
         _load(acc, model, opt, _checkpoint_dir(folder))
         out["tail"] = _train(acc, model, opt, data, 2, 2)
     return out
+
+
+def _save_mid_cycle(acc, folder: str) -> list[str]:
+    """Save as if inside an accumulation cycle: FSDP keeps the pending gradients, so a warning must say
+    the checkpoint cannot resume bit-exactly."""
+    import warnings
+
+    acc.gradient_state._set_sync_gradients(False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            acc.save_state(folder)
+    finally:
+        acc.gradient_state._set_sync_gradients(True)
+    return [str(w.message) for w in caught if "accumulation cycle" in str(w.message)]
 
 
 def _checkpoint_dir(folder: str) -> str:
@@ -339,6 +356,9 @@ def test_fsdp_checkpoints_resume_exactly_merge_and_ram_efficient_loading(tmp_pat
     first = _check_resume(str(tmp_path), (("SHARDED_STATE_DICT", 2), ("FULL_STATE_DICT", 2)))
     main = first[0]
     assert main["SHARDED_STATE_DICT_2"]["merge_equal"]
+    assert len(main["SHARDED_STATE_DICT_2"]["mid_cycle_warnings"]) == 1, main
+    assert "fsdp" in main["SHARDED_STATE_DICT_2"]["mid_cycle_warnings"][0]
+    assert first[1]["SHARDED_STATE_DICT_2"]["mid_cycle_warnings"] == []  # said once, by the main process
     assert main["FULL_STATE_DICT_2"]["save_model_equal"]
     assert main["FULL_STATE_DICT_2"]["save_model_keys"] == ([], [])
     # cpu_ram_efficient_loading: rank 1 built its model on meta; it ends with rank 0's weights and

@@ -150,11 +150,18 @@ def _write_process_files(
             optimizers[i] = None
     for hook in list(accelerator._save_model_state_pre_hook.values()):
         hook(models, weights, staging)
-    grads = (
-        capture_gradients(models)
-        if _mid_accumulation(accelerator) and not _owns_loading(accelerator)
-        else None
-    )
+    grads = None
+    if _mid_accumulation(accelerator):
+        if not _owns_loading(accelerator):
+            grads = capture_gradients(models)
+        elif accelerator.is_main_process:
+            warnings.warn(
+                f"save_state() ran in the middle of a gradient accumulation cycle under {strategy.name}: the "
+                "gradients accumulated so far are held by the strategy and are not in the checkpoint, so a "
+                "run resumed from it will not continue bit-exactly. Save when accelerator.sync_gradients is "
+                "True (right after the optimizer step of a full cycle).",
+                stacklevel=4,
+            )
     write_state_files(
         staging,
         weights,
