@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable
@@ -87,6 +88,60 @@ def _is_committer(state: Any, save_on_each_node: bool) -> bool:
     return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
 
 
+_SHARED_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def _nodes_share(accelerator: Any, parent: str) -> bool:
+    """Whether the nodes' local main processes all see ``parent`` as one folder (a shared file system).
+
+    Each node's local main leaves a marker named with a token common to this call; if one sees another
+    node's marker, the folder is shared. Collective (every process must call it); the verdict is
+    remembered per accelerator and folder, since file systems do not change during a run.
+    """
+    state = accelerator.state
+    if state.num_nodes <= 1:
+        return False
+    known = _SHARED_VERDICTS.setdefault(accelerator, {})
+    if parent in known:
+        return known[parent]
+    token = _gather(uuid.uuid4().hex if state.is_main_process else None, state.num_processes)[0]
+    node = getattr(state.cluster, "node_rank", state.process_index)
+    marker = os.path.join(parent, f".accelerando-node-probe-{token}-{node}")
+    if state.is_local_main_process:
+        os.makedirs(parent, exist_ok=True)
+        with open(marker, "w"):
+            pass
+    _gather(None, state.num_processes)  # every marker is in place
+    seen = False
+    if state.is_local_main_process:
+        prefix = f".accelerando-node-probe-{token}-"
+        seen = any(n.startswith(prefix) and n != os.path.basename(marker) for n in os.listdir(parent))
+    shared = any(_gather(seen, state.num_processes))  # also: every process has looked
+    if state.is_local_main_process:
+        os.remove(marker)
+    known[parent] = shared
+    return shared
+
+
+def _save_on_each_node(accelerator: Any, final_dir: str) -> bool:
+    """``save_on_each_node`` for this save: off (with a warning, once) when the nodes share the folder,
+    where several nodes committing the same checkpoint would race."""
+    if not accelerator.project_configuration.save_on_each_node:
+        return False
+    parent = os.path.dirname(os.path.abspath(final_dir))
+    if not _nodes_share(accelerator, parent):
+        return True
+    if accelerator.state.is_main_process and not getattr(accelerator, "_warned_shared_fs", False):
+        warnings.warn(
+            f"save_on_each_node=True, but every node sees {parent!r} (a shared file system): the checkpoint "
+            "is written and committed once, by the main process. Use save_on_each_node only for "
+            "node-local disks.",
+            stacklevel=4,
+        )
+        accelerator._warned_shared_fs = True
+    return False
+
+
 def _checkpoints_dir(accelerator: Any) -> str:
     project_dir = accelerator.project_configuration.project_dir
     if project_dir is None:
@@ -131,10 +186,13 @@ def _mid_accumulation(accelerator: Any) -> bool:
 
 
 def _write_process_files(
-    accelerator: Any, staging: str, safe_serialization: bool, on_written: Callable[[str], None]
+    accelerator: Any,
+    staging: str,
+    safe_serialization: bool,
+    each_node: bool,
+    on_written: Callable[[str], None],
 ) -> None:
     """Write this process's files into the staging folder, handing each name to ``on_written``."""
-    config = accelerator.project_configuration
     models = list(accelerator._models)
     optimizers = list(accelerator._optimizers)
     strategy = getattr(accelerator, "_strategy", None)
@@ -171,13 +229,13 @@ def _write_process_files(
         accelerator.state.process_index,
         int(accelerator.step),
         scaler=accelerator.scaler,
-        save_on_each_node=config.save_on_each_node,
+        save_on_each_node=each_node,
         safe_serialization=safe_serialization,
         gradients=grads,
         on_written=on_written,
     )
     for i, obj in enumerate(accelerator._custom_objects):
-        written = save_custom_state(obj, staging, i, config.save_on_each_node)
+        written = save_custom_state(obj, staging, i, each_node)
         if written is not None:
             on_written(os.path.basename(written))
 
@@ -213,7 +271,7 @@ def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list
 
 
 def _write_everywhere(
-    accelerator: Any, staging: str, final_dir: str, safe_serialization: bool, committer: bool
+    accelerator: Any, staging: str, final_dir: str, safe_serialization: bool, committer: bool, each_node: bool
 ) -> list[Any]:
     """Every process writes and describes its files; all learn whether every process succeeded.
 
@@ -228,7 +286,7 @@ def _write_everywhere(
     described: dict[str, atomic.FileEntry] = {}
     describer = atomic.FileDescriber(staging)  # flushes and hashes each file while the next is written
     try:
-        _write_process_files(accelerator, staging, safe_serialization, describer.add)
+        _write_process_files(accelerator, staging, safe_serialization, each_node, describer.add)
         described = describer.finish()
     except Exception as err:  # noqa: BLE001 - reported to every process below
         error = err
@@ -279,14 +337,15 @@ def save_state(
     state = accelerator.state
     config = accelerator.project_configuration
     final_dir, checkpoints_dir = _resolve_save_dir(accelerator, output_dir)
-    committer = _is_committer(state, config.save_on_each_node)
+    each_node = _save_on_each_node(accelerator, final_dir)
+    committer = _is_committer(state, each_node)
     if committer:
         prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir) + "."
         atomic.remove_stale(os.path.dirname(final_dir), prefix)
         atomic.prepare_staging(final_dir)
     state.wait_for_everyone()
     staging = atomic.staging_path(final_dir)
-    results = _write_everywhere(accelerator, staging, final_dir, safe_serialization, committer)
+    results = _write_everywhere(accelerator, staging, final_dir, safe_serialization, committer, each_node)
     size = 0
     if committer:
         size = _commit_staged(accelerator, staging, final_dir, results)
