@@ -203,3 +203,15 @@ def test_state_files_are_handed_over_complete_one_by_one(tmp_path) -> None:
     )
     assert list(sizes) == names == ["model.safetensors", "optimizer.bin", "random_states_0.pkl"]
     assert sizes == {name: os.path.getsize(tmp_path / name) for name in names}
+
+
+def test_digests_work_in_a_forked_child_after_the_parent_used_the_pool(tmp_path) -> None:
+    import multiprocessing as mp
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(10_000))
+    expected = atomic.file_digest(str(path))  # the parent's pool now has threads
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply_async(atomic.file_digest, (str(path),)).get(timeout=60)
+    assert child == expected

@@ -92,12 +92,21 @@ def default_algorithm() -> str:
     return ("xxh3_64" if _xxhash() is not None else "crc32") + _PIECED_SUFFIX
 
 
-@functools.lru_cache(maxsize=1)
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
 def _pool() -> ThreadPoolExecutor:
-    workers = max(
-        1, min(_MAX_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    )
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="accelerando-digest")
+    # One pool per process: a forked child inherits the pool object but not its threads.
+    pid = os.getpid()
+    pool = _POOLS.get(pid)
+    if pool is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        pool = ThreadPoolExecutor(
+            max_workers=max(1, min(_MAX_THREADS, cpus)), thread_name_prefix="accelerando-digest"
+        )
+        _POOLS.clear()
+        _POOLS[pid] = pool
+    return pool
 
 
 def _combine(base: str, digests: list[int]) -> int:
