@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import uuid
 import warnings
 import weakref
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any
 
 from accelerando.checkpointing import atomic
 from accelerando.checkpointing import files as F
+from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
 from accelerando.checkpointing.public import save_custom_state, set_active_accelerator
 from accelerando.checkpointing.state_io import (
     LoadedState,
@@ -71,75 +71,6 @@ class ResumePoint:
     epoch: int = 0
     batches_to_skip: int = 0
     dataloaders: tuple[tuple[int, int], ...] = ()
-
-
-def _gather(obj: Any, num_processes: int) -> list[Any]:
-    """Every process's ``obj``, on every process (also a barrier)."""
-    import torch.distributed as dist
-
-    if num_processes > 1 and dist.is_available() and dist.is_initialized():
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
-    return [obj]
-
-
-def _is_committer(state: Any, save_on_each_node: bool) -> bool:
-    return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
-
-
-_SHARED_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
-
-
-def _nodes_share(accelerator: Any, parent: str) -> bool:
-    """Whether the nodes' local main processes all see ``parent`` as one folder (a shared file system).
-
-    Each node's local main leaves a marker named with a token common to this call; if one sees another
-    node's marker, the folder is shared. Collective (every process must call it); the verdict is
-    remembered per accelerator and folder, since file systems do not change during a run.
-    """
-    state = accelerator.state
-    if state.num_nodes <= 1:
-        return False
-    known = _SHARED_VERDICTS.setdefault(accelerator, {})
-    if parent in known:
-        return known[parent]
-    token = _gather(uuid.uuid4().hex if state.is_main_process else None, state.num_processes)[0]
-    node = getattr(state.cluster, "node_rank", state.process_index)
-    marker = os.path.join(parent, f".accelerando-node-probe-{token}-{node}")
-    if state.is_local_main_process:
-        os.makedirs(parent, exist_ok=True)
-        with open(marker, "w"):
-            pass
-    _gather(None, state.num_processes)  # every marker is in place
-    seen = False
-    if state.is_local_main_process:
-        prefix = f".accelerando-node-probe-{token}-"
-        seen = any(n.startswith(prefix) and n != os.path.basename(marker) for n in os.listdir(parent))
-    shared = any(_gather(seen, state.num_processes))  # also: every process has looked
-    if state.is_local_main_process:
-        os.remove(marker)
-    known[parent] = shared
-    return shared
-
-
-def _save_on_each_node(accelerator: Any, final_dir: str) -> bool:
-    """``save_on_each_node`` for this save: off (with a warning, once) when the nodes share the folder,
-    where several nodes committing the same checkpoint would race."""
-    if not accelerator.project_configuration.save_on_each_node:
-        return False
-    parent = os.path.dirname(os.path.abspath(final_dir))
-    if not _nodes_share(accelerator, parent):
-        return True
-    if accelerator.state.is_main_process and not getattr(accelerator, "_warned_shared_fs", False):
-        warnings.warn(
-            f"save_on_each_node=True, but every node sees {parent!r} (a shared file system): the checkpoint "
-            "is written and committed once, by the main process. Use save_on_each_node only for "
-            "node-local disks.",
-            stacklevel=4,
-        )
-        accelerator._warned_shared_fs = True
-    return False
 
 
 def _checkpoints_dir(accelerator: Any) -> str:
@@ -293,7 +224,7 @@ def _write_everywhere(
     finally:
         describer.close()
     report = None if error is None else f"{type(error).__name__}: {error}"
-    results = _gather((state.process_index, report, described), state.num_processes)
+    results = gather((state.process_index, report, described), state.num_processes)
     failed = [(rank, msg) for rank, msg, _ in results if msg is not None]
     if failed:
         if committer:
@@ -337,8 +268,8 @@ def save_state(
     state = accelerator.state
     config = accelerator.project_configuration
     final_dir, checkpoints_dir = _resolve_save_dir(accelerator, output_dir)
-    each_node = _save_on_each_node(accelerator, final_dir)
-    committer = _is_committer(state, each_node)
+    each_node = save_on_each_node(accelerator, final_dir)
+    committer = is_committer(state, each_node)
     if committer:
         prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir) + "."
         atomic.remove_stale(os.path.dirname(final_dir), prefix)
@@ -490,7 +421,7 @@ def _attempt(accelerator: Any, folder: str, kwargs: dict[str, Any]) -> Any:
     except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
         outcome, error = None, err
     report = None if error is None else (f"{type(error).__name__}: {error}", _is_damage(error))
-    verdicts = _gather((accelerator.state.process_index, report), accelerator.state.num_processes)
+    verdicts = gather((accelerator.state.process_index, report), accelerator.state.num_processes)
     return outcome, error, [(rank, *rep) for rank, rep in verdicts if rep is not None]
 
 

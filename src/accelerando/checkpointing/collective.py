@@ -1,0 +1,83 @@
+"""Cross-process steps of saving and loading: gathering every process's verdict, and finding out
+whether the nodes share the checkpoint folder (which decides who commits with ``save_on_each_node``)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+import weakref
+from typing import Any
+
+__all__ = ["gather", "is_committer", "save_on_each_node"]
+
+
+def gather(obj: Any, num_processes: int) -> list[Any]:
+    """Every process's ``obj``, on every process (also a barrier)."""
+    import torch.distributed as dist
+
+    if num_processes > 1 and dist.is_available() and dist.is_initialized():
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+def is_committer(state: Any, save_on_each_node: bool) -> bool:
+    """Whether this process stages and commits checkpoints (the main process, or with
+    ``save_on_each_node`` each node's local main)."""
+    return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
+
+
+_SHARED_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def _nodes_share(accelerator: Any, parent: str) -> bool:
+    """Whether the nodes' local main processes all see ``parent`` as one folder (a shared file system).
+
+    Each node's local main leaves a marker named with a token common to this call; if one sees another
+    node's marker, the folder is shared. Collective (every process must call it); the verdict is
+    remembered per accelerator and folder, since file systems do not change during a run.
+    """
+    state = accelerator.state
+    if state.num_nodes <= 1:
+        return False
+    known = _SHARED_VERDICTS.setdefault(accelerator, {})
+    if parent in known:
+        return known[parent]
+    token = gather(uuid.uuid4().hex if state.is_main_process else None, state.num_processes)[0]
+    node = getattr(state.cluster, "node_rank", state.process_index)
+    marker = os.path.join(parent, f".accelerando-node-probe-{token}-{node}")
+    if state.is_local_main_process:
+        os.makedirs(parent, exist_ok=True)
+        with open(marker, "w"):
+            pass
+    gather(None, state.num_processes)  # every marker is in place
+    seen = False
+    if state.is_local_main_process:
+        prefix = f".accelerando-node-probe-{token}-"
+        seen = any(n.startswith(prefix) and n != os.path.basename(marker) for n in os.listdir(parent))
+    shared = any(gather(seen, state.num_processes))  # also: every process has looked
+    if state.is_local_main_process:
+        os.remove(marker)
+    known[parent] = shared
+    return shared
+
+
+def save_on_each_node(accelerator: Any, final_dir: str) -> bool:
+    """Effective ``save_on_each_node`` for this save (collective when it is on): off (with a warning, once) when the nodes share the folder,
+    where several nodes committing the same checkpoint would race."""
+    if not accelerator.project_configuration.save_on_each_node:
+        return False
+    parent = os.path.dirname(os.path.abspath(final_dir))
+    if not _nodes_share(accelerator, parent):
+        return True
+    if accelerator.state.is_main_process and not getattr(accelerator, "_warned_shared_fs", False):
+        warnings.warn(
+            f"save_on_each_node=True, but every node sees {parent!r} (a shared file system): the checkpoint "
+            "is written and committed once, by the main process. Use save_on_each_node only for "
+            "node-local disks.",
+            stacklevel=4,
+        )
+        accelerator._warned_shared_fs = True
+    return False
