@@ -1,6 +1,7 @@
 """Step-time overhead of the MemoryMonitor: a small CPU training loop with the monitor off and on.
 
-Run: ``python benchmarks/bench_monitor.py [--steps 300] [--rounds 5] [--hidden 512]``
+Run: ``python benchmarks/bench_monitor.py [--steps 300] [--rounds 5] [--hidden 512] [--device cuda]``
+(on a GPU the step synchronises, and the monitor also reads the CUDA counters and NVML sensors).
 
 Off and on blocks are interleaved (off, on, off, on, ...) so that load from other processes hits both
 alike; the reported figure is the ratio of the median per-step times, plus the cost of one
@@ -21,7 +22,8 @@ from accelerando.monitoring import MemoryMonitor
 def _train_block(
     model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, monitor: MemoryMonitor | None
 ) -> list[float]:
-    batch = torch.randn(64, model[0].in_features)
+    device = next(model.parameters()).device
+    batch = torch.randn(64, model[0].in_features, device=device)
     times = []
     for step in range(steps):
         start = time.perf_counter()
@@ -31,6 +33,8 @@ def _train_block(
         opt.zero_grad(set_to_none=True)
         if monitor is not None:
             monitor.step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -40,11 +44,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)
-    )
+    ).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     _train_block(model, opt, 50, None)  # warm-up
     off: list[float] = []

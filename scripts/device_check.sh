@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every CUDA check of the project in one prepared run, for a session lent a GPU machine:
+#   run(command="bash scripts/device_check.sh", timeout_s=540)
+# It uses the machine's own python3 (with CUDA PyTorch) and the sources in src/ (nothing to install),
+# and writes the logs under $OUT (or /tmp/device_check without it). About 2-4 minutes on one H200.
+set -uo pipefail
+out="${OUT:-/tmp/device_check}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 - <<'PY' 2>&1 | tee "$out/machine.txt"
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
+for i in range(torch.cuda.device_count()):
+    print(i, torch.cuda.get_device_name(i))
+PY
+# GPU checks of #4 (prefetch), #7 (device memory, NVML, allocator snapshot, real OOM), #8 (fp16; FSDP
+# fp16 needs 2 GPUs), then the placement tests again with CUDA present.
+timeout 420 python3 -m pytest -q -rs --timeout 240 tests/test_gpu.py tests/test_data_placement.py \
+  2>&1 | tee "$out/gpu_tests.log"
+status=${PIPESTATUS[0]}
+# The monitor's overhead with CUDA counters and NVML sensors being read (issue #7's figure).
+timeout 90 python3 benchmarks/bench_monitor.py --steps 200 --rounds 3 --device cuda 2>&1 | tee "$out/bench_monitor.log"
+exit "$status"
