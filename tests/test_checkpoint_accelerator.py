@@ -123,8 +123,12 @@ def _flip(path: str, offset_from_end: int = 3) -> None:
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "random_states_0.pkl", MANIFEST_NAME])
 @pytest.mark.parametrize("damage", ["truncate", "delete", "flip"])
-def test_damage_is_refused_or_skipped(tmp_path, name: str, damage: str) -> None:
+def test_damage_is_refused_or_skipped(tmp_path, monkeypatch, name: str, damage: str) -> None:
+    from accelerando.checkpointing import files
+
+    monkeypatch.setattr(files, "MAPPED_LOAD_MIN_BYTES", 1)  # the optimizer file is read through a map
     accelerator, model, optimizer, scheduler = _setup(tmp_path)
+    _train_step(model, optimizer, scheduler)  # the optimizer has state to lose
     _fill(model, 1.0)
     accelerator.save_state()
     _fill(model, 2.0)
@@ -137,10 +141,15 @@ def test_damage_is_refused_or_skipped(tmp_path, name: str, damage: str) -> None:
     else:
         _flip(target)
     _fill(model, 5.0)
+    for values in optimizer.state.values():
+        values["exp_avg"].fill_(7.0)
+    before = [values["exp_avg"].clone() for values in optimizer.state.values()]
     pattern = "checkpoint_manifest|incomplete" if name == MANIFEST_NAME else name.replace(".", "\\.")
     with pytest.raises((CheckpointError, FileNotFoundError), match=pattern):
         accelerator.load_state(newest)
     assert all(bool((p == 5.0).all()) for p in model.parameters())  # nothing half-loaded
+    after = [values["exp_avg"] for values in optimizer.state.values()]
+    assert len(after) == 2 and all(bool((a == b).all()) for a, b in zip(after, before, strict=True))
     if damage == "flip" and name == MANIFEST_NAME:
         return  # a flipped byte inside JSON text may still parse; the files it lists are intact
     with pytest.warns(UserWarning, match="Skipping (damaged|incomplete) checkpoint"):
