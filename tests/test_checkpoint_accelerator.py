@@ -345,3 +345,16 @@ def test_save_on_each_node_single_process(tmp_path) -> None:
     accelerator.load_state()
     assert os.path.basename(path) == "checkpoint_0"
     assert all(bool((p == 3.0).all()) for p in model.parameters())
+
+
+def test_verify_checksums_setting_from_the_environment(tmp_path, monkeypatch) -> None:
+    """ACCELERANDO_VERIFY_CHECKSUMS=0 makes sizes-only the default; the argument still wins."""
+    monkeypatch.setenv("ACCELERANDO_VERIFY_CHECKSUMS", "0")
+    accelerator, model, optimizer, scheduler = _setup(tmp_path)
+    assert accelerator.settings.source("verify_checksums") == "env:ACCELERANDO_VERIFY_CHECKSUMS"
+    _fill(model, 1.0)
+    newest = accelerator.save_state()
+    _flip(os.path.join(newest, "model.safetensors"))  # inside the tensor data: same size
+    accelerator.load_state(newest)  # sizes only, as configured: the flip goes unseen
+    with pytest.raises(CheckpointError, match="model\\.safetensors"):
+        accelerator.load_state(newest, verify_checksums=True)

@@ -464,8 +464,9 @@ def load_state(
         input_dir: Checkpoint folder (None: the newest complete one, with automatic naming).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
             except ``map_location`` (device for loaded weights, default CPU), ``verify_checksums``
-            (default True: compare every read file's checksum with the manifest; sizes are always
-            checked) and ``allow_unverified`` (default False: an explicit folder without a manifest,
+            (default: the ``verify_checksums`` setting, True unless ``ACCELERANDO_VERIFY_CHECKSUMS=0`` or
+            the config file says otherwise: compare every read file's checksum with the manifest; sizes
+            are always checked) and ``allow_unverified`` (default False: an explicit folder without a manifest,
             e.g. written by another library, is loaded with a warning instead of refused).
 
     Raises:
@@ -478,7 +479,9 @@ def load_state(
     candidates, may_fall_back = _candidates(accelerator, input_dir)
     kwargs = {
         "map_location": load_model_func_kwargs.pop("map_location", None),
-        "verify_checksums": bool(load_model_func_kwargs.pop("verify_checksums", True)),
+        "verify_checksums": bool(
+            load_model_func_kwargs.pop("verify_checksums", _default_verification(accelerator))
+        ),
         "allow_unverified": bool(load_model_func_kwargs.pop("allow_unverified", False)) and not may_fall_back,
     }
     for folder in candidates:
@@ -496,6 +499,13 @@ def load_state(
         f"Every checkpoint under {os.path.dirname(candidates[0])!r} is damaged; nothing was loaded. "
         "Start fresh or repair one (the warnings above name the damaged files)."
     )
+
+
+def _default_verification(accelerator: Any) -> bool:
+    """The ``verify_checksums`` setting (code > launcher > ACCELERANDO_VERIFY_CHECKSUMS > config > True)."""
+    settings = getattr(accelerator, "settings", None)
+    value = getattr(settings, "verify_checksums", None)
+    return True if value is None else bool(value)
 
 
 def _check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:

@@ -180,6 +180,8 @@ FIELDS: tuple[Field, ...] = (
           env=("ACCELERATE_DOWNCAST_BF16",)),
     _core("log_level", "str", None, cli=None, help="Log level of accelerando's loggers.",
           env=("ACCELERATE_LOG_LEVEL",)),
+    _core("verify_checksums", "bool", True, cli=None,
+          help="load_state compares every file it reads with the checkpoint's checksums (sizes always)."),
     # --- launch topology: written by the launcher, informational inside a process ---------------
     _core("num_processes", "int", None, group="launch", minimum=1,
           help="Total number of processes to start (all machines).", env=("ACCELERATE_NUM_PROCESSES",)),
