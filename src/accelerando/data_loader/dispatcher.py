@@ -132,34 +132,41 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         device = self.device
         send = resolve_send_to_device() if device is not None and device.type != "cpu" else None
         progress, position = self._progress, start
-        while True:
-            message = self._scatter(steps, processes, rank)
-            if message is None:
-                return
-            is_last, remainder, batch = message
-            if is_last:
-                self.end_of_dataloader = True
-                self.remainder = remainder
-            if batch is not None:
-                if send is not None:
-                    batch = send(batch, device, non_blocking=self._non_blocking)
-                position += 1
-                progress.position = position
-                yield batch
-            if is_last:
-                return
+        in_flight: list[Any] = []  # the main process's sends of the previous step, still under way
+        try:
+            while True:
+                message = self._scatter(steps, processes, rank, in_flight)
+                if message is None:
+                    return
+                is_last, remainder, batch = message
+                if is_last:
+                    self.end_of_dataloader = True
+                    self.remainder = remainder
+                if batch is not None:
+                    if send is not None:
+                        batch = send(batch, device, non_blocking=self._non_blocking)
+                    position += 1
+                    progress.position = position
+                    yield batch
+                if is_last:
+                    return
+        finally:
+            if in_flight:
+                from accelerando.data_loader.scatter import wait_all
+
+                wait_all(in_flight)
 
     @staticmethod
-    def _scatter(steps: Iterator[list[_Message]] | None, processes: int, rank: int) -> _Message:
+    def _scatter(
+        steps: Iterator[list[_Message]] | None, processes: int, rank: int, in_flight: list[Any]
+    ) -> _Message:
         parts = next(steps, None) if steps is not None else None
         if processes == 1:
             return None if parts is None else parts[0]
-        import torch.distributed as dist
+        from accelerando.data_loader.scatter import scatter_parts
 
-        received: list[Any] = [None]
-        payload = (parts if parts is not None else [None] * processes) if rank == 0 else None
-        dist.scatter_object_list(received, payload, src=0)
-        return received[0]
+        main_parts = (parts if parts is not None else [None] * processes) if rank == 0 else None
+        return scatter_parts(main_parts, rank, processes, in_flight)
 
     def _base_batches(self, start_steps: int, processes: int) -> Iterator[Any]:
         skip = start_steps * (1 if self.split_batches else processes)
@@ -191,14 +198,18 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         if state["size"] is None:
             state["size"] = sizes[0]
         regular = len(group) == per_step and all(s == state["size"] for s in sizes)
-        whole = concat_batches(group)
+        # One concatenation per step only where a step is cut across batches: with split_batches a
+        # step is one batch already, and a regular step of whole batches is passed on as it is.
+        whole = group[0] if len(group) == 1 else None
         if state["first"] is None:
-            state["first"] = whole
+            state["first"] = whole if whole is not None else concat_batches(group)
         if regular and self.split_batches and (sizes[0] or 0) % processes != 0:
             regular = False
+        if regular and not self.split_batches:
+            return [(is_last, -1, batch) for batch in group]
+        if whole is None:
+            whole = concat_batches(group)
         if regular:
-            if not self.split_batches:
-                return [(is_last, -1, batch) for batch in group]
             width = (sizes[0] or 0) // processes
             return [
                 (is_last, -1, self._slice(whole, i * width, (i + 1) * width, i)) for i in range(processes)

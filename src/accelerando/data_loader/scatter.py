@@ -1,0 +1,158 @@
+"""Hand each process its part of a step's batch from the main process (the dispatcher's transport).
+
+Pickling whole batches (``scatter_object_list``) copies every tensor into a byte string and back and
+costs about three times a plain tensor scatter for image-sized batches. Here only the batch's
+structure travels pickled: each tensor is replaced by a :class:`_Slot` (its position, shape and dtype),
+then every tensor goes as it is by point-to-point send (no copy when it is contiguous), straight into
+the receiver's own tensor. The main process keeps its own part as it is.
+
+Batches holding tensors this cannot send as raw bytes (not on the CPU, sparse, quantized, subclasses),
+and process groups whose backend cannot send CPU tensors (NCCL), take the pickled path: the result is
+the same, only slower.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accelerando.utils.operations import recursively_apply
+
+__all__ = ["scatter_parts", "wait_all"]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Stands in a pickled skeleton for the ``index``-th tensor sent separately."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _sendable(tensor: torch.Tensor) -> bool:
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.device.type == "cpu"
+        and tensor.layout == torch.strided
+        and not tensor.is_quantized
+    )
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's data as a flat uint8 tensor (a view when it is contiguous)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _pack(part: Any) -> tuple[Any, list[torch.Tensor]] | None:
+    """``(skeleton, tensors)`` of one process's part, or None when it must be pickled whole."""
+    tensors: list[torch.Tensor] = []
+    unsendable = False
+
+    def slot(tensor: torch.Tensor) -> _Slot:
+        nonlocal unsendable
+        unsendable = unsendable or not _sendable(tensor)
+        tensors.append(tensor)
+        return _Slot(len(tensors) - 1, tuple(tensor.shape), tensor.dtype)
+
+    skeleton = recursively_apply(slot, part)
+    return None if unsendable else (skeleton, tensors)
+
+
+def _receive(skeleton: Any) -> Any:
+    """Receive the tensors a skeleton stands for from the main process, in order, and put them in."""
+    import torch.distributed as dist
+
+    def tensor(placed: _Slot) -> torch.Tensor:
+        out = torch.empty(placed.shape, dtype=placed.dtype)
+        if out.numel():
+            dist.recv(out.reshape(-1).view(torch.uint8), src=0)
+        return out
+
+    return recursively_apply(tensor, skeleton, test_type=lambda leaf: isinstance(leaf, _Slot))
+
+
+def scatter_parts(
+    parts: list[Any] | None, rank: int, processes: int, in_flight: list[Any] | None = None
+) -> Any:
+    """Give every process its item of ``parts`` (a list, one item per process, on the main process).
+
+    Collective over the default process group: every process calls it; ``parts`` is read on rank 0
+    only. Each item is ``(is_last, remainder, batch)`` or None; the batch may nest tensors in lists,
+    tuples and mappings, beside other picklable values.
+
+    Args:
+        in_flight: On the main process, a list kept between calls: the sends of this call are left
+            in it, still under way, and waited for at the start of the next call, so that reading the
+            next step overlaps sending this one. Without it, every call waits for its own sends.
+
+    Returns:
+        This process's item.
+    """
+    import torch.distributed as dist
+
+    if in_flight:
+        wait_all(in_flight)
+    raw_bytes = dist.get_backend() == "gloo"
+    headers: list[Any] = [None] * processes
+    outgoing: list[tuple[int, torch.Tensor]] = []
+    if rank == 0:
+        assert parts is not None
+        for index, item in enumerate(parts):
+            if index == 0:
+                continue  # the main process keeps its own part: nothing to pickle or copy
+            packed = _pack(item[2]) if raw_bytes and item is not None else None
+            if packed is None:
+                headers[index] = ("object", item)
+            else:
+                skeleton, tensors = packed
+                headers[index] = ("tensors", item[0], item[1], skeleton)
+                outgoing += [(index, _as_bytes(t)) for t in tensors if t.numel()]
+    if rank == 0:
+        requests = []
+        for index in range(1, processes):
+            requests += _send_object(headers[index], index)
+        requests += [(dist.isend(data, dst=index), data) for index, data in outgoing]  # data kept alive
+        if in_flight is None:
+            wait_all(requests)
+        else:
+            in_flight.extend(requests)
+        return parts[0]
+    header = _receive_object()
+    if header[0] == "object":
+        return header[1]
+    _, is_last, remainder, skeleton = header
+    return is_last, remainder, _receive(skeleton)
+
+
+def _send_object(obj: Any, dst: int) -> list[Any]:
+    """Start sending a pickled object (its length, then its bytes) to ``dst``; returns the requests.
+
+    Point-to-point instead of ``scatter_object_list``, whose three collectives cost about 1.7 ms per
+    step even for a few bytes over gloo.
+    """
+    import torch.distributed as dist
+
+    data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    length = torch.tensor([data.numel()], dtype=torch.int64)
+    return [(dist.isend(length, dst=dst), length), (dist.isend(data, dst=dst), data)]
+
+
+def wait_all(requests: list[Any]) -> None:
+    """Wait for the ``(request, tensor)`` pairs of earlier sends and empty the list."""
+    for request, _ in requests:
+        request.wait()
+    requests.clear()
+
+
+def _receive_object() -> Any:
+    import torch.distributed as dist
+
+    length = torch.empty(1, dtype=torch.int64)
+    dist.recv(length, src=0)
+    data = torch.empty(int(length.item()), dtype=torch.uint8)
+    dist.recv(data, src=0)
+    return pickle.loads(data.numpy().tobytes())
