@@ -86,6 +86,23 @@ def _check_dispatch_transport(results: dict) -> None:
         assert batch["name"] == f"batch-{first}"
         firsts.append(first)
     results["transport_firsts"] = firsts
+    # A backend that moves only device tensors (NCCL) takes scatter_object_list: same batches.
+    import torch.distributed as dist
+
+    real_backend = dist.get_backend
+    dist.get_backend = lambda *args, **kwargs: "nccl"
+    try:
+        again = prepare_data_loader(
+            DataLoader(_Stream(12), batch_size=3, collate_fn=_awkward_batch), put_on_device=True
+        )
+        pickled = [
+            int(batch["long"][0])
+            for batch in again
+            if torch.equal(batch["transposed"], _awkward_batch(batch["long"].tolist())["transposed"])
+        ]
+    finally:
+        dist.get_backend = real_backend
+    assert pickled == firsts
     sparse = prepare_data_loader(
         DataLoader(
             _Stream(8),

@@ -6,9 +6,9 @@ structure travels pickled: each tensor is replaced by a :class:`_Slot` (its posi
 then every tensor goes as it is by point-to-point send (no copy when it is contiguous), straight into
 the receiver's own tensor. The main process keeps its own part as it is.
 
-Batches holding tensors this cannot send as raw bytes (not on the CPU, sparse, quantized, subclasses),
-and process groups whose backend cannot send CPU tensors (NCCL), take the pickled path: the result is
-the same, only slower.
+Batches holding tensors this cannot send as raw bytes (not on the CPU, sparse, quantized, subclasses)
+are pickled whole; process groups whose backend cannot send CPU tensors (NCCL without a gloo side)
+use ``scatter_object_list`` as before. The result is the same, only slower.
 """
 
 from __future__ import annotations
@@ -96,7 +96,12 @@ def scatter_parts(
 
     if in_flight:
         wait_all(in_flight)
-    raw_bytes = dist.get_backend() == "gloo"
+    backend = str(dist.get_backend())
+    if backend != "gloo" and "cpu:gloo" not in backend:
+        # NCCL and the like move only device tensors: let torch pickle everything and move it for us.
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, parts if rank == 0 else None, src=0)
+        return received[0]
     headers: list[Any] = [None] * processes
     outgoing: list[tuple[int, torch.Tensor]] = []
     if rank == 0:
@@ -104,7 +109,7 @@ def scatter_parts(
         for index, item in enumerate(parts):
             if index == 0:
                 continue  # the main process keeps its own part: nothing to pickle or copy
-            packed = _pack(item[2]) if raw_bytes and item is not None else None
+            packed = _pack(item[2]) if item is not None else None
             if packed is None:
                 headers[index] = ("object", item)
             else:
