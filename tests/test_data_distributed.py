@@ -63,6 +63,7 @@ def _awkward_batch(samples: list[int]) -> dict:
         "empty": torch.empty(0, 5),
         "nested": [("tag", torch.ones(2, dtype=torch.uint8) * first), {"deep": torch.tensor([first] * 3)}],
         "name": f"batch-{first}",
+        "text": [f"{first}:" + "x" * 3000 for _ in range(3)],  # a skeleton longer than one header message
     }
 
 
@@ -83,7 +84,7 @@ def _check_dispatch_transport(results: dict) -> None:
             assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), key
         assert batch["nested"][0][0] == "tag" and torch.equal(batch["nested"][0][1], expected["nested"][0][1])
         assert torch.equal(batch["nested"][1]["deep"], expected["nested"][1]["deep"])
-        assert batch["name"] == f"batch-{first}"
+        assert batch["name"] == f"batch-{first}" and batch["text"] == expected["text"]
         firsts.append(first)
     results["transport_firsts"] = firsts
     # A backend that moves only device tensors (NCCL) takes scatter_object_list: same batches.
