@@ -7,6 +7,7 @@ an ``IterableDataset`` (dispatch is the default there); the hand-written loop re
 the main process and calls ``dist.scatter``. Runs alternate; the first of each is a warm-up.
 
 Run: python -m torch.distributed.run --nproc_per_node 2 benchmarks/bench_dispatch.py [--rounds 4] [--steps 60]
+     [--batch-size 32] [--sample-floats 49152]
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--sample-floats", type=int, default=3 * 128 * 128, help="floats per sample")
     args = parser.parse_args()
 
     from accelerando import Accelerator, DataLoaderConfiguration
 
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     rank, world = accelerator.process_index, accelerator.num_processes
-    shape, batch = (3, 128, 128), args.batch_size
+    shape, batch = (args.sample_floats,), args.batch_size
     samples = batch * world * args.steps
     prepared = accelerator.prepare(DataLoader(_Stream(samples, shape), batch_size=batch))
 
