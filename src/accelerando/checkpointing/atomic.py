@@ -58,6 +58,7 @@ __all__ = [
     "rotate",
     "staging_path",
     "verify_checkpoint",
+    "verify_checksums",
 ]
 
 MANIFEST_NAME = "checkpoint_manifest.json"
@@ -358,6 +359,17 @@ def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
                 f"Checkpoint {folder!r} is damaged: file {name!r} fails its {entry.algorithm} checksum "
                 f"({found.checksum:#x}, manifest {entry.checksum:#x}); load another checkpoint."
             )
+
+
+def verify_checksums(folder: str, manifest: Manifest, names: Iterable[str]) -> None:
+    """Compare the named files' checksums with an already read and size-checked manifest.
+
+    All pieces of all the files are hashed in parallel; names the manifest does not list are skipped.
+
+    Raises:
+        CheckpointError: Naming the first corrupted file.
+    """
+    _check_checksums(folder, {n: manifest.files[n] for n in names if n in manifest.files})
 
 
 def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str] | None = None) -> Manifest:

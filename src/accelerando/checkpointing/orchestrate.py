@@ -383,7 +383,7 @@ def _read_candidate(
     names = needed_files(folder, *counts, per_rank=per_rank) + customs
     if manifest and verify_checksums:
         # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
-        atomic.verify_checkpoint(folder, checksums=True, names=names)
+        atomic.verify_checksums(folder, manifest, names)
     loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
     custom_states = [F.torch_load(_custom_path(folder, name)) for name in customs]
     return loaded, custom_states, per_rank

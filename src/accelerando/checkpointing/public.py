@@ -19,6 +19,7 @@ from typing import Any
 
 from accelerando.checkpointing import files as F
 from accelerando.checkpointing.atomic import MANIFEST_NAME, read_manifest, verify_checkpoint
+from accelerando.checkpointing.atomic import verify_checksums as verify_checksums_of
 from accelerando.checkpointing.state_io import apply_state, needed_files, read_state_files, write_state_files
 
 __all__ = [
@@ -212,9 +213,9 @@ def load_accelerator_state(
     counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
     names = needed_files(folder, *counts)
     if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
-        verify_checkpoint(folder)  # sizes of every file: catches deleted or truncated ones
+        manifest = verify_checkpoint(folder)  # sizes of every file: catches deleted or truncated ones
         if verify_checksums:
-            verify_checkpoint(folder, checksums=True, names=names)
+            verify_checksums_of(folder, manifest, names)
     else:
         logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
     loaded = read_state_files(folder, *counts, map_location=map_location)
