@@ -229,3 +229,20 @@ def test_legacy_torch_save_files_load_when_mapping_is_asked(tmp_path, monkeypatc
     path = str(tmp_path / "legacy.bin")
     torch.save({"x": torch.arange(5)}, path, _use_new_zipfile_serialization=False)
     assert torch.equal(F.torch_load(path, mapped=True)["x"], torch.arange(5))
+
+
+def test_mapped_load_falls_back_to_reading_where_files_cannot_be_mapped(tmp_path, monkeypatch) -> None:
+    from accelerando.checkpointing import files as F
+
+    monkeypatch.setattr(F, "MAPPED_LOAD_MIN_BYTES", 1)
+    path = str(tmp_path / "state.bin")
+    torch.save({"x": torch.arange(6)}, path)
+    real_load = torch.load
+
+    def no_mmap(*args, **kwargs):
+        if kwargs.get("mmap"):
+            raise OSError("this file system cannot map files")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", no_mmap)
+    assert torch.equal(F.torch_load(path, mapped=True)["x"], torch.arange(6))

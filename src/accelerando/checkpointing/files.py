@@ -82,12 +82,20 @@ def torch_load(path: str, map_location: Any = None, mapped: bool = False) -> Any
             memory. The caller must copy or clone them before the file may go away.
     """
     # Legacy (non-zip) torch.save files cannot be memory-mapped.
-    use_mmap = mapped and os.path.getsize(path) >= MAPPED_LOAD_MIN_BYTES and zipfile.is_zipfile(path)
+    if mapped and os.path.getsize(path) >= MAPPED_LOAD_MIN_BYTES and zipfile.is_zipfile(path):
+        try:
+            return _load(path, map_location, mmap=True)
+        except (OSError, RuntimeError, ValueError) as err:  # e.g. a file system that cannot map files
+            logger.debug("memory-mapped load of %s failed (%s); reading it instead", path, err)
+    return _load(path, map_location, mmap=False)
+
+
+def _load(path: str, map_location: Any, mmap: bool) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         logger.debug("%s needs full unpickling (it holds non-tensor objects)", path)
-        return torch.load(path, map_location=map_location, weights_only=False, mmap=use_mmap)
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
 
 
 def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization: bool) -> None:
