@@ -25,10 +25,11 @@ def _run(
     stateful: bool = False,
     processes: int = 1,
     own_generator: bool = True,
+    mapped_loads: bool = False,
 ) -> None:
     ctx = worker.forkserver_context()
     port = get_free_port()
-    args = (project, out, STEPS, kill_at, stateful, own_generator)
+    args = (project, out, STEPS, kill_at, stateful, own_generator, mapped_loads)
     procs = [ctx.Process(target=worker.rank_entry, args=(r, processes, port, args)) for r in range(processes)]
     for proc in procs:
         proc.start()
@@ -51,9 +52,19 @@ def _assert_bitwise_equal(a_path: str, b_path: str) -> None:
 
 
 def _scenario(
-    tmp_path, processes: int, kill_points: list[int], stateful: bool = False, own_generator: bool = True
+    tmp_path,
+    processes: int,
+    kill_points: list[int],
+    stateful: bool = False,
+    own_generator: bool = True,
+    mapped_loads: bool = False,
 ) -> None:
-    opts = {"stateful": stateful, "processes": processes, "own_generator": own_generator}
+    opts = {
+        "stateful": stateful,
+        "processes": processes,
+        "own_generator": own_generator,
+        "mapped_loads": mapped_loads,
+    }
     reference = str(tmp_path / "reference.pt")
     _run(str(tmp_path / "ref"), reference, **opts)
     for k in kill_points:
@@ -71,6 +82,10 @@ def test_exact_resume_one_process(tmp_path) -> None:
 
 def test_exact_resume_two_processes_mid_epoch(tmp_path) -> None:
     _scenario(tmp_path, 2, [5])
+
+
+def test_exact_resume_two_processes_with_memory_mapped_optimizer_loads(tmp_path) -> None:
+    _scenario(tmp_path, 2, [5], mapped_loads=True)  # the path big optimizer files take
 
 
 def test_exact_resume_two_processes_epoch_boundary(tmp_path) -> None:

@@ -87,9 +87,20 @@ def build(project: str, stateful: bool, own_generator: bool = True):
 
 
 def train(
-    project: str, out: str, steps: int, kill_at: int, stateful: bool, own_generator: bool = True
+    project: str,
+    out: str,
+    steps: int,
+    kill_at: int,
+    stateful: bool,
+    own_generator: bool = True,
+    mapped_loads: bool = False,
 ) -> None:
     from accelerando.checkpointing import latest_checkpoint, resume_point
+
+    if mapped_loads:  # read even this small optimizer file through a memory map, as big ones are
+        from accelerando.checkpointing import files
+
+        files.MAPPED_LOAD_MIN_BYTES = 1
 
     accelerator, model, optimizer, loader, scheduler = build(project, stateful, own_generator)
     progress = Progress()
