@@ -159,13 +159,19 @@ def test_dry_run_prints_topology_command_and_environment(capsys, tmp_path):
     assert "mixed_precision = 'fp16'  [cli:--mixed_precision]" in out
 
 
-def test_script_args_and_unknown_flags_pass_through(capsys):
+def test_script_args_pass_through_and_unknown_launcher_flags_are_refused(capsys):
     args = launch.parse(launch.build_parser(), ["--cpu", "--weird_flag", "t.py", "--cpu", "--help", "-q"])
     assert args.cpu is True and args.training_script == "t.py"
     assert args.training_script_args == ["--cpu", "--help", "-q"]
     assert args.unknown_args == ["--weird_flag"]
-    assert launch.main(["--dry-run", "--weird_flag", "t.py", "a"]) == 0
+    assert launch.main(["--dry-run", "t.py", "--weird_flag", "a"]) == 0  # the script's own flags
     assert "t.py --weird_flag a" in capsys.readouterr().out
+    # A misspelt launcher flag is an error naming it and the flag meant, not a file named "bf16".
+    assert launch.main(["--dry-run", "--mixed_precison", "bf16", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert "--mixed_precison (did you mean --mixed_precision?)" in err and "script.py [script flags]" in err
+    assert launch.main(["--dry-run", "--weird_flag", "t.py"]) == 2
+    assert "unknown flag --weird_flag." in capsys.readouterr().err
 
 
 def test_bad_flag_value_exits_2_with_message(capsys):

@@ -183,15 +183,31 @@ def _print_settings(settings: Any) -> None:
             print(f"  {name} = {value!r}  [{source}]")
 
 
+def _unknown_flags_message(flags: Sequence[str]) -> str:
+    """The error for launcher-position flags the launcher does not know, with the likeliest meant ones."""
+    import difflib
+
+    known = [option for action in build_parser()._actions for option in action.option_strings]
+    named = []
+    for flag in flags:
+        close = difflib.get_close_matches(flag.split("=", 1)[0], known, n=1, cutoff=0.75)
+        named.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+    return (
+        f"accelerando launch: unknown flag{'s' if len(flags) > 1 else ''} {', '.join(named)}. Launcher flags go "
+        "before the script and the script's own flags after it: `accelerando launch [launcher flags] "
+        "script.py [script flags]`; `accelerando launch --help` lists the launcher flags."
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``accelerando launch`` with parsed arguments.
 
     Args:
         args: from :func:`build_parser`, plus ``unknown_args``: launcher-position flags we do not
-            know, passed through to the script ahead of its own arguments.
+            know (an error naming them and the closest known flags).
 
     Returns:
-        The exit status (the script's, or 2 for a configuration error).
+        The exit status (the script's, or 2 for a configuration error or an unknown flag).
     """
     from dataclasses import replace
 
@@ -205,19 +221,18 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     extra = list(getattr(args, "unknown_args", []) or [])
+    if extra:
+        print(_unknown_flags_message(extra), file=sys.stderr)
+        return 2
     try:
         settings, notes = resolve_launch_settings(args)
-        command = Command(
-            args.training_script, (*extra, *args.training_script_args), args.module, args.no_python
-        )
+        command = Command(args.training_script, tuple(args.training_script_args), args.module, args.no_python)
         agent_options = [f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k)]
         plan = build(settings, command, detect_machine(), agent_options=agent_options)
     except (ValueError, KeyError) as err:
         print(f"accelerando launch: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2
     plan = replace(plan, env={**plan.env, **_compat_env(args)}, notes=(*notes, *plan.notes))
-    if extra and not args.quiet:
-        print(f"accelerando launch: passing unknown flags {extra} to the script.", file=sys.stderr)
     if args.dry_run:
         _print_settings(settings)
         print(plan.describe())
