@@ -102,23 +102,6 @@ def test_dispatcher_in_one_process():
     assert state["epoch"] == 1 and state["position"] == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_prefetch_gives_the_same_batches():
-    base = DataLoader(Counting(50), batch_size=4, shuffle=False)
-    loader = prepare_data_loader(
-        base,
-        num_processes=1,
-        process_index=0,
-        put_on_device=True,
-        device=torch.device("cuda"),
-        non_blocking=True,
-    )
-    assert loader.pin_memory
-    got = [b["x"] for b in loader]
-    assert all(t.is_cuda for t in got)
-    assert torch.cat(got).cpu().flatten().tolist() == [float(i) for i in range(50)]
-
-
 def test_distributed_sampler_is_not_sharded_twice():
     from torch.utils.data import DistributedSampler
 
