@@ -215,3 +215,18 @@ def test_digests_work_in_a_forked_child_after_the_parent_used_the_pool(tmp_path)
     with ctx.Pool(1) as pool:
         child = pool.apply_async(atomic.file_digest, (str(path),)).get(timeout=60)
     assert child == expected
+
+
+def test_big_verifications_show_a_progress_bar_in_bytes(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("tqdm")
+    monkeypatch.setattr(digest, "PIECE_BYTES", 4096)
+    files = {"a.bin": os.urandom(4096 * 3), "b.bin": os.urandom(100)}
+    final = _commit(str(tmp_path / "checkpoint_7"), files)
+    capsys.readouterr()
+    monkeypatch.setattr(digest, "PROGRESS_MIN_BYTES", 1)
+    atomic.verify_checkpoint(final, checksums=True)
+    err = capsys.readouterr().err
+    assert "Verifying checkpoint_7" in err and "12.4k" in err  # 4096 * 3 + 100 bytes, in tqdm's units
+    monkeypatch.setattr(digest, "PROGRESS_MIN_BYTES", 10**9)
+    atomic.verify_checkpoint(final, checksums=True)
+    assert "Verifying" not in capsys.readouterr().err  # small checks stay quiet

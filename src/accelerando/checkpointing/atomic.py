@@ -352,7 +352,10 @@ def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
                 "installation lacks (pip install xxhash); only its size was checked.",
                 stacklevel=4,
             )
-    actual = digest_files([(os.path.join(folder, name), e.algorithm) for name, e in checkable.items()])
+    actual = digest_files(
+        [(os.path.join(folder, name), e.algorithm) for name, e in checkable.items()],
+        desc=f"Verifying {os.path.basename(os.path.normpath(folder))}",
+    )
     for (name, entry), found in zip(checkable.items(), actual, strict=True):
         if found.checksum != entry.checksum or found.size != entry.size:
             raise CheckpointError(

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 PIECE_BYTES = 64 * 2**20
+PROGRESS_MIN_BYTES = 2 * 2**30  # checks of less than this finish in about a second: no bar
 _PIECED_SUFFIX = "-p64m"
 _WHOLE_FILE_STEP = 1 << 30  # update() size for whole-file digests of mapped files
 _MAX_THREADS = 8
@@ -174,7 +175,7 @@ class PendingDigests:
 
     def __init__(self) -> None:
         self._opened: list[_OpenFile] = []
-        self._jobs: list[tuple[str, list[Future[int]]]] = []
+        self._jobs: list[tuple[str, list[tuple[Future[int], int]]]] = []  # (future, bytes it hashes)
 
     def add(self, path: str, algorithm: str | None = None) -> None:
         """Start hashing ``path`` (``None``: :func:`default_algorithm`).
@@ -194,40 +195,65 @@ class PendingDigests:
         base = _base(algorithm)
         if algorithm.endswith(_PIECED_SUFFIX):
             hash_once = _one_shot(base)
-            futures = [
-                _pool().submit(handle.hash_range, hash_once, start, min(handle.size, start + PIECE_BYTES))
-                for start in range(0, handle.size, PIECE_BYTES)
-            ]
+            futures = []
+            for start in range(0, handle.size, PIECE_BYTES):
+                stop = min(handle.size, start + PIECE_BYTES)
+                futures.append((_pool().submit(handle.hash_range, hash_once, start, stop), stop - start))
         else:
-            futures = [_pool().submit(handle.hash_whole, base)]
+            futures = [(_pool().submit(handle.hash_whole, base), handle.size)]
         self._jobs.append((algorithm, futures))
 
-    def result(self) -> list[FileEntry]:
-        """The entries of every added file, in the order added (raises the first hashing error)."""
+    def result(self, desc: str | None = None) -> list[FileEntry]:
+        """The entries of every added file, in the order added (raises the first hashing error).
+
+        Args:
+            desc: Show a progress bar in bytes with this label (main process only) when the files
+                add up to at least ``PROGRESS_MIN_BYTES``.
+        """
+        bar = self._progress_bar(desc)
         try:
             entries = []
             for handle, (algorithm, futures) in zip(self._opened, self._jobs, strict=True):
-                digests = [future.result() for future in futures]
+                digests = []
+                for future, nbytes in futures:
+                    digests.append(future.result())
+                    if bar is not None:
+                        bar.update(nbytes)
                 checksum = (
                     _combine(_base(algorithm), digests) if algorithm.endswith(_PIECED_SUFFIX) else digests[0]
                 )
                 entries.append(FileEntry(handle.size, checksum, algorithm))
             return entries
         finally:
+            if bar is not None:
+                bar.close()
             self.close()
+
+    def _progress_bar(self, desc: str | None) -> Any:
+        total = sum(handle.size for handle in self._opened)
+        if desc is None or total < PROGRESS_MIN_BYTES:
+            return None
+        from accelerando.utils.imports import is_tqdm_available
+
+        if not is_tqdm_available():
+            return None
+        from accelerando.utils.progress import tqdm
+
+        return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
 
     def close(self) -> None:
         """Wait for the workers, then close every file (idempotent)."""
-        wait([future for _, futures in self._jobs for future in futures])  # no worker may still read a map
+        wait([future for _, futures in self._jobs for future, _ in futures])  # no worker may still read a map
         for handle in self._opened:
             handle.close()
         self._opened, self._jobs = [], []
 
 
-def digest_files(items: Sequence[tuple[str, str | None]]) -> list[FileEntry]:
+def digest_files(items: Sequence[tuple[str, str | None]], desc: str | None = None) -> list[FileEntry]:
     """Size and checksum of each ``(path, algorithm)`` (``None``: :func:`default_algorithm`), in order.
 
     All pieces of all files are hashed by one thread pool, so a folder of files uses every core.
+    With ``desc``, big checks show a progress bar (see :meth:`PendingDigests.result`).
 
     Raises:
         ValueError: If an algorithm is unknown or its library is not installed.
@@ -237,7 +263,7 @@ def digest_files(items: Sequence[tuple[str, str | None]]) -> list[FileEntry]:
     try:
         for path, algorithm in items:
             pending.add(path, algorithm)
-        return pending.result()
+        return pending.result(desc)
     finally:
         pending.close()
 
