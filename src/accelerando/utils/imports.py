@@ -182,10 +182,14 @@ def is_torch_version(operation: str, version: str) -> bool:
 def is_cuda_available() -> bool:
     """Tell whether at least one CUDA (or ROCm) device is visible, without initialising CUDA.
 
+    The answer is the CUDA device family's (``accelerando.devices``), so both always agree.
+
     Returns:
         True when torch was built with CUDA and reports one device or more.
     """
-    return torch.cuda.device_count() > 0
+    from accelerando.devices.families import CUDABackend
+
+    return CUDABackend.is_available()
 
 
 def is_mps_available(min_version: str | None = None) -> bool:
@@ -199,8 +203,9 @@ def is_mps_available(min_version: str | None = None) -> bool:
     """
     if min_version is not None and not is_torch_version(">=", min_version):
         return False
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_built() and mps.is_available())
+    from accelerando.devices.families import MPSBackend
+
+    return MPSBackend.is_available()
 
 
 def is_xpu_available(check_device: bool = False) -> bool:
