@@ -7,6 +7,9 @@ the median epoch times are compared as ratios (prepared / raw) measured in the s
 
     python benchmarks/bench_training_step.py                      # single process, widths 512 and 32
     python -m torch.distributed.run --nproc_per_node 2 benchmarks/bench_training_step.py   # 2-process DDP
+
+On a machine with a GPU the Accelerator puts the model there; the raw loop then moves each batch to
+the device itself (pinned memory, non_blocking), and every epoch ends with a synchronisation.
 """
 
 from __future__ import annotations
@@ -31,8 +34,16 @@ def build(width: int, n: int) -> tuple[nn.Module, TensorDataset]:
     return model, TensorDataset(torch.randn(n, width), torch.randn(n, 1))
 
 
-def raw_epoch(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, accumulation: int) -> None:
+def raw_epoch(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    loader: DataLoader,
+    accumulation: int,
+    device: torch.device | None = None,
+) -> None:
     for i, (x, y) in enumerate(loader):
+        if device is not None:  # a hand-written GPU loop moves each batch itself
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if accumulation == 1:
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
@@ -77,24 +88,33 @@ def measure(width: int, accumulation: int, reps: int, n: int) -> tuple[float, fl
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        raw_model = DistributedDataParallel(raw_model)
+        if acc.device.type == "cuda":
+            raw_model = DistributedDataParallel(raw_model.to(acc.device), device_ids=[acc.device.index])
+        else:
+            raw_model = DistributedDataParallel(raw_model)
         # The raw loop shards like the prepared one: every world-th batch.
         indices = [i for b in range(rank, n // 64, world) for i in range(b * 64, b * 64 + 64)]
         raw_loader = DataLoader(torch.utils.data.Subset(data, indices), batch_size=64)
     else:
         raw_loader = DataLoader(data, batch_size=64)
+    on_gpu = acc.device.type != "cpu"
+    raw_device = acc.device if on_gpu else None
+    pin = acc.device.type == "cuda"
+    raw_loader = DataLoader(raw_loader.dataset, batch_size=64, pin_memory=pin)
     raw_opt = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    model, opt, loader = acc.prepare(model, opt, DataLoader(data, batch_size=64))
+    model, opt, loader = acc.prepare(model, opt, DataLoader(data, batch_size=64, pin_memory=pin))
     times: dict[tuple[str, str], list[float]] = {}
     for rep in range(reps + 1):  # the first round warms up and is dropped
         for name in ("raw", "prep") if rep % 2 == 0 else ("prep", "raw"):
             acc.wait_for_everyone()
             wall, cpu = time.perf_counter(), time.process_time()
             if name == "raw":
-                raw_epoch(raw_model, raw_opt, raw_loader, accumulation)
+                raw_epoch(raw_model, raw_opt, raw_loader, accumulation, raw_device)
             else:
                 prepared_epoch(acc, model, opt, loader, accumulation)
+            if pin:
+                torch.cuda.synchronize(acc.device)
             if rep:
                 times.setdefault((name, "wall"), []).append(time.perf_counter() - wall)
                 # CPU time of this process: with one thread it is barely touched by other load.
