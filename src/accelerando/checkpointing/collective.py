@@ -48,25 +48,35 @@ def _nodes_share(accelerator: Any, parent: str) -> bool:
     token = gather(uuid.uuid4().hex if state.is_main_process else None, state.num_processes)[0]
     node = getattr(state.cluster, "node_rank", state.process_index)
     marker = os.path.join(parent, f".accelerando-node-probe-{token}-{node}")
+    created = False
     if state.is_local_main_process:
-        os.makedirs(parent, exist_ok=True)
-        with open(marker, "w"):
-            pass
+        try:  # a failure must not leave the other processes waiting in the gather below
+            os.makedirs(parent, exist_ok=True)
+            with open(marker, "w"):
+                created = True
+        except OSError:
+            pass  # the save itself will then fail on this node, and every process learns why
     gather(None, state.num_processes)  # every marker is in place
     seen = False
     if state.is_local_main_process:
         prefix = f".accelerando-node-probe-{token}-"
-        seen = any(n.startswith(prefix) and n != os.path.basename(marker) for n in os.listdir(parent))
+        try:
+            seen = any(n.startswith(prefix) and n != os.path.basename(marker) for n in os.listdir(parent))
+        except OSError:
+            seen = False
     shared = any(gather(seen, state.num_processes))  # also: every process has looked
-    if state.is_local_main_process:
+    if created:
         os.remove(marker)
     known[parent] = shared
     return shared
 
 
 def save_on_each_node(accelerator: Any, final_dir: str) -> bool:
-    """Effective ``save_on_each_node`` for this save (collective when it is on): off (with a warning, once) when the nodes share the folder,
-    where several nodes committing the same checkpoint would race."""
+    """Effective ``save_on_each_node`` for this save; collective when the setting is on.
+
+    It is off (with one warning) when the nodes share the folder, where several nodes committing the
+    same checkpoint would race.
+    """
     if not accelerator.project_configuration.save_on_each_node:
         return False
     parent = os.path.dirname(os.path.abspath(final_dir))
