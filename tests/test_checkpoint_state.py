@@ -246,3 +246,43 @@ def test_mapped_load_falls_back_to_reading_where_files_cannot_be_mapped(tmp_path
 
     monkeypatch.setattr(torch, "load", no_mmap)
     assert torch.equal(F.torch_load(path, mapped=True)["x"], torch.arange(6))
+
+
+class _HistoryOptimizer(torch.optim.SGD):
+    """An optimizer keeping nested state (a list of tensors per parameter), as custom ones do."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        super().step(closure)
+        for group in self.param_groups:
+            for param in group["params"]:
+                history = self.state[param].setdefault("history", [])
+                history.append(param.detach().clone())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_nested_optimizer_state_is_cloned_out_of_the_map(tmp_path, monkeypatch) -> None:
+    import gc
+
+    from accelerando.checkpointing import files as F
+    from accelerando.checkpointing.state_io import load_optimizer_state
+
+    monkeypatch.setattr(F, "MAPPED_LOAD_MIN_BYTES", 1)
+    model = torch.nn.Linear(3, 2)
+    optimizer = _HistoryOptimizer(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        model(torch.randn(4, 3)).sum().backward()
+        optimizer.step()
+    path = str(tmp_path / "optimizer.bin")
+    torch.save(optimizer.state_dict(), path)
+    target = _HistoryOptimizer(model.parameters(), lr=0.1, momentum=0.9)
+    loaded = F.torch_load(path, mapped=True)
+    load_optimizer_state(target, loaded)
+    del loaded
+    gc.collect()
+    assert path not in _mapped_paths()
+    for param in model.parameters():
+        want, got = optimizer.state[param], target.state[param]
+        assert torch.equal(want["momentum_buffer"], got["momentum_buffer"])
+        assert len(got["history"]) == 2 and all(
+            torch.equal(a, b) for a, b in zip(want["history"], got["history"], strict=True)
+        )

@@ -281,36 +281,60 @@ def load_optimizer_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
     the old and new state never coexist), and cloned into fresh memory otherwise. The result is the
     same as a plain ``load_state_dict`` bit for bit, and no tensor keeps the file open.
     """
-    previous = {id(param): dict(values) for param, values in _inner_state(optimizer).items()}
+    state = _inner_state(optimizer)
+    previous = {id(param): dict(values) for param, values in state.items() if isinstance(values, dict)}
     mapped = {t.untyped_storage().data_ptr() for t in _tensors(state_dict) if t.numel()}
     optimizer.load_state_dict(state_dict)
     if not mapped:
         return
+
+    def is_mapped(value: Any) -> bool:
+        return (
+            isinstance(value, torch.Tensor)
+            and bool(value.numel())
+            and value.untyped_storage().data_ptr() in mapped
+        )
+
     for group in getattr(optimizer, "param_groups", []):
         for key, value in group.items():
-            if (
-                isinstance(value, torch.Tensor)
-                and value.numel()
-                and value.untyped_storage().data_ptr() in mapped
-            ):
-                group[key] = value.clone()  # e.g. a tensor learning rate
-    for param, values in _inner_state(optimizer).items():
+            group[key] = _unmapped(value, is_mapped)  # e.g. a tensor learning rate
+    state = _inner_state(optimizer)
+    for param, values in list(state.items()):
+        if not isinstance(values, dict):  # an optimizer of its own kind: clone whatever is mapped
+            state[param] = _unmapped(values, is_mapped)
+            continue
         old = previous.get(id(param), {})
         for key, value in list(values.items()):
-            if not isinstance(value, torch.Tensor) or not value.numel():
+            if not is_mapped(value):
+                values[key] = _unmapped(value, is_mapped)  # converted already, or nested deeper
                 continue
-            if value.untyped_storage().data_ptr() not in mapped:
-                continue  # already converted to fresh memory by load_state_dict (dtype or device change)
             target = old.get(key)
-            same = isinstance(target, torch.Tensor) and target is not value
-            if same and (target.shape, target.dtype, target.device) == (
-                value.shape,
-                value.dtype,
-                value.device,
-            ):
-                values[key] = target.copy_(value)
-            else:
-                values[key] = value.clone()
+            reusable = (
+                isinstance(target, torch.Tensor)
+                and target is not value
+                and (target.shape, target.dtype, target.device) == (value.shape, value.dtype, value.device)
+            )
+            values[key] = target.copy_(value) if reusable else value.clone()
+
+
+def _unmapped(tree: Any, is_mapped: Callable[[Any], bool]) -> Any:
+    """``tree`` with every tensor for which ``is_mapped`` holds replaced by a clone.
+
+    Dicts and lists are updated in place (and returned); tuples are rebuilt.
+    """
+    if isinstance(tree, torch.Tensor):
+        return tree.clone() if is_mapped(tree) else tree
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            tree[key] = _unmapped(value, is_mapped)
+        return tree
+    if isinstance(tree, list):
+        tree[:] = [_unmapped(value, is_mapped) for value in tree]
+        return tree
+    if isinstance(tree, tuple):
+        items = [_unmapped(value, is_mapped) for value in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return tree
 
 
 def _inner_state(optimizer: Any) -> Any:
