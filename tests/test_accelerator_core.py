@@ -12,16 +12,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator, GradScalerKwargs
-from accelerando.state import AcceleratorState, GradientState, PartialState
+from accelerando.state import AcceleratorState, PartialState
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_state")
 
 
 def make_problem(n: int = 32, seed: int = 0):

@@ -23,16 +23,9 @@ from accelerando.checkpointing import (
 )
 from accelerando.checkpointing.atomic import MANIFEST_NAME
 from accelerando.plugins.project import ProjectConfiguration
-from accelerando.state import AcceleratorState, GradientState
+from accelerando.state import AcceleratorState
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_state")
 
 
 class Counter:

@@ -298,7 +298,7 @@ def load_optimizer_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
     for group in getattr(optimizer, "param_groups", []):
         for key, value in group.items():
             group[key] = _unmapped(value, is_mapped)  # e.g. a tensor learning rate
-    state = _inner_state(optimizer)
+    state = _inner_state(optimizer)  # load_state_dict put a new state object in place
     for param, values in list(state.items()):
         if not isinstance(values, dict):  # an optimizer of its own kind: clone whatever is mapped
             state[param] = _unmapped(values, is_mapped)

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from accelerando.data_loader.batches import batch_size_of, concat_batches, resolve_send_to_device, slice_batch
 from accelerando.data_loader.progress import PreparedLoaderMixin
 from accelerando.data_loader.samplers import BatchSamplerShard, _consume
+from accelerando.data_loader.scatter import scatter_parts, wait_all
 from accelerando.data_loader.shard import _wrap_batch_sampler
 
 __all__ = ["DataLoaderDispatcher"]
@@ -151,10 +152,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                 if is_last:
                     return
         finally:
-            if in_flight:
-                from accelerando.data_loader.scatter import wait_all
-
-                wait_all(in_flight)
+            wait_all(in_flight)
 
     @staticmethod
     def _scatter(
@@ -163,8 +161,6 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         parts = next(steps, None) if steps is not None else None
         if processes == 1:
             return None if parts is None else parts[0]
-        from accelerando.data_loader.scatter import scatter_parts
-
         main_parts = (parts if parts is not None else [None] * processes) if rank == 0 else None
         return scatter_parts(main_parts, rank, processes, in_flight)
 

@@ -102,25 +102,21 @@ def scatter_parts(
         received: list[Any] = [None]
         dist.scatter_object_list(received, parts if rank == 0 else None, src=0)
         return received[0]
-    headers: list[Any] = [None] * processes
-    outgoing: list[tuple[int, torch.Tensor]] = []
     if rank == 0:
         assert parts is not None
-        for index, item in enumerate(parts):
-            if index == 0:
-                continue  # the main process keeps its own part: nothing to pickle or copy
+        requests: list[Any] = []
+        for index in range(1, processes):  # the main process keeps parts[0]: nothing to pickle or copy
+            item = parts[index]
             packed = _pack(item[2]) if item is not None else None
             if packed is None:
-                headers[index] = ("object", item)
-            else:
-                skeleton, tensors = packed
-                headers[index] = ("tensors", item[0], item[1], skeleton)
-                outgoing += [(index, _as_bytes(t)) for t in tensors if t.numel()]
-    if rank == 0:
-        requests = []
-        for index in range(1, processes):
-            requests += _send_object(headers[index], index)
-        requests += [(dist.isend(data, dst=index), data) for index, data in outgoing]  # data kept alive
+                requests += _send_object(("object", item), index)
+                continue
+            skeleton, tensors = packed
+            requests += _send_object(("tensors", item[0], item[1], skeleton), index)
+            # the tensor stays referenced beside its request until the send is done
+            requests += [
+                (dist.isend(data, dst=index), data) for data in map(_as_bytes, tensors) if data.numel()
+            ]
         if in_flight is None:
             wait_all(requests)
         else:
