@@ -11,13 +11,14 @@ import contextlib
 import gc
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from accelerando.facade.collectives import CollectivesMixin
 from accelerando.facade.observing import ObservingMixin
+from accelerando.facade.preparing import PreparingMixin
 from accelerando.facade.saving import SavingMixin
 from accelerando.gradient_state import GradientState
 from accelerando.optimizer import AcceleratedOptimizer
@@ -44,7 +45,7 @@ def _handlers_by_type(kwargs_handlers: list[Any] | None) -> dict[type, Any]:
     return found
 
 
-class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
+class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin):
     """Prepare a PyTorch training loop to run on any hardware and number of processes.
 
     Every setting left as None comes from the launcher's environment (``accelerando launch`` or
@@ -429,174 +430,6 @@ class Accelerator(CollectivesMixin, SavingMixin, ObservingMixin):
     def save_iteration(self) -> int:
         """The number the next automatically named checkpoint gets."""
         return self.project_configuration.iteration
-
-    # ---------------------------------------------------------------- prepare
-    def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
-        """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
-
-        Returns the prepared objects in the order given (one object when one was passed). An object
-        that was already prepared comes back unchanged. Models are prepared first (some strategies
-        need them wrapped before their optimizers), then optimizers, dataloaders, schedulers.
-
-        Raises:
-            ValueError: ``device_placement`` has the wrong length.
-        """
-        if device_placement is None:
-            device_placement = [None] * len(args)
-        elif len(device_placement) != len(args):
-            raise ValueError(
-                f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
-            )
-        grouped = self._strategy.prepare_all(self, list(args), list(device_placement))
-        if grouped is not None:
-            return grouped[0] if len(grouped) == 1 else tuple(grouped)
-        result = list(args)
-        order = (torch.nn.Module, torch.optim.Optimizer, "dataloader", "scheduler")
-        for kind in order:
-            for i, obj in enumerate(args):
-                if self._kind_of(obj) == kind:
-                    result[i] = self._prepare_one(obj, device_placement[i])
-        return result[0] if len(result) == 1 else tuple(result)
-
-    @staticmethod
-    def _kind_of(obj: Any) -> Any:
-        if isinstance(obj, torch.nn.Module):
-            return torch.nn.Module
-        if isinstance(obj, torch.optim.Optimizer):
-            return torch.optim.Optimizer
-        if isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "total_batch_size"):
-            return "dataloader"
-        if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, AcceleratedScheduler)) or (
-            hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-        ):
-            return "scheduler"
-        return None
-
-    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
-        kind = self._kind_of(obj)
-        if kind is torch.nn.Module:
-            return self.prepare_model(obj, device_placement=device_placement)
-        if kind is torch.optim.Optimizer:
-            return self.prepare_optimizer(obj, device_placement=device_placement)
-        if kind == "dataloader":
-            return self.prepare_data_loader(obj, device_placement=device_placement)
-        if kind == "scheduler":
-            return self.prepare_scheduler(obj)
-        return obj
-
-    def prepare_model(
-        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
-    ) -> torch.nn.Module:
-        """Prepare one model: precision conversion, then the strategy's wrap, then compilation.
-
-        The order matters: autocast must wrap the user's forward (inside DDP/FSDP), and
-        ``torch.compile`` must see the final wrapped module.
-
-        Raises:
-            ValueError: a model dispatched across devices with ``device_map`` moved by placement.
-        """
-        if any(model is m for m in self._models):
-            return model
-        if device_placement is None:
-            device_placement = self.device_placement
-        if any(getattr(m, "hf_device_map", None) is not None for m in model.modules()):
-            # A dispatched model (device map, offload hooks) already sits where it must run;
-            # moving it would undo the dispatch.
-            device_placement = False
-        self._models.append(model)
-        model = self._precision.convert_module(model)
-        model = self._strategy.prepare_model(
-            model, device_placement=device_placement, evaluation_mode=evaluation_mode
-        )
-        if self.dynamo_plugin.enabled:
-            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
-        self._models[-1] = model
-        return model
-
-    def prepare_optimizer(
-        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
-    ) -> Any:
-        """Wrap ``optimizer`` in an ``AcceleratedOptimizer`` (once; a prepared one comes back as is)."""
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
-        for prepared in self._optimizers:
-            if prepared.optimizer is optimizer:
-                return prepared
-        if device_placement is None:
-            device_placement = self.device_placement
-        optimizer = self._strategy.prepare_optimizer(optimizer)
-        # In fp32 the precision plugin's step is the plain step: skip the indirection on the hot path.
-        precision = self._precision if self._precision.scaler is not None else None
-        wrapped = AcceleratedOptimizer(
-            optimizer,
-            device_placement=device_placement,
-            scaler=self.scaler,
-            precision=precision,
-            device=self.device,
-        )
-        monitor = getattr(self, "_memory_monitor", None)
-        if monitor is not None:
-            wrapped._after_step = monitor.step
-        self._optimizers.append(wrapped)
-        return wrapped
-
-    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap ``scheduler`` so it steps with the real optimizer steps."""
-        if isinstance(scheduler, AcceleratedScheduler):
-            return scheduler
-        for prepared in self._schedulers:
-            if prepared.scheduler is scheduler:
-                return prepared
-        target = getattr(scheduler, "optimizer", None)
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target]
-        wrapped = AcceleratedScheduler(
-            scheduler,
-            optimizers or self._optimizers,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-            num_processes=self.num_processes,
-        )
-        self._schedulers.append(wrapped)
-        return wrapped
-
-    def prepare_data_loader(
-        self,
-        data_loader: Any,
-        device_placement: bool | None = None,
-        slice_fn_for_dispatch: Callable | None = None,
-    ) -> Any:
-        """Shard ``data_loader`` across processes and move its batches to the device."""
-        if any(data_loader is d for d in self._dataloaders):
-            return data_loader
-        from accelerando.data_loader import prepare_data_loader
-
-        if device_placement is None:
-            device_placement = self.device_placement
-        cfg = self.dataloader_config
-        prepared = prepare_data_loader(
-            data_loader,
-            device=self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            split_batches=cfg.split_batches,
-            put_on_device=device_placement,
-            rng_types=list(self.rng_types),
-            dispatch_batches=cfg.dispatch_batches,
-            even_batches=cfg.even_batches,
-            slice_fn_for_dispatch=slice_fn_for_dispatch,
-            use_seedable_sampler=cfg.use_seedable_sampler,
-            data_seed=cfg.data_seed,
-            non_blocking=cfg.non_blocking,
-            use_stateful_dataloader=cfg.use_stateful_dataloader,
-        )
-        self._dataloaders.append(prepared)
-        return prepared
-
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """Return a loader that starts ``num_batches`` batches into ``dataloader`` (O(1) for map-style data)."""
-        from accelerando.data_loader import skip_first_batches
-
-        return skip_first_batches(dataloader, num_batches=num_batches)
 
     # --------------------------------------------------------------- training
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
