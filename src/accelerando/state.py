@@ -8,7 +8,6 @@ pattern) and initialises ``torch.distributed`` when the process is part of a mul
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import math
@@ -77,29 +76,20 @@ class PartialState:
         self._initialized = True
 
     def _init_process_group(self, backend: str | None, timeout: timedelta | None) -> None:
-        import torch.distributed as dist
+        from accelerando import process_group
 
-        chosen = backend or self.device_backend.dist_backend
-        if self.device.type == "cpu" and chosen not in ("gloo", "mpi", "ccl", "cpu:gloo,cuda:nccl"):
-            raise ValueError(
-                f"process-group backend {chosen!r} cannot run on CPU; use backend='gloo' "
-                "(InitProcessGroupKwargs(backend='gloo')) or run on GPUs"
-            )
-        if not dist.is_initialized():
-            options: dict[str, Any] = {}
-            if timeout is not None:
-                options["timeout"] = timeout
-            if chosen == "nccl":
-                options["device_id"] = self.device
-            dist.init_process_group(
-                backend=chosen,
-                init_method=f"tcp://{self.cluster.main_address}:{self.cluster.main_port}",
-                rank=self.process_index,
-                world_size=self.num_processes,
-                **options,
-            )
-        self.backend = dist.get_backend()
-        atexit.register(_destroy_process_group_at_exit)
+        # The handle owns the group's life, including its ordered teardown at exit.
+        self._process_group = process_group.start(
+            device=self.device,
+            default_backend=self.device_backend.dist_backend,
+            main_address=self.cluster.main_address,
+            main_port=self.cluster.main_port,
+            rank=self.process_index,
+            world_size=self.num_processes,
+            backend=backend,
+            timeout=timeout,
+        )
+        self.backend = self._process_group.backend
 
     # ----------------------------------------------------------------- queries
     @property
@@ -208,10 +198,17 @@ class PartialState:
             print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any | None = None) -> None:
-        """Tear down the process group (the default one when ``group`` is None)."""
+        """Tear down the process group (the default one when ``group`` is None).
+
+        For the default group every process should call this: they agree (bounded wait) before each
+        destroys its group; see :meth:`accelerando.process_group.ProcessGroupHandle.shutdown`.
+        """
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
+        handle = self._shared_state.get("_process_group")
+        if group is None and handle is not None:
+            handle.shutdown()
+        elif dist.is_available() and dist.is_initialized():
             dist.destroy_process_group(group)
 
     @classmethod
@@ -225,18 +222,6 @@ class PartialState:
             f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
             f"Device: {self.device}\n"
         )
-
-
-def _destroy_process_group_at_exit() -> None:
-    # A gloo/nccl group left alive at interpreter exit can abort the process ("terminate called
-    # without an active exception") while its threads are torn down; closing it first avoids that.
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
-            pass
 
 
 def _only_when(function: F, predicate: Callable[[], bool]) -> F:

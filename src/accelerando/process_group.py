@@ -1,0 +1,252 @@
+"""The default ``torch.distributed`` process group: its start and its ordered teardown.
+
+Contract (who calls what, in which order, what holds afterwards):
+
+1. Once per process, the owner of the process state (today ``PartialState``, later the Runtime)
+   calls :func:`start` with what the cluster environment and the device family decided. Afterwards
+   the default process group is initialised, and an exit hook is registered (once per process).
+   The returned :class:`ProcessGroupHandle` is the only object that ends the group's life.
+2. Anyone may call :meth:`ProcessGroupHandle.shutdown` before exit (``PartialState().
+   destroy_process_group()`` does). It is collective in spirit: every process calls it, they agree,
+   then each destroys its group. Afterwards ``torch.distributed.is_initialized()`` is False. A
+   second call, or a call after the user destroyed the group with ``torch.distributed.
+   destroy_process_group()``, is harmless.
+3. At interpreter exit the hook calls ``shutdown()`` when no one did. When the process is exiting
+   because of an uncaught exception it does not wait for the others: it tells them (so a process
+   already waiting stops waiting) and only destroys its own group.
+
+The agreement runs on the rendezvous store (a ``TCPStore``), not on the process group itself:
+see :meth:`ProcessGroupHandle.shutdown` for why.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+__all__ = ["CPU_BACKENDS", "DEFAULT_SHUTDOWN_TIMEOUT_S", "ProcessGroupHandle", "start"]
+
+#: process-group backends that can run collectives on CPU tensors.
+CPU_BACKENDS = ("gloo", "mpi", "ccl", "cpu:gloo,cuda:nccl")
+#: seconds a process waits at exit for the others before destroying its group anyway.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+
+# Keys under the rendezvous store; the store given to the group is prefixed, so they never collide.
+_PREFIX = "accelerando/shutdown/"
+_ARRIVED = _PREFIX + "arrived"  # counter: processes that reached the teardown
+_RELEASE = _PREFIX + "release"  # "ok" when all arrived, "abort:<rank>" when one failed
+_DESTROYED = _PREFIX + "destroyed"  # counter: processes whose group is destroyed
+_DESTROYED_ALL = _PREFIX + "destroyed_all"
+
+
+class ProcessGroupHandle:
+    """The live default process group of this process, and the one way to end it.
+
+    Created by :func:`start`; hold it for the life of the process (the Runtime does).
+
+    Attributes:
+        backend: the backend torch reports for the default group (``"gloo"``, ``"nccl"``, ...).
+        rank: this process's global rank.
+        world_size: the number of processes in the group.
+        shutdown_timeout_s: the default bound of :meth:`shutdown`'s wait for the other processes.
+    """
+
+    def __init__(self, backend: str, rank: int, world_size: int, store: Any, shutdown_timeout_s: float):
+        self.backend = backend
+        self.rank = rank
+        self.world_size = world_size
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._store = store
+        self._lock = threading.Lock()
+        self._done = False
+        self._failed = False
+
+    @property
+    def is_shut_down(self) -> bool:
+        """True once :meth:`shutdown` has run (the default group is destroyed)."""
+        return self._done
+
+    def mark_failed(self) -> None:
+        """Record that this process is exiting because of an error: teardown will not wait for peers.
+
+        Called by the exception hook :func:`start` installs; callers that catch a fatal error
+        themselves and exit may call it too.
+        """
+        self._failed = True
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Agree with the other processes, then destroy the default process group. Idempotent.
+
+        Order: (1) each process counts itself in on the store and waits until all have, or one
+        reported a failure, or ``timeout_s`` passed; (2) it destroys its default group (its gloo/nccl
+        connections and threads); (3) it counts itself out, and rank 0 waits (same bound) until all
+        are out. Step 1 ensures no process closes its connections while a peer may still be in a
+        collective or reading from them; step 3 keeps rank 0, which hosts the store when no launcher
+        agent does, alive until every process is done with the store.
+
+        Why the store and not ``barrier()`` / ``monitored_barrier()``: a gloo barrier cannot be bounded
+        per call (it uses the group's timeout, 30 minutes by default), it runs on the very connections
+        being torn down, and a dead peer makes it raise from inside gloo. The store has a per-call
+        timeout, stays usable after the group is destroyed, and lets a failing process release the
+        others at once.
+
+        Args:
+            timeout_s: seconds to wait for the others at each waiting step; defaults to the handle's
+                ``shutdown_timeout_s``. When it passes the group is destroyed anyway.
+
+        Returns:
+            True when every process agreed in time (or there was nothing to agree on), False when
+            the wait timed out, a peer failed, or the store was unreachable.
+        """
+        with self._lock:
+            if self._done:
+                return True
+            self._done = True
+            bound = self.shutdown_timeout_s if timeout_s is None else timeout_s
+            agreed = self._agree(bound)
+            _destroy_default_group()
+            self._count_out(bound)
+            self._store = None
+            return agreed
+
+    # ----------------------------------------------------------------- steps
+    def _agree(self, bound: float) -> bool:
+        if self._store is None or self.world_size <= 1:
+            return True
+        try:
+            if self._failed:
+                self._store.set(_RELEASE, f"abort:{self.rank}")
+                return False
+            if self._store.add(_ARRIVED, 1) >= self.world_size:
+                self._store.set(_RELEASE, "ok")
+            self._store.wait([_RELEASE], timedelta(seconds=bound))
+            return self._store.get(_RELEASE) == b"ok"
+        except Exception:  # noqa: BLE001 - a timeout or an unreachable store: destroy anyway
+            return False
+
+    def _count_out(self, bound: float) -> None:
+        if self._store is None or self.world_size <= 1 or self._failed:
+            return
+        try:
+            if self._store.add(_DESTROYED, 1) >= self.world_size:
+                self._store.set(_DESTROYED_ALL, "ok")
+            if self.rank == 0:
+                self._store.wait([_DESTROYED_ALL], timedelta(seconds=bound))
+        except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
+            pass
+
+
+def _destroy_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
+            pass
+
+
+def start(
+    *,
+    device: Any,
+    default_backend: str | None,
+    main_address: str,
+    main_port: int,
+    rank: int,
+    world_size: int,
+    backend: str | None = None,
+    timeout: timedelta | None = None,
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+) -> ProcessGroupHandle:
+    """Initialise the default process group and register its ordered teardown at exit.
+
+    Args:
+        device: this process's ``torch.device``; decides whether the backend must run on CPU and is
+            the nccl ``device_id``.
+        default_backend: the device family's backend, used when ``backend`` is None.
+        main_address: host of the rendezvous store (the cluster environment's ``main_address``).
+        main_port: its port.
+        rank: this process's global rank.
+        world_size: the number of processes.
+        backend: an explicit backend (``InitProcessGroupKwargs(backend=...)``).
+        timeout: the group's collective timeout; torch's default when None.
+        shutdown_timeout_s: the bound of the exit-time wait for the other processes.
+
+    Returns:
+        The handle that ends the group's life. When a default group already exists (a user
+        initialised it), it is adopted, and the teardown agreement is skipped (there is no store).
+
+    Raises:
+        ValueError: the backend cannot run on this device (e.g. nccl on CPU), or none is known.
+        RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
+    """
+    import torch.distributed as dist
+
+    chosen = backend or default_backend
+    if chosen is None:
+        raise ValueError("no process-group backend is known for this device; pass backend='gloo' or 'nccl'")
+    if getattr(device, "type", "cpu") == "cpu" and chosen not in CPU_BACKENDS:
+        raise ValueError(
+            f"process-group backend {chosen!r} cannot run on CPU; use backend='gloo' "
+            "(InitProcessGroupKwargs(backend='gloo')) or run on GPUs"
+        )
+    if dist.is_initialized() and _current is not None and not _current.is_shut_down:
+        # The process state was reset (tests) but the group lives on: keep the handle that owns it.
+        return _current
+    store = None
+    if not dist.is_initialized():
+        group_timeout = timeout if timeout is not None else timedelta(minutes=30)
+        # The store is made here, not inside init_process_group, so that the teardown can agree on
+        # it after the group is gone; rendezvous() picks the launcher agent's store when there is one.
+        store, rank, world_size = next(
+            dist.rendezvous(f"tcp://{main_address}:{main_port}", rank, world_size, timeout=group_timeout)
+        )
+        store.set_timeout(group_timeout)
+        options: dict[str, Any] = {"timeout": group_timeout}
+        if chosen == "nccl":
+            options["device_id"] = device
+        dist.init_process_group(
+            backend=chosen,
+            store=dist.PrefixStore("default_pg", store),
+            rank=rank,
+            world_size=world_size,
+            **options,
+        )
+    handle = ProcessGroupHandle(str(dist.get_backend()), rank, world_size, store, shutdown_timeout_s)
+    _register(handle)
+    return handle
+
+
+# One hook per process, pointing at the newest handle: a test that starts again after a shutdown
+# must not stack hooks, and only the live group needs a teardown.
+_current: ProcessGroupHandle | None = None
+_hooks_installed = False
+
+
+def _register(handle: ProcessGroupHandle) -> None:
+    global _current, _hooks_installed
+    _current = handle
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    previous = sys.excepthook
+
+    def _excepthook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
+        if _current is not None:
+            _current.mark_failed()
+        previous(kind, value, traceback)
+
+    sys.excepthook = _excepthook
+    atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    if _current is not None:
+        try:
+            _current.shutdown()
+        except BaseException:  # noqa: BLE001 - never mask the real exit status
+            pass
