@@ -1,8 +1,10 @@
 """Settings resolution: one table of settings, merged from ordered layers with provenance.
 
-``resolve_runtime_settings(code=..., environ=...)`` gives a process its settings
-(defaults < environment < code); plugins fill their unset fields with :func:`fill_unset`. The launcher merges defaults < config file < CLI flags with
-:func:`resolve` and exports the result to the processes' environment.
+``process_settings()`` is what the environment gives the process, resolved once (again only when a
+variable changes); ``resolve_runtime_settings(code=...)`` adds the arguments given in code on top
+(defaults < environment < code); plugins fill their unset fields with :func:`fill_unset`. The launcher
+merges defaults < config file < CLI flags with :func:`resolve` and exports the result to the
+processes' environment.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from accelerando.settings.resolve import (
     Sourced,
     code_layer,
     env_layer,
+    forget_process_settings,
     parse_value,
+    process_settings,
     resolve,
     resolve_runtime_settings,
 )
@@ -32,8 +36,10 @@ __all__ = [
     "env_layer",
     "fields_in_group",
     "fill_unset",
+    "forget_process_settings",
     "get_field",
     "parse_value",
+    "process_settings",
     "resolve",
     "resolve_runtime_settings",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelerando.settings.fields import fields_in_group
-from accelerando.settings.resolve import Settings, resolve_runtime_settings
+from accelerando.settings.resolve import Settings, process_settings
 
 __all__ = ["fill_unset"]
 
@@ -37,7 +37,7 @@ def fill_unset(
         group: settings group to read (``"fsdp"``, ``"deepspeed"``, ``"dynamo"``, ``"megatron"``).
         prefix: prefix removed from setting names to get attribute names.
         rename: setting name -> attribute name, for attributes named differently.
-        settings: resolved settings to read; ``None`` resolves them from the environment.
+        settings: resolved settings to read; ``None`` reads the process's (:func:`process_settings`).
         include_defaults: also copy values that no layer set (the table's defaults).
 
     Returns:
@@ -56,7 +56,7 @@ def fill_unset(
         >>> p.sharding_strategy
         'NO_SHARD'
     """
-    resolved = settings if settings is not None else resolve_runtime_settings()
+    resolved = settings if settings is not None else process_settings()
     renames = dict(rename or {})
     filled: dict[str, str] = {}
     for field in fields_in_group(group):

@@ -33,6 +33,8 @@ __all__ = [
     "env_layer",
     "code_layer",
     "resolve_runtime_settings",
+    "process_settings",
+    "forget_process_settings",
 ]
 
 logger = logging.getLogger("accelerando.settings")
@@ -247,13 +249,16 @@ def _check_layer_names(layer: Layer) -> None:
             get_field(name)  # raises KeyError with a "did you mean"
 
 
-def resolve(layers: Sequence[Layer], *, warn_sources: tuple[str, ...] = ("code",)) -> Settings:
-    """Merge ``layers`` (lowest precedence first) on top of the defaults.
+def resolve(
+    layers: Sequence[Layer], *, warn_sources: tuple[str, ...] = ("code",), base: Settings | None = None
+) -> Settings:
+    """Merge ``layers`` (lowest precedence first) on top of the defaults (or of ``base``).
 
     Args:
         layers: mappings of setting name -> :class:`Sourced`; later layers win, ``None`` never wins.
         warn_sources: when a value from a layer whose label is in this tuple replaces a *different*
             value set by an earlier non-default layer, one warning lists every such override.
+        base: settings already resolved from lower layers; the defaults when None.
 
     Returns:
         The frozen :class:`Settings`.
@@ -262,9 +267,12 @@ def resolve(layers: Sequence[Layer], *, warn_sources: tuple[str, ...] = ("code",
         ValueError: when a value is not allowed for its setting.
         KeyError: when a layer names an unknown setting.
     """
-    values: dict[str, Any] = {f.name: f.default for f in FIELDS}
-    sources: dict[str, str] = dict.fromkeys(values, "default")
-    origins: dict[str, str] = {}
+    if base is None:
+        values: dict[str, Any] = {f.name: f.default for f in FIELDS}
+        sources: dict[str, str] = dict.fromkeys(values, "default")
+        origins: dict[str, str] = {}
+    else:
+        values, sources, origins = dict(base.values), dict(base.sources), dict(base.origins)
     overrides: list[str] = []
     for layer in layers:
         _check_layer_names(layer)
@@ -341,6 +349,48 @@ def code_layer(values: Mapping[str, Any] | None) -> dict[str, Sourced]:
     return layer
 
 
+def _environment_fingerprint(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The values of every variable a setting is read from (what decides the environment layer)."""
+    names = _ENV_NAMES or _collect_env_names()
+    return tuple((name, env[name]) for name in names if name in env)
+
+
+_ENV_NAMES: list[str] = []
+
+
+def _collect_env_names() -> list[str]:
+    _ENV_NAMES.extend(sorted({var for f in FIELDS for var in f.env_names} | {SOURCES_ENV, "RANK"}))
+    return _ENV_NAMES
+
+
+_process_cache: dict[str, Any] = {}
+
+
+def process_settings() -> Settings:
+    """The settings the environment gives this process (defaults < environment), resolved once.
+
+    Every consumer in a process (the connector building an Accelerator's runtime, plugins filling
+    their unset fields) reads this one result instead of resolving again. It is resolved anew only
+    when a variable a setting is read from has changed since (tests and notebooks change them).
+
+    Returns:
+        The frozen :class:`Settings` of the environment layer.
+
+    Raises:
+        ValueError: when an environment value is not allowed (the message names the variable and fix).
+    """
+    fingerprint = _environment_fingerprint(os.environ)
+    if _process_cache.get("fingerprint") != fingerprint:
+        _process_cache["settings"] = resolve([env_layer(os.environ)], warn_sources=())
+        _process_cache["fingerprint"] = fingerprint
+    return _process_cache["settings"]
+
+
+def forget_process_settings() -> None:
+    """Drop the remembered process settings (the next reader resolves the environment again)."""
+    _process_cache.clear()
+
+
 def resolve_runtime_settings(
     code: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -348,7 +398,8 @@ def resolve_runtime_settings(
 
     The environment carries what the launcher resolved (config file and CLI flags) or what the user
     exported; an argument given in code always wins, with one warning (on the process of rank 0 only)
-    when it replaces a different value from the environment.
+    when it replaces a different value from the environment. Without ``environ`` the environment layer
+    is the one :func:`process_settings` resolved once for the process; only the code layer is added.
 
     Args:
         code: setting name -> value given in code; ``None`` values mean "not given".
@@ -366,7 +417,10 @@ def resolve_runtime_settings(
         >>> s.mixed_precision, s.source("mixed_precision")
         ('bf16', 'code')
     """
-    env = os.environ if environ is None else environ
     # Every process resolves the same values; only the first one says that code overrode the launcher.
-    first_process = env.get("RANK", "0") == "0"
-    return resolve([env_layer(env), code_layer(code)], warn_sources=("code",) if first_process else ())
+    if environ is None:
+        first_process = os.environ.get("RANK", "0") == "0"
+        base = process_settings()
+        return resolve([code_layer(code)], warn_sources=("code",) if first_process else (), base=base)
+    first_process = environ.get("RANK", "0") == "0"
+    return resolve([env_layer(environ), code_layer(code)], warn_sources=("code",) if first_process else ())
