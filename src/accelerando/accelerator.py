@@ -10,19 +10,28 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from accelerando import connector
 from accelerando.facade.collectives import CollectivesMixin
 from accelerando.facade.observing import ObservingMixin
 from accelerando.facade.preparing import PreparingMixin
 from accelerando.facade.saving import SavingMixin
 from accelerando.gradient_state import GradientState
 from accelerando.optimizer import AcceleratedOptimizer
+from accelerando.plugins.kwargs import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+)
+from accelerando.runtime import Plugins, set_active_accelerator
 from accelerando.scheduler import AcceleratedScheduler
+from accelerando.state import AcceleratorState
 
 __all__ = ["Accelerator"]
 
@@ -43,6 +52,65 @@ def _handlers_by_type(kwargs_handlers: list[Any] | None) -> dict[type, Any]:
             raise ValueError(f"kwargs_handlers has two {type(handler).__name__}; pass each kind once")
         found[type(handler)] = handler
     return found
+
+
+def _code_settings(
+    mixed_precision: Any,
+    gradient_accumulation_steps: int | None,
+    gradient_accumulation_plugin: Any,
+    cpu: bool | None,
+    dynamo_backend: Any,
+    dynamo_plugin: Any,
+) -> dict[str, Any]:
+    """The Accelerator's arguments that are settings, as a code layer (None = not given).
+
+    Raises:
+        ValueError: both ways of giving accumulation steps, or of giving a dynamo backend, were used.
+    """
+    if gradient_accumulation_plugin is not None and gradient_accumulation_steps not in (None, 1):
+        raise ValueError(
+            "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both; "
+            "set num_steps on the plugin"
+        )
+    if dynamo_plugin is not None and dynamo_backend is not None:
+        raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
+    backend = getattr(dynamo_plugin, "backend", None) or dynamo_backend
+    return {
+        "mixed_precision": str(mixed_precision) if mixed_precision is not None else None,
+        "gradient_accumulation_steps": getattr(gradient_accumulation_plugin, "num_steps", None)
+        or gradient_accumulation_steps,
+        "cpu": cpu,
+        "dynamo_backend": str(backend or "").lower() or None,
+    }
+
+
+def _accumulation_plugin(plugin: Any, settings: Any) -> Any:
+    from accelerando.plugins.accumulation import GradientAccumulationPlugin
+
+    if plugin is None:
+        plugin = GradientAccumulationPlugin()
+    plugin.num_steps = int(settings.gradient_accumulation_steps)
+    return plugin
+
+
+def _dataloader_config(config: Any, split_batches: bool | None) -> Any:
+    from accelerando.plugins.dataloader import DataLoaderConfiguration
+
+    if config is None:
+        config = DataLoaderConfiguration()
+    if split_batches is not None:
+        config.split_batches = split_batches
+    return config
+
+
+def _project_config(config: Any, project_dir: str | None) -> Any:
+    from accelerando.plugins.project import ProjectConfiguration
+
+    if config is None:
+        config = ProjectConfiguration()
+    if project_dir is not None:
+        config.set_directories(project_dir)
+    return config
 
 
 class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin):
@@ -81,7 +149,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         split_batches: bool | None = None,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int | None = None,
-        cpu: bool = False,
+        cpu: bool | None = None,
         dataloader_config: Any = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
@@ -99,165 +167,88 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ) -> None:
-        from accelerando.plugins.kwargs import (
-            AutocastKwargs,
-            DistributedDataParallelKwargs,
-            GradScalerKwargs,
-            InitProcessGroupKwargs,
-            ProfileKwargs,
+        code = _code_settings(
+            mixed_precision,
+            gradient_accumulation_steps,
+            gradient_accumulation_plugin,
+            cpu,
+            dynamo_backend,
+            dynamo_plugin,
         )
-        from accelerando.settings import resolve_runtime_settings
-
-        # 1. Settings: code > launcher environment > defaults, with provenance.
-        if gradient_accumulation_plugin is not None and gradient_accumulation_steps not in (None, 1):
-            raise ValueError(
-                "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both; "
-                "set num_steps on the plugin"
-            )
-        if dynamo_plugin is not None and dynamo_backend is not None:
-            raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
-        plugin_steps = getattr(gradient_accumulation_plugin, "num_steps", None)
-        self.settings = resolve_runtime_settings(
-            code={
-                "mixed_precision": str(mixed_precision) if mixed_precision is not None else None,
-                "gradient_accumulation_steps": plugin_steps or gradient_accumulation_steps,
-                "cpu": True if cpu else None,
-                "dynamo_backend": str(getattr(dynamo_plugin, "backend", None) or dynamo_backend or "").lower()
-                or None,
-            }
+        plugins = Plugins(
+            deepspeed=connector.normalise_deepspeed_plugins(deepspeed_plugin, deepspeed_plugins),
+            fsdp=fsdp_plugin,
+            megatron_lm=megatron_lm_plugin,
+            torch_tp=torch_tp_plugin,
+            parallelism_config=parallelism_config,
+            dynamo=dynamo_plugin,
+            handlers=_handlers_by_type(kwargs_handlers),
         )
-        handlers = _handlers_by_type(kwargs_handlers)
-        self.ddp_handler = handlers.get(DistributedDataParallelKwargs)
-        self.scaler_handler = handlers.get(GradScalerKwargs)
-        self.init_handler = handlers.get(InitProcessGroupKwargs)
-        self.autocast_handler = handlers.get(AutocastKwargs)
-        self.profile_handler = handlers.get(ProfileKwargs)
-        self._kwargs_handlers = handlers
-
-        # 2. Process state (initialises torch.distributed in multi-process jobs).
-        from accelerando.state import AcceleratorState
-
-        pg_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(cpu=bool(self.settings.cpu), pg_kwargs=pg_kwargs)
-        self._configure_backend(deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin)
-        self.state.mixed_precision = self.settings.mixed_precision
-        self.state.torch_tp_plugin = torch_tp_plugin
-        self.state.parallelism_config = parallelism_config
-
-        # 3. Precision and strategy, chosen by the connector. A strategy whose engine scales the
-        # loss itself (DeepSpeed) keeps autocast (inputs meet low-precision weights) but no scaler.
-        from accelerando.strategies import strategy_class
-
-        strategy_cls = strategy_class(self._decision.strategy_name)
-        self._precision = self._build_precision(loss_scaling=not strategy_cls.manages_precision)
-        self._strategy = strategy_cls(self.state, self._precision, ddp_kwargs=self.ddp_handler)
+        self.runtime = connector.build(connector.resolve_settings(code), plugins)
+        self.state = AcceleratorState()
+        # The runtime is frozen: these are shortcuts for the training step, never re-pointed.
+        self._strategy, self._precision = self.runtime.strategy, self.runtime.precision
         self.scaler = self._precision.scaler
-        self.native_amp = self.settings.mixed_precision in ("fp16", "bf16")
-
-        # 4. Accumulation, data, compilation, project layout.
-        from accelerando.plugins.accumulation import GradientAccumulationPlugin
-
-        if gradient_accumulation_plugin is None:
-            gradient_accumulation_plugin = GradientAccumulationPlugin()
-        gradient_accumulation_plugin.num_steps = int(self.settings.gradient_accumulation_steps)
-        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
-        self.dataloader_config = self._build_dataloader_config(dataloader_config, split_batches)
-        self.dynamo_plugin = self._build_dynamo_plugin(dynamo_plugin)
-        self.state.dynamo_plugin = self.dynamo_plugin
-        self.project_configuration = self._build_project_config(project_config, project_dir)
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=_accumulation_plugin(gradient_accumulation_plugin, self.settings)
+        )
+        self.dataloader_config = _dataloader_config(dataloader_config, split_batches)
+        self.project_configuration = _project_config(project_config, project_dir)
         self.device_placement = device_placement
         self.rng_types = rng_types if rng_types is not None else ["generator"]
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
+        self.deepspeed_engine_wrapped: Any = None
         self._models: list[Any] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
         self._init_saving()
         self._init_observing(log_with)
-        # The folder-only save_accelerator_state(dir) acts on the newest Accelerator.
-        self.state.accelerator_ref = weakref.ref(self)
-
-    # --------------------------------------------------------------- building
-    def _configure_backend(
-        self, deepspeed_plugin: Any, deepspeed_plugins: Any, fsdp_plugin: Any, megatron: Any
-    ) -> None:
-        from accelerando.connector import decide
-
-        if deepspeed_plugin is not None and deepspeed_plugins is not None:
-            raise ValueError("pass either deepspeed_plugin or deepspeed_plugins, not both")
-        plugins = deepspeed_plugins
-        if deepspeed_plugin is not None:
-            plugins = (
-                deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"default": deepspeed_plugin}
-            )
-        s = self.settings
-        self._decision = decide(
-            num_processes=self.state.num_processes,
-            process_type=self.state._partial.distributed_type,
-            deepspeed_requested=plugins is not None or bool(s.use_deepspeed),
-            fsdp_requested=fsdp_plugin is not None or bool(s.use_fsdp),
-            megatron_requested=megatron is not None or bool(s.use_megatron_lm),
-            requested_type=s.distributed_type,
-            requested_type_source=s.source("distributed_type"),
-            device_name=self.state.device.type,
-        )
-        self.state.distributed_type = self._decision.distributed_type
-        self.state.deepspeed_plugins = plugins
-        self.state.fsdp_plugin = fsdp_plugin
-        self.state.megatron_lm_plugin = megatron
-
-    def _build_precision(self, loss_scaling: bool = True) -> Any:
-        from accelerando.precision import build_precision
-
-        scaler_kwargs: dict[str, Any] = {}
-        static = False
-        if self.scaler_handler is not None:
-            scaler_kwargs = self.scaler_handler.scaler_kwargs()
-            static = bool(self.scaler_handler.static_scale)
-        autocast_kwargs = self.autocast_handler.to_kwargs() if self.autocast_handler is not None else None
-        return build_precision(
-            self.settings.mixed_precision,
-            self.state.device.type,
-            scaler_kwargs,
-            static,
-            autocast_kwargs,
-            loss_scaling=loss_scaling,
-        )
-
-    def _build_dataloader_config(self, config: Any, split_batches: bool | None) -> Any:
-        from accelerando.plugins.dataloader import DataLoaderConfiguration
-
-        if config is None:
-            config = DataLoaderConfiguration()
-        if split_batches is not None:
-            config.split_batches = split_batches
-        return config
-
-    def _build_dynamo_plugin(self, plugin: Any) -> Any:
-        from accelerando.plugins.dynamo import TorchDynamoPlugin
-
-        if plugin is not None:
-            return plugin
-        s = self.settings
-        return TorchDynamoPlugin(
-            backend=s.dynamo_backend,
-            mode=s.dynamo_mode,
-            fullgraph=s.dynamo_use_fullgraph,
-            dynamic=s.dynamo_use_dynamic,
-        )
-
-    def _build_project_config(self, config: Any, project_dir: str | None) -> Any:
-        from accelerando.plugins.project import ProjectConfiguration
-
-        if config is None:
-            config = ProjectConfiguration()
-        if project_dir is not None:
-            config.set_directories(project_dir)
-        return config
+        set_active_accelerator(self)
 
     # ------------------------------------------------------------- properties
+    @property
+    def settings(self) -> Any:
+        """The resolved settings, each with its source (``settings.source("mixed_precision")``)."""
+        return self.runtime.settings
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        """The ``TorchDynamoPlugin`` in effect (disabled without a backend)."""
+        return self.runtime.plugins.dynamo
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether PyTorch's autocast runs the forward (fp16 / bf16)."""
+        return self.settings.mixed_precision in ("fp16", "bf16")
+
+    @property
+    def ddp_handler(self) -> Any:
+        """The ``DistributedDataParallelKwargs`` given in code, or None."""
+        return self.runtime.plugins.handler(DistributedDataParallelKwargs)
+
+    @property
+    def scaler_handler(self) -> Any:
+        """The ``GradScalerKwargs`` given in code, or None."""
+        return self.runtime.plugins.handler(GradScalerKwargs)
+
+    @property
+    def init_handler(self) -> Any:
+        """The ``InitProcessGroupKwargs`` given in code, or None."""
+        return self.runtime.plugins.handler(InitProcessGroupKwargs)
+
+    @property
+    def autocast_handler(self) -> Any:
+        """The ``AutocastKwargs`` given in code, or None."""
+        return self.runtime.plugins.handler(AutocastKwargs)
+
+    @property
+    def profile_handler(self) -> Any:
+        """The ``ProfileKwargs`` given in code, or None."""
+        return self.runtime.plugins.handler(ProfileKwargs)
+
     @property
     def device(self) -> torch.device:
         """The device this process computes on."""

@@ -1,33 +1,47 @@
-"""Settings + detection -> (distributed type, strategy, precision).
+"""Settings + plugins -> one :class:`~accelerando.runtime.Runtime`, in numbered steps.
 
 This is the ONLY module that maps settings to a ``DistributedType`` or compares with one; strategies
-declare the type they report. The decisions are taken in numbered steps so each can be read alone.
+declare the type they report. :func:`build` reads top to bottom:
+
+1. cluster environment (torchrun, SLURM, MPI, single process) -- who am I, how many are we;
+2. device (the hardware family and this process's device);
+3. process group (several processes only; its teardown at exit is registered with it);
+   steps 1-3 happen once per process (:func:`accelerando.runtime.start_process`, which a bare
+   ``PartialState()`` calls too) and are shared by every later ``Accelerator``;
+4. device mesh, from a ``ParallelismConfig`` (where tensor / pipeline / context parallelism plug in);
+5. strategy rule (an explicit backend wins, else several processes mean DDP, else one device);
+6. precision (fp32 / AMP fp16 with a loss scaler / bf16 / fp8);
+7. instantiate the strategy and activate the Runtime, so ``AcceleratorState()`` views it.
+
+Settings are resolved once per ``Accelerator`` by :func:`resolve_settings` (the environment part
+once per process); plugins read the same process settings through ``settings.fill_unset``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from accelerando import runtime as rt
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
+from accelerando.settings import Settings
 
-__all__ = ["Decision", "decide", "process_distributed_type"]
-
-_MULTI_BY_DEVICE = {
-    "cpu": DistributedType.MULTI_CPU,
-    "cuda": DistributedType.MULTI_GPU,
-    "xpu": DistributedType.MULTI_XPU,
-    "npu": DistributedType.MULTI_NPU,
-    "hpu": DistributedType.MULTI_HPU,
-    "mps": DistributedType.MULTI_CPU,
-}
+__all__ = [
+    "Decision",
+    "build",
+    "decide",
+    "normalise_deepspeed_plugins",
+    "process_distributed_type",
+    "resolve_settings",
+]
 
 
 def process_distributed_type(device_backend: type[DeviceBackend], num_processes: int) -> DistributedType:
     """The data-parallel type a plain job of ``num_processes`` on this device family reports."""
-    if num_processes <= 1:
-        return DistributedType.NO
-    return _MULTI_BY_DEVICE.get(device_backend.name, DistributedType.MULTI_CPU)
+    return rt.data_parallel_type(device_backend, num_processes)
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,7 @@ def decide(
     requested_type_source: str = "default",
     device_name: str = "cpu",
 ) -> Decision:
-    """Choose the distributed type and strategy.
+    """Choose the distributed type and strategy (step 5).
 
     Steps: (1) an explicit backend plugin or launcher flag (DeepSpeed, FSDP, Megatron-LM) wins;
     (2) otherwise several processes mean DDP; (3) one process means the single-device strategy.
@@ -75,3 +89,152 @@ def decide(
     if process_type is not DistributedType.NO:
         return Decision(process_type, "ddp", f"{num_processes} processes")
     return Decision(DistributedType.NO, "single", "one process")
+
+
+# ----------------------------------------------------------------------------------- step 0
+def resolve_settings(code: Mapping[str, Any] | None = None) -> Settings:
+    """Resolve an Accelerator's settings: defaults < environment (once per process) < code.
+
+    Raises:
+        ValueError: a value that is not allowed (the message names the setting, its source and the fix).
+    """
+    from accelerando.settings import resolve_runtime_settings
+
+    return resolve_runtime_settings(code=code)
+
+
+# ------------------------------------------------------------------------------------ step 4
+def _build_mesh(parallelism_config: Any, process: rt.ProcessContext) -> Any:
+    """Step 4: the ``DeviceMesh`` of a ParallelismConfig (None without one or without an active axis)."""
+    if parallelism_config is None:
+        return None
+    parallelism_config.validate(process.num_processes)
+    return parallelism_config.build_device_mesh(process.device.type)
+
+
+# ------------------------------------------------------------------------------------ step 5
+def normalise_deepspeed_plugins(deepspeed_plugin: Any, deepspeed_plugins: Any) -> dict[str, Any] | None:
+    """One ``name -> DeepSpeedPlugin`` dict from the two ways of passing them (or None).
+
+    Raises:
+        ValueError: both ways were used.
+    """
+    if deepspeed_plugin is not None and deepspeed_plugins is not None:
+        raise ValueError("pass either deepspeed_plugin or deepspeed_plugins, not both")
+    if deepspeed_plugin is not None:
+        return deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"default": deepspeed_plugin}
+    return deepspeed_plugins
+
+
+def _strategy_rule(settings: Settings, plugins: rt.Plugins, process: rt.ProcessContext) -> Decision:
+    return decide(
+        num_processes=process.num_processes,
+        process_type=process.distributed_type,
+        deepspeed_requested=plugins.deepspeed is not None or bool(settings.use_deepspeed),
+        fsdp_requested=plugins.fsdp is not None or bool(settings.use_fsdp),
+        megatron_requested=plugins.megatron_lm is not None or bool(settings.use_megatron_lm),
+        requested_type=settings.distributed_type,
+        requested_type_source=settings.source("distributed_type"),
+        device_name=process.device.type,
+    )
+
+
+def _default_backend_plugins(decision: Decision, plugins: rt.Plugins) -> rt.Plugins:
+    """The chosen backend's plugin, made from the settings when the user passed none."""
+    if decision.distributed_type is DistributedType.FSDP and plugins.fsdp is None:
+        from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
+
+        return dataclasses.replace(plugins, fsdp=FullyShardedDataParallelPlugin())
+    if decision.distributed_type is DistributedType.DEEPSPEED and plugins.deepspeed is None:
+        from accelerando.plugins.deepspeed import DeepSpeedPlugin
+
+        return dataclasses.replace(plugins, deepspeed={"default": DeepSpeedPlugin()})
+    return plugins
+
+
+# ------------------------------------------------------------------------------------ step 6
+def _build_precision(settings: Settings, plugins: rt.Plugins, device_type: str, loss_scaling: bool) -> Any:
+    from accelerando.plugins.kwargs import AutocastKwargs, GradScalerKwargs
+    from accelerando.precision import build_precision
+
+    scaler = plugins.handler(GradScalerKwargs)
+    autocast = plugins.handler(AutocastKwargs)
+    return build_precision(
+        settings.mixed_precision,
+        device_type,
+        scaler.scaler_kwargs() if scaler is not None else {},
+        bool(scaler.static_scale) if scaler is not None else False,
+        autocast.to_kwargs() if autocast is not None else None,
+        loss_scaling=loss_scaling,
+    )
+
+
+def _dynamo_plugin(settings: Settings, plugin: Any) -> Any:
+    if plugin is not None:
+        return plugin
+    from accelerando.plugins.dynamo import TorchDynamoPlugin
+
+    return TorchDynamoPlugin(
+        backend=settings.dynamo_backend,
+        mode=settings.dynamo_mode,
+        fullgraph=settings.dynamo_use_fullgraph,
+        dynamic=settings.dynamo_use_dynamic,
+    )
+
+
+# ------------------------------------------------------------------------------------- build
+def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
+    """Turn resolved settings and the user's plugins into the process's Runtime (steps 1-7).
+
+    Args:
+        settings: from :func:`resolve_settings`.
+        plugins: the plugins and kwargs handlers given in code (``deepspeed`` already normalised by
+            :func:`normalise_deepspeed_plugins`).
+
+    Returns:
+        The frozen Runtime, also made the active one (``AcceleratorState()`` views it).
+
+    Raises:
+        ValueError: contradictory requests or a bad mesh, naming where each value came from.
+        NotImplementedError: a backend or precision this version cannot run.
+    """
+    from accelerando.plugins.kwargs import DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from accelerando.strategies import strategy_class
+
+    init_handler = plugins.handler(InitProcessGroupKwargs)
+    # 1-3. cluster environment, device, process group: once per process, shared by later Accelerators
+    process = rt.start_process(settings, init_handler.to_kwargs() if init_handler is not None else {})
+    mesh = _build_mesh(plugins.parallelism_config, process)
+    decision = _strategy_rule(settings, plugins, process)
+    plugins = _default_backend_plugins(decision, plugins)
+    plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
+    strategy_cls = strategy_class(decision.strategy_name)
+    # A strategy whose engine scales the loss itself (DeepSpeed) keeps autocast but gets no scaler.
+    precision = _build_precision(
+        settings, plugins, process.device.type, loss_scaling=not strategy_cls.manages_precision
+    )
+    draft = rt.Runtime(
+        settings=settings,
+        process=process,
+        mesh=mesh,
+        distributed_type=decision.distributed_type,
+        strategy=None,
+        precision=precision,
+        plugins=plugins,
+        reason=decision.reason,
+    )
+    previous = rt.current()
+    rt.activate(draft)  # 7. strategies read the state views while they are built
+    try:
+        from accelerando.state import AcceleratorState
+
+        strategy = strategy_cls(
+            AcceleratorState(), precision, ddp_kwargs=plugins.handler(DistributedDataParallelKwargs)
+        )
+    except BaseException:
+        if previous is not None:
+            rt.activate(previous)
+        raise
+    runtime = dataclasses.replace(draft, strategy=strategy)
+    rt.activate(runtime)
+    return runtime

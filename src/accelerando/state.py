@@ -1,25 +1,25 @@
 """Process state: who am I, how many of us are there, which device do I use.
 
-``PartialState`` is created once per process (every instance shares one dictionary, the Borg
-pattern) and initialises ``torch.distributed`` when the process is part of a multi-process job.
-``AcceleratorState`` adds what the Accelerator decided (mixed precision, FSDP/DeepSpeed, plugins);
-``GradientState`` tracks accumulation and dataloader progress.
+``PartialState`` and ``AcceleratorState`` keep the reference's names and attributes but hold no
+decisions of their own: they are read-only views over the process's Runtime
+(:mod:`accelerando.runtime`), which the connector builds. Every instance shares one dictionary (the
+Borg pattern), so ``PartialState()`` anywhere is the same object. ``GradientState`` tracks
+accumulation and dataloader progress.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 
-from accelerando.devices import DeviceBackend, detect_device_backend
+from accelerando import runtime
+from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
-from accelerando.environments import ClusterEnvironment, detect_environment
+from accelerando.environments import ClusterEnvironment
 from accelerando.gradient_state import GradientState
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState"]
@@ -27,23 +27,24 @@ __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _resolve_cpu_flag(cpu: bool | None) -> bool:
-    """cpu from code, else from the launcher's environment (ACCELERANDO_USE_CPU / ACCELERATE_USE_CPU)."""
-    from accelerando.settings import resolve_runtime_settings
-
-    return bool(resolve_runtime_settings(code={"cpu": True if cpu else None}).cpu)
+def _view_is_read_only(owner: str, name: str) -> AttributeError:
+    return AttributeError(
+        f"{owner}.{name} is a read-only view of what the Accelerator decided; pass the value to "
+        f"Accelerator(...) (or set it through the launcher / config file) instead of assigning it"
+    )
 
 
 class PartialState:
     """The state of this process in the job, shared by every instance in the process.
 
-    The first construction detects the cluster environment (torchrun, MPI, SLURM or single process)
-    and the device family, picks this process's device, and, when there is more than one process,
-    initialises the default ``torch.distributed`` process group (gloo on CPU, nccl on CUDA, ...).
-    Later constructions return the same state at almost no cost.
+    A read-only view over the process's :class:`~accelerando.runtime.ProcessContext`. The first
+    construction in a process asks the connector to detect the cluster environment (torchrun, MPI,
+    SLURM or single process) and the device family, pick this process's device, and, when there is
+    more than one process, start the default ``torch.distributed`` process group (gloo on CPU, nccl
+    on CUDA, ...). Later constructions return the same state at almost no cost.
 
     Args:
-        cpu: force the CPU even when an accelerator is present.
+        cpu: force the CPU even when an accelerator is present (False = let the settings decide).
         **kwargs: ``backend`` (process-group backend name) and ``timeout`` (``timedelta``) override the
             defaults; the Accelerator passes them from ``InitProcessGroupKwargs``.
 
@@ -53,49 +54,100 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = {}
+    _view_names = frozenset(
+        {
+            "cluster",
+            "device_backend",
+            "num_processes",
+            "process_index",
+            "local_process_index",
+            "num_nodes",
+            "device",
+            "backend",
+            "distributed_type",
+            "debug",
+        }
+    )
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
-        if self._shared_state.get("_initialized"):
+        if runtime.current_process() is not None:
             return
-        self._cpu = _resolve_cpu_flag(cpu)
-        self.cluster: ClusterEnvironment = detect_environment()
-        self.device_backend: type[DeviceBackend] = detect_device_backend(self._cpu)
-        self.num_processes = self.cluster.world_size
-        self.process_index = self.cluster.rank
-        self.local_process_index = self.cluster.local_rank
-        self.num_nodes = max(1, math.ceil(self.num_processes / max(self.cluster.local_world_size, 1)))
-        self.device = self.device_backend.device(self.local_process_index)
-        self.backend: str | None = None
-        from accelerando.connector import process_distributed_type
+        from accelerando.settings import resolve_runtime_settings
 
-        self.distributed_type = process_distributed_type(self.device_backend, self.num_processes)
-        if self.num_processes > 1:
-            self._init_process_group(kwargs.get("backend"), kwargs.get("timeout"))
-        self.device_backend.set_device(self.device)
-        self._initialized = True
+        settings = resolve_runtime_settings({"cpu": True if cpu else None})
+        options = {k: kwargs[k] for k in ("backend", "timeout") if kwargs.get(k) is not None}
+        runtime.start_process(settings, options)
 
-    def _init_process_group(self, backend: str | None, timeout: timedelta | None) -> None:
-        from accelerando import process_group
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._view_names:
+            raise _view_is_read_only(type(self).__name__, name)
+        super().__setattr__(name, value)
 
-        # The handle owns the group's life, including its ordered teardown at exit.
-        self._process_group = process_group.start(
-            device=self.device,
-            default_backend=self.device_backend.dist_backend,
-            main_address=self.cluster.main_address,
-            main_port=self.cluster.main_port,
-            rank=self.process_index,
-            world_size=self.num_processes,
-            backend=backend,
-            timeout=timeout,
-        )
-        self.backend = self._process_group.backend
+    @property
+    def _process(self) -> runtime.ProcessContext:
+        context = runtime.current_process()
+        if context is None:  # the state was reset (tests): detect again, as a first construction would
+            PartialState()
+            context = runtime.current_process()
+        assert context is not None
+        return context
+
+    @property
+    def cluster(self) -> ClusterEnvironment:
+        """The cluster environment rank and world size come from."""
+        return self._process.cluster
+
+    @property
+    def device_backend(self) -> type[DeviceBackend]:
+        """The hardware family class of this process's device."""
+        return self._process.device_backend
+
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes in the job."""
+        return self._process.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """Global index of this process."""
+        return self._process.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """Index of this process on its machine."""
+        return self._process.local_process_index
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of machines in the job."""
+        return self._process.num_nodes
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._process.device
+
+    @property
+    def backend(self) -> str | None:
+        """The process-group backend (``"gloo"``, ``"nccl"``...); None in a single process."""
+        return self._process.backend
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """The data-parallel type of this job (NO, MULTI_CPU, MULTI_GPU, ...)."""
+        return self._process.distributed_type
+
+    @property
+    def debug(self) -> bool:
+        """Whether debug mode (the ``debug`` setting) is on."""
+        return self._process.debug
 
     # ----------------------------------------------------------------- queries
     @property
     def initialized(self) -> bool:
-        """Whether the shared state exists in this process."""
-        return bool(self._shared_state.get("_initialized"))
+        """Whether the process state exists in this process."""
+        return runtime.current_process() is not None
 
     @property
     def use_distributed(self) -> bool:
@@ -205,7 +257,8 @@ class PartialState:
         """
         import torch.distributed as dist
 
-        handle = self._shared_state.get("_process_group")
+        context = runtime.current_process()
+        handle = context.process_group if context is not None else None
         if group is None and handle is not None:
             handle.shutdown()
         elif dist.is_available() and dist.is_initialized():
@@ -213,8 +266,9 @@ class PartialState:
 
     @classmethod
     def _reset_state(cls) -> None:
-        """Forget the shared state (tests). Does not destroy the process group."""
+        """Forget the process state (tests). Does not destroy the process group."""
         cls._shared_state.clear()
+        runtime.forget(keep_process=False)
 
     def __repr__(self) -> str:
         return (
@@ -265,43 +319,117 @@ def _split(inputs: Any, world: int, index: int, apply_padding: bool) -> Any:
 
 
 class AcceleratorState:
-    """The Accelerator's decisions on top of ``PartialState``, shared by every instance in the process.
+    """What the newest Accelerator decided, on top of ``PartialState``; a read-only view.
 
-    Attributes beyond PartialState's: ``mixed_precision``, ``distributed_type`` (possibly FSDP,
-    DEEPSPEED, MEGATRON_LM), ``deepspeed_plugins``, ``fsdp_plugin``, ``megatron_lm_plugin``,
-    ``dynamo_plugin``, ``torch_tp_plugin``, ``parallelism_config``. Unknown attributes are read from
-    ``PartialState``.
+    Reads the process's :class:`~accelerando.runtime.Runtime`: ``mixed_precision``,
+    ``distributed_type`` (possibly FSDP, DEEPSPEED, MEGATRON_LM), ``deepspeed_plugins``,
+    ``fsdp_plugin``, ``megatron_lm_plugin``, ``dynamo_plugin``, ``torch_tp_plugin``,
+    ``parallelism_config``, ``device_mesh``. Before any Accelerator exists these are the process's
+    defaults (``"no"`` precision, the plain data-parallel type, no plugins). Unknown attributes are
+    read from ``PartialState``. The only thing written through it is the active DeepSpeed plugin
+    (:meth:`select_deepspeed_plugin`).
+
+    Args:
+        cpu / pg_kwargs: passed to ``PartialState`` when the process state does not exist yet.
+        **unused: other keyword arguments are refused (the view cannot be configured).
+
+    Raises:
+        TypeError: keyword arguments other than ``cpu`` / ``pg_kwargs``.
     """
 
     _shared_state: dict[str, Any] = {}
+    _view_names = frozenset(
+        {
+            "mixed_precision",
+            "distributed_type",
+            "deepspeed_plugins",
+            "fsdp_plugin",
+            "megatron_lm_plugin",
+            "dynamo_plugin",
+            "torch_tp_plugin",
+            "parallelism_config",
+            "device_mesh",
+        }
+    )
 
-    def __init__(self, **decisions: Any) -> None:
-        self.__dict__ = self._shared_state
-        if not self._shared_state.get("_initialized"):
-            self._partial = PartialState(
-                cpu=bool(decisions.pop("cpu", False)), **decisions.pop("pg_kwargs", {})
+    def __init__(self, cpu: bool = False, pg_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
+        if unused:
+            raise TypeError(
+                f"AcceleratorState() takes no settings ({', '.join(sorted(unused))}); pass them to Accelerator(...)"
             )
-            self.mixed_precision = "no"
-            self.distributed_type = self._partial.distributed_type
-            self.deepspeed_plugins: Any = None
-            self.active_deepspeed_plugin_name: str | None = None
-            self.fsdp_plugin: Any = None
-            self.megatron_lm_plugin: Any = None
-            self.dynamo_plugin: Any = None
-            self.torch_tp_plugin: Any = None
-            self.parallelism_config: Any = None
-            self.device_mesh: Any = None
-            self._initialized = True
-        else:
-            decisions.pop("cpu", None)
-            decisions.pop("pg_kwargs", None)
-        for key, value in decisions.items():
-            setattr(self, key, value)
+        self.__dict__ = self._shared_state
+        self._shared_state.setdefault("active_deepspeed_plugin_name", None)
+        if runtime.current_process() is None:
+            PartialState(cpu=cpu, **(pg_kwargs or {}))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._view_names:
+            if getattr(self, name) is value:  # re-stating what the runtime holds changes nothing
+                return
+            raise _view_is_read_only(type(self).__name__, name)
+        super().__setattr__(name, value)
+
+    @property
+    def _partial(self) -> PartialState:
+        return PartialState()
 
     @property
     def initialized(self) -> bool:
         """Whether an Accelerator has configured the state in this process."""
-        return bool(self._shared_state.get("_initialized"))
+        return runtime.current() is not None
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed-precision mode in effect (``"no"`` before any Accelerator)."""
+        current = runtime.current()
+        return "no" if current is None else current.settings.mixed_precision
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """How processes cooperate, as the Accelerator decided (the process's type before one)."""
+        current = runtime.current()
+        return self._partial.distributed_type if current is None else current.distributed_type
+
+    @property
+    def deepspeed_plugins(self) -> dict[str, Any] | None:
+        """Name -> DeepSpeed plugin (None without DeepSpeed)."""
+        return self._plugin("deepspeed")
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP plugin (None without FSDP)."""
+        return self._plugin("fsdp")
+
+    @property
+    def megatron_lm_plugin(self) -> Any:
+        """The Megatron-LM plugin (None without Megatron-LM)."""
+        return self._plugin("megatron_lm")
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        """The torch.compile plugin (None before any Accelerator)."""
+        return self._plugin("dynamo")
+
+    @property
+    def torch_tp_plugin(self) -> Any:
+        """The tensor-parallel plugin (None without one)."""
+        return self._plugin("torch_tp")
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The ParallelismConfig (None without one)."""
+        return self._plugin("parallelism_config")
+
+    @property
+    def device_mesh(self) -> Any:
+        """The DeviceMesh built from the ParallelismConfig (None without one)."""
+        current = runtime.current()
+        return None if current is None else current.mesh
+
+    @staticmethod
+    def _plugin(name: str) -> Any:
+        current = runtime.current()
+        return None if current is None else getattr(current.plugins, name)
 
     @property
     def deepspeed_plugin(self) -> Any:
@@ -323,14 +451,15 @@ class AcceleratorState:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes not found normally: defer to the process state.
-        if name.startswith("__") or name == "_partial":
+        if name.startswith("__"):
             raise AttributeError(name)
-        return getattr(self._partial, name)
+        return getattr(PartialState(), name)
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = False) -> None:
         """Forget the Accelerator's decisions (and the process state when asked)."""
         cls._shared_state.clear()
+        runtime.forget(keep_process=not reset_partial_state)
         if reset_partial_state:
             PartialState._reset_state()
 

@@ -5,7 +5,8 @@ checksum) or invisible (a hidden staging folder). Modules:
 
 - ``atomic``: staging, durability, manifest, atomic rename, rotation, listing, verification;
 - ``files`` / ``state_io`` / ``rng``: the state files and how each kind of state is written and read;
-- ``public``: ``save_accelerator_state`` & co. in the seed's and the reference's forms;
+- ``public``: ``save_accelerator_state`` & co., folder-only and explicit;
+- ``target``: the ``CheckpointTarget`` protocol, all that save/load see of the training;
 - ``orchestrate``: the multi-process protocol behind ``Accelerator.save_state`` / ``load_state``.
 
 Auto-resume pattern (re-running the same command after a crash continues where it stopped)::
@@ -48,7 +49,6 @@ from accelerando.checkpointing.public import (
     load_custom_state,
     save_accelerator_state,
     save_custom_state,
-    set_active_accelerator,
 )
 
 __all__ = [
@@ -63,6 +63,5 @@ __all__ = [
     "save_accelerator_state",
     "save_custom_state",
     "save_state",
-    "set_active_accelerator",
     "verify_checkpoint",
 ]

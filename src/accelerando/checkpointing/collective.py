@@ -32,17 +32,17 @@ def is_committer(state: Any, save_on_each_node: bool) -> bool:
 _SHARED_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
-def _nodes_share(accelerator: Any, parent: str) -> bool:
+def _nodes_share(target: Any, parent: str) -> bool:
     """Whether the nodes' local main processes all see ``parent`` as one folder (a shared file system).
 
     Each node's local main leaves a marker named with a token common to this call; if one sees another
     node's marker, the folder is shared. Collective (every process must call it); the verdict is
-    remembered per accelerator and folder, since file systems do not change during a run.
+    remembered per target and folder, since file systems do not change during a run.
     """
-    state = accelerator.state
+    state = target.state
     if state.num_nodes <= 1:
         return False
-    known = _SHARED_VERDICTS.setdefault(accelerator, {})
+    known = _SHARED_VERDICTS.setdefault(target, {})
     if parent in known:
         return known[parent]
     token = gather(uuid.uuid4().hex if state.is_main_process else None, state.num_processes)[0]
@@ -71,23 +71,23 @@ def _nodes_share(accelerator: Any, parent: str) -> bool:
     return shared
 
 
-def save_on_each_node(accelerator: Any, final_dir: str) -> bool:
+def save_on_each_node(target: Any, final_dir: str) -> bool:
     """Effective ``save_on_each_node`` for this save; collective when the setting is on.
 
     It is off (with one warning) when the nodes share the folder, where several nodes committing the
     same checkpoint would race.
     """
-    if not accelerator.project_configuration.save_on_each_node:
+    if not target.project_configuration.save_on_each_node:
         return False
     parent = os.path.dirname(os.path.abspath(final_dir))
-    if not _nodes_share(accelerator, parent):
+    if not _nodes_share(target, parent):
         return True
-    if accelerator.state.is_main_process and not getattr(accelerator, "_warned_shared_fs", False):
+    if target.state.is_main_process and not target.warned_shared_fs:
         warnings.warn(
             f"save_on_each_node=True, but every node sees {parent!r} (a shared file system): the checkpoint "
             "is written and committed once, by the main process. Use save_on_each_node only for "
             "node-local disks.",
             stacklevel=4,
         )
-        accelerator._warned_shared_fs = True
+        target.warned_shared_fs = True
     return False

@@ -27,7 +27,7 @@ from typing import Any
 from accelerando.checkpointing import atomic
 from accelerando.checkpointing import files as F
 from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
-from accelerando.checkpointing.public import save_custom_state, set_active_accelerator
+from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.state_io import (
     LoadedState,
     apply_state,
@@ -36,6 +36,7 @@ from accelerando.checkpointing.state_io import (
     read_state_files,
     write_state_files,
 )
+from accelerando.runtime import set_active_accelerator
 
 __all__ = [
     "CHECKPOINTS_FOLDER",
@@ -73,8 +74,8 @@ class ResumePoint:
     dataloaders: tuple[tuple[int, int], ...] = ()
 
 
-def _checkpoints_dir(accelerator: Any) -> str:
-    project_dir = accelerator.project_configuration.project_dir
+def _checkpoints_dir(target: Any) -> str:
+    project_dir = target.project_configuration.project_dir
     if project_dir is None:
         raise ValueError(
             "automatic_checkpoint_naming needs a project folder; pass project_dir= to Accelerator or "
@@ -83,11 +84,11 @@ def _checkpoints_dir(accelerator: Any) -> str:
     return os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER)
 
 
-def _resolve_save_dir(accelerator: Any, output_dir: str | os.PathLike | None) -> tuple[str, str | None]:
+def _resolve_save_dir(target: Any, output_dir: str | os.PathLike | None) -> tuple[str, str | None]:
     """``(final folder, checkpoints folder or None)`` for a save."""
-    config = accelerator.project_configuration
+    config = target.project_configuration
     if config.automatic_checkpoint_naming:
-        root = _checkpoints_dir(accelerator)
+        root = _checkpoints_dir(target)
         final = os.path.join(root, f"checkpoint_{config.iteration}")
         if output_dir is not None and os.path.abspath(output_dir) != os.path.abspath(final):
             logger.warning("automatic_checkpoint_naming is on: saving to %s instead of %s", final, output_dir)
@@ -106,44 +107,44 @@ def _resolve_save_dir(accelerator: Any, output_dir: str | os.PathLike | None) ->
     return os.path.abspath(os.fspath(output_dir)), None
 
 
-def _owns_loading(accelerator: Any) -> bool:
+def _owns_loading(target: Any) -> bool:
     """Whether the strategy restores models and optimizers itself (sharded layouts)."""
-    return bool(getattr(getattr(accelerator, "_strategy", None), "loads_own_checkpoints", False))
+    return bool(getattr(target.strategy, "loads_own_checkpoints", False))
 
 
-def _mid_accumulation(accelerator: Any) -> bool:
+def _mid_accumulation(target: Any) -> bool:
     """Whether gradients of an unfinished accumulation cycle are pending."""
-    return not bool(getattr(accelerator, "sync_gradients", True))
+    return not bool(target.sync_gradients)
 
 
 def _write_process_files(
-    accelerator: Any,
+    target: Any,
     staging: str,
     safe_serialization: bool,
     each_node: bool,
     on_written: Callable[[str], None],
 ) -> None:
     """Write this process's files into the staging folder, handing each name to ``on_written``."""
-    models = list(accelerator._models)
-    optimizers = list(accelerator._optimizers)
-    strategy = getattr(accelerator, "_strategy", None)
+    models = list(target.models)
+    optimizers = list(target.optimizers)
+    strategy = target.strategy
     # Sharded strategies (FSDP, DeepSpeed) write their own per-process files on every process;
     # whatever they handle is left out of the files written below (None entries are skipped).
     weights: list[Any] = []
     for i, model in enumerate(models):
         own = strategy is not None and strategy.save_model_checkpoint(model, staging, i, safe_serialization)
-        weights.append(None if own else accelerator.get_state_dict(model))
+        weights.append(None if own else target.get_state_dict(model))
     for i, optimizer in enumerate(optimizers):
         owner = models[i] if i < len(models) else None
         if strategy is not None and strategy.save_optimizer_checkpoint(optimizer, owner, staging, i):
             optimizers[i] = None
-    for hook in list(accelerator._save_model_state_pre_hook.values()):
+    for hook in target.save_hooks:
         hook(models, weights, staging)
     grads = None
-    if _mid_accumulation(accelerator):
-        if not _owns_loading(accelerator):
+    if _mid_accumulation(target):
+        if not _owns_loading(target):
             grads = capture_gradients(models)
-        elif accelerator.is_main_process:
+        elif target.state.is_main_process:
             warnings.warn(
                 f"save_state() ran in the middle of a gradient accumulation cycle under {strategy.name}: the "
                 "gradients accumulated so far are held by the strategy and are not in the checkpoint, so a "
@@ -155,23 +156,23 @@ def _write_process_files(
         staging,
         weights,
         optimizers,
-        list(accelerator._schedulers),
-        list(accelerator._dataloaders),
-        accelerator.state.process_index,
-        int(accelerator.step),
-        scaler=accelerator.scaler,
+        list(target.schedulers),
+        list(target.dataloaders),
+        target.state.process_index,
+        int(target.step),
+        scaler=target.scaler,
         save_on_each_node=each_node,
         safe_serialization=safe_serialization,
         gradients=grads,
         on_written=on_written,
     )
-    for i, obj in enumerate(accelerator._custom_objects):
+    for i, obj in enumerate(target.custom_objects):
         written = save_custom_state(obj, staging, i, each_node)
         if written is not None:
             on_written(os.path.basename(written))
 
 
-def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list[Any]) -> int:
+def _commit_staged(target: Any, staging: str, final_dir: str, results: list[Any]) -> int:
     """Committing process: manifest + atomic rename. Returns the checkpoint's size in bytes."""
     entries: dict[str, atomic.FileEntry] = {}
     for _, _, described in results:
@@ -190,19 +191,19 @@ def _commit_staged(accelerator: Any, staging: str, final_dir: str, results: list
     entries.update(atomic.describe_files(staging, extra))
     from accelerando import __version__
 
-    config = accelerator.project_configuration
+    config = target.project_configuration
     manifest = atomic.Manifest(
         files=entries,
-        world_size=int(accelerator.state.num_processes),
+        world_size=int(target.state.num_processes),
         library_version=__version__,
-        extra={"step": int(accelerator.step), "iteration": int(config.iteration)},
+        extra={"step": int(target.step), "iteration": int(config.iteration)},
     )
     atomic.commit(staging, final_dir, manifest)
     return sum(entry.size for entry in entries.values())
 
 
 def _write_everywhere(
-    accelerator: Any, staging: str, final_dir: str, safe_serialization: bool, committer: bool, each_node: bool
+    target: Any, staging: str, final_dir: str, safe_serialization: bool, committer: bool, each_node: bool
 ) -> list[Any]:
     """Every process writes and describes its files; all learn whether every process succeeded.
 
@@ -212,12 +213,12 @@ def _write_everywhere(
     Raises:
         The local error, or ``CheckpointError`` naming the failed process (the staging is discarded).
     """
-    state = accelerator.state
+    state = target.state
     error: BaseException | None = None
     described: dict[str, atomic.FileEntry] = {}
     describer = atomic.FileDescriber(staging)  # flushes and hashes each file while the next is written
     try:
-        _write_process_files(accelerator, staging, safe_serialization, each_node, describer.add)
+        _write_process_files(target, staging, safe_serialization, each_node, describer.add)
         described = describer.finish()
     except Exception as err:  # noqa: BLE001 - reported to every process below
         error = err
@@ -236,7 +237,7 @@ def _write_everywhere(
 
 
 def save_state(
-    accelerator: Any,
+    target: Any,
     output_dir: str | os.PathLike | None = None,
     safe_serialization: bool = True,
     **save_model_func_kwargs: Any,
@@ -250,7 +251,7 @@ def save_state(
     ``output_dir``; whatever they write there is verified and committed with the rest.
 
     Args:
-        accelerator: The Accelerator whose state is saved.
+        target: what to save (the Accelerator's :class:`~accelerando.checkpointing.target.CheckpointTarget`).
         output_dir: Destination folder; ignored with automatic checkpoint naming, which uses
             ``<project_dir>/checkpoints/checkpoint_<iteration>``.
         safe_serialization: Weights as safetensors (else ``torch.save``).
@@ -264,11 +265,11 @@ def save_state(
         CheckpointError: If a process failed to write its files (nothing is committed).
     """
     del save_model_func_kwargs
-    set_active_accelerator(accelerator)
-    state = accelerator.state
-    config = accelerator.project_configuration
-    final_dir, checkpoints_dir = _resolve_save_dir(accelerator, output_dir)
-    each_node = save_on_each_node(accelerator, final_dir)
+    set_active_accelerator(target.owner)
+    state = target.state
+    config = target.project_configuration
+    final_dir, checkpoints_dir = _resolve_save_dir(target, output_dir)
+    each_node = save_on_each_node(target, final_dir)
     committer = is_committer(state, each_node)
     if committer:
         prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir) + "."
@@ -276,27 +277,24 @@ def save_state(
         atomic.prepare_staging(final_dir)
     state.wait_for_everyone()
     staging = atomic.staging_path(final_dir)
-    results = _write_everywhere(accelerator, staging, final_dir, safe_serialization, committer, each_node)
+    results = _write_everywhere(target, staging, final_dir, safe_serialization, committer, each_node)
     size = 0
     if committer:
-        size = _commit_staged(accelerator, staging, final_dir, results)
+        size = _commit_staged(target, staging, final_dir, results)
         if checkpoints_dir is not None:
             atomic.rotate(checkpoints_dir, config.total_limit)
     state.wait_for_everyone()
     if config.automatic_checkpoint_naming:
         config.iteration += 1
-    _report_to_trackers(accelerator, final_dir, size)
+    _report_to_trackers(target, final_dir, size)
     return final_dir
 
 
-def _report_to_trackers(accelerator: Any, path: str, size: int) -> None:
+def _report_to_trackers(target: Any, path: str, size: int) -> None:
     """Report a committed checkpoint (step, path, size) to the active trackers, on the main process."""
-    if not accelerator.state.is_main_process:
+    if not target.state.is_main_process:
         return
-    manager = getattr(accelerator, "_tracking", None)  # accelerando.tracking.TrackingManager or None
-    log_checkpoint = getattr(manager, "log_checkpoint", None) or getattr(accelerator, "log_checkpoint", None)
-    if callable(log_checkpoint):
-        log_checkpoint(int(accelerator.step), path, size)
+    target.log_checkpoint(int(target.step), path, size)
 
 
 def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
@@ -314,19 +312,19 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
     return found[-1][1] if found else None
 
 
-def _candidates(accelerator: Any, input_dir: str | os.PathLike | None) -> tuple[list[str], bool]:
+def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[str], bool]:
     """Folders to try, newest first, and whether falling back to an older one is allowed."""
     if input_dir is not None:
         folder = os.path.abspath(os.fspath(input_dir))
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"Cannot load state: {folder!r} is not a folder; check the path.")
         return [folder], False
-    if not accelerator.project_configuration.automatic_checkpoint_naming:
+    if not target.project_configuration.automatic_checkpoint_naming:
         raise ValueError(
             "load_state() needs input_dir= unless automatic checkpoint naming is on; pass the checkpoint "
             "folder, or use ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
         )
-    root = _checkpoints_dir(accelerator)
+    root = _checkpoints_dir(target)
     found = [path for _, path in reversed(atomic.list_checkpoints(root))]
     newest = os.path.basename(found[0]) if found else None
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
@@ -346,7 +344,7 @@ def _candidates(accelerator: Any, input_dir: str | os.PathLike | None) -> tuple[
 
 
 def _read_candidate(
-    accelerator: Any,
+    target: Any,
     folder: str,
     models: list[Any],
     map_location: Any,
@@ -354,7 +352,7 @@ def _read_candidate(
     allow_unverified: bool,
 ) -> tuple[LoadedState, list[Any], bool]:
     """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
-    state = accelerator.state
+    state = target.state
     manifest = None
     if allow_unverified and not os.path.exists(os.path.join(folder, atomic.MANIFEST_NAME)):
         logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
@@ -369,17 +367,17 @@ def _read_candidate(
             "restored, so the run will not continue bit-exactly.",
             stacklevel=3,
         )
-    loaders = list(accelerator._dataloaders) if per_rank else []
-    owns = _owns_loading(accelerator)  # then models and optimizers are read by the strategy in _apply
+    loaders = list(target.dataloaders) if per_rank else []
+    owns = _owns_loading(target)  # then models and optimizers are read by the strategy in _apply
     counts = (
         0 if owns else len(models),
-        0 if owns else len(accelerator._optimizers),
-        len(accelerator._schedulers),
+        0 if owns else len(target.optimizers),
+        len(target.schedulers),
         len(loaders),
         state.process_index,
-        accelerator.scaler is not None,
+        target.scaler is not None,
     )
-    customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(accelerator._custom_objects))]
+    customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(target.custom_objects))]
     names = needed_files(folder, *counts, per_rank=per_rank) + customs
     if manifest and verify_checksums:
         # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
@@ -399,10 +397,10 @@ def _custom_path(folder: str, name: str) -> str:
     return path
 
 
-def _attempt(accelerator: Any, folder: str, kwargs: dict[str, Any]) -> Any:
+def _attempt(target: Any, folder: str, kwargs: dict[str, Any]) -> Any:
     """Try one folder on every process; returns the read state or the local error, plus everyone's verdict."""
-    models = list(accelerator._models)
-    for hook in list(accelerator._load_model_state_pre_hook.values()):
+    models = list(target.models)
+    for hook in target.load_hooks:
         hook(models, folder)
     outcome: Any
     error: BaseException | None = None
@@ -410,7 +408,7 @@ def _attempt(accelerator: Any, folder: str, kwargs: dict[str, Any]) -> Any:
         outcome = (
             models,
             *_read_candidate(
-                accelerator,
+                target,
                 folder,
                 models,
                 kwargs["map_location"],
@@ -421,7 +419,7 @@ def _attempt(accelerator: Any, folder: str, kwargs: dict[str, Any]) -> Any:
     except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
         outcome, error = None, err
     report = None if error is None else (f"{type(error).__name__}: {error}", _is_damage(error))
-    verdicts = gather((accelerator.state.process_index, report), accelerator.state.num_processes)
+    verdicts = gather((target.state.process_index, report), target.state.num_processes)
     return outcome, error, [(rank, *rep) for rank, rep in verdicts if rep is not None]
 
 
@@ -450,7 +448,7 @@ def _is_damage(error: BaseException) -> bool:
 
 
 def load_state(
-    accelerator: Any, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
+    target: Any, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
 ) -> None:
     """Restore everything ``save_state`` saved; ``Accelerator.load_state`` delegates here.
 
@@ -460,7 +458,7 @@ def load_state(
     process read and verified its files.
 
     Args:
-        accelerator: The Accelerator to restore.
+        target: what to restore into (the Accelerator's ``CheckpointTarget``).
         input_dir: Checkpoint folder (None: the newest complete one, with automatic naming).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
             except ``map_location`` (device for loaded weights, default CPU), ``verify_checksums``
@@ -474,20 +472,20 @@ def load_state(
         ValueError: If no folder is given and automatic naming is off.
         CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
     """
-    set_active_accelerator(accelerator)
+    set_active_accelerator(target.owner)
     _check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
-    candidates, may_fall_back = _candidates(accelerator, input_dir)
+    candidates, may_fall_back = _candidates(target, input_dir)
     kwargs = {
         "map_location": load_model_func_kwargs.pop("map_location", None),
         "verify_checksums": bool(
-            load_model_func_kwargs.pop("verify_checksums", _default_verification(accelerator))
+            load_model_func_kwargs.pop("verify_checksums", _default_verification(target))
         ),
         "allow_unverified": bool(load_model_func_kwargs.pop("allow_unverified", False)) and not may_fall_back,
     }
     for folder in candidates:
-        outcome, error, failed = _attempt(accelerator, folder, kwargs)
+        outcome, error, failed = _attempt(target, folder, kwargs)
         if not failed:
-            _apply(accelerator, folder, outcome, load_model_func_kwargs)
+            _apply(target, folder, outcome, load_model_func_kwargs)
             return
         if not may_fall_back or not all(is_damage for _, _, is_damage in failed):
             if error is not None:
@@ -501,10 +499,9 @@ def load_state(
     )
 
 
-def _default_verification(accelerator: Any) -> bool:
+def _default_verification(target: Any) -> bool:
     """The ``verify_checksums`` setting (code > launcher > ACCELERANDO_VERIFY_CHECKSUMS > config > True)."""
-    settings = getattr(accelerator, "settings", None)
-    value = getattr(settings, "verify_checksums", None)
+    value = getattr(target.settings, "verify_checksums", None)
     return True if value is None else bool(value)
 
 
@@ -518,11 +515,11 @@ def _check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:
         )
 
 
-def _apply(accelerator: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
+def _apply(target: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
     models, loaded, custom_states, per_rank = outcome
-    optimizers = list(accelerator._optimizers)
-    if _owns_loading(accelerator):
-        strategy = accelerator._strategy
+    optimizers = list(target.optimizers)
+    if _owns_loading(target):
+        strategy = target.strategy
         for i, model in enumerate(models):
             if not strategy.load_model_checkpoint(model, folder, i):
                 raise FileNotFoundError(f"{folder!r}: the {strategy.name} strategy could not load model {i}")
@@ -537,33 +534,33 @@ def _apply(accelerator: Any, folder: str, outcome: Any, model_kwargs: dict[str, 
         loaded,
         models,
         optimizers,
-        list(accelerator._schedulers),
-        list(accelerator._dataloaders) if per_rank else [],
-        accelerator.scaler,
+        list(target.schedulers),
+        list(target.dataloaders) if per_rank else [],
+        target.scaler,
         **model_kwargs,
     )
-    for obj, custom in zip(accelerator._custom_objects, custom_states, strict=True):
+    for obj, custom in zip(target.custom_objects, custom_states, strict=True):
         obj.load_state_dict(custom)
     if loaded.step is not None:
-        accelerator.step = loaded.step
-    config = accelerator.project_configuration
+        target.step = loaded.step
+    config = target.project_configuration
     match = _NUMBERED.match(os.path.basename(folder))
     if config.automatic_checkpoint_naming and match:
         config.iteration = int(match.group(1)) + 1
-    _RESUME_POINTS[accelerator] = _resume_point(accelerator, folder, loaded)
+    _RESUME_POINTS[target.owner] = _resume_point(target, folder, loaded)
     logger.info("Loaded state from %s", folder)
 
 
-def _resume_point(accelerator: Any, folder: str, loaded: LoadedState) -> ResumePoint:
+def _resume_point(target: Any, folder: str, loaded: LoadedState) -> ResumePoint:
     positions = []
     for entry in loaded.dataloaders:
         state = entry[1] if entry is not None and isinstance(entry[1], dict) else {}
         positions.append((int(state.get("epoch", 0)), int(state.get("position", 0))))
-    loaders = list(accelerator._dataloaders)
+    loaders = list(target.dataloaders)
     epoch, skip = positions[0] if positions else (0, 0)
     if loaders and getattr(loaders[0], "use_stateful_dataloader", False):
         skip = 0
-    return ResumePoint(folder, int(accelerator.step), epoch, skip, tuple(positions))
+    return ResumePoint(folder, int(target.step), epoch, skip, tuple(positions))
 
 
 def resume_point(accelerator: Any) -> ResumePoint | None:

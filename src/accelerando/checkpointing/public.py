@@ -1,4 +1,4 @@
-"""The public checkpoint helpers, in both the seed's form and the reference project's explicit form.
+"""The public checkpoint helpers, in their folder-only form and in the explicit form.
 
 - ``save_accelerator_state(output_dir)`` / ``load_accelerator_state(input_dir)`` with only a folder
   act on the active ``Accelerator`` (crash-safe, through ``Accelerator.save_state``).
@@ -9,14 +9,12 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
-import warnings
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from accelerando import runtime
 from accelerando.checkpointing import files as F
 from accelerando.checkpointing.atomic import MANIFEST_NAME, read_manifest, verify_checkpoint
 from accelerando.checkpointing.atomic import verify_checksums as verify_checksums_of
@@ -28,59 +26,24 @@ __all__ = [
     "load_custom_state",
     "save_accelerator_state",
     "save_custom_state",
-    "set_active_accelerator",
 ]
 
 logger = logging.getLogger(__name__)
 
-_active: weakref.ReferenceType[Any] | None = None
-
-
-def set_active_accelerator(accelerator: Any) -> None:
-    """Remember ``accelerator`` as the one the folder-only helpers act on (the Accelerator calls this)."""
-    global _active
-    _active = weakref.ref(accelerator)
-
 
 def active_accelerator() -> Any:
-    """Return the active ``Accelerator``.
+    """Return the active ``Accelerator`` (the newest one created in this process).
 
     Raises:
         ValueError: If no Accelerator exists in this process.
     """
-    found = _active() if _active is not None else None
-    if found is None:
-        from accelerando.state import AcceleratorState
-
-        # Each Accelerator registers itself here (a weak reference) when it is created.
-        ref = AcceleratorState._shared_state.get("accelerator_ref")
-        found = ref() if ref is not None else None
-    if found is None:
-        alive = _live_accelerators()
-        if len(alive) > 1:
-            raise ValueError(
-                f"{len(alive)} Accelerator objects are alive, so the folder-only form cannot tell which to "
-                "use; call accelerator.save_state(folder) / accelerator.load_state(folder) instead."
-            )
-        found = alive[0] if alive else None
+    found = runtime.active_accelerator()
     if found is None:
         raise ValueError(
             "save_accelerator_state/load_accelerator_state with only a folder act on the active Accelerator, "
             "but none exists; create one with Accelerator() first, or pass the objects explicitly."
         )
     return found
-
-
-def _live_accelerators() -> list[Any]:
-    """Every reachable Accelerator (a fallback for when none registered itself as active)."""
-    try:
-        from accelerando.accelerator import Accelerator
-    except ImportError:
-        return []
-    gc.collect()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # isinstance on some lazy modules warns about deprecations
-        return [obj for obj in gc.get_objects() if isinstance(obj, Accelerator)]
 
 
 def save_accelerator_state(

@@ -12,13 +12,15 @@ __all__ = ["DeviceBackend"]
 class DeviceBackend:
     """What accelerando needs to know about one family of devices.
 
-    Subclasses set ``name`` (the torch device type), ``dist_backend`` (process-group backend) and
-    ``rng_type``, and override ``is_available`` without initialising the device runtime (so a later
+    Subclasses set ``name`` (the torch device type), ``dist_backend`` (process-group backend),
+    ``data_parallel_type`` (the ``DistributedType`` value a plain multi-process job on this family
+    reports) and ``rng_type``, and override ``is_available`` without initialising the device runtime (so a later
     fork, e.g. by notebook_launcher, stays possible).
     """
 
     name: str = "cpu"
     dist_backend: str = "gloo"
+    data_parallel_type: str = "MULTI_CPU"
     rng_type: str | None = None
     supports_pin_memory: bool = False
 

@@ -13,6 +13,7 @@ class CPUBackend(DeviceBackend):
     """The host CPU: always available, gloo for collectives, one device for every process."""
 
     name = "cpu"
+    data_parallel_type = "MULTI_CPU"
     dist_backend = "gloo"
 
     @classmethod
@@ -62,6 +63,7 @@ class CUDABackend(DeviceBackend):
     """NVIDIA (and ROCm) GPUs through ``torch.cuda``; nccl for collectives."""
 
     name = "cuda"
+    data_parallel_type = "MULTI_GPU"
     dist_backend = "nccl"
     rng_type = "cuda"
     supports_pin_memory = True
@@ -71,6 +73,7 @@ class MPSBackend(DeviceBackend):
     """Apple silicon GPUs; a single device, no multi-process backend."""
 
     name = "mps"
+    data_parallel_type = "MULTI_CPU"
     dist_backend = "gloo"
     rng_type = "mps"
 
@@ -92,6 +95,7 @@ class XPUBackend(DeviceBackend):
     """Intel GPUs through ``torch.xpu``; xccl for collectives."""
 
     name = "xpu"
+    data_parallel_type = "MULTI_XPU"
     dist_backend = "xccl"
     rng_type = "xpu"
     supports_pin_memory = True
@@ -101,6 +105,7 @@ class NPUBackend(DeviceBackend):
     """Ascend NPUs (torch_npu registers ``torch.npu``); hccl for collectives."""
 
     name = "npu"
+    data_parallel_type = "MULTI_NPU"
     dist_backend = "hccl"
     rng_type = "npu"
 
@@ -109,5 +114,6 @@ class HPUBackend(DeviceBackend):
     """Intel Gaudi HPUs (habana_frameworks registers ``torch.hpu``); hccl for collectives."""
 
     name = "hpu"
+    data_parallel_type = "MULTI_HPU"
     dist_backend = "hccl"
     rng_type = "hpu"

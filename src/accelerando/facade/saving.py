@@ -113,15 +113,72 @@ class SavingMixin:
         """
         from accelerando.checkpointing import save_state
 
-        return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+        return save_state(
+            self._checkpoint_target,
+            output_dir,
+            safe_serialization=safe_serialization,
+            **save_model_func_kwargs,
+        )
 
     def load_state(self, input_dir: str | None = None, **load_model_func_kwargs: Any) -> None:
         """Restore a checkpoint written by ``save_state`` (the newest complete one when None)."""
         from accelerando.checkpointing import load_state
 
-        load_state(self, input_dir, **load_model_func_kwargs)
+        load_state(self._checkpoint_target, input_dir, **load_model_func_kwargs)
 
     def _init_saving(self) -> None:
+        self._checkpoint_target = AcceleratorCheckpointTarget(self)
         self._custom_objects = []
         self._save_model_state_pre_hook: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_model_state_pre_hook: OrderedDict[int, Callable[..., None]] = OrderedDict()
+
+
+class AcceleratorCheckpointTarget:
+    """The :class:`~accelerando.checkpointing.target.CheckpointTarget` of one Accelerator.
+
+    Checkpointing reads the training's objects through this adapter, so it never depends on the
+    Accelerator's private attributes; the adapter is the one place that knows them.
+    """
+
+    def __init__(self, accelerator: Any) -> None:
+        self.owner = accelerator
+        self.warned_shared_fs = False
+
+    models = property(lambda self: list(self.owner._models), doc="The prepared models.")
+    optimizers = property(lambda self: list(self.owner._optimizers), doc="The prepared optimizers.")
+    schedulers = property(lambda self: list(self.owner._schedulers), doc="The prepared schedulers.")
+    dataloaders = property(lambda self: list(self.owner._dataloaders), doc="The prepared dataloaders.")
+    custom_objects = property(lambda self: list(self.owner._custom_objects), doc="Registered objects.")
+    save_hooks = property(
+        lambda self: list(self.owner._save_model_state_pre_hook.values()), doc="Save hooks."
+    )
+    load_hooks = property(
+        lambda self: list(self.owner._load_model_state_pre_hook.values()), doc="Load hooks."
+    )
+    scaler = property(lambda self: self.owner.scaler, doc="The fp16 GradScaler, or None.")
+    strategy = property(lambda self: self.owner._strategy, doc="The strategy and its checkpoint hooks.")
+    state = property(lambda self: self.owner.state, doc="The process view.")
+    settings = property(lambda self: self.owner.settings, doc="The resolved settings.")
+    sync_gradients = property(lambda self: self.owner.sync_gradients, doc="False mid accumulation.")
+    project_configuration = property(
+        lambda self: self.owner.project_configuration, doc="Folders, rotation and iteration."
+    )
+
+    @property
+    def step(self) -> int:
+        """The Accelerator's micro-step counter."""
+        return int(self.owner.step)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.owner.step = int(value)
+
+    def get_state_dict(self, model: Any) -> dict[str, Any]:
+        """The full state dict of ``model``, as ``Accelerator.get_state_dict`` gives it."""
+        return self.owner.get_state_dict(model)
+
+    def log_checkpoint(self, step: int, path: str, size: int) -> None:
+        """Report a written checkpoint to the trackers (nothing without trackers)."""
+        manager = self.owner._tracking
+        if manager is not None and callable(getattr(manager, "log_checkpoint", None)):
+            manager.log_checkpoint(step, path, size)

@@ -1,0 +1,265 @@
+"""The Runtime: everything the connector decided for this process, in one frozen record.
+
+Two records, because a process can exist without an Accelerator (``PartialState()`` alone, or a
+notebook launcher's child before it builds one):
+
+- :class:`ProcessContext` answers "where am I": the cluster environment, the device family and
+  device, and the default process group. It is made once per process (the first ``PartialState()``
+  or ``Accelerator()``) and owns the process group's life: :func:`accelerando.process_group.start`
+  registers the ordered teardown at exit.
+- :class:`Runtime` adds what an ``Accelerator()`` decided: resolved settings, the device mesh, the
+  distributed type, the strategy, the precision and the backend plugins.
+
+Who writes what: only :mod:`accelerando.connector` builds these records and calls :func:`activate`;
+``PartialState`` / ``AcceleratorState`` are read-only views over them; the facade registers itself
+with :func:`set_active_accelerator` (the one registry of "the Accelerator of this process", used by
+the folder-only checkpoint functions).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelerando.devices import DeviceBackend
+    from accelerando.enums import DistributedType
+    from accelerando.environments import ClusterEnvironment
+    from accelerando.settings import Settings
+
+__all__ = [
+    "Plugins",
+    "ProcessContext",
+    "Runtime",
+    "activate",
+    "active_accelerator",
+    "current",
+    "current_process",
+    "data_parallel_type",
+    "forget",
+    "set_active_accelerator",
+    "set_process",
+    "start_process",
+]
+
+
+@dataclass(frozen=True)
+class ProcessContext:
+    """Where this process runs: cluster environment, device, process group.
+
+    Attributes:
+        cluster: the detected cluster environment (rank, world size, main address...).
+        device_backend: the hardware family class (``CPUBackend``, ``CUDABackend``...).
+        device: the device this process computes on.
+        distributed_type: the data-parallel type a plain job of this size reports (NO, MULTI_CPU...).
+        process_group: the handle of the default process group (None in a single process).
+        debug: whether collectives check that every process passes the same shapes.
+    """
+
+    cluster: ClusterEnvironment
+    device_backend: type[DeviceBackend]
+    device: torch.device
+    distributed_type: DistributedType
+    process_group: Any = None
+    debug: bool = False
+
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes in the job."""
+        return self.cluster.world_size
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process."""
+        return self.cluster.rank
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank of this process on its machine."""
+        return self.cluster.local_rank
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of machines (world size over processes per machine)."""
+        return max(1, math.ceil(self.num_processes / max(self.cluster.local_world_size, 1)))
+
+    @property
+    def backend(self) -> str | None:
+        """The process-group backend name (``"gloo"``, ``"nccl"``...), None in a single process."""
+        return None if self.process_group is None else self.process_group.backend
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """The backend plugins and handlers in effect (given in code, or made from the settings).
+
+    Attributes:
+        deepspeed: name -> ``DeepSpeedPlugin`` (None without DeepSpeed).
+        fsdp: the ``FullyShardedDataParallelPlugin`` (None without FSDP).
+        megatron_lm: the ``MegatronLMPlugin`` (None without Megatron-LM).
+        torch_tp: the ``TorchTensorParallelPlugin`` (None without tensor parallelism).
+        parallelism_config: the ``ParallelismConfig`` (None without a mesh).
+        dynamo: the ``TorchDynamoPlugin`` (always set; disabled without a backend).
+        handlers: kwargs-handler class -> the instance given in code.
+    """
+
+    deepspeed: dict[str, Any] | None = None
+    fsdp: Any = None
+    megatron_lm: Any = None
+    torch_tp: Any = None
+    parallelism_config: Any = None
+    dynamo: Any = None
+    handlers: dict[type, Any] = field(default_factory=dict)
+
+    def handler(self, kind: type) -> Any:
+        """The kwargs handler of class ``kind`` given in code, or None."""
+        return self.handlers.get(kind)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the connector built for one ``Accelerator``: frozen once built.
+
+    Attributes:
+        settings: the resolved settings, with the source of every value.
+        process: the :class:`ProcessContext` (cluster, device, process group).
+        mesh: the ``DeviceMesh`` built from ``plugins.parallelism_config`` (None without one).
+        distributed_type: what ``accelerator.distributed_type`` reports.
+        strategy: the strategy instance (how models are wrapped, how processes talk).
+        precision: the precision instance (autocast, loss scaling).
+        plugins: the :class:`Plugins` in effect.
+        reason: why the connector chose this strategy (shown by ``--dry-run`` / debugging).
+    """
+
+    settings: Settings
+    process: ProcessContext
+    mesh: Any
+    distributed_type: DistributedType
+    strategy: Any
+    precision: Any
+    plugins: Plugins
+    reason: str = ""
+
+    @property
+    def cluster(self) -> ClusterEnvironment:
+        """The cluster environment of this process."""
+        return self.process.cluster
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.process.device
+
+
+def data_parallel_type(device_backend: type[DeviceBackend], num_processes: int) -> DistributedType:
+    """NO for one process, else the type the device family declares (MULTI_GPU on CUDA, ...)."""
+    from accelerando.enums import DistributedType
+
+    if num_processes <= 1:
+        return DistributedType.NO
+    return DistributedType(device_backend.data_parallel_type)
+
+
+def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = None) -> ProcessContext:
+    """Detect the cluster environment and device and start the process group; once per process.
+
+    A second call returns the context the first one made (the process group exists once), so a
+    later ``Accelerator(cpu=True)`` in a process already placed on a GPU keeps the first placement,
+    as every ``PartialState`` view does.
+
+    Args:
+        settings: resolved settings (``cpu`` and ``debug`` are read).
+        pg_options: ``backend`` / ``timeout`` overrides from ``InitProcessGroupKwargs``.
+
+    Raises:
+        ValueError: an explicit process-group backend the device cannot use.
+        RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
+    """
+    existing = current_process()
+    if existing is not None:
+        return existing
+    from accelerando.devices import detect_device_backend
+    from accelerando.environments import detect_environment
+
+    cluster = detect_environment()  # 1. who am I
+    device_backend = detect_device_backend(bool(settings.cpu))  # 2. which hardware
+    device = device_backend.device(cluster.local_rank)
+    handle = None
+    if cluster.world_size > 1:  # 3. the process group, before the device is set (nccl binds it)
+        from accelerando import process_group
+
+        options = dict(pg_options or {})
+        handle = process_group.start(
+            device=device,
+            default_backend=device_backend.dist_backend,
+            main_address=cluster.main_address,
+            main_port=cluster.main_port,
+            rank=cluster.rank,
+            world_size=cluster.world_size,
+            backend=options.get("backend"),
+            timeout=options.get("timeout"),
+        )
+    device_backend.set_device(device)
+    context = ProcessContext(
+        cluster=cluster,
+        device_backend=device_backend,
+        device=device,
+        distributed_type=data_parallel_type(device_backend, cluster.world_size),
+        process_group=handle,
+        debug=bool(settings.debug),
+    )
+    set_process(context)
+    return context
+
+
+# The process's records. Module globals on purpose: one process, one of each; tests reset them
+# through ``forget``.
+_registry: dict[str, Any] = {"process": None, "runtime": None, "accelerator": None}
+
+
+def current_process() -> ProcessContext | None:
+    """The process context, or None before the first ``PartialState()`` / ``Accelerator()``."""
+    return _registry["process"]
+
+
+def set_process(context: ProcessContext) -> None:
+    """Record the process context (the connector calls this once per process)."""
+    _registry["process"] = context
+
+
+def current() -> Runtime | None:
+    """The Runtime of the newest ``Accelerator`` of this process, or None."""
+    return _registry["runtime"]
+
+
+def activate(runtime: Runtime) -> None:
+    """Make ``runtime`` the one the state views read (the connector calls this after building it)."""
+    _registry["runtime"] = runtime
+
+
+def set_active_accelerator(accelerator: Any) -> None:
+    """Record ``accelerator`` as this process's active one (weakly: it may still be collected)."""
+    _registry["accelerator"] = weakref.ref(accelerator)
+
+
+def active_accelerator() -> Any:
+    """The newest live ``Accelerator`` of this process, or None."""
+    ref = _registry["accelerator"]
+    return ref() if ref is not None else None
+
+
+def forget(*, keep_process: bool = True) -> None:
+    """Forget the Runtime and the active accelerator (and the process context unless ``keep_process``).
+
+    Used by the state views' ``_reset_state`` (tests, notebooks). The process group itself is not
+    torn down here: its teardown runs at exit, or through ``PartialState().destroy_process_group()``.
+    """
+    _registry["runtime"] = None
+    _registry["accelerator"] = None
+    if not keep_process:
+        _registry["process"] = None
