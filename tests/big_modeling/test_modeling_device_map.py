@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-import accelerando.utils.modeling._device_map as device_map_module
+import accelerando.big_modeling.device_map as device_map_module
 from accelerando.big_modeling import init_empty_weights
 from accelerando.utils.modeling import (
     calculate_maximum_sizes,

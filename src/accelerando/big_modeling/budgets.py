@@ -7,7 +7,7 @@ import re
 import torch
 from torch import nn
 
-from accelerando.utils.modeling._sizes import compute_module_sizes, get_max_layer_size
+from accelerando.big_modeling.sizes import compute_module_sizes, get_max_layer_size
 
 __all__ = [
     "DeviceKey",

@@ -15,8 +15,8 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from accelerando.utils.modeling._memory import DeviceKey, get_max_memory
-from accelerando.utils.modeling._sizes import _tensor_size, parse_dtype
+from accelerando.big_modeling.budgets import DeviceKey, get_max_memory
+from accelerando.big_modeling.sizes import _tensor_size, parse_dtype
 
 __all__ = ["clean_device_map", "infer_auto_device_map"]
 

@@ -1,165 +1,45 @@
-"""Run models bigger than one device: empty initialisation, dispatch over devices, CPU/disk offload.
+"""Place a model over devices with hooks: :func:`dispatch_model`, :func:`cpu_offload`, :func:`disk_offload`.
 
-Typical flow::
-
-    with init_empty_weights():
-        model = MyModel(config)            # allocates nothing
-    model = load_checkpoint_and_dispatch(model, "ckpt/", device_map="auto", offload_folder="off/")
-
-``dispatch_model`` turns a device map into hooks (:mod:`accelerando.hooks`): blocks on an
+``dispatch_model`` turns a device map into hooks (:mod:`accelerando.big_modeling.hooks`): blocks on an
 accelerator stay there, blocks mapped to ``"cpu"``/``"disk"`` are loaded onto the main device at each
 forward while the next offloaded block is prefetched in the background.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from accelerando.hooks import (
+from accelerando.big_modeling.attach import (
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    link_prefetch,
+)
+from accelerando.big_modeling.budgets import normalize_device_key
+from accelerando.big_modeling.hooks import (
     _MOVE_METHODS,
     AlignDevicesHook,
     CpuOffload,
     UserCpuOffloadHook,
     add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-    attach_layerwise_casting_hooks,
-    link_prefetch,
 )
-from accelerando.utils.modeling import (
-    check_tied_parameters_on_same_device,
-    find_tied_parameters,
-    get_balanced_memory,
-    infer_auto_device_map,
-    load_checkpoint_in_model,
-    normalize_device_key,
-    to_torch_device,
-)
-from accelerando.utils.offload import (
+from accelerando.big_modeling.offload import (
     OffloadedWeightsLoader,
     offload_state_dict,
     offload_weight,
     save_offload_index,
 )
+from accelerando.big_modeling.tensors import (
+    check_tied_parameters_on_same_device,
+    find_tied_parameters,
+    to_torch_device,
+)
 
-__all__ = [
-    "attach_layerwise_casting_hooks",
-    "cpu_offload",
-    "cpu_offload_with_hook",
-    "disk_offload",
-    "dispatch_model",
-    "init_empty_weights",
-    "init_on_device",
-    "load_checkpoint_and_dispatch",
-    "load_checkpoint_in_model",
-]
-
-
-# In-place initialisers: on meta tensors they only validate shapes, yet several of them run through
-# slow Python reference implementations (``normal_`` ~1 ms, ``clamp_`` ~2 ms per call). Inside
-# ``init_empty_weights`` they return at once for meta tensors, so initialising costs nothing.
-_INPLACE_INITIALISERS = (
-    "normal_", "uniform_", "erfinv_", "clamp_", "log_normal_", "exponential_", "cauchy_", "geometric_",
-    "random_", "bernoulli_",
-)  # fmt: skip
-
-
-@contextlib.contextmanager
-def _skip_meta_initialisers() -> Iterator[None]:
-    originals = {name: torch.Tensor.__dict__.get(name) for name in _INPLACE_INITIALISERS}
-
-    def skipping(original):
-        def method(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if self.is_meta:
-                return self
-            return original(self, *args, **kwargs)
-
-        return method
-
-    for name in _INPLACE_INITIALISERS:
-        setattr(torch.Tensor, name, skipping(getattr(torch.Tensor, name)))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            if original is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
-
-
-@contextlib.contextmanager
-def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
-    """Context manager in which new parameters (and optionally buffers) are created on ``device``.
-
-    With ``include_buffers=True`` every tensor factory defaults to ``device`` (as under
-    ``with torch.device(device)``), so nothing is ever allocated elsewhere. Without it, buffers
-    keep their real values (e.g. rotary frequencies computed in ``__init__``) and only parameters move.
-    Parameters created with an explicit other device are moved at registration either way.
-
-    Args:
-        device: the device for new parameters (``"meta"`` allocates nothing).
-        include_buffers: put buffers on ``device`` too (default False).
-
-    Yields:
-        Nothing; build the model inside the block.
-    """
-    device = torch.device(device)
-    include_buffers = bool(include_buffers)
-    original_parameter = nn.Module.register_parameter
-    original_buffer = nn.Module.register_buffer
-
-    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original_parameter(module, name, param)
-        if param is not None and param.device != device:
-            moved = module._parameters[name]
-            extra = {key: value for key, value in moved.__dict__.items() if not key.startswith("_")}
-            kind = type(moved)
-            data = moved.data.to(device)
-            module._parameters[name] = (
-                kind(data, requires_grad=moved.requires_grad, **extra)
-                if extra
-                else kind(data, moved.requires_grad)
-            )
-
-    def register_buffer(
-        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
-    ) -> None:
-        if tensor is not None and tensor.device != device:
-            tensor = tensor.to(device)
-        original_buffer(module, name, tensor, persistent=persistent)
-
-    nn.Module.register_parameter = register_parameter
-    if include_buffers:
-        nn.Module.register_buffer = register_buffer
-    skip = _skip_meta_initialisers() if device.type == "meta" else contextlib.nullcontext()
-    try:
-        with device if include_buffers else contextlib.nullcontext(), skip:
-            yield
-    finally:
-        nn.Module.register_parameter = original_parameter
-        nn.Module.register_buffer = original_buffer
-
-
-def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager[None]:
-    """Context manager in which models are built without allocating their weights (``meta`` device).
-
-    Load real weights afterwards with :func:`load_checkpoint_and_dispatch` or
-    :func:`~accelerando.utils.load_checkpoint_in_model`.
-
-    Args:
-        include_buffers: also create buffers on ``meta`` (default False: buffers keep their values).
-
-    Returns:
-        The context manager (see :func:`init_on_device`).
-    """
-    return init_on_device(torch.device("meta"), include_buffers=include_buffers)
+__all__ = ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model"]
 
 
 def _default_execution_device(model: nn.Module) -> torch.device:
@@ -427,76 +307,3 @@ def dispatch_model(
     if len(values) > 1 or disk_modules or cpu_modules:
         _guard_moves(model, f"{sorted(map(str, values))}")
     return model
-
-
-def load_checkpoint_and_dispatch(
-    model: nn.Module,
-    checkpoint: str | os.PathLike,
-    device_map: str | dict[str, int | str | torch.device] | None = None,
-    max_memory: dict[int | str, int | str] | None = None,
-    no_split_module_classes: list[str] | None = None,
-    offload_folder: str | os.PathLike | None = None,
-    offload_buffers: bool = False,
-    dtype: str | torch.dtype | None = None,
-    offload_state_dict: bool | None = None,
-    skip_keys: str | list[str] | None = None,
-    preload_module_classes: list[str] | None = None,
-    force_hooks: bool = False,
-    strict: bool = False,
-    full_state_dict: bool = True,
-    broadcast_from_rank0: bool = False,
-) -> nn.Module:
-    """Load a checkpoint into an (empty) model and dispatch it over the available devices.
-
-    Args:
-        model: the model, usually built under :func:`init_empty_weights`.
-        checkpoint: a weights file, a sharded checkpoint's ``*.index.json``, or a folder.
-        device_map: a dict, or a strategy: ``"auto"``/``"balanced"`` (spread evenly over accelerators),
-            ``"balanced_low_0"`` (keep accelerator 0 nearly free), ``"sequential"`` (fill in order).
-            None loads everything on CPU without hooks.
-        max_memory: budgets per device (bytes or strings like ``"10GiB"``); free memory when None.
-        no_split_module_classes: class names never split across devices.
-        offload_folder: folder for disk-offloaded weights.
-        offload_buffers: offload buffers too.
-        dtype: cast floating-point weights to this dtype.
-        offload_state_dict: accepted for compatibility (loading already streams tensor by tensor).
-        skip_keys: input/output dict keys never moved.
-        preload_module_classes: class names whose submodules' weights load together.
-        force_hooks: attach hooks even for a single-device map.
-        strict: raise if the checkpoint's keys do not match the model's.
-        full_state_dict: see :func:`~accelerando.utils.load_checkpoint_in_model`.
-        broadcast_from_rank0: read on rank 0 only and broadcast (distributed runs).
-
-    Returns:
-        The loaded, dispatched model.
-
-    Raises:
-        ValueError: for an unknown device-map strategy (and see :func:`dispatch_model`).
-    """
-    strategies = ("auto", "balanced", "balanced_low_0", "sequential")
-    if isinstance(device_map, str):
-        if device_map not in strategies:
-            raise ValueError(f"device_map must be a dict or one of {strategies}, got {device_map!r}.")
-        if device_map != "sequential":
-            max_memory = get_balanced_memory(
-                model,
-                max_memory,
-                no_split_module_classes,
-                dtype=dtype,
-                low_zero=device_map == "balanced_low_0",
-            )
-        device_map = infer_auto_device_map(
-            model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
-            offload_buffers=offload_buffers,
-        )  # fmt: skip
-    load_checkpoint_in_model(
-        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
-        offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
-        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
-    )  # fmt: skip
-    if device_map is None:
-        return model
-    return dispatch_model(
-        model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
-        preload_module_classes=preload_module_classes, force_hooks=force_hooks,
-    )  # fmt: skip

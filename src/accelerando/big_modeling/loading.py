@@ -3,7 +3,8 @@
 Peak memory while loading is the model's own placed weights plus one tensor: tensors are read from
 the file directly into the memory that becomes the parameter (no whole-state-dict copy), and
 tensors mapped to ``"disk"`` that already sit in a safetensors file are indexed in place instead of
-being rewritten.
+being rewritten. :func:`load_checkpoint_and_dispatch` adds the usual next steps: plan a device map,
+load, then dispatch the model over it with hooks.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accelerando.utils.modeling._sizes import parse_dtype
-from accelerando.utils.modeling._tensors import (
+from accelerando.big_modeling.budgets import get_balanced_memory
+from accelerando.big_modeling.device_map import infer_auto_device_map
+from accelerando.big_modeling.dispatch import dispatch_model
+from accelerando.big_modeling.offload import (
+    SAFETENSORS_DTYPES,
+    offload_weight,
+    read_safetensors_header,
+    safetensors_view,
+    save_offload_index,
+)
+from accelerando.big_modeling.sizes import parse_dtype
+from accelerando.big_modeling.tensors import (
     find_tied_parameters,
     retie_parameters,
     set_module_tensor_to_device,
     to_torch_device,
 )
-from accelerando.utils.offload import (
-    SAFETENSORS_DTYPES,
-    offload_weight,
-    read_safetensors_header,
-    save_offload_index,
-)
 
-__all__ = ["checkpoint_files", "load_checkpoint_in_model", "load_state_dict"]
+__all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "load_state_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,8 +209,6 @@ class _Loader:
             self.to_disk(name, tensor, source)
         else:
             if tensor is None:
-                from accelerando.utils.offload import safetensors_view
-
                 tensor = safetensors_view(source[0], name).clone()
             if device not in self.devices:
                 self.devices[device] = to_torch_device(device)
@@ -218,8 +221,6 @@ class _Loader:
         """Fill a DTensor parameter: from the full tensor (each process keeps its shard) or, with
         ``full_state_dict=False``, from a checkpoint that holds exactly this process's local shard."""
         if tensor is None:
-            from accelerando.utils.offload import safetensors_view
-
             tensor = safetensors_view(source[0], name)
         current = self.sharded[name]
         local = current.to_local()
@@ -351,7 +352,7 @@ def load_checkpoint_in_model(
             "shard it first (fully_shard / tensor parallel) or pass full_state_dict=True"
         )
     if broadcast_from_rank0 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        from accelerando.utils.modeling._broadcast import broadcast_checkpoint
+        from accelerando.big_modeling.broadcast import broadcast_checkpoint
 
         broadcast_checkpoint(loader, lambda: checkpoint_files(checkpoint), _iter_file)
     else:
@@ -368,3 +369,77 @@ def load_checkpoint_in_model(
             loader.index.setdefault(alias, loader.index[name])
     retie_parameters(model, tied)
     return loader.finish(strict)
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: str | dict[str, int | str | torch.device] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    offload_buffers: bool = False,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool | None = None,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> nn.Module:
+    """Load a checkpoint into an (empty) model and dispatch it over the available devices.
+
+    Args:
+        model: the model, usually built under :func:`~accelerando.big_modeling.init_empty_weights`.
+        checkpoint: a weights file, a sharded checkpoint's ``*.index.json``, or a folder.
+        device_map: a dict, or a strategy: ``"auto"``/``"balanced"`` (spread evenly over accelerators),
+            ``"balanced_low_0"`` (keep accelerator 0 nearly free), ``"sequential"`` (fill in order).
+            None loads everything on CPU without hooks.
+        max_memory: budgets per device (bytes or strings like ``"10GiB"``); free memory when None.
+        no_split_module_classes: class names never split across devices.
+        offload_folder: folder for disk-offloaded weights.
+        offload_buffers: offload buffers too.
+        dtype: cast floating-point weights to this dtype.
+        offload_state_dict: accepted for compatibility (loading already streams tensor by tensor).
+        skip_keys: input/output dict keys never moved.
+        preload_module_classes: class names whose submodules' weights load together.
+        force_hooks: attach hooks even for a single-device map.
+        strict: raise if the checkpoint's keys do not match the model's.
+        full_state_dict: see :func:`load_checkpoint_in_model`.
+        broadcast_from_rank0: read on rank 0 only and broadcast (distributed runs).
+
+    Returns:
+        The loaded, dispatched model.
+
+    Raises:
+        ValueError: for an unknown device-map strategy (and see
+            :func:`~accelerando.big_modeling.dispatch_model`).
+    """
+    strategies = ("auto", "balanced", "balanced_low_0", "sequential")
+    if isinstance(device_map, str):
+        if device_map not in strategies:
+            raise ValueError(f"device_map must be a dict or one of {strategies}, got {device_map!r}.")
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(
+                model,
+                max_memory,
+                no_split_module_classes,
+                dtype=dtype,
+                low_zero=device_map == "balanced_low_0",
+            )
+        device_map = infer_auto_device_map(
+            model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
+            offload_buffers=offload_buffers,
+        )  # fmt: skip
+    load_checkpoint_in_model(
+        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
+        offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
+        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
+    )  # fmt: skip
+    if device_map is None:
+        return model
+    return dispatch_model(
+        model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes, force_hooks=force_hooks,
+    )  # fmt: skip

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from accelerando.big_modeling.tensors import set_module_tensor_to_device
+
 __all__ = [
     "OffloadedWeightsLoader",
     "PrefixedDataset",
@@ -217,8 +219,6 @@ def load_offloaded_weights(model: torch.nn.Module, index: dict, offload_folder: 
         index: the offload index.
         offload_folder: where the ``.dat`` files are.
     """
-    from accelerando.utils.modeling import set_module_tensor_to_device
-
     loader = OffloadedWeightsLoader(save_folder=offload_folder, index=index)
     for name in index:
         set_module_tensor_to_device(model, name, "cpu", value=loader[name].clone())

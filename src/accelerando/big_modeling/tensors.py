@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from accelerando.utils.modeling._memory import normalize_device_key
+from accelerando.big_modeling.budgets import normalize_device_key
+from accelerando.big_modeling.sizes import parse_dtype
 
 __all__ = [
-    "align_module_device",
     "check_tied_parameters_on_same_device",
     "find_tied_parameters",
     "get_module_children_bottom_up",
-    "has_offloaded_params",
     "resolve_submodule",
     "retie_parameters",
     "set_module_tensor_to_device",
@@ -151,8 +148,6 @@ def _target_dtype(
     if not value.is_floating_point():
         return None
     if dtype is not None:
-        from accelerando.utils.modeling._sizes import parse_dtype
-
         parsed = parse_dtype(dtype)
         return parsed if isinstance(parsed, torch.dtype) else None
     if old is not None and old.is_floating_point() and old.dtype != value.dtype:
@@ -296,59 +291,3 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
         for child_name, child in reversed(list(module.named_children())):
             stack.append((prefix + child_name, child, False))
     return ordered if return_fqns else [module for _, module in ordered]
-
-
-def has_offloaded_params(module: nn.Module) -> bool:
-    """Tell whether a module's weights are offloaded (kept on CPU or disk and loaded at each forward).
-
-    Args:
-        module: the module.
-
-    Returns:
-        True when an offloading :class:`~accelerando.hooks.AlignDevicesHook` is attached to it.
-    """
-    from accelerando.hooks import AlignDevicesHook
-
-    hook = getattr(module, "_hf_hook", None)
-    return isinstance(hook, AlignDevicesHook) and hook.offload
-
-
-@contextlib.contextmanager
-def align_module_device(
-    module: nn.Module, execution_device: int | str | torch.device | None = None
-) -> Iterator[None]:
-    """Context manager in which a module's own tensors are materialised on one device.
-
-    For an offloaded module the weights are loaded (to ``execution_device`` if given, else the
-    hook's) and offloaded again on exit. For a plain module with ``execution_device`` given, its
-    direct parameters are moved there and moved back on exit.
-
-    Args:
-        module: the module.
-        execution_device: where to materialise the tensors.
-
-    Yields:
-        Nothing; read the tensors from ``module`` inside the block.
-    """
-    if has_offloaded_params(module):
-        hook = module._hf_hook
-        original = hook.execution_device
-        if execution_device is not None:
-            hook.execution_device = to_torch_device(execution_device)
-        try:
-            hook.pre_forward(module)
-            yield
-        finally:
-            hook.post_forward(module, None)
-            hook.execution_device = original
-    elif execution_device is not None:
-        saved = {name: param.device for name, param in module.named_parameters(recurse=False)}
-        try:
-            for name in saved:
-                set_module_tensor_to_device(module, name, execution_device)
-            yield
-        finally:
-            for name, device in saved.items():
-                set_module_tensor_to_device(module, name, device)
-    else:
-        yield

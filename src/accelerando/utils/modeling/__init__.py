@@ -1,20 +1,22 @@
-"""Model sizes, memory budgets, device maps, tensor placement and checkpoint loading.
+"""The reference's import path for model sizes, device maps, tensor placement and checkpoint loading:
+``accelerando.utils.modeling``.
 
-The implementation is split by topic; this package re-exports every public name so that
-``accelerando.utils.modeling.<name>`` works for all of them.
+The code lives in :mod:`accelerando.big_modeling` (``sizes``, ``budgets``, ``tensors``, ``hooks``,
+``device_map``, ``loading``); this module re-exports it.
 """
 
 from __future__ import annotations
 
-from accelerando.utils.modeling._device_map import clean_device_map, infer_auto_device_map
-from accelerando.utils.modeling._loading import checkpoint_files, load_checkpoint_in_model, load_state_dict
-from accelerando.utils.modeling._memory import (
+from accelerando.big_modeling.budgets import (
     convert_file_size_to_int,
     get_balanced_memory,
     get_max_memory,
     normalize_device_key,
 )
-from accelerando.utils.modeling._sizes import (
+from accelerando.big_modeling.device_map import clean_device_map, infer_auto_device_map
+from accelerando.big_modeling.hooks import align_module_device, has_offloaded_params
+from accelerando.big_modeling.loading import checkpoint_files, load_checkpoint_in_model, load_state_dict
+from accelerando.big_modeling.sizes import (
     calculate_maximum_sizes,
     compute_module_sizes,
     compute_module_total_buffer_size,
@@ -23,12 +25,10 @@ from accelerando.utils.modeling._sizes import (
     named_module_tensors,
     parse_dtype,
 )
-from accelerando.utils.modeling._tensors import (
-    align_module_device,
+from accelerando.big_modeling.tensors import (
     check_tied_parameters_on_same_device,
     find_tied_parameters,
     get_module_children_bottom_up,
-    has_offloaded_params,
     resolve_submodule,
     retie_parameters,
     set_module_tensor_to_device,

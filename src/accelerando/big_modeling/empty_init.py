@@ -1,0 +1,117 @@
+"""Build models without allocating their weights: :func:`init_empty_weights` and :func:`init_on_device`.
+
+Models built here live on the ``meta`` device (or the device given) until real weights are loaded,
+for example by :func:`accelerando.big_modeling.load_checkpoint_and_dispatch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["init_empty_weights", "init_on_device"]
+
+
+# In-place initialisers: on meta tensors they only validate shapes, yet several of them run through
+# slow Python reference implementations (``normal_`` ~1 ms, ``clamp_`` ~2 ms per call). Inside
+# ``init_empty_weights`` they return at once for meta tensors, so initialising costs nothing.
+_INPLACE_INITIALISERS = (
+    "normal_", "uniform_", "erfinv_", "clamp_", "log_normal_", "exponential_", "cauchy_", "geometric_",
+    "random_", "bernoulli_",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _skip_meta_initialisers() -> Iterator[None]:
+    originals = {name: torch.Tensor.__dict__.get(name) for name in _INPLACE_INITIALISERS}
+
+    def skipping(original):
+        def method(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if self.is_meta:
+                return self
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in _INPLACE_INITIALISERS:
+        setattr(torch.Tensor, name, skipping(getattr(torch.Tensor, name)))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
+    """Context manager in which new parameters (and optionally buffers) are created on ``device``.
+
+    With ``include_buffers=True`` every tensor factory defaults to ``device`` (as under
+    ``with torch.device(device)``), so nothing is ever allocated elsewhere. Without it, buffers
+    keep their real values (e.g. rotary frequencies computed in ``__init__``) and only parameters move.
+    Parameters created with an explicit other device are moved at registration either way.
+
+    Args:
+        device: the device for new parameters (``"meta"`` allocates nothing).
+        include_buffers: put buffers on ``device`` too (default False).
+
+    Yields:
+        Nothing; build the model inside the block.
+    """
+    device = torch.device(device)
+    include_buffers = bool(include_buffers)
+    original_parameter = nn.Module.register_parameter
+    original_buffer = nn.Module.register_buffer
+
+    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original_parameter(module, name, param)
+        if param is not None and param.device != device:
+            moved = module._parameters[name]
+            extra = {key: value for key, value in moved.__dict__.items() if not key.startswith("_")}
+            kind = type(moved)
+            data = moved.data.to(device)
+            module._parameters[name] = (
+                kind(data, requires_grad=moved.requires_grad, **extra)
+                if extra
+                else kind(data, moved.requires_grad)
+            )
+
+    def register_buffer(
+        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
+    ) -> None:
+        if tensor is not None and tensor.device != device:
+            tensor = tensor.to(device)
+        original_buffer(module, name, tensor, persistent=persistent)
+
+    nn.Module.register_parameter = register_parameter
+    if include_buffers:
+        nn.Module.register_buffer = register_buffer
+    skip = _skip_meta_initialisers() if device.type == "meta" else contextlib.nullcontext()
+    try:
+        with device if include_buffers else contextlib.nullcontext(), skip:
+            yield
+    finally:
+        nn.Module.register_parameter = original_parameter
+        nn.Module.register_buffer = original_buffer
+
+
+def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager[None]:
+    """Context manager in which models are built without allocating their weights (``meta`` device).
+
+    Load real weights afterwards with :func:`~accelerando.big_modeling.load_checkpoint_and_dispatch` or
+    :func:`~accelerando.utils.load_checkpoint_in_model`.
+
+    Args:
+        include_buffers: also create buffers on ``meta`` (default False: buffers keep their values).
+
+    Returns:
+        The context manager (see :func:`init_on_device`).
+    """
+    return init_on_device(torch.device("meta"), include_buffers=include_buffers)
