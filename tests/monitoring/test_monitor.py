@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from accelerando.monitoring import MemoryMonitor, linear_trend
+from accelerando.monitoring.profiling import profile_context, profile_memory_step
 from accelerando.plugins.kwargs import ProfileKwargs
-from accelerando.profiling import profile_context, profile_memory_step
 
 _MIB = 1 << 20
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from accelerando.logging import _process_view, get_logger
+from accelerando.monitoring.readers import DeviceMemoryReader, ProcessMemoryReader
 
 __all__ = ["MemoryMonitor", "linear_trend"]
 
@@ -52,134 +53,6 @@ def linear_trend(values: Sequence[float]) -> tuple[float, float]:
         return 0.0, 0.0
     slope = sxy / sxx
     return slope, (sxy * sxy) / (sxx * syy)
-
-
-class _ProcReader:
-    """Reads this process's RSS and peak RSS (Linux: /proc and getrusage), falling back to psutil."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._process = psutil.Process()
-        self._children: list[Any] = []
-        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        try:
-            # Kept open: re-reading an open procfs file costs a fraction of opening it each step.
-            self._statm = os.open("/proc/self/statm", os.O_RDONLY)
-            self._clear_refs: int | None = os.open("/proc/self/clear_refs", os.O_WRONLY)
-        except OSError:
-            self._statm = -1
-            self._clear_refs = None
-
-    def rss_and_peak(self) -> tuple[int, int]:
-        if self._clear_refs is None:
-            rss = int(self._process.memory_info().rss)
-            return rss, rss
-        import resource
-
-        rss = int(os.pread(self._statm, 256, 0).split()[1]) * self._page
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        try:
-            # "5" resets the kernel's peak-RSS mark, so the next getrusage reports the next step's peak.
-            os.write(self._clear_refs, b"5")
-        except OSError:
-            self.close()
-        return rss, max(peak, rss)
-
-    def close(self) -> None:
-        for fd in (self._statm, self._clear_refs):
-            if fd is not None and fd >= 0:
-                os.close(fd)
-        self._statm, self._clear_refs = -1, None
-
-    def refresh_children(self) -> None:
-        import psutil
-
-        try:
-            self._children = self._process.children(recursive=True)
-        except psutil.Error:
-            self._children = []
-
-    def children_rss(self) -> int:
-        import psutil
-
-        total = 0
-        for child in self._children:
-            try:
-                total += int(child.memory_info().rss)
-            except psutil.Error:
-                continue
-        return total
-
-
-class _DeviceReader:
-    """Allocator counters of the accelerator in use, plus NVML sensors on NVIDIA GPUs."""
-
-    def __init__(self, use_nvml: bool) -> None:
-        import torch
-
-        from accelerando.devices import detect_device_backend
-
-        self.backend = detect_device_backend()
-        self._module = getattr(torch, self.backend.name, None)
-        self._nvml: Any = None
-        self._handle: Any = None
-        if use_nvml and self.backend.name == "cuda":
-            self._open_nvml(torch)
-
-    def _open_nvml(self, torch: Any) -> None:
-        from accelerando.utils.imports import is_pynvml_available
-
-        if not is_pynvml_available():
-            return
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            index = torch.cuda.current_device()
-            uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
-            try:
-                self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}" if uuid else "")
-            except pynvml.NVMLError:
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._nvml = pynvml
-        except Exception as exc:  # noqa: BLE001 - NVML missing or driver mismatch: sensors are optional
-            logger.warning(f"MemoryMonitor: NVML unavailable ({exc}); GPU temperature/power not recorded.")
-            self._nvml = None
-
-    def memory(self) -> dict[str, int]:
-        if self.backend.name == "cpu" or self._module is None:
-            return {}
-        import torch
-
-        if self.backend.name == "cuda" and not torch.cuda.is_initialized():
-            return {}
-        stats = self.backend.memory_stats()
-        out = {f"device_{key}": value for key, value in stats.items()}
-        if hasattr(self._module, "reset_peak_memory_stats"):
-            self._module.reset_peak_memory_stats()
-        return out
-
-    def sensors(self) -> dict[str, float]:
-        if self._nvml is None:
-            return {}
-        nvml, handle = self._nvml, self._handle
-        out: dict[str, float] = {}
-        try:
-            out["gpu_temperature_c"] = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-            out["gpu_power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-            out["gpu_utilization_pct"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except nvml.NVMLError:
-            pass
-        return out
-
-    def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass
-            self._nvml = None
 
 
 class MemoryMonitor:
@@ -245,8 +118,8 @@ class MemoryMonitor:
         self.leaks: list[dict[str, Any]] = []
         self._calls = 0
         self._sensors: dict[str, float] = {}
-        self._proc: _ProcReader | None = None
-        self._device: _DeviceReader | None = None
+        self._proc: ProcessMemoryReader | None = None
+        self._device: DeviceMemoryReader | None = None
         self._t0 = 0.0
         self.rank = _process_view().rank
 
@@ -257,11 +130,11 @@ class MemoryMonitor:
 
     def start(self) -> MemoryMonitor:
         """Open the readers and reset the peak counters; returns ``self``."""
-        self._proc = _ProcReader()
+        self._proc = ProcessMemoryReader()
         self._proc.refresh_children()
         self._children_at = time.perf_counter()
         self._proc.rss_and_peak()
-        self._device = _DeviceReader(use_nvml=True)
+        self._device = DeviceMemoryReader(use_nvml=True)
         self._device.memory()
         self._t0 = time.perf_counter()
         self._calls = 0
@@ -411,8 +284,8 @@ class MemoryMonitor:
         return result
 
     def profile_step(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run one step under the memory profiler; see :func:`accelerando.profiling.profile_memory_step`."""
-        from accelerando.profiling import profile_memory_step
+        """Run one step under the memory profiler; see :func:`accelerando.monitoring.profiling.profile_memory_step`."""
+        from accelerando.monitoring.profiling import profile_memory_step
 
         return profile_memory_step(function, *args, **kwargs)
 
