@@ -18,9 +18,6 @@ from typing import Any, NamedTuple
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
 
-# The reference's variable is honoured so scripts migrated from it keep their log level.
-_LEVEL_ENV_VARS = ("ACCELERANDO_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")
-
 
 class _ProcessView(NamedTuple):
     rank: int
@@ -149,12 +146,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         self.log(level, msg, *args, **kwargs)
 
 
-def _level_from_env() -> str | None:
-    for name in _LEVEL_ENV_VARS:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+def _level_from_settings() -> str | None:
+    # The ``log_level`` setting (ACCELERANDO_LOG_LEVEL, or the reference's ACCELERATE_LOG_LEVEL), read
+    # on its own: loggers are made at import time, before any settings are resolved.
+    from accelerando.settings.resolve import environment_value
+
+    return environment_value("log_level")
 
 
 def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAdapter:
@@ -179,7 +176,7 @@ def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAda
         >>> logger.info("printed by every process", main_process_only=False)
     """
     if log_level is None:
-        log_level = _level_from_env()
+        log_level = _level_from_settings()
     logger = logging.getLogger(name)
     if log_level is not None:
         level = log_level.upper() if isinstance(log_level, str) else log_level

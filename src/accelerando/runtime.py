@@ -173,7 +173,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
     as every ``PartialState`` view does.
 
     Args:
-        settings: resolved settings (``cpu`` and ``debug`` are read).
+        settings: resolved settings (``cpu``, ``debug`` and ``enable_cpu_affinity`` are read).
         pg_options: ``backend`` / ``timeout`` overrides from ``InitProcessGroupKwargs``.
 
     Raises:
@@ -205,6 +205,10 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
             timeout=options.get("timeout"),
         )
     device_backend.set_device(device)
+    if settings.enable_cpu_affinity and device.type == "cuda":
+        from accelerando.utils.environment import set_numa_affinity
+
+        set_numa_affinity(cluster.local_rank, verbose=bool(settings.debug))
     context = ProcessContext(
         cluster=cluster,
         device_backend=device_backend,

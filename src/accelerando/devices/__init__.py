@@ -1,16 +1,41 @@
-"""Device backends: one class per hardware family. ``detect_device_backend`` picks the best present."""
+"""Device backends: one class per hardware family. ``detect_device_backend`` picks the best present.
+
+Names resolve lazily (PEP 562): ``accelerando.devices.counting`` (GPU counting for the launcher)
+stays importable without torch.
+"""
 
 from __future__ import annotations
 
-from accelerando.devices.base import DeviceBackend
-from accelerando.devices.families import (
-    CPUBackend,
-    CUDABackend,
-    HPUBackend,
-    MPSBackend,
-    NPUBackend,
-    XPUBackend,
-)
+from typing import TYPE_CHECKING
+
+from accelerando._lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from accelerando.devices.base import DeviceBackend
+    from accelerando.devices.counting import visible_gpu_count
+    from accelerando.devices.detect import DEVICE_BACKENDS, backend_for, detect_device_backend
+    from accelerando.devices.families import (
+        CPUBackend,
+        CUDABackend,
+        HPUBackend,
+        MPSBackend,
+        NPUBackend,
+        XPUBackend,
+    )
+
+_EXPORTS = {
+    "DeviceBackend": "accelerando.devices.base",
+    "CPUBackend": "accelerando.devices.families",
+    "CUDABackend": "accelerando.devices.families",
+    "HPUBackend": "accelerando.devices.families",
+    "MPSBackend": "accelerando.devices.families",
+    "NPUBackend": "accelerando.devices.families",
+    "XPUBackend": "accelerando.devices.families",
+    "DEVICE_BACKENDS": "accelerando.devices.detect",
+    "backend_for": "accelerando.devices.detect",
+    "detect_device_backend": "accelerando.devices.detect",
+    "visible_gpu_count": "accelerando.devices.counting",
+}
 
 __all__ = [
     "DEVICE_BACKENDS",
@@ -23,36 +48,7 @@ __all__ = [
     "XPUBackend",
     "backend_for",
     "detect_device_backend",
+    "visible_gpu_count",
 ]
 
-# Preference order when several families are present; CPU is the fallback.
-DEVICE_BACKENDS: tuple[type[DeviceBackend], ...] = (
-    CUDABackend,
-    XPUBackend,
-    NPUBackend,
-    HPUBackend,
-    MPSBackend,
-    CPUBackend,
-)
-
-
-def detect_device_backend(cpu: bool = False) -> type[DeviceBackend]:
-    """Return the first available accelerator family, or CPU when ``cpu`` or none is present."""
-    if cpu:
-        return CPUBackend
-    for backend in DEVICE_BACKENDS:
-        if backend.is_available():
-            return backend
-    return CPUBackend
-
-
-def backend_for(device: str) -> type[DeviceBackend]:
-    """Return the backend class for a device type name (``"cuda"``, ``"cpu"``, ...).
-
-    Raises:
-        ValueError: the name is not a known family.
-    """
-    for backend in DEVICE_BACKENDS:
-        if backend.name == device:
-            return backend
-    raise ValueError(f"unknown device type {device!r}; expected one of {[b.name for b in DEVICE_BACKENDS]}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())

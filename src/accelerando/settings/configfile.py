@@ -59,7 +59,14 @@ _RENAMED = {
     "dynamo_backend": "dynamo_config.dynamo_backend",
     "fsdp_config.fsdp_backward_prefetch_policy": "fsdp_config.fsdp_backward_prefetch",
 }
-_DISTRIBUTED_SWITCHES = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
+# A `distributed_type` value in a file -> the switch setting it implies (a lookup table: which backend
+# runs is decided by the connector, never by comparing names here).
+_IMPLIED_SWITCH = {
+    "FSDP": "use_fsdp",
+    "DEEPSPEED": "use_deepspeed",
+    "MEGATRON_LM": "use_megatron_lm",
+    "MULTI_GPU": "multi_gpu",
+}
 
 
 class ConfigError(ValueError):
@@ -233,11 +240,9 @@ def _derive_switches(layer: dict[str, Sourced]) -> None:
     dist = layer.get("distributed_type")
     if dist is None:
         return
-    switch = _DISTRIBUTED_SWITCHES.get(dist.value)
+    switch = _IMPLIED_SWITCH.get(dist.value)
     if switch and switch not in layer:
         layer[switch] = Sourced(True, dist.source)
-    if dist.value == "MULTI_GPU" and "multi_gpu" not in layer:
-        layer["multi_gpu"] = Sourced(True, dist.source)
 
 
 def load_config_layer(path: str | os.PathLike[str]) -> dict[str, Sourced]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+from accelerando.devices.counting import visible_gpu_count
 
 __all__ = ["MachineInfo", "detect_machine", "visible_gpu_count", "free_port"]
 
@@ -29,22 +30,6 @@ class MachineInfo:
     cpu_count: int = 1
     python: str = sys.executable
     omp_threads_set: bool = False
-
-
-def visible_gpu_count() -> int:
-    """Count NVIDIA GPUs visible to this process, without initialising CUDA.
-
-    Returns:
-        The number of entries in ``CUDA_VISIBLE_DEVICES`` when it is set, else the number of GPUs the
-        NVIDIA driver lists under ``/proc/driver/nvidia/gpus`` (0 without a driver).
-    """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    driver = Path("/proc/driver/nvidia/gpus")
-    present = len(list(driver.iterdir())) if driver.is_dir() else 0
-    if visible is None:
-        return present
-    ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-    return min(len(ids), present) if present else 0
 
 
 def detect_machine() -> MachineInfo:

@@ -31,6 +31,7 @@ __all__ = [
     "parse_value",
     "resolve",
     "env_layer",
+    "environment_value",
     "code_layer",
     "resolve_runtime_settings",
     "process_settings",
@@ -310,13 +311,41 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
     launcher_sources = _launcher_sources(env)
     layer: dict[str, Sourced] = {}
     for f in FIELDS:
-        for var in f.env_names:
-            raw = env.get(var)
-            if raw is not None and raw != "":
-                origin = launcher_sources.get(f.name) if var == f.our_env else None
-                layer[f.name] = Sourced(raw, "env:" + var, origin)
-                break
+        found = _first_variable(f, env)
+        if found is not None:
+            var, raw = found
+            origin = launcher_sources.get(f.name) if var == f.our_env else None
+            layer[f.name] = Sourced(raw, "env:" + var, origin)
     return layer
+
+
+def _first_variable(field: Field, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The first of the field's variables that is set to a non-empty value, with that value."""
+    for var in field.env_names:
+        raw = env.get(var)
+        if raw is not None and raw != "":
+            return var, raw
+    return None
+
+
+def environment_value(name: str) -> Any:
+    """One setting as the environment gives it, read through the table (no whole resolution).
+
+    For code that must work before any state exists (loggers created at import time).
+
+    Args:
+        name: a setting name (``"log_level"``, ``"debug"``...).
+
+    Returns:
+        The parsed value, or None when no variable of the setting is set.
+
+    Raises:
+        ValueError: the variable holds a value the setting does not allow.
+        KeyError: an unknown setting name.
+    """
+    field = get_field(name)
+    found = _first_variable(field, os.environ)
+    return None if found is None else parse_value(field, found[1], "env:" + found[0])
 
 
 def _launcher_sources(env: Mapping[str, str]) -> dict[str, str]:

@@ -240,7 +240,8 @@ def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> 
 
     Args:
         local_process_index: the process's index on its node (the GPU it drives).
-        verbose: log the CPUs chosen (defaults to the ``ACCELERATE_DEBUG_MODE`` flag).
+        verbose: log the CPUs chosen. The runtime calls this for the ``enable_cpu_affinity`` setting
+            (``ACCELERATE_CPU_AFFINITY``) with the ``debug`` setting (``ACCELERATE_DEBUG_MODE``).
 
     Returns:
         True when the affinity was changed.
@@ -252,10 +253,7 @@ def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> 
 
     if local_process_index < 0:
         raise ValueError(f"local_process_index must be >= 0, got {local_process_index}.")
-    if verbose is None:
-        verbose = parse_flag_from_env("ACCELERATE_DEBUG_MODE") or parse_flag_from_env(
-            "ACCELERANDO_DEBUG_MODE"
-        )
+    verbose = bool(verbose)
     if not hasattr(os, "sched_setaffinity"):
         logger.info("set_numa_affinity: this platform cannot set CPU affinity; nothing changed.")
         return False
