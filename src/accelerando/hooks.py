@@ -26,6 +26,11 @@ from accelerando.big_modeling.hooks import (
     send_to_device,
 )
 
+# Importable from here before the move (the old module imported them); not part of ``__all__``.
+from accelerando.big_modeling.offload import PrefixedDataset  # noqa: F401
+from accelerando.big_modeling.sizes import named_module_tensors  # noqa: F401
+from accelerando.big_modeling.tensors import set_module_tensor_to_device, to_torch_device  # noqa: F401
+
 __all__ = [
     "AlignDevicesHook",
     "CpuOffload",

@@ -44,7 +44,29 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = list(_EXPORTS)
 
-__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
+# Names the old single-module ``big_modeling.py`` imported at module level, so code could import them
+# from here; they stay resolvable but are not part of ``__all__``.
+_IMPORTABLE: dict[str, str] = {
+    "AlignDevicesHook": "accelerando.big_modeling.hooks",
+    "CpuOffload": "accelerando.big_modeling.hooks",
+    "UserCpuOffloadHook": "accelerando.big_modeling.hooks",
+    "add_hook_to_module": "accelerando.big_modeling.hooks",
+    "attach_align_device_hook": "accelerando.big_modeling.attach",
+    "attach_align_device_hook_on_blocks": "accelerando.big_modeling.attach",
+    "link_prefetch": "accelerando.big_modeling.attach",
+    "check_tied_parameters_on_same_device": "accelerando.big_modeling.tensors",
+    "find_tied_parameters": "accelerando.big_modeling.tensors",
+    "to_torch_device": "accelerando.big_modeling.tensors",
+    "get_balanced_memory": "accelerando.big_modeling.budgets",
+    "normalize_device_key": "accelerando.big_modeling.budgets",
+    "infer_auto_device_map": "accelerando.big_modeling.device_map",
+    "OffloadedWeightsLoader": "accelerando.big_modeling.offload",
+    "offload_state_dict": "accelerando.big_modeling.offload",
+    "offload_weight": "accelerando.big_modeling.offload",
+    "save_offload_index": "accelerando.big_modeling.offload",
+}
+
+__getattr__ = lazy_getattr(__name__, {**_EXPORTS, **_IMPORTABLE}, globals())
 
 
 def __dir__() -> list[str]:
