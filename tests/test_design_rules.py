@@ -123,3 +123,93 @@ def test_cli_help_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "TORCH False" in out
+
+
+# Backend and distributed-type names; comparing them as strings outside the connector and the
+# strategies is how `if distributed_type == ...` chains creep back in.
+_BACKEND_NAMES = (
+    r"MULTI_(?:CPU|GPU|NPU|MLU|SDAA|MUSA|XPU|HPU)|DEEPSPEED|FSDP|MEGATRON_LM|XLA|deepspeed|fsdp|megatron|ddp"
+)
+_NAME_LITERAL = rf"""["'](?:{_BACKEND_NAMES})["']"""
+_STRING_COMPARISON = re.compile(
+    rf"(?:==|!=)\s*{_NAME_LITERAL}|{_NAME_LITERAL}\s*(?:==|!=)|\bin\s*[(\[{{][^)\]}}]*{_NAME_LITERAL}"
+)
+
+
+def _string_comparisons(text: str) -> list[int]:
+    return [i for i, line in enumerate(text.splitlines(), 1) if _STRING_COMPARISON.search(line)]
+
+
+def test_backend_names_compared_as_strings_only_in_connector_and_strategies():
+    offenders = []
+    for p in _py_files():
+        rel = p.relative_to(SRC).as_posix()
+        if rel == "connector.py" or rel.startswith("strategies/"):
+            continue
+        offenders += [f"{rel}:{i}" for i in _string_comparisons(p.read_text())]
+    assert offenders == []
+
+
+def test_string_comparison_rule_catches_the_usual_spellings():
+    caught = [
+        'if s.distributed_type == "MULTI_GPU":',
+        'if mode == "deepspeed":',
+        'if "FSDP" == name:',
+        'if kind in ("FSDP", "DEEPSPEED"):',
+        "if backend != 'fsdp':",
+    ]
+    left = ['if mixed_precision == "fp16":', 'switch = {"FSDP": "use_fsdp"}.get(value)', 'name = "ddp"']
+    assert [bool(_string_comparisons(line)) for line in caught] == [True] * len(caught)
+    assert [bool(_string_comparisons(line)) for line in left] == [False] * len(left)
+
+
+def _tabled_variables() -> set[str]:
+    from accelerando.settings import FIELDS
+
+    return {var for field in FIELDS for var in field.env_names}
+
+
+_ENV_READERS = {"get", "getenv", "parse_flag_from_env", "get_int_from_env", "pop", "setdefault"}
+
+
+def _tabled_reads(tree: ast.AST, tabled: set[str]) -> list[int]:
+    """Lines reading a tabled setting's variable (``os.environ.get("ACCELERATE_X")`` and the like)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name not in _ENV_READERS:
+                continue
+            args = [a for arg in node.args for a in ast.walk(arg)]
+            if any(isinstance(a, ast.Constant) and a.value in tabled for a in args):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            if isinstance(node.slice, ast.Constant) and node.slice.value in tabled:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_tabled_settings_are_read_only_through_the_settings():
+    tabled = _tabled_variables()
+    offenders = []
+    for p in _py_files():
+        rel = p.relative_to(SRC).as_posix()
+        if rel.startswith("settings/"):
+            continue
+        offenders += [f"{rel}:{i}" for i in _tabled_reads(ast.parse(p.read_text()), tabled)]
+    assert offenders == []
+
+
+def test_tabled_read_rule_catches_the_usual_spellings():
+    tabled = _tabled_variables()
+    caught = [
+        'os.environ.get("ACCELERATE_MIXED_PRECISION")',
+        'os.getenv("ACCELERATE_DEBUG_MODE", "0")',
+        'parse_flag_from_env("ACCELERATE_USE_CPU")',
+        'os.environ["ACCELERANDO_LOG_LEVEL"]',
+        'get_int_from_env(["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"], 1)',
+    ]
+    assert all(_tabled_reads(ast.parse(line), tabled) for line in caught)
+    assert not _tabled_reads(ast.parse('os.environ.get("RANK")'), tabled)
+    assert not _tabled_reads(ast.parse('env["ACCELERATE_MIXED_PRECISION"] = "bf16"'), tabled)

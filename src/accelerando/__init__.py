@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelerando._lazy import lazy_getattr
-
-__version__ = "0.1.0"
+from accelerando.version import __version__
 
 _EXPORTS: dict[str, str] = {
     "Accelerator": "accelerando.accelerator",

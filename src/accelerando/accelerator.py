@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from accelerando import connector
+import accelerando.connector as connector
 from accelerando.facade.collectives import CollectivesMixin
 from accelerando.facade.observing import ObservingMixin
 from accelerando.facade.preparing import PreparingMixin

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accelerando import runtime as rt
+import accelerando.runtime as rt
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.settings import Settings

@@ -191,7 +191,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
     device = device_backend.device(cluster.local_rank)
     handle = None
     if cluster.world_size > 1:  # 3. the process group, before the device is set (nccl binds it)
-        from accelerando import process_group
+        import accelerando.process_group as process_group
 
         options = dict(pg_options or {})
         handle = process_group.start(
@@ -206,7 +206,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
         )
     device_backend.set_device(device)
     if settings.enable_cpu_affinity and device.type == "cuda":
-        from accelerando.utils.environment import set_numa_affinity
+        from accelerando.devices.affinity import set_numa_affinity
 
         set_numa_affinity(cluster.local_rank, verbose=bool(settings.debug))
     context = ProcessContext(

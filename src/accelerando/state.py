@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from accelerando import runtime
+import accelerando.runtime as runtime
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.environments import ClusterEnvironment

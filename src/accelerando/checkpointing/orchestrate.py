@@ -24,14 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accelerando.checkpointing import atomic
-from accelerando.checkpointing import files as F
+import accelerando.checkpointing.atomic as atomic
+import accelerando.checkpointing.files as F
 from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
 from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.state_io import (
     LoadedState,
     apply_state,
     capture_gradients,
+    check_load_kwargs,
     needed_files,
     read_state_files,
     write_state_files,
@@ -189,7 +190,7 @@ def _commit_staged(target: Any, staging: str, final_dir: str, results: list[Any]
             if rel not in entries and rel != atomic.MANIFEST_NAME:
                 extra.append(rel)
     entries.update(atomic.describe_files(staging, extra))
-    from accelerando import __version__
+    from accelerando.version import __version__
 
     config = target.project_configuration
     manifest = atomic.Manifest(
@@ -473,7 +474,7 @@ def load_state(
         CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
     """
     set_active_accelerator(target.owner)
-    _check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
+    check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
     candidates, may_fall_back = _candidates(target, input_dir)
     kwargs = {
         "map_location": load_model_func_kwargs.pop("map_location", None),
@@ -503,16 +504,6 @@ def _default_verification(target: Any) -> bool:
     """The ``verify_checksums`` setting (code > launcher > ACCELERANDO_VERIFY_CHECKSUMS > config > True)."""
     value = getattr(target.settings, "verify_checksums", None)
     return True if value is None else bool(value)
-
-
-def _check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:
-    """The reference's ``load_kwargs`` (options for ``torch.load``): accepted, but ours are fixed."""
-    if load_kwargs:
-        warnings.warn(
-            f"load_kwargs={sorted(load_kwargs)} are ignored: accelerando reads checkpoint files with "
-            "weights_only=True where possible; pass map_location= directly to choose the device.",
-            stacklevel=3,
-        )
 
 
 def _apply(target: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:

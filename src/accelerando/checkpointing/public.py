@@ -14,11 +14,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from accelerando import runtime
-from accelerando.checkpointing import files as F
+import accelerando.checkpointing.files as F
+import accelerando.runtime as runtime
 from accelerando.checkpointing.atomic import MANIFEST_NAME, read_manifest, verify_checkpoint
 from accelerando.checkpointing.atomic import verify_checksums as verify_checksums_of
-from accelerando.checkpointing.state_io import apply_state, needed_files, read_state_files, write_state_files
+from accelerando.checkpointing.state_io import (
+    apply_state,
+    check_load_kwargs,
+    needed_files,
+    read_state_files,
+    write_state_files,
+)
 
 __all__ = [
     "active_accelerator",
@@ -86,9 +92,7 @@ def save_accelerator_state(
     """
     explicit = (model_states, optimizers, schedulers, dataloaders, process_index, step, scaler)
     if all(value is None for value in explicit):
-        from accelerando.checkpointing.orchestrate import save_state
-
-        return save_state(active_accelerator(), os.fspath(output_dir), safe_serialization=safe_serialization)
+        return active_accelerator().save_state(os.fspath(output_dir), safe_serialization=safe_serialization)
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     write_state_files(
@@ -155,10 +159,7 @@ def load_accelerator_state(
     """
     explicit = (models, optimizers, schedulers, dataloaders, process_index, scaler)
     if all(value is None for value in explicit):
-        from accelerando.checkpointing.orchestrate import load_state
-
-        load_state(
-            active_accelerator(),
+        active_accelerator().load_state(
             os.fspath(input_dir),
             map_location=map_location,
             load_kwargs=load_kwargs,
@@ -166,9 +167,7 @@ def load_accelerator_state(
             **load_model_func_kwargs,
         )
         return None
-    from accelerando.checkpointing.orchestrate import _check_load_kwargs
-
-    _check_load_kwargs(load_kwargs)
+    check_load_kwargs(load_kwargs)
     folder = os.fspath(input_dir)
     models, optimizers = list(models or []), list(optimizers or [])
     schedulers, dataloaders = list(schedulers or []), list(dataloaders or [])

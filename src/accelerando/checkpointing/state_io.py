@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from accelerando.checkpointing import files as F
+import accelerando.checkpointing.files as F
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
+from accelerando.strategies.unwrap import unwrap_model
 
 __all__ = [
     "LoadedState",
     "apply_state",
     "capture_gradients",
+    "check_load_kwargs",
     "load_optimizer_state",
     "needed_files",
     "read_state_files",
@@ -32,18 +35,12 @@ logger = logging.getLogger(__name__)
 
 
 def unwrap(model: Any) -> Any:
-    """Strip DDP-style (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers from a model."""
-    while True:
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ in (
-            "DataParallel",
-            "DeepSpeedEngine",
-            "FullyShardedDataParallel",
-        ):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model, torch.nn.Module):
-            model = model._orig_mod
-        else:
-            return model
+    """The user's module inside every wrapper (DDP, FSDP, DeepSpeed, ``torch.compile``).
+
+    The one unwrapping of the strategies (:func:`accelerando.strategies.unwrap.unwrap_model`), with
+    compilation removed too: checkpoints hold the plain module's parameter names.
+    """
+    return unwrap_model(model, keep_torch_compile=False)
 
 
 def _dataloader_state(loader: Any) -> tuple[str, Any] | None:
@@ -366,3 +363,13 @@ def apply_state(
         _apply_gradients(models, loaded.gradients)
     if loaded.rng is not None:
         restore_rng_states(loaded.rng)
+
+
+def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:
+    """The reference's ``load_kwargs`` (options for ``torch.load``): accepted, but ours are fixed."""
+    if load_kwargs:
+        warnings.warn(
+            f"load_kwargs={sorted(load_kwargs)} are ignored: accelerando reads checkpoint files with "
+            "weights_only=True where possible; pass map_location= directly to choose the device.",
+            stacklevel=3,
+        )
