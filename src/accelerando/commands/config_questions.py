@@ -11,16 +11,29 @@ from typing import Any
 from accelerando.settings.fields import get_field
 from accelerando.settings.machine import visible_gpu_count
 from accelerando.settings.resolve import parse_value
+from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind
 
 __all__ = ["ask_questions", "MACHINE_TYPES"]
 
-#: answer -> distributed_type written to the file.
-MACHINE_TYPES: dict[str, str] = {
-    "This machine, one process": "NO",
-    "multi-CPU": "MULTI_CPU",
-    "multi-GPU": "MULTI_GPU",
-    "FSDP (fully sharded data parallel)": "FSDP",
-    "DeepSpeed": "DEEPSPEED",
+#: answer -> distributed_type written to the file (the kinds the strategies offer, in their order).
+_KIND_BY_LABEL: dict[str, DistributedKind] = {k.label: k for k in DISTRIBUTED_KINDS if k.label is not None}
+MACHINE_TYPES: dict[str, str] = {label: k.distributed_type for label, k in _KIND_BY_LABEL.items()}
+
+# A backend's own questions, by the settings group of its options: (how to ask, setting, question,
+# default). "choice" offers the setting's choices, "value" takes typed text, "confirm" is yes/no.
+_GROUP_QUESTIONS: dict[str, tuple[tuple[str, str, str, Any], ...]] = {
+    "fsdp": (
+        ("choice", "fsdp_version", "FSDP version?", "2"),
+        ("choice", "fsdp_sharding_strategy", "Sharding strategy?", None),
+        ("choice", "fsdp_auto_wrap_policy", "Auto wrap policy?", None),
+        ("confirm", "fsdp_offload_params", "Offload parameters to CPU?", False),
+        ("choice", "fsdp_state_dict_type", "State dict type?", "SHARDED_STATE_DICT"),
+    ),
+    "deepspeed": (
+        ("value", "zero_stage", "ZeRO stage (0-3, or auto)?", 2),
+        ("choice", "offload_optimizer_device", "Offload optimizer state to?", None),
+        ("value", "gradient_clipping", "Gradient clipping value?", 1.0),
+    ),
 }
 
 
@@ -61,10 +74,10 @@ def _ask_choice(name: str, message: str, default: str | None = None) -> str:
     return _answer(questionary.select(message, choices=choices, default=default or choices[0]))
 
 
-def _ask_topology(values: dict[str, Any], dist: str, gpus: int) -> None:
+def _ask_topology(values: dict[str, Any], kind: DistributedKind, gpus: int) -> None:
     import questionary
 
-    if dist == "NO":
+    if kind.one_process:
         values["num_processes"] = 1
         values["cpu"] = gpus == 0 or _answer(questionary.confirm("Run on CPU only?", default=False))
         return
@@ -73,32 +86,23 @@ def _ask_topology(values: dict[str, Any], dist: str, gpus: int) -> None:
         values["machine_rank"] = _ask_value("machine_rank", "Rank of this machine?", 0)
         values["main_process_ip"] = _ask_value("main_process_ip", "IP address of the machine of rank 0?", "")
         values["main_process_port"] = _ask_value("main_process_port", "Port on the machine of rank 0?", 29500)
-    default_processes = max(gpus, 1) * values["num_machines"] if dist != "MULTI_CPU" else 2
+    default_processes = 2 if kind.forces_cpu else max(gpus, 1) * values["num_machines"]
     values["num_processes"] = _ask_value("num_processes", "How many processes in total?", default_processes)
-    values["cpu"] = dist == "MULTI_CPU"
-    if dist != "MULTI_CPU" and gpus:
+    values["cpu"] = kind.forces_cpu
+    if not kind.forces_cpu and gpus:
         values["gpu_ids"] = _ask_value("gpu_ids", "Which GPUs (ids separated by commas, or all)?", "all")
 
 
-def _ask_backend(values: dict[str, Any], dist: str) -> None:
+def _ask_backend(values: dict[str, Any], kind: DistributedKind) -> None:
     import questionary
 
-    if dist == "FSDP":
-        values["fsdp_version"] = _ask_choice("fsdp_version", "FSDP version?", "2")
-        values["fsdp_sharding_strategy"] = _ask_choice("fsdp_sharding_strategy", "Sharding strategy?")
-        values["fsdp_auto_wrap_policy"] = _ask_choice("fsdp_auto_wrap_policy", "Auto wrap policy?")
-        values["fsdp_offload_params"] = _answer(
-            questionary.confirm("Offload parameters to CPU?", default=False)
-        )
-        values["fsdp_state_dict_type"] = _ask_choice(
-            "fsdp_state_dict_type", "State dict type?", "SHARDED_STATE_DICT"
-        )
-    elif dist == "DEEPSPEED":
-        values["zero_stage"] = _ask_value("zero_stage", "ZeRO stage (0-3, or auto)?", 2)
-        values["offload_optimizer_device"] = _ask_choice(
-            "offload_optimizer_device", "Offload optimizer state to?"
-        )
-        values["gradient_clipping"] = _ask_value("gradient_clipping", "Gradient clipping value?", 1.0)
+    for how, name, message, default in _GROUP_QUESTIONS.get(kind.settings_group or "", ()):
+        if how == "choice":
+            values[name] = _ask_choice(name, message, default)
+        elif how == "confirm":
+            values[name] = _answer(questionary.confirm(message, default=default))
+        else:
+            values[name] = _ask_value(name, message, default)
 
 
 def ask_questions(gpu_count: int | None = None) -> dict[str, Any] | None:
@@ -114,12 +118,16 @@ def ask_questions(gpu_count: int | None = None) -> dict[str, Any] | None:
     import questionary
 
     gpus = visible_gpu_count() if gpu_count is None else gpu_count
-    kinds = [k for k, v in MACHINE_TYPES.items() if gpus or v in ("NO", "MULTI_CPU")]
+    offered = [k.label for k in DISTRIBUTED_KINDS if k.label is not None and (gpus or k.offered_without_gpu)]
     try:
-        dist = MACHINE_TYPES[_answer(questionary.select("Which kind of training?", choices=kinds))]
-        values: dict[str, Any] = {"distributed_type": dist, "num_machines": 1, "machine_rank": 0}
-        _ask_topology(values, dist, gpus)
-        _ask_backend(values, dist)
+        kind = _KIND_BY_LABEL[_answer(questionary.select("Which kind of training?", choices=offered))]
+        values: dict[str, Any] = {
+            "distributed_type": kind.distributed_type,
+            "num_machines": 1,
+            "machine_rank": 0,
+        }
+        _ask_topology(values, kind, gpus)
+        _ask_backend(values, kind)
         values["gradient_accumulation_steps"] = _ask_value(
             "gradient_accumulation_steps", "Gradient accumulation steps?", 1
         )

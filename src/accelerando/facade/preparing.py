@@ -9,8 +9,13 @@ import torch
 
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
+from accelerando.strategies.base import Prepared, PrepareRequest
 
 __all__ = ["PreparingMixin"]
+
+# Settings a strategy may fix in ``Prepared.fixed_settings``, each set through the Accelerator's
+# property of the same name.
+_FIXABLE_SETTINGS = frozenset({"gradient_accumulation_steps"})
 
 
 class PreparingMixin:
@@ -28,6 +33,9 @@ class PreparingMixin:
     rng_types: list[str]
     step_scheduler_with_optimizer: bool
     scaler: Any
+    deepspeed_engine_wrapped: Any
+    gradient_accumulation_steps: int
+    split_batches: bool
 
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
@@ -45,8 +53,18 @@ class PreparingMixin:
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
             )
-        grouped = self._strategy.prepare_all(self, list(args), list(device_placement))
-        if grouped is not None:
+        request = PrepareRequest(
+            objects=tuple(args),
+            device_placement=tuple(device_placement),
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            split_batches=self.split_batches,
+            prepare_data_loader=self.prepare_data_loader,
+            is_prepared=self._is_registered,
+        )
+        prepared = self._strategy.prepare_all(request)
+        if prepared is not None:
+            self._register_prepared(prepared)
+            grouped = prepared.objects
             return grouped[0] if len(grouped) == 1 else tuple(grouped)
         result = list(args)
         order = (torch.nn.Module, torch.optim.Optimizer, "dataloader", "scheduler")
@@ -55,6 +73,33 @@ class PreparingMixin:
                 if self._kind_of(obj) == kind:
                     result[i] = self._prepare_one(obj, device_placement[i])
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _is_registered(self, obj: Any) -> bool:
+        """Whether ``obj`` is one of the models, optimizers or schedulers this Accelerator prepared."""
+        return any(obj is p for p in (*self._models, *self._optimizers, *self._schedulers))
+
+    def _register_prepared(self, prepared: Prepared) -> None:
+        """Register what a strategy's ``prepare_all`` made: the strategy never writes into the facade.
+
+        Models, optimizers and schedulers join the prepared lists (``save_state``, ``free_memory``...
+        see them); ``engine`` becomes ``deepspeed_engine_wrapped``; each fixed setting is applied
+        through the Accelerator's own property (``gradient_accumulation_steps`` -> the gradient state).
+
+        Raises:
+            ValueError: a fixed setting the facade does not know (a strategy bug).
+        """
+        self._models.extend(prepared.models)
+        self._optimizers.extend(prepared.optimizers)
+        self._schedulers.extend(prepared.schedulers)
+        if prepared.engine is not None:
+            self.deepspeed_engine_wrapped = prepared.engine
+        for name, value in prepared.fixed_settings.items():
+            if name not in _FIXABLE_SETTINGS:
+                raise ValueError(
+                    f"the strategy fixed {name}={value!r}, which the Accelerator cannot take; known: "
+                    f"{sorted(_FIXABLE_SETTINGS)}"
+                )
+            setattr(self, name, value)
 
     @staticmethod
     def _kind_of(obj: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 from accelerando.settings.fields import FIELDS_BY_NAME
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 from accelerando.settings.resolve import SOURCES_ENV, Settings
+from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind, distributed_kind, requested_backends
 
 __all__ = ["Command", "LaunchPlan", "build", "check_settings", "export_env"]
 
@@ -77,6 +78,11 @@ class LaunchPlan:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def uses_backend_runner(self) -> bool:
+        """Whether the plan runs a backend's own multi-machine runner (``mode`` is then the backend's name)."""
+        return self.mode not in ("simple", "elastic")
+
+    @property
     def agent_args(self) -> list[str]:
         """Arguments for ``torch.distributed.run`` (the argv after ``python -m torch.distributed.run``)."""
         if self.mode != "elastic":
@@ -111,7 +117,8 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
         ValueError: the message names the offending settings, where each came from, and the fix.
     """
     s = settings
-    wants_gpu = s.multi_gpu or s.distributed_type == "MULTI_GPU"
+    kind = distributed_kind(s.distributed_type)
+    wants_gpu = s.multi_gpu or (kind is not None and kind.requires_gpu)
     if wants_gpu and s.cpu:
         raise ValueError(
             f"{_where(s, 'multi_gpu' if s.multi_gpu else 'distributed_type')} asks for GPUs but "
@@ -123,9 +130,11 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
             f"{_where(s, name)} asks for several GPUs but this machine has none visible. Fix: use "
             "--cpu (use_cpu: true, distributed_type: MULTI_CPU in a config file), or run on a GPU machine."
         )
-    if s.use_fsdp and s.use_deepspeed:
+    backends = requested_backends(s)
+    if len(backends) > 1:
+        named = " and ".join(_where(s, k.switch) for k in backends if k.switch)
         raise ValueError(
-            f"{_where(s, 'use_fsdp')} and {_where(s, 'use_deepspeed')} are both set. Fix: choose one backend."
+            f"{named} are {'both' if len(backends) == 2 else 'all'} set. Fix: choose one backend."
         )
     machines = s.num_machines or 1
     if s.num_processes is not None and s.num_processes % machines:
@@ -210,7 +219,7 @@ def _topology(settings: Settings, machine: MachineInfo) -> tuple[int, int, list[
     if total is None:
         ids = settings.gpu_ids
         gpus = 0 if settings.cpu else (len(ids.split(",")) if ids and ids != "all" else machine.gpu_count)
-        if settings.distributed_type == "NO" or gpus <= 1:
+        if _is_one_process_kind(settings) or gpus <= 1:
             total = machines
         else:
             # As the reference does: with several GPUs and no process count, use every GPU.
@@ -275,23 +284,32 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
     return [*argv, command.target, *command.args]
 
 
-_DEEPSPEED_RUNNER = "deepspeed.launcher.runner"
+def _is_one_process_kind(settings: Settings) -> bool:
+    """Whether the settings ask for a one-process kind (``distributed_type: NO``)."""
+    kind = distributed_kind(settings.distributed_type)
+    return kind is not None and kind.one_process
 
 
-def _uses_deepspeed_runner(settings: Settings, machines: int) -> bool:
-    """DeepSpeed on several machines with a launcher other than "standard" (torchrun on each node)."""
+def _multinode_runner(settings: Settings, machines: int) -> DistributedKind | None:
+    """The requested backend whose own runner starts every machine, when it is to be used.
+
+    Only on several machines, and not with the "standard" multi-node launcher (torchrun on each
+    machine, which the elastic plan does).
+    """
     launcher = settings.deepspeed_multinode_launcher or "pdsh"
-    return bool(settings.use_deepspeed) and machines > 1 and launcher != "standard"
+    if machines <= 1 or launcher == "standard":
+        return None
+    return next((k for k in requested_backends(settings) if k.multinode_runner is not None), None)
 
 
-def _deepspeed_argv(
-    settings: Settings, command: Command, machines: int, per_node: int, python: str, port: Callable[[], int]
+def _runner_argv(
+    settings: Settings, command: Command, runner: DistributedKind, machines: int, per_node: int, python: str
 ) -> list[str]:
-    """``python -m deepspeed.launcher.runner ...``: the main machine starts every host itself."""
+    """``python -m <runner> ...`` (DeepSpeed's runner and its options): the main machine starts every host."""
     argv = [
         python,
         "-m",
-        _DEEPSPEED_RUNNER,
+        str(runner.multinode_runner),
         "--no_local_rank",
         "--num_nodes",
         str(machines),
@@ -348,18 +366,13 @@ def build(
     total, machines, notes = _topology(settings, machine)
     per_node = total // machines
     env = _process_env(settings, machine, total, per_node)
-    if settings.distributed_type == "NO" and total > 1:
+    if _is_one_process_kind(settings) and total > 1:
         # A config written for one process must not pin several processes to "not distributed".
         env.pop(FIELDS_BY_NAME["distributed_type"].our_env, None)
         notes.append(
             f"distributed_type 'NO' ({settings.source('distributed_type')}) ignored: {total} processes."
         )
-    for name, what in (
-        ("zero_stage", "ZeRO stage"),
-        ("offload_optimizer_device", "DeepSpeed optimizer offload"),
-        ("offload_param_device", "DeepSpeed parameter offload"),
-        ("fsdp_sharding_strategy", "FSDP sharding strategy"),
-    ):
+    for name, what in (item for kind in DISTRIBUTED_KINDS for item in kind.auto_settings):
         if settings[name] in ("auto", "AUTO"):
             notes.append(
                 f"{what}: auto ({settings.source(name)}): chosen at prepare() from the model's size and each "
@@ -367,9 +380,10 @@ def build(
             )
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0
     mode = "elastic" if elastic else "simple"
-    if _uses_deepspeed_runner(settings, machines):
-        mode = "deepspeed"
-        argv = _deepspeed_argv(settings, command, machines, per_node, machine.python, port)
+    runner = _multinode_runner(settings, machines)
+    if runner is not None:
+        mode = runner.strategy  # the runner's plan is named after its backend ("deepspeed")
+        argv = _runner_argv(settings, command, runner, machines, per_node, machine.python)
         notes.append(
             f"multi-machine DeepSpeed job: started from this machine by DeepSpeed's "
             f"{settings.deepspeed_multinode_launcher or 'pdsh'} launcher on every host of the hostfile"

@@ -1,20 +1,39 @@
-"""DeepSpeedPlugin: the user's DeepSpeed configuration (a JSON file or dict, or a few fields)."""
+"""DeepSpeedPlugin: the user's DeepSpeed configuration (a JSON file or dict, or a few fields).
+
+Besides the dataclass, this module holds the plain config-dict helpers the plugin needs when it is
+built (dotted-key access, loading, the ``deepspeed.zero.Init`` view of a config) and the lazy import
+of ``deepspeed``. They import nothing from ``accelerando.strategies``; the DeepSpeed strategy
+(``accelerando.strategies.deepspeed``) builds on them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import logging
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from accelerando.utils.deepspeed.config import AUTO, get_value, load_config, set_value
+from accelerando.settings import fill_unset
 
-__all__ = ["DeepSpeedPlugin"]
+__all__ = [
+    "AUTO",
+    "DeepSpeedPlugin",
+    "get_value",
+    "import_deepspeed",
+    "load_config",
+    "set_value",
+    "zero_init_config",
+]
 
 logger = logging.getLogger(__name__)
 
+AUTO = "auto"
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme", AUTO)
 # plugin field -> dotted key of the DeepSpeed config it controls.
 _FIELD_KEYS = {
@@ -27,32 +46,102 @@ _FIELD_KEYS = {
     "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
     "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 }
-# plugin field -> setting name (accelerando.settings) that fills it when the field is None.
-_SETTING_NAMES = {
-    "hf_ds_config": "deepspeed_config_file",
-    "gradient_clipping": "gradient_clipping",
-    "zero_stage": "zero_stage",
-    "offload_optimizer_device": "offload_optimizer_device",
-    "offload_param_device": "offload_param_device",
-    "offload_optimizer_nvme_path": "offload_optimizer_nvme_path",
-    "offload_param_nvme_path": "offload_param_nvme_path",
-    "zero3_init_flag": "zero3_init_flag",
-    "zero3_save_16bit_model": "zero3_save_16bit_model",
-    "transformer_moe_cls_names": "deepspeed_moe_layer_cls_names",
+# Settings of the "deepspeed" group whose plugin field has another name (the others: same name).
+_RENAMED_SETTINGS = {
+    "deepspeed_config_file": "hf_ds_config",
+    "deepspeed_moe_layer_cls_names": "transformer_moe_cls_names",
 }
 
 
-def _launcher_settings() -> dict[str, Any]:
-    """DeepSpeed settings from the launcher's environment (defaults < environment)."""
-    try:
-        from accelerando.settings import resolve_runtime_settings
-    except ImportError:  # settings package optional during bootstrap
-        return {}
-    settings = resolve_runtime_settings(code={})
-    found = {name: settings.values.get(name) for name in set(_SETTING_NAMES.values())}
-    if settings.source("gradient_accumulation_steps") != "default":
-        found["gradient_accumulation_steps"] = settings.values.get("gradient_accumulation_steps")
-    return found
+# --------------------------------------------------------------------------- config dictionaries
+def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Return a private copy of a DeepSpeed config given as a JSON file path or a mapping.
+
+    Args:
+        config: path to a JSON file, or a dict.
+
+    Returns:
+        A deep copy the caller may edit.
+
+    Raises:
+        ValueError: the file does not exist or is not valid JSON.
+        TypeError: ``config`` is neither a path nor a mapping.
+    """
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"DeepSpeed config file {path!r} does not exist; pass an existing JSON file or a dict"
+            )
+        with open(path, encoding="utf-8") as handle:
+            try:
+                return json.load(handle)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"DeepSpeed config file {path!r} is not valid JSON: {exc}") from exc
+    raise TypeError(f"a DeepSpeed config must be a JSON file path or a dict, got {type(config).__name__}")
+
+
+def get_value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """Read a dotted key (``"zero_optimization.stage"``); ``default`` when any level is missing."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_value(config: dict[str, Any], key: str, value: Any) -> None:
+    """Write a dotted key, creating the intermediate sections."""
+    *parents, last = key.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def zero_init_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` that ``deepspeed.zero.Init`` accepts before ``prepare`` resolved it.
+
+    ``zero.Init`` parses the whole config, batch sizes included, but only uses the ZeRO section and
+    the dtype; unresolved "auto" values are replaced by neutral ones (batch 1, no 16-bit).
+    """
+    out = copy.deepcopy(config)
+
+    def strip(node: dict[str, Any]) -> None:
+        for key in list(node):
+            if isinstance(node[key], dict):
+                strip(node[key])
+            elif node[key] == AUTO:
+                del node[key]
+
+    strip(out)
+    for fmt in ("fp16", "bf16"):
+        if fmt in out and "enabled" not in out[fmt]:
+            out[fmt]["enabled"] = False
+    if "train_micro_batch_size_per_gpu" not in out and "train_batch_size" not in out:
+        out["train_micro_batch_size_per_gpu"] = 1
+    out.setdefault("gradient_accumulation_steps", 1)
+    return out
+
+
+def import_deepspeed() -> Any:
+    """Import and return the ``deepspeed`` module.
+
+    Raises:
+        ImportError: DeepSpeed is not installed; the message names the pip extra.
+    """
+    from accelerando.utils.imports import is_deepspeed_available
+
+    if not is_deepspeed_available():
+        raise ImportError(
+            "DeepSpeed is not installed: pip install 'accelerando[deepspeed]' (or pip install deepspeed)"
+        )
+    import deepspeed
+
+    return deepspeed
 
 
 @dataclass
@@ -104,10 +193,7 @@ class DeepSpeedPlugin:
 
     def __post_init__(self) -> None:
         code_given = {name for name in _FIELD_KEYS if getattr(self, name) is not None}
-        for name, value in _launcher_settings().items():
-            attr = next((a for a, s in _SETTING_NAMES.items() if s == name), name)
-            if getattr(self, attr, None) is None and value is not None:
-                setattr(self, attr, value)
+        self._fill_from_settings()
         self._validate_fields()
         if self.hf_ds_config is not None:
             self.deepspeed_config = load_config(self.hf_ds_config)
@@ -120,6 +206,22 @@ class DeepSpeedPlugin:
             self._check_msamp()
 
     # ------------------------------------------------------------------ building
+    def _fill_from_settings(self) -> None:
+        """Fill unset fields from the launcher's settings (defaults < environment).
+
+        The DeepSpeed settings group fills the fields of the same name (``deepspeed_config_file``
+        -> ``hf_ds_config``); the Accelerator-wide ``gradient_accumulation_steps`` fills only when some
+        layer set it (its default of 1 must not hide the config's own value).
+
+        Raises:
+            ValueError: an invalid value in the environment (naming the variable).
+        """
+        fill_unset(self, "deepspeed", rename=_RENAMED_SETTINGS)
+        if self.gradient_accumulation_steps is None:
+            probe = SimpleNamespace(gradient_accumulation_steps=None)
+            fill_unset(probe, "core")
+            self.gradient_accumulation_steps = probe.gradient_accumulation_steps
+
     def _validate_fields(self) -> None:
         stage = self.zero_stage
         if stage is not None and stage != AUTO and (isinstance(stage, bool) or stage not in (0, 1, 2, 3)):
@@ -282,8 +384,6 @@ class DeepSpeedPlugin:
         if not ((enable or self.zero3_init_flag) and self.zero_stage == 3):
             yield
             return
-        from accelerando.strategies.deepspeed import import_deepspeed, zero_init_config
-
         deepspeed = import_deepspeed()
         with deepspeed.zero.Init(config_dict_or_path=zero_init_config(self.deepspeed_config)):
             yield
@@ -300,8 +400,6 @@ class DeepSpeedPlugin:
         self._hf_config = None
         if not self.is_zero3_init_enabled() or not is_package_available("transformers"):
             return
-        from accelerando.strategies.deepspeed import zero_init_config
-
         try:
             from transformers.integrations import HfDeepSpeedConfig
 

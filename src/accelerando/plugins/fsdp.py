@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+from accelerando.settings import fill_unset
 
 __all__ = ["SHARDING_STRATEGIES", "STATE_DICT_TYPES", "FullyShardedDataParallelPlugin"]
 
@@ -49,6 +52,7 @@ _SETTINGS = {
     "use_orig_params": "fsdp_use_orig_params",
     "activation_checkpointing": "fsdp_activation_checkpointing",
 }
+_ATTRIBUTE_OF = {setting: attr for attr, setting in _SETTINGS.items()}
 
 _DEFAULTS: dict[str, Any] = {
     "fsdp_version": 2,
@@ -169,21 +173,18 @@ class FullyShardedDataParallelPlugin:
 
     # ----------------------------------------------------------------- filling
     def _fill_from_settings(self) -> None:
-        """Fill unset fields from the resolved settings (env / launcher), then from defaults."""
-        try:
-            from accelerando.settings import resolve_runtime_settings
+        """Fill unset fields from the process's settings (env / launcher), then from defaults.
 
-            settings = resolve_runtime_settings()
-        except Exception as err:  # noqa: BLE001 - bad environment values must not hide code values
-            logger.warning("FSDP settings could not be read from the environment (%s); using defaults", err)
-            settings = None
-        for attr, setting in _SETTINGS.items():
+        A bad value in the environment is logged and ignored (defaults apply): it must not hide the
+        values given in code.
+        """
+        for attr in _SETTINGS:
             if getattr(self, attr) is not None:
                 self.sources[attr] = "code"
-                continue
-            if settings is not None and settings.source(setting) != "default":
-                setattr(self, attr, settings[setting])
-                self.sources[attr] = settings.source(setting)
+        try:
+            self.sources.update(fill_unset(self, "fsdp", prefix="fsdp_", rename=_ATTRIBUTE_OF))
+        except Exception as err:  # noqa: BLE001 - bad environment values must not hide code values
+            logger.warning("FSDP settings could not be read from the environment (%s); using defaults", err)
         for attr, value in _DEFAULTS.items():
             if getattr(self, attr) is None:
                 setattr(self, attr, value)
@@ -277,9 +278,9 @@ class FullyShardedDataParallelPlugin:
             ValueError: an unknown type.
         """
         if state_dict_type is None:
-            from accelerando.settings import resolve_runtime_settings
-
-            state_dict_type = resolve_runtime_settings().fsdp_state_dict_type or "FULL_STATE_DICT"
+            probe = SimpleNamespace(state_dict_type=None)
+            fill_unset(probe, "fsdp", prefix="fsdp_")
+            state_dict_type = probe.state_dict_type or "FULL_STATE_DICT"
         self.state_dict_type = _choice("state_dict_type", state_dict_type, STATE_DICT_TYPES)
 
     def set_mixed_precision(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.settings import fill_unset
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -67,12 +68,11 @@ class MegatronLMPlugin(KwargsHandler):
     other_megatron_args: dict[str, Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        from accelerando.settings import resolve_runtime_settings
-
-        settings = resolve_runtime_settings()
+        # Unset fields come from the launcher (``--megatron_lm_tp_degree`` ...), then the degrees default to 1.
+        fill_unset(self, "megatron", prefix="megatron_lm_")
         for name in ("tp_degree", "pp_degree", "num_micro_batches"):
             if getattr(self, name) is None:
-                setattr(self, name, getattr(settings, f"megatron_lm_{name}", None) or 1)
+                setattr(self, name, 1)
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"MegatronLMPlugin.{name} must be an integer >= 1, got {value!r}")

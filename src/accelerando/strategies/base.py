@@ -3,14 +3,58 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from accelerando.enums import DistributedType
+from accelerando.strategies.unwrap import unwrap_model
 
-__all__ = ["Strategy"]
+__all__ = ["PrepareRequest", "Prepared", "Strategy"]
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    """What the facade hands a strategy for one ``Accelerator.prepare`` call.
+
+    Attributes:
+        objects: the objects passed to ``prepare``, in the caller's order.
+        device_placement: one entry per object (None = the Accelerator's default).
+        gradient_accumulation_steps: the Accelerator's value at the time of the call.
+        split_batches: whether dataloader batches are split across processes.
+        prepare_data_loader: the facade's dataloader preparation, ``(loader, device_placement) -> loader``.
+        is_prepared: whether an object is already registered with the facade.
+    """
+
+    objects: tuple[Any, ...]
+    device_placement: tuple[bool | None, ...]
+    gradient_accumulation_steps: int
+    split_batches: bool
+    prepare_data_loader: Callable[[Any, bool | None], Any]
+    is_prepared: Callable[[Any], bool]
+
+
+@dataclass
+class Prepared:
+    """What a strategy made of one ``prepare`` call; the facade registers it (the strategy never does).
+
+    Attributes:
+        objects: the prepared objects, in the caller's order (what ``prepare`` returns).
+        models: models to register (e.g. DeepSpeed engines).
+        optimizers: optimizers to register (wrappers the user's loop steps).
+        schedulers: schedulers to register.
+        engine: the backend's engine handle (``accelerator.deepspeed_engine_wrapped``), or None.
+        fixed_settings: Accelerator settings the backend fixed, e.g. ``{"gradient_accumulation_steps": 4}``.
+    """
+
+    objects: list[Any]
+    models: list[Any] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    engine: Any = None
+    fixed_settings: dict[str, Any] = field(default_factory=dict)
 
 
 class Strategy:
@@ -22,8 +66,12 @@ class Strategy:
     - ``prepare_optimizer(optimizer)`` once per optimizer, after its models were prepared.
     - per micro-batch: ``no_sync(model)`` around non-sync steps, ``backward(loss)``.
     - ``clip_grad_norm_`` / ``clip_grad_value_`` on sync steps, after the precision unscaled.
-    - ``unwrap_model(model)`` whenever the user needs the plain module.
+    - ``unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)`` whenever the plain module is needed.
     - ``model_state_dict(model)`` returns the full (unsharded) state dict on the main process.
+
+    Everything a strategy needs about the job (processes, device, precision, plugins) it reads from
+    ``state``; it never reads or writes the Accelerator. ``prepare_all`` returns what it made as a
+    :class:`Prepared` record that the facade registers.
 
     Args:
         state: the ``AcceleratorState`` (device, process index, ...).
@@ -48,14 +96,16 @@ class Strategy:
         self.options = options
 
     # ------------------------------------------------------------------ wrap
-    def prepare_all(
-        self, accelerator: Any, objects: list[Any], device_placement: list[bool | None]
-    ) -> list[Any] | None:
+    def prepare_all(self, request: PrepareRequest) -> Prepared | None:
         """Prepare every object of one ``Accelerator.prepare`` call at once, or return None.
 
         Strategies that must see model, optimizer and scheduler together (DeepSpeed builds one
-        engine from all three) override this and return the prepared objects in the same order;
-        the default None lets the Accelerator prepare objects one by one.
+        engine from all three) override this and return a :class:`Prepared` record (objects in the
+        caller's order, plus what the facade must register); the default None lets the facade
+        prepare objects one by one.
+
+        Args:
+            request: the objects of the call and the facade services the strategy may use.
         """
         return None
 
@@ -71,9 +121,26 @@ class Strategy:
         """Return the optimizer the strategy will step (unchanged here)."""
         return optimizer
 
-    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Return the user's module inside whatever the strategy wrapped it in."""
-        return model
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """Return the user's module inside whatever ``prepare`` wrapped it in.
+
+        One implementation for every strategy (:func:`accelerando.strategies.unwrap.unwrap_model`):
+        DDP / FSDP1 / DeepSpeed engine wrappers and ``torch.compile`` are removed; FSDP2 models are
+        their own module.
+
+        Args:
+            model: a prepared model.
+            keep_fp32_wrapper: keep the precision plugin's forward wrapper (False restores the
+                original ``forward``, modifying the model).
+            keep_torch_compile: return a compiled module around the unwrapped one when ``model``
+                was compiled.
+
+        Raises:
+            TypeError: ``model`` is not a ``torch.nn.Module``.
+        """
+        return unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
 
     # -------------------------------------------------------------- training
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -105,7 +172,7 @@ class Strategy:
         Weights offloaded to CPU or disk by big-model hooks (which leave ``meta`` tensors in the
         module) are read back from their offload storage, so the result holds real tensors.
         """
-        module = self.unwrap_model(model)
+        module = self.unwrap_model(model, keep_torch_compile=False)
         state = module.state_dict()
         if not any(t.device.type == "meta" for t in state.values() if isinstance(t, torch.Tensor)):
             return state
@@ -124,7 +191,7 @@ class Strategy:
         self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
     ) -> Any:
         """Load a full state dict into ``model``."""
-        return self.unwrap_model(model).load_state_dict(state_dict, strict=strict)
+        return self.unwrap_model(model, keep_torch_compile=False).load_state_dict(state_dict, strict=strict)
 
     # ------------------------------------------------------------ checkpoints
     def save_model_checkpoint(

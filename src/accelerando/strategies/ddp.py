@@ -47,11 +47,6 @@ class DDPStrategy(Strategy):
             self.ddp_kwargs.register_comm_hook(wrapped)
         return wrapped
 
-    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        from torch.nn.parallel import DistributedDataParallel
-
-        return model.module if isinstance(model, DistributedDataParallel) else model
-
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         no_sync = getattr(model, "no_sync", None)
         return no_sync() if no_sync is not None else contextlib.nullcontext()

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from accelerando.strategies.unwrap import is_compiled_module, unwrap_model
+
 __all__ = [
     "convert_bytes",
     "extract_model_from_parallel",
@@ -14,62 +16,6 @@ __all__ = [
     "is_compiled_module",
     "merge_dicts",
 ]
-
-# Wrappers that hold the user's model in `.module`. Matched by class name so that checking for a
-# DeepSpeed engine or an FSDP wrapper never imports deepspeed or torch.distributed.fsdp.
-_MODULE_WRAPPER_NAMES = frozenset(
-    {
-        "DistributedDataParallel",
-        "DataParallel",
-        "DeepSpeedEngine",
-        "PipelineEngine",
-        "FullyShardedDataParallel",
-    }
-)
-
-
-def is_compiled_module(module: Any) -> bool:
-    """Tell whether ``module`` is the wrapper ``torch.compile`` returns for a module.
-
-    Args:
-        module: anything.
-
-    Returns:
-        True for ``torch._dynamo``'s ``OptimizedModule`` (checked without importing dynamo).
-    """
-    return type(module).__name__ == "OptimizedModule" and isinstance(
-        getattr(module, "_orig_mod", None), torch.nn.Module
-    )
-
-
-def _is_module_wrapper(module: Any) -> bool:
-    if not isinstance(getattr(module, "module", None), torch.nn.Module):
-        return False
-    return any(cls.__name__ in _MODULE_WRAPPER_NAMES for cls in type(module).__mro__)
-
-
-def _remove_autocast_forward(model: torch.nn.Module) -> None:
-    # Contract with accelerando.precision: when it wraps forward in autocast / fp32 conversion, it
-    # stores the forward it replaced in `_accelerando_original_forward`.
-    original = model.__dict__.pop("_accelerando_original_forward", None)
-    if original is None:
-        return
-    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is getattr(
-        type(model), "forward", None
-    ):
-        # The replaced forward was the class's own method: dropping the instance attribute restores it
-        # and keeps the model picklable.
-        model.__dict__.pop("forward", None)
-    else:
-        model.forward = original
-
-
-def _unwrap_compiled_children(model: torch.nn.Module) -> None:
-    for name, child in list(model.named_children()):
-        if is_compiled_module(child):
-            setattr(model, name, child._orig_mod)
-            child = child._orig_mod
-        _unwrap_compiled_children(child)
 
 
 def extract_model_from_parallel(
@@ -81,7 +27,9 @@ def extract_model_from_parallel(
     """Return the user's model from inside the wrappers ``prepare`` added.
 
     Removes ``DistributedDataParallel``, ``DataParallel``, FSDP and DeepSpeed engine wrappers (in
-    any nesting with ``torch.compile``). The wrappers themselves are not modified.
+    any nesting with ``torch.compile``). The wrappers themselves are not modified. The one
+    implementation is :func:`accelerando.strategies.unwrap.unwrap_model`, which every strategy's
+    ``unwrap_model`` uses too.
 
     Args:
         model: the prepared model.
@@ -97,28 +45,9 @@ def extract_model_from_parallel(
     Raises:
         TypeError: if ``model`` is not a ``torch.nn.Module``.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"extract_model_from_parallel expects a torch.nn.Module, got {type(model).__name__}.")
-    outer_compiled = None
-    while True:
-        if is_compiled_module(model):
-            outer_compiled = outer_compiled or model
-            model = model._orig_mod
-        elif _is_module_wrapper(model):
-            model = model.module
-        else:
-            break
-    if not keep_fp32_wrapper:
-        _remove_autocast_forward(model)
-    if recursive:
-        _unwrap_compiled_children(model)
-    if keep_torch_compile and outer_compiled is not None:
-        if outer_compiled._orig_mod is model:
-            return outer_compiled
-        # A new compiled wrapper with the same dynamo settings; the user's compiled (DDP) model stays
-        # intact for training.
-        return type(outer_compiled)(model, outer_compiled.dynamo_ctx)
-    return model
+    return unwrap_model(
+        model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile, recursive=recursive
+    )
 
 
 def merge_dicts(source: Mapping[Any, Any], destination: MutableMapping[Any, Any]) -> MutableMapping[Any, Any]:

@@ -4,6 +4,8 @@ Order (each step may need the previous one): ZeRO stage/offload "auto" (needs th
 accumulation (needs the Accelerator) -> batch sizes (need accumulation and the dataloaders) ->
 precision, clipping, 16-bit save -> bucket sizes (need the model's hidden size) -> optimizer and
 scheduler sections (need the objects passed to prepare) -> nothing "auto" may remain.
+``zero_init_config`` (the view of a config ``deepspeed.zero.Init`` accepts before that) lives with the
+plugin, which needs it before any prepare; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 import torch
 
-from accelerando.utils.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
-from accelerando.utils.deepspeed.config import AUTO, fill_auto, get_value, require_no_auto, set_value
-from accelerando.utils.deepspeed.wrappers import DummyOptim, DummyScheduler
+from accelerando.plugins.deepspeed import zero_init_config
+from accelerando.strategies.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
+from accelerando.strategies.deepspeed.config import AUTO, fill_auto, get_value, require_no_auto, set_value
+from accelerando.strategies.deepspeed.wrappers import DummyOptim, DummyScheduler
 
 __all__ = ["PrepareInputs", "resolve_config", "zero_init_config"]
 
@@ -283,28 +286,3 @@ def resolve_config(plugin: Any, inputs: PrepareInputs) -> tuple[dict[str, Any], 
     _resolve_scheduler(config, inputs)
     require_no_auto(config)
     return config, choice
-
-
-def zero_init_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``config`` that ``deepspeed.zero.Init`` accepts before ``prepare`` resolved it.
-
-    ``zero.Init`` parses the whole config, batch sizes included, but only uses the ZeRO section and
-    the dtype; unresolved "auto" values are replaced by neutral ones (batch 1, no 16-bit).
-    """
-    out = copy.deepcopy(config)
-
-    def strip(node: dict[str, Any]) -> None:
-        for key in list(node):
-            if isinstance(node[key], dict):
-                strip(node[key])
-            elif node[key] == AUTO:
-                del node[key]
-
-    strip(out)
-    for fmt in ("fp16", "bf16"):
-        if fmt in out and "enabled" not in out[fmt]:
-            out[fmt]["enabled"] = False
-    if "train_micro_batch_size_per_gpu" not in out and "train_batch_size" not in out:
-        out["train_micro_batch_size_per_gpu"] = 1
-    out.setdefault("gradient_accumulation_steps", 1)
-    return out

@@ -1,7 +1,8 @@
 """Fully Sharded Data Parallel strategy (FSDP2 ``fully_shard`` first, FSDP1 for existing configs).
 
 ``strategy.py`` holds the strategy, ``wrap.py`` how models are sharded, ``state.py`` their full and
-sharded state dicts.
+sharded state dicts, ``auto.py`` the automatic sharding choice, ``helpers.py`` the public helpers
+(``fsdp2_prepare_model``, ``merge_fsdp_weights``, ...) re-exported at ``accelerando.utils.fsdp``.
 """
 
 from __future__ import annotations

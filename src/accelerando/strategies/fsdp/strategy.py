@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
+import accelerando.strategies.fsdp.state as S
+import accelerando.strategies.fsdp.wrap as W
 from accelerando.enums import DistributedType
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 from accelerando.strategies.base import Strategy
-from accelerando.strategies.fsdp import state as S
-from accelerando.strategies.fsdp import wrap as W
+from accelerando.strategies.fsdp.auto import choose_sharding_strategy
 
 __all__ = ["FSDPStrategy"]
 
@@ -132,8 +133,6 @@ class FSDPStrategy(Strategy):
         plugin = self.plugin
         if not plugin.is_auto_sharding:
             return plugin.resolved_sharding()
-        from accelerando.utils.fsdp import choose_sharding_strategy
-
         num_params = sum(p.numel() for p in model.parameters())
         units = W.wrap_units(plugin, model)
         largest = max((sum(p.numel() for p in u.parameters()) for u in units), default=num_params)
@@ -212,10 +211,6 @@ class FSDPStrategy(Strategy):
             if any(id(p) in all_ids for p in model.parameters()):
                 self._optimizer_models[id(optimizer)] = model
         return optimizer
-
-    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module inside an FSDP1 wrapper; FSDP2 models are their own module."""
-        return model.module if _is_fsdp1(model) else model
 
     # -------------------------------------------------------------- training
     @contextlib.contextmanager

@@ -1,12 +1,13 @@
-"""DeepSpeed helpers: plugin lookup, placeholders, wrappers, "auto" config filling, automatic ZeRO choice.
+"""DeepSpeed names at the reference's ``accelerate.utils.deepspeed`` path (re-exports only).
 
-Nothing here imports ``deepspeed``; the strategy (``accelerando.strategies.deepspeed``) does, when used.
+Everything lives in :mod:`accelerando.strategies.deepspeed` (and the config-dict helpers with the
+plugin, :mod:`accelerando.plugins.deepspeed`). Importing this module does not import ``deepspeed``.
 """
 
 from __future__ import annotations
 
-from accelerando.utils.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
-from accelerando.utils.deepspeed.config import (
+from accelerando.strategies.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
+from accelerando.strategies.deepspeed.config import (
     auto_keys,
     fill_auto,
     get_value,
@@ -14,14 +15,13 @@ from accelerando.utils.deepspeed.config import (
     require_no_auto,
     set_value,
 )
-from accelerando.utils.deepspeed.wrappers import (
+from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin, select_deepspeed_plugin
+from accelerando.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
     DummyOptim,
     DummyScheduler,
-    get_active_deepspeed_plugin,
-    select_deepspeed_plugin,
 )
 
 __all__ = [

@@ -13,14 +13,13 @@ import torch
 from torch import nn
 
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
-from accelerando.utils.fsdp import (
+from accelerando.strategies.fsdp.auto import (
     ShardingChoice,
     choose_sharding_strategy,
-    disable_fsdp_ram_efficient_loading,
-    enable_fsdp_ram_efficient_loading,
     estimate_sharding_memory,
-    merge_fsdp_weights,
 )
+from accelerando.strategies.fsdp.helpers import merge_fsdp_weights
+from accelerando.utils.fsdp import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
 
 MB = 10**6
 

@@ -9,18 +9,11 @@ import pytest
 import torch
 
 from accelerando import DeepSpeedPlugin
+from accelerando.strategies.deepspeed.auto_stage import choose_zero_config, estimate_zero_memory
+from accelerando.strategies.deepspeed.config import auto_keys, fill_auto, require_no_auto
 from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config, zero_init_config
-from accelerando.utils.deepspeed import (
-    DummyOptim,
-    DummyScheduler,
-    auto_keys,
-    choose_zero_config,
-    estimate_zero_memory,
-    fill_auto,
-    get_active_deepspeed_plugin,
-    require_no_auto,
-    select_deepspeed_plugin,
-)
+from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin, select_deepspeed_plugin
+from accelerando.utils.deepspeed import DummyOptim, DummyScheduler
 
 GIB = 1024**3
 
@@ -348,7 +341,7 @@ def test_resolve_applies_auto_stage_and_offload() -> None:
 
 # ----------------------------------------------------------------------------- wrappers
 def test_optimizer_wrapper_defers_to_the_engine() -> None:
-    from accelerando.utils.deepspeed import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+    from accelerando.strategies.deepspeed.wrappers import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
     model = torch.nn.Linear(2, 1)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)

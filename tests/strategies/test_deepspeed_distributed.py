@@ -228,7 +228,10 @@ def _two_plugins(tmp: str) -> dict[str, Any]:
     import torch
 
     from accelerando import DeepSpeedPlugin
-    from accelerando.utils.deepspeed import get_active_deepspeed_plugin, select_deepspeed_plugin
+    from accelerando.strategies.deepspeed.selection import (
+        get_active_deepspeed_plugin,
+        select_deepspeed_plugin,
+    )
 
     plugins = {
         "student": DeepSpeedPlugin(zero_stage=2),

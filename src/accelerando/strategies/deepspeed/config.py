@@ -1,4 +1,4 @@
-"""DeepSpeed config dictionaries: dotted-key access and filling of ``"auto"`` values.
+"""DeepSpeed config dictionaries: filling of ``"auto"`` values (and the dotted-key helpers).
 
 A DeepSpeed config may leave values as ``"auto"``; ``accelerando`` fills them at ``prepare`` from
 what the script gave (dataloader batch size, accumulation steps, optimizer hyper-parameters, ...).
@@ -7,11 +7,12 @@ Whatever stays ``"auto"`` afterwards is an error naming the key.
 
 from __future__ import annotations
 
-import copy
-import json
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+# The dotted-key helpers are plain dict operations the plugin needs at construction; they live with
+# it (plugins import nothing from strategies) and are re-exported here for the config filling.
+from accelerando.plugins.deepspeed import AUTO, get_value, load_config, set_value
 
 __all__ = [
     "AUTO",
@@ -22,56 +23,6 @@ __all__ = [
     "require_no_auto",
     "set_value",
 ]
-
-AUTO = "auto"
-
-
-def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """Return a private copy of a DeepSpeed config given as a JSON file path or a mapping.
-
-    Args:
-        config: path to a JSON file, or a dict.
-
-    Returns:
-        A deep copy the caller may edit.
-
-    Raises:
-        ValueError: the file does not exist or is not valid JSON.
-        TypeError: ``config`` is neither a path nor a mapping.
-    """
-    if isinstance(config, Mapping):
-        return copy.deepcopy(dict(config))
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        if not os.path.isfile(path):
-            raise ValueError(
-                f"DeepSpeed config file {path!r} does not exist; pass an existing JSON file or a dict"
-            )
-        with open(path, encoding="utf-8") as handle:
-            try:
-                return json.load(handle)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"DeepSpeed config file {path!r} is not valid JSON: {exc}") from exc
-    raise TypeError(f"a DeepSpeed config must be a JSON file path or a dict, got {type(config).__name__}")
-
-
-def get_value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    """Read a dotted key (``"zero_optimization.stage"``); ``default`` when any level is missing."""
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def set_value(config: dict[str, Any], key: str, value: Any) -> None:
-    """Write a dotted key, creating the intermediate sections."""
-    *parents, last = key.split(".")
-    node = config
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
 
 
 def _walk(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,327 @@
+"""DeepSpeed: ZeRO stages 0-3 and offload, through one engine per trained model.
+
+``prepare_all`` sees the model, optimizer, scheduler and dataloaders of one ``prepare`` call
+together, resolves the plugin's config ("auto" values) from them, and builds the engine with
+``deepspeed.initialize``. ``deepspeed`` is imported here only, when this strategy is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from accelerando.enums import DistributedType
+from accelerando.gradient_state import GradientState
+from accelerando.plugins.deepspeed import import_deepspeed
+from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
+from accelerando.strategies.deepspeed.auto_stage import ZeroChoice
+from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config
+from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin
+from accelerando.strategies.deepspeed.wrappers import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+)
+
+__all__ = ["DeepSpeedStrategy"]
+
+logger = logging.getLogger(__name__)
+
+
+def _is_engine(obj: Any) -> bool:
+    return type(obj).__name__ == "DeepSpeedEngine" or hasattr(obj, "zero_optimization_stage")
+
+
+def _kind(obj: Any) -> str | None:
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
+        return "optimizer"
+    if isinstance(obj, (DummyScheduler, torch.optim.lr_scheduler.LRScheduler)) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    ):
+        return "scheduler"
+    if isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "total_batch_size"):
+        return "dataloader"
+    return None
+
+
+def _batch_size_per_process(loader: Any, num_processes: int, split_batches: bool) -> int | None:
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    if size is None:
+        return None
+    return int(size) // num_processes if split_batches else int(size)
+
+
+class DeepSpeedStrategy(Strategy):
+    """Wrap each prepared model (with its optimizer and scheduler) in a DeepSpeed engine.
+
+    The engine divides the loss for accumulation, reduces gradients, clips (``gradient_clipping``
+    in the config) and steps; the Accelerator's ``backward`` hands the loss over undivided.
+    """
+
+    distributed_type = DistributedType.DEEPSPEED
+    name = "deepspeed"
+    manages_precision = True
+    divides_loss_for_accumulation = False
+    # Checkpointing reads no model/optimizer files for us: the engine checkpoint restores them.
+    loads_own_checkpoints = True
+
+    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
+        super().__init__(state, precision, **options)
+        self.engines: list[Any] = []
+        self.engine_wrapper: DeepSpeedEngineWrapper | None = None
+        self.auto_choice: ZeroChoice | None = None
+        self._batch_sizes: list[int] = []
+        self._warned_clip = False
+        if not getattr(state, "deepspeed_plugins", None):
+            # Chosen by the launcher (--use_deepspeed) without a plugin in code: the plugin reads
+            # the launcher's DeepSpeed settings from the environment.
+            from accelerando.plugins.deepspeed import DeepSpeedPlugin
+
+            state.deepspeed_plugins = {"default": DeepSpeedPlugin()}
+        get_active_deepspeed_plugin(state).set_deepspeed_weakref()
+
+    # ------------------------------------------------------------------ prepare
+    def prepare_all(self, request: PrepareRequest) -> Prepared:
+        """Build one engine from the model, optimizer and scheduler of this ``prepare`` call.
+
+        Dataloaders are prepared by the facade's ``request.prepare_data_loader`` first (their batch
+        size fills the config). Objects already prepared come back unchanged. The returned record
+        names the engine, its optimizer and scheduler wrappers for the facade to register, and the
+        accumulation steps the config fixed.
+
+        Raises:
+            ImportError: DeepSpeed is not installed.
+            ValueError: several models, or an optimizer/scheduler without its model, in one call;
+                config problems (see ``resolve_config``).
+        """
+        import_deepspeed()
+        objects = request.objects
+        prepared = Prepared(objects=list(objects))
+        found: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": []}
+        for i, obj in enumerate(objects):
+            kind = _kind(obj)
+            if kind == "dataloader":
+                self._note_batch_size(obj, request.split_batches)
+                prepared.objects[i] = request.prepare_data_loader(obj, request.device_placement[i])
+            elif kind in found and not request.is_prepared(obj):
+                found[kind].append(i)
+        if not found["model"]:
+            if found["optimizer"] or found["scheduler"]:
+                raise ValueError(
+                    "under DeepSpeed, pass the model together with its optimizer and scheduler to one "
+                    "accelerator.prepare(...) call"
+                )
+            return prepared
+        for kind, where in found.items():
+            if len(where) > 1:
+                raise ValueError(
+                    f"DeepSpeed builds one engine per prepare() call, which got {len(where)} {kind}s; "
+                    "prepare each model (with its optimizer and scheduler) in its own call"
+                )
+        pick = {k: (objects[v[0]] if v else None) for k, v in found.items()}
+        # Autocast around the user's forward (the engine holds low-precision weights; the inputs
+        # the script passes stay fp32), exactly as for the other strategies.
+        pick["model"] = self.precision.convert_module(pick["model"])
+        self._build_engine(prepared, request, pick["model"], pick["optimizer"], pick["scheduler"])
+        made = {"model": prepared.models, "optimizer": prepared.optimizers, "scheduler": prepared.schedulers}
+        for kind, where in found.items():
+            if where:
+                prepared.objects[where[0]] = made[kind][0] if made[kind] else None
+        return prepared
+
+    def _note_batch_size(self, loader: Any, split_batches: bool) -> None:
+        size = _batch_size_per_process(loader, int(self.state.num_processes), split_batches)
+        if size is not None:
+            self._batch_sizes.append(size)
+
+    def _build_engine(
+        self, prepared: Prepared, request: PrepareRequest, model: Any, optimizer: Any, scheduler: Any
+    ) -> None:
+        deepspeed = import_deepspeed()
+        plugin = get_active_deepspeed_plugin(self.state)
+        num_processes = int(self.state.num_processes)
+        inputs = PrepareInputs(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            batch_sizes=list(self._batch_sizes),
+            num_processes=num_processes,
+            gradient_accumulation_steps=request.gradient_accumulation_steps,
+            mixed_precision=str(self.state.mixed_precision or "no"),
+            device=self.state.device,
+            device_backend=getattr(self.state, "device_backend", None),
+            is_train_batch_min=bool(plugin.is_train_batch_min),
+            local_processes=max(1, num_processes // max(getattr(self.state, "num_nodes", 1), 1)),
+        )
+        config, choice = resolve_config(plugin, inputs)
+        if choice is not None:
+            self.auto_choice = choice
+        gas = int(config["gradient_accumulation_steps"])
+        if gas != request.gradient_accumulation_steps:
+            logger.warning(
+                "the DeepSpeed config sets gradient_accumulation_steps=%d; the Accelerator's %d is replaced",
+                gas,
+                request.gradient_accumulation_steps,
+            )
+            prepared.fixed_settings["gradient_accumulation_steps"] = gas
+        kwargs: dict[str, Any] = {"model": model, "config": config}
+        if isinstance(optimizer, DummyOptim):
+            kwargs["model_parameters"] = optimizer.params
+        elif optimizer is not None:
+            kwargs["optimizer"] = optimizer
+        if isinstance(scheduler, DummyScheduler):
+            if scheduler.lr_scheduler_callable is not None and "scheduler" not in config:
+                kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        elif scheduler is not None:
+            kwargs["lr_scheduler"] = scheduler
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        self._record(prepared, engine, optimizer, ds_optimizer, scheduler, ds_scheduler)
+
+    def _record(
+        self,
+        prepared: Prepared,
+        engine: Any,
+        optimizer: Any,
+        ds_optimizer: Any,
+        scheduler: Any,
+        ds_scheduler: Any,
+    ) -> None:
+        """Keep the engine (the strategy steps through it) and list what the facade registers."""
+        self.engines.append(engine)
+        prepared.models.append(engine)
+        opt_wrapper = None
+        if optimizer is not None and ds_optimizer is not None:
+            opt_wrapper = DeepSpeedOptimizerWrapper(ds_optimizer)
+            prepared.optimizers.append(opt_wrapper)
+            self.engine_wrapper = DeepSpeedEngineWrapper(engine)
+            prepared.engine = self.engine_wrapper
+        if scheduler is not None and ds_scheduler is not None:
+            wrappers = [opt_wrapper] if opt_wrapper else []
+            prepared.schedulers.append(DeepSpeedSchedulerWrapper(ds_scheduler, wrappers))
+
+    # ----------------------------------------------------------------- training
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward, gradient reduction and (on sync micro-batches) the optimizer step, by the engine.
+
+        Raises:
+            ValueError: no model was prepared with an optimizer.
+        """
+        if self.engine_wrapper is None:
+            raise ValueError(
+                "accelerator.backward under DeepSpeed needs a model prepared with its optimizer "
+                "(accelerator.prepare(model, optimizer, ...))"
+            )
+        self.engine_wrapper.backward(loss, sync_gradients=GradientState().sync_gradients, **kwargs)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Nothing to do: the engine reduces gradients only at its accumulation boundary."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
+        """Return the norm the engine computed; clipping itself is the config's ``gradient_clipping``."""
+        if not self._warned_clip and self.engines:
+            configured = float(self.engines[-1].gradient_clipping() or 0.0)
+            if configured != float(max_norm):
+                warnings.warn(
+                    f"under DeepSpeed, gradients are clipped by the engine with gradient_clipping={configured} "
+                    f"from the config, not max_norm={max_norm}; set gradient_clipping in the DeepSpeed "
+                    "config or DeepSpeedPlugin(gradient_clipping=...)",
+                    stacklevel=3,
+                )
+                self._warned_clip = True
+        norm = self.engine_wrapper.get_global_grad_norm() if self.engine_wrapper is not None else None
+        return torch.tensor(norm) if norm is not None else None
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unsupported: DeepSpeed clips by norm only.
+
+        Raises:
+            NotImplementedError: always; use ``gradient_clipping`` in the DeepSpeed config.
+        """
+        raise NotImplementedError(
+            "DeepSpeed clips gradients by norm only; set gradient_clipping in the DeepSpeed config"
+        )
+
+    def release(self) -> None:
+        """Destroy every engine built so far (frees DeepSpeed's buffers and hooks).
+
+        Meant for ``Accelerator.free_memory``; prepared objects must not be used afterwards.
+        """
+        for engine in self.engines:
+            engine.destroy()
+        self.engines.clear()
+        self.engine_wrapper = None
+
+    # ------------------------------------------------------------- state dicts
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict; under ZeRO-3 gathered from every process (call on all of them).
+
+        Returns an empty dict on processes other than the main one under ZeRO-3.
+        """
+        if _is_engine(model) and model.zero_optimization_partition_weights():
+            return model._zero3_consolidated_16bit_state_dict() or {}
+        return self.unwrap_model(model, keep_torch_compile=False).state_dict()
+
+    def load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> Any:
+        """Load a full state dict (under ZeRO-3 the main process's copy is scattered to the shards)."""
+        module = self.unwrap_model(model, keep_torch_compile=False)
+        if not (_is_engine(model) and model.zero_optimization_partition_weights()):
+            return module.load_state_dict(state_dict, strict=strict)
+        deepspeed = import_deepspeed()
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
+            if self.state.is_main_process:
+                return module.load_state_dict(state_dict, strict=strict)
+        return None
+
+    # ------------------------------------------------------------- checkpoints
+    @staticmethod
+    def _tag(index: int) -> str:
+        return "pytorch_model" if index == 0 else f"pytorch_model_{index}"
+
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
+        """Write the engine checkpoint (weights, sharded optimizer and scheduler) on every process."""
+        if not _is_engine(model):
+            return False
+        model.save_checkpoint(output_dir, tag=self._tag(index), save_latest=False)
+        return True
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Restore what ``save_model_checkpoint`` wrote.
+
+        Raises:
+            FileNotFoundError: the folder has no engine checkpoint for this model.
+        """
+        if not _is_engine(model):
+            return False
+        path, _ = model.load_checkpoint(
+            input_dir, tag=self._tag(index), load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(
+                f"{input_dir!r} has no DeepSpeed checkpoint {self._tag(index)!r}; was it saved under DeepSpeed?"
+            )
+        return True
+
+    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+        """DeepSpeed optimizers are saved inside the engine checkpoint: nothing more to write."""
+        return isinstance(optimizer, DeepSpeedOptimizerWrapper)
+
+    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+        """DeepSpeed optimizers are restored with the engine checkpoint: nothing more to read."""
+        return isinstance(optimizer, DeepSpeedOptimizerWrapper)

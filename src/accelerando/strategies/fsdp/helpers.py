@@ -1,0 +1,149 @@
+"""FSDP helpers of the public API: shard or load a model outside ``prepare``, merge sharded checkpoints.
+
+``torch.distributed.fsdp`` and ``torch.distributed.checkpoint`` are imported inside the functions
+that need them, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+import torch
+
+__all__ = [
+    "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_model",
+    "load_sharded_checkpoint",
+    "merge_fsdp_weights",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` with FSDP2 (``fully_shard``) the way ``accelerator.prepare`` would.
+
+    Wraps each layer chosen by the plugin's auto-wrap policy, then the root, applying activation
+    checkpointing, mixed precision, CPU offload and RAM-efficient loading as configured.
+
+    Args:
+        accelerator: an ``Accelerator`` using FSDP.
+        model: the plain model.
+
+    Returns:
+        The same module, now sharded (its parameters are DTensors).
+
+    Raises:
+        ValueError: the accelerator does not use FSDP2.
+    """
+    from accelerando.strategies.fsdp.strategy import FSDPStrategy
+
+    strategy = getattr(accelerator, "_strategy", None)
+    if not isinstance(strategy, FSDPStrategy) or strategy.plugin.fsdp_version != 2:
+        raise ValueError("fsdp2_prepare_model needs an Accelerator configured for FSDP2 (fsdp_version=2)")
+    return strategy.prepare_model(model, device_placement=True)
+
+
+def fsdp2_load_full_state_dict(
+    accelerator: Any, model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
+) -> None:
+    """Load a full (unsharded) state dict into an FSDP2-sharded ``model``.
+
+    Only rank 0 needs real tensors in ``full_sd`` (the others may pass an empty dict or meta
+    tensors): rank 0's values are broadcast and each process keeps its shard.
+
+    Args:
+        accelerator: the ``Accelerator`` (its process state decides who is rank 0).
+        model: the sharded model.
+        full_sd: the full state dict (meaningful on rank 0).
+        cpu_offload: keep the loaded shards in CPU memory.
+    """
+    from accelerando.strategies.fsdp.state import broadcast_full_state_dict
+
+    del accelerator  # the process group is the default one
+    broadcast_full_state_dict(model, full_sd, cpu_offload=cpu_offload)
+
+
+# ------------------------------------------------------------------------------- merging shards
+def load_sharded_checkpoint(checkpoint_dir: str) -> dict[str, torch.Tensor]:
+    """Read a ``torch.distributed.checkpoint`` folder into one flat state dict, in one process.
+
+    Args:
+        checkpoint_dir: a folder written by ``save_state`` with SHARDED_STATE_DICT
+            (``pytorch_model_fsdp_<i>``) or any DCP folder.
+
+    Returns:
+        ``name -> tensor`` (a top-level ``"model"`` entry is unwrapped).
+
+    Raises:
+        FileNotFoundError: the folder has no DCP metadata.
+    """
+    if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        raise FileNotFoundError(
+            f"{checkpoint_dir!r} is not a sharded checkpoint (no .metadata file); pass the "
+            "pytorch_model_fsdp_<i> folder inside a save_state checkpoint"
+        )
+    import torch.distributed.checkpoint as dcp
+
+    state: dict[str, Any] = {}
+    try:
+        # The planner that fills an empty dict with whatever the checkpoint holds; public
+        # ``dcp.load`` returns early on an empty dict, so the loader dcp_to_torch_save uses is called.
+        from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
+    except ImportError:  # a torch without the private loader: go through a temporary torch.save file
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(checkpoint_dir, os.path.join(tmp, "full.pt"))
+            state = torch.load(os.path.join(tmp, "full.pt"), weights_only=True)
+    else:
+        _load_state_dict(
+            state,
+            storage_reader=dcp.FileSystemReader(checkpoint_dir),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
+    if set(state) == {"model"} and isinstance(state["model"], dict):
+        state = state["model"]
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def merge_fsdp_weights(
+    checkpoint_dir: str,
+    output_path: str,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+    max_shard_size: int | str = "10GB",
+) -> str:
+    """Merge a sharded FSDP checkpoint into full weights (``model.safetensors`` or ``pytorch_model.bin``).
+
+    Runs in a single process, no process group needed. Above ``max_shard_size`` the weights are
+    split into several files with an index.
+
+    Args:
+        checkpoint_dir: the sharded folder (``pytorch_model_fsdp_<i>`` of a checkpoint).
+        output_path: folder to write the merged weights into (created).
+        safe_serialization: safetensors (True) or ``torch.save``.
+        remove_checkpoint_dir: delete ``checkpoint_dir`` after a successful merge.
+        max_shard_size: largest file size before splitting (bytes or "10GB").
+
+    Returns:
+        ``output_path``.
+
+    Raises:
+        FileNotFoundError: ``checkpoint_dir`` is not a sharded checkpoint.
+    """
+    from accelerando.model_io import write_model_weights
+
+    state_dict = load_sharded_checkpoint(checkpoint_dir)
+    os.makedirs(output_path, exist_ok=True)
+    write_model_weights(state_dict, output_path, max_shard_size, safe_serialization)
+    logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, output_path)
+    if remove_checkpoint_dir:
+        shutil.rmtree(checkpoint_dir)
+    return output_path
