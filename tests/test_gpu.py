@@ -101,7 +101,7 @@ def test_memory_monitor_reads_cuda_counters_and_nvml_sensors(tmp_path):
 
 def test_allocator_snapshot_opens_as_a_memory_viz_pickle(tmp_path):
     """#7 item 3: one profiled CUDA step names the big allocators and writes an allocator snapshot."""
-    from accelerando.profiling import profile_memory_step
+    from accelerando.monitoring.profiling import profile_memory_step
 
     model = torch.nn.Sequential(
         torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)

@@ -74,7 +74,7 @@ def write_model_weights(
     weights = _dedupe_shared(state_dict) if safe_serialization else state_dict
     weights = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in weights.items()}
     stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
-    from accelerando.utils.modeling._memory import convert_file_size_to_int
+    from accelerando.big_modeling.budgets import convert_file_size_to_int
 
     shards = shard_state_dict(weights, convert_file_size_to_int(max_shard_size))
     names = (

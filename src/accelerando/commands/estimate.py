@@ -115,8 +115,8 @@ def _from_config(path: str, trust_remote_code: bool) -> tuple[int, int, str]:
         raise ValueError(
             f"{path} has no safetensors files, and reading its config.json needs transformers: pip install transformers."
         ) from error
-    from accelerando.big_modeling import init_empty_weights
-    from accelerando.utils.modeling import calculate_maximum_sizes
+    from accelerando.big_modeling.empty_init import init_empty_weights
+    from accelerando.big_modeling.sizes import calculate_maximum_sizes
 
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     with init_empty_weights():

@@ -71,7 +71,7 @@ class ObservingMixin:
         """
         import os
 
-        from accelerando.monitoring import MemoryMonitor
+        from accelerando.monitoring.monitor import MemoryMonitor
 
         if output_dir is None and self.project_configuration.project_dir:
             output_dir = os.path.join(self.project_configuration.project_dir, "memory")
@@ -101,7 +101,7 @@ class ObservingMixin:
         With ``output_trace_dir`` set, each process writes a Chrome trace there on exit.
         """
         from accelerando.plugins.kwargs import ProfileKwargs
-        from accelerando.profiling import profile_context
+        from accelerando.monitoring.profiling import profile_context
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with profile_context(handler, self.state.process_index) as prof:
