@@ -82,12 +82,8 @@ class DeepSpeedStrategy(Strategy):
         self.auto_choice: ZeroChoice | None = None
         self._batch_sizes: list[int] = []
         self._warned_clip = False
-        if not getattr(state, "deepspeed_plugins", None):
-            # Chosen by the launcher (--use_deepspeed) without a plugin in code: the plugin reads
-            # the launcher's DeepSpeed settings from the environment.
-            from accelerando.plugins.deepspeed import DeepSpeedPlugin
-
-            state.deepspeed_plugins = {"default": DeepSpeedPlugin()}
+        # The connector gives the runtime a plugin made from the launcher's settings when the script
+        # passed none (--use_deepspeed alone), so one is always active here.
         get_active_deepspeed_plugin(state).set_deepspeed_weakref()
 
     # ------------------------------------------------------------------ prepare

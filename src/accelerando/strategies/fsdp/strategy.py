@@ -74,6 +74,8 @@ class FSDPStrategy(Strategy):
                 "(accelerando launch --num_processes 2 script.py, or torchrun --nproc_per_node 2 script.py), "
                 "or drop fsdp_plugin / --use_fsdp to train on one process"
             )
+        # The connector puts the plugin in the runtime (one made from the settings when the user gave
+        # none); the fallbacks serve a strategy built directly.
         plugin = getattr(state, "fsdp_plugin", None) or options.get("fsdp_plugin")
         if plugin is None:
             plugin = FullyShardedDataParallelPlugin()
@@ -81,7 +83,6 @@ class FSDPStrategy(Strategy):
             raise TypeError(
                 f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}"
             )
-        state.fsdp_plugin = plugin
         self.plugin = plugin
         self.last_choice: Any = None
         # id(original parameter) -> (weak ref to the original, sharded). Weak: holding the originals
