@@ -89,6 +89,9 @@ class Strategy:
     manages_precision = False
     # False when the engine divides the loss by the accumulation steps itself (DeepSpeed).
     divides_loss_for_accumulation = True
+    # True when every process holds the whole model as plain parameters that a plain all-reduce can
+    # average (one device, DDP); what LocalSGD needs. Sharding strategies and engines say False.
+    plain_data_parallel = True
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         self.state = state

@@ -74,6 +74,7 @@ class DeepSpeedStrategy(Strategy):
     divides_loss_for_accumulation = False
     # Checkpointing reads no model/optimizer files for us: the engine checkpoint restores them.
     loads_own_checkpoints = True
+    plain_data_parallel = False
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         super().__init__(state, precision, **options)

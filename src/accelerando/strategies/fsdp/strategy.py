@@ -65,6 +65,7 @@ class FSDPStrategy(Strategy):
     distributed_type = DistributedType.FSDP
     name = "fsdp"
     loads_own_checkpoints = True
+    plain_data_parallel = False
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         super().__init__(state, precision, **options)

@@ -23,6 +23,7 @@ class MegatronStrategy(Strategy):
 
     distributed_type = DistributedType.MEGATRON_LM
     name = "megatron"
+    plain_data_parallel = False
 
     def __init__(self, state: Any, precision: Any, **options: Any) -> None:
         raise NotImplementedError(
