@@ -555,9 +555,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
 
         With ``keep_fp32_wrapper=False`` the mixed-precision forward wrapper is removed too.
         """
-        from accelerando.utils.other import extract_model_from_parallel
-
-        return extract_model_from_parallel(
+        return self._strategy.unwrap_model(
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 

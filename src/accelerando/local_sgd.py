@@ -36,8 +36,8 @@ class LocalSGD:
     ) -> None:
         if local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be >= 1, got {local_sgd_steps}")
-        strategy = getattr(accelerator, "_strategy", None)
-        if strategy is not None and strategy.name not in ("single", "ddp"):
+        strategy = accelerator.runtime.strategy
+        if not strategy.plain_data_parallel:
             raise ValueError(
                 f"LocalSGD works with plain data parallelism only, not {strategy.name}; drop LocalSGD or use DDP"
             )
