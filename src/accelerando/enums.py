@@ -1,7 +1,7 @@
 """Enumerations shared across accelerando.
 
-Every enum is a ``str`` subclass so that values compare equal to the plain strings users write in
-config files and on the command line (``DistributedType.MULTI_GPU == "MULTI_GPU"``).
+Every enum is a ``str`` subclass so that each member equals the plain string users write in config
+files and on the command line (``DistributedType("MULTI_GPU") is DistributedType.MULTI_GPU``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
-from accelerando.strategies.unwrap import unwrap_model
+from accelerando.utils.unwrap import unwrap_model
 
 __all__ = [
     "LoadedState",
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 def unwrap(model: Any) -> Any:
     """The user's module inside every wrapper (DDP, FSDP, DeepSpeed, ``torch.compile``).
 
-    The one unwrapping of the strategies (:func:`accelerando.strategies.unwrap.unwrap_model`), with
+    The one unwrapping every strategy uses (:func:`accelerando.utils.unwrap.unwrap_model`), with
     compilation removed too: checkpoints hold the plain module's parameter names.
     """
     return unwrap_model(model, keep_torch_compile=False)

@@ -100,8 +100,8 @@ class ObservingMixin:
 
         With ``output_trace_dir`` set, each process writes a Chrome trace there on exit.
         """
-        from accelerando.plugins.kwargs import ProfileKwargs
         from accelerando.monitoring.profiling import profile_context
+        from accelerando.plugins.kwargs import ProfileKwargs
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with profile_context(handler, self.state.process_index) as prof:

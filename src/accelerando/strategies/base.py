@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from accelerando.enums import DistributedType
-from accelerando.strategies.unwrap import unwrap_model
+from accelerando.utils.unwrap import unwrap_model
 
 __all__ = ["PrepareRequest", "Prepared", "Strategy"]
 
@@ -129,7 +129,7 @@ class Strategy:
     ) -> torch.nn.Module:
         """Return the user's module inside whatever ``prepare`` wrapped it in.
 
-        One implementation for every strategy (:func:`accelerando.strategies.unwrap.unwrap_model`):
+        One implementation for every strategy (:func:`accelerando.utils.unwrap.unwrap_model`):
         DDP / FSDP1 / DeepSpeed engine wrappers and ``torch.compile`` are removed; FSDP2 models are
         their own module.
 

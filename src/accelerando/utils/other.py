@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from accelerando.strategies.unwrap import is_compiled_module, unwrap_model
+from accelerando.utils.unwrap import is_compiled_module, unwrap_model
 
 __all__ = [
     "convert_bytes",
@@ -28,7 +28,7 @@ def extract_model_from_parallel(
 
     Removes ``DistributedDataParallel``, ``DataParallel``, FSDP and DeepSpeed engine wrappers (in
     any nesting with ``torch.compile``). The wrappers themselves are not modified. The one
-    implementation is :func:`accelerando.strategies.unwrap.unwrap_model`, which every strategy's
+    implementation is :func:`accelerando.utils.unwrap.unwrap_model`, which every strategy's
     ``unwrap_model`` uses too.
 
     Args:
