@@ -1,7 +1,7 @@
 """Enumerations shared across accelerando.
 
 Every enum is a ``str`` subclass so that each member equals the plain string users write in config
-files and on the command line (``DistributedType("MULTI_GPU") is DistributedType.MULTI_GPU``).
+files and on the command line: the text ``MULTI_GPU`` in a config file parses to that member.
 """
 
 from __future__ import annotations
