@@ -40,9 +40,9 @@ def _port_is_free(port: int, address: str) -> bool:
 def _check_parent_is_clean() -> None:
     import torch
 
-    from accelerando.state import PartialState
+    from accelerando.runtime import current_process
 
-    if getattr(PartialState, "_shared_state", None):
+    if current_process() is not None:
         raise ValueError(
             "An Accelerator or PartialState already exists in this process, so its state would be copied "
             "into every launched process. Fix: create the Accelerator inside the launched function only, "
@@ -188,9 +188,9 @@ def debug_launcher(
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer. Fix: pass e.g. 2.")
     from accelerando.settings.machine import free_port
-    from accelerando.state import PartialState
+    from accelerando.runtime import current_process
 
-    if getattr(PartialState, "_shared_state", None):
+    if current_process() is not None:
         raise ValueError(
             "A PartialState already exists in this process. Fix: create the Accelerator inside the function."
         )
