@@ -22,8 +22,10 @@ see :meth:`ProcessGroupHandle.shutdown` for why.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
+import time
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -41,6 +43,8 @@ _ARRIVED = _PREFIX + "arrived"  # counter: processes that reached the teardown
 _RELEASE = _PREFIX + "release"  # "ok" when all arrived, "abort:<rank>" when one failed
 _DESTROYED = _PREFIX + "destroyed"  # counter: processes whose group is destroyed
 _DESTROYED_ALL = _PREFIX + "destroyed_all"
+_QUIESCE_S = 0.05  # pause for gloo workers still alive after the teardown (see _destroy_default_group)
+_FAILED_DESTROY_S = 5.0  # a failing process frees its group for at most this long, then exits
 
 
 class ProcessGroupHandle:
@@ -82,11 +86,14 @@ class ProcessGroupHandle:
         """Agree with the other processes, then destroy the default process group. Idempotent.
 
         Order: (1) each process counts itself in on the store and waits until all have, or one
-        reported a failure, or ``timeout_s`` passed; (2) it destroys its default group (its gloo/nccl
-        connections and threads); (3) it counts itself out, and rank 0 waits (same bound) until all
-        are out. Step 1 ensures no process closes its connections while a peer may still be in a
-        collective or reading from them; step 3 keeps rank 0, which hosts the store when no launcher
-        agent does, alive until every process is done with the store.
+        reported a failure, or ``timeout_s`` passed; (2) it collects garbage and destroys its default
+        group, so that the backend is freed and its worker threads are joined now, while the
+        interpreter is whole (bounded by ``timeout_s``, 5 s in a failing process); (3) it counts itself
+        out, and after an agreement rank 0 waits (same bound) until all are out. Step 1 ensures no
+        process closes its connections while a peer may still be in a collective or reading from them
+        and that every collective has completed, so that step 2 finds the worker threads idle;
+        step 3 keeps rank 0, which hosts the store when no launcher agent does, alive until every
+        process is done with the store.
 
         Why the store and not ``barrier()`` / ``monitored_barrier()``: a gloo barrier cannot be bounded
         per call (it uses the group's timeout, 30 minutes by default), it runs on the very connections
@@ -99,8 +106,9 @@ class ProcessGroupHandle:
                 ``shutdown_timeout_s``. When it passes the group is destroyed anyway.
 
         Returns:
-            True when every process agreed in time (or there was nothing to agree on), False when
-            the wait timed out, a peer failed, or the store was unreachable.
+            True when every process agreed in time (or there was nothing to agree on, or the handle
+            was already shut down), False when the wait timed out, a peer failed, or the store was
+            unreachable.
         """
         with self._lock:
             if self._done:
@@ -108,8 +116,8 @@ class ProcessGroupHandle:
             self._done = True
             bound = self.shutdown_timeout_s if timeout_s is None else timeout_s
             agreed = self._agree(bound)
-            _destroy_default_group()
-            self._count_out(bound)
+            _destroy_default_group(min(bound, _FAILED_DESTROY_S) if self._failed else bound)
+            self._count_out(bound, wait=agreed)
             self._store = None
             return agreed
 
@@ -128,26 +136,66 @@ class ProcessGroupHandle:
         except Exception:  # noqa: BLE001 - a timeout or an unreachable store: destroy anyway
             return False
 
-    def _count_out(self, bound: float) -> None:
-        if self._store is None or self.world_size <= 1 or self._failed:
+    def _count_out(self, bound: float, wait: bool) -> None:
+        # Only after an agreement does rank 0 wait: a peer that vanished or failed may never count out,
+        # and a failing process must exit at once so that the launcher sees it.
+        if self._store is None or self.world_size <= 1:
             return
         try:
             if self._store.add(_DESTROYED, 1) >= self.world_size:
                 self._store.set(_DESTROYED_ALL, "ok")
-            if self.rank == 0:
+            if wait and self.rank == 0:
                 self._store.wait([_DESTROYED_ALL], timedelta(seconds=bound))
         except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
             pass
 
 
-def _destroy_default_group() -> None:
+def _destroy_default_group(bound: float) -> None:
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    # Freeing the backend joins its worker threads, which waits for a collective still in flight; one
+    # that never completes (a peer died, an async op never matched) must not hang the exit.
+    freeing = threading.Thread(target=_free_default_group, name="accelerando-pg-teardown", daemon=True)
+    freeing.start()
+    freeing.join(bound)
+    if not freeing.is_alive() and _gloo_workers_alive():
+        # Something the user still holds keeps the backend (and its threads) alive into interpreter
+        # finalization. A pause without the GIL lets a worker finish releasing its last work now,
+        # while entering Python is still allowed.
+        time.sleep(_QUIESCE_S)
+
+
+def _free_default_group() -> None:
+    import gc
+
+    import torch.distributed as dist
+
+    # Cyclic garbage (an Accelerator left by a finished main(), holding DDP and its reducer) keeps the
+    # group's backend alive; collected now, the backend is freed by destroy_process_group below and
+    # its worker threads are joined while the interpreter is still whole (see start()).
+    gc.collect()
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
+        pass
+
+
+def _gloo_workers_alive() -> bool:
+    # Linux names gloo's worker threads; elsewhere there is nothing to read and no pause is taken.
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
         try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
-            pass
+            with open(f"/proc/self/task/{task}/comm", encoding="ascii", errors="replace") as comm:
+                if comm.read().startswith("pt_gloo_runloop"):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def start(
@@ -197,6 +245,16 @@ def start(
     if dist.is_initialized() and _current is not None and not _current.is_shut_down:
         # The process state was reset (tests) but the group lives on: keep the handle that owns it.
         return _current
+    # Imported before the group exists, on purpose. This module binds ``group=group.WORLD`` as default
+    # arguments when imported; imported later (DistributedDataParallel imports it through
+    # torch._dynamo) it pins the default group forever, destroy_process_group() can then no longer
+    # free the gloo backend, and its worker threads live on into interpreter finalization. A worker
+    # that then releases a Python-owned tensor (the outputs of a last all_gather) or runs a Python
+    # callback takes the GIL; CPython ends such a thread with pthread_exit during finalization, the
+    # unwind crosses a noexcept C++ frame, and std::terminate aborts the process ("terminate called
+    # without an active exception", exit 134) after training has finished.
+    import torch.distributed.nn.functional  # noqa: F401
+
     store = None
     if not dist.is_initialized():
         group_timeout = timeout if timeout is not None else timedelta(minutes=30)

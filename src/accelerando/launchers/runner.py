@@ -32,20 +32,53 @@ def _run_simple(plan: LaunchPlan) -> int:
         return 130
 
 
-def _report_failure(err: BaseException) -> int:
-    """Print one line about the first failed process and return the exit status to use."""
-    rank, failure = err.get_first_failure()  # type: ignore[attr-defined]
-    where = f"process {rank} (local rank {failure.local_rank}, pid {failure.pid})"
-    count = len(err.failures)  # type: ignore[attr-defined]
+def _describe(failure: Any) -> tuple[str, int]:
+    """What happened to one failed process, and the exit status that stands for it."""
     if failure.exitcode < 0:  # killed by a signal: there is no traceback to point at
-        name = signal.Signals(-failure.exitcode).name if -failure.exitcode in signal.valid_signals() else "?"
-        what, code = f"was killed by signal {-failure.exitcode} ({name})", 128 - failure.exitcode
-    else:
-        what, code = (
-            f"failed with exit code {failure.exitcode}; its traceback is above",
-            failure.exitcode or 1,
-        )
-    print(f"accelerando launch: {where} {what}. {count} process(es) failed in all.", file=sys.stderr)
+        number = -failure.exitcode
+        name = signal.Signals(number).name if number in signal.valid_signals() else "?"
+        return f"was killed by signal {number} ({name})", 128 + number
+    return f"failed with exit code {failure.exitcode}", failure.exitcode or 1
+
+
+def _first_failure(err: BaseException) -> tuple[int, Any]:
+    """The failure to blame: the earliest; among those seen at once, a kill, then an error, then SIGTERM.
+
+    The agent stamps failures without an error file in whole seconds when it sees them, so a
+    process killed outright and a peer that then raised because its connection closed often share
+    a timestamp; the kill is the likelier cause. SIGTERM is what the agent sends the processes left
+    after a failure, so it is the least likely cause.
+    """
+    failures: dict[int, Any] = err.failures  # type: ignore[attr-defined]
+
+    def order(item: tuple[int, Any]) -> tuple[int, int, int]:
+        rank, failure = item
+        if failure.exitcode >= 0:
+            kind = 1
+        else:
+            kind = 2 if -failure.exitcode == signal.SIGTERM else 0
+        return (failure.timestamp, kind, rank)
+
+    return min(failures.items(), key=order)
+
+
+def _report_failure(err: BaseException) -> int:
+    """Print one line naming the failed processes, the likely cause first; return the exit status."""
+    rank, failure = _first_failure(err)
+    what, code = _describe(failure)
+    if failure.exitcode >= 0:
+        what += "; its traceback is above"
+    others = [
+        f"process {other} {_describe(each)[0]}"
+        for other, each in sorted(err.failures.items())  # type: ignore[attr-defined]
+        if other != rank
+    ]
+    also = f" Also: {'; '.join(others)}." if others else ""
+    print(
+        f"accelerando launch: process {rank} (local rank {failure.local_rank}, pid {failure.pid}) {what}."
+        f"{also} {1 + len(others)} process(es) failed in all.",
+        file=sys.stderr,
+    )
     return code
 
 
@@ -83,11 +116,9 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
         The exit status: the script's for one process; 0 when every process succeeded, else the
         exit code of the first process that failed.
     """
-    if plan.mode == "simple":
-        return _run_simple(plan)
-    if plan.mode == "deepspeed":
-        return _run_deepspeed(plan)
-    return _run_elastic(plan, quiet)
+    # One process, or DeepSpeed's own runner; every other plan goes to the elastic agent.
+    direct = {"simple": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)
+    return direct(plan) if direct is not None else _run_elastic(plan, quiet)
 
 
 def write_deepspeed_env(env: dict[str, str] | Any, path: str) -> None:
