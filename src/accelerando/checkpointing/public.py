@@ -205,7 +205,7 @@ def save_custom_state(
     """Save a custom object's state.
 
     ``path`` may be an existing folder (the file ``custom_checkpoint_<index>.pkl`` is written inside it, the
-    reference's form) or a file path (the seed's form; ``index``/``process_index`` then selects the
+    folder form) or a file path (the file form; ``index``/``process_index`` then selects the
     process that writes). Objects with ``state_dict()`` are saved through it; anything else
     picklable (e.g. a dict of metadata) is saved as it is.
 
@@ -214,8 +214,8 @@ def save_custom_state(
         path: An existing folder, or a file path (any other path).
         index: Number of the object in the folder form; writing process in the file form.
         save_on_each_node: Folder form: write on every node's local main process.
-        process_index: Keyword alias of ``index`` for the file form (the seed's name).
-        scaler: Accepted for compatibility with the seed's signature; not used.
+        process_index: Keyword alias of ``index`` for the file form.
+        scaler: Accepted so that calls passing it keep working; not used.
 
     Returns:
         The file written, or None on processes that do not write.
@@ -260,16 +260,16 @@ def load_custom_state(
 ) -> Any:
     """Load a custom state saved by :func:`save_custom_state`.
 
-    Two forms: ``load_custom_state(path)`` returns the saved value (the seed's form);
+    Two forms: ``load_custom_state(path)`` returns the saved value (the file form);
     ``load_custom_state(obj, folder_or_file, index)`` loads it into ``obj`` with ``load_state_dict``
-    (the reference's form) and returns the loaded state too.
+    (the object form) and returns the loaded state too.
 
     Args:
         obj: The object to load into, or the path in the one-argument form.
         path: Folder or file path (reference form).
         index: Number of the object in a folder.
-        process_index: Keyword alias of ``index`` (the seed's name).
-        scaler: Accepted for compatibility with the seed's signature; not used.
+        process_index: Keyword alias of ``index``.
+        scaler: Accepted so that calls passing it keep working; not used.
 
     Returns:
         The loaded state.
