@@ -45,7 +45,7 @@ print(f"rank {rank} finished", flush=True)
 
 # Plain processes on the process_group module itself, with a short exit-time bound.
 PLAIN = """\
-import os, signal, sys
+import os, signal, sys, time
 import torch
 import torch.distributed as dist
 from accelerando import process_group
@@ -63,6 +63,19 @@ if rank == 1 and mode == "vanish":
     os.kill(os.getpid(), signal.SIGKILL)  # never reaches the teardown agreement
 if rank == 1 and mode == "raise":
     raise RuntimeError("rank 1 failed at the end")
+if mode == "late":
+    import torch.distributed.nn.functional  # what DDP does (through torch._dynamo) after the start
+    if rank == 0:  # a collective completing late runs a Python callback on a gloo worker thread
+        late = dist.all_reduce(total, async_op=True).get_future().then(lambda f: f.value())
+
+        class Slow:
+            def __del__(self):
+                time.sleep(1)  # during interpreter finalization, without the GIL
+
+        slow = Slow()
+    else:
+        time.sleep(0.5)
+        dist.all_reduce(total)
 """
 
 
@@ -139,6 +152,14 @@ def test_destroying_the_group_before_exit_still_exits_zero(tmp_path, env):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("finished") == 2
     assert "terminate called" not in done.stderr
+
+
+def test_a_gloo_worker_never_enters_python_during_finalization(tmp_path, env):
+    # Before the ordered teardown this aborted every time: "terminate called without an active
+    # exception", exit 134, after both processes had finished.
+    results = _plain_pair(tmp_path, env, "late", bound_s=30)
+    assert [code for code, _ in results] == [0, 0], results
+    assert not any("terminate called" in out for _, out in results)
 
 
 def test_survivor_does_not_wait_past_the_bound_for_a_vanished_peer(tmp_path, env):
