@@ -15,7 +15,7 @@ for i in range(torch.cuda.device_count()):
 PY
 # GPU checks of #4 (prefetch), #7 (device memory, NVML, allocator snapshot, real OOM), #8 (fp16; FSDP
 # fp16 needs 2 GPUs), then the placement tests again with CUDA present.
-timeout 300 python3 -m pytest -q -rs --timeout 240 tests/test_gpu.py tests/test_data_placement.py \
+timeout 300 python3 -m pytest -q -rs --timeout 240 tests/devices/test_gpu.py tests/data_loader/test_data_placement.py \
   2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
 # The monitor's overhead with CUDA counters and NVML sensors being read (issue #7's figure).

@@ -52,7 +52,10 @@ def test_an_upward_import_breaks_the_layers(tree_copy: pathlib.Path):
 
 def test_a_cycle_between_siblings_breaks_the_contracts(tree_copy: pathlib.Path):
     # Two modules of the checkpointing package importing each other.
-    _append(tree_copy / "src/accelerando/checkpointing/files.py", "def _late():\n    import accelerando.checkpointing.orchestrate  # noqa")
+    _append(
+        tree_copy / "src/accelerando/checkpointing/files.py",
+        "def _late():\n    import accelerando.checkpointing.orchestrate  # noqa",
+    )
     result = _lint_imports(tree_copy)
     assert result.returncode != 0
     assert "No cycles between the sibling modules of any package BROKEN" in result.stdout

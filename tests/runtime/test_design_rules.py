@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "accelerando"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "accelerando"
 
 # Where os.environ may appear, and why.
 ENVIRON_ALLOWED = {
