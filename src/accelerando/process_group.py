@@ -16,7 +16,8 @@ Contract (who calls what, in which order, what holds afterwards):
    already waiting stops waiting) and only destroys its own group.
 
 The agreement runs on the rendezvous store (a ``TCPStore``), not on the process group itself:
-see :meth:`ProcessGroupHandle.shutdown` for why.
+see :meth:`ProcessGroupHandle.shutdown` for why. The teardown exists because a gloo backend still
+alive when the interpreter finalizes can abort a finished process (exit 134): see :func:`start`.
 """
 
 from __future__ import annotations
@@ -245,26 +246,26 @@ def start(
     if dist.is_initialized() and _current is not None and not _current.is_shut_down:
         # The process state was reset (tests) but the group lives on: keep the handle that owns it.
         return _current
-    # Imported before the group exists, on purpose. This module binds ``group=group.WORLD`` as default
-    # arguments when imported; imported later (DistributedDataParallel imports it through
-    # torch._dynamo) it pins the default group forever, destroy_process_group() can then no longer
-    # free the gloo backend, and its worker threads live on into interpreter finalization. A worker
-    # that then releases a Python-owned tensor (the outputs of a last all_gather) or runs a Python
-    # callback takes the GIL; CPython ends such a thread with pthread_exit during finalization, the
-    # unwind crosses a noexcept C++ frame, and std::terminate aborts the process ("terminate called
-    # without an active exception", exit 134) after training has finished.
-    import torch.distributed.nn.functional  # noqa: F401
-
     store = None
     if not dist.is_initialized():
-        group_timeout = timeout if timeout is not None else timedelta(minutes=30)
+        # Imported before the group exists, on purpose. This module binds ``group=group.WORLD`` as default
+        # arguments when imported; imported later (DistributedDataParallel imports it through
+        # torch._dynamo) it pins the default group forever, destroy_process_group() can then no longer
+        # free the gloo backend, and its worker threads live on into interpreter finalization. A worker
+        # that then releases a Python-owned tensor (the outputs of a last all_gather) or runs a Python
+        # callback takes the GIL; CPython ends such a thread with pthread_exit during finalization, the
+        # unwind crosses a noexcept C++ frame, and std::terminate aborts the process ("terminate called
+        # without an active exception", exit 134) after training has finished.
+        import torch.distributed.nn.functional  # noqa: F401
+
+        store_timeout = timeout if timeout is not None else _default_timeout(chosen)
         # The store is made here, not inside init_process_group, so that the teardown can agree on
         # it after the group is gone; rendezvous() picks the launcher agent's store when there is one.
         store, rank, world_size = next(
-            dist.rendezvous(f"tcp://{main_address}:{main_port}", rank, world_size, timeout=group_timeout)
+            dist.rendezvous(f"tcp://{main_address}:{main_port}", rank, world_size, timeout=store_timeout)
         )
-        store.set_timeout(group_timeout)
-        options: dict[str, Any] = {"timeout": group_timeout}
+        store.set_timeout(store_timeout)
+        options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if chosen == "nccl":
             options["device_id"] = device
         dist.init_process_group(
@@ -277,6 +278,14 @@ def start(
     handle = ProcessGroupHandle(str(dist.get_backend()), rank, world_size, store, shutdown_timeout_s)
     _register(handle)
     return handle
+
+
+def _default_timeout(backend: str) -> timedelta:
+    # What init_process_group itself would use when given no timeout (nccl has its own default).
+    from torch.distributed import constants
+
+    nccl = getattr(constants, "default_pg_nccl_timeout", None)
+    return nccl if backend == "nccl" and nccl is not None else constants.default_pg_timeout
 
 
 # One hook per process, pointing at the newest handle: a test that starts again after a shutdown
