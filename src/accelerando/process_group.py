@@ -38,12 +38,11 @@ CPU_BACKENDS = ("gloo", "mpi", "ccl", "cpu:gloo,cuda:nccl")
 #: seconds a process waits at exit for the others before destroying its group anyway.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
-# Keys under the rendezvous store; the store given to the group is prefixed, so they never collide.
-_PREFIX = "accelerando/shutdown/"
-_ARRIVED = _PREFIX + "arrived"  # counter: processes that reached the teardown
-_RELEASE = _PREFIX + "release"  # "ok" when all arrived, "abort:<rank>" when one failed
-_DESTROYED = _PREFIX + "destroyed"  # counter: processes whose group is destroyed
-_DESTROYED_ALL = _PREFIX + "destroyed_all"
+# Keys of the teardown, under a prefix of their own per group this process started (see start()).
+_ARRIVED = "arrived"  # counter: processes that reached the teardown
+_RELEASE = "release"  # "ok" when all arrived, "abort:<rank>" when one failed
+_DESTROYED = "destroyed"  # counter: processes whose group is destroyed
+_DESTROYED_ALL = "destroyed_all"
 _QUIESCE_S = 0.05  # pause for gloo workers still alive after the teardown (see _destroy_default_group)
 _FAILED_DESTROY_S = 5.0  # a failing process frees its group for at most this long, then exits
 
@@ -275,6 +274,12 @@ def start(
             world_size=world_size,
             **options,
         )
+    global _started
+    if store is not None:
+        # Every process starts its groups in the same order, so the count names the same group
+        # everywhere; a second group on the same store (tests) must not see the first one's keys.
+        _started += 1
+        store = dist.PrefixStore(f"accelerando/shutdown/{_started}", store)
     handle = ProcessGroupHandle(str(dist.get_backend()), rank, world_size, store, shutdown_timeout_s)
     _register(handle)
     return handle
@@ -292,6 +297,7 @@ def _default_timeout(backend: str) -> timedelta:
 # must not stack hooks, and only the live group needs a teardown.
 _current: ProcessGroupHandle | None = None
 _hooks_installed = False
+_started = 0
 
 
 def _register(handle: ProcessGroupHandle) -> None:
