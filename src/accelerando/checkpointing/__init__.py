@@ -7,7 +7,8 @@ checksum) or invisible (a hidden staging folder). Modules:
 - ``files`` / ``state_io`` / ``rng``: the state files and how each kind of state is written and read;
 - ``public``: ``save_accelerator_state`` & co., folder-only and explicit;
 - ``target``: the ``CheckpointTarget`` protocol, all that save/load see of the training;
-- ``orchestrate``: the multi-process protocol behind ``Accelerator.save_state`` / ``load_state``.
+- ``save`` / ``load``: the multi-process protocols behind ``Accelerator.save_state`` / ``load_state``;
+- ``project``: the project folder's checkpoint numbering, the newest checkpoint, resume points.
 
 Auto-resume pattern (re-running the same command after a crash continues where it stopped)::
 
@@ -37,19 +38,15 @@ For a bit-exact resume with ``shuffle=True``, give the DataLoader its own ``gene
 from __future__ import annotations
 
 from accelerando.checkpointing.atomic import CheckpointError, list_checkpoints, verify_checkpoint
-from accelerando.checkpointing.orchestrate import (
-    ResumePoint,
-    latest_checkpoint,
-    load_state,
-    resume_point,
-    save_state,
-)
+from accelerando.checkpointing.load import load_state
+from accelerando.checkpointing.project import ResumePoint, latest_checkpoint, resume_point
 from accelerando.checkpointing.public import (
     load_accelerator_state,
     load_custom_state,
     save_accelerator_state,
     save_custom_state,
 )
+from accelerando.checkpointing.save import save_state
 
 __all__ = [
     "CheckpointError",

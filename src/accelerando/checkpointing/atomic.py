@@ -6,7 +6,7 @@ checksum of every file), and only then is the folder renamed to its final name, 
 POSIX file systems. Deletions (rotation, overwrite) first rename the doomed folder to a hidden trash
 name, so a crash never leaves a half-deleted folder that looks like a checkpoint.
 
-Contract for callers (``accelerando.checkpointing.state_io`` and ``orchestrate``):
+Contract for callers (``accelerando.checkpointing.state_io``, ``save`` and ``load``):
 1. ``prepare_staging(final_dir)`` on the committing process, then a barrier;
 2. every process writes its files into the staging folder and calls ``describe_files`` on them;
 3. the committing process calls ``commit(staging, final_dir, manifest)`` after a barrier.

@@ -1,0 +1,278 @@
+"""``Accelerator.load_state``: verify, read, agree, then apply; automatic resume with fallback.
+
+Load verifies first (sizes always; checksums by default, every file's pieces hashed in parallel), reads,
+agrees across processes that every rank succeeded, and only then applies it to the live objects.
+Without an explicit folder the newest complete and intact checkpoint is used; damaged ones are skipped
+with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+import accelerando.checkpointing.atomic as atomic
+import accelerando.checkpointing.files as F
+from accelerando.checkpointing.collective import gather
+from accelerando.checkpointing.project import (
+    NUMBERED,
+    RESUME_POINTS,
+    ResumePoint,
+    checkpoints_dir,
+    owns_loading,
+)
+from accelerando.checkpointing.state_io import (
+    LoadedState,
+    apply_state,
+    check_load_kwargs,
+    needed_files,
+    read_state_files,
+)
+from accelerando.runtime import set_active_accelerator
+
+__all__ = ["load_state"]
+
+logger = logging.getLogger(__name__)
+
+
+def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[str], bool]:
+    """Folders to try, newest first, and whether falling back to an older one is allowed."""
+    if input_dir is not None:
+        folder = os.path.abspath(os.fspath(input_dir))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"Cannot load state: {folder!r} is not a folder; check the path.")
+        return [folder], False
+    if not target.project_configuration.automatic_checkpoint_naming:
+        raise ValueError(
+            "load_state() needs input_dir= unless automatic checkpoint naming is on; pass the checkpoint "
+            "folder, or use ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+        )
+    root = checkpoints_dir(target)
+    found = [path for _, path in reversed(atomic.list_checkpoints(root))]
+    newest = os.path.basename(found[0]) if found else None
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        match = NUMBERED.match(name)
+        if match and (newest is None or int(match.group(1)) > int(newest.split("_")[1])):
+            if not os.path.exists(os.path.join(root, name, atomic.MANIFEST_NAME)):
+                warnings.warn(
+                    f"Skipping incomplete checkpoint {os.path.join(root, name)}: it has no manifest",
+                    stacklevel=3,
+                )
+    if not found:
+        raise FileNotFoundError(
+            f"No complete checkpoint under {root!r} to resume from; start fresh (see "
+            "accelerando.checkpointing.latest_checkpoint to test for one first)."
+        )
+    return found, True
+
+
+def _read_candidate(
+    target: Any,
+    folder: str,
+    models: list[Any],
+    map_location: Any,
+    verify_checksums: bool,
+    allow_unverified: bool,
+) -> tuple[LoadedState, list[Any], bool]:
+    """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
+    state = target.state
+    manifest = None
+    if allow_unverified and not os.path.exists(os.path.join(folder, atomic.MANIFEST_NAME)):
+        logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
+    else:
+        manifest = atomic.verify_checkpoint(folder)  # sizes of every file
+    per_rank = manifest is None or manifest.world_size == state.num_processes
+    if not per_rank:
+        warnings.warn(
+            f"{folder} was saved by {manifest.world_size} processes and is loaded by {state.num_processes}: "
+            "models, optimizers, schedulers, the scaler and custom objects are restored; random states, "
+            "dataloader positions and unfinished-accumulation gradients are per process and are NOT "
+            "restored, so the run will not continue bit-exactly.",
+            stacklevel=3,
+        )
+    loaders = list(target.dataloaders) if per_rank else []
+    owns = owns_loading(target)  # then models and optimizers are read by the strategy in _apply
+    counts = (
+        0 if owns else len(models),
+        0 if owns else len(target.optimizers),
+        len(target.schedulers),
+        len(loaders),
+        state.process_index,
+        target.scaler is not None,
+    )
+    customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(target.custom_objects))]
+    names = needed_files(folder, *counts, per_rank=per_rank) + customs
+    if manifest and verify_checksums:
+        # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
+        atomic.verify_checksums(folder, manifest, names)
+    loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
+    custom_states = [F.torch_load(_custom_path(folder, name)) for name in customs]
+    return loaded, custom_states, per_rank
+
+
+def _custom_path(folder: str, name: str) -> str:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"Checkpoint {folder!r} has no {name!r}: fewer objects were registered with "
+            "register_for_checkpointing when it was saved; register the same objects in the same order."
+        )
+    return path
+
+
+def _attempt(target: Any, folder: str, kwargs: dict[str, Any]) -> Any:
+    """Try one folder on every process; returns the read state or the local error, plus everyone's verdict."""
+    models = list(target.models)
+    for hook in target.load_hooks:
+        hook(models, folder)
+    outcome: Any
+    error: BaseException | None = None
+    try:
+        outcome = (
+            models,
+            *_read_candidate(
+                target,
+                folder,
+                models,
+                kwargs["map_location"],
+                kwargs["verify_checksums"],
+                kwargs["allow_unverified"],
+            ),
+        )
+    except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
+        outcome, error = None, err
+    report = None if error is None else (f"{type(error).__name__}: {error}", _is_damage(error))
+    verdicts = gather((target.state.process_index, report), target.state.num_processes)
+    return outcome, error, [(rank, *rep) for rank, rep in verdicts if rep is not None]
+
+
+def _is_damage(error: BaseException) -> bool:
+    """Whether a load error means a damaged file (fall back) rather than a bug or a mismatch (raise)."""
+    import pickle
+
+    damage: tuple[type[BaseException], ...] = (
+        atomic.CheckpointError,
+        EOFError,
+        pickle.UnpicklingError,
+        OSError,
+    )
+    try:
+        from safetensors import SafetensorError
+
+        damage += (SafetensorError,)
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        pass
+    if isinstance(error, FileNotFoundError):
+        return True
+    # torch.load reports a corrupted zip archive as a RuntimeError from its stream reader.
+    return isinstance(error, damage) or (
+        isinstance(error, RuntimeError) and "PytorchStreamReader" in str(error)
+    )
+
+
+def load_state(
+    target: Any, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
+) -> None:
+    """Restore everything ``save_state`` saved; ``Accelerator.load_state`` delegates here.
+
+    Without ``input_dir`` (automatic checkpoint naming), resumes from the newest complete checkpoint
+    under ``<project_dir>/checkpoints``, skipping damaged ones with a warning, and sets
+    ``project_configuration.iteration`` to the number after it. Nothing is applied unless every
+    process read and verified its files.
+
+    Args:
+        target: what to restore into (the Accelerator's ``CheckpointTarget``).
+        input_dir: Checkpoint folder (None: the newest complete one, with automatic naming).
+        **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
+            except ``map_location`` (device for loaded weights, default CPU), ``verify_checksums``
+            (default: the ``verify_checksums`` setting, True unless ``ACCELERANDO_VERIFY_CHECKSUMS=0`` or
+            the config file says otherwise: compare every read file's checksum with the manifest; sizes
+            are always checked) and ``allow_unverified`` (default False: an explicit folder without a manifest,
+            e.g. written by another library, is loaded with a warning instead of refused).
+
+    Raises:
+        FileNotFoundError: If the folder does not exist, or no checkpoint exists to resume from.
+        ValueError: If no folder is given and automatic naming is off.
+        CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
+    """
+    set_active_accelerator(target.owner)
+    check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
+    candidates, may_fall_back = _candidates(target, input_dir)
+    kwargs = {
+        "map_location": load_model_func_kwargs.pop("map_location", None),
+        "verify_checksums": bool(
+            load_model_func_kwargs.pop("verify_checksums", _default_verification(target))
+        ),
+        "allow_unverified": bool(load_model_func_kwargs.pop("allow_unverified", False)) and not may_fall_back,
+    }
+    for folder in candidates:
+        outcome, error, failed = _attempt(target, folder, kwargs)
+        if not failed:
+            _apply(target, folder, outcome, load_model_func_kwargs)
+            return
+        if not may_fall_back or not all(is_damage for _, _, is_damage in failed):
+            if error is not None:
+                raise error
+            raise atomic.CheckpointError(f"Process {failed[0][0]} could not load {folder!r}: {failed[0][1]}")
+        logger.warning("Skipping checkpoint %s: %s", folder, failed[0][1])
+        warnings.warn(f"Skipping damaged checkpoint {folder}: {failed[0][1]}", stacklevel=2)
+    raise atomic.CheckpointError(
+        f"Every checkpoint under {os.path.dirname(candidates[0])!r} is damaged; nothing was loaded. "
+        "Start fresh or repair one (the warnings above name the damaged files)."
+    )
+
+
+def _default_verification(target: Any) -> bool:
+    """The ``verify_checksums`` setting (code > launcher > ACCELERANDO_VERIFY_CHECKSUMS > config > True)."""
+    value = getattr(target.settings, "verify_checksums", None)
+    return True if value is None else bool(value)
+
+
+def _apply(target: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
+    models, loaded, custom_states, per_rank = outcome
+    optimizers = list(target.optimizers)
+    if owns_loading(target):
+        strategy = target.strategy
+        for i, model in enumerate(models):
+            if not strategy.load_model_checkpoint(model, folder, i):
+                raise FileNotFoundError(f"{folder!r}: the {strategy.name} strategy could not load model {i}")
+        for i, optimizer in enumerate(optimizers):
+            owner = models[i] if i < len(models) else None
+            if not strategy.load_optimizer_checkpoint(optimizer, owner, folder, i):
+                raise FileNotFoundError(
+                    f"{folder!r}: the {strategy.name} strategy could not load optimizer {i}"
+                )
+        models, optimizers = [], []
+    apply_state(
+        loaded,
+        models,
+        optimizers,
+        list(target.schedulers),
+        list(target.dataloaders) if per_rank else [],
+        target.scaler,
+        **model_kwargs,
+    )
+    for obj, custom in zip(target.custom_objects, custom_states, strict=True):
+        obj.load_state_dict(custom)
+    if loaded.step is not None:
+        target.step = loaded.step
+    config = target.project_configuration
+    match = NUMBERED.match(os.path.basename(folder))
+    if config.automatic_checkpoint_naming and match:
+        config.iteration = int(match.group(1)) + 1
+    RESUME_POINTS[target.owner] = _resume_point(target, folder, loaded)
+    logger.info("Loaded state from %s", folder)
+
+
+def _resume_point(target: Any, folder: str, loaded: LoadedState) -> ResumePoint:
+    positions = []
+    for entry in loaded.dataloaders:
+        state = entry[1] if entry is not None and isinstance(entry[1], dict) else {}
+        positions.append((int(state.get("epoch", 0)), int(state.get("position", 0))))
+    loaders = list(target.dataloaders)
+    epoch, skip = positions[0] if positions else (0, 0)
+    if loaders and getattr(loaders[0], "use_stateful_dataloader", False):
+        skip = 0
+    return ResumePoint(folder, int(target.step), epoch, skip, tuple(positions))

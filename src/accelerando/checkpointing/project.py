@@ -1,0 +1,91 @@
+"""The project folder's checkpoint layout (``checkpoints/checkpoint_<n>``) and resume points."""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import accelerando.checkpointing.atomic as atomic
+
+__all__ = [
+    "CHECKPOINTS_FOLDER",
+    "NUMBERED",
+    "RESUME_POINTS",
+    "ResumePoint",
+    "checkpoints_dir",
+    "latest_checkpoint",
+    "owns_loading",
+    "resume_point",
+]
+
+CHECKPOINTS_FOLDER = "checkpoints"
+NUMBERED = re.compile(r"^checkpoint_(\d+)$")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run stands after ``load_state``: what an auto-resuming script needs to continue.
+
+    Attributes:
+        checkpoint: The folder that was loaded.
+        step: The accelerator's micro-step counter (``accelerator.step``) at the save.
+        epoch: Epoch of the first prepared dataloader at the save (0 without dataloaders).
+        batches_to_skip: Batches of that epoch already consumed, which the script must skip with
+            ``accelerator.skip_first_batches``; 0 in stateful mode, where the loader itself resumes.
+        dataloaders: ``(epoch, position)`` saved for every prepared dataloader, in order.
+    """
+
+    checkpoint: str
+    step: int
+    epoch: int = 0
+    batches_to_skip: int = 0
+    dataloaders: tuple[tuple[int, int], ...] = ()
+
+
+# The resume point of each Accelerator's last load_state (weakly: the Accelerator may be collected).
+RESUME_POINTS: weakref.WeakKeyDictionary[Any, ResumePoint] = weakref.WeakKeyDictionary()
+
+
+def checkpoints_dir(target: Any) -> str:
+    project_dir = target.project_configuration.project_dir
+    if project_dir is None:
+        raise ValueError(
+            "automatic_checkpoint_naming needs a project folder; pass project_dir= to Accelerator or "
+            "ProjectConfiguration(project_dir=...)."
+        )
+    return os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER)
+
+
+def owns_loading(target: Any) -> bool:
+    """Whether the strategy restores models and optimizers itself (sharded layouts)."""
+    return bool(getattr(target.strategy, "loads_own_checkpoints", False))
+
+
+def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
+    """Newest complete checkpoint folder under ``<project_dir>/checkpoints``, or None.
+
+    Complete means committed (it has a manifest); damage is found when loading.
+
+    Args:
+        project_dir: The run's project folder.
+
+    Returns:
+        The folder path, or None when there is none (a fresh run).
+    """
+    found = atomic.list_checkpoints(os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER))
+    return found[-1][1] if found else None
+
+
+def resume_point(accelerator: Any) -> ResumePoint | None:
+    """What the last ``load_state`` of ``accelerator`` restored, or None if it loaded nothing.
+
+    Example:
+        >>> if latest_checkpoint(project_dir):
+        ...     accelerator.load_state()
+        >>> point = resume_point(accelerator)
+        >>> start_epoch, skip = (point.epoch, point.batches_to_skip) if point else (0, 0)
+    """
+    return RESUME_POINTS.get(accelerator)
