@@ -189,9 +189,12 @@ def _unknown_flags_message(flags: Sequence[str]) -> str:
 
     known = [option for action in build_parser()._actions for option in action.option_strings]
     named = []
+    from accelerando.settings.fields import quote_value
+
     for flag in flags:
-        close = difflib.get_close_matches(flag.split("=", 1)[0], known, n=1, cutoff=0.75)
-        named.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+        close = difflib.get_close_matches(flag.split("=", 1)[0][:200], known, n=1, cutoff=0.75)
+        shown = flag if len(flag) <= 40 else quote_value(flag)
+        named.append(f"{shown} (did you mean {close[0]}?)" if close else shown)
     return (
         f"accelerando launch: unknown flag{'s' if len(flags) > 1 else ''} {', '.join(named)}. Launcher flags go "
         "before the script and the script's own flags after it: `accelerando launch [launcher flags] "
@@ -211,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from dataclasses import replace
 
-    from accelerando.launchers.plan import Command, build
+    from accelerando.launchers.plan import Command, build, check_command
     from accelerando.settings.machine import detect_machine
 
     if not args.training_script:
@@ -229,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
         command = Command(args.training_script, tuple(args.training_script_args), args.module, args.no_python)
         agent_options = [f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k)]
         plan = build(settings, command, detect_machine(), agent_options=agent_options)
+        check_command(command, settings)
     except (ValueError, KeyError) as err:
         print(f"accelerando launch: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2

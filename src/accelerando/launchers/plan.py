@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelerando.settings.fields import FIELDS_BY_NAME
+from accelerando.settings.fields import FIELDS_BY_NAME, quote_value
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 from accelerando.settings.resolve import SOURCES_ENV, Settings
 from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind, distributed_kind, requested_backends
 
-__all__ = ["Command", "LaunchPlan", "build", "check_settings", "export_env"]
+__all__ = ["Command", "LaunchPlan", "build", "check_command", "check_settings", "export_env"]
 
 _ELASTIC_MODULE = "torch.distributed.run"
 
@@ -163,13 +164,42 @@ def _check_deepspeed_paths(s: Settings) -> None:
 
     if s.deepspeed_config_file and not Path(s.deepspeed_config_file).is_file():
         raise ValueError(
-            f"{_where(s, 'deepspeed_config_file')}={s.deepspeed_config_file!r} is not a file. "
+            f"{_where(s, 'deepspeed_config_file')}={quote_value(s.deepspeed_config_file)} is not a file. "
             "Fix: give the path of an existing DeepSpeed JSON config."
         )
     for kind in ("optimizer", "param"):
         device, path = f"offload_{kind}_device", f"offload_{kind}_nvme_path"
         if s[device] == "nvme" and not s[path]:
             raise ValueError(f"{_where(s, device)}='nvme' needs a folder. Fix: set {path} (--{path}).")
+
+
+def check_command(
+    command: Command, settings: Settings | None = None, which: Callable[[str], str | None] = shutil.which
+) -> None:
+    """Check, before anything starts, that a ``--no_python`` program can be run on this machine.
+
+    A multi-machine DeepSpeed launch is not checked: its runner starts the program on other hosts.
+
+    Args:
+        command: what each process runs.
+        settings: the launcher's resolved settings (to recognise a launch run on other hosts).
+        which: finds an executable like :func:`shutil.which` (a test passes a fake).
+
+    Raises:
+        ValueError: the program is not found on ``PATH`` or is not executable; the message names it
+            and the fix.
+    """
+    if not command.no_python:
+        return
+    if settings is not None and _multinode_runner(settings, settings.num_machines or 1) is not None:
+        return
+    if which(command.target) is None:
+        where = "is not an executable file" if "/" in command.target else "is not found on PATH"
+        raise ValueError(
+            f"--no_python runs {quote_value(command.target)} directly, but it {where}. Fix: give the path of "
+            "an executable program (chmod +x for a script), install it, or drop --no_python to run a "
+            "Python script."
+        )
 
 
 def _env_text(value: Any) -> str:

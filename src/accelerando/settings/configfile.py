@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accelerando.settings.fields import FIELDS, Field
+from accelerando.settings.fields import FIELDS, Field, quote_value
 from accelerando.settings.resolve import Sourced, parse_value
 
 __all__ = [
@@ -145,23 +145,48 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     import json
 
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         if path.suffix == ".json":
             data = json.loads(text) if text.strip() else {}
         else:
             import yaml  # only config reading needs it
 
-            data = yaml.safe_load(text) or {}
+            # libyaml's loader when present: the same safe rules, and a huge file parses in seconds.
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     except Exception as err:  # noqa: BLE001 - any parser error becomes a message with the fix
+        reason = str(err)
+        reason = reason if len(reason) <= 300 else reason[:300] + " ..."  # parsers may quote whole lines
         raise ConfigError(
-            f"Config file {str(path)!r} cannot be parsed: {err}. Fix the syntax or regenerate it."
+            f"Config file {str(path)!r} cannot be parsed: {reason}. Fix the syntax or regenerate it."
         ) from err
     if not isinstance(data, dict):
         raise ConfigError(
             f"Config file {str(path)!r} must hold a mapping of keys to values, not {type(data).__name__}."
         )
     return data
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; a binary or unreadable file is a :class:`ConfigError` saying what it is."""
+    fix = "Fix: pass a YAML or JSON config file (create one with `accelerando config`)."
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"Config file {str(path)!r} cannot be read: {err.strerror or err}. {fix}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"Config file {str(path)!r} is not a text YAML/JSON config (byte {err.start} is not UTF-8 text; "
+            f"is it a binary file?). {fix}"
+        ) from None
+    if "\x00" in text:
+        raise ConfigError(
+            f"Config file {str(path)!r} is not a text YAML/JSON config (it holds NUL bytes; is it a binary "
+            f"file?). {fix}"
+        )
+    return text
 
 
 def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,12 +205,14 @@ def _unknown_key(path: str, key: str) -> ConfigError:
 
     known = sorted({*CONFIG_KEYS, *_ACCEPTED_TOP, *_SECTIONS})
     leaf = key.split(".")[-1]
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
-        leaf, [k.split(".")[-1] for k in known], n=1, cutoff=0.6
+    # A key hundreds of characters long matches nothing; comparing all of it would only take time.
+    key_head, leaf_head = key[:200], leaf[:200]
+    close = difflib.get_close_matches(key_head, known, n=1, cutoff=0.6) or difflib.get_close_matches(
+        leaf_head, [k.split(".")[-1] for k in known], n=1, cutoff=0.6
     )
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return ConfigError(
-        f"Config file {path!r}: unknown key {key!r}.{hint} Fix: rename or remove it "
+        f"Config file {path!r}: unknown key {quote_value(key)}.{hint} Fix: rename or remove it "
         "(`accelerando config update` migrates old files)."
     )
 
@@ -213,7 +240,7 @@ def config_to_layer(data: Mapping[str, Any], path: str) -> dict[str, Sourced]:
         if key in _SECTIONS:  # a section that is not a mapping, e.g. `fsdp_config: null`
             if raw not in (None, {}):
                 raise ConfigError(
-                    f"Config file {path!r}: {key!r} must be a mapping of its options, got {raw!r}."
+                    f"Config file {path!r}: {key!r} must be a mapping of its options, got {quote_value(raw)}."
                 )
             continue
         field = CONFIG_KEYS.get(key)
@@ -228,7 +255,7 @@ def config_to_layer(data: Mapping[str, Any], path: str) -> dict[str, Sourced]:
     env = data.get("compute_environment", "LOCAL_MACHINE")
     if env not in (None, "LOCAL_MACHINE"):
         raise ConfigError(
-            f"Config file {path!r}: compute_environment {env!r} is not supported. "
+            f"Config file {path!r}: compute_environment {quote_value(env)} is not supported. "
             "Fix: set it to 'LOCAL_MACHINE' (the only allowed value)."
         )
     _derive_switches(layer)

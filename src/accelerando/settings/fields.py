@@ -16,12 +16,36 @@ from typing import Any
 
 from accelerando.enums import DistributedType, DynamoBackend, PrecisionType
 
-__all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "GROUPS", "get_field", "fields_in_group"]
+__all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "GROUPS", "get_field", "fields_in_group", "quote_value"]
 
 #: Prefix of the environment variables the launcher writes and every process reads first.
 ENV_PREFIX = "ACCELERANDO_"
 
 _KINDS = ("str", "int", "float", "bool", "choice", "list")
+
+#: Longest part of a bad value an error message quotes (a 50 MB value must not fill the terminal).
+QUOTE_LIMIT = 40
+
+
+def quote_value(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """Quote a value for an error message, cut to ``limit`` characters.
+
+    Args:
+        value: any value; strings are cut before quoting, other values after ``repr``.
+        limit: the most characters of the value to show.
+
+    Returns:
+        ``repr(value)`` when short, else the first ``limit`` characters quoted, then
+        ``"... (N characters)"`` with the full length.
+
+    Example:
+        >>> quote_value("x" * 100, limit=3)
+        "'xxx'... (100 characters)"
+    """
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -37,6 +61,7 @@ class Field:
         choices: allowed values of a ``"choice"`` field, in canonical spelling.
         aliases: extra spellings of choices (e.g. the reference's numeric FSDP strategies).
         minimum: smallest allowed value of an ``"int"``/``"float"`` field.
+        maximum: largest allowed value of an ``"int"``/``"float"`` field.
         env: the reference project's environment variable names, read after ours.
         config_keys: dotted paths in a config file; the first is where the field is written.
         cli: the launcher flag, or ``None`` when the field has none.
@@ -53,6 +78,7 @@ class Field:
     choices: tuple[str, ...] | None = None
     aliases: dict[str, str] = field(default_factory=dict)
     minimum: float | None = None
+    maximum: float | None = None
     env: tuple[str, ...] = ()
     config_keys: tuple[str, ...] = ()
     cli: str | None = None
@@ -82,7 +108,14 @@ class Field:
         if self.kind in ("int", "float"):
             noun = "an integer" if self.kind == "int" else "a number"
             extra = "".join(f" or {c!r}" for c in self.choices or ())
-            return noun + (f" >= {self.minimum:g}" if self.minimum is not None else "") + extra
+            low, high = self.minimum, self.maximum
+            if low is not None and high is not None:
+                bounds = f" from {low:g} to {high:g}"
+            elif low is not None:
+                bounds = f" >= {low:g}"
+            else:
+                bounds = f" <= {high:g}" if high is not None else ""
+            return noun + bounds + extra
         if self.kind == "list":
             return "a comma-separated list of names"
         return "a string"
@@ -192,7 +225,8 @@ FIELDS: tuple[Field, ...] = (
     _core("multi_gpu", "bool", False, group="launch", switch=True, config_keys=("multi_gpu",),
           help="Start one process per GPU with distributed data parallel."),
     _core("main_process_ip", "str", None, group="launch", help="Address of the machine of rank 0."),
-    _core("main_process_port", "int", None, group="launch", minimum=0, help="Port of the machine of rank 0."),
+    _core("main_process_port", "int", None, group="launch", minimum=0, maximum=65535,
+          help="Port of the machine of rank 0 (0 or unset: a free port on one machine, 29500 on several)."),
     _core("same_network", "bool", True, group="launch", switch=True,
           help="All machines are on the same local network."),
     _core("num_cpu_threads_per_process", "int", None, group="launch", minimum=1,
@@ -290,9 +324,9 @@ def get_field(name: str) -> Field:
     except KeyError:
         import difflib
 
-        close = difflib.get_close_matches(name, FIELDS_BY_NAME, n=1)
+        close = difflib.get_close_matches(name[:200], FIELDS_BY_NAME, n=1) if isinstance(name, str) else []
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"Unknown setting {name!r}.{hint}") from None
+        raise KeyError(f"Unknown setting {quote_value(name)}.{hint}") from None
 
 
 def fields_in_group(group: str) -> tuple[Field, ...]:

@@ -15,13 +15,21 @@ Who calls what:
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple
 
-from accelerando.settings.fields import FIELDS, FIELDS_BY_NAME, Field, fields_in_group, get_field
+from accelerando.settings.fields import (
+    FIELDS,
+    FIELDS_BY_NAME,
+    Field,
+    fields_in_group,
+    get_field,
+    quote_value,
+)
 
 __all__ = [
     "Sourced",
@@ -71,7 +79,8 @@ def _bad(field: Field, raw: Any, source: str) -> ValueError:
     elif source.startswith("config:"):
         fix += f" in {source[7:]}"
     return ValueError(
-        f"Invalid value {raw!r} for setting {field.name!r} (from {where}): expected {field.describe_allowed()}. {fix}."
+        f"Invalid value {quote_value(raw)} for setting {field.name!r} (from {where}): "
+        f"expected {field.describe_allowed()}. {fix}."
     )
 
 
@@ -102,9 +111,13 @@ def _parse_number(field: Field, raw: Any, source: str) -> int | float | str:
             number = int(raw.strip()) if isinstance(raw, str) else int(raw)
         else:
             number = float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise _bad(field, raw, source) from None
+    if not math.isfinite(number):  # nan passes every comparison below
+        raise _bad(field, raw, source)
     if field.minimum is not None and number < field.minimum:
+        raise _bad(field, raw, source)
+    if field.maximum is not None and number > field.maximum:
         raise _bad(field, raw, source)
     return number
 
