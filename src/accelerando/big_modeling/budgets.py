@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
 from torch import nn
 
 from accelerando.big_modeling.sizes import compute_module_sizes, get_max_layer_size
+from accelerando.settings.fields import quote_value
 
 __all__ = [
     "DeviceKey",
+    "check_device_visible",
     "convert_file_size_to_int",
     "get_balanced_memory",
     "get_max_memory",
@@ -34,6 +37,7 @@ _UNITS: dict[str, int] = {
 _SIZE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 # Accelerator families addressed as "<family>:<index>"; plain integers mean the default accelerator.
 _INDEXED_FAMILIES = ("cuda", "xpu", "npu", "mlu", "sdaa", "musa", "hpu")
+_SIZE_FORMS = "an int of bytes or a string such as '10GiB' or '500MB'"
 
 
 def convert_file_size_to_int(size: int | float | str) -> int:
@@ -56,15 +60,19 @@ def convert_file_size_to_int(size: int | float | str) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, float, str)):
         raise TypeError(f"A memory size must be an int or a string like '10GiB', got {type(size).__name__}.")
     if isinstance(size, (int, float)):
+        if isinstance(size, float) and not math.isfinite(size):
+            raise ValueError(
+                f"A memory size must be a finite number of bytes, got {size}: use {_SIZE_FORMS}."
+            )
         if size < 0:
-            raise ValueError(f"A memory size can not be negative, got {size}.")
+            raise ValueError(f"A memory size can not be negative, got {size}: use {_SIZE_FORMS}.")
         return int(size)
-    match = _SIZE_PATTERN.match(size)
-    unit = match.group(2).upper() if match else None
+    match = _SIZE_PATTERN.match(size[:100])  # a size is a few characters; a huge string never matches
+    unit = match.group(2).upper() if match and len(size) <= 100 else None
     if match is None or unit not in _UNITS:
         raise ValueError(
-            f"Can not read the memory size {size!r}: write a number of bytes or a number followed by one of "
-            "KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '10GiB'."
+            f"Can not read the memory size {quote_value(size)}: write a number of bytes or a number followed by "
+            "one of KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '10GiB'."
         )
     return int(float(match.group(1)) * _UNITS[unit])
 
@@ -90,6 +98,11 @@ def normalize_device_key(key: int | str | torch.device) -> DeviceKey:
         raise ValueError(
             f"Unknown device {key!r}; use an index (0), 'cuda:0', 'cpu', 'disk', 'mps' or 'xpu:0'."
         )
+    if not isinstance(key, (int, str)):
+        raise ValueError(
+            f"Unknown device {quote_value(key)} ({type(key).__name__}); use an index (0), 'cuda:0', 'cpu', 'disk', "
+            "'mps' or 'xpu:0'."
+        )
     if isinstance(key, int):
         if key < 0:
             raise ValueError(f"Device index must be >= 0, got {key}.")
@@ -105,8 +118,64 @@ def normalize_device_key(key: int | str | torch.device) -> DeviceKey:
     if family in _INDEXED_FAMILIES and (index == "" or index.isdigit()):
         return f"{family}:{index or 0}"
     raise ValueError(
-        f"Unknown device {key!r} in max_memory/device_map; use an accelerator index (0), 'cuda:0', "
+        f"Unknown device {quote_value(key)} in max_memory/device_map; use an accelerator index (0), 'cuda:0', "
         "'xpu:0', 'npu:0', 'mps', 'cpu' or 'disk'."
+    )
+
+
+# Devices already found present: a check per tensor placement then costs one set lookup.
+_VISIBLE: set[DeviceKey] = set()
+
+
+def _visible_count(family: str) -> int:
+    from accelerando.devices.detect import backend_for
+
+    try:
+        return backend_for(family).device_count()
+    except ValueError:  # a family without a backend class here (mlu, sdaa, musa): ask torch directly
+        module = getattr(torch, family, None)
+        available = module is not None and hasattr(module, "device_count") and module.is_available()
+        return int(module.device_count()) if available else 0
+
+
+def check_device_visible(device: int | str | torch.device, what: str = "device_map") -> DeviceKey:
+    """Check that a device named in a device map (or as an execution device) exists on this machine.
+
+    Args:
+        device: an index, a device string or a ``torch.device``.
+        what: where the device was named, for the message (``"device_map['encoder']"``).
+
+    Returns:
+        The normalised device key (see :func:`normalize_device_key`).
+
+    Raises:
+        ValueError: for an unknown device name, or an accelerator that is not visible here; the
+            message names the device and the fix.
+    """
+    key = normalize_device_key(device)
+    if key in ("cpu", "disk", "meta") or key in _VISIBLE:
+        return key
+    if isinstance(key, int):
+        family, index = "cuda", key
+    elif key == "mps":
+        family, index = "mps", 0
+    else:
+        family, _, number = key.partition(":")
+        index = int(number)
+    count = _visible_count(family)
+    if index < count:
+        _VISIBLE.add(key)
+        return key
+    seen = (
+        f"no {family} device is visible"
+        if count == 0
+        else f"only {count} {family} device(s) are visible (indices 0 to {count - 1})"
+    )
+    shown = repr(str(device)) if isinstance(device, torch.device) else quote_value(device)
+    raise ValueError(
+        f"{what} places weights on device {shown} ({family}:{index}), but {seen} on this machine. "
+        "Fix: use device_map={'': 'cpu'}, or device_map='auto' (it uses only the devices present), or run "
+        "where that device exists (check CUDA_VISIBLE_DEVICES)."
     )
 
 
@@ -163,7 +232,11 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
         )
     budget: dict[DeviceKey, int] = {}
     for key, value in max_memory.items():
-        budget[normalize_device_key(key)] = convert_file_size_to_int(value)
+        device = normalize_device_key(key)
+        try:
+            budget[device] = convert_file_size_to_int(value)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"max_memory[{quote_value(key)}]: {err}") from None
     return dict(sorted(budget.items(), key=lambda item: _device_order(item[0])))
 
 

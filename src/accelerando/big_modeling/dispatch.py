@@ -19,7 +19,7 @@ from accelerando.big_modeling.attach import (
     attach_align_device_hook_on_blocks,
     link_prefetch,
 )
-from accelerando.big_modeling.budgets import normalize_device_key
+from accelerando.big_modeling.budgets import check_device_visible
 from accelerando.big_modeling.hooks import (
     _MOVE_METHODS,
     AlignDevicesHook,
@@ -36,6 +36,8 @@ from accelerando.big_modeling.offload import (
 from accelerando.big_modeling.tensors import (
     check_tied_parameters_on_same_device,
     find_tied_parameters,
+    summarize_names,
+    tensors_on_meta,
     to_torch_device,
 )
 
@@ -69,11 +71,12 @@ def cpu_offload(
         The model, with hooks attached.
     """
     device = (
-        to_torch_device(execution_device)
+        to_torch_device(check_device_visible(execution_device, "execution_device"))
         if execution_device is not None
         else _default_execution_device(model)
     )
     if state_dict is None:
+        _refuse_empty(model, tensors_on_meta(model), "cpu_offload")
         state_dict = {
             name: tensor.detach().to("cpu") for name, tensor in model.state_dict(keep_vars=True).items()
         }
@@ -132,9 +135,10 @@ def disk_offload(
         The model, with hooks attached.
     """
     if not os.path.isfile(os.path.join(offload_dir, "index.json")):
+        _refuse_empty(model, tensors_on_meta(model), "disk_offload")
         offload_state_dict(offload_dir, model.state_dict())
     device = (
-        to_torch_device(execution_device)
+        to_torch_device(check_device_visible(execution_device, "execution_device"))
         if execution_device is not None
         else _default_execution_device(model)
     )
@@ -153,7 +157,30 @@ def _normalize_map(device_map: Mapping[str, Any]) -> dict[str, Any]:
         raise TypeError(
             f"device_map must be a dict of module name -> device, got {type(device_map).__name__}."
         )
-    return {name: normalize_device_key(device) for name, device in device_map.items()}
+    return {
+        name: check_device_visible(device, f"device_map[{name!r}]") for name, device in device_map.items()
+    }
+
+
+def _refuse_empty(model: nn.Module, empty: list[str], caller: str) -> None:
+    """Moving a tensor that holds no data fails deep inside torch; say which ones and why instead."""
+    if not empty:
+        return
+    raise ValueError(
+        f"{caller}: {len(empty)} parameter(s)/buffer(s) of the model hold no data (still on the meta device: "
+        f"never loaded): {summarize_names(empty)}. Fix: load their weights first (load_checkpoint_in_model "
+        "with a checkpoint that matches the model; strict=True lists every missing key), or map their modules "
+        "to 'disk' with an offload_dir / offload_index that holds them."
+    )
+
+
+def _unloadable(model: nn.Module, offloaded: list[str], weights: Mapping[str, Any] | None) -> list[str]:
+    """Tensors on meta that no hook can fill: not in an offloaded module, or absent from its weights."""
+    return [
+        name
+        for name in tensors_on_meta(model)
+        if not (_covered_by(name, offloaded) and weights is not None and name in weights)
+    ]
 
 
 def _check_coverage(model: nn.Module, device_map: dict[str, Any]) -> None:
@@ -254,7 +281,8 @@ def dispatch_model(
         The model.
 
     Raises:
-        ValueError: if the map misses parameters, or sends modules to disk without ``offload_dir``.
+        ValueError: if the map misses parameters, names a device this machine does not have, sends
+            modules to disk without ``offload_dir``, or leaves tensors on ``meta`` that nothing can fill.
     """
     device_map = _normalize_map(device_map)
     _check_coverage(model, device_map)
@@ -266,8 +294,10 @@ def dispatch_model(
             if values <= {"cpu", "disk"}
             else next(v for v in device_map.values() if v not in ("cpu", "disk"))
         )
-    main_device = normalize_device_key(main_device)
+    main_device = check_device_visible(main_device, "main_device")
     if len(values) == 1 and "disk" not in values and not force_hooks:
+        if values != {"meta"}:
+            _refuse_empty(model, tensors_on_meta(model), "dispatch_model")
         model.to(to_torch_device(values.pop()))
         model.hf_device_map = dict(device_map)
         return model
@@ -289,6 +319,7 @@ def dispatch_model(
         if (cpu_modules or disk_modules)
         else None
     )
+    _refuse_empty(model, _unloadable(model, cpu_modules + disk_modules, weights_map), "dispatch_model")
     execution = {
         name: main_device if device in ("cpu", "disk") else device for name, device in device_map.items()
     }

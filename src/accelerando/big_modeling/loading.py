@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+import pickle
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from accelerando.big_modeling.budgets import get_balanced_memory
+from accelerando.big_modeling.budgets import check_device_visible, get_balanced_memory
 from accelerando.big_modeling.device_map import infer_auto_device_map
 from accelerando.big_modeling.dispatch import dispatch_model
 from accelerando.big_modeling.offload import (
@@ -33,8 +36,11 @@ from accelerando.big_modeling.tensors import (
     find_tied_parameters,
     retie_parameters,
     set_module_tensor_to_device,
+    summarize_names,
+    tensors_on_meta,
     to_torch_device,
 )
+from accelerando.settings.fields import quote_value
 
 __all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "load_state_dict"]
 
@@ -56,15 +62,12 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
         The weight files to read, in shard order.
 
     Raises:
-        ValueError: if nothing loadable is found; the message lists what the folder holds.
+        ValueError: if nothing loadable is found (the message lists what the folder holds), or an
+            index is unreadable or names a shard outside its own folder (nothing outside is touched).
     """
     path = Path(checkpoint)
     if path.is_file() and path.name.endswith(".json"):
-        with open(path, encoding="utf-8") as handle:
-            weight_map = json.load(handle).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{path} has no 'weight_map'; pass a sharded checkpoint's *.index.json file.")
-        return [str(path.parent / name) for name in dict.fromkeys(weight_map.values())]
+        return _index_shards(path)
     if path.is_file():
         return [str(path)]
     if not path.is_dir():
@@ -84,6 +87,38 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
         f"{path} holds no single checkpoint (found {sorted(p.name for p in path.iterdir())}); pass the weights "
         "file or the *.index.json of a sharded checkpoint."
     )
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard files an ``*.index.json`` lists, each checked to lie inside the index's folder.
+
+    Every entry is checked by its text before any file is opened: a shard index comes with the
+    checkpoint, and an entry such as ``../../x`` or ``/etc/x`` must not make us read elsewhere.
+    """
+    fix = "Fix: re-save the checkpoint, or pass a sharded checkpoint's *.index.json file."
+    try:
+        with open(index, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(
+            f"{index} is not a readable checkpoint index ({type(err).__name__}). {fix}"
+        ) from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index} has no 'weight_map' mapping. {fix}")
+    for key, entry in weight_map.items():
+        if not isinstance(entry, str) or not entry or "\x00" in entry:
+            raise ValueError(
+                f"{index}: weight_map[{quote_value(key, 80)}] = {quote_value(entry)} is not a file name. {fix}"
+            )
+        if os.path.isabs(entry) or ".." in Path(entry).parts:
+            raise ValueError(
+                f"{index}: weight_map[{quote_value(key, 80)}] = {quote_value(entry)} points outside the index's "
+                f"folder {str(index.parent)!r}; nothing was read from it. Shard files must be names relative to "
+                "the index, inside its folder (e.g. 'model-00001-of-00002.safetensors'). Fix: correct the index "
+                "or re-save the checkpoint."
+            )
+    return [str(index.parent / name) for name in dict.fromkeys(weight_map.values())]
 
 
 def _device_resolver(device_map: dict[str, object] | None):
@@ -108,6 +143,47 @@ def _device_resolver(device_map: dict[str, object] | None):
     return resolve
 
 
+@contextmanager
+def _safetensors_errors(path: str) -> Iterator[None]:
+    """Re-raise the safetensors library's errors on a damaged file as a ValueError naming the file."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        raise ValueError(
+            f"{path} is not a valid safetensors file ({quote_value(str(err), 200)}). Fix: re-download or re-save "
+            "the checkpoint (it is truncated, damaged or not a safetensors file)."
+        ) from None
+
+
+def _torch_load(path: str, mmap: bool = False) -> Mapping[str, torch.Tensor]:
+    """``torch.load`` with ``weights_only=True`` (never anything else): a file holding other objects is
+    refused with a message naming the file, what it holds and the fix."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = f"an object of type {found.group(1)}" if found else "objects other than tensors"
+        raise ValueError(
+            f"{path} holds {what}, which torch.load(weights_only=True) refuses: unpickling it could run code, "
+            "and big-model loading never does. Fix: save the weights as safetensors (or as a plain dict of "
+            "tensors); if you trust the file and the type is harmless, allow it first with "
+            "torch.serialization.add_safe_globals([...])."
+        ) from None
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            f"{path} holds a {type(state).__name__}, not a state dict (name -> tensor). Fix: pass a weights file."
+        )
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(
+                f"{path}: {quote_value(name, 80)} is a {type(tensor).__name__}, not a tensor. Fix: pass a weights "
+                "file holding only tensors (a state dict)."
+            )
+    return state
+
+
 def _iter_file(path: str, device_for) -> Iterator[tuple[str, torch.Tensor | None, tuple[str, dict] | None]]:
     """Yield ``(name, tensor, in_place)``; for names kept on disk in place the tensor is None and
     ``in_place`` is ``(safetensors path, header entry)``."""
@@ -115,14 +191,14 @@ def _iter_file(path: str, device_for) -> Iterator[tuple[str, torch.Tensor | None
         from safetensors import safe_open
 
         header, _ = read_safetensors_header(path)
-        with safe_open(path, framework="pt", device="cpu") as handle:
+        with _safetensors_errors(path), safe_open(path, framework="pt", device="cpu") as handle:
             for name in header:
-                if device_for(name) == "disk":
+                if device_for(name) == "disk" and header[name]["dtype"] in SAFETENSORS_DTYPES:
                     yield name, None, (path, header[name])
                 else:
                     yield name, handle.get_tensor(name), None
         return
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state = _torch_load(path, mmap=True)
     for name, tensor in state.items():
         # A memory-mapped tensor kept as a CPU parameter would alias the file: copy it out once.
         yield name, (tensor.clone() if device_for(name) == "cpu" else tensor), None
@@ -140,24 +216,38 @@ def load_state_dict(
 
     Returns:
         The state dict.
+
+    Raises:
+        ValueError: a damaged file, a ``.bin`` holding anything but tensors (it is read with
+            ``weights_only=True``), or a device this machine does not have.
     """
     path = str(checkpoint_file)
+    _check_map_devices(device_map)
     resolve = _device_resolver(device_map)
     result: dict[str, torch.Tensor] = {}
     if path.endswith(".safetensors"):
         from safetensors import safe_open
 
-        with safe_open(path, framework="pt", device="cpu") as handle:
+        # The header's claims are checked against the file before the library reads it.
+        read_safetensors_header(path)
+        with _safetensors_errors(path), safe_open(path, framework="pt", device="cpu") as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
                 device = resolve(name)
                 tensor = handle.get_tensor(name)
                 result[name] = tensor if device in ("cpu", "disk") else tensor.to(to_torch_device(device))
         return result
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = _torch_load(path)
     for name, tensor in state.items():
         device = resolve(name)
         result[name] = tensor if device in ("cpu", "disk") else tensor.to(to_torch_device(device))
     return result
+
+
+def _check_map_devices(device_map: Mapping[str, object] | None) -> None:
+    """Every device a map names must exist here: checked before a single file is read."""
+    if isinstance(device_map, Mapping):
+        for name, device in device_map.items():
+            check_device_visible(device, f"device_map[{name!r}]")
 
 
 def _keeps_fp32(name: str, keep_in_fp32_modules: list[str]) -> bool:
@@ -185,6 +275,7 @@ class _Loader:
         self.index: dict[str, dict] = {}
         self.devices: dict[object, torch.device] = {}
         self.full_state_dict = True
+        self.checkpoint = ""
         # Parameters already sharded across processes (FSDP2 / tensor parallel DTensors).
         self.sharded = {name: t for name, t in model.state_dict(keep_vars=True).items() if _is_dtensor(t)}
 
@@ -278,12 +369,23 @@ class _Loader:
         missing = sorted(self.expected - self.loaded)
         if strict and (missing or self.unexpected):
             raise ValueError(
-                f"The checkpoint does not match the model: missing keys {missing}, unexpected keys "
-                f"{self.unexpected}. Fix the checkpoint or model configuration, or pass strict=False."
+                f"The checkpoint {self.checkpoint} does not match the model: {len(missing)} missing key(s) "
+                f"[{summarize_names(missing)}], {len(self.unexpected)} unexpected key(s) "
+                f"[{summarize_names(self.unexpected)}]. Fix the checkpoint or model configuration, or pass "
+                "strict=False."
             )
         if missing or self.unexpected:
+            empty = set(tensors_on_meta(self.model))
+            still_empty = [name for name in missing if name in empty]
             logger.warning(
-                "Checkpoint loaded with missing keys %s and unexpected keys %s.", missing, self.unexpected
+                "Checkpoint %s loaded with missing keys [%s] and unexpected keys [%s].%s",
+                self.checkpoint,
+                summarize_names(missing),
+                summarize_names(self.unexpected),
+                f" {len(still_empty)} missing tensor(s) hold no data (still on the meta device) and must be set "
+                "before the model runs."
+                if still_empty
+                else "",
             )
         return missing, list(self.unexpected)
 
@@ -339,12 +441,16 @@ def load_checkpoint_in_model(
         ``(missing_keys, unexpected_keys)``.
 
     Raises:
-        ValueError: for a missing checkpoint, disk offload without ``offload_folder``, or, with
-            ``strict=True``, a checkpoint that does not match the model.
+        ValueError: for a missing or damaged checkpoint, a shard index naming files outside its folder,
+            a ``.bin`` holding anything but tensors (read with ``weights_only=True``), a device this
+            machine does not have, disk offload without ``offload_folder``, or, with ``strict=True``,
+            a checkpoint that does not match the model.
     """
     del offload_state_dict, offload_8bit_bnb
+    _check_map_devices(device_map)
     tied = find_tied_parameters(model)
     loader = _Loader(model, device_map, offload_folder, dtype, offload_buffers, keep_in_fp32_modules)
+    loader.checkpoint = os.fspath(checkpoint)
     loader.full_state_dict = full_state_dict is not False
     if not loader.full_state_dict and not loader.sharded:
         raise ValueError(
@@ -413,8 +519,9 @@ def load_checkpoint_and_dispatch(
         The loaded, dispatched model.
 
     Raises:
-        ValueError: for an unknown device-map strategy (and see
-            :func:`~accelerando.big_modeling.dispatch_model`).
+        ValueError: for an unknown device-map strategy, for tensors of the model the checkpoint does not
+            hold (they would stay without data), and see :func:`load_checkpoint_in_model` and
+            :func:`~accelerando.big_modeling.dispatch_model`.
     """
     strategies = ("auto", "balanced", "balanced_low_0", "sequential")
     if isinstance(device_map, str):
@@ -432,14 +539,29 @@ def load_checkpoint_and_dispatch(
             model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
             offload_buffers=offload_buffers,
         )  # fmt: skip
-    load_checkpoint_in_model(
+    missing, _ = load_checkpoint_in_model(
         model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
         offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
         full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
     )  # fmt: skip
+    _refuse_unloaded(model, missing, checkpoint)
     if device_map is None:
         return model
     return dispatch_model(
         model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
         preload_module_classes=preload_module_classes, force_hooks=force_hooks,
     )  # fmt: skip
+
+
+def _refuse_unloaded(model: nn.Module, missing: list[str], checkpoint: str | os.PathLike) -> None:
+    """A tensor the checkpoint did not fill and that is still on ``meta`` makes the model unusable."""
+    empty = set(tensors_on_meta(model))
+    unloaded = [name for name in missing if name in empty]
+    if unloaded:
+        raise ValueError(
+            f"{len(unloaded)} parameter(s)/buffer(s) of the model were not found in the checkpoint "
+            f"{os.fspath(checkpoint)!r} and hold no data (still on the meta device): {summarize_names(unloaded)}. "
+            "Fix: check that the checkpoint matches the model (same class and configuration; strict=True lists "
+            "every missing and unexpected key), or create these tensors outside init_empty_weights so they "
+            "keep their initial values."
+        )

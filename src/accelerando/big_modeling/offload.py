@@ -61,8 +61,22 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+# The safetensors library refuses headers over 100 MB; a larger claim is damage or a crafted file.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+_DAMAGED_FIX = (
+    "Fix: re-download or re-save the checkpoint (it is truncated, damaged or not a safetensors file)."
+)
+
+
+def _bad_safetensors(path: str | os.PathLike, problem: str) -> ValueError:
+    return ValueError(f"{os.fspath(path)} is not a valid safetensors file: {problem}. {_DAMAGED_FIX}")
+
+
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], int]:
     """Read the JSON header of a safetensors file without touching the tensor data.
+
+    The header length and every entry's offsets are checked against the file's size before anything
+    is read or mapped, so a damaged or crafted file is refused instead of exhausting memory.
 
     Args:
         path: the ``.safetensors`` file.
@@ -72,19 +86,58 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
         without ``"__metadata__"``) and the byte offset where the tensor data begins.
 
     Raises:
-        ValueError: if the file is not a valid safetensors file.
+        ValueError: if the file is not a valid safetensors file (the message names it).
     """
     with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
         raw = handle.read(8)
         if len(raw) != 8:
-            raise ValueError(f"{path} is not a safetensors file (too short).")
+            raise _bad_safetensors(path, f"it is {size} bytes long, shorter than the 8-byte header length")
         (length,) = struct.unpack("<Q", raw)
+        if length > size - 8 or length > _MAX_HEADER_BYTES:
+            raise _bad_safetensors(
+                path,
+                f"its header claims {length} bytes but the file holds {size - 8} after the length field "
+                f"(at most {_MAX_HEADER_BYTES} allowed)",
+            )
         try:
             header = json.loads(handle.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path} is not a safetensors file (unreadable header).") from error
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+            raise _bad_safetensors(path, "its header is not readable JSON") from error
+    if not isinstance(header, dict):
+        raise _bad_safetensors(path, f"its header is a JSON {type(header).__name__}, not an object")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        _check_entry(path, name, entry, size - 8 - length)
     return header, 8 + length
+
+
+def _check_entry(path: str | os.PathLike, name: str, entry: object, data_size: int) -> None:
+    """One header entry: a known layout whose bytes lie inside the file (and match its shape)."""
+    from accelerando.settings.fields import quote_value
+
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    ints_ok = all(
+        isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+        for v in (shape, offsets)
+    )
+    if not ints_ok or len(offsets) != 2 or not isinstance(entry.get("dtype"), str):
+        raise _bad_safetensors(path, f"the header entry of {quote_value(name, 80)} is malformed")
+    begin, end = offsets
+    if not begin <= end <= data_size:
+        raise _bad_safetensors(
+            path, f"{quote_value(name, 80)} lies at bytes {begin}..{end}, outside the {data_size} data bytes"
+        )
+    dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if dtype is not None and numel * dtype.itemsize != end - begin:
+        raise _bad_safetensors(
+            path,
+            f"{quote_value(name, 80)} has shape {shape} of {entry['dtype']} but {end - begin} bytes of data",
+        )
 
 
 @lru_cache(maxsize=64)
@@ -117,11 +170,20 @@ def safetensors_view(path: str | os.PathLike, name: str) -> torch.Tensor:
 
     Raises:
         KeyError: if the file has no tensor of that name.
+        ValueError: if the file is not a valid safetensors file, or the tensor's dtype is not supported.
     """
     mapped, header, start = _mapped_file(str(Path(path).resolve()))
+    if name not in header:
+        raise KeyError(f"{os.fspath(path)} holds no tensor named {name!r}.")
     entry = header[name]
+    dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+    if dtype is None:
+        raise ValueError(
+            f"{os.fspath(path)}: {name!r} is stored as {entry['dtype']!r}, a dtype that can not be memory-mapped "
+            f"here (supported: {', '.join(SAFETENSORS_DTYPES)}). Fix: convert the checkpoint's tensors to one of them."
+        )
     begin, end = entry["data_offsets"]
-    return _view(mapped, start + begin, end - begin, SAFETENSORS_DTYPES[entry["dtype"]], entry["shape"])
+    return _view(mapped, start + begin, end - begin, dtype, entry["shape"])
 
 
 def offload_weight(

@@ -7,8 +7,9 @@ import warnings
 import torch
 from torch import nn
 
-from accelerando.big_modeling.budgets import normalize_device_key
+from accelerando.big_modeling.budgets import check_device_visible, normalize_device_key
 from accelerando.big_modeling.sizes import parse_dtype
+from accelerando.settings.fields import quote_value
 
 __all__ = [
     "check_tied_parameters_on_same_device",
@@ -17,8 +18,42 @@ __all__ = [
     "resolve_submodule",
     "retie_parameters",
     "set_module_tensor_to_device",
+    "summarize_names",
+    "tensors_on_meta",
     "to_torch_device",
 ]
+
+
+def summarize_names(names: list[str] | tuple[str, ...], limit: int = 10) -> str:
+    """Name up to ``limit`` tensors for a message, then say how many more there are.
+
+    Args:
+        names: tensor names, in the order to show them.
+        limit: the most names to show.
+
+    Returns:
+        ``"'a.weight', 'b.bias'"`` or ``"'a.weight', ... and 7 more (17 in all)"``.
+    """
+    shown = ", ".join(quote_value(name, 80) for name in names[:limit])
+    extra = len(names) - limit
+    return shown + (f", ... and {extra} more ({len(names)} in all)" if extra > 0 else "")
+
+
+def tensors_on_meta(model: nn.Module) -> list[str]:
+    """Names of the model's parameters and buffers that hold no data (on the ``meta`` device).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The names, parameters first, in module order (a tied parameter once).
+    """
+    return [
+        name
+        for named in (model.named_parameters(), model.named_buffers())
+        for name, tensor in named
+        if tensor.device.type == "meta"
+    ]
 
 
 def to_torch_device(device: int | str | torch.device) -> torch.device:
@@ -117,6 +152,8 @@ def set_module_tensor_to_device(
         )
     old = owner._buffers[name] if is_buffer else owner._parameters[name]
     target = device if isinstance(device, torch.device) else to_torch_device(device)
+    if target.type not in ("cpu", "meta"):
+        check_device_visible(target, repr(tensor_name))
     if value is None:
         if old is None:
             return
