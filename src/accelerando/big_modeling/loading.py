@@ -113,7 +113,7 @@ def _index_shards(index: Path) -> list[str]:
             )
         if os.path.isabs(entry) or ".." in Path(entry).parts:
             raise ValueError(
-                f"{index}: weight_map[{quote_value(key, 80)}] = {quote_value(entry)} points outside the index's "
+                f"{index}: weight_map[{quote_value(key, 80)}] = {quote_value(entry, 120)} points outside the index's "
                 f"folder {str(index.parent)!r}; nothing was read from it. Shard files must be names relative to "
                 "the index, inside its folder (e.g. 'model-00001-of-00002.safetensors'). Fix: correct the index "
                 "or re-save the checkpoint."
@@ -555,8 +555,8 @@ def load_checkpoint_and_dispatch(
 
 def _refuse_unloaded(model: nn.Module, missing: list[str], checkpoint: str | os.PathLike) -> None:
     """A tensor the checkpoint did not fill and that is still on ``meta`` makes the model unusable."""
-    empty = set(tensors_on_meta(model))
-    unloaded = [name for name in missing if name in empty]
+    wanted = set(missing)
+    unloaded = [name for name in tensors_on_meta(model) if name in wanted]  # in module order
     if unloaded:
         raise ValueError(
             f"{len(unloaded)} parameter(s)/buffer(s) of the model were not found in the checkpoint "
