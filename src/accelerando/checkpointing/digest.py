@@ -34,6 +34,7 @@ __all__ = [
     "default_algorithm",
     "digest_files",
     "file_digest",
+    "known",
 ]
 
 PIECE_BYTES = 64 * 2**20
@@ -79,12 +80,17 @@ def _one_shot(base: str) -> Callable[[Any], int] | None:
     return None
 
 
+_BASES = ("crc32", "xxh3_64")
+
+
+def known(algorithm: str) -> bool:
+    """Whether ``algorithm`` names one of the checksums above (whether or not it can be computed here)."""
+    return algorithm in _BASES or (algorithm.endswith(_PIECED_SUFFIX) and _base(algorithm) in _BASES)
+
+
 def available(algorithm: str) -> bool:
     """Whether this installation can compute ``algorithm`` (``xxh3_64*`` needs ``xxhash``)."""
-    known = algorithm in ("crc32", "xxh3_64") or (
-        algorithm.endswith(_PIECED_SUFFIX) and _base(algorithm) in ("crc32", "xxh3_64")
-    )
-    return known and _one_shot(_base(algorithm)) is not None
+    return known(algorithm) and _one_shot(_base(algorithm)) is not None
 
 
 def default_algorithm() -> str:

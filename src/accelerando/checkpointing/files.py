@@ -13,9 +13,15 @@ import logging
 import os
 import pickle
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
+
+from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.utils.serialization import refused_type
 
 __all__ = [
     "MODEL_NAME",
@@ -27,10 +33,13 @@ __all__ = [
     "RNG_STATE_NAME",
     "CUSTOM_NAME",
     "GRADIENTS_NAME",
+    "OPT_IN",
+    "UnsafeCheckpointError",
     "indexed",
     "model_file",
     "torch_load",
     "torch_save",
+    "unpickling",
 ]
 
 logger = logging.getLogger(__name__)
@@ -68,34 +77,81 @@ def torch_save(obj: Any, path: str) -> None:
 # elsewhere anyway (see state_io.load_optimizer_state): no fresh allocation, no second copy.
 MAPPED_LOAD_MIN_BYTES = 16 * 2**20
 
+# Whether torch_load may fully unpickle (run code from) a file: False unless the caller of the load
+# opted in with load_kwargs={"weights_only": False}; a context variable so that strategy loaders
+# called in between (the FSDP optimizer loader) follow the same choice without a parameter.
+_WEIGHTS_ONLY: ContextVar[bool] = ContextVar("accelerando_weights_only", default=True)
 
-def torch_load(path: str, map_location: Any = None, mapped: bool = False) -> Any:
-    """``torch.load`` with ``weights_only=True``, falling back to full unpickling.
+OPT_IN = "load_kwargs={'weights_only': False}"
 
-    The fallback only runs for files inside checkpoint folders, which accelerando wrote and verified
-    against their manifest; it exists for state dicts holding objects the restricted unpickler does
-    not know (some schedulers and user objects).
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file holds objects that only full unpickling can rebuild, which could run code.
+
+    Attributes:
+        path: The file.
+        refused: The type or function ``torch.load(weights_only=True)`` refused (as torch names it).
+    """
+
+    def __init__(self, path: str, refused: str, hint: str = "") -> None:
+        self.path, self.refused = path, refused
+        super().__init__(
+            f"Refused to load {path!r}: it holds {refused}, which only full unpickling can rebuild, and "
+            f"unpickling can run code hidden in the file. Checkpoint files are read with "
+            f"weights_only=True.{hint} If you trust this checkpoint, pass {OPT_IN} to load_state "
+            "(or load_accelerator_state / load_custom_state)."
+        )
+
+
+@contextmanager
+def unpickling(weights_only: bool) -> Iterator[None]:
+    """Within the block, :func:`torch_load` calls without ``weights_only`` use this value.
+
+    Only a caller's explicit opt-in (``load_kwargs={"weights_only": False}``) should pass False.
+    """
+    token = _WEIGHTS_ONLY.set(bool(weights_only))
+    try:
+        yield
+    finally:
+        _WEIGHTS_ONLY.reset(token)
+
+
+def torch_load(
+    path: str, map_location: Any = None, mapped: bool = False, weights_only: bool | None = None
+) -> Any:
+    """``torch.load`` with ``weights_only=True`` (never falling back to full unpickling by itself).
 
     Args:
         mapped: For a file of at least ``MAPPED_LOAD_MIN_BYTES``, return tensors backed by a private,
             read-only-on-disk memory map of the file (``torch.load(mmap=True)``) instead of fresh
             memory. The caller must copy or clone them before the file may go away.
+        weights_only: False to unpickle fully (runs whatever code the file holds: only for files the
+            user trusts and opted in for). None: True, unless inside :func:`unpickling` ``(False)``.
+
+    Raises:
+        UnsafeCheckpointError: If the file holds a type ``weights_only`` loading refuses (the message
+            names the file, the type and the opt-in).
     """
+    weights_only = _WEIGHTS_ONLY.get() if weights_only is None else bool(weights_only)
     # Legacy (non-zip) torch.save files cannot be memory-mapped.
     if mapped and os.path.getsize(path) >= MAPPED_LOAD_MIN_BYTES and zipfile.is_zipfile(path):
         try:
-            return _load(path, map_location, mmap=True)
+            return _load(path, map_location, True, weights_only)
+        except CheckpointError:
+            raise
         except (OSError, RuntimeError, ValueError) as err:  # e.g. a file system that cannot map files
             logger.debug("memory-mapped load of %s failed (%s); reading it instead", path, err)
-    return _load(path, map_location, mmap=False)
+    return _load(path, map_location, False, weights_only)
 
 
-def _load(path: str, map_location: Any, mmap: bool) -> Any:
+def _load(path: str, map_location: Any, mmap: bool, weights_only: bool) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError:
-        logger.debug("%s needs full unpickling (it holds non-tensor objects)", path)
-        return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        refused = refused_type(err) if weights_only else None
+        if refused is None:  # not a refusal: a damaged file (or a refusal with full unpickling asked)
+            raise
+        raise UnsafeCheckpointError(path, refused) from None
 
 
 def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization: bool) -> None:
@@ -112,7 +168,7 @@ def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization
 
 
 def load_model_weights(path: str, map_location: Any = None) -> dict[str, Any]:
-    """Read one model's weights written by :func:`save_model_weights`."""
+    """Read one model's weights written by :func:`save_model_weights` (``.bin``: see :func:`torch_load`)."""
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 

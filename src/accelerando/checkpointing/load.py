@@ -1,7 +1,9 @@
 """``Accelerator.load_state``: verify, read, agree, then apply; automatic resume with fallback.
 
-Load verifies first (sizes always; checksums by default, every file's pieces hashed in parallel), reads,
-agrees across processes that every rank succeeded, and only then applies it to the live objects.
+Load verifies first (the manifest parsed and validated, the folder scanned without following links,
+sizes always; checksums by default, every file's pieces hashed in parallel), reads with
+``weights_only=True`` (full unpickling only on the caller's explicit opt-in), agrees across processes
+that every rank succeeded, and only then applies it to the live objects.
 Without an explicit folder the newest complete and intact checkpoint is used; damaged ones are skipped
 with a warning.
 """
@@ -16,6 +18,7 @@ from typing import Any
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.collective import gather
+from accelerando.checkpointing.manifest import Manifest, require_listed, scan_folder
 from accelerando.checkpointing.project import (
     NUMBERED,
     RESUME_POINTS,
@@ -55,7 +58,7 @@ def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         match = NUMBERED.match(name)
         if match and (newest is None or int(match.group(1)) > int(newest.split("_")[1])):
-            if not os.path.exists(os.path.join(root, name, atomic.MANIFEST_NAME)):
+            if not os.path.lexists(os.path.join(root, name, atomic.MANIFEST_NAME)):
                 warnings.warn(
                     f"Skipping incomplete checkpoint {os.path.join(root, name)}: it has no manifest",
                     stacklevel=3,
@@ -68,6 +71,32 @@ def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[
     return found, True
 
 
+def _verify_folder(folder: str, allow_unverified: bool) -> tuple[Manifest | None, dict[str, int]]:
+    """Parse the manifest and scan the folder (refusing links) before anything in it is read.
+
+    Returns:
+        The manifest (None for an explicitly allowed folder without one) and the folder's files.
+    """
+    if allow_unverified and not os.path.lexists(os.path.join(folder, atomic.MANIFEST_NAME)):
+        logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
+        return None, scan_folder(folder, recursive=False)  # only its own entries are read
+    manifest = atomic.verify_checkpoint(folder)  # parse, scan, sizes of every file
+    return manifest, scan_folder(folder)
+
+
+def _check_strategy_files(
+    folder: str, manifest: Manifest, present: dict[str, int], names: list[str], checksums: bool, state: Any
+) -> None:
+    """Files a sharded strategy reads itself: every file must be listed; checksums split between ranks."""
+    unlisted = sorted(set(present) - set(manifest.files) - {atomic.MANIFEST_NAME})
+    require_listed(folder, manifest, unlisted[:1])
+    if not checksums:
+        return
+    per_rank = (f"{F.RNG_STATE_NAME}_", f"{F.GRADIENTS_NAME}_")
+    shared = sorted(n for n in set(manifest.files) - set(names) if not n.startswith(per_rank))
+    atomic.verify_checksums(folder, manifest, shared[state.process_index :: max(1, state.num_processes)])
+
+
 def _read_candidate(
     target: Any,
     folder: str,
@@ -78,11 +107,7 @@ def _read_candidate(
 ) -> tuple[LoadedState, list[Any], bool]:
     """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
     state = target.state
-    manifest = None
-    if allow_unverified and not os.path.exists(os.path.join(folder, atomic.MANIFEST_NAME)):
-        logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
-    else:
-        manifest = atomic.verify_checkpoint(folder)  # sizes of every file
+    manifest, present = _verify_folder(folder, allow_unverified)
     per_rank = manifest is None or manifest.world_size == state.num_processes
     if not per_rank:
         warnings.warn(
@@ -103,23 +128,36 @@ def _read_candidate(
         target.scaler is not None,
     )
     customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(target.custom_objects))]
-    names = needed_files(folder, *counts, per_rank=per_rank) + customs
-    if manifest and verify_checksums:
-        # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
-        atomic.verify_checksums(folder, manifest, names)
+    names = needed_files(folder, *counts, per_rank=per_rank) + [n for n in customs if n in present]
+    if manifest is not None:
+        require_listed(folder, manifest, names)  # the manifest is the complete list of what is read
+        if owns:
+            _check_strategy_files(folder, manifest, present, names, verify_checksums, state)
+        if verify_checksums:
+            # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
+            atomic.verify_checksums(folder, manifest, names)
     loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
-    custom_states = [F.torch_load(_custom_path(folder, name)) for name in customs]
+    custom_states = [_load_custom(target, folder, i, name, present) for i, name in enumerate(customs)]
     return loaded, custom_states, per_rank
 
 
-def _custom_path(folder: str, name: str) -> str:
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
+def _load_custom(target: Any, folder: str, index: int, name: str, present: dict[str, int]) -> Any:
+    """Read the state of the ``index``-th registered object (weights-only unless the caller opted in)."""
+    if name not in present:
         raise FileNotFoundError(
             f"Checkpoint {folder!r} has no {name!r}: fewer objects were registered with "
             "register_for_checkpointing when it was saved; register the same objects in the same order."
         )
-    return path
+    path = os.path.join(folder, name)
+    try:
+        return F.torch_load(path)
+    except F.UnsafeCheckpointError as err:
+        kind = type(target.custom_objects[index]).__name__
+        hint = (
+            f" It is the state of registered object {index} (a {kind}); a state_dict() of tensors and plain "
+            "Python data (numbers, strings, lists, dicts) loads without the opt-in."
+        )
+        raise F.UnsafeCheckpointError(path, err.refused, hint) from None
 
 
 def _attempt(target: Any, folder: str, kwargs: dict[str, Any]) -> Any:
@@ -149,8 +187,14 @@ def _attempt(target: Any, folder: str, kwargs: dict[str, Any]) -> Any:
 
 
 def _is_damage(error: BaseException) -> bool:
-    """Whether a load error means a damaged file (fall back) rather than a bug or a mismatch (raise)."""
+    """Whether a load error means a damaged file (fall back) rather than a bug or a mismatch (raise).
+
+    A refused unsafe file is not damage: it is raised, with the opt-in, instead of silently skipped.
+    """
     import pickle
+
+    if isinstance(error, F.UnsafeCheckpointError):
+        return False
 
     damage: tuple[type[BaseException], ...] = (
         atomic.CheckpointError,
@@ -189,16 +233,27 @@ def load_state(
             except ``map_location`` (device for loaded weights, default CPU), ``verify_checksums``
             (default: the ``verify_checksums`` setting, True unless ``ACCELERANDO_VERIFY_CHECKSUMS=0`` or
             the config file says otherwise: compare every read file's checksum with the manifest; sizes
-            are always checked) and ``allow_unverified`` (default False: an explicit folder without a manifest,
-            e.g. written by another library, is loaded with a warning instead of refused).
+            are always checked), ``allow_unverified`` (default False: an explicit folder without a manifest,
+            e.g. written by another library, is loaded with a warning instead of refused) and
+            ``load_kwargs`` (the reference's ``torch.load`` options: only ``{"weights_only": False}`` is
+            honoured, the explicit opt-in to fully unpickling files that need it, which runs any code they
+            hold; without it such files are refused).
+
+    Every ``.bin`` / ``.pkl`` / ``.pt`` file is read with ``torch.load(weights_only=True)``. With a
+    manifest, it is the complete list of what may be read: a needed file it does not list, an entry
+    that is not a plain name inside the folder, an unknown checksum algorithm, a symbolic link in the
+    folder or a manifest that does not parse is damage.
 
     Raises:
         FileNotFoundError: If the folder does not exist, or no checkpoint exists to resume from.
         ValueError: If no folder is given and automatic naming is off.
+        TypeError: If ``load_kwargs`` is not a dict or its ``weights_only`` not a bool.
         CheckpointError: If the checkpoint is damaged (explicit folder) or every candidate is.
+        UnsafeCheckpointError: (a ``CheckpointError``) If a file holds objects that only full
+            unpickling rebuilds and the caller did not opt in; never skipped in automatic mode.
     """
     set_active_accelerator(target.owner)
-    check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
+    weights_only = check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
     candidates, may_fall_back = _candidates(target, input_dir)
     kwargs = {
         "map_location": load_model_func_kwargs.pop("map_location", None),
@@ -208,10 +263,11 @@ def load_state(
         "allow_unverified": bool(load_model_func_kwargs.pop("allow_unverified", False)) and not may_fall_back,
     }
     for folder in candidates:
-        outcome, error, failed = _attempt(target, folder, kwargs)
-        if not failed:
-            _apply(target, folder, outcome, load_model_func_kwargs)
-            return
+        with F.unpickling(weights_only):  # the strategy's own loaders in _apply follow it too
+            outcome, error, failed = _attempt(target, folder, kwargs)
+            if not failed:
+                _apply(target, folder, outcome, load_model_func_kwargs)
+                return
         if not may_fall_back or not all(is_damage for _, _, is_damage in failed):
             if error is not None:
                 raise error

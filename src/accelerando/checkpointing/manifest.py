@@ -2,31 +2,47 @@
 
 A manifest lists every file of a checkpoint folder with its size and checksum. It is written last by
 :func:`accelerando.checkpointing.atomic.commit` and read first by every load.
+
+The manifest is the complete list of what a load may read, and a checksum is not a signature, so
+reading treats the folder as untrusted input:
+
+- any manifest that does not parse into exactly the expected shape (a JSON list, wrong types, a
+  missing key, an unknown or ``"none"`` checksum algorithm) is damage;
+- every entry must be a plain relative name inside the folder (no ``..``, no absolute path, no empty
+  part), checked before anything is opened or ``stat``-ed, so nothing outside the folder ever is;
+- symbolic links (and other non-regular files) inside a checkpoint are refused, never followed;
+- a file a loader would read that the manifest does not list is damage (:func:`require_listed`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelerando.checkpointing.digest import FileEntry, available, digest_files
+from accelerando.checkpointing.digest import FileEntry, available, digest_files, known
 
 __all__ = [
     "MANIFEST_NAME",
     "CheckpointError",
     "Manifest",
+    "check_name",
     "read_manifest",
+    "require_listed",
+    "scan_folder",
     "verify_checkpoint",
     "verify_checksums",
 ]
 
 MANIFEST_NAME = "checkpoint_manifest.json"
 MANIFEST_FORMAT = 1
+# Far above any real manifest (about 100 bytes per file); a bigger one is damage, not read into memory.
+MAX_MANIFEST_BYTES = 64 * 2**20
 
 
 class CheckpointError(RuntimeError):
@@ -61,52 +77,177 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        """Parse a manifest's JSON text (raises ``KeyError``/``ValueError``/``TypeError`` if malformed)."""
+        """Parse and validate a manifest's JSON text.
+
+        Raises:
+            ValueError: If it is not valid JSON or not exactly a manifest's shape (the message says
+                which part is wrong). ``read_manifest`` turns every failure into ``CheckpointError``.
+        """
         payload = json.loads(text)
+        if not isinstance(payload, dict):
+            raise ValueError(f"expected a JSON object, found a JSON {_json_kind(payload)}")
         if payload.get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"unknown manifest format {payload.get('format')!r}")
-        files = {
-            name: FileEntry(int(e["size"]), int(e["checksum"]), str(e["algorithm"]))
-            for name, e in payload["files"].items()
-        }
+            raise ValueError(f"unknown manifest format {_short(payload.get('format'))}")
+        files = _field(payload, "files", dict)
+        extra = payload.get("extra", {})
+        if not isinstance(extra, dict):
+            raise ValueError(f"'extra' must be an object, found a JSON {_json_kind(extra)}")
+        world_size = _field(payload, "world_size", int)
+        if world_size < 1:
+            raise ValueError(f"'world_size' must be at least 1, found {world_size}")
+        created = _field(payload, "created", (int, float))
         return cls(
-            files=files,
-            world_size=int(payload["world_size"]),
-            library_version=str(payload["library_version"]),
-            created=float(payload["created"]),
-            extra=dict(payload.get("extra", {})),
+            files={check_name(name): _entry(name, value) for name, value in files.items()},
+            world_size=world_size,
+            library_version=_field(payload, "library_version", str),
+            created=float(created),
+            extra=dict(extra),
         )
 
 
-def read_manifest(folder: str) -> Manifest:
-    """Read a checkpoint's manifest.
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _field(mapping: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+    """``mapping[key]``, which must be of ``kind`` (booleans are not numbers here)."""
+    if key not in mapping:
+        raise ValueError(f"{where}'{key}' is missing")
+    value = mapping[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{where}'{key}' has the wrong type: {_short(value)}")
+    return value
+
+
+def _entry(name: str, value: Any) -> FileEntry:
+    where = f"entry {_short(name)}: "
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}expected an object, found a JSON {_json_kind(value)}")
+    size, checksum = _field(value, "size", int, where), _field(value, "checksum", int, where)
+    algorithm = _field(value, "algorithm", str, where)
+    if size < 0 or checksum < 0:
+        raise ValueError(f"{where}negative size or checksum")
+    if not known(algorithm):
+        raise ValueError(f"{where}unknown checksum algorithm {_short(algorithm)}")
+    return FileEntry(size, checksum, algorithm)
+
+
+def check_name(name: Any) -> str:
+    """Return ``name`` if it is a plain relative name inside a folder (``a.bin``, ``sub/a.bin``).
 
     Raises:
-        CheckpointError: If the manifest is missing or unreadable (the message names it).
+        ValueError: For anything else: not a string, empty, absolute, a drive, a NUL byte, or an
+            empty, ``.`` or ``..`` part (either slash counts as a separator).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"file name {_short(name)} is not a plain relative name")
+    parts = name.replace("\\", "/").split("/")
+    if (
+        "\x00" in name
+        or os.path.isabs(name)
+        or os.path.splitdrive(name)[0]
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ValueError(f"file name {_short(name)} is not a plain relative name inside the folder")
+    return name
+
+
+def read_manifest(folder: str) -> Manifest:
+    """Read and validate a checkpoint's manifest (never following a symbolic link).
+
+    Raises:
+        CheckpointError: If the manifest is missing, is a link or not a regular file, is too big, or
+            cannot be parsed into a valid manifest for any reason (the message names it).
     """
     path = os.path.join(folder, MANIFEST_NAME)
     try:
-        with open(path, encoding="utf-8") as handle:
-            return Manifest.from_json(handle.read())
+        info = os.lstat(path)
     except FileNotFoundError:
         raise CheckpointError(
             f"Checkpoint {folder!r} has no {MANIFEST_NAME}: it is incomplete (a save was interrupted) "
             "or was not written by accelerando; load another checkpoint."
         ) from None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise CheckpointError(
-            f"Checkpoint {folder!r} is damaged: {path!r} cannot be parsed ({err}); load another checkpoint."
-        ) from err
-
-
-def _check_size(folder: str, name: str, entry: FileEntry) -> None:
+    except OSError as err:
+        raise _damaged(folder, f"{MANIFEST_NAME} cannot be read ({err.strerror})") from err
+    if stat.S_ISLNK(info.st_mode):
+        raise _damaged(folder, f"{MANIFEST_NAME} is a symbolic link (links are never followed)")
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MANIFEST_BYTES:
+        raise _damaged(folder, f"{MANIFEST_NAME} is not a regular file of at most {MAX_MANIFEST_BYTES} bytes")
     try:
-        size = os.stat(os.path.join(folder, name)).st_size
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as handle:
+            return Manifest.from_json(handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
+    except Exception as err:  # noqa: BLE001 - whatever the reason, an unparsable manifest means damage
+        reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        raise _damaged(folder, f"{path!r} cannot be parsed ({reason[:200]})") from err
+
+
+def _damaged(folder: str, what: str) -> CheckpointError:
+    return CheckpointError(f"Checkpoint {folder!r} is damaged: {what}; load another checkpoint.")
+
+
+def scan_folder(folder: str, recursive: bool = True) -> dict[str, int]:
+    """Size of every file in ``folder`` by relative ``/``-joined name, without following any link.
+
+    Only entries inside ``folder`` are looked at (``lstat``, never ``stat``).
+
+    Args:
+        recursive: Also scan sub-folders (False: only the folder's own entries).
+
+    Raises:
+        CheckpointError: If an entry is a symbolic link or neither a regular file nor a folder.
+    """
+    found: dict[str, int] = {}
+    pending = [""]
+    while pending:
+        prefix = pending.pop()
+        with os.scandir(os.path.join(folder, prefix) if prefix else folder) as entries:
+            for entry in entries:
+                name = f"{prefix}/{entry.name}" if prefix else entry.name
+                if entry.is_symlink():
+                    raise CheckpointError(
+                        f"Checkpoint {folder!r} holds a symbolic link, {name!r}: links inside a checkpoint are "
+                        "refused, never followed. Replace it with the file itself (e.g. cp -L), or load "
+                        "another checkpoint."
+                    )
+                if entry.is_dir(follow_symlinks=False):
+                    if recursive:
+                        pending.append(name)
+                elif entry.is_file(follow_symlinks=False):
+                    found[name] = entry.stat(follow_symlinks=False).st_size
+                else:
+                    raise _damaged(folder, f"{name!r} is neither a regular file nor a folder")
+    return found
+
+
+def require_listed(folder: str, manifest: Manifest, names: Iterable[str]) -> None:
+    """Check that the manifest lists every named file (the manifest is the complete list).
+
+    Raises:
+        CheckpointError: Naming the first file a loader would read that the manifest does not list.
+    """
+    for name in names:
+        if name not in manifest.files:
+            raise _damaged(
+                folder,
+                f"file {name!r} would be read but its {MANIFEST_NAME} does not list it (the manifest was "
+                "altered, or the file was added after the save)",
+            )
+
+
+def _check_size(folder: str, name: str, entry: FileEntry, present: dict[str, int]) -> None:
+    size = present.get(name)
+    if size is None:
         raise CheckpointError(
             f"Checkpoint {folder!r} is damaged: file {name!r} listed in its manifest is missing; "
             "load another checkpoint."
-        ) from None
+        )
     if size != entry.size:
         raise CheckpointError(
             f"Checkpoint {folder!r} is damaged: file {name!r} has {size} bytes, the manifest says "
@@ -138,35 +279,48 @@ def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
 
 
 def verify_checksums(folder: str, manifest: Manifest, names: Iterable[str]) -> None:
-    """Compare the named files' checksums with an already read and size-checked manifest.
+    """Compare the named files' checksums with a manifest already checked by :func:`verify_checkpoint`.
 
-    All pieces of all the files are hashed in parallel; names the manifest does not list are skipped.
+    All pieces of all the files are hashed in parallel.
 
     Raises:
-        CheckpointError: Naming the first corrupted file.
+        CheckpointError: Naming the first file the manifest does not list, or the first corrupted one.
     """
-    _check_checksums(folder, {n: manifest.files[n] for n in names if n in manifest.files})
+    names = list(names)
+    require_listed(folder, manifest, names)
+    _check_checksums(folder, {n: manifest.files[n] for n in names})
 
 
 def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str] | None = None) -> Manifest:
     """Check a checkpoint folder against its manifest.
 
+    The manifest is parsed and validated, the folder's entries are scanned without following links
+    (any link is refused), and the listed files' sizes are compared; nothing outside the folder is
+    opened or ``stat``-ed.
+
     Args:
         folder: The checkpoint folder.
         checksums: Also compare every file's checksum (reads every byte, all files' pieces in parallel);
             sizes are always checked.
-        names: Only check these files (default: every file in the manifest).
+        names: Only check these files (default: every file in the manifest); each must be listed.
 
     Returns:
         The manifest.
 
     Raises:
-        CheckpointError: Naming the first missing, truncated or corrupted file.
+        CheckpointError: Naming the first missing, unlisted, truncated or corrupted file, a link, or
+            a manifest that cannot be parsed.
     """
     manifest = read_manifest(folder)
-    wanted = manifest.files if names is None else {n: manifest.files[n] for n in names if n in manifest.files}
+    present = scan_folder(folder)
+    if names is None:
+        wanted = manifest.files
+    else:
+        names = list(names)
+        require_listed(folder, manifest, names)
+        wanted = {n: manifest.files[n] for n in names}
     for name, entry in wanted.items():
-        _check_size(folder, name, entry)
+        _check_size(folder, name, entry, present)
     if checksums:
         _check_checksums(folder, wanted)
     return manifest

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import stat
 from collections.abc import Sequence
 from typing import Any
 
 import accelerando.checkpointing.files as F
 import accelerando.runtime as runtime
-from accelerando.checkpointing.atomic import MANIFEST_NAME, read_manifest, verify_checkpoint
-from accelerando.checkpointing.atomic import verify_checksums as verify_checksums_of
+from accelerando.checkpointing.manifest import (
+    MANIFEST_NAME,
+    CheckpointError,
+    read_manifest,
+    require_listed,
+    scan_folder,
+    verify_checkpoint,
+)
+from accelerando.checkpointing.manifest import verify_checksums as verify_checksums_of
 from accelerando.checkpointing.state_io import (
     apply_state,
     check_load_kwargs,
@@ -146,8 +155,9 @@ def load_accelerator_state(
         process_index: Index of this process (selects its random-state file).
         scaler: GradScaler to restore, or None.
         map_location: Device for loaded weights (default CPU; ``load_state_dict`` copies them).
-        load_kwargs: The reference's ``torch.load`` options; accepted for compatibility and ignored
-            with a warning (files are read with ``weights_only=True`` where possible).
+        load_kwargs: The reference's ``torch.load`` options. Files are read with ``weights_only=True``;
+            ``{"weights_only": False}`` is the explicit opt-in to fully unpickle files that need it (runs
+            any code they hold: only for checkpoints you trust). Other keys are ignored with a warning.
         verify_checksums: Compare every file's checksum with the manifest (sizes are always checked).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``).
 
@@ -155,7 +165,9 @@ def load_accelerator_state(
         ``{"step": <saved step>}`` in the explicit form; None in the folder-only form.
 
     Raises:
-        CheckpointError: If a file is missing, truncated or corrupted (the message names it).
+        CheckpointError: If a file is missing, truncated, corrupted, not listed in the manifest or a
+            symbolic link, or the manifest is invalid (the message names it).
+        UnsafeCheckpointError: If a file needs full unpickling and ``load_kwargs`` does not opt in.
     """
     explicit = (models, optimizers, schedulers, dataloaders, process_index, scaler)
     if all(value is None for value in explicit):
@@ -167,20 +179,23 @@ def load_accelerator_state(
             **load_model_func_kwargs,
         )
         return None
-    check_load_kwargs(load_kwargs)
+    weights_only = check_load_kwargs(load_kwargs)
     folder = os.fspath(input_dir)
     models, optimizers = list(models or []), list(optimizers or [])
     schedulers, dataloaders = list(schedulers or []), list(dataloaders or [])
     rank = _process_index(process_index)
     counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
-    names = needed_files(folder, *counts)
-    if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
-        manifest = verify_checkpoint(folder)  # sizes of every file: catches deleted or truncated ones
+    if os.path.lexists(os.path.join(folder, MANIFEST_NAME)):
+        manifest = verify_checkpoint(folder)  # parse, scan (links refused), sizes of every file
+        names = needed_files(folder, *counts)
+        require_listed(folder, manifest, names)
         if verify_checksums:
             verify_checksums_of(folder, manifest, names)
     else:
+        scan_folder(folder, recursive=False)  # links refused before any name is looked up
         logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
-    loaded = read_state_files(folder, *counts, map_location=map_location)
+    with F.unpickling(weights_only):
+        loaded = read_state_files(folder, *counts, map_location=map_location)
     apply_state(loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs)
     return {"step": loaded.step if loaded.step is not None else 0}
 
@@ -257,12 +272,15 @@ def load_custom_state(
     *,
     process_index: int | None = None,
     scaler: Any | None = None,
+    load_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """Load a custom state saved by :func:`save_custom_state`.
 
     Two forms: ``load_custom_state(path)`` returns the saved value (the file form);
     ``load_custom_state(obj, folder_or_file, index)`` loads it into ``obj`` with ``load_state_dict``
-    (the object form) and returns the loaded state too.
+    (the object form) and returns the loaded state too. The file is read with ``weights_only=True``.
+    In a checkpoint folder (one with a manifest) the file must be listed and intact, and may not be a
+    symbolic link.
 
     Args:
         obj: The object to load into, or the path in the one-argument form.
@@ -270,6 +288,8 @@ def load_custom_state(
         index: Number of the object in a folder.
         process_index: Keyword alias of ``index``.
         scaler: Accepted so that calls passing it keep working; not used.
+        load_kwargs: ``{"weights_only": False}`` opts in to fully unpickling a state that holds
+            arbitrary Python objects (runs any code the file holds: only for files you trust).
 
     Returns:
         The loaded state.
@@ -277,8 +297,11 @@ def load_custom_state(
     Raises:
         TypeError: If ``obj`` has no ``load_state_dict`` in the reference form.
         FileNotFoundError: If the file does not exist.
+        CheckpointError: If the file is a link, unlisted or damaged in a checkpoint folder.
+        UnsafeCheckpointError: If the state needs full unpickling and ``load_kwargs`` does not opt in.
     """
     del scaler
+    weights_only = check_load_kwargs(load_kwargs)
     index = index if process_index is None else process_index
     if path is None:
         if not isinstance(obj, (str, os.PathLike)):
@@ -287,11 +310,10 @@ def load_custom_state(
                 "load_custom_state(obj, path, index)."
             )
         obj, path = None, obj
-    target, _ = _custom_target(path, index)
-    if not os.path.exists(target):
-        raise FileNotFoundError(f"No custom state at {target!r}; check the path and index used when saving.")
-    _verify_if_listed(target)
-    state = F.torch_load(target)
+    target, folder_form = _custom_target(path, index)
+    _check_custom_file(target, folder_form)
+    with F.unpickling(weights_only):
+        state = F.torch_load(target)
     if obj is not None:
         if not callable(getattr(obj, "load_state_dict", None)):
             raise TypeError(
@@ -302,8 +324,31 @@ def load_custom_state(
     return state
 
 
-def _verify_if_listed(target: str) -> None:
-    """Check a file against its folder's manifest, when the folder has one listing it."""
+_CUSTOM_FILE = re.compile(rf"^{F.CUSTOM_NAME}_\d+\.pkl$")
+
+
+def _check_custom_file(target: str, folder_form: bool) -> None:
+    """Refuse a link, and in a checkpoint folder an unlisted or damaged file, before it is read.
+
+    A file the user names directly outside a checkpoint folder is theirs: it may be a link.
+    """
     folder, name = os.path.split(os.path.abspath(target))
-    if os.path.exists(os.path.join(folder, MANIFEST_NAME)) and name in read_manifest(folder).files:
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"No custom state at {target!r}; check the path and index used when saving."
+        ) from None
+    in_checkpoint = os.path.lexists(os.path.join(folder, MANIFEST_NAME))
+    if stat.S_ISLNK(info.st_mode) and (in_checkpoint or folder_form):
+        raise CheckpointError(
+            f"{target!r} is a symbolic link: links inside a checkpoint are refused, never followed. Replace "
+            "it with the file itself (e.g. cp -L), or load another checkpoint."
+        )
+    if not in_checkpoint:
+        return
+    manifest = read_manifest(folder)
+    if name in manifest.files:
         verify_checkpoint(folder, checksums=True, names=[name])
+    elif folder_form or _CUSTOM_FILE.match(name):
+        require_listed(folder, manifest, [name])

@@ -365,11 +365,38 @@ def apply_state(
         restore_rng_states(loaded.rng)
 
 
-def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> None:
-    """The reference's ``load_kwargs`` (options for ``torch.load``): accepted, but ours are fixed."""
-    if load_kwargs:
+def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> bool:
+    """Read the reference's ``load_kwargs`` (options for ``torch.load``); return ``weights_only``.
+
+    ``weights_only`` is honoured: False is the caller's explicit opt-in to full unpickling, which runs
+    whatever code the checkpoint files hold. Other keys are ignored with a warning (``map_location`` is
+    a parameter of its own; memory mapping is chosen per file).
+
+    Returns:
+        The ``weights_only`` to read checkpoint files with (True unless the caller passed False).
+
+    Raises:
+        TypeError: If ``load_kwargs`` is not a dict or its ``weights_only`` is not a bool.
+    """
+    if load_kwargs is None:
+        return True
+    if not isinstance(load_kwargs, dict):
+        raise TypeError(
+            f"load_kwargs must be a dict such as {{'weights_only': False}}, got {type(load_kwargs).__name__}."
+        )
+    weights_only = load_kwargs.get("weights_only", True)
+    if not isinstance(weights_only, bool):
+        raise TypeError(f"load_kwargs['weights_only'] must be True or False, got {repr(weights_only)[:40]}.")
+    ignored = sorted(str(key) for key in load_kwargs if key != "weights_only")
+    if ignored:
         warnings.warn(
-            f"load_kwargs={sorted(load_kwargs)} are ignored: accelerando reads checkpoint files with "
-            "weights_only=True where possible; pass map_location= directly to choose the device.",
+            f"load_kwargs keys {ignored} are ignored: accelerando chooses torch.load's options itself; only "
+            "'weights_only' is honoured. Pass map_location= directly to choose the device.",
             stacklevel=3,
         )
+    if not weights_only:
+        logger.warning(
+            "load_kwargs={'weights_only': False}: checkpoint files that need it are fully unpickled, which "
+            "runs any code they hold; do this only for checkpoints you trust."
+        )
+    return weights_only

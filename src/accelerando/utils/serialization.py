@@ -1,20 +1,22 @@
 """Saving and loading objects: safetensors for flat tensor dicts, ``torch.save`` for everything else.
 
 ``save`` writes from one process only (the main process, or each node's local main process), so a
-script can call it on every rank. ``load`` prefers ``weights_only`` loading, which cannot run code
-hidden in a pickle.
+script can call it on every rank. ``load`` uses ``weights_only`` loading, which cannot run code
+hidden in a pickle, unless the caller passes ``weights_only=False``; it never falls back by itself.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["clean_state_dict_for_safetensors", "load", "save"]
+__all__ = ["clean_state_dict_for_safetensors", "load", "refused_type", "save"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,19 +141,23 @@ def load(f: str | os.PathLike, map_location: str | torch.device | None = None, *
     """Load an object written by :func:`save` (or ``torch.save`` / safetensors).
 
     Files ending in ``.safetensors`` are read with safetensors; anything else with ``torch.load``,
-    using ``weights_only=True`` unless the caller passes ``weights_only`` explicitly.
+    using ``weights_only=True`` unless the caller passes ``weights_only`` explicitly. A file that
+    ``weights_only`` loading refuses is never retried with full unpickling.
 
     Args:
         f: Path of the file to read.
         map_location: Device to place tensors on (``None``: where they were saved; safetensors
             files default to ``"cpu"``).
-        **kwargs: Passed to ``torch.load``.
+        **kwargs: Passed to ``torch.load`` (``weights_only=False`` unpickles fully, which runs any
+            code the file holds: only for files you trust).
 
     Returns:
         The loaded object.
 
     Raises:
         FileNotFoundError: If ``f`` does not exist.
+        pickle.UnpicklingError: If ``weights_only`` loading refuses a type in the file (the message
+            names the file, the type and ``weights_only=False``).
 
     Example:
         >>> state_dict = load("weights.safetensors")
@@ -165,4 +171,43 @@ def load(f: str | os.PathLike, map_location: str | torch.device | None = None, *
         device = "cpu" if map_location is None else str(map_location)
         return load_file(path, device=device)
     kwargs.setdefault("weights_only", True)
-    return torch.load(path, map_location=map_location, **kwargs)
+    try:
+        return torch.load(path, map_location=map_location, **kwargs)
+    except pickle.UnpicklingError as err:
+        refused = refused_type(err) if kwargs["weights_only"] else None
+        if refused is None:
+            raise
+        raise pickle.UnpicklingError(
+            f"Refused to load {path!r}: it refers to {refused}, which weights_only loading does not allow "
+            "(rebuilding it needs full unpickling, which can run code hidden in the file). If you trust "
+            "the file, pass weights_only=False."
+        ) from None
+
+
+# How torch's weights_only unpickler names what it refused, in the messages of torch 2.4 to 2.13.
+_REFUSALS = (
+    re.compile(r"GLOBAL ([\w.]*\w)"),
+    re.compile(r"but got <class '([^']+)'>"),
+    re.compile(r"unrecognized function (.+?)(?: which belongs to|$)", re.MULTILINE),
+)
+
+
+def refused_type(error: BaseException) -> str | None:
+    """The type or function named in a ``torch.load(weights_only=True)`` refusal, else None.
+
+    Args:
+        error: An ``UnpicklingError`` raised by ``torch.load``.
+
+    Returns:
+        E.g. ``"posix.system"`` or ``"mymodule.MyState"`` (at most 80 characters) when ``error`` is
+        a refusal of a type; None when it is anything else (such as a damaged file).
+    """
+    text = str(error)
+    if "Weights only load failed" not in text:
+        return None
+    for pattern in _REFUSALS:
+        match = pattern.search(text)
+        if match:
+            found = match.group(1).strip()
+            return found if len(found) <= 80 else found[:77] + "..."
+    return None
