@@ -408,3 +408,19 @@ def test_a_shard_in_a_subfolder_of_the_index_still_loads(tmp_path):
     )
     model = load_checkpoint_and_dispatch(_empty(), folder, device_map={"": "cpu"})
     assert model(torch.ones(1, 4)).shape == (1, 4)
+
+
+def test_an_index_past_the_visible_accelerators_names_how_many_there_are(monkeypatch):
+    from accelerando.big_modeling import budgets
+    from accelerando.devices.families import CUDABackend
+
+    monkeypatch.setattr(budgets, "_VISIBLE", {})
+    monkeypatch.setattr(CUDABackend, "device_count", classmethod(lambda cls: 2))
+    assert budgets.check_device_visible("cuda:1") == 1
+    assert budgets.check_device_visible(torch.device("cuda", 0)) == 0
+    with pytest.raises(ValueError) as error:
+        budgets.check_device_visible(2, "device_map['layers']")
+    _check(error, ["device_map['layers']", "only 2 cuda device(s) are visible (indices 0 to 1)", "Fix:"])
+    with pytest.raises(ValueError) as error:
+        budgets.check_device_visible(True)
+    _check(error, ["Unknown device True"])

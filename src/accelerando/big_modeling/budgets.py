@@ -123,8 +123,9 @@ def normalize_device_key(key: int | str | torch.device) -> DeviceKey:
     )
 
 
-# Devices already found present: a check per tensor placement then costs one set lookup.
-_VISIBLE: set[DeviceKey] = set()
+# Devices already found present (as given -> normalised key): hooks place tensors at every forward, and
+# a check then costs one dict lookup.
+_VISIBLE: dict[int | str | torch.device, DeviceKey] = {}
 
 
 def _visible_count(family: str) -> int:
@@ -152,8 +153,11 @@ def check_device_visible(device: int | str | torch.device, what: str = "device_m
         ValueError: for an unknown device name, or an accelerator that is not visible here; the
             message names the device and the fix.
     """
+    known = None if isinstance(device, bool) else _VISIBLE.get(device)  # True == 1 as a dict key
+    if known is not None:
+        return known
     key = normalize_device_key(device)
-    if key in ("cpu", "disk", "meta") or key in _VISIBLE:
+    if key in ("cpu", "disk", "meta"):
         return key
     if isinstance(key, int):
         family, index = "cuda", key
@@ -164,7 +168,7 @@ def check_device_visible(device: int | str | torch.device, what: str = "device_m
         index = int(number)
     count = _visible_count(family)
     if index < count:
-        _VISIBLE.add(key)
+        _VISIBLE[device] = key
         return key
     seen = (
         f"no {family} device is visible"
