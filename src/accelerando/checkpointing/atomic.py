@@ -49,11 +49,15 @@ __all__ = [
     "discard",
     "file_digest",
     "fsync_dir",
+    "free_bytes",
     "fsync_file",
+    "is_out_of_space",
     "list_checkpoints",
+    "no_space_error",
     "prepare_staging",
     "read_manifest",
     "remove_stale",
+    "remove_stale_of",
     "rotate",
     "staging_path",
     "verify_checkpoint",
@@ -166,11 +170,19 @@ def describe_files(folder: str, names: Iterable[str]) -> dict[str, FileEntry]:
         describer.close()
 
 
-def staging_path(final_dir: str) -> str:
-    """The hidden sibling folder a checkpoint is written into before it becomes visible."""
+def staging_path(final_dir: str, run: str | None = None) -> str:
+    """The hidden sibling folder a checkpoint is written into before it becomes visible.
+
+    ``run`` (letters and digits) makes the name one run's own (``.<name>.<run>.partial``), so two runs
+    saving the same folder never share a staging folder.
+    """
     final_dir = os.path.abspath(final_dir)
     parent, name = os.path.split(final_dir)
-    return os.path.join(parent, f".{name}{_PARTIAL_SUFFIX}")
+    if run is None:
+        return os.path.join(parent, f".{name}{_PARTIAL_SUFFIX}")
+    if not run.isalnum():
+        raise ValueError(f"a staging run token must be letters and digits, got {run[:40]!r}")
+    return os.path.join(parent, f".{name}.{run}{_PARTIAL_SUFFIX}")
 
 
 def discard(path: str) -> None:
@@ -199,9 +211,31 @@ def remove_stale(parent: str, name_prefix: str = "checkpoint_") -> None:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def prepare_staging(final_dir: str) -> str:
-    """Create an empty staging folder for ``final_dir`` (removing a stale one) and return its path."""
-    staging = staging_path(final_dir)
+def remove_stale_of(final_dir: str) -> None:
+    """Remove staging and trash folders left beside ``final_dir`` by interrupted saves of that folder.
+
+    Unlike :func:`remove_stale`, other folders' leftovers (``ckpt.v2`` beside ``ckpt``) are left alone:
+    another process may be saving them. Call it only while holding the folder's save lock.
+    """
+    parent, name = os.path.split(os.path.abspath(final_dir))
+    # .<name>.partial, .<name>.<run>.partial (run: 32 hex digits), either with .trash-<hex>, .<name>.trash-<hex>
+    own = re.compile(
+        rf"^\.{re.escape(name)}(?:(?:\.[0-9a-f]{{32}})?{re.escape(_PARTIAL_SUFFIX)}(?:{re.escape(_TRASH_MARK)}[0-9a-f]+)?"
+        rf"|{re.escape(_TRASH_MARK)}[0-9a-f]+)$"
+    )
+    if not os.path.isdir(parent):
+        return
+    for entry in os.listdir(parent):
+        if own.match(entry):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def prepare_staging(final_dir: str, run: str | None = None) -> str:
+    """Create an empty staging folder for ``final_dir`` (removing a stale one) and return its path.
+
+    ``run``: see :func:`staging_path`.
+    """
+    staging = staging_path(final_dir, run)
     parent = os.path.dirname(staging)
     os.makedirs(parent, exist_ok=True)
     if os.path.lexists(staging):
@@ -270,15 +304,114 @@ def list_checkpoints(checkpoints_dir: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def rotate(checkpoints_dir: str, total_limit: int | None) -> list[str]:
+def rotate(checkpoints_dir: str, total_limit: int | None, uncounted: Iterable[str] = ()) -> list[str]:
     """Delete the oldest complete checkpoints so that at most ``total_limit`` remain.
 
-    Call only after the newest checkpoint was committed. Returns the deleted paths.
+    Call only after the newest checkpoint was committed, and only from the process that holds the
+    project's lock (:mod:`accelerando.checkpointing.lock`), so another run's checkpoints are never touched.
+
+    Args:
+        checkpoints_dir: the ``checkpoints`` folder.
+        total_limit: how many to keep (None: keep all).
+        uncounted: checkpoints that do not count toward the limit (those a resumed run skipped as
+            damaged): each stays until it is older than the oldest checkpoint kept, then goes too.
+
+    Returns:
+        The deleted paths, oldest first.
     """
     if total_limit is None:
         return []
     complete = list_checkpoints(checkpoints_dir)
-    doomed = [path for _, path in complete[: max(0, len(complete) - total_limit)]]
+    skipped = {os.path.abspath(path) for path in uncounted}
+    counted = [number for number, path in complete if os.path.abspath(path) not in skipped]
+    kept = set(counted[max(0, len(counted) - total_limit) :])
+    oldest_kept = min(kept) if kept else None
+    doomed = [
+        path
+        for number, path in complete
+        if number not in kept
+        and (os.path.abspath(path) not in skipped or (oldest_kept is not None and number < oldest_kept))
+    ]
     for path in doomed:
         discard(path)
     return doomed
+
+
+# Texts of out-of-space failures that lost their errno on the way (safetensors, torch's legacy writer).
+_NO_SPACE_TEXTS = (
+    "no space left on device",
+    "storagefull",
+    "os error 28",
+    "disk quota exceeded",
+    "os error 122",
+)
+# torch's zip writer reports a short write without its cause; a full disk is the usual one.
+_SHORT_WRITE_TEXTS = ("unexpected pos", "file write failed")
+
+
+def _folder_bytes(folder: str) -> int:
+    """Bytes the files under ``folder`` occupy on disk (0 if it is gone)."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += getattr(info, "st_blocks", 0) * 512 or info.st_size
+    return total
+
+
+def free_bytes(folder: str) -> int:
+    """Bytes free for writing on the disk holding ``folder`` (its nearest existing parent)."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def is_out_of_space(error: BaseException, staging: str, needed: int) -> bool:
+    """Whether ``error``, raised while writing into ``staging``, means the disk (or quota) is full."""
+    quota = getattr(errno, "EDQUOT", errno.ENOSPC)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, quota):
+        return True
+    text = str(error).lower()
+    if any(fragment in text for fragment in _NO_SPACE_TEXTS):
+        return True
+    if isinstance(error, RuntimeError) and any(fragment in text for fragment in _SHORT_WRITE_TEXTS):
+        try:
+            return free_bytes(staging) < max(needed, 1 << 20)
+        except OSError:
+            return False
+    return False
+
+
+def _human(size: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024  # type: ignore[assignment]
+    return str(size)  # pragma: no cover
+
+
+def no_space_error(error: BaseException, final_dir: str, staging: str, needed: int) -> OSError:
+    """An ``OSError(ENOSPC)`` for a save of ``final_dir`` that ran out of space, saying how much is needed.
+
+    ``needed`` is the caller's estimate of the checkpoint's size; the free space is measured now and
+    counts the partly written ``staging`` folder as free, since the failed save removes it.
+    """
+    staged = _folder_bytes(staging)
+    needed = max(needed, staged)
+    try:
+        free = free_bytes(final_dir) + staged
+    except OSError:
+        free = -1
+    free_text = f"{free:,} bytes ({_human(free)}) are free" if free >= 0 else "the free space is unknown"
+    cause = " ".join(str(error).split())[:80]
+    message = (
+        f"Checkpoint {final_dir!r} was not saved: no space left on device. It needs about {needed:,} bytes "
+        f"({_human(needed)}) and {free_text} there. Nothing was committed and earlier checkpoints are "
+        "untouched; free some space, lower ProjectConfiguration.total_limit, or save to another disk "
+        f"(the write failed with: {cause})."
+    )
+    return OSError(errno.ENOSPC, message)

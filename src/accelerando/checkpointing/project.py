@@ -15,6 +15,7 @@ __all__ = [
     "NUMBERED",
     "RESUME_POINTS",
     "ResumePoint",
+    "checkpoint_numbers",
     "checkpoints_dir",
     "latest_checkpoint",
     "owns_loading",
@@ -57,6 +58,16 @@ def checkpoints_dir(target: Any) -> str:
             "ProjectConfiguration(project_dir=...)."
         )
     return os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER)
+
+
+def checkpoint_numbers(root: str) -> list[int]:
+    """Numbers of every ``checkpoint_<n>`` entry under ``root``, complete or not, ascending.
+
+    Damaged and incomplete folders count: a new checkpoint must never take one of their names.
+    """
+    if not os.path.isdir(root):
+        return []
+    return sorted(int(match.group(1)) for name in os.listdir(root) if (match := NUMBERED.match(name)))
 
 
 def owns_loading(target: Any) -> bool:

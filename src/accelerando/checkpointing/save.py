@@ -1,26 +1,47 @@
 """``Accelerator.save_state``: the multi-process commit protocol.
 
 Every process runs this, in this order:
-1. the committing process (main, or each node's local main with ``save_on_each_node``) clears
-   leftovers of interrupted saves and creates the hidden staging folder; barrier;
+1. the committing process (main, or each node's local main with ``save_on_each_node``) takes the
+   folder's lock (:mod:`~accelerando.checkpointing.lock`: the project lock, held until the process
+   ends, for automatically named checkpoints; a lock for the length of the save for an explicit
+   folder), clears leftovers of interrupted saves, picks the checkpoint's number (one no existing
+   ``checkpoint_<n>`` has, damaged ones included) and creates this run's hidden staging folder; every
+   process learns the outcome (a refusal raises the same error everywhere) and the staging folder;
 2. every process writes its files into the staging folder, flushes them to disk and computes their
    size and checksum; the results (or a failure) are gathered on every process, which is the barrier
    that guarantees every rank's files are in place;
 3. the committing process writes the manifest and renames the folder into place, then rotates old
-   checkpoints (only now, so a crash never costs a complete checkpoint); barrier.
+   checkpoints (only now, so a crash never costs a complete checkpoint); every process learns whether
+   the commit succeeded.
+
+A full disk is reported as ``OSError(ENOSPC)`` with the bytes needed and free; nothing is committed and
+the staging folder is removed.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import uuid
 import warnings
+import weakref
 from collections.abc import Callable
-from typing import Any
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 import accelerando.checkpointing.atomic as atomic
+import accelerando.checkpointing.lock as lock
 from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
-from accelerando.checkpointing.project import checkpoints_dir, owns_loading
+from accelerando.checkpointing.project import (
+    NUMBERED,
+    RESUME_POINTS,
+    ResumePoint,
+    checkpoint_numbers,
+    checkpoints_dir,
+    owns_loading,
+)
 from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.state_io import (
     capture_gradients,
@@ -33,29 +54,216 @@ __all__ = ["save_state"]
 logger = logging.getLogger(__name__)
 
 
-def _resolve_save_dir(target: Any, output_dir: str | os.PathLike | None) -> tuple[str, str | None]:
-    """``(final folder, checkpoints folder or None)`` for a save."""
+@dataclass
+class _Run:
+    """What one Accelerator's saves remember between calls (kept per owner, on every process)."""
+
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this run's staging folders
+    last_saved: int | None = None  # number of the last automatically named checkpoint saved
+    resumed: ResumePoint | None = None  # the resume point already accounted for in ``skipped``
+    skipped: set[str] = field(default_factory=set)  # newer checkpoints the resume passed over
+
+
+_RUNS: weakref.WeakKeyDictionary[Any, _Run] = weakref.WeakKeyDictionary()
+
+
+def _run(target: Any) -> _Run:
+    return _RUNS.setdefault(target.owner, _Run())
+
+
+@dataclass
+class _Plan:
+    """Where this save goes, as every process learns it after step 1."""
+
+    final_dir: str
+    staging: str
+    checkpoints_dir: str | None  # with automatic naming
+    committer: bool
+    each_node: bool
+
+
+# ------------------------------------------------------------------------------ errors, everywhere
+def _report(error: BaseException | None) -> tuple[str, str] | None:
+    """How a local failure is told to the other processes: ``(kind, message)``."""
+    if error is None:
+        return None
+    if isinstance(error, lock.CheckpointLockedError):
+        return "locked", str(error)
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return "nospace", str(error.strerror or error)
+    if isinstance(error, ValueError):
+        return "value", str(error)
+    return "error", f"{type(error).__name__}: {error}"
+
+
+def _raise_reported(
+    own: BaseException | None, failed: list[tuple[int, tuple[str, str]]], doing: str
+) -> NoReturn:
+    """Raise the local error, or the same kind of error as the first failed process (every rank raises)."""
+    if own is not None:
+        raise own
+    rank, (kind, message) = failed[0]
+    if kind == "locked":
+        raise lock.CheckpointLockedError(message)
+    if kind == "nospace":
+        raise OSError(errno.ENOSPC, f"process {rank}: {message}")
+    if kind == "value":
+        raise ValueError(message)
+    raise atomic.CheckpointError(f"Process {rank} failed to {doing}: {message}")
+
+
+def _state_bytes(target: Any) -> int:
+    """About how many bytes this process's part of a checkpoint takes: its weights and optimizer state."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(value: Any) -> None:
+        nonlocal total
+        if hasattr(value, "untyped_storage") and hasattr(value, "nbytes"):
+            key = value.untyped_storage().data_ptr() + value.storage_offset() * value.element_size()
+            if key not in seen or key == 0:
+                seen.add(key)
+                total += int(value.nbytes)
+
+    try:
+        for model in target.models:
+            for tensor in (*model.parameters(), *model.buffers()):
+                add(tensor)
+        for optimizer in target.optimizers:
+            for values in getattr(optimizer, "state", {}).values():
+                for value in values.values() if isinstance(values, dict) else ():
+                    add(value)
+    except Exception:  # noqa: BLE001 - an estimate for a message; engines may hide their state
+        logger.debug("could not estimate the checkpoint's size", exc_info=True)
+    return total
+
+
+def _translated(error: BaseException, target: Any, final_dir: str, staging: str) -> BaseException:
+    """``error``, or an ``OSError(ENOSPC)`` saying how much space is needed when the disk is full."""
+    needed = _state_bytes(target)
+    if not atomic.is_out_of_space(error, staging, needed):
+        return error
+    translated = atomic.no_space_error(error, final_dir, staging, needed)
+    translated.__cause__ = error
+    return translated
+
+
+# ------------------------------------------------------------------------- step 1: where it goes
+def _wait_for_lock(kwargs: dict[str, Any]) -> float:
+    value = kwargs.pop("wait_for_lock", None)
+    return lock.check_wait(lock.WAIT_FOR_LOCK_S if value is None else value)
+
+
+def _resumed_number(target: Any, root: str, run: _Run) -> int | None:
+    """Number of the checkpoint of ``root`` the last ``load_state`` restored, or None.
+
+    The first time a resume point is seen, the newer checkpoints it passed over (damaged ones it fell
+    back from) are remembered: rotation does not count them against ``total_limit``.
+    """
+    point = RESUME_POINTS.get(target.owner)
+    if point is None:
+        return None
+    folder = os.path.abspath(point.checkpoint)
+    match = NUMBERED.match(os.path.basename(folder))
+    if match is None or os.path.dirname(folder) != os.path.abspath(root):
+        return None
+    number = int(match.group(1))
+    if point is not run.resumed:
+        run.resumed = point
+        run.skipped = {os.path.join(root, f"checkpoint_{n}") for n in checkpoint_numbers(root) if n > number}
+    return number
+
+
+def _next_number(target: Any, root: str, run: _Run) -> int:
+    """The number of the next automatically named checkpoint (committing process, holding the lock).
+
+    ``project_configuration.iteration`` unless a ``checkpoint_<n>`` at or above it exists (a damaged
+    checkpoint a resume fell back from, or an earlier run's): then the number after the newest.
+
+    Raises:
+        ValueError: If the user set ``iteration`` to the number of an existing checkpoint.
+    """
+    requested = int(target.project_configuration.iteration)
+    numbers = checkpoint_numbers(root)
+    resumed = _resumed_number(target, root, run)
+    ours = {n + 1 for n in (run.last_saved, resumed) if n is not None}  # what save/load set it to
+    if requested in numbers and requested not in ours:
+        raise ValueError(
+            f"Checkpoint folder {os.path.join(root, f'checkpoint_{requested}')!r} already exists (iteration "
+            f"{requested}). Call accelerator.load_state() first to resume (numbering then continues), or set "
+            f"accelerator.project_configuration.iteration to the next free number ({numbers[-1] + 1})."
+        )
+    number = max([requested, *(n + 1 for n in numbers)])
+    if number != requested:
+        logger.info("%s holds checkpoint_%d: saving checkpoint_%d", root, numbers[-1], number)
+    return number
+
+
+def _claim(target: Any, stack: ExitStack, root: str | None, final_dir: str, wait: float) -> tuple[str, str]:
+    """Committing process: lock, clean leftovers, pick the folder, create the staging folder."""
+    run = _run(target)
+    if root is not None:
+        lock.hold(target.owner, lock.project_lock_path(os.path.dirname(root)), wait, root, run.token)
+        atomic.remove_stale(root, "checkpoint_")  # ours alone to clean: we hold the lock
+        final_dir = os.path.join(root, f"checkpoint_{_next_number(target, root, run)}")
+    else:
+        stack.enter_context(lock.save_lock(final_dir, wait, run.token))
+        atomic.remove_stale_of(final_dir)
+    return final_dir, atomic.prepare_staging(final_dir, run.token)
+
+
+def _plan_everywhere(
+    target: Any, stack: ExitStack, output_dir: str | os.PathLike | None, wait: float
+) -> _Plan:
+    """Step 1 on every process: the committers claim the folder; everyone learns the outcome."""
+    state = target.state
+    root, final_dir = _requested_dir(target, output_dir)
+    each_node = save_on_each_node(target, final_dir)
+    committer = is_committer(state, each_node)
+    error: BaseException | None = None
+    claimed: tuple[str, str] | None = None
+    if committer:
+        try:
+            claimed = _claim(target, stack, root, final_dir, wait)
+        except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
+            error = _translated(err, target, final_dir, atomic.staging_path(final_dir, _run(target).token))
+    node = int(state.cluster.node_rank) if each_node else 0
+    entries = gather((state.process_index, node, committer, claimed, _report(error)), state.num_processes)
+    failed = [(rank, report) for rank, _, _, _, report in entries if report is not None]
+    if failed:
+        if claimed is not None:
+            atomic.discard(claimed[1])
+        _raise_reported(error, failed, f"prepare {final_dir!r}")
+    claims = {n: c for _, n, is_committing, c, _ in entries if is_committing}
+    final_dir, staging = claims[node]
+    if root is not None and len({f for f, _ in claims.values()}) > 1:
+        # Nodes with their own disks proposed different numbers: all take the highest (free on each).
+        final_dir = max((f for f, _ in claims.values()), key=lambda f: int(f.rsplit("_", 1)[1]))
+        renamed = atomic.staging_path(final_dir, os.path.basename(staging).split(".")[-2])
+        if committer:
+            os.rename(staging, renamed)
+        staging = renamed
+        state.wait_for_everyone()
+    if output_dir is not None and root is not None and os.path.abspath(output_dir) != final_dir:
+        logger.warning("automatic_checkpoint_naming is on: saving to %s instead of %s", final_dir, output_dir)
+    return _Plan(final_dir, staging, root, committer, each_node)
+
+
+def _requested_dir(target: Any, output_dir: str | os.PathLike | None) -> tuple[str | None, str]:
+    """``(checkpoints folder or None, the folder asked for)``; the number may still change."""
     config = target.project_configuration
     if config.automatic_checkpoint_naming:
-        root = checkpoints_dir(target)
-        final = os.path.join(root, f"checkpoint_{config.iteration}")
-        if output_dir is not None and os.path.abspath(output_dir) != os.path.abspath(final):
-            logger.warning("automatic_checkpoint_naming is on: saving to %s instead of %s", final, output_dir)
-        if os.path.exists(final):
-            raise ValueError(
-                f"Checkpoint folder {final!r} already exists (iteration {config.iteration}). Call "
-                "accelerator.load_state() first to resume (it sets the iteration), or set "
-                "accelerator.project_configuration.iteration to the next free number."
-            )
-        return os.path.abspath(final), root
+        root = os.path.abspath(checkpoints_dir(target))
+        return root, os.path.join(root, f"checkpoint_{config.iteration}")
     if output_dir is None:
         raise ValueError(
             "save_state() needs output_dir= unless automatic checkpoint naming is on; pass a folder, or "
             "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
         )
-    return os.path.abspath(os.fspath(output_dir)), None
+    return None, os.path.abspath(os.fspath(output_dir))
 
 
+# ------------------------------------------------------------------------------ step 2: the files
 def _mid_accumulation(target: Any) -> bool:
     """Whether gradients of an unfinished accumulation cycle are pending."""
     return not bool(target.sync_gradients)
@@ -116,8 +324,11 @@ def _write_process_files(
             on_written(os.path.basename(written))
 
 
-def _commit_staged(target: Any, staging: str, final_dir: str, results: list[Any]) -> int:
+def _commit_staged(target: Any, plan: _Plan, results: list[Any]) -> int:
     """Committing process: manifest + atomic rename. Returns the checkpoint's size in bytes."""
+    staging, final_dir = plan.staging, plan.final_dir
+    number = _number(final_dir) if plan.checkpoints_dir is not None else None
+    iteration = int(target.project_configuration.iteration) if number is None else number
     entries: dict[str, atomic.FileEntry] = {}
     for _, _, described in results:
         entries.update(described)
@@ -135,49 +346,84 @@ def _commit_staged(target: Any, staging: str, final_dir: str, results: list[Any]
     entries.update(atomic.describe_files(staging, extra))
     from accelerando.version import __version__
 
-    config = target.project_configuration
     manifest = atomic.Manifest(
         files=entries,
         world_size=int(target.state.num_processes),
         library_version=__version__,
-        extra={"step": int(target.step), "iteration": int(config.iteration)},
+        extra={"step": int(target.step), "iteration": iteration},
     )
     atomic.commit(staging, final_dir, manifest)
     return sum(entry.size for entry in entries.values())
 
 
-def _write_everywhere(
-    target: Any, staging: str, final_dir: str, safe_serialization: bool, committer: bool, each_node: bool
-) -> list[Any]:
+def _number(final_dir: str) -> int | None:
+    match = NUMBERED.match(os.path.basename(final_dir))
+    return int(match.group(1)) if match else None
+
+
+def _write_everywhere(target: Any, plan: _Plan, safe_serialization: bool) -> list[Any]:
     """Every process writes and describes its files; all learn whether every process succeeded.
 
     Returns:
         ``[(rank, None, entries), ...]`` for every process.
 
     Raises:
-        The local error, or ``CheckpointError`` naming the failed process (the staging is discarded).
+        The local error (``OSError(ENOSPC)`` for a full disk), or the same kind of error naming the
+        failed process (the staging is discarded).
     """
     state = target.state
+    staging = plan.staging
     error: BaseException | None = None
     described: dict[str, atomic.FileEntry] = {}
     describer = atomic.FileDescriber(staging)  # flushes and hashes each file while the next is written
     try:
-        _write_process_files(target, staging, safe_serialization, each_node, describer.add)
+        _write_process_files(target, staging, safe_serialization, plan.each_node, describer.add)
         described = describer.finish()
     except Exception as err:  # noqa: BLE001 - reported to every process below
-        error = err
+        error = _translated(err, target, plan.final_dir, staging)
     finally:
         describer.close()
-    report = None if error is None else f"{type(error).__name__}: {error}"
-    results = gather((state.process_index, report, described), state.num_processes)
-    failed = [(rank, msg) for rank, msg, _ in results if msg is not None]
+    results = gather((state.process_index, _report(error), described), state.num_processes)
+    failed = [(rank, report) for rank, report, _ in results if report is not None]
     if failed:
-        if committer:
+        if plan.committer:
             atomic.discard(staging)
-        if error is not None:
-            raise error
-        raise atomic.CheckpointError(f"Process {failed[0][0]} failed to write {final_dir!r}: {failed[0][1]}")
+        _raise_reported(error, failed, f"write {plan.final_dir!r}")
     return results
+
+
+def _commit_everywhere(target: Any, plan: _Plan, results: list[Any]) -> int:
+    """Step 3: the committing process commits and rotates; every process learns the outcome.
+
+    Returns:
+        The checkpoint's size in bytes (on the committing process; 0 elsewhere).
+    """
+    state = target.state
+    size = 0
+    error: BaseException | None = None
+    if plan.committer:
+        try:
+            size = _commit_staged(target, plan, results)
+        except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
+            error = _translated(err, target, plan.final_dir, plan.staging)
+            atomic.discard(plan.staging)
+        if error is None and plan.checkpoints_dir is not None:
+            _rotate(target, plan.checkpoints_dir)
+    verdicts = gather((state.process_index, _report(error)), state.num_processes)
+    failed = [(rank, report) for rank, report in verdicts if report is not None]
+    if failed:
+        _raise_reported(error, failed, f"commit {plan.final_dir!r}")
+    return size
+
+
+def _rotate(target: Any, root: str) -> None:
+    """Delete checkpoints beyond ``total_limit``; a failure leaves extra ones behind, with a warning."""
+    try:
+        atomic.rotate(root, target.project_configuration.total_limit, _run(target).skipped)
+    except OSError as err:
+        warnings.warn(
+            f"Could not delete old checkpoints in {root!r} ({err}); delete them by hand.", stacklevel=4
+        )
 
 
 def save_state(
@@ -194,44 +440,44 @@ def save_state(
     Save hooks (``register_save_state_pre_hook``) receive the hidden staging folder as their
     ``output_dir``; whatever they write there is verified and committed with the rest.
 
+    One run writes into a project folder at a time: the first automatically named save takes the
+    project's lock (``<project_dir>/.checkpoints.lock``) and holds it until the process ends or the
+    Accelerator is freed; a save of another process into the same project is refused, or waits.
+
     Args:
         target: what to save (the Accelerator's :class:`~accelerando.checkpointing.target.CheckpointTarget`).
         output_dir: Destination folder; ignored with automatic checkpoint naming, which uses
-            ``<project_dir>/checkpoints/checkpoint_<iteration>``.
+            ``<project_dir>/checkpoints/checkpoint_<n>`` with ``n`` the ``iteration``, or the number
+            after the newest existing ``checkpoint_<n>`` if that is higher (e.g. after a resume fell
+            back from a damaged checkpoint).
         safe_serialization: Weights as safetensors (else ``torch.save``).
-        **save_model_func_kwargs: Accepted for API compatibility (engine-specific save options).
+        **save_model_func_kwargs: ``wait_for_lock`` (seconds to wait while another process holds the
+            folder's lock, default ``accelerando.checkpointing.lock.WAIT_FOR_LOCK_S`` = 0: refuse at
+            once); the rest are accepted for API compatibility (engine-specific save options).
 
     Returns:
         The committed checkpoint folder.
 
     Raises:
-        ValueError: If no folder can be determined or the automatic folder already exists.
+        ValueError: If no folder can be determined, ``iteration`` was set to an existing checkpoint's
+            number, or ``wait_for_lock`` is negative.
+        CheckpointLockedError: If another process is saving into the folder (every process raises it).
+        OSError: ``ENOSPC`` if the disk is full (nothing is committed, earlier checkpoints are untouched).
         CheckpointError: If a process failed to write its files (nothing is committed).
     """
+    wait = _wait_for_lock(save_model_func_kwargs)
     del save_model_func_kwargs
     set_active_accelerator(target.owner)
-    state = target.state
-    config = target.project_configuration
-    final_dir, checkpoints_dir = _resolve_save_dir(target, output_dir)
-    each_node = save_on_each_node(target, final_dir)
-    committer = is_committer(state, each_node)
-    if committer:
-        prefix = "checkpoint_" if checkpoints_dir is not None else os.path.basename(final_dir) + "."
-        atomic.remove_stale(os.path.dirname(final_dir), prefix)
-        atomic.prepare_staging(final_dir)
-    state.wait_for_everyone()
-    staging = atomic.staging_path(final_dir)
-    results = _write_everywhere(target, staging, final_dir, safe_serialization, committer, each_node)
-    size = 0
-    if committer:
-        size = _commit_staged(target, staging, final_dir, results)
-        if checkpoints_dir is not None:
-            atomic.rotate(checkpoints_dir, config.total_limit)
-    state.wait_for_everyone()
-    if config.automatic_checkpoint_naming:
-        config.iteration += 1
-    _report_to_trackers(target, final_dir, size)
-    return final_dir
+    with ExitStack() as stack:  # an explicit folder's save lock, until the commit is done
+        plan = _plan_everywhere(target, stack, output_dir, wait)
+        results = _write_everywhere(target, plan, safe_serialization)
+        size = _commit_everywhere(target, plan, results)
+    number = _number(plan.final_dir)
+    if plan.checkpoints_dir is not None and number is not None:
+        _run(target).last_saved = number
+        target.project_configuration.iteration = number + 1
+    _report_to_trackers(target, plan.final_dir, size)
+    return plan.final_dir
 
 
 def _report_to_trackers(target: Any, path: str, size: int) -> None:

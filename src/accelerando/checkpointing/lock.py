@@ -1,0 +1,300 @@
+"""One writer per checkpoint folder: exclusive locks on small lock files.
+
+Two kinds, both exclusive between processes and both released by the operating system when the holding
+process dies (``kill -9`` included), so a crashed run never blocks the next one:
+
+- the project lock (:func:`hold`), ``<project_dir>/.checkpoints.lock``: taken by a run at its first
+  automatically named save and held until the process exits or every ``Accelerator`` that took it is
+  freed. Accelerators of one process share it (they do not save concurrently); another process
+  that tries to save into the same project folder is refused (:class:`CheckpointLockedError`) or
+  waits, if asked to.
+- the save lock (:func:`save_lock`), ``<parent>/.<name>.lock``: held for the length of one save into an
+  explicit folder, so two processes never stage or commit the same folder at once; its file is
+  removed again when the save ends.
+
+The lock file holds the holder's pid, host and start time, which the refusal quotes.
+
+Why ``flock`` on a file of our own rather than POSIX record locks (``lockf``): a record lock is dropped
+when *any* descriptor of the file is closed by its process, so a user copying the project folder in the
+same process would silently release it. ``flock`` locks belong to the open file, which a forked child
+shares; after a fork the child closes its copy (``os.register_at_fork``), so the lock stays with the
+parent and dies with it, and descriptors are not inherited across ``exec``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from accelerando.checkpointing.manifest import CheckpointError
+
+__all__ = [
+    "PROJECT_LOCK_NAME",
+    "WAIT_FOR_LOCK_S",
+    "CheckpointLockedError",
+    "check_wait",
+    "hold",
+    "holds",
+    "project_lock_path",
+    "release",
+    "save_lock",
+]
+
+PROJECT_LOCK_NAME = ".checkpoints.lock"
+
+# How long a save waits for another process's lock before giving up (seconds; 0 refuses at once).
+# ``save_state(wait_for_lock=...)`` overrides it per call.
+WAIT_FOR_LOCK_S: float = 0.0
+
+_POLL_S = (0.02, 0.5)  # first and longest pause between attempts while waiting
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another process is writing checkpoints into the same folder; the message names it and the fix."""
+
+
+def check_wait(value: Any) -> float:
+    """Validate a ``wait_for_lock`` value: seconds >= 0 (``math.inf`` waits for as long as it takes).
+
+    Raises:
+        TypeError: If it is not a number.
+        ValueError: If it is negative or NaN.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"wait_for_lock must be a number of seconds, got {type(value).__name__}")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"wait_for_lock must be seconds >= 0 (0: refuse at once), got {value!r}")
+    return float(value)
+
+
+def project_lock_path(project_dir: str | os.PathLike) -> str:
+    """The project lock file of ``project_dir``."""
+    return os.path.join(os.path.abspath(os.fspath(project_dir)), PROJECT_LOCK_NAME)
+
+
+# ----------------------------------------------------------------------------------- the mechanism
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive lock on ``fd`` without blocking; False if another open file holds it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: a byte-range lock on the first byte
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
+            return True
+        except OSError:
+            return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def _describe_holder(path: str) -> str:
+    """What the lock file says about its holder ("pid 12 on host h since ..."), or a neutral phrase."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            info = json.loads(handle.read(4096))
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
+        return f"pid {int(info['pid'])} on host {str(info['host'])[:64]!r}, since {since}"
+    except (OSError, ValueError, KeyError, TypeError):  # being written, or left by another tool
+        return "a process that left no details"
+
+
+def _write_holder(fd: int, run: str) -> None:
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "run": run}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:  # e.g. a full disk: the details are a courtesy, the lock is what matters
+        pass
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a removed lock file does not count)."""
+    try:
+        mine, now = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _acquire(path: str, wait: float, what: str, run: str) -> int:
+    """Open and exclusively lock ``path``, waiting up to ``wait`` seconds; return the descriptor.
+
+    Raises:
+        CheckpointLockedError: If another process still holds it after ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    pause = _POLL_S[0]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # A save lock's file is removed by its holder on release: if ours was, lock the new one.
+            if _try_lock(fd) and _same_file(fd, path):
+                _write_holder(fd, run)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _refusal(path, wait, what)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, _POLL_S[1])
+
+
+def _refusal(path: str, wait: float, what: str) -> CheckpointLockedError:
+    waited = f" (still held after waiting {wait:g} s)" if wait > 0 else ""
+    return CheckpointLockedError(
+        f"Cannot save into {what!r}: another process is writing checkpoints there{waited}: "
+        f"{_describe_holder(path)} (lock file {path!r}). Two runs saving into one folder would overwrite "
+        "and delete each other's checkpoints. Give this run its own project_dir (or output_dir), stop the "
+        "other run, or wait for it with save_state(wait_for_lock=<seconds>)."
+    )
+
+
+def _unlock_close(fd: int) -> None:
+    try:
+        os.close(fd)  # closing the only descriptor of the open file releases its lock
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------------- the project lock, per process
+@dataclass
+class _Held:
+    fd: int
+    run: str
+    holders: int = 0
+
+
+_HELD: dict[str, _Held] = {}
+_MUTEX = threading.Lock()
+# Per owner: the lock paths it counts in, each with the finalizer that drops it when the owner is freed.
+_OWNED: weakref.WeakKeyDictionary[Any, dict[str, weakref.finalize]] = weakref.WeakKeyDictionary()
+# Drops requested while the mutex was taken (a finalizer may run during any allocation, even in hold()).
+_PENDING: list[str] = []
+
+
+def hold(owner: Any, path: str, wait: float, what: str, run: str) -> None:
+    """Make sure this process holds the project lock ``path`` on behalf of ``owner``.
+
+    The first call for a path takes the lock (waiting up to ``wait`` seconds for another process);
+    later calls, from any owner of this process, only count the owner. The lock is released when every
+    owner that took it was freed or passed to :func:`release`, or when the process ends.
+
+    Args:
+        owner: the object whose lifetime bounds the lock (the Accelerator).
+        path: the lock file (:func:`project_lock_path`).
+        wait: seconds to wait for another process's lock.
+        what: the folder the lock protects, for the error message.
+        run: a token naming this run, recorded in the lock file.
+
+    Raises:
+        CheckpointLockedError: If another process holds it (after waiting ``wait`` seconds).
+    """
+    path = os.path.abspath(path)
+    with _MUTEX:
+        _drain()
+        owned = _OWNED.setdefault(owner, {})
+        if path in owned:
+            return
+        held = _HELD.get(path)
+        if held is None:
+            held = _HELD[path] = _Held(_acquire(path, wait, what, run), run)
+        held.holders += 1
+        owned[path] = weakref.finalize(owner, _drop, path)
+
+
+def holds(path: str) -> bool:
+    """Whether this process holds the project lock ``path``."""
+    return os.path.abspath(path) in _HELD
+
+
+def _drop(path: str) -> None:
+    _PENDING.append(path)
+    if _MUTEX.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _MUTEX.release()
+
+
+def _drain() -> None:
+    """Apply the requested drops (the caller holds the mutex)."""
+    while _PENDING:
+        path = _PENDING.pop()
+        held = _HELD.get(path)
+        if held is None:
+            continue
+        held.holders -= 1
+        if held.holders <= 0:
+            del _HELD[path]
+            _unlock_close(held.fd)
+
+
+def release(owner: Any) -> None:
+    """Give up every project lock ``owner`` holds (those no other owner of this process still needs)."""
+    with _MUTEX:
+        owned = _OWNED.pop(owner, {})
+        for path, finalizer in owned.items():
+            if finalizer.detach() is not None:
+                _PENDING.append(path)
+        _drain()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares its parent's lock: drop the child's reference so the lock stays the parent's."""
+    for held in _HELD.values():
+        _unlock_close(held.fd)
+    _HELD.clear()
+    for owned in _OWNED.values():
+        for finalizer in owned.values():
+            finalizer.detach()
+    _OWNED.clear()
+    _PENDING.clear()
+    global _MUTEX
+    _MUTEX = threading.Lock()  # it may have been held by another thread at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ------------------------------------------------------------------------ the save lock, per save
+@contextmanager
+def save_lock(final_dir: str, wait: float, run: str) -> Iterator[None]:
+    """Hold ``<parent>/.<name>.lock`` exclusively while saving into the explicit folder ``final_dir``.
+
+    Raises:
+        CheckpointLockedError: If another process is saving into the same folder (after ``wait`` s).
+    """
+    parent, name = os.path.split(os.path.abspath(final_dir))
+    path = os.path.join(parent, f".{name}.lock")
+    fd = _acquire(path, wait, final_dir, run)
+    try:
+        yield
+    finally:
+        # Remove the file while still holding the lock; a waiter that opened it sees it is gone.
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        _unlock_close(fd)
