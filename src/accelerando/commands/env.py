@@ -37,10 +37,10 @@ def collect_versions() -> dict[str, str]:
 def _gpus() -> list[str]:
     import torch
 
-    if not torch.cuda.is_available():
-        return []
+    from accelerando.devices import CUDABackend
+
     rows = []
-    for index in range(torch.cuda.device_count()):
+    for index in range(CUDABackend.device_count()):
         props = torch.cuda.get_device_properties(index)
         rows.append(f"{index}: {props.name}, {props.total_memory / 2**30:.1f} GiB")
     return rows

@@ -8,10 +8,8 @@ Nothing is downloaded. This module imports nothing heavy at import time, so ``--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import struct
 import sys
 from collections.abc import Sequence
 
@@ -92,13 +90,11 @@ def _from_headers(files: list[str]) -> tuple[int, int, str]:
     """Count elements from safetensors headers: ``(total elements, largest layer elements, its name)``."""
     total = 0
     layers: dict[str, int] = {}
+    from accelerando.big_modeling.offload import read_safetensors_header
+
     for path in files:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+        header, _ = read_safetensors_header(path)  # checked against the file size: crafted files refused
         for name, entry in header.items():
-            if name == "__metadata__":
-                continue
             begin, end = entry["data_offsets"]
             count = (end - begin) // _STORED_BYTES.get(entry["dtype"], 1)
             total += count
