@@ -40,6 +40,7 @@ __all__ = [
     "torch_load",
     "torch_save",
     "unpickling",
+    "weights_only_default",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,11 @@ class UnsafeCheckpointError(CheckpointError):
             f"weights_only=True.{hint} If you trust this checkpoint, pass {OPT_IN} to load_state "
             "(or load_accelerator_state / load_custom_state)."
         )
+
+
+def weights_only_default() -> bool:
+    """The ``weights_only`` that loads use now: True unless inside :func:`unpickling` ``(False)``."""
+    return _WEIGHTS_ONLY.get()
 
 
 @contextmanager

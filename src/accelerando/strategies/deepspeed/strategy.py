@@ -38,6 +38,45 @@ def _is_engine(obj: Any) -> bool:
     return type(obj).__name__ == "DeepSpeedEngine" or hasattr(obj, "zero_optimization_stage")
 
 
+# Checkpoint engines whose load is a plain torch.load of the path (DeepSpeed 0.19).
+_PLAIN_LOAD_ENGINES = ("TorchCheckpointEngine", "FastCheckpointEngine", "DecoupledCheckpointEngine")
+# The DeepSpeed classes engine checkpoints hold (ZeRO 1-3, fp32/bf16/fp16): plain data classes and
+# an enum, whose rebuilding runs no code of the file's choosing.
+_DEEPSPEED_SAFE_TYPES = (
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+)
+
+
+@contextlib.contextmanager
+def _weights_only_engine_loads(engine: Any) -> Any:
+    """Within the block, the engine's checkpoint engine reads files weights-only (see load_model_checkpoint)."""
+    import importlib
+
+    from accelerando.checkpointing import files as F
+
+    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+    if type(checkpoint_engine).__name__ not in _PLAIN_LOAD_ENGINES:
+        yield
+        return
+    safe = []
+    for module, name in _DEEPSPEED_SAFE_TYPES:
+        with contextlib.suppress(ImportError, AttributeError):
+            safe.append(getattr(importlib.import_module(module), name))
+
+    def load(path: str, map_location: Any = None) -> Any:
+        with torch.serialization.safe_globals(safe):
+            return F.torch_load(path, map_location)
+
+    checkpoint_engine.load = load  # an instance attribute: hides the class's method
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load
+
+
 def _kind(obj: Any) -> str | None:
     if isinstance(obj, torch.nn.Module):
         return "model"
@@ -301,14 +340,25 @@ class DeepSpeedStrategy(Strategy):
     def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
         """Restore what ``save_model_checkpoint`` wrote.
 
+        DeepSpeed 0.19's ``load_checkpoint`` has no ``weights_only`` option and its default checkpoint
+        engine unpickles fully, so for the engines that read with a plain ``torch.load`` (the default
+        ``TorchCheckpointEngine``, the fast and the decoupled one) their ``load`` is replaced, for this
+        call, by accelerando's weights-only reader, which also accepts the few DeepSpeed types its
+        checkpoints hold (``_DEEPSPEED_SAFE_TYPES``); ``load_kwargs={"weights_only": False}`` opts out
+        as for the other files. Where DeepSpeed reads files itself, it still unpickles them fully:
+        other checkpoint engines (e.g. DataStates), universal checkpoints (``load_universal``) and
+        ZeRO-3's ``load_hp_checkpoint_state``; load such checkpoints only from sources you trust.
+
         Raises:
             FileNotFoundError: the folder has no engine checkpoint for this model.
+            UnsafeCheckpointError: an engine file holds a type weights-only loading refuses.
         """
         if not _is_engine(model):
             return False
-        path, _ = model.load_checkpoint(
-            input_dir, tag=self._tag(index), load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        with _weights_only_engine_loads(model):
+            path, _ = model.load_checkpoint(
+                input_dir, tag=self._tag(index), load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         if path is None:
             raise FileNotFoundError(
                 f"{input_dir!r} has no DeepSpeed checkpoint {self._tag(index)!r}; was it saved under DeepSpeed?"

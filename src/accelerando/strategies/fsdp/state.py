@@ -7,6 +7,7 @@ handled the same way and keys are the plain module names (no wrapper prefixes).
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -144,6 +145,86 @@ def save_sharded_model(model: torch.nn.Module, output_dir: str, index: int) -> s
     return folder
 
 
+# What a DCP ``.metadata`` file may name (torch 2.4 to 2.13): DCP's own data classes, paths, sizes,
+# dtypes and layouts. DCP itself reads it with a plain pickle.load, which would run any code it held.
+_METADATA_TYPES = {
+    "torch.distributed.checkpoint.metadata": {
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "collections": {"OrderedDict"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+}
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} is not DCP metadata")
+        self.name = name
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata and nothing else (see ``_METADATA_TYPES``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_TYPES.get(module, ()):
+            return super().find_class(module, name)
+        value = getattr(torch, name, None) if module == "torch" else None
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            return value
+        raise _RefusedGlobal(f"{module}.{name}"[:80])
+
+
+def _shard_reader(folder: str) -> Any:
+    """DCP's file reader for ``folder``, with its metadata read here first, without running code from it.
+
+    DCP reads ``.metadata`` with a plain ``pickle.load`` and wraps every error it meets; here it is
+    read before DCP starts, through an allowlist (full unpickling only on the caller's opt-in,
+    ``load_kwargs={"weights_only": False}``), and every shard file it names must be a plain name inside
+    ``folder``; the reader hands DCP that metadata.
+
+    Raises:
+        UnsafeCheckpointError: If the metadata names anything else (the message names the file).
+        CheckpointError: If it names a shard file outside the folder.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    from accelerando.checkpointing import files as F
+    from accelerando.checkpointing.manifest import CheckpointError, check_name
+
+    path = os.path.join(folder, ".metadata")
+    with open(path, "rb") as handle:
+        try:
+            unpickler = _MetadataUnpickler(handle) if F.weights_only_default() else pickle.Unpickler(handle)
+            metadata = unpickler.load()
+        except _RefusedGlobal as err:
+            raise F.UnsafeCheckpointError(path, err.name) from None
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        try:
+            check_name(getattr(info, "relative_path", None))
+        except ValueError as err:
+            raise CheckpointError(f"Checkpoint shards {folder!r} are damaged: {path!r} lists {err}") from None
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(folder)
+
+
 def load_sharded_model(model: torch.nn.Module, input_dir: str, index: int) -> bool:
     """Load a folder written by :func:`save_sharded_model`; False when the checkpoint has none."""
     import torch.distributed.checkpoint as dcp
@@ -153,7 +234,7 @@ def load_sharded_model(model: torch.nn.Module, input_dir: str, index: int) -> bo
     if not os.path.isdir(folder):
         return False
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=folder)
+    dcp.load(state, storage_reader=_shard_reader(folder))
     set_model_state_dict(model, state["model"])
     return True
 
@@ -182,6 +263,6 @@ def load_sharded_optimizer(
         return False
     # The template holds initialised (empty) state for every parameter, so DCP knows every shape.
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=folder)
+    dcp.load(state, storage_reader=_shard_reader(folder))
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return True
