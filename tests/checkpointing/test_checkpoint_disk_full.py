@@ -174,3 +174,20 @@ def test_a_short_write_with_space_left_is_not_called_a_full_disk(tmp_path, monke
     assert "no space" not in str(caught.value)
     assert os.listdir(os.path.join(str(tmp_path), "checkpoints")) == []
     lock.release(accelerator)
+
+
+def test_every_process_raises_the_same_kind_of_error() -> None:
+    """What the processes that did not fail raise, from the failed process's report."""
+    from accelerando.checkpointing import save
+    from accelerando.checkpointing.lock import CheckpointLockedError
+
+    full = atomic.no_space_error(OSError(errno.ENOSPC, "x"), "/nowhere/ckpt", "/nowhere/.ckpt.partial", 10)
+    with pytest.raises(OSError, match="process 1: .*no space left on device") as caught:
+        save._raise_reported(None, [(1, save._report(full))], "write")
+    assert caught.value.errno == errno.ENOSPC
+    refusal = CheckpointLockedError("Cannot save into '/p': another process is writing checkpoints there")
+    with pytest.raises(CheckpointLockedError) as caught:
+        save._raise_reported(None, [(0, save._report(refusal))], "prepare")
+    assert str(caught.value) == str(refusal)
+    with pytest.raises(atomic.CheckpointError, match="Process 1 failed to write: KeyError: 'k'"):
+        save._raise_reported(None, [(1, save._report(KeyError("k")))], "write")

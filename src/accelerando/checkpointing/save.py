@@ -149,8 +149,11 @@ def _translated(error: BaseException, target: Any, final_dir: str, staging: str)
 
 
 # ------------------------------------------------------------------------- step 1: where it goes
-def _wait_for_lock(kwargs: dict[str, Any]) -> float:
+def _wait_for_lock(target: Any, kwargs: dict[str, Any]) -> float:
+    """Seconds to wait for another process's lock: the keyword, else the setting, else the module's default."""
     value = kwargs.pop("wait_for_lock", None)
+    if value is None:
+        value = getattr(target.settings, "checkpoint_lock_wait", None)
     return lock.check_wait(lock.WAIT_FOR_LOCK_S if value is None else value)
 
 
@@ -452,8 +455,9 @@ def save_state(
             back from a damaged checkpoint).
         safe_serialization: Weights as safetensors (else ``torch.save``).
         **save_model_func_kwargs: ``wait_for_lock`` (seconds to wait while another process holds the
-            folder's lock, default ``accelerando.checkpointing.lock.WAIT_FOR_LOCK_S`` = 0: refuse at
-            once); the rest are accepted for API compatibility (engine-specific save options).
+            folder's lock; default: the ``checkpoint_lock_wait`` setting where there is one, else
+            ``accelerando.checkpointing.lock.WAIT_FOR_LOCK_S`` = 0, refuse at once); the rest are accepted
+            for API compatibility (engine-specific save options).
 
     Returns:
         The committed checkpoint folder.
@@ -465,7 +469,7 @@ def save_state(
         OSError: ``ENOSPC`` if the disk is full (nothing is committed, earlier checkpoints are untouched).
         CheckpointError: If a process failed to write its files (nothing is committed).
     """
-    wait = _wait_for_lock(save_model_func_kwargs)
+    wait = _wait_for_lock(target, save_model_func_kwargs)
     del save_model_func_kwargs
     set_active_accelerator(target.owner)
     with ExitStack() as stack:  # an explicit folder's save lock, until the commit is done
