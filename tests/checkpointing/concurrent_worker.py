@@ -68,17 +68,23 @@ def saver(
     first_saved=None,
     go=None,
     linger=None,
+    wait_slice: float | None = None,
     rank: int = 0,
 ) -> None:
     """Save ``saves`` times (stopping at a refusal), recording every outcome as JSON in ``<log>.<rank>``.
 
     The optional Events let the parent interleave two runs: ``ready`` is set just before the first
     save, ``first_saved`` after it; ``go`` is awaited after the first save and ``linger`` before the
-    process ends (a run holds the project lock until then).
+    process ends (a run holds the project lock until then). ``wait_slice`` shortens the rounds in which
+    the processes of a waiting run meet.
     """
     import torch
 
+    from accelerando.checkpointing import save as save_module
     from accelerando.checkpointing.lock import CheckpointLockedError
+
+    if wait_slice is not None:
+        save_module._WAIT_SLICE_S = wait_slice
 
     accelerator, model, mark = build(project, run)
     events = []

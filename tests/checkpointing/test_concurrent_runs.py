@@ -69,7 +69,9 @@ def test_second_run_is_refused_on_every_rank_and_the_first_keeps_its_checkpoints
     port = get_free_port()
     run_b = [
         ctx.Process(
-            target=worker.rank_saver, args=(rank, 2, port, project, 2, 20, log_b), kwargs={"ready": ready}
+            target=worker.rank_saver,
+            args=(rank, 2, port, project, 2, 20, log_b),
+            kwargs={"ready": ready, "wait_for_lock": 1.0, "wait_slice": 0.2},  # several rounds of waiting
         )
         for rank in range(2)
     ]
@@ -91,7 +93,13 @@ def test_second_run_is_refused_on_every_rank_and_the_first_keeps_its_checkpoints
     message = refusals[0][0]["refused"]
     assert refusals[1][0]["refused"] == message  # the same error on every rank
     root = os.path.abspath(os.path.join(project, "checkpoints"))
-    for fragment in (root, f"pid {a['pid']}", "another process", "project_dir", "wait_for_lock"):
+    for fragment in (
+        root,
+        f"pid {a['pid']}",
+        "another process",
+        "still held after waiting 1 s",
+        "project_dir",
+    ):
         assert fragment in message, (fragment, message)
     assert _check_remaining(project, run=1) == [18, 19]
 
@@ -174,9 +182,12 @@ def test_accelerators_of_one_process_share_the_lock_until_both_are_released(tmp_
     os.close(_other_process_lock(path))
 
 
-def test_refusal_and_wait_in_one_process(tmp_path) -> None:
+def test_refusal_and_wait_in_one_process(tmp_path, monkeypatch) -> None:
     """The project lock held elsewhere: refused at once by default, or after a bounded wait; a wait
     that outlasts the holder succeeds."""
+    from accelerando.checkpointing import save
+
+    monkeypatch.setattr(save, "_WAIT_SLICE_S", 0.05)  # waits go in many rounds
     project = str(tmp_path / "project")
     path = lock.project_lock_path(project)
     fd = _other_process_lock(path)

@@ -46,6 +46,7 @@ __all__ = [
     "hold",
     "holds",
     "project_lock_path",
+    "refusal",
     "release",
     "save_lock",
 ]
@@ -61,7 +62,17 @@ _RECORD_BYTES = 512  # the holder's details in the lock file
 
 
 class CheckpointLockedError(CheckpointError):
-    """Another process is writing checkpoints into the same folder; the message names it and the fix."""
+    """Another process is writing checkpoints into the same folder; the message names it and the fix.
+
+    Attributes:
+        lock_file: the lock file held by the other process.
+        folder: the folder it protects.
+    """
+
+    def __init__(self, message: str, lock_file: str = "", folder: str = "") -> None:
+        super().__init__(message)
+        self.lock_file = lock_file
+        self.folder = folder
 
 
 def check_wait(value: Any) -> float:
@@ -160,18 +171,21 @@ def _acquire(path: str, wait: float, what: str, run: str) -> int:
         os.close(fd)
         left = deadline - time.monotonic()
         if left <= 0:
-            raise _refusal(path, wait, what)
+            raise refusal(path, wait, what)
         time.sleep(min(pause, left))
         pause = min(pause * 2, _POLL_S[1])
 
 
-def _refusal(path: str, wait: float, what: str) -> CheckpointLockedError:
-    waited = f" (still held after waiting {wait:g} s)" if wait > 0 else ""
+def refusal(path: str, waited: float, what: str) -> CheckpointLockedError:
+    """The error for a lock ``path`` (protecting ``what``) still held by another process after ``waited`` s."""
+    waited_text = f" (still held after waiting {waited:g} s)" if waited > 0 else ""
     return CheckpointLockedError(
-        f"Cannot save into {what!r}: another process is writing checkpoints there{waited}: "
+        f"Cannot save into {what!r}: another process is writing checkpoints there{waited_text}: "
         f"{_describe_holder(path)} (lock file {path!r}). Two runs saving into one folder would overwrite "
         "and delete each other's checkpoints. Give this run its own project_dir (or output_dir), stop the "
-        "other run, or wait for it with save_state(wait_for_lock=<seconds>)."
+        "other run, or wait for it with save_state(wait_for_lock=<seconds>).",
+        lock_file=path,
+        folder=what,
     )
 
 

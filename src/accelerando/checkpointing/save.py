@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 import uuid
 import warnings
 import weakref
@@ -215,6 +216,45 @@ def _claim(target: Any, stack: ExitStack, root: str | None, final_dir: str, wait
     return final_dir, atomic.prepare_staging(final_dir, run.token)
 
 
+# While waiting for another run's lock, the processes meet this often, so that none of them sits in one
+# collective for the whole wait (which the process group's timeout would end with an obscure error).
+_WAIT_SLICE_S = 2.0
+
+
+def _claim_in_slices(
+    target: Any, stack: ExitStack, plan: tuple[str | None, str, bool, int], wait: float
+) -> tuple[list[Any], BaseException | None, tuple[str, str] | None]:
+    """The committers claim the folder, retrying in slices of the wait; every process learns the outcome.
+
+    Returns:
+        Every process's ``(rank, node, committer, (final_dir, staging) or None, failure report, retry)``, this
+        process's error, and its claim. Every process loops while some committer reports ``retry``
+        (and none failed), so all agree on when to stop.
+    """
+    root, final_dir, committer, node = plan
+    state = target.state
+    deadline = time.monotonic() + wait
+    claimed: tuple[str, str] | None = None
+    error: BaseException | None = None
+    while True:
+        retry = False
+        if committer and claimed is None and error is None:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                claimed = _claim(target, stack, root, final_dir, min(left, _WAIT_SLICE_S))
+            except lock.CheckpointLockedError as err:
+                retry = left > _WAIT_SLICE_S
+                error = None if retry else lock.refusal(err.lock_file, wait, err.folder)
+            except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
+                error = _translated(
+                    err, target, final_dir, atomic.staging_path(final_dir, _run(target).token)
+                )
+        report = _report(error)
+        entries = gather((state.process_index, node, committer, claimed, report, retry), state.num_processes)
+        if not any(entry[5] for entry in entries) or any(entry[4] is not None for entry in entries):
+            return entries, error, claimed
+
+
 def _plan_everywhere(
     target: Any, stack: ExitStack, output_dir: str | os.PathLike | None, wait: float
 ) -> _Plan:
@@ -223,21 +263,16 @@ def _plan_everywhere(
     root, final_dir = _requested_dir(target, output_dir)
     each_node = save_on_each_node(target, final_dir)
     committer = is_committer(state, each_node)
-    error: BaseException | None = None
-    claimed: tuple[str, str] | None = None
-    if committer:
-        try:
-            claimed = _claim(target, stack, root, final_dir, wait)
-        except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
-            error = _translated(err, target, final_dir, atomic.staging_path(final_dir, _run(target).token))
+    # Each process writes into its node's committer's staging folder (the main process's, unless
+    # save_on_each_node is in effect).
     node = int(state.cluster.node_rank) if each_node else 0
-    entries = gather((state.process_index, node, committer, claimed, _report(error)), state.num_processes)
-    failed = [(rank, report) for rank, _, _, _, report in entries if report is not None]
+    entries, error, claimed = _claim_in_slices(target, stack, (root, final_dir, committer, node), wait)
+    failed = [(rank, report) for rank, _, _, _, report, _ in entries if report is not None]
     if failed:
         if claimed is not None:
             atomic.discard(claimed[1])
         _raise_reported(error, failed, f"prepare {final_dir!r}")
-    claims = {n: c for _, n, is_committing, c, _ in entries if is_committing}
+    claims = {n: c for _, n, is_committing, c, _, _ in entries if is_committing}
     final_dir, staging = claims[node]
     if root is not None and len({f for f, _ in claims.values()}) > 1:
         # Nodes with their own disks proposed different numbers: all take the highest (free on each).
