@@ -67,6 +67,8 @@ class LaunchPlan:
         num_machines: machines in the job.
         machine_rank: rank of this machine.
         notes: sentences to show the user (choices the plan made for them).
+        hang_timeout_s: seconds without progress before the launcher stops a multi-process job
+            (0: never); see :mod:`accelerando.launchers.watchdog`.
     """
 
     mode: str
@@ -77,6 +79,7 @@ class LaunchPlan:
     num_machines: int
     machine_rank: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    hang_timeout_s: float = 0.0
 
     @property
     def uses_backend_runner(self) -> bool:
@@ -432,4 +435,5 @@ def build(
         num_machines=machines,
         machine_rank=settings.machine_rank or 0,
         notes=tuple(notes),
+        hang_timeout_s=float(settings.hang_timeout or 0),
     )

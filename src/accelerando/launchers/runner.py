@@ -4,6 +4,11 @@ One process is started directly with :mod:`subprocess`. Several are started by P
 agent, called in this process (``torch.distributed.run``) so that a launch costs one interpreter
 start-up less than ``torchrun`` in a subprocess would; torch is imported only here, never for
 ``--help`` or ``--dry-run``.
+
+Every process dies with the launcher, whatever ended it (Linux's parent-death signal, set in the one
+process of a simple launch before exec, and by :mod:`accelerando.launchers._child` in each process
+the agent starts). A multi-process launch also runs a hang watchdog
+(:mod:`accelerando.launchers.watchdog`) and, when processes fail, names the one that failed first.
 """
 
 from __future__ import annotations
@@ -13,18 +18,37 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from accelerando.launchers._child import set_parent_death_signal
 from accelerando.launchers.plan import LaunchPlan
+from accelerando.launchers.watchdog import RunFolder, Watchdog
+from accelerando.settings.fields import quote_value
 
-__all__ = ["run", "write_deepspeed_env"]
+__all__ = ["HANG_EXIT_CODE", "run", "write_deepspeed_env"]
+
+#: exit status of a launch the hang watchdog stopped (as ``timeout(1)`` uses).
+HANG_EXIT_CODE = 124
+_CHILD_MODULE = "accelerando.launchers._child"
+
+
+def _die_with(launcher_pid: int) -> Callable[[], None]:
+    def _in_child() -> None:  # between fork and exec: the kernel keeps the request across exec
+        set_parent_death_signal(launcher_pid)
+
+    return _in_child
 
 
 def _run_simple(plan: LaunchPlan) -> int:
     # The launcher is the one place that writes the processes' environment; the child inherits ours.
     os.environ.update(plan.env)
+    # The script dies with the launcher, whatever ended the launcher (SIGKILL included).
+    linux = sys.platform.startswith("linux")
     try:
-        return subprocess.run(list(plan.argv), check=False).returncode
+        return subprocess.run(
+            list(plan.argv), check=False, preexec_fn=_die_with(os.getpid()) if linux else None
+        ).returncode
     except FileNotFoundError as err:
         print(f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}.", file=sys.stderr)
         return 127
@@ -41,32 +65,51 @@ def _describe(failure: Any) -> tuple[str, int]:
     return f"failed with exit code {failure.exitcode}", failure.exitcode or 1
 
 
-def _first_failure(err: BaseException) -> tuple[int, Any]:
+def _first_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]]) -> tuple[int, Any]:
     """The failure to blame: the earliest; among those seen at once, a kill, then an error, then SIGTERM.
 
-    The agent stamps failures without an error file in whole seconds when it sees them, so a
-    process killed outright and a peer that then raised because its connection closed often share
-    a timestamp; the kill is the likelier cause. SIGTERM is what the agent sends the processes left
-    after a failure, so it is the least likely cause.
+    The agent stamps failures in whole seconds when it sees them, so a process killed outright and a
+    peer that then raised because its connection closed often share a second; the kill is the likelier
+    cause. SIGTERM is what the agent sends the processes left after a failure, so it is the least likely
+    cause. Between two errors, the nanosecond time each process recorded when its exception reached the
+    top (``records``, written by :mod:`accelerando.launchers._child`) decides: the process that raised
+    first is the cause, the peer whose collective then failed is its victim.
     """
     failures: dict[int, Any] = err.failures  # type: ignore[attr-defined]
 
-    def order(item: tuple[int, Any]) -> tuple[int, int, int]:
+    def order(item: tuple[int, Any]) -> tuple[int, int, int, int]:
         rank, failure = item
+        record = records.get(rank)
+        if record is not None:  # it raised then, however its exit ended (the agent may SIGTERM its teardown)
+            return (record["time_ns"] // 1_000_000_000, 1, record["time_ns"], rank)
         if failure.exitcode >= 0:
             kind = 1
         else:
             kind = 2 if -failure.exitcode == signal.SIGTERM else 0
-        return (failure.timestamp, kind, rank)
+        return (failure.timestamp, kind, 0, rank)
 
     return min(failures.items(), key=order)
 
 
-def _report_failure(err: BaseException) -> int:
-    """Print one line naming the failed processes, the likely cause first; return the exit status."""
-    rank, failure = _first_failure(err)
+def _report_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]] | None = None) -> int:
+    """Print one line naming the failed processes, the likely cause first; return the exit status.
+
+    Args:
+        err: the agent's ``ChildFailedError`` (its ``failures``: rank -> ``ProcessFailure``).
+        records: rank -> the uncaught exception each process recorded (see :class:`RunFolder`).
+    """
+    records = records or {}
+    rank, failure = _first_failure(err, records)
     what, code = _describe(failure)
-    if failure.exitcode >= 0:
+    record = records.get(rank)
+    if record is not None:
+        # The exception line itself is in the traceback above; name it without repeating it.
+        raised = f"{record.get('type')} at {record.get('where')}, {quote_value(record.get('message'))}"
+        if failure.exitcode >= 0:
+            what += f" ({raised}); its traceback is above"
+        else:  # stopped by the agent while it was exiting after the error
+            what, code = f"raised an exception ({raised}) and then {what}; its traceback is above", 1
+    elif failure.exitcode >= 0:
         what += "; its traceback is above"
     others = [
         f"process {other} {_describe(each)[0]}"
@@ -82,9 +125,23 @@ def _report_failure(err: BaseException) -> int:
     return code
 
 
+def _through_child(args: Any, run_dir: str) -> Any:
+    """Have the agent start each process through :mod:`accelerando.launchers._child`.
+
+    The target (a script, a module, a ``--no_python`` program) and its arguments become the shim's
+    arguments; the shim prepares the process (death with the launcher, stack dumps, failure
+    records) and then runs the target as the agent would have.
+    """
+    kind = "program" if args.no_python else "module" if args.module else "script"
+    args.training_script_args = [run_dir, str(os.getpid()), kind, args.training_script,
+                                 *args.training_script_args]  # fmt: skip
+    args.training_script, args.module, args.no_python = _CHILD_MODULE, True, False
+    return args
+
+
 def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    import tempfile
+
     from torch.distributed.run import parse_args
     from torch.distributed.run import run as elastic_run
 
@@ -93,10 +150,33 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
     # The agent's own failure log line repeats what _report_failure prints, and its INFO/WARNING lines
     # are noise for a user; the processes' output and tracebacks are untouched.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = parse_args(plan.agent_args)
+    if os.name != "posix":  # no shim: no parent-death signal, stack dumps or records there
+        return _wait_elastic(lambda: elastic_run(args), None, None)
+    with tempfile.TemporaryDirectory(prefix="accelerando-run-") as run_dir:
+        folder = RunFolder(run_dir)
+        watchdog = Watchdog(folder, plan.hang_timeout_s) if plan.hang_timeout_s > 0 else None
+        if watchdog is not None:
+            watchdog.start()
+        try:
+            return _wait_elastic(lambda: elastic_run(_through_child(args, run_dir)), folder, watchdog)
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+
+
+def _wait_elastic(start: Callable[[], None], folder: RunFolder | None, watchdog: Watchdog | None) -> int:
+    """Run the agent until the processes end; report how they ended and return the exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
-        elastic_run(parse_args(plan.agent_args))
+        start()
     except ChildFailedError as err:
-        return _report_failure(err)
+        if watchdog is not None and watchdog.report is not None:
+            print(watchdog.report.describe(), file=sys.stderr)
+            return HANG_EXIT_CODE
+        return _report_failure(err, folder.failures() if folder is not None else None)
     except SignalException as err:  # the agent stopped the processes after SIGTERM/SIGINT/...
         print(f"accelerando launch: stopped by signal {err.sigval.name}.", file=sys.stderr)
         return 128 + int(err.sigval)

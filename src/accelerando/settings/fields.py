@@ -240,6 +240,9 @@ FIELDS: tuple[Field, ...] = (
     _core("max_restarts", "int", 0, group="launch", minimum=0, help="Restarts allowed before failing."),
     _core("monitor_interval", "float", 0.1, group="launch", minimum=0,
           help="Seconds between checks of the processes' state."),
+    _core("hang_timeout", "float", 1200.0, group="launch", minimum=0,
+          help="Seconds without progress (no process using CPU) before the launcher stops the job "
+               "and names the processes that did not arrive; 0 disables."),
     # --- torch.compile ----------------------------------------------------------------------------
     _dynamo("dynamo_backend", "choice", "NO", "Backend passed to torch.compile ('no' = do not compile).",
             choices=tuple(DynamoBackend.list())),

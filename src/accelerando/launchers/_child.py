@@ -1,0 +1,172 @@
+"""The first code each process of a multi-process launch runs, before the user's script.
+
+``accelerando launch`` starts every process as ``python -u -m accelerando.launchers._child RUN_DIR
+LAUNCHER_PID KIND TARGET [ARGS...]`` (KIND: ``script``, ``module`` or ``program``). In this process,
+before the target runs, it:
+
+1. asks the kernel to SIGKILL it when the launcher dies (Linux ``PR_SET_PDEATHSIG``), so that a
+   launcher killed by any signal, SIGKILL included, leaves no process behind to go on writing into
+   the run's folders; a launcher already gone by then ends the process at once;
+2. writes ``RUN_DIR/rank<N>.pid`` and registers a stack dump of every thread on SIGUSR1 into
+   ``RUN_DIR/rank<N>.stack`` (the launcher's watchdog sends it to a job that stopped progressing);
+3. records an uncaught exception, with a nanosecond time stamp, in ``RUN_DIR/rank<N>.failure.json``
+   (so the launcher names the process that failed first, not a peer that failed because of it).
+
+Then it runs the target as Python would: a script with :func:`runpy.run_path` (``__main__``,
+``sys.argv`` and ``sys.path[0]`` as ``python script.py`` sets them), a module with
+:func:`runpy.run_module`, a program (``--no_python``) with :func:`os.execvp`. Exit codes and
+tracebacks are the target's; the frames of this module and of :mod:`runpy` are left out of a
+traceback. Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import TracebackType
+from typing import IO, Any
+
+__all__ = ["SHIM_FILES", "main", "set_parent_death_signal"]
+
+_PR_SET_PDEATHSIG = 1
+_KINDS = ("script", "module", "program")
+_MESSAGE_LIMIT = 300
+# Frames of this module and of runpy, which start every traceback of the target (runpy is frozen).
+SHIM_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
+_stack_file: IO[str] | None = None  # kept open: faulthandler writes to its descriptor
+
+
+def set_parent_death_signal(launcher_pid: int, sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux only).
+
+    Args:
+        launcher_pid: the process expected to be the parent. When the parent is already another
+            process (the launcher died before this call), this process kills itself with ``sig``.
+        sig: the signal to receive.
+
+    Returns:
+        True when the request is in place; False on systems without ``prctl`` (nothing is done).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != launcher_pid:  # orphaned before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def _rank() -> str:
+    value = os.environ.get("RANK", "0")
+    return value if value.isdigit() else "0"
+
+
+def _where(tb: TracebackType | None) -> str:
+    frames = traceback.extract_tb(tb)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _is_shim(filename: str) -> bool:
+    return filename in SHIM_FILES or os.path.abspath(filename) in SHIM_FILES
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    while tb is not None and _is_shim(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def _install_failure_record(path: str) -> None:
+    previous = sys.excepthook
+
+    def _record(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        tb = _user_frames(tb)
+        if tb is not None:  # the default hook prints the exception's own traceback, not its argument
+            value = value.with_traceback(tb)
+        record = {
+            "time_ns": time.time_ns(),
+            "type": kind.__name__,
+            "message": str(value)[:_MESSAGE_LIMIT],
+            "where": _where(tb),
+        }
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+        except OSError:
+            pass  # the record only improves the launcher's summary; the traceback still prints
+        previous(kind, value, tb)
+
+    sys.excepthook = _record
+
+
+def _prepare(run_dir: str, launcher_pid: int, kind: str) -> None:
+    global _stack_file
+    set_parent_death_signal(launcher_pid)
+    base = os.path.join(run_dir, f"rank{_rank()}")
+    # A program (--no_python) replaces this interpreter: no stack dump (SIGUSR1 would end it) and no
+    # record; its thread id 0 tells the launcher so.
+    main_thread = (threading.main_thread().ident or 0) if kind != "program" else 0
+    try:
+        if main_thread:
+            _stack_file = open(base + ".stack", "w", encoding="utf-8")  # noqa: SIM115 - lives with us
+            faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+        with open(base + ".pid", "w", encoding="ascii") as handle:
+            handle.write(f"{os.getpid()} {main_thread}\n")
+    except (OSError, AttributeError, ValueError):
+        pass  # no watchdog data (a read-only folder, or no SIGUSR1 here): the job still runs
+    try:
+        os.unlink(base + ".failure.json")  # left by this rank before an agent restart: not ours
+    except OSError:
+        pass
+    _install_failure_record(base + ".failure.json")
+
+
+def _run(kind: str, target: str, args: list[str]) -> Any:
+    if kind == "program":
+        try:
+            os.execvp(target, [target, *args])
+        except OSError as err:
+            print(f"accelerando launch: cannot start {target!r}: {err.strerror}.", file=sys.stderr)
+            raise SystemExit(127) from None
+    sys.argv = [target, *args]
+    if kind == "module":
+        return runpy.run_module(target, run_name="__main__", alter_sys=True)
+    # As ``python script.py``: the script's folder first on the path, not this process's working folder.
+    sys.path[0] = os.path.dirname(os.path.abspath(target))
+    return runpy.run_path(target, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Prepare this process (see the module docstring), then run the target.
+
+    Args:
+        argv: ``RUN_DIR LAUNCHER_PID KIND TARGET [ARGS...]`` (default: ``sys.argv[1:]``).
+
+    Raises:
+        SystemExit: 2 for a malformed command line (only the launcher writes it); otherwise
+            whatever the target raises.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 4 or argv[2] not in _KINDS or not argv[1].isdigit():
+        print("usage: python -m accelerando.launchers._child RUN_DIR LAUNCHER_PID KIND TARGET [ARGS...]",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    run_dir, launcher_pid, kind, target, *args = argv
+    _prepare(run_dir, int(launcher_pid), kind)
+    _run(kind, target, args)
+
+
+if __name__ == "__main__":
+    main()
