@@ -133,7 +133,11 @@ def _write_holder(fd: int, run: str) -> None:
     # milliseconds on ext4 (it flushes the file), on every explicit-folder save.
     data = (json.dumps(info).ljust(_RECORD_BYTES - 1) + "\n").encode()
     try:
-        os.pwrite(fd, data, 0)
+        if hasattr(os, "pwrite"):
+            os.pwrite(fd, data, 0)
+        else:  # Windows
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, data)
         if os.fstat(fd).st_size > len(data):
             os.ftruncate(fd, len(data))
     except OSError:  # e.g. a full disk: the details are a courtesy, the lock is what matters
@@ -161,14 +165,16 @@ def _acquire(path: str, wait: float, what: str, run: str) -> int:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            # A save lock's file is removed by its holder on release: if ours was, lock the new one.
-            if _try_lock(fd) and _same_file(fd, path):
+            locked = _try_lock(fd)
+            if locked and _same_file(fd, path):
                 _write_holder(fd, run)
                 return fd
         except BaseException:
             os.close(fd)
             raise
         os.close(fd)
+        if locked:  # a save lock's holder removed the file as it let go: try the new one at once
+            continue
         left = deadline - time.monotonic()
         if left <= 0:
             raise refusal(path, wait, what)
@@ -229,7 +235,7 @@ def hold(owner: Any, path: str, wait: float, what: str, run: str) -> None:
     Raises:
         CheckpointLockedError: If another process holds it (after waiting ``wait`` seconds).
     """
-    path = os.path.abspath(path)
+    path = os.path.realpath(path)  # one entry however the folder is reached (a symlink, a relative path)
     with _MUTEX:
         _drain()
         owned = _OWNED.setdefault(owner, {})
@@ -244,7 +250,7 @@ def hold(owner: Any, path: str, wait: float, what: str, run: str) -> None:
 
 def holds(path: str) -> bool:
     """Whether this process holds the project lock ``path``."""
-    return os.path.abspath(path) in _HELD
+    return os.path.realpath(path) in _HELD
 
 
 def _drop(path: str) -> None:
