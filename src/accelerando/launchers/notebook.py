@@ -187,8 +187,8 @@ def debug_launcher(
     """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer. Fix: pass e.g. 2.")
-    from accelerando.settings.machine import free_port
     from accelerando.runtime import current_process
+    from accelerando.settings.machine import free_port
 
     if current_process() is not None:
         raise ValueError(
