@@ -5,6 +5,12 @@ Names follow the reference project so folders look familiar: ``model.safetensors
 ``dl_state_dict.bin`` / ``sampler.bin``, ``scaler.pt``, ``random_states_<rank>.pkl``,
 ``custom_checkpoint_<i>.pkl``. Accumulated gradients of an unfinished accumulation cycle go in
 ``gradients_<rank>.safetensors`` (gradients differ per rank until they are all-reduced).
+
+Every ``torch.save`` file is read back with ``torch.load(weights_only=True)``, which cannot run code
+hidden in a pickle; what accelerando writes (tensors, numbers, strings, lists, tuples, dicts, the RNG
+states as plain data) loads that way. A file holding other objects (a registered object whose state
+holds arbitrary Python objects, or a malicious file) raises :class:`UnsafeCheckpointError`; only the
+caller's explicit ``load_kwargs={"weights_only": False}`` unpickles it fully.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.collective import gather
-from accelerando.checkpointing.manifest import Manifest, require_listed, scan_folder
+from accelerando.checkpointing.manifest import Manifest, inspect_checkpoint, require_listed, scan_folder
 from accelerando.checkpointing.project import (
     NUMBERED,
     RESUME_POINTS,
@@ -80,8 +80,7 @@ def _verify_folder(folder: str, allow_unverified: bool) -> tuple[Manifest | None
     if allow_unverified and not os.path.lexists(os.path.join(folder, atomic.MANIFEST_NAME)):
         logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
         return None, scan_folder(folder, recursive=False)  # only its own entries are read
-    manifest = atomic.verify_checkpoint(folder)  # parse, scan, sizes of every file
-    return manifest, scan_folder(folder)
+    return inspect_checkpoint(folder)  # parse, scan, sizes of every file
 
 
 def _check_strategy_files(

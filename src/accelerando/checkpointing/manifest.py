@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "Manifest",
     "check_name",
+    "inspect_checkpoint",
     "read_manifest",
     "require_listed",
     "scan_folder",
@@ -291,6 +292,22 @@ def verify_checksums(folder: str, manifest: Manifest, names: Iterable[str]) -> N
     _check_checksums(folder, {n: manifest.files[n] for n in names})
 
 
+def inspect_checkpoint(folder: str) -> tuple[Manifest, dict[str, int]]:
+    """Parse the manifest, scan the folder (links refused) and compare every listed file's size.
+
+    Returns:
+        The manifest and the size of every file in the folder (see :func:`scan_folder`).
+
+    Raises:
+        CheckpointError: As :func:`verify_checkpoint`.
+    """
+    manifest = read_manifest(folder)
+    present = scan_folder(folder)
+    for name, entry in manifest.files.items():
+        _check_size(folder, name, entry, present)
+    return manifest, present
+
+
 def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str] | None = None) -> Manifest:
     """Check a checkpoint folder against its manifest.
 
@@ -311,16 +328,16 @@ def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str]
         CheckpointError: Naming the first missing, unlisted, truncated or corrupted file, a link, or
             a manifest that cannot be parsed.
     """
-    manifest = read_manifest(folder)
-    present = scan_folder(folder)
     if names is None:
+        manifest, _ = inspect_checkpoint(folder)
         wanted = manifest.files
     else:
+        manifest, present = read_manifest(folder), scan_folder(folder)
         names = list(names)
         require_listed(folder, manifest, names)
         wanted = {n: manifest.files[n] for n in names}
-    for name, entry in wanted.items():
-        _check_size(folder, name, entry, present)
+        for name, entry in wanted.items():
+            _check_size(folder, name, entry, present)
     if checksums:
         _check_checksums(folder, wanted)
     return manifest

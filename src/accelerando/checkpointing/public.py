@@ -21,6 +21,7 @@ import accelerando.runtime as runtime
 from accelerando.checkpointing.manifest import (
     MANIFEST_NAME,
     CheckpointError,
+    inspect_checkpoint,
     read_manifest,
     require_listed,
     scan_folder,
@@ -186,7 +187,7 @@ def load_accelerator_state(
     rank = _process_index(process_index)
     counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
     if os.path.lexists(os.path.join(folder, MANIFEST_NAME)):
-        manifest = verify_checkpoint(folder)  # parse, scan (links refused), sizes of every file
+        manifest, _ = inspect_checkpoint(folder)  # parse, scan (links refused), sizes of every file
         names = needed_files(folder, *counts)
         require_listed(folder, manifest, names)
         if verify_checksums:
