@@ -38,6 +38,7 @@ For a bit-exact resume with ``shuffle=True``, give the DataLoader its own ``gene
 from __future__ import annotations
 
 from accelerando.checkpointing.atomic import CheckpointError, list_checkpoints, verify_checkpoint
+from accelerando.checkpointing.files import UnsafeCheckpointError
 from accelerando.checkpointing.load import load_state
 from accelerando.checkpointing.project import ResumePoint, latest_checkpoint, resume_point
 from accelerando.checkpointing.public import (
@@ -51,6 +52,7 @@ from accelerando.checkpointing.save import save_state
 __all__ = [
     "CheckpointError",
     "ResumePoint",
+    "UnsafeCheckpointError",
     "latest_checkpoint",
     "list_checkpoints",
     "load_accelerator_state",
