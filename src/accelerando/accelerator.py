@@ -580,6 +580,9 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         release = getattr(self._strategy, "release", None)
         if release is not None:
             release()  # e.g. DeepSpeed engines hold buffers outside the prepared objects
+        from accelerando.checkpointing.lock import release as release_project_lock
+
+        release_project_lock(self)  # another run may now save into this project folder
         gc.collect()
         self.state.device_backend.empty_cache()
         return [None for _ in objects]

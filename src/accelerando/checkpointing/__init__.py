@@ -40,6 +40,7 @@ from __future__ import annotations
 from accelerando.checkpointing.atomic import CheckpointError, list_checkpoints, verify_checkpoint
 from accelerando.checkpointing.files import UnsafeCheckpointError
 from accelerando.checkpointing.load import load_state
+from accelerando.checkpointing.lock import CheckpointLockedError
 from accelerando.checkpointing.project import ResumePoint, latest_checkpoint, resume_point
 from accelerando.checkpointing.public import (
     load_accelerator_state,
@@ -51,6 +52,7 @@ from accelerando.checkpointing.save import save_state
 
 __all__ = [
     "CheckpointError",
+    "CheckpointLockedError",
     "ResumePoint",
     "UnsafeCheckpointError",
     "latest_checkpoint",

@@ -23,6 +23,7 @@ import os
 import queue
 import re
 import shutil
+import stat
 import threading
 import uuid
 from collections.abc import Iterable
@@ -287,11 +288,20 @@ def commit(staging: str, final_dir: str, manifest: Manifest) -> None:
     fsync_dir(parent)
 
 
+def _is_real_checkpoint(path: str) -> bool:
+    """A plain folder holding a plain manifest file; links are not followed (they may lead outside)."""
+    try:
+        folder, manifest = os.lstat(path), os.lstat(os.path.join(path, MANIFEST_NAME))
+    except OSError:
+        return False
+    return stat.S_ISDIR(folder.st_mode) and stat.S_ISREG(manifest.st_mode)
+
+
 def list_checkpoints(checkpoints_dir: str) -> list[tuple[int, str]]:
     """Return ``(number, path)`` of every ``checkpoint_<n>`` folder with a manifest, oldest first.
 
-    Folders without a manifest (interrupted saves of other tools) and hidden staging or trash
-    folders are not listed. Damage inside a listed folder is found by :func:`verify_checkpoint`.
+    Folders without a manifest (interrupted saves of other tools), hidden staging or trash folders,
+    and symbolic links (to a folder or as the manifest) are not listed. Damage inside a listed folder is found by :func:`verify_checkpoint`.
     """
     if not os.path.isdir(checkpoints_dir):
         return []
@@ -299,7 +309,7 @@ def list_checkpoints(checkpoints_dir: str) -> list[tuple[int, str]]:
     for name in os.listdir(checkpoints_dir):
         match = _CHECKPOINT_RE.match(name)
         path = os.path.join(checkpoints_dir, name)
-        if match and os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        if match and _is_real_checkpoint(path):
             found.append((int(match.group(1)), path))
     return sorted(found)
 

@@ -215,6 +215,8 @@ FIELDS: tuple[Field, ...] = (
           env=("ACCELERATE_LOG_LEVEL",)),
     _core("verify_checksums", "bool", True, cli=None,
           help="load_state compares every file it reads with the checkpoint's checksums (sizes always)."),
+    _core("checkpoint_lock_wait", "float", None, cli=None, minimum=0,
+          help="Seconds save_state waits for another run's lock on the project folder (unset: refuse at once)."),
     # --- launch topology: written by the launcher, informational inside a process ---------------
     _core("num_processes", "int", None, group="launch", minimum=1,
           help="Total number of processes to start (all machines).", env=("ACCELERATE_NUM_PROCESSES",)),
