@@ -191,3 +191,25 @@ def test_every_process_raises_the_same_kind_of_error() -> None:
     assert str(caught.value) == str(refusal)
     with pytest.raises(atomic.CheckpointError, match="Process 1 failed to write: KeyError: 'k'"):
         save._raise_reported(None, [(1, save._report(KeyError("k")))], "write")
+
+
+def test_explicit_form_reports_a_full_disk(tmp_path, monkeypatch) -> None:
+    import safetensors.torch
+
+    from accelerando.checkpointing import save_accelerator_state
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.torch, "save", full)
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    monkeypatch.setattr(atomic, "free_bytes", lambda folder: 1000)
+    with pytest.raises(OSError, match="no space left on device") as caught:
+        save_accelerator_state(str(tmp_path / "explicit"), [model.state_dict()], [optimizer], process_index=0)
+    assert caught.value.errno == errno.ENOSPC
+    message = str(caught.value)
+    assert f"{64 * 64 * 4 + 64 * 4:,} bytes" in message and "1,000 bytes are free" in message
+    assert "incomplete" in message

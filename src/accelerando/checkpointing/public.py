@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
+import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
 import accelerando.runtime as runtime
 from accelerando.checkpointing.manifest import (
@@ -105,19 +107,52 @@ def save_accelerator_state(
         return active_accelerator().save_state(os.fspath(output_dir), safe_serialization=safe_serialization)
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    write_state_files(
-        output_dir,
-        list(model_states or []),
-        list(optimizers or []),
-        list(schedulers or []),
-        list(dataloaders or []),
-        _process_index(process_index),
-        int(step or 0),
-        scaler,
-        save_on_each_node,
-        safe_serialization,
-    )
+    try:
+        write_state_files(
+            output_dir,
+            list(model_states or []),
+            list(optimizers or []),
+            list(schedulers or []),
+            list(dataloaders or []),
+            _process_index(process_index),
+            int(step or 0),
+            scaler,
+            save_on_each_node,
+            safe_serialization,
+        )
+    except Exception as error:
+        needed = _tensor_bytes([*(model_states or []), *(opt.state_dict() for opt in optimizers or [])])
+        if not atomic.is_out_of_space(error, output_dir, needed):
+            raise
+        raise _no_space_in_folder(error, output_dir, needed) from error
     return output_dir
+
+
+def _tensor_bytes(values: Any) -> int:
+    """Bytes of every tensor inside nested dicts / lists (an estimate for a message)."""
+    if hasattr(values, "nbytes") and hasattr(values, "untyped_storage"):
+        return int(values.nbytes)
+    if isinstance(values, dict):
+        return sum(_tensor_bytes(v) for v in values.values())
+    if isinstance(values, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in values)
+    return 0
+
+
+def _no_space_in_folder(error: BaseException, folder: str, needed: int) -> OSError:
+    """The explicit form writes in place: say so, with the bytes needed and free."""
+    try:
+        free = f"{atomic.free_bytes(folder):,} bytes are free"
+    except OSError:
+        free = "the free space is unknown"
+    cause = " ".join(str(error).split())[:80]
+    return OSError(
+        errno.ENOSPC,
+        f"Saving into {folder!r} failed: no space left on device. It needs about {needed:,} bytes and {free} "
+        "there. The files written into that folder so far are incomplete: delete them, free some space or "
+        "save to another disk; Accelerator.save_state() writes crash-safe checkpoints that are never left "
+        f"half-written (the write failed with: {cause}).",
+    )
 
 
 def _process_index(process_index: int | None) -> int:
