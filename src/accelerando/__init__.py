@@ -1,7 +1,8 @@
 """accelerando: run one PyTorch script unchanged on CPU, one GPU, many GPUs and many machines.
 
 Public names are resolved lazily (PEP 562), so ``import accelerando`` costs almost nothing beyond
-``import torch``; each name's module is imported the first time the name is used.
+``import torch``; each name's module is imported the first time the name is used. Subpackages are
+attributes too (``accelerando.utils.set_seed``), imported on first access.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)
 
 
 def __dir__() -> list[str]:

@@ -13,7 +13,10 @@ from typing import Any
 
 
 def lazy_getattr(
-    namespace: str, exports: Mapping[str, str], module_globals: dict[str, Any]
+    namespace: str,
+    exports: Mapping[str, str],
+    module_globals: dict[str, Any],
+    submodules: bool = False,
 ) -> Callable[[str], Any]:
     """Build a module-level ``__getattr__`` that imports each exported name on first access.
 
@@ -22,6 +25,8 @@ def lazy_getattr(
         exports: maps each public name to the absolute module that defines it.
         module_globals: the public module's ``globals()``; resolved names are cached there so the
             import happens once.
+        submodules: also hand out the package's submodules as attributes on first access
+            (``import accelerando; accelerando.utils.set_seed(0)``), as a regular import would.
 
     Returns:
         A function suitable as the module's ``__getattr__``.
@@ -33,9 +38,22 @@ def lazy_getattr(
     def __getattr__(name: str) -> Any:
         target = exports.get(name)
         if target is None:
+            if submodules and name.isidentifier() and not name.startswith("__"):
+                return _submodule(name)
             raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(target), name)
         module_globals[name] = value
         return value
+
+    def _submodule(name: str) -> Any:
+        full = f"{namespace}.{name}"
+        try:
+            module = importlib.import_module(full)
+        except ModuleNotFoundError as error:
+            if error.name != full:
+                raise  # the submodule exists but something it imports is missing: say that
+            raise AttributeError(f"module {namespace!r} has no attribute {name!r}") from None
+        module_globals[name] = module
+        return module
 
     return __getattr__

@@ -402,3 +402,19 @@ def test_accelerator_surface():
         if not hasattr(Accelerator, n) and n not in ("state", "gradient_state")
     ]
     assert missing == []
+
+
+def test_subpackages_are_attributes_after_a_bare_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; before = set(sys.modules); import accelerando; "
+        "light = sorted(m for m in set(sys.modules) - before if not m.startswith('accelerando')); "
+        "accelerando.utils.set_seed(0); "
+        "assert accelerando.state.PartialState is accelerando.PartialState; "
+        "assert accelerando.utils.modeling.infer_auto_device_map is accelerando.infer_auto_device_map; "
+        "assert not hasattr(accelerando, 'no_such_module'); print('OK', light)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "OK []"

@@ -66,7 +66,7 @@ _IMPORTABLE: dict[str, str] = {
     "save_offload_index": "accelerando.big_modeling.offload",
 }
 
-__getattr__ = lazy_getattr(__name__, {**_EXPORTS, **_IMPORTABLE}, globals())
+__getattr__ = lazy_getattr(__name__, {**_EXPORTS, **_IMPORTABLE}, globals(), submodules=True)
 
 
 def __dir__() -> list[str]:

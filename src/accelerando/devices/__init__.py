@@ -51,4 +51,4 @@ __all__ = [
     "visible_gpu_count",
 ]
 
-__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)

@@ -173,7 +173,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = list(_EXPORTS)
 
-__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)
 
 
 def __dir__() -> list[str]:
