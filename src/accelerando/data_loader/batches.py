@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["batch_size_of", "concat_batches", "resolve_send_to_device", "slice_batch"]
+__all__ = [
+    "batch_size_of",
+    "concat_batches",
+    "like_sample",
+    "resolve_send_to_device",
+    "slice_batch",
+    "to_plain",
+]
 
 _CONTAINERS = (torch.Tensor, Mapping, list, tuple)
 
@@ -25,6 +32,69 @@ def _rebuild(template: Any, items: list[Any]) -> Any:
     if isinstance(template, tuple) and hasattr(template, "_fields"):
         return type(template)(*items)
     return type(template)(items)
+
+
+# Values torch.load(weights_only=True) rebuilds as they were (containers are walked separately).
+_PLAIN_LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type(None))
+
+
+def to_plain(obj: Any) -> Any:
+    """Return ``obj`` made of plain data only, so that ``torch.load(weights_only=True)`` reads it back.
+
+    A ``dict``, ``list`` or ``tuple`` keeps its type; any other mapping (``UserDict``, a transformers
+    ``BatchEncoding``, ``defaultdict``...) becomes a ``dict``, a dataclass instance the ``dict`` of its
+    fields, a namedtuple or other tuple subclass a ``tuple`` and a list subclass a ``list``; their
+    contents are converted the same way. Tensors, strings, numbers and None are kept. Any other object
+    is kept as it is: a state holding one still needs the ``load_kwargs={"weights_only": False}``
+    opt-in to be loaded.
+
+    Args:
+        obj: A sample or batch.
+
+    Returns:
+        The plain version (``obj`` itself when it is plain already).
+    """
+    import dataclasses
+
+    if isinstance(obj, _PLAIN_LEAVES):
+        return obj
+    if isinstance(obj, Mapping):
+        return {key: to_plain(value) for key, value in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {field.name: to_plain(getattr(obj, field.name)) for field in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return tuple(to_plain(item) for item in obj)
+    if isinstance(obj, list):
+        return [to_plain(item) for item in obj]
+    return obj
+
+
+def like_sample(plain: Any, live: Any) -> Any:
+    """Give ``plain`` (from :func:`to_plain`) the container type of ``live``, a sample of the stream.
+
+    Only the outer container is rebuilt, and only with a type the running stream produced itself
+    (nothing is imported or unpickled): a ``dict`` becomes ``live``'s mapping type, a ``tuple``
+    ``live``'s namedtuple type. When that type cannot be built from the plain value, ``plain`` is
+    returned unchanged.
+
+    Args:
+        plain: A plain sample (restored from a state dict).
+        live: A sample read from the stream in this run.
+
+    Returns:
+        ``plain`` in ``live``'s container type, or ``plain`` itself.
+    """
+    kind = type(live)
+    if kind is type(plain):
+        return plain
+    try:
+        if type(plain) is dict and isinstance(live, Mapping):
+            return kind(plain)
+        if type(plain) is tuple and isinstance(live, tuple) and hasattr(live, "_fields"):
+            return kind._make(plain)  # type: ignore[attr-defined]
+    except Exception:  # a type whose constructor wants other arguments: keep the plain value
+        return plain
+    return plain
 
 
 def batch_size_of(batch: Any) -> int | None:

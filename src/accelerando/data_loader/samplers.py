@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 
+from accelerando.data_loader.batches import like_sample, to_plain
+
 __all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler"]
 
 
@@ -460,17 +462,30 @@ class IterableDatasetShard(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where the current pass over the stream stands (used by torchdata's ``StatefulDataLoader``).
 
+        The first global batch is stored as plain data (see :func:`~accelerando.data_loader.batches.
+        to_plain`) so that the state loads with ``torch.load(weights_only=True)``: a mapping sample
+        (a transformers ``BatchEncoding``...) or a dataclass is stored as a ``dict``, a namedtuple as a
+        ``tuple``. A sample holding other Python objects is stored as it is, and the state then needs
+        the ``load_kwargs={"weights_only": False}`` opt-in to load.
+
         Returns:
             ``batches`` (global batches read so far), ``first`` (the first global batch, kept for
             padding) and, when the wrapped dataset has ``state_dict``, its ``dataset`` state.
         """
-        state: dict[str, Any] = {"batches": self._batches, "first": self._first}
+        first = None if self._first is None else [to_plain(sample) for sample in self._first]
+        state: dict[str, Any] = {"batches": self._batches, "first": first}
         if callable(getattr(self.dataset, "state_dict", None)):
             state["dataset"] = self.dataset.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Make the next pass continue from ``state_dict`` (from ``state_dict()``).
+
+        Without a ``dataset`` state the next pass reads through the batches already seen, and takes
+        the first global batch from the stream again, as the dataset gives it. With one, the stored
+        plain first batch is used: a padding sample then gets the container type of the samples the
+        stream gives in this run (a mapping or namedtuple type), or stays a plain ``dict`` / ``tuple``
+        when that type cannot be built from it.
 
         Args:
             state_dict: The saved state. A wrapped dataset with ``load_state_dict`` is restored
@@ -486,8 +501,10 @@ class IterableDatasetShard(IterableDataset):
         iterator = iter(self.dataset)
         if resume is not None:
             self._batches, self._first = int(resume["batches"]), resume.get("first")
-            if "dataset" not in resume:
-                _consume(iterator, self._batches * self.global_batch_size)
+            if "dataset" not in resume and self._batches > 0:
+                # The original first batch, rather than its plain copy from the state.
+                self._first = list(itertools.islice(iterator, self.global_batch_size))
+                _consume(iterator, (self._batches - 1) * self.global_batch_size)
         return iterator
 
     def __iter__(self) -> Iterator[Any]:
@@ -515,5 +532,6 @@ class IterableDatasetShard(IterableDataset):
             return
         if self.even_batches and self.num_processes > 1:
             self.last_remainder = len(current)
-            current = current + _cycle_to(self._first or current, gbs - len(current))
+            padding = _cycle_to(self._first or current, gbs - len(current))
+            current = current + [like_sample(sample, current[0]) for sample in padding]
         yield from current[lo:hi]
