@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from accelerando.commands.spellings import SPELLING_NOTE, SpellingParser, add_dash_spellings
+
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 #: command name -> module under accelerando.commands.
@@ -41,14 +43,18 @@ def _load(module: str) -> ModuleType | None:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Build the ``accelerando`` parser with every available subcommand.
 
+    Every multi-word flag of every subcommand takes both spellings (``--config_file``, ``--config-file``).
+
     Args:
         only: register just this command (used when the command line names it).
 
     Returns:
         The parser.
     """
-    parser = argparse.ArgumentParser(
-        "accelerando", description="Launch and configure PyTorch training on any hardware."
+    parser = SpellingParser(
+        "accelerando",
+        description="Launch and configure PyTorch training on any hardware.",
+        epilog=SPELLING_NOTE,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else list(dict.fromkeys(SUBCOMMANDS.values()))
@@ -56,7 +62,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module = _load(module_name)
         if module is not None and hasattr(module, "add_parser"):
             module.add_parser(subparsers)
-    return parser
+    return add_dash_spellings(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

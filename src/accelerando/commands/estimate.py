@@ -195,9 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    parser = argparse.ArgumentParser(prog="accelerando estimate-memory", description=__doc__.splitlines()[0])
+    from accelerando.commands.spellings import SpellingParser, add_dash_spellings
+
+    parser = SpellingParser(prog="accelerando estimate-memory", description=__doc__.splitlines()[0])
     _add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(add_dash_spellings(parser).parse_args(argv))
 
 
 if __name__ == "__main__":

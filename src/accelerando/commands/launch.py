@@ -16,6 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from accelerando.commands.spellings import (
+    SpellingParser,
+    add_dash_spellings,
+    canonical_key,
+    other_spelling,
+)
 from accelerando.settings.fields import FIELDS, Field
 
 __all__ = ["add_parser", "build_parser", "run", "main", "resolve_launch_settings"]
@@ -57,10 +63,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
     Returns:
         The parser; each setting flag stores the raw string (or ``True`` for a switch) under the
-        setting's name and defaults to ``None`` ("not given").
+        setting's name and defaults to ``None`` ("not given"). Every multi-word flag also takes its
+        dash spelling (``--num-processes``); ``--help`` lists the underscore one.
     """
     if parser is None:
-        parser = argparse.ArgumentParser("accelerando launch", description=_DESCRIPTION)
+        parser = SpellingParser("accelerando launch", description=_DESCRIPTION)
     own = parser.add_argument_group("Launcher")
     own.add_argument(
         "--config_file", default=None, help="Config file to use (default: see `accelerando env`)."
@@ -96,7 +103,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         )
     parser.add_argument("training_script", nargs="?", help="The script, module or program to run.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Its arguments, untouched.")
-    return parser
+    return add_dash_spellings(parser)
 
 
 _DESCRIPTION = (
@@ -158,6 +165,7 @@ def _split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split launcher tokens from the target: the first positional that is not an option value."""
     value_options = {f.cli for f in FIELDS if f.cli and not f.switch}
     value_options |= {"--" + n for n in _COMPAT_VALUE_FLAGS} | set(_VALUE_OPTIONS_OWN)
+    value_options |= {other for option in value_options if (other := other_spelling(option))}
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -187,14 +195,18 @@ def _unknown_flags_message(flags: Sequence[str]) -> str:
     """The error for launcher-position flags the launcher does not know, with the likeliest meant ones."""
     import difflib
 
-    known = [option for action in build_parser()._actions for option in action.option_strings]
+    # Matched spelling-independently (a dash typo finds the underscore flag); the listed spelling is shown.
+    known: dict[str, str] = {}
+    for action in build_parser()._actions:
+        for option in action.option_strings:
+            known.setdefault(canonical_key(option), option)
     named = []
     from accelerando.settings.fields import quote_value
 
     for flag in flags:
-        close = difflib.get_close_matches(flag.split("=", 1)[0][:200], known, n=1, cutoff=0.75)
+        close = difflib.get_close_matches(canonical_key(flag[:200]), list(known), n=1, cutoff=0.75)
         shown = flag if len(flag) <= 40 else quote_value(flag)
-        named.append(f"{shown} (did you mean {close[0]}?)" if close else shown)
+        named.append(f"{shown} (did you mean {known[close[0]]}?)" if close else shown)
     return (
         f"accelerando launch: unknown flag{'s' if len(flags) > 1 else ''} {', '.join(named)}. Launcher flags go "
         "before the script and the script's own flags after it: `accelerando launch [launcher flags] "
