@@ -368,6 +368,21 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         return None
 
     @property
+    def multi_device(self) -> bool:
+        """Whether several processes run plain data parallelism on accelerator devices (GPUs, NPUs...)."""
+        return connector.is_multi_device(self.distributed_type)
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The ``ParallelismConfig`` given to the Accelerator, or None."""
+        return self.runtime.plugins.parallelism_config
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether prepared dataloaders are torchdata ``StatefulDataLoader`` s (``DataLoaderConfiguration``)."""
+        return bool(self.dataloader_config.use_stateful_dataloader)
+
+    @property
     def torch_device_mesh(self) -> Any:
         """The device mesh of a parallelism config, or None."""
         return self.state.device_mesh

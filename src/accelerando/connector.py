@@ -33,6 +33,7 @@ __all__ = [
     "Decision",
     "build",
     "decide",
+    "is_multi_device",
     "normalise_deepspeed_plugins",
     "process_distributed_type",
     "resolve_settings",
@@ -42,6 +43,25 @@ __all__ = [
 def process_distributed_type(device_backend: type[DeviceBackend], num_processes: int) -> DistributedType:
     """The data-parallel type a plain job of ``num_processes`` on this device family reports."""
     return rt.data_parallel_type(device_backend, num_processes)
+
+
+# Data-parallel types of several processes on accelerators (not CPUs, not a sharding backend).
+_MULTI_DEVICE = frozenset(
+    {
+        DistributedType.MULTI_GPU,
+        DistributedType.MULTI_NPU,
+        DistributedType.MULTI_MLU,
+        DistributedType.MULTI_SDAA,
+        DistributedType.MULTI_MUSA,
+        DistributedType.MULTI_XPU,
+        DistributedType.MULTI_HPU,
+    }
+)
+
+
+def is_multi_device(distributed_type: DistributedType) -> bool:
+    """Whether ``distributed_type`` is plain data parallelism over several accelerator devices."""
+    return distributed_type in _MULTI_DEVICE
 
 
 @dataclass(frozen=True)

@@ -64,3 +64,19 @@ def test_unsupported_backends_refuse_clearly():
         GPTTrainStep()
     with pytest.raises(NotImplementedError, match="FP8"):
         convert_model(nn.Linear(2, 2))
+
+
+def test_multi_device_parallelism_config_and_stateful_flags(fresh_state):
+    from accelerando import Accelerator, DataLoaderConfiguration, DistributedType, ParallelismConfig
+    from accelerando.connector import is_multi_device
+
+    accelerator = Accelerator(
+        cpu=True,
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        parallelism_config=ParallelismConfig(),
+    )
+    assert accelerator.multi_device is False  # one CPU process
+    assert isinstance(accelerator.parallelism_config, ParallelismConfig)
+    assert accelerator.use_stateful_dataloader is True
+    assert is_multi_device(DistributedType.MULTI_GPU) and is_multi_device(DistributedType.MULTI_XPU)
+    assert not is_multi_device(DistributedType.MULTI_CPU) and not is_multi_device(DistributedType.FSDP)
