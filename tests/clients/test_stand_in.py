@@ -1,0 +1,103 @@
+"""accelerando standing in for ``accelerate`` (install_as_accelerate), each check in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+
+
+def _ok(code: str) -> str:
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_import_names_metadata_and_patching_resolve_to_accelerando() -> None:
+    out = _ok(
+        """
+        import importlib.metadata, importlib.util, sys
+        from unittest import mock
+        from accelerando.stand_in import ACCELERATE_COMPAT_VERSION, install_as_accelerate
+
+        install_as_accelerate()
+        install_as_accelerate()  # idempotent
+        assert sum(type(f).__name__ == "_StandInFinder" for f in sys.meta_path) == 1
+        assert importlib.util.find_spec("accelerate") is not None
+        assert importlib.metadata.version("accelerate") == ACCELERATE_COMPAT_VERSION == "1.15.0"
+        assert importlib.metadata.distribution("accelerate").metadata["Name"] == "accelerate"
+
+        import accelerate
+        import accelerate.utils
+        import accelerando
+        import accelerando.utils
+
+        assert accelerate.__version__ == ACCELERATE_COMPAT_VERSION
+        assert accelerando.__version__ != ACCELERATE_COMPAT_VERSION
+        assert accelerate.Accelerator is accelerando.Accelerator
+        assert sys.modules["accelerate.utils"] is sys.modules["accelerando.utils"]
+        assert accelerando.utils.__spec__.name == "accelerando.utils"  # the real spec is kept
+        from accelerate.state import PartialState
+        from accelerando.state import PartialState as Own
+        assert PartialState is Own
+
+        with mock.patch("accelerate.utils.set_seed") as fake:
+            accelerando.utils.set_seed(3)
+        assert fake.called and not isinstance(accelerando.utils.set_seed, mock.MagicMock)
+        with mock.patch("accelerate.Accelerator") as fake:
+            assert accelerando.Accelerator is fake
+        assert accelerate.Accelerator is accelerando.accelerator.Accelerator
+
+        try:
+            import accelerate.no_such_module  # noqa: F401
+        except ModuleNotFoundError:
+            pass
+        else:
+            raise AssertionError("missing module imported")
+        assert importlib.util.find_spec("accelerate.no_such_module") is None
+        assert "accelerate.no_such_module" not in sys.modules
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_refuses_after_real_accelerate_was_imported() -> None:
+    pytest.importorskip("accelerate")  # the reference, installed here for comparisons
+    result = _run(
+        """
+        import accelerate
+        from accelerando.stand_in import AccelerateAlreadyImportedError, install_as_accelerate
+        try:
+            install_as_accelerate()
+        except AccelerateAlreadyImportedError as error:
+            assert isinstance(error, ImportError)
+            print(error)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "before" in result.stdout and "install_as_accelerate" in result.stdout
+
+
+def test_stand_in_wins_over_installed_accelerate_for_transformers() -> None:
+    pytest.importorskip("transformers")
+    out = _ok(
+        """
+        from accelerando.stand_in import install_as_accelerate
+        install_as_accelerate()
+        from transformers.utils import is_accelerate_available
+        assert is_accelerate_available("1.12.0")
+        import accelerate
+        assert type(accelerate).__module__ == "accelerando.stand_in"
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
