@@ -75,7 +75,7 @@ def _answer_in_process(keys: str, gpu_count: int):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from accelerando.commands.config_questions import ask_questions
+    from accelerando.commands.config.questions import ask_questions
 
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
