@@ -17,8 +17,16 @@ from typing import Any
 import torch
 
 from accelerando.enums import RNGType
+from accelerando.utils.constants import CUDA_DISTRIBUTED_TYPES
 
-__all__ = ["get_rng_states", "set_rng_states", "set_seed", "synchronize_rng_state", "synchronize_rng_states"]
+__all__ = [
+    "CUDA_DISTRIBUTED_TYPES",
+    "get_rng_states",
+    "set_rng_states",
+    "set_seed",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+]
 
 logger = logging.getLogger(__name__)
 
