@@ -1,12 +1,25 @@
-"""A tiny regression problem for tests: ``y = a * x + b`` with noise."""
+"""Training fixtures for tests.
+
+* a tiny regression problem, ``y = a * x + b`` with noise (``RegressionDataset``, ``RegressionModel``);
+* MRPC dataloaders built from small CSV samples, for testing example scripts without the Hub dataset.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
-__all__ = ["RegressionDataset", "RegressionModel", "RegressionModel4XPU"]
+__all__ = [
+    "RegressionDataset",
+    "RegressionModel",
+    "RegressionModel4XPU",
+    "mocked_dataloaders",
+    "mocked_dataloaders_for_autoregressive_models",
+]
 
 
 class RegressionDataset(torch.utils.data.Dataset):
@@ -61,3 +74,162 @@ class RegressionModel4XPU(RegressionModel):
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         out = x * self.a[0] + self.b[0]
         return (out, out) if self.double_output else out
+
+
+# --- GLUE/MRPC dataloaders for example-script tests -----------------------------------------------
+
+#: The MRPC sample files (relative to the working directory, as in the reference's repository layout).
+MRPC_DATA_FILES = {
+    "train": "tests/test_samples/MRPC/train.csv",
+    "validation": "tests/test_samples/MRPC/dev.csv",
+}
+#: Tokenizer of the sequence-classification examples.
+SEQUENCE_TOKENIZER = "bert-base-cased"
+#: Tokenizer used for the causal-LM variant (pad token set to its end-of-sequence token).
+AUTOREGRESSIVE_TOKENIZER = "gpt2"
+
+
+def _load_mrpc(data_files: dict[str, str] | None) -> Any:
+    from pathlib import Path
+
+    files = dict(data_files or MRPC_DATA_FILES)
+    missing = [path for path in files.values() if not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"MRPC sample files not found: {missing}. Run from a folder holding tests/test_samples/MRPC "
+            "(the reference repository's layout) or pass data_files={'train': ..., 'validation': ...}."
+        )
+    try:
+        from datasets import load_dataset
+    except ImportError as err:
+        raise ImportError("mocked dataloaders need the `datasets` package: pip install datasets") from err
+    return load_dataset("csv", data_files=files)
+
+
+def _tokenizer(tokenizer: Any, default_name: str) -> Any:
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        return tokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise ImportError(
+            "mocked dataloaders need the `transformers` package: pip install transformers"
+        ) from err
+    return AutoTokenizer.from_pretrained(tokenizer or default_name)
+
+
+def _is_xla(accelerator: Any) -> bool:
+    return str(getattr(accelerator, "distributed_type", "")).upper().endswith("XLA")
+
+
+def mocked_dataloaders(
+    accelerator: Any,
+    batch_size: int = 16,
+    *,
+    tokenizer: Any = None,
+    data_files: dict[str, str] | None = None,
+) -> tuple[DataLoader, DataLoader]:
+    """Build MRPC train/validation dataloaders from the small CSV samples instead of the Hub dataset.
+
+    Sentence pairs are tokenized (truncated, padded to the model's maximum length), labels become
+    ``labels`` ids; batches are padded to the longest item (to 128 under XLA, whose graphs need fixed
+    shapes). The training loader shuffles.
+
+    Args:
+        accelerator: the Accelerator the loaders are for (its ``distributed_type`` picks the padding).
+        batch_size: items per batch of both loaders.
+        tokenizer: a tokenizer object or Hub name (default: ``bert-base-cased``).
+        data_files: ``{"train": csv, "validation": csv}`` (default: :data:`MRPC_DATA_FILES`).
+
+    Returns:
+        ``(train_dataloader, eval_dataloader)``.
+
+    Raises:
+        FileNotFoundError: the CSV files are not there.
+        ImportError: ``datasets`` or ``transformers`` is not installed.
+    """
+    raw = _load_mrpc(data_files)
+    tok = _tokenizer(tokenizer, SEQUENCE_TOKENIZER)
+    label_ids = {label: index for index, label in enumerate(raw["train"].unique("label"))}
+
+    def tokenize(examples: dict[str, list]) -> Any:
+        encoded = tok(
+            examples["sentence1"],
+            examples["sentence2"],
+            truncation=True,
+            max_length=None,
+            padding="max_length",
+        )
+        if "label" in examples:
+            encoded["labels"] = [label_ids[label] for label in examples["label"]]
+        return encoded
+
+    tokenized = raw.map(tokenize, batched=True, remove_columns=raw["train"].column_names)
+
+    def collate(examples: list[dict]) -> Any:
+        if _is_xla(accelerator):
+            return tok.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
+        return tok.pad(examples, padding="longest", return_tensors="pt")
+
+    train = DataLoader(tokenized["train"], shuffle=True, collate_fn=collate, batch_size=batch_size)
+    evaluation = DataLoader(tokenized["validation"], shuffle=False, collate_fn=collate, batch_size=batch_size)
+    return train, evaluation
+
+
+def mocked_dataloaders_for_autoregressive_models(
+    accelerator: Any,
+    batch_size: int = 16,
+    *,
+    tokenizer: Any = None,
+    data_files: dict[str, str] | None = None,
+) -> tuple[DataLoader, DataLoader]:
+    """Build causal-LM train/validation dataloaders from the MRPC CSV samples.
+
+    Each item is the tokenized sentence pair (no attention mask, no truncation padding); batches are
+    padded to the longest item (to 128 under XLA) and carry ``labels`` equal to ``input_ids`` with the
+    padding positions set to -100 so the loss ignores them. The training loader shuffles.
+
+    Args:
+        accelerator: the Accelerator the loaders are for (its ``distributed_type`` picks the padding).
+        batch_size: items per batch of both loaders.
+        tokenizer: a tokenizer object or Hub name (default: :data:`AUTOREGRESSIVE_TOKENIZER`); a
+            tokenizer without a pad token pads with its end-of-sequence token.
+        data_files: ``{"train": csv, "validation": csv}`` (default: :data:`MRPC_DATA_FILES`).
+
+    Returns:
+        ``(train_dataloader, eval_dataloader)``.
+
+    Raises:
+        FileNotFoundError: the CSV files are not there.
+        ImportError: ``datasets`` or ``transformers`` is not installed.
+    """
+    raw = _load_mrpc(data_files)
+    tok = _tokenizer(tokenizer, AUTOREGRESSIVE_TOKENIZER)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+
+    def tokenize(examples: dict[str, list]) -> Any:
+        return tok(
+            examples["sentence1"],
+            examples["sentence2"],
+            truncation=True,
+            max_length=None,
+            return_attention_mask=False,
+        )
+
+    tokenized = raw.map(tokenize, batched=True, remove_columns=raw["train"].column_names)
+
+    def collate(examples: list[dict]) -> Any:
+        if _is_xla(accelerator):
+            batch = tok.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
+        else:
+            batch = tok.pad(examples, padding="longest", return_tensors="pt")
+        labels = batch["input_ids"].clone()
+        if "attention_mask" in batch:
+            labels[batch["attention_mask"] == 0] = -100
+        batch["labels"] = labels
+        return batch
+
+    train = DataLoader(tokenized["train"], shuffle=True, collate_fn=collate, batch_size=batch_size)
+    evaluation = DataLoader(tokenized["validation"], shuffle=False, collate_fn=collate, batch_size=batch_size)
+    return train, evaluation
