@@ -55,6 +55,7 @@ _MULTI_DEVICE = frozenset(
         DistributedType.MULTI_MUSA,
         DistributedType.MULTI_XPU,
         DistributedType.MULTI_HPU,
+        DistributedType.MULTI_NEURON,
     }
 )
 
@@ -129,7 +130,7 @@ def _build_mesh(parallelism_config: Any, process: rt.ProcessContext) -> Any:
     if parallelism_config is None:
         return None
     parallelism_config.validate(process.num_processes)
-    return parallelism_config.build_device_mesh(process.device.type)
+    return parallelism_config.get_device_mesh(process.device.type)
 
 
 # ------------------------------------------------------------------------------------ step 5

@@ -45,6 +45,7 @@ class DistributedType(_StrEnum):
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_XPU = "MULTI_XPU"
     MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"

@@ -12,6 +12,7 @@ Contract (who calls what):
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __all__ = ["GradientState"]
@@ -35,21 +36,68 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self._shared_state.get("_initialized", False):
             self.sync_gradients = True
-            self.active_dataloader: Any | None = None
-            self.dataloader_references: list[Any | None] = [None]
-            self.num_steps = 1
-            self.adjust_scheduler = True
-            self.sync_with_dataloader = True
+            self._active_dataloader: Any | None = None
+            self._dataloader_references: list[Any | None] = [None]
+            self._num_steps = 1
+            self._adjust_scheduler = True
+            self._sync_with_dataloader = True
             self.sync_each_batch = False
+            self._is_xla_gradients_synced = False
             self._initialized = True
         if gradient_accumulation_plugin is not None:
             self._configure(gradient_accumulation_plugin)
 
     def _configure(self, plugin: Any) -> None:
         self.num_steps = int(plugin.num_steps)
-        self.adjust_scheduler = bool(plugin.adjust_scheduler)
-        self.sync_with_dataloader = bool(plugin.sync_with_dataloader)
+        self._adjust_scheduler = bool(plugin.adjust_scheduler)
+        self._sync_with_dataloader = bool(plugin.sync_with_dataloader)
         self.sync_each_batch = bool(plugin.sync_each_batch)
+
+    @property
+    def num_steps(self) -> int:
+        """Micro-batches per optimizer step (``Accelerator.gradient_accumulation_steps`` sets it)."""
+        return self._num_steps
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        if isinstance(value, bool) or int(value) < 1:
+            raise ValueError(f"gradient accumulation steps must be an integer >= 1, got {value!r}")
+        self._num_steps = int(value)
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether prepared schedulers account for accumulation (from the accumulation plugin)."""
+        return self._adjust_scheduler
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether the last batch of a dataloader always synchronises (from the accumulation plugin)."""
+        return self._sync_with_dataloader
+
+    @property
+    def active_dataloader(self) -> Any | None:
+        """The prepared dataloader being iterated (the innermost one when loops nest), or None."""
+        return self._active_dataloader
+
+    @property
+    def dataloader_references(self) -> list[Any | None]:
+        """The prepared dataloaders being iterated, outermost first, after a leading None."""
+        return self._dataloader_references
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Whether XLA gradients were already all-reduced this step (always True under FSDP).
+
+        Only the XLA path writes it; elsewhere it stays False.
+        """
+        for name in ("ACCELERANDO_USE_FSDP", "ACCELERATE_USE_FSDP"):
+            if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y"):
+                return True
+        return self._is_xla_gradients_synced
+
+    @is_xla_gradients_synced.setter
+    def is_xla_gradients_synced(self, is_synced: bool) -> None:
+        self._is_xla_gradients_synced = bool(is_synced)
 
     @property
     def initialized(self) -> bool:
@@ -87,16 +135,16 @@ class GradientState:
         self.sync_gradients = sync_gradients
 
     def _add_dataloader(self, dataloader: Any) -> None:
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
+        self._active_dataloader = dataloader
+        self._dataloader_references.append(dataloader)
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        refs = self.dataloader_references
+        refs = self._dataloader_references
         for i in range(len(refs) - 1, -1, -1):
             if refs[i] is dataloader:
                 del refs[i]
                 break
-        self.active_dataloader = refs[-1] if refs else None
+        self._active_dataloader = refs[-1] if refs else None
 
     @classmethod
     def _reset_state(cls) -> None:

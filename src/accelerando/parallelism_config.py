@@ -1,70 +1,178 @@
 """ParallelismConfig: how the processes of a job are laid out on a device mesh.
 
-The mesh axes, outermost first, are ``dp_replicate`` (plain data parallel copies), ``dp_shard``
-(FSDP sharding), ``cp`` (context parallel) and ``tp`` (tensor parallel). Their sizes must multiply to
-the number of processes; one object checks that arithmetic and builds the mesh.
+Five axes, each of size 1 when unused: ``dp_replicate`` (plain data-parallel copies), ``dp_shard``
+(FSDP sharding), ``cp`` (context parallel), ``sp`` (DeepSpeed Ulysses sequence parallel) and ``tp``
+(tensor parallel). Their sizes multiply to the number of processes. Besides the raw axes, the mesh
+carries three flattened views that the training loop needs: ``dp`` (every data-parallel axis: ranks
+that read different batches), ``dp_shard_cp`` (the ranks a model is sharded over) and ``dp_cp`` (the
+ranks a loss is averaged over).
+
+Unset sizes and backends are read from ``PARALLELISM_CONFIG_*`` environment variables (what a launcher
+passes on), else 1 / the only backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import copy
+import dataclasses
+import importlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["ParallelismConfig"]
 
-_AXES = ("dp_replicate", "dp_shard", "cp", "tp")
+_AXES = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
+# Order of the axes in the mesh, outermost first (neighbouring ranks share the innermost axis).
+_MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_BACKENDS = {"cp": ("torch",), "sp": ("deepspeed",)}
+# Handler class (from accelerando.utils) created for an axis larger than 1 when none was given.
+_HANDLER_CLASSES = {
+    "tp": "TorchTensorParallelConfig",
+    "cp": "TorchContextParallelConfig",
+    "sp": "DeepSpeedSequenceParallelConfig",
+}
+_ENV_PREFIX = "PARALLELISM_CONFIG_"
+
+
+def _env_int(axis: str) -> int:
+    name = f"{_ENV_PREFIX}{axis.upper()}_SIZE"
+    raw = os.environ.get(name, "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"environment variable {name}={raw!r} is not an integer; set it to a size >= 1"
+        ) from None
+
+
+def _default_handler(axis: str) -> Any:
+    """An instance of the axis's default option class, or None while that class does not exist."""
+    utils = importlib.import_module("accelerando.utils")
+    try:
+        cls = getattr(utils, _HANDLER_CLASSES[axis])
+    except AttributeError:
+        return None
+    return cls()
 
 
 @dataclass
 class ParallelismConfig:
-    """Sizes of each parallelism axis (1 = not used).
+    """Sizes of each parallelism axis (1 = not used) and the options of the non-data axes.
 
     Args:
-        dp_replicate_size: data-parallel replicas. dp_shard_size: FSDP shards per replica.
-        tp_size: tensor-parallel degree. cp_size: context-parallel degree.
-        tp_handler / cp_handler: backend-specific options, kept for compatibility.
+        dp_replicate_size: data-parallel replicas (DDP, or the replica axis of HSDP).
+        dp_shard_size: FSDP shards per replica.
+        tp_size: tensor-parallel degree.
+        cp_size: context-parallel degree.
+        cp_backend: context-parallel implementation; only ``"torch"``.
+        sp_size: sequence-parallel degree (DeepSpeed Ulysses).
+        sp_backend: sequence-parallel implementation; only ``"deepspeed"``.
+        tp_handler / cp_handler / sp_handler: the axis's options (``TorchTensorParallelConfig``,
+            ``TorchContextParallelConfig``, ``DeepSpeedSequenceParallelConfig``); a default one is
+            created for an axis larger than 1.
 
     Raises:
-        ValueError: a size below 1.
+        ValueError: a size below 1, an unknown backend, tensor/context parallelism over pure
+            replication (needs ``dp_shard_size > 1``), or both context and sequence parallelism.
     """
 
     dp_replicate_size: int | None = None
     dp_shard_size: int | None = None
     tp_size: int | None = None
     cp_size: int | None = None
+    cp_backend: Literal["torch"] | None = None
+    sp_size: int | None = None
+    sp_backend: Literal["deepspeed"] | None = None
     tp_handler: Any = None
     cp_handler: Any = None
+    sp_handler: Any = None
+    device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for axis in _AXES:
             value = getattr(self, f"{axis}_size")
             if value is None:
-                setattr(self, f"{axis}_size", 1)
-            elif not isinstance(value, int) or value < 1:
+                value = _env_int(axis)
+                setattr(self, f"{axis}_size", value)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelismConfig.{axis}_size must be an integer >= 1, got {value!r}")
+        for axis, choices in _BACKENDS.items():
+            name = f"{axis}_backend"
+            if getattr(self, name) is None:
+                setattr(self, name, os.environ.get(f"{_ENV_PREFIX}{axis.upper()}_BACKEND", choices[0]))
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"ParallelismConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}"
+                )
+        for axis in _HANDLER_CLASSES:
+            handler = f"{axis}_handler"
+            if getattr(self, f"{axis}_size") > 1 and getattr(self, handler) is None:
+                setattr(self, handler, _default_handler(axis))
+            elif getattr(self, f"{axis}_size") == 1 and getattr(self, handler) is not None:
+                warnings.warn(
+                    f"ParallelismConfig.{handler} is ignored: {axis}_size is 1 (set {axis}_size > 1 to use it)",
+                    stacklevel=3,
+                )
+        if (self.tp_enabled or self.cp_enabled) and self.dp_replicate_enabled and not self.dp_shard_enabled:
+            raise ValueError(
+                "tensor or context parallelism cannot sit on pure replication (dp_replicate_size > 1 with "
+                "dp_shard_size == 1): use dp_shard_size > 1 (FSDP + TP/CP), optionally with dp_replicate_size "
+                "> 1 (HSDP + TP/CP)"
+            )
+        if self.cp_enabled and self.sp_enabled:
+            raise ValueError(
+                "context parallelism (cp_size) and sequence parallelism (sp_size) exclude each other; keep one"
+            )
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{axis}_size={getattr(self, f'{axis}_size')}" for axis in _AXES)
+        return f"ParallelismConfig({sizes}, cp_backend={self.cp_backend!r}, sp_backend={self.sp_backend!r})"
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def _sizes(self) -> dict[str, int]:
+        return {axis: getattr(self, f"{axis}_size") for axis in _AXES}
 
     @property
     def total_size(self) -> int:
         """Processes the layout needs: the product of every axis size."""
-        total = 1
-        for axis in _AXES:
-            total *= getattr(self, f"{axis}_size")
-        return total
+        return self.data_parallel_size * self.non_data_parallel_size
 
     @property
-    def active_mesh_dims(self) -> list[str]:
-        """Names of the axes larger than 1, outermost first."""
-        return [axis for axis in _AXES if getattr(self, f"{axis}_size") > 1]
+    def data_parallel_size(self) -> int:
+        """Ranks that read different batches: ``dp_replicate_size * dp_shard_size``."""
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Ranks that share one batch: ``tp_size * cp_size * sp_size``."""
+        return self.tp_size * self.cp_size * self.sp_size
+
+    # --------------------------------------------------------------- switches
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        """Whether there are several data-parallel replicas."""
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        """Whether parameters are sharded over a dp_shard axis."""
+        return self.dp_shard_size > 1
 
     @property
     def dp_enabled(self) -> bool:
         """Whether gradients are averaged over several data-parallel ranks."""
-        return self.dp_replicate_size > 1 or self.dp_shard_size > 1
+        return self.dp_replicate_enabled or self.dp_shard_enabled
 
     @property
     def fsdp_enabled(self) -> bool:
         """Whether parameters are sharded (dp_shard or cp axis)."""
-        return self.dp_shard_size > 1 or self.cp_size > 1
+        return self.dp_shard_enabled or self.cp_enabled
 
     @property
     def tp_enabled(self) -> bool:
@@ -76,28 +184,124 @@ class ParallelismConfig:
         """Whether context parallelism is used."""
         return self.cp_size > 1
 
+    @property
+    def sp_enabled(self) -> bool:
+        """Whether sequence parallelism is used."""
+        return self.sp_size > 1
+
+    # -------------------------------------------------------------- dim names
+    def _enabled(self, *axes: str) -> list[str]:
+        return [axis for axis in axes if self._sizes[axis] > 1]
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The enabled data-parallel axes (ranks on them read different batches)."""
+        return self._enabled("dp_replicate", "dp_shard")
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The enabled axes whose ranks share one batch (tp, cp, sp)."""
+        return self._enabled("tp", "cp", "sp")
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The enabled axes flattened into ``dp_shard_cp``, the ranks a model is sharded over."""
+        return self._enabled("dp_shard", "cp")
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The enabled axes flattened into ``dp_cp``, the ranks a loss is averaged over."""
+        return self._enabled("dp_replicate", "dp_shard", "cp")
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The mesh dimensions FSDP is applied over: ``dp_replicate`` (when enabled) and ``dp_shard_cp``."""
+        return [*self._enabled("dp_replicate"), "dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        """Every enabled axis: the data-parallel ones, then tp, cp, sp."""
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    # ------------------------------------------------------------- checking
     def validate(self, num_processes: int) -> None:
         """Check the layout fits ``num_processes``.
+
+        A config with every size 1 in a job of several processes becomes plain replication
+        (``dp_replicate_size = num_processes``), so the data-parallel sizes and ranks are the job's.
 
         Raises:
             ValueError: the product of the sizes differs from the process count (with the product shown).
         """
+        if self.total_size == 1 and num_processes > 1:
+            self.dp_replicate_size = num_processes
         if self.total_size != num_processes:
-            sizes = " x ".join(f"{axis}={getattr(self, f'{axis}_size')}" for axis in _AXES)
+            sizes = " x ".join(f"{axis}={size}" for axis, size in self._sizes.items())
             raise ValueError(
                 f"ParallelismConfig needs {sizes} = {self.total_size} processes but the job has {num_processes}; "
                 "change the sizes so that their product is the process count"
             )
 
-    def build_device_mesh(self, device_type: str) -> Any:
-        """Create the ``DeviceMesh`` of the active axes (None when no axis is larger than 1)."""
+    # ----------------------------------------------------------------- mesh
+    def build_device_mesh(self, device_type: str) -> DeviceMesh | None:
+        """Create the ``DeviceMesh`` of the enabled axes (None when no axis is larger than 1).
+
+        The mesh also holds the flattened dimensions ``dp``, ``dp_shard_cp`` and ``dp_cp`` when their
+        axes are enabled.
+
+        Raises:
+            ValueError: the sizes do not multiply to the job's process count.
+        """
         from accelerando.state import PartialState
 
         self.validate(PartialState().num_processes)
-        dims = self.active_mesh_dims
+        dims = [axis for axis in _MESH_ORDER if self._sizes[axis] > 1]
         if not dims:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        shape = tuple(getattr(self, f"{axis}_size") for axis in dims)
-        return init_device_mesh(device_type, shape, mesh_dim_names=tuple(dims))
+        shape = tuple(self._sizes[axis] for axis in dims)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(dims))
+        for flat, names in (
+            ("dp", self.dp_dim_names),
+            ("dp_shard_cp", self.dp_shard_cp_dim_names),
+            ("dp_cp", self.dp_cp_dim_names),
+        ):
+            if names:
+                mesh[tuple(names)]._flatten(flat)
+        return mesh
+
+    def get_device_mesh(self, device_type: str | None = None) -> DeviceMesh | None:
+        """The config's ``DeviceMesh``, built on first use for ``device_type``.
+
+        Raises:
+            ValueError: no mesh exists yet and no ``device_type`` was given, or the mesh exists on
+                another device type.
+        """
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ValueError(
+                    'no device mesh has been built yet: pass a device type, e.g. get_device_mesh("cuda")'
+                )
+            self.device_mesh = self.build_device_mesh(device_type)
+        elif device_type is not None and self.device_mesh.device_type != device_type:
+            raise ValueError(
+                f"the device mesh is on {self.device_mesh.device_type!r}, not {device_type!r}; call "
+                "get_device_mesh() without a device type"
+            )
+        return self.device_mesh
+
+    # --------------------------------------------------------------- export
+    def to_json(self) -> dict[str, Any]:
+        """The config as a JSON-serialisable dict (handlers as dicts of their fields; no mesh)."""
+        out: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            if not item.init:
+                continue
+            value = getattr(self, item.name)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = dataclasses.asdict(value)
+            elif hasattr(value, "__dict__"):
+                value = dict(vars(value))
+            out[item.name] = copy.deepcopy(value)
+        return out

@@ -1,10 +1,8 @@
-"""Process state: who am I, how many of us are there, which device do I use.
+"""PartialState: who am I, how many of us are there, which device do I use.
 
-``PartialState`` and ``AcceleratorState`` keep the reference's names and attributes but hold no
-decisions of their own: they are read-only views over the process's Runtime
-(:mod:`accelerando.runtime`), which the connector builds. Every instance shares one dictionary (the
-Borg pattern), so ``PartialState()`` anywhere is the same object. ``GradientState`` tracks
-accumulation and dataloader progress.
+A read-only view over the process's :class:`~accelerando.runtime.ProcessContext`, which the
+connector builds. Every instance shares one dictionary (the Borg pattern), so ``PartialState()``
+anywhere is the same object.
 """
 
 from __future__ import annotations
@@ -20,25 +18,11 @@ import accelerando.runtime as runtime
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.environments import ClusterEnvironment
-from accelerando.gradient_state import GradientState
+from accelerando.state.shared import view_is_read_only
 
-__all__ = [
-    "AcceleratorState",
-    "DistributedType",
-    "GradientState",
-    "PartialState",
-    "get_active_deepspeed_plugin",
-    "select_deepspeed_plugin",
-]
+__all__ = ["PartialState", "process_filter"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _view_is_read_only(owner: str, name: str) -> AttributeError:
-    return AttributeError(
-        f"{owner}.{name} is a read-only view of what the Accelerator decided; pass the value to "
-        f"Accelerator(...) (or set it through the launcher / config file) instead of assigning it"
-    )
 
 
 class PartialState:
@@ -88,7 +72,7 @@ class PartialState:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._view_names:
-            raise _view_is_read_only(type(self).__name__, name)
+            raise view_is_read_only(type(self).__name__, name)
         super().__setattr__(name, value)
 
     @property
@@ -181,6 +165,14 @@ class PartialState:
         """The device this process computes on."""
         return self.device
 
+    def set_device(self) -> None:
+        """Make this process's device the current one of its family (``torch.cuda.set_device`` ...).
+
+        The process state already did it once; call again after code that switched devices. A
+        no-op on the CPU.
+        """
+        self.device_backend.set_device(self.device)
+
     # ------------------------------------------------------------ collectives
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op in a single process)."""
@@ -227,29 +219,59 @@ class PartialState:
         yield _split(inputs, self.num_processes, self.process_index, apply_padding)
 
     # ------------------------------------------------------- process filters
-    def on_main_process(self, function: F) -> F:
-        """Decorator: run ``function`` only on the main process (returns None elsewhere)."""
-        return _only_when(function, lambda: self.is_main_process)
+    # Each filter decides when the decorated function is called (not when it is decorated), so a
+    # function decorated before the state exists still filters correctly. In a single process every
+    # filter runs its function, whatever index it names: one process does every process's work.
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run ``function`` only on the main process (returns None elsewhere).
 
-    def on_local_main_process(self, function: F) -> F:
-        """Decorator: run ``function`` only on each machine's first process."""
-        return _only_when(function, lambda: self.is_local_main_process)
+        Usable bare (``@state.on_main_process``) or called (``@state.on_main_process()``).
+        """
+        if function is None:
+            return self.on_main_process
+        return process_filter(function, lambda: self.is_main_process)
 
-    def on_last_process(self, function: F) -> F:
-        """Decorator: run ``function`` only on the last process."""
-        return _only_when(function, lambda: self.is_last_process)
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run ``function`` only on each machine's first process (bare or called)."""
+        if function is None:
+            return self.on_local_main_process
+        return process_filter(function, lambda: self.is_local_main_process)
 
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
-        """Decorator: run ``function`` only on the process of global index ``process_index``."""
+    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run ``function`` only on the last process (bare or called)."""
+        if function is None:
+            return self.on_last_process
+        return process_filter(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run ``function`` only on the process of global index ``process_index``.
+
+        ``@state.on_process(process_index=1)`` returns the decorator.
+
+        Raises:
+            ValueError: a function is given without ``process_index``.
+        """
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
-        return _only_when(function, lambda: self.process_index == process_index)
+        if process_index is None:
+            raise ValueError("on_process needs process_index=<global index of the process that runs it>")
+        return process_filter(function, lambda: self.process_index == process_index)
 
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
-        """Decorator: run ``function`` only on the process of local index ``local_process_index``."""
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorator: run ``function`` only on the process of local index ``local_process_index``.
+
+        Raises:
+            ValueError: a function is given without ``local_process_index``.
+        """
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
-        return _only_when(function, lambda: self.local_process_index == local_process_index)
+        if local_process_index is None:
+            raise ValueError(
+                "on_local_process needs local_process_index=<index of the process on its machine>"
+            )
+        return process_filter(function, lambda: self.local_process_index == local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on each machine's first process only."""
@@ -285,10 +307,15 @@ class PartialState:
         )
 
 
-def _only_when(function: F, predicate: Callable[[], bool]) -> F:
+def process_filter(function: F, predicate: Callable[[], bool]) -> F:
+    """Wrap ``function`` so that it runs when ``predicate()`` holds or in a single process.
+
+    Elsewhere the wrapper returns None without calling it. The predicate is evaluated at each call.
+    """
+
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if predicate():
+        if predicate() or not PartialState().use_distributed:
             return function(*args, **kwargs)
         return None
 
@@ -323,208 +350,3 @@ def _split(inputs: Any, world: int, index: int, apply_padding: bool) -> Any:
                 else list(part) + [last] * missing
             )
     return part
-
-
-class AcceleratorState:
-    """What the newest Accelerator decided, on top of ``PartialState``; a read-only view.
-
-    Reads the process's :class:`~accelerando.runtime.Runtime`: ``mixed_precision``,
-    ``distributed_type`` (possibly FSDP, DEEPSPEED, MEGATRON_LM), ``deepspeed_plugins``,
-    ``fsdp_plugin``, ``megatron_lm_plugin``, ``dynamo_plugin``, ``torch_tp_plugin``,
-    ``parallelism_config``, ``device_mesh``. Before any Accelerator exists these are the process's
-    defaults (``"no"`` precision, the plain data-parallel type, no plugins). Unknown attributes are
-    read from ``PartialState``. The only thing written through it is the active DeepSpeed plugin
-    (:meth:`select_deepspeed_plugin`).
-
-    Args:
-        cpu / pg_kwargs: passed to ``PartialState`` when the process state does not exist yet.
-        **unused: other keyword arguments are refused (the view cannot be configured).
-
-    Raises:
-        TypeError: keyword arguments other than ``cpu`` / ``pg_kwargs``.
-    """
-
-    _shared_state: dict[str, Any] = {}
-    _view_names = frozenset(
-        {
-            "mixed_precision",
-            "distributed_type",
-            "deepspeed_plugins",
-            "fsdp_plugin",
-            "megatron_lm_plugin",
-            "dynamo_plugin",
-            "torch_tp_plugin",
-            "parallelism_config",
-            "device_mesh",
-        }
-    )
-
-    def __init__(self, cpu: bool = False, pg_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
-        if unused:
-            raise TypeError(
-                f"AcceleratorState() takes no settings ({', '.join(sorted(unused))}); pass them to Accelerator(...)"
-            )
-        self.__dict__ = self._shared_state
-        self._shared_state.setdefault("active_deepspeed_plugin_name", None)
-        if runtime.current_process() is None:
-            PartialState(cpu=cpu, **(pg_kwargs or {}))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._view_names:
-            if getattr(self, name) is value:  # re-stating what the runtime holds changes nothing
-                return
-            raise _view_is_read_only(type(self).__name__, name)
-        super().__setattr__(name, value)
-
-    @property
-    def _partial(self) -> PartialState:
-        return PartialState()
-
-    @property
-    def initialized(self) -> bool:
-        """Whether an Accelerator has configured the state in this process."""
-        return runtime.current() is not None
-
-    @property
-    def mixed_precision(self) -> str:
-        """The mixed-precision mode in effect (``"no"`` before any Accelerator)."""
-        current = runtime.current()
-        return "no" if current is None else current.settings.mixed_precision
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """How processes cooperate, as the Accelerator decided (the process's type before one)."""
-        current = runtime.current()
-        return self._partial.distributed_type if current is None else current.distributed_type
-
-    @property
-    def deepspeed_plugins(self) -> dict[str, Any] | None:
-        """Name -> DeepSpeed plugin (None without DeepSpeed)."""
-        return self._plugin("deepspeed")
-
-    @property
-    def fsdp_plugin(self) -> Any:
-        """The FSDP plugin (None without FSDP)."""
-        return self._plugin("fsdp")
-
-    @property
-    def megatron_lm_plugin(self) -> Any:
-        """The Megatron-LM plugin (None without Megatron-LM)."""
-        return self._plugin("megatron_lm")
-
-    @property
-    def dynamo_plugin(self) -> Any:
-        """The torch.compile plugin (None before any Accelerator)."""
-        return self._plugin("dynamo")
-
-    @property
-    def torch_tp_plugin(self) -> Any:
-        """The tensor-parallel plugin (None without one)."""
-        return self._plugin("torch_tp")
-
-    @property
-    def parallelism_config(self) -> Any:
-        """The ParallelismConfig (None without one)."""
-        return self._plugin("parallelism_config")
-
-    @property
-    def device_mesh(self) -> Any:
-        """The DeviceMesh built from the ParallelismConfig (None without one)."""
-        current = runtime.current()
-        return None if current is None else current.mesh
-
-    @staticmethod
-    def _plugin(name: str) -> Any:
-        current = runtime.current()
-        return None if current is None else getattr(current.plugins, name)
-
-    @property
-    def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin (None without DeepSpeed)."""
-        plugins = self.deepspeed_plugins
-        if not plugins:
-            return None
-        return plugins[self.active_deepspeed_plugin_name or next(iter(plugins))]
-
-    def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Make the DeepSpeed plugin registered as ``name`` the active one (several-model setups).
-
-        Raises:
-            ValueError: no plugin of that name (the known names are listed).
-        """
-        select_deepspeed_plugin(self, name)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not found normally: defer to the process state.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(PartialState(), name)
-
-    @classmethod
-    def _reset_state(cls, reset_partial_state: bool = False) -> None:
-        """Forget the Accelerator's decisions (and the process state when asked)."""
-        cls._shared_state.clear()
-        runtime.forget(keep_process=not reset_partial_state)
-        if reset_partial_state:
-            PartialState._reset_state()
-
-    def __repr__(self) -> str:
-        return (
-            repr(self._partial).replace(
-                f"Distributed environment: {self._partial.distributed_type}",
-                f"Distributed environment: {self.distributed_type}",
-            )
-            + f"Mixed precision type: {self.mixed_precision}\n"
-        )
-
-
-# Which DeepSpeed plugin is active is the one piece of state the AcceleratorState view holds itself;
-# the strategy and ``accelerando.utils.deepspeed`` re-export these two functions.
-def get_active_deepspeed_plugin(state: Any) -> Any:
-    """Return the DeepSpeed plugin currently selected in ``state`` (an ``AcceleratorState``).
-
-    Args:
-        state: the accelerator state holding ``deepspeed_plugins``.
-
-    Returns:
-        The active ``DeepSpeedPlugin``.
-
-    Raises:
-        ValueError: DeepSpeed is not in use (no plugin was given).
-    """
-    plugins = getattr(state, "deepspeed_plugins", None)
-    if not plugins:
-        raise ValueError(
-            "DeepSpeed is not enabled: pass Accelerator(deepspeed_plugin=...) or deepspeed_plugins={...}, "
-            "or launch with --use_deepspeed"
-        )
-    name = getattr(state, "active_deepspeed_plugin_name", None)
-    return plugins[name] if name is not None else next(iter(plugins.values()))
-
-
-def select_deepspeed_plugin(state: Any, name: str | None = None) -> Any:
-    """Make the plugin called ``name`` the active one (the next ``prepare`` uses its config).
-
-    Args:
-        state: the accelerator state holding ``deepspeed_plugins``.
-        name: a key of ``deepspeed_plugins``; None selects the first one.
-
-    Returns:
-        The selected plugin.
-
-    Raises:
-        ValueError: DeepSpeed is not in use, or no plugin has that name (the message lists the names).
-    """
-    plugins = getattr(state, "deepspeed_plugins", None)
-    if not plugins:
-        get_active_deepspeed_plugin(state)  # raises the "not enabled" error
-    if name is None:
-        name = next(iter(plugins))
-    if name not in plugins:
-        raise ValueError(f"no DeepSpeed plugin named {name!r}; the plugins are {list(plugins)}")
-    for key, plugin in plugins.items():
-        if key != name:
-            plugin.selected = False
-    plugins[name].select(_from_accelerator_state=True)
-    state.active_deepspeed_plugin_name = name
-    return plugins[name]

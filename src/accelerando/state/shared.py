@@ -1,0 +1,50 @@
+"""Small pieces the state views share: the per-thread shared dict, the no-op, the read-only error."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import accelerando.runtime as runtime
+
+__all__ = ["ThreadLocalSharedDict", "do_nothing", "is_initialized", "view_is_read_only"]
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class-level dictionary that each thread sees separately (a descriptor).
+
+    Put it as a class attribute (``_shared_state = ThreadLocalSharedDict()``): reading the attribute,
+    from the class or an instance, gives the calling thread's own dict; assigning it replaces that
+    thread's dict. Used instead of a plain dict where each thread stands for one device (XLA's
+    threads-as-processes model), so that a Borg state is shared inside a thread only.
+
+    Args:
+        thread_local: kept for signature compatibility; the storage is always per thread.
+    """
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept any arguments and return None (what a process filter runs on the other processes)."""
+    return None
+
+
+def is_initialized() -> bool:
+    """Whether the process state (``PartialState``) exists in this process."""
+    return runtime.current_process() is not None
+
+
+def view_is_read_only(owner: str, name: str) -> AttributeError:
+    """The error raised when code assigns an attribute that a state view only reads."""
+    return AttributeError(
+        f"{owner}.{name} is a read-only view of what the Accelerator decided; pass the value to "
+        f"Accelerator(...) (or set it through the launcher / config file) instead of assigning it"
+    )
