@@ -33,6 +33,22 @@ from accelerando.runtime import Plugins, set_active_accelerator
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
 
+# The reference's accelerate.accelerator module exposes these constants; scripts import them from it.
+from accelerando.utils.constants import (  # noqa: F401
+    DTENSOR_PYTORCH_VERSION,
+    FSDP2_PYTORCH_VERSION,
+    FSDP_PYTORCH_VERSION,
+    MODEL_NAME,
+    PROFILE_PATTERN_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SCALER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
+
 __all__ = ["Accelerator"]
 
 logger = logging.getLogger(__name__)
@@ -387,11 +403,15 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         """The device mesh of a parallelism config, or None."""
         return self.state.device_mesh
 
-    def _mesh_rank(self, axis: str) -> int:
+    def _mesh_rank(self, dim: str) -> int:
+        """This process's rank along a mesh dimension (raw or flattened); 0 when the mesh lacks it."""
         mesh = self.state.device_mesh
-        if mesh is None or axis not in (mesh.mesh_dim_names or ()):
+        if mesh is None:
             return 0
-        return int(mesh.get_local_rank(axis))
+        try:
+            return int(mesh[dim].get_local_rank())
+        except (KeyError, RuntimeError, ValueError):
+            return 0
 
     @property
     def tensor_parallel_rank(self) -> int:
@@ -410,10 +430,89 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
 
     @property
     def data_parallel_rank(self) -> int:
-        """Rank among data-parallel replicas (the process index without a mesh)."""
+        """Rank among the processes that read different batches (the process index without a mesh).
+
+        With a mesh it is the rank on the flattened ``dp`` dimension (replicas x shards).
+        """
         if self.state.device_mesh is None:
             return self.process_index
-        return self._mesh_rank("dp_replicate") or self._mesh_rank("dp_shard")
+        return self._mesh_rank("dp")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """Rank on the FSDP ``dp_shard`` mesh axis (0 without a sharding axis)."""
+        config = self.parallelism_config
+        if config is None or not config.dp_shard_enabled:
+            return 0
+        return self._mesh_rank("dp_shard")
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Whether the composable (DTensor / ``fully_shard``) stack is in use, i.e. FSDP2.
+
+        Tensor and context parallelism compose onto it.
+        """
+        return self.is_fsdp2
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files when every process saves its part.
+
+        Replicas (a ``dp_replicate`` rank other than 0) and context-parallel copies (a ``cp`` rank
+        other than 0) hold what another process already writes, so they do not. Without a
+        parallelism config, each machine's first process saves.
+        """
+        config = self.parallelism_config
+        if config is None:
+            return self.is_local_main_process
+        duplicate_dims = [
+            dim
+            for dim, on in (("dp_replicate", config.dp_replicate_enabled), ("cp", config.cp_enabled))
+            if on
+        ]
+        return all(self._mesh_rank(dim) == 0 for dim in duplicate_dims)
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
+        """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice of every batch.
+
+        ``prepare`` does this itself for dataloaders prepared together with the model; call it for a
+        dataloader prepared on its own. Uses DeepSpeed's ``UlyssesSPDataLoaderAdapter`` with the
+        sequence-parallel group DeepSpeed set up.
+
+        Raises:
+            ValueError: no ``ParallelismConfig`` with ``sp_size > 1`` and ``sp_backend="deepspeed"``.
+            ImportError: DeepSpeed (>= 0.18.2, with Ulysses sequence parallelism) is not installed.
+            RuntimeError: DeepSpeed has no sequence-parallel group (Ulysses was not set up).
+        """
+        config = self.parallelism_config
+        if config is None or not config.sp_enabled or config.sp_backend != "deepspeed":
+            raise ValueError(
+                "deepspeed_ulysses_dl_adapter needs sequence parallelism: pass "
+                "Accelerator(parallelism_config=ParallelismConfig(sp_size=N, sp_backend='deepspeed')) with a "
+                "DeepSpeed plugin"
+            )
+        try:
+            from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+            from deepspeed.utils import groups
+        except ImportError as exc:
+            raise ImportError(
+                "sequence parallelism needs DeepSpeed Ulysses: pip install 'deepspeed>=0.18.2'"
+            ) from exc
+        try:
+            sp_group = groups._get_sequence_parallel_group()
+        except (KeyError, AssertionError, AttributeError) as exc:
+            raise RuntimeError(
+                "DeepSpeed has no sequence-parallel group: Ulysses sequence parallelism must be set up "
+                "(DeepSpeed on GPUs, with the model's attention registered for Ulysses) before its "
+                "dataloaders are adapted"
+            ) from exc
+        return UlyssesSPDataLoaderAdapter(
+            dl,
+            sp_rank=groups._get_sequence_parallel_rank(),
+            sp_group=sp_group,
+            sp_world_size=groups._get_sequence_parallel_world_size(),
+            device=getattr(model, "device", self.device),
+        )
 
     @property
     def project_dir(self) -> str | None:

@@ -129,6 +129,12 @@ def _build_mesh(parallelism_config: Any, process: rt.ProcessContext) -> Any:
     """Step 4: the ``DeviceMesh`` of a ParallelismConfig (None without one or without an active axis)."""
     if parallelism_config is None:
         return None
+    if parallelism_config.sp_enabled:
+        raise NotImplementedError(
+            f"ParallelismConfig(sp_size={parallelism_config.sp_size}) asks for sequence parallelism, which runs "
+            "on DeepSpeed Ulysses (deepspeed>=0.18.2, on GPUs); accelerando does not set Ulysses up yet: use "
+            "sp_size=1"
+        )
     parallelism_config.validate(process.num_processes)
     return parallelism_config.get_device_mesh(process.device.type)
 

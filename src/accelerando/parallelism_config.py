@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ _AXES = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
 # Order of the axes in the mesh, outermost first (neighbouring ranks share the innermost axis).
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _BACKENDS = {"cp": ("torch",), "sp": ("deepspeed",)}
-# Handler class (from accelerando.utils) created for an axis larger than 1 when none was given.
+# Handler class (from accelerando.utils.parallel_configs) created for an axis larger than 1 when none was given.
 _HANDLER_CLASSES = {
     "tp": "TorchTensorParallelConfig",
     "cp": "TorchContextParallelConfig",
@@ -51,13 +50,10 @@ def _env_int(axis: str) -> int:
 
 
 def _default_handler(axis: str) -> Any:
-    """An instance of the axis's default option class, or None while that class does not exist."""
-    utils = importlib.import_module("accelerando.utils")
-    try:
-        cls = getattr(utils, _HANDLER_CLASSES[axis])
-    except AttributeError:
-        return None
-    return cls()
+    """A default instance of the axis's option class (``accelerando.utils.parallel_configs``)."""
+    from accelerando.utils import parallel_configs
+
+    return getattr(parallel_configs, _HANDLER_CLASSES[axis])()
 
 
 @dataclass

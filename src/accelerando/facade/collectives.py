@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -135,22 +136,48 @@ class CollectivesMixin:
         """Context: each machine's first process runs the block before the others."""
         return self.state._partial.local_main_process_first()
 
-    def on_main_process(self, function: F) -> F:
-        """Decorator: run only on the main process."""
-        return self.state._partial.on_main_process(function)
+    # Each filter also works unbound on a function (``Accelerator.on_main_process(fn)``, the
+    # reference's way of decorating its own methods) and called (``@accelerator.on_main_process()``).
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the main process (bare, called, or unbound on the class)."""
+        return _filter(self, function, "on_main_process")
 
-    def on_local_main_process(self, function: F) -> F:
-        """Decorator: run only on each machine's first process."""
-        return self.state._partial.on_local_main_process(function)
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on each machine's first process (bare, called, or unbound)."""
+        return _filter(self, function, "on_local_main_process")
 
-    def on_last_process(self, function: F) -> F:
-        """Decorator: run only on the last process."""
-        return self.state._partial.on_last_process(function)
+    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the last process (bare, called, or unbound)."""
+        return _filter(self, function, "on_last_process")
 
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
-        """Decorator: run only on process ``process_index``."""
-        return self.state._partial.on_process(function, process_index=process_index)
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run only on process ``process_index`` (``@accelerator.on_process(process_index=1)``)."""
+        return _filter(self, function, "on_process", process_index=process_index)
 
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
         """Decorator: run only on local process ``local_process_index``."""
-        return self.state._partial.on_local_process(function, local_process_index=local_process_index)
+        return _filter(self, function, "on_local_process", local_process_index=local_process_index)
+
+
+def _filter(owner: Any, function: Callable[..., Any] | None, name: str, **index: Any) -> Any:
+    """Apply ``PartialState``'s filter ``name`` to ``function`` (or return it as a decorator).
+
+    ``owner`` is the Accelerator, or the function itself when the filter is called unbound on the
+    class. The process state is looked up when the function runs, so decorating needs no state.
+    """
+    from accelerando.state import PartialState
+
+    if not isinstance(owner, CollectivesMixin):
+        function = owner
+    elif function is None:
+        return functools.partial(_filter, owner, **index, name=name) if index else getattr(owner, name)
+    if index and next(iter(index.values())) is None:
+        raise ValueError(f"{name} needs {next(iter(index))}=<index of the process that runs it>")
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return getattr(PartialState(), name)(function, **index)(*args, **kwargs)
+
+    return run

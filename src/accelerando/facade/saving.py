@@ -120,10 +120,28 @@ class SavingMixin:
             **save_model_func_kwargs,
         )
 
-    def load_state(self, input_dir: str | None = None, **load_model_func_kwargs: Any) -> None:
-        """Restore a checkpoint written by ``save_state`` (the newest complete one when None)."""
+    def load_state(
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> None:
+        """Restore a checkpoint written by ``save_state`` (the newest complete one when None).
+
+        Args:
+            input_dir: the checkpoint folder (None: the newest complete one, with automatic naming).
+            load_kwargs: ``torch.load`` options for the checkpoint files, passed to the loader
+                (``{"weights_only": False}`` opts in to fully unpickling trusted files).
+            **load_model_func_kwargs: passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
+                see ``accelerando.checkpointing.load_state`` for the loader's own options.
+
+        Raises:
+            See ``accelerando.checkpointing.load_state`` (missing or damaged checkpoints, bad ``load_kwargs``).
+        """
         from accelerando.checkpointing import load_state
 
+        if load_kwargs is not None:
+            load_model_func_kwargs["load_kwargs"] = load_kwargs
         load_state(self._checkpoint_target, input_dir, **load_model_func_kwargs)
 
     def _init_saving(self) -> None:
