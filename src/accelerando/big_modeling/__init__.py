@@ -60,6 +60,7 @@ _IMPORTABLE: dict[str, str] = {
     "get_balanced_memory": "accelerando.big_modeling.budgets",
     "normalize_device_key": "accelerando.big_modeling.budgets",
     "infer_auto_device_map": "accelerando.big_modeling.device_map",
+    "check_device_map": "accelerando.big_modeling.device_map",
     "OffloadedWeightsLoader": "accelerando.big_modeling.offload",
     "offload_state_dict": "accelerando.big_modeling.offload",
     "offload_weight": "accelerando.big_modeling.offload",

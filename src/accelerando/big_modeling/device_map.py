@@ -18,7 +18,7 @@ from torch import nn
 from accelerando.big_modeling.budgets import DeviceKey, get_max_memory
 from accelerando.big_modeling.sizes import _tensor_size, parse_dtype
 
-__all__ = ["clean_device_map", "infer_auto_device_map"]
+__all__ = ["check_device_map", "clean_device_map", "infer_auto_device_map"]
 
 _OFFLOAD = ("cpu", "disk")
 
@@ -223,21 +223,11 @@ class _Planner:
         return self.device_map
 
 
-def clean_device_map(
-    device_map: dict[str, DeviceKey], model: nn.Module, scan: _Scan | None = None
-) -> dict[str, DeviceKey]:
-    """Merge entries whose parts all go to one device into a single entry for their parent.
+def _clean_with_scan(device_map: dict[str, DeviceKey], scan: _Scan) -> dict[str, DeviceKey]:
+    """Merge entries whose parts all go to one device into their parent, using the model's tree.
 
-    Args:
-        device_map: a device map covering the model.
-        model: the model it describes.
-        scan: the model's scan when the caller has it already (internal).
-
-    Returns:
-        An equivalent, shorter device map in the model's module order (``{"": device}`` when
-        everything goes to one device).
+    Linear in the model's size; keeps the model's module order.
     """
-    scan = _Scan(model, None, None) if scan is None else scan
     result = dict(device_map)
     order: dict[str, None] = {}
     for name in scan.names:
@@ -260,6 +250,94 @@ def clean_device_map(
     ordered = {name: result[name] for name in order if name in result}
     ordered.update((name, device) for name, device in result.items() if name not in ordered)
     return ordered
+
+
+def _under(key: str, prefix: str) -> bool:
+    return not prefix or key.startswith(prefix)
+
+
+def clean_device_map(
+    device_map: dict[str, DeviceKey], module_name: str = "", *, model: nn.Module | None = None
+) -> dict[str, DeviceKey]:
+    """Merge the entries below a module that all go to one device into one entry for that module.
+
+    Works from the names alone: starting at ``module_name`` (the whole map for ``""``), when every
+    entry under a module name maps to the same device, those entries are replaced by one entry for the
+    module (placed where the first of them was); otherwise each child name is examined the same way.
+    ``device_map`` is updated in place and returned.
+
+    Args:
+        device_map: module (or tensor) name -> device.
+        module_name: the module below which to merge (``""``: everywhere, so a map whose entries all
+            name one device becomes ``{"": device}``).
+        model: optionally the model the map describes; then the model's tree decides what a parent
+            covers (an entry merges into its parent only when every part of that parent is mapped),
+            and the order is the model's module order.
+
+    Returns:
+        ``device_map``, shortened.
+    """
+    if model is not None:
+        cleaned = _clean_with_scan(device_map, _Scan(model, None, None))
+        device_map.clear()
+        device_map.update(cleaned)
+        return device_map
+    pending = [module_name]
+    while pending:
+        name = pending.pop()
+        prefix = f"{name}." if name else ""
+        keys = [key for key in device_map if _under(key, prefix)]
+        if not keys:
+            continue
+        devices = {str(device_map[key]) for key in keys}
+        if len(devices) == 1:
+            device = device_map[keys[0]]
+            merged = set(keys)
+            items = list(device_map.items())
+            device_map.clear()
+            for key, value in items:
+                if key == keys[0]:
+                    device_map[name] = device
+                elif key not in merged:
+                    device_map[key] = value
+            continue
+        children = dict.fromkeys(
+            prefix + key[len(prefix) :].split(".")[0] for key in keys if len(key) > len(prefix)
+        )
+        pending.extend(reversed(children))
+    return device_map
+
+
+def check_device_map(model: nn.Module, device_map: dict[str, int | str | torch.device]) -> None:
+    """Check that a device map gives a device to every parameter and persistent buffer of the model.
+
+    An entry covers a tensor when it names the tensor or one of its parent modules (``""`` covers
+    everything).
+
+    Args:
+        model: the model.
+        device_map: module (or tensor) name -> device.
+
+    Raises:
+        ValueError: naming the tensors no entry covers, and how to fix the map.
+    """
+    if "" in device_map:
+        return
+    uncovered = []
+    for name in model.state_dict(keep_vars=True):
+        probe = name
+        while probe and probe not in device_map:
+            probe = probe.rpartition(".")[0]
+        if not probe:
+            uncovered.append(name)
+    if uncovered:
+        shown = ", ".join(uncovered[:10]) + (
+            f" ... and {len(uncovered) - 10} more" if len(uncovered) > 10 else ""
+        )
+        raise ValueError(
+            f"The device_map does not cover these tensors of the model (no device for them): {shown}. Add entries for their "
+            "modules (or a '' entry for the whole model)."
+        )
 
 
 def infer_auto_device_map(
@@ -339,7 +417,7 @@ def _infer(model, budget, no_split_module_classes, dtype, special_dtypes, verbos
         return device_map
     if len(set(device_map.values())) == 1:
         return {"": next(iter(device_map.values()))}
-    return clean_device_map(device_map, model, scan)
+    return _clean_with_scan(device_map, scan)
 
 
 def _scan(model: nn.Module, dtype, special_dtypes) -> _Scan:

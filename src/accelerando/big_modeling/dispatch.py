@@ -183,21 +183,6 @@ def _unloadable(model: nn.Module, offloaded: list[str], weights: Mapping[str, An
     ]
 
 
-def _check_coverage(model: nn.Module, device_map: dict[str, Any]) -> None:
-    uncovered = []
-    for name, _ in model.named_parameters():
-        probe = name
-        while probe not in device_map and probe:
-            probe = probe.rpartition(".")[0]
-        if probe not in device_map:
-            uncovered.append(name)
-    if uncovered:
-        raise ValueError(
-            f"The device_map does not cover {uncovered[:5]}{' ...' if len(uncovered) > 5 else ''}; add entries "
-            "for these modules (or a '' entry for the whole model)."
-        )
-
-
 def _covered_by(name: str, prefixes: list[str]) -> bool:
     return any(prefix == "" or name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
 
@@ -285,7 +270,11 @@ def dispatch_model(
             modules to disk without ``offload_dir``, or leaves tensors on ``meta`` that nothing can fill.
     """
     device_map = _normalize_map(device_map)
-    _check_coverage(model, device_map)
+    # Looked up on the package at call time: transformers swaps ``accelerate.big_modeling.check_device_map``
+    # for a no-op while dispatching models that deliberately leave some tensors unmapped.
+    import accelerando.big_modeling as package
+
+    package.check_device_map(model, device_map)
     check_tied_parameters_on_same_device(find_tied_parameters(model), device_map)
     values = set(device_map.values())
     if main_device is None:

@@ -1,7 +1,9 @@
-"""DeepSpeed names at the reference's ``accelerate.utils.deepspeed`` path (re-exports only).
+"""DeepSpeed names at the reference's ``accelerate.utils.deepspeed`` path.
 
-Everything lives in :mod:`accelerando.strategies.deepspeed` (and the config-dict helpers with the
-plugin, :mod:`accelerando.plugins.deepspeed`). Importing this module does not import ``deepspeed``.
+The strategy's pieces live in :mod:`accelerando.strategies.deepspeed` (and the config-dict helpers
+with the plugin, :mod:`accelerando.plugins.deepspeed`) and are re-exported here; the queryable config
+object :class:`HfDeepSpeedConfig` (``hf_config``) and :func:`map_pytorch_optim_to_deepspeed`
+(``optim_map``) are defined in this package. Importing this module does not import ``deepspeed``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from accelerando.strategies.deepspeed.wrappers import (
     DummyOptim,
     DummyScheduler,
 )
+from accelerando.utils.deepspeed.hf_config import HfDeepSpeedConfig
+from accelerando.utils.deepspeed.optim_map import map_pytorch_optim_to_deepspeed
 
 __all__ = [
     "DeepSpeedEngineWrapper",
@@ -30,6 +34,7 @@ __all__ = [
     "DeepSpeedSchedulerWrapper",
     "DummyOptim",
     "DummyScheduler",
+    "HfDeepSpeedConfig",
     "ZeroChoice",
     "auto_keys",
     "choose_zero_config",
@@ -38,6 +43,7 @@ __all__ = [
     "get_active_deepspeed_plugin",
     "get_value",
     "load_config",
+    "map_pytorch_optim_to_deepspeed",
     "require_no_auto",
     "select_deepspeed_plugin",
     "set_value",
