@@ -12,9 +12,12 @@ from accelerando.big_modeling.sizes import parse_dtype
 from accelerando.settings.fields import quote_value
 
 __all__ = [
+    "check_device_same",
     "check_tied_parameters_on_same_device",
     "find_tied_parameters",
     "get_module_children_bottom_up",
+    "get_non_persistent_buffers",
+    "id_tensor_storage",
     "resolve_submodule",
     "retie_parameters",
     "set_module_tensor_to_device",
@@ -124,6 +127,8 @@ def set_module_tensor_to_device(
     dtype: torch.dtype | str | None = None,
     fp16_statistics: torch.Tensor | None = None,
     tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+    non_blocking: bool = False,
+    clear_cache: bool = True,
 ) -> None:
     """Move one parameter or buffer of a module to a device, optionally replacing its value.
 
@@ -140,6 +145,10 @@ def set_module_tensor_to_device(
         fp16_statistics: quantisation statistics stored as ``SCB`` next to an int8 weight.
         tied_params_map: shared cache ``{data_ptr of the source: {device: tensor}}`` so that tied
             weights loaded twice to the same device reuse one copy.
+        non_blocking: copy asynchronously where the devices allow it (pinned CPU memory to an
+            accelerator); the copy is ordered on the device's current stream.
+        clear_cache: after placing a tensor on an accelerator, release the memory the device's caching
+            allocator holds but no tensor uses (no effect for ``cpu`` and ``meta``).
 
     Raises:
         ValueError: for an unknown tensor, a shape mismatch, or a meta tensor without a value.
@@ -171,12 +180,16 @@ def set_module_tensor_to_device(
             _store(owner, name, is_buffer, old, cached)
             return
     cast = _target_dtype(value, old, dtype)
-    new = value.to(device=target, dtype=cast) if cast is not None else value.to(target)
+    new = value.to(device=target, dtype=cast, non_blocking=non_blocking)
     if fp16_statistics is not None:
-        new.SCB = fp16_statistics.to(target)
+        new.SCB = fp16_statistics.to(target, non_blocking=non_blocking)
     if tied_params_map is not None and value.device.type != "meta" and value.data_ptr() in tied_params_map:
         tied_params_map[value.data_ptr()][target] = new
     _store(owner, name, is_buffer, old, new)
+    if clear_cache and target.type not in ("cpu", "meta"):
+        from accelerando.utils.memory import clear_device_cache
+
+        clear_device_cache()
 
 
 def _target_dtype(
@@ -243,16 +256,17 @@ def _device_of(name: str, device_map: dict[str, object]) -> object:
 
 
 def check_tied_parameters_on_same_device(
-    model_or_tied_params: nn.Module | list[list[str]], device_map: dict[str, object] | None = None
+    tied_params: list[list[str]] | nn.Module, device_map: dict[str, object] | None = None
 ) -> bool:
     """Check that every group of tied parameters lives on one device.
 
-    Two call forms: ``check_tied_parameters_on_same_device(model)`` reads where the model's tensors
-    (or, for offloaded modules, their execution device) are; ``check_tied_parameters_on_same_device(
-    tied_params, device_map)`` checks a planned device map and warns for each split group.
+    Two call forms: ``check_tied_parameters_on_same_device(tied_params, device_map)`` checks a planned
+    device map (the reference's form); ``check_tied_parameters_on_same_device(model)`` reads where the
+    model's tensors (or, for offloaded modules, their execution device) are. Each split group is
+    reported with a warning.
 
     Args:
-        model_or_tied_params: a model, or groups of tied names from :func:`find_tied_parameters`.
+        tied_params: groups of tied names from :func:`find_tied_parameters`, or a model.
         device_map: the planned device map (second form only).
 
     Returns:
@@ -261,14 +275,14 @@ def check_tied_parameters_on_same_device(
     Raises:
         TypeError: for a list of groups without a ``device_map``.
     """
-    if isinstance(model_or_tied_params, nn.Module):
-        devices = _tensor_devices(model_or_tied_params)
-        groups = find_tied_parameters(model_or_tied_params)
+    if isinstance(tied_params, nn.Module):
+        devices = _tensor_devices(tied_params)
+        groups = find_tied_parameters(tied_params)
         lookup = devices.get
     else:
         if device_map is None:
             raise TypeError("Pass the device_map to check tied parameter groups, or pass the model itself.")
-        groups = model_or_tied_params
+        groups = tied_params
 
         def lookup(name: str) -> object:
             return _device_of(name, device_map)
@@ -328,3 +342,73 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
         for child_name, child in reversed(list(module.named_children())):
             stack.append((prefix + child_name, child, False))
     return ordered if return_fqns else [module for _, module in ordered]
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """Identify the memory a tensor lives in: two tensors with equal ids share storage (are tied).
+
+    Views of one tensor share the id whatever their offset or shape; the device is part of the id
+    because two devices can hand out the same address.
+
+    Args:
+        tensor: any tensor.
+
+    Returns:
+        ``(device, storage address, storage size in bytes)``; address and size are 0 when the tensor
+        has no storage of its own to inspect (some tensor subclasses; ``meta`` tensors have address 0).
+    """
+    try:
+        storage = tensor.untyped_storage()
+        return tensor.device, storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):
+        # Wrapper subclasses (e.g. functional or distributed tensors) expose no storage.
+        return tensor.device, 0, 0
+
+
+def check_device_same(
+    first_device: int | str | torch.device, second_device: int | str | torch.device
+) -> bool:
+    """Tell whether two device specs mean the same device.
+
+    An accelerator device without an index means the first one, so ``"cuda"`` and ``"cuda:0"`` (or
+    ``0``) are the same device; ``"cpu"`` and ``"cuda"`` are not.
+
+    Args:
+        first_device: a device (``torch.device``, name or accelerator index).
+        second_device: another one.
+
+    Returns:
+        True for the same device.
+
+    Raises:
+        ValueError: a spec that names no device (``"disk"``, an unknown name).
+    """
+    first, second = (to_torch_device(d) for d in (first_device, second_device))
+    if first.type != second.type:
+        return False
+    if first.type in ("cpu", "meta"):
+        return True
+    return (first.index or 0) == (second.index or 0)
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers that are left out of the module's ``state_dict`` (non-persistent ones).
+
+    Args:
+        module: the module.
+        recurse: include the buffers of all submodules.
+        fqns: with ``recurse``, give full dotted names (``"block.0.mask"``) instead of the bare
+            buffer names (which may then collide across submodules).
+
+    Returns:
+        A new set of names (the module's own bookkeeping set is not shared).
+    """
+    names = set(module._non_persistent_buffers_set)
+    if not recurse:
+        return names
+    for module_name, submodule in module.named_modules():
+        if not module_name:
+            continue
+        for buffer_name in submodule._non_persistent_buffers_set:
+            names.add(f"{module_name}.{buffer_name}" if fqns else buffer_name)
+    return names
