@@ -37,11 +37,11 @@ def test_env_reports_versions_hardware_and_sources(env, tmp_path, capsys, monkey
 
 
 def test_tpu_config_answers_clearly_and_help_lists_commands(env, capsys):
-    assert main(["tpu-config", "--tpu_name", "x"]) == 1
-    assert "not supported" in capsys.readouterr().err
+    assert main(["tpu-config", "--tpu_name", "x"]) == 2  # nothing to run on the pod
+    assert "--command" in capsys.readouterr().err
     assert main([]) == 0
     out = capsys.readouterr().out
-    for command in ("launch", "config", "env", "test", "tpu-config"):
+    for command in ("launch", "config", "env", "test", "tpu-config", "to-fsdp2"):
         assert command in out
 
 

@@ -3,7 +3,9 @@
 Each subcommand lives in its own module of :mod:`accelerando.commands` exposing
 ``add_parser(subparsers)`` (which registers the command and calls ``set_defaults(func=run)``) and
 ``run(args) -> int``. A module that does not exist (yet) is skipped. When the first argument names a
-subcommand only that module is imported, which keeps ``accelerando launch`` fast.
+subcommand only that module is imported, which keeps ``accelerando launch`` fast; ``accelerando``,
+``accelerando --help`` and an unknown command import no subcommand module at all (the listing comes
+from :data:`HELP`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from types import ModuleType
 
 from accelerando.commands.spellings import SPELLING_NOTE, SpellingParser, add_dash_spellings
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["HELP", "SUBCOMMANDS", "build_parser", "main"]
 
 #: command name -> module under accelerando.commands.
 SUBCOMMANDS: dict[str, str] = {
@@ -27,6 +29,18 @@ SUBCOMMANDS: dict[str, str] = {
     "estimate-memory": "estimate",
     "merge-weights": "merge",
     "tpu-config": "tpu",
+    "to-fsdp2": "to_fsdp2",
+}
+#: command name -> the one line ``accelerando --help`` shows for it.
+HELP: dict[str, str] = {
+    "config": "Create (questions, or `default`) or update a config file.",
+    "env": "Print versions, hardware and the settings in effect.",
+    "launch": "Launch a script.",
+    "test": "Check that training works with the current configuration.",
+    "estimate-memory": "Estimate the memory a model needs to load and to train.",
+    "merge-weights": "Merge a sharded FSDP checkpoint into full weights.",
+    "tpu-config": "Run setup commands on every worker of a Cloud TPU pod (gcloud).",
+    "to-fsdp2": "Convert a config file's FSDP1 options to FSDP2.",
 }
 
 
@@ -40,13 +54,15 @@ def _load(module: str) -> ModuleType | None:
         raise
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, listing_only: bool = False) -> argparse.ArgumentParser:
     """Build the ``accelerando`` parser with every available subcommand.
 
     Every multi-word flag of every subcommand takes both spellings (``--config_file``, ``--config-file``).
 
     Args:
         only: register just this command (used when the command line names it).
+        listing_only: register every command by name and help line only, importing no subcommand
+            module (enough for ``accelerando --help`` and for reporting an unknown command).
 
     Returns:
         The parser.
@@ -57,6 +73,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog=SPELLING_NOTE,
     )
     subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    if listing_only:
+        for name in SUBCOMMANDS:
+            subparsers.add_parser(name, help=HELP.get(name), add_help=False)
+        return parser
     modules = [SUBCOMMANDS[only]] if only in SUBCOMMANDS else list(dict.fromkeys(SUBCOMMANDS.values()))
     for module_name in modules:
         module = _load(module_name)
@@ -81,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelerando.commands import launch
 
         return launch.main(argv[1:])
-    parser = build_parser(first if first in SUBCOMMANDS else None)
+    parser = build_parser(first, listing_only=first not in SUBCOMMANDS)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "accepts_unknown", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

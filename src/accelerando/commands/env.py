@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_parser", "run", "collect_versions", "collect_hardware"]
+from accelerando.commands.config.config_args import default_config_file
+from accelerando.version import __version__ as version
+
+__all__ = [
+    "add_parser",
+    "collect_hardware",
+    "collect_versions",
+    "default_config_file",
+    "env_command",
+    "env_command_parser",
+    "main",
+    "run",
+    "version",
+]
 
 _OPTIONAL = ("torch", "numpy", "safetensors", "transformers", "deepspeed", "torchao", "transformer_engine",
              "bitsandbytes", "tensorboard", "wandb", "mlflow", "questionary")  # fmt: skip
@@ -66,8 +80,32 @@ def collect_hardware(with_gpus: bool = True) -> dict[str, Any]:
     }
 
 
+def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Build the ``env`` parser (``--config_file``, ``--all``).
+
+    Args:
+        subparsers: the ``add_subparsers()`` object to register on; ``None`` makes a stand-alone parser.
+
+    Returns:
+        The parser (its ``func`` is :func:`env_command`).
+    """
+    help_text = "Print versions, hardware and the settings in effect."
+    if subparsers is not None:
+        parser = subparsers.add_parser("env", help=help_text, description=help_text)
+    else:
+        from accelerando.commands.utils import CustomArgumentParser
+
+        parser = CustomArgumentParser("accelerando env", description=help_text)
+    parser.add_argument(
+        "--config_file", default=None, help="Config file to inspect (default: the default one)."
+    )
+    parser.add_argument("--all", action="store_true", help="Also list settings left at their defaults.")
+    parser.set_defaults(func=env_command)
+    return parser
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``accelerando env``.
+    """Register ``accelerando env`` (see :func:`env_command_parser`).
 
     Args:
         subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
@@ -75,16 +113,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    parser = subparsers.add_parser("env", help="Print versions, hardware and the settings in effect.")
-    parser.add_argument(
-        "--config_file", default=None, help="Config file to inspect (default: the default one)."
-    )
-    parser.add_argument("--all", action="store_true", help="Also list settings left at their defaults.")
-    parser.set_defaults(func=run)
-    return parser
+    return env_command_parser(subparsers)
 
 
-def run(args: argparse.Namespace) -> int:
+def env_command(args: argparse.Namespace) -> int:
     """Print the environment report.
 
     Args:
@@ -97,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     from accelerando.settings.resolve import env_layer, resolve
 
     print("Versions:")
-    for name, version in collect_versions().items():
-        print(f"  {name}: {version}")
+    for name, installed in collect_versions().items():
+        print(f"  {name}: {installed}")
     hardware = collect_hardware()
     print(f"Hardware:\n  CPUs: {hardware['cpus']}\n  RAM: {hardware['ram_gib']} GiB")
     print("  GPUs: " + ("none" if not hardware["gpus"] else "\n    " + "\n    ".join(hardware["gpus"])))
@@ -113,6 +145,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {note}")
     print("Settings in effect (value [source]):")
     for name, value, source in settings.items():
-        if args.all or source != "default":
+        if getattr(args, "all", False) or source != "default":
             print(f"  {name}: {value!r} [{source}]")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Same as :func:`env_command`."""
+    return env_command(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m accelerando.commands.env``.
+
+    Args:
+        argv: arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
+    return env_command(env_command_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,10 @@
-"""``accelerando estimate-memory``: how much memory a local model needs, without loading its weights.
+"""``accelerando estimate-memory``: how much memory a model needs to load and to train, without its weights.
 
-Sizes come from the safetensors headers of a model folder (exact, no weights read) or, when the
-folder only has a transformers ``config.json``, from the model built on the ``meta`` device.
-Nothing is downloaded. This module imports nothing heavy at import time, so ``--help`` stays fast.
+The model is a Hugging Face Hub name (``org/model``) or a local path. For a Hub name only the
+config is fetched (through huggingface_hub) and the model is built on the ``meta`` device; with
+``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached, the config comes from the local Hugging Face
+cache. A local folder is read from its safetensors headers (exact, no weights read) or its
+``config.json``. This module imports nothing heavy at import time, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -12,8 +14,23 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["add_parser", "estimate_sizes", "main", "run"]
+__all__ = [
+    "add_parser",
+    "add_timm_hub_prefix",
+    "check_has_model",
+    "create_ascii_table",
+    "create_empty_model",
+    "estimate_command",
+    "estimate_command_parser",
+    "estimate_sizes",
+    "estimate_training_usage",
+    "gather_data",
+    "main",
+    "run",
+    "verify_on_hub",
+]
 
 DTYPE_BYTES: dict[str, float] = {"float32": 4, "float16": 2, "int8": 1, "int4": 0.5}
 # Bytes per element in a safetensors header, to count elements from stored byte ranges.
@@ -32,45 +49,61 @@ _STORED_BYTES = {
 _LAYER_INDEX = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register the ``estimate-memory`` subcommand.
+_DESCRIPTION = "Estimate the memory a model needs to load (per dtype) and to train with Adam."
+
+
+def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Build the ``estimate-memory`` parser (model name, ``--library_name``, ``--dtypes``,
+    ``--trust_remote_code``).
 
     Args:
-        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+        subparsers: the ``add_subparsers()`` object to register on; ``None`` makes a stand-alone parser.
 
     Returns:
-        The subcommand's parser (its default ``func`` is :func:`run`).
+        The parser (its ``func`` is :func:`estimate_command`).
     """
-    parser = subparsers.add_parser(
-        "estimate-memory",
-        help="Estimate the memory a local model needs to load and to train, per dtype.",
-        description=__doc__.splitlines()[0],
-    )
-    _add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
+    if subparsers is not None:
+        parser = subparsers.add_parser("estimate-memory", help=_DESCRIPTION, description=_DESCRIPTION)
+    else:
+        from accelerando.commands.utils import CustomArgumentParser
 
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser = CustomArgumentParser("accelerando estimate-memory", description=_DESCRIPTION)
     parser.add_argument(
         "model_name",
-        metavar="MODEL_DIR_OR_CONFIG",
-        help="A local model folder (safetensors files and/or config.json), a config.json or a .safetensors file.",
-    )
-    parser.add_argument(
-        "--dtypes", nargs="+", default=list(DTYPE_BYTES), choices=list(DTYPE_BYTES), help="dtypes to report."
+        help="A model on the Hugging Face Hub (org/name), or a local folder, config.json or .safetensors file.",
     )
     parser.add_argument(
         "--library_name",
         choices=["transformers", "timm"],
         default=None,
-        help="Library of a config-only folder.",
+        help="Library that builds the model, when the Hub does not say (default: the Hub's, else transformers).",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=list(DTYPE_BYTES),
+        choices=list(DTYPE_BYTES),
+        help="dtypes to report (default: all).",
     )
     parser.add_argument(
         "--trust_remote_code",
         action="store_true",
-        help="Allow custom model code from the folder (config only).",
+        help="Allow the model's own code from the Hub or folder to run. Only for repositories you trust.",
     )
+    parser.set_defaults(func=estimate_command)
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``accelerando estimate-memory`` (see :func:`estimate_command_parser`).
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+
+    Returns:
+        The new subparser.
+    """
+    return estimate_command_parser(subparsers)
 
 
 def _safetensors_files(path: str) -> list[str]:
@@ -105,21 +138,17 @@ def _from_headers(files: list[str]) -> tuple[int, int, str]:
 
 def _from_config(path: str, trust_remote_code: bool) -> tuple[int, int, str]:
     """Build the model on ``meta`` from its config and count elements: same result as ``_from_headers``."""
-    try:
-        import transformers
-    except ImportError as error:
-        raise ValueError(
-            f"{path} has no safetensors files, and reading its config.json needs transformers: pip install transformers."
-        ) from error
-    from accelerando.big_modeling.empty_init import init_empty_weights
+    return _count_model(create_empty_model(path, "transformers", trust_remote_code=trust_remote_code))
+
+
+def _count_model(model: Any) -> tuple[int, int, str]:
+    """Count the elements of a (meta) model: ``(total, largest layer, largest layer's name)``."""
     from accelerando.big_modeling.sizes import calculate_maximum_sizes
 
-    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    with init_empty_weights():
-        model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
     total_bytes, (largest_bytes, names) = calculate_maximum_sizes(model)
     # Count elements: the empty model is float32 unless the config says otherwise.
-    per_element = next(model.parameters()).element_size()
+    first = next(iter(model.parameters()), None)
+    per_element = first.element_size() if first is not None else 4
     return total_bytes // per_element, largest_bytes // per_element, ", ".join(names)
 
 
@@ -147,6 +176,292 @@ def estimate_sizes(path: str, trust_remote_code: bool = False) -> tuple[int, int
     raise ValueError(f"{path!r} holds neither *.safetensors files nor a config.json; pass a model folder.")
 
 
+class EstimateError(ValueError):
+    """The model cannot be found or built; the message says where it was looked for and the fix."""
+
+
+def add_timm_hub_prefix(model_name: str) -> str:
+    """Return ``model_name`` with timm's ``hf-hub:`` prefix (added once), so timm reads it from the Hub.
+
+    Args:
+        model_name: a Hub repository id, with or without the prefix.
+
+    Returns:
+        ``"hf-hub:" + model_name`` unless it already starts with ``hf-hub:``.
+    """
+    return model_name if model_name.startswith("hf-hub:") else f"hf-hub:{model_name}"
+
+
+def check_has_model(error: BaseException) -> str:
+    """Tell which library raised ``error`` because a repository holds no model it can build.
+
+    Args:
+        error: the exception raised while building the model.
+
+    Returns:
+        ``"timm"`` (timm's "Unknown model" error), ``"transformers"`` (transformers' "does not appear to
+        have a file named" error), else ``"unknown"``.
+    """
+    text = str(error.args[0]) if error.args else ""
+    if isinstance(error, RuntimeError) and "Unknown model" in text:
+        return "timm"
+    if isinstance(error, OSError) and "does not appear to have a file named" in text:
+        return "transformers"
+    return "unknown"
+
+
+def _hub_offline() -> bool:
+    import huggingface_hub.constants as hub_constants
+
+    return bool(hub_constants.HF_HUB_OFFLINE)
+
+
+def verify_on_hub(repo: str, token: str | None = None) -> Any:
+    """Look ``repo`` up on the Hugging Face Hub.
+
+    Args:
+        repo: the repository id (``org/name``).
+        token: an access token for private or gated repositories (default: the logged-in one).
+
+    Returns:
+        The repository's ``ModelInfo``; ``"gated"`` when it is gated and this token may not read it;
+        ``"repo"`` when it does not exist, the name is invalid, or the Hub cannot be reached
+        (including ``HF_HUB_OFFLINE=1``).
+
+    Raises:
+        ImportError: huggingface_hub is not installed (the message gives the install command).
+    """
+    try:
+        from huggingface_hub import model_info
+        from huggingface_hub.utils import GatedRepoError, HFValidationError
+    except ImportError as err:
+        raise ImportError(
+            "Looking a model up on the Hub needs huggingface_hub: pip install huggingface_hub."
+        ) from err
+    if _hub_offline():
+        return "repo"
+    try:
+        return model_info(repo, token=token)
+    except GatedRepoError:
+        return "gated"
+    except (OSError, HFValidationError, ValueError):  # not found, bad name, or no network (OSError)
+        return "repo"
+
+
+def _cached_folder(repo: str) -> str | None:
+    """The local cache folder of ``repo``'s latest snapshot holding a ``config.json``, if any."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError
+
+    try:
+        found = try_to_load_from_cache(repo, "config.json")
+    except (HFValidationError, ValueError):
+        return None
+    return os.path.dirname(found) if isinstance(found, str) else None
+
+
+def _library_from_config(folder: str) -> str:
+    import json
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    return "timm" if "architecture" in config and "model_type" not in config else "transformers"
+
+
+def _not_found(model_name: str, reason: str) -> EstimateError:
+    import huggingface_hub.constants as hub_constants
+
+    where = (
+        "the Hub is off (HF_HUB_OFFLINE=1)"
+        if _hub_offline()
+        else "the Hub has no such model or could not be reached"
+    )
+    if reason == "gated":
+        where = "it is gated on the Hub and this account has no access"
+    return EstimateError(
+        f"Model {model_name!r} was not found: it is not in the local Hugging Face cache "
+        f"({hub_constants.HF_HUB_CACHE}) and {where}. Fix: check the name, connect to the network (or log "
+        "in with `hf auth login` for a gated or private model), download it first "
+        f"(`hf download {model_name} config.json`), or pass a local model folder."
+    )
+
+
+def create_empty_model(
+    model_name: str,
+    library_name: str | None,
+    trust_remote_code: bool = False,
+    access_token: str | None = None,
+) -> Any:
+    """Build ``model_name`` on the ``meta`` device (no weights are downloaded or allocated).
+
+    Args:
+        model_name: a Hub repository id or a local model folder.
+        library_name: ``"transformers"`` or ``"timm"``; ``None`` = the library the Hub names for the
+            model (for a local or cached copy: timm for a timm config, else transformers).
+        trust_remote_code: allow the model's own code to run (transformers).
+        access_token: token for private or gated repositories.
+
+    Returns:
+        The empty model (a ``torch.nn.Module`` whose parameters are on ``meta``).
+
+    Raises:
+        EstimateError: the model is neither local, cached, nor reachable on the Hub; the Hub names no
+            library and none was given; or the library is not transformers or timm.
+        ImportError: the library that builds the model is not installed.
+    """
+    source = model_name
+    if not os.path.exists(model_name):
+        info = verify_on_hub(model_name, access_token)
+        if isinstance(info, str):
+            cached = _cached_folder(model_name)
+            if cached is None:
+                raise _not_found(model_name, info)
+            source = cached
+            library_name = library_name or _library_from_config(cached)
+        else:
+            library_name = library_name or getattr(info, "library_name", None)
+            if library_name is None:
+                raise EstimateError(
+                    f"The Hub does not say which library builds {model_name!r}. Fix: pass --library_name "
+                    "transformers or --library_name timm."
+                )
+    elif library_name is None:
+        has_config = os.path.isfile(os.path.join(model_name, "config.json"))
+        library_name = _library_from_config(model_name) if has_config else "transformers"
+    from accelerando.big_modeling.empty_init import init_empty_weights
+
+    if library_name == "transformers":
+        try:
+            import transformers
+        except ImportError as err:
+            raise ImportError(
+                "Building a transformers model needs transformers: pip install transformers."
+            ) from err
+        config = transformers.AutoConfig.from_pretrained(
+            source, trust_remote_code=trust_remote_code, token=access_token
+        )
+        with init_empty_weights():
+            return transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    if library_name == "timm":
+        try:
+            import timm
+        except ImportError as err:
+            raise ImportError("Building a timm model needs timm: pip install timm.") from err
+        with init_empty_weights():
+            # timm reads a Hub (or cached) model by its prefixed name, a local folder with local-dir:.
+            name = f"local-dir:{model_name}" if os.path.isdir(model_name) else add_timm_hub_prefix(model_name)
+            return timm.create_model(name, pretrained=False)
+    raise EstimateError(
+        f"Library {library_name!r} of {model_name!r} is not supported. Fix: pass --library_name transformers "
+        "or --library_name timm for a model one of them can build."
+    )
+
+
+def create_ascii_table(headers: list, rows: list, title: str) -> str:
+    """Render ``rows`` under ``headers`` as a box-drawn table with ``title`` above.
+
+    Args:
+        headers: the column names.
+        rows: lists of cells (converted with ``str``), each as long as ``headers``.
+        title: a line centred over the table.
+
+    Returns:
+        The table, lines joined with newlines.
+    """
+    cells = [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(str(h)), *(len(row[i]) for row in cells)) for i, h in enumerate(headers)]
+    inner = sum(widths) + 3 * (len(widths) - 1)
+    width = max(inner, len(title))
+    widths[-1] += width - inner  # a long title widens the last column
+
+    def line(left: str, middle: str, right: str) -> str:
+        return left + middle.join("─" * (w + 2) for w in widths) + right
+
+    def row_text(row: list[str]) -> str:
+        return "│" + "│".join(f" {cell:<{w}} " for cell, w in zip(row, widths, strict=True)) + "│"
+
+    lines = ["┌" + "─" * (width + 2) + "┐", "│ " + title.center(width) + " │", line("├", "┬", "┤")]
+    lines.append(row_text([str(h) for h in headers]))
+    lines.append(line("├", "┼", "┤"))
+    lines += [row_text(row) for row in cells]
+    lines.append(line("└", "┴", "┘"))
+    return "\n".join(lines)
+
+
+def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str | None = None) -> dict:
+    """Estimate the memory of one Adam training step, by part, for a model of ``bytes`` in float32.
+
+    Args:
+        bytes: the model's size with float32 weights.
+        mixed_precision: ``"float32"``, or ``"float16"`` / ``"bfloat16"`` / ``"fp8"`` for mixed precision
+            (float32 master weights, half-precision compute). Other dtypes (int8, int4) are not
+            trained, and every part is ``-1``.
+        msamp_config: the MS-AMP optimisation level for fp8; MS-AMP estimates are not available.
+
+    Returns:
+        ``{"model", "optimizer", "gradients", "step"}`` -> bytes (``-1`` = not applicable). The peak
+        is the largest value.
+
+    Raises:
+        ValueError: ``msamp_config`` was given.
+    """
+    if msamp_config is not None:
+        raise ValueError(
+            "Memory estimates for MS-AMP fp8 training are not available. Fix: leave msamp_config unset "
+            "(fp8 is then estimated like other mixed precision)."
+        )
+    usage = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
+    full, half = bytes, bytes // 2
+    if mixed_precision == "float32":
+        # Weights, gradients, two Adam moments; the update step holds all of them at once.
+        usage.update(model=full, gradients=full, optimizer=2 * full, step=4 * full)
+    elif mixed_precision in ("float16", "bfloat16", "fp8"):
+        # float32 master weights plus half-precision gradients for compute.
+        usage.update(model=full, gradients=full + half, optimizer=2 * full, step=2 * full)
+    return usage
+
+
+def _elements(args: argparse.Namespace) -> tuple[int, int, str]:
+    name = args.model_name
+    trust = getattr(args, "trust_remote_code", False)
+    if os.path.exists(name):
+        return estimate_sizes(name, trust)
+    model = create_empty_model(name, getattr(args, "library_name", None), trust_remote_code=trust)
+    return _count_model(model)
+
+
+def gather_data(args: argparse.Namespace) -> list[list[Any]]:
+    """Compute, per requested dtype, the largest layer, the total size and the training estimate.
+
+    Args:
+        args: ``model_name``, ``dtypes``, ``library_name``, ``trust_remote_code``.
+
+    Returns:
+        One row per dtype: ``[dtype, largest_layer_bytes, total_bytes, training_usage_dict]``.
+
+    Raises:
+        EstimateError: the model cannot be found or built (the message says why and the fix).
+        ValueError: a local path holds no model.
+    """
+    try:
+        total, largest, _ = _elements(args)
+    except (RuntimeError, OSError) as err:
+        library = check_has_model(err)
+        if library != "unknown":
+            raise EstimateError(
+                f"{args.model_name!r} was read with {library}, but it holds no model {library} can build. "
+                "Fix: pass the other --library_name, or a repository with a model config."
+            ) from err
+        raise
+    rows = []
+    for dtype in args.dtypes:
+        per_element = DTYPE_BYTES[dtype]
+        rows.append(
+            [dtype, largest * per_element, total * per_element, estimate_training_usage(total * 4, dtype)]
+        )
+    return rows
+
+
 def _human(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if size < 1024 or unit == "TB":
@@ -155,39 +470,36 @@ def _human(size: float) -> str:
     return f"{size:.2f} TB"
 
 
-def run(args: argparse.Namespace) -> int:
+def estimate_command(args: argparse.Namespace) -> int:
     """Print the memory table for ``args.model_name`` and ``args.dtypes``.
 
     Args:
-        args: parsed arguments (``model_name``, ``dtypes``, ``trust_remote_code``).
+        args: parsed arguments (``model_name``, ``dtypes``, ``library_name``, ``trust_remote_code``).
 
     Returns:
-        0 on success, 1 when the model can not be read (the reason is printed to stderr).
+        0 on success, 1 when the model cannot be found or built (the reason is printed to stderr).
     """
     try:
-        total, largest, name = estimate_sizes(args.model_name, getattr(args, "trust_remote_code", False))
-    except ValueError as error:
+        data = gather_data(args)
+    except (ValueError, ImportError, OSError) as error:
         print(f"estimate-memory: {error}", file=sys.stderr)
         return 1
-    rows = [("dtype", "Largest Layer", "Total Size", "Training using Adam")]
-    for dtype in args.dtypes:
-        size = DTYPE_BYTES[dtype]
-        # Adam training holds weights, gradients and two optimizer moments: about 4x the weights.
-        rows.append((dtype, _human(largest * size), _human(total * size), _human(4 * total * size)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    line = "+-" + "-+-".join("-" * width for width in widths) + "-+"
-    print(f"Memory needed by {args.model_name} (largest layer: {name})")
-    print(line)
-    for index, row in enumerate(rows):
-        print("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |")
-        if index == 0:
-            print(line)
-    print(line)
+    rows = []
+    for dtype, largest, total, training in data:
+        peak = max(training.values())
+        rows.append([dtype, _human(largest), _human(total), _human(peak) if peak != -1 else "N/A"])
+    headers = ["dtype", "Largest Layer", "Total Size", "Training using Adam (Peak vRAM)"]
+    print(create_ascii_table(headers, rows, f"Memory Usage for loading `{args.model_name}`"))
     return 0
 
 
+def run(args: argparse.Namespace) -> int:
+    """Same as :func:`estimate_command`."""
+    return estimate_command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point for ``python -m accelerando.commands.estimate``.
+    """Entry point of ``accelerando-estimate-memory`` and ``python -m accelerando.commands.estimate``.
 
     Args:
         argv: arguments (default: ``sys.argv[1:]``).
@@ -195,11 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    from accelerando.commands.spellings import SpellingParser, add_dash_spellings
-
-    parser = SpellingParser(prog="accelerando estimate-memory", description=__doc__.splitlines()[0])
-    _add_arguments(parser)
-    return run(add_dash_spellings(parser).parse_args(argv))
+    return estimate_command(estimate_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -7,26 +7,36 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "main", "merge_command", "merge_command_parser", "run"]
+
+_DESCRIPTION = (
+    "Merge the shards FSDP wrote with SHARDED_STATE_DICT into one weights file "
+    "(or several with an index above --max_shard_size)."
+)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``accelerando merge-weights``.
+def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Build the ``merge-weights`` parser.
 
     Args:
-        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+        subparsers: the ``add_subparsers()`` object to register on; ``None`` makes a stand-alone parser.
 
     Returns:
-        The new subparser.
+        The parser (its ``func`` is :func:`merge_command`).
     """
-    parser = subparsers.add_parser(
-        "merge-weights",
-        help="Merge a sharded FSDP checkpoint (pytorch_model_fsdp_<i>/) into full weights.",
-        description="Merge the shards FSDP wrote with SHARDED_STATE_DICT into one weights file "
-        "(or several with an index above --max_shard_size).",
-    )
+    if subparsers is not None:
+        parser = subparsers.add_parser(
+            "merge-weights",
+            help="Merge a sharded FSDP checkpoint (pytorch_model_fsdp_<i>/) into full weights.",
+            description=_DESCRIPTION,
+        )
+    else:
+        from accelerando.commands.utils import CustomArgumentParser
+
+        parser = CustomArgumentParser("accelerando merge-weights", description=_DESCRIPTION)
     parser.add_argument(
         "checkpoint_directory", help="The sharded folder, e.g. checkpoint/pytorch_model_fsdp_0."
     )
@@ -42,11 +52,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max_shard_size", default="10GB", help="Largest output file before splitting (default 10GB)."
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=merge_command)
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``accelerando merge-weights`` (see :func:`merge_command_parser`).
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+
+    Returns:
+        The new subparser.
+    """
+    return merge_command_parser(subparsers)
+
+
+def merge_command(args: argparse.Namespace) -> int:
     """Merge the shards named by ``args``; print where the weights went.
 
     Args:
@@ -70,3 +92,24 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"Merged weights written to {out}")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Same as :func:`merge_command`."""
+    return merge_command(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``accelerando-merge-weights`` and ``python -m accelerando.commands.merge``.
+
+    Args:
+        argv: arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
+    return merge_command(merge_command_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,13 +8,36 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "main", "run", "test_command", "test_command_parser"]
+
+_HELP = "Check that training works with the current configuration."
+
+
+def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Build the ``test`` parser (``--config_file``).
+
+    Args:
+        subparsers: the ``add_subparsers()`` object to register on; ``None`` makes a stand-alone parser.
+
+    Returns:
+        The parser (its ``func`` is :func:`test_command`).
+    """
+    if subparsers is not None:
+        parser = subparsers.add_parser("test", help=_HELP, description=_HELP)
+    else:
+        from accelerando.commands.utils import CustomArgumentParser
+
+        parser = CustomArgumentParser("accelerando test", description=_HELP)
+    parser.add_argument("--config_file", default=None, help="Config file to test (default: the default one).")
+    parser.set_defaults(func=test_command)
+    return parser
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``accelerando test``.
+    """Register ``accelerando test`` (see :func:`test_command_parser`).
 
     Args:
         subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
@@ -22,13 +45,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    parser = subparsers.add_parser("test", help="Check that training works with the current configuration.")
-    parser.add_argument("--config_file", default=None, help="Config file to test (default: the default one).")
-    parser.set_defaults(func=run)
-    return parser
+    return test_command_parser(subparsers)
 
 
-def run(args: argparse.Namespace) -> int:
+def test_command(args: argparse.Namespace) -> int:
     """Launch the bundled check script and report the outcome.
 
     Args:
@@ -46,3 +66,24 @@ def run(args: argparse.Namespace) -> int:
     verdict = "passed" if status == 0 else f"FAILED (exit status {status})"
     print(f"accelerando test {verdict}.", file=sys.stderr if status else sys.stdout)
     return status
+
+
+def run(args: argparse.Namespace) -> int:
+    """Same as :func:`test_command`."""
+    return test_command(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m accelerando.commands.test``.
+
+    Args:
+        argv: arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
+    return test_command(test_command_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
