@@ -8,7 +8,7 @@ import pytest
 
 from accelerando.commands import launch
 from accelerando.launchers.plan import Command, build, export_env
-from accelerando.settings import Sourced, resolve
+from accelerando.settings import Sourced, resolve, resolve_runtime_settings
 from accelerando.settings.machine import MachineInfo
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=8, python="py")
@@ -42,8 +42,10 @@ def test_single_process_runs_the_script_directly():
     assert plan.num_processes == 1
     assert plan.env["ACCELERANDO_NUM_PROCESSES"] == "1"
     assert "ACCELERANDO_MIXED_PRECISION" not in plan.env  # only values some layer set are exported
-    # transformers reads the reference's name; a default is not exported (it would look "set")
-    assert "ACCELERATE_MIXED_PRECISION" not in plan.env
+    # The reference's launcher always writes its name (transformers reads it); written with the default,
+    # it is listed as an echoed default so that each process still reads it as "not set".
+    assert plan.env["ACCELERATE_MIXED_PRECISION"] == "no"
+    assert resolve_runtime_settings(environ=dict(plan.env)).source("mixed_precision") == "default"
 
 
 def test_cpu_two_processes_uses_the_elastic_agent_with_two_processes():

@@ -24,7 +24,35 @@ from accelerando.commands.spellings import (
 )
 from accelerando.settings.fields import FIELDS, Field
 
-__all__ = ["add_parser", "build_parser", "run", "main", "resolve_launch_settings"]
+__all__ = [
+    "CustomHelpFormatter",
+    "DEEPSPEED_MULTINODE_LAUNCHERS",
+    "DYNAMO_BACKENDS",
+    "TORCH_DYNAMO_MODES",
+    "add_parser",
+    "build_parser",
+    "clean_option",
+    "default_config_file",
+    "deepspeed_launcher",
+    "launch_command",
+    "launch_command_parser",
+    "main",
+    "multi_gpu_launcher",
+    "resolve_launch_settings",
+    "run",
+    "sagemaker_launcher",
+    "simple_launcher",
+    "tpu_launcher",
+    "tpu_pod_launcher",
+]
+
+#: The reference's lists (facts of its interface), for code that imports them from here.
+DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
+DYNAMO_BACKENDS = [
+    "EAGER", "AOT_EAGER", "INDUCTOR", "AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "CUDAGRAPHS", "OFI", "FX2TRT",
+    "ONNXRT", "TENSORRT", "AOT_TORCHXLA_TRACE_ONCE", "TORHCHXLA_TRACE_ONCE", "TVM",
+]  # fmt: skip
+TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 
 _GROUP_TITLES = {
     "core": "Training",
@@ -33,16 +61,27 @@ _GROUP_TITLES = {
     "fsdp": "FSDP (used with --use_fsdp)",
     "deepspeed": "DeepSpeed (used with --use_deepspeed)",
     "megatron": "Megatron-LM (used with --use_megatron_lm)",
+    "parallelism": "N-d parallelism (ParallelismConfig; used with --use_fsdp or --use_deepspeed)",
+    "fp8": "FP8 (used with --mixed_precision fp8)",
+    "mpirun": "mpirun (multi-CPU jobs)",
 }
 # Reference flags with no setting of their own here: accepted, and passed to the script's environment
 # under the reference's ACCELERATE_<NAME> so code written for it still finds them.
-_COMPAT_VALUE_FLAGS = (
-    "fp8_backend", "fp8_format", "fp8_margin", "fp8_interval", "fp8_amax_history_len",
-    "fp8_amax_compute_algo", "fp8_override_linear_precision", "fp8_opt_level",
-    "main_training_function",
-)  # fmt: skip
-_COMPAT_SWITCHES = ("use_xpu", "ipex", "tpu", "tpu_use_cluster", "fp8_use_autocast_during_eval")
-_VALUE_OPTIONS_OWN = ("--config_file", "--role", "--tee", "--log_dir")
+_COMPAT_VALUE_FLAGS = ("main_training_function",)
+_COMPAT_SWITCHES = ("use_xpu", "ipex", "tpu", "tpu_use_cluster")
+# Reference flags for places this launcher cannot start jobs in: refused with the reason when given.
+_TPU_POD = "accelerando does not launch on TPU pods (that needs torch_xla and Google Cloud's gcloud)"
+_SAGEMAKER = "accelerando does not launch Amazon SageMaker jobs (compute_environment must be LOCAL_MACHINE)"
+_REFUSED_FLAGS: dict[str, tuple[bool, str]] = {  # flag -> (takes a value, why it is refused)
+    "--tpu_cluster": (False, _TPU_POD),
+    "--no_tpu_cluster": (False, _TPU_POD),
+    "--tpu_use_sudo": (False, _TPU_POD),
+    "--vm": (True, _TPU_POD),
+    "--env": (True, _TPU_POD),
+    "--aws_access_key_id": (True, _SAGEMAKER),
+    "--aws_secret_access_key": (True, _SAGEMAKER),
+}
+_VALUE_OPTIONS_OWN = ("--config_file", "--role", "--tee", "-t", "--log_dir")
 
 
 def _help(field: Field) -> str:
@@ -67,7 +106,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         dash spelling (``--num-processes``); ``--help`` lists the underscore one.
     """
     if parser is None:
-        parser = SpellingParser("accelerando launch", description=_DESCRIPTION)
+        parser = SpellingParser(
+            "accelerando launch", description=_DESCRIPTION, formatter_class=CustomHelpFormatter
+        )
     own = parser.add_argument_group("Launcher")
     own.add_argument(
         "--config_file", default=None, help="Config file to use (default: see `accelerando env`)."
@@ -77,7 +118,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     own.add_argument("-q", "--quiet", action="store_true", help="Show only the script's own output.")
     own.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help=_DRY_RUN_HELP)
     own.add_argument("--role", default=None, help="Elastic agent role name for the processes.")
-    own.add_argument("--tee", default=None, help="Copy stdout/stderr to log files (0-3, or rank:value).")
+    own.add_argument(
+        "-t", "--tee", default=None, help="Copy stdout/stderr to log files (0-3, or rank:value)."
+    )
     own.add_argument("--log_dir", default=None, help="Folder for the elastic agent's per-process logs.")
     groups: dict[str, Any] = {}
     for field in FIELDS:
@@ -101,6 +144,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         compat.add_argument(
             "--" + name, dest="compat_" + name, action="store_const", const="true", help=argparse.SUPPRESS
         )
+    for flag, (takes_value, _why) in _REFUSED_FLAGS.items():
+        dest = "refused_" + flag[2:]
+        if takes_value:
+            compat.add_argument(flag, dest=dest, help=argparse.SUPPRESS)
+        else:
+            compat.add_argument(flag, dest=dest, action="store_const", const=True, help=argparse.SUPPRESS)
     parser.add_argument("training_script", nargs="?", help="The script, module or program to run.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Its arguments, untouched.")
     return add_dash_spellings(parser)
@@ -122,7 +171,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    parser = subparsers.add_parser("launch", help="Launch a script.", description=_DESCRIPTION)
+    parser = subparsers.add_parser(
+        "launch", help="Launch a script.", description=_DESCRIPTION, formatter_class=CustomHelpFormatter
+    )
     build_parser(parser)
     parser.set_defaults(func=run)
     return parser
@@ -139,11 +190,14 @@ def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     return layer
 
 
-def resolve_launch_settings(args: argparse.Namespace) -> tuple[Any, list[str]]:
+def resolve_launch_settings(
+    args: argparse.Namespace, forced: dict[str, Any] | None = None
+) -> tuple[Any, list[str]]:
     """Resolve the launcher's settings: defaults < config file < environment < CLI flags.
 
     Args:
         args: the parsed launch arguments.
+        forced: settings a named launcher implies (``deepspeed_launcher``: ``use_deepspeed``), on top.
 
     Returns:
         ``(settings, notes)``; notes are sentences for the user (e.g. which config file was used).
@@ -153,18 +207,20 @@ def resolve_launch_settings(args: argparse.Namespace) -> tuple[Any, list[str]]:
             bad value from any layer; the message names the source and the fix.
     """
     from accelerando.settings.configfile import find_config_file, load_config_layer
-    from accelerando.settings.resolve import env_layer, resolve
+    from accelerando.settings.resolve import Sourced, env_layer, resolve
 
-    path, note = find_config_file(args.config_file)
+    path, note = find_config_file(getattr(args, "config_file", None))
     notes = [note] if note else []
     config = load_config_layer(path) if path is not None else {}
-    return resolve([config, env_layer(), _cli_layer(args)], warn_sources=()), notes
+    implied = {name: Sourced(value, "launcher") for name, value in (forced or {}).items()}
+    return resolve([config, env_layer(), _cli_layer(args), implied], warn_sources=()), notes
 
 
 def _split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split launcher tokens from the target: the first positional that is not an option value."""
     value_options = {f.cli for f in FIELDS if f.cli and not f.switch}
     value_options |= {"--" + n for n in _COMPAT_VALUE_FLAGS} | set(_VALUE_OPTIONS_OWN)
+    value_options |= {flag for flag, (takes_value, _why) in _REFUSED_FLAGS.items() if takes_value}
     value_options |= {other for option in value_options if (other := other_spelling(option))}
     i = 0
     while i < len(argv):
@@ -214,6 +270,19 @@ def _unknown_flags_message(flags: Sequence[str]) -> str:
     )
 
 
+def _refused_message(args: argparse.Namespace) -> str:
+    """The error for reference flags naming a place this launcher cannot start jobs in, or ``""``."""
+    given = [flag for flag in _REFUSED_FLAGS if getattr(args, "refused_" + flag[2:], None) is not None]
+    if not given:
+        return ""
+    reasons = dict.fromkeys(_REFUSED_FLAGS[flag][1] for flag in given)
+    return (
+        f"accelerando launch: {', '.join(given)} cannot be used: {'; '.join(reasons)}. Fix: drop "
+        f"{'it' if len(given) == 1 else 'them'} and launch on this machine's CPUs/GPUs (or a cluster's, with "
+        "--num_machines / --mpirun_hostfile)."
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``accelerando launch`` with parsed arguments.
 
@@ -224,11 +293,6 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         The exit status (the script's, or 2 for a configuration error or an unknown flag).
     """
-    from dataclasses import replace
-
-    from accelerando.launchers.plan import Command, build, check_command
-    from accelerando.settings.machine import detect_machine
-
     if not args.training_script:
         print(
             "accelerando launch: no script given. Fix: `accelerando launch [flags] script.py [args]`.",
@@ -239,16 +303,15 @@ def run(args: argparse.Namespace) -> int:
     if extra:
         print(_unknown_flags_message(extra), file=sys.stderr)
         return 2
+    refused = _refused_message(args)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     try:
-        settings, notes = resolve_launch_settings(args)
-        command = Command(args.training_script, tuple(args.training_script_args), args.module, args.no_python)
-        agent_options = [f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k)]
-        plan = build(settings, command, detect_machine(), agent_options=agent_options)
-        check_command(command, settings)
+        settings, plan = _plan_for(args)
     except (ValueError, KeyError) as err:
         print(f"accelerando launch: {err.args[0] if err.args else err}", file=sys.stderr)
         return 2
-    plan = replace(plan, env={**plan.env, **_compat_env(args)}, notes=(*notes, *plan.notes))
     if args.dry_run:
         _print_settings(settings)
         print(plan.describe())
@@ -259,6 +322,28 @@ def run(args: argparse.Namespace) -> int:
     from accelerando.launchers.runner import run as run_plan
 
     return run_plan(plan, quiet=args.quiet)
+
+
+def _plan_for(args: argparse.Namespace, forced: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """Resolve the settings of ``args`` and plan the launch: ``(settings, plan)``; raises ValueError/KeyError."""
+    from dataclasses import replace
+
+    from accelerando.launchers.plan import Command, build, check_command
+    from accelerando.settings.machine import detect_machine
+
+    settings, notes = resolve_launch_settings(args, forced)
+    command = Command(
+        args.training_script,
+        tuple(getattr(args, "training_script_args", None) or ()),
+        bool(getattr(args, "module", False)),
+        bool(getattr(args, "no_python", False)),
+    )
+    agent_options = [
+        f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k, None)
+    ]
+    plan = build(settings, command, detect_machine(), agent_options=agent_options)
+    check_command(command, settings)
+    return settings, replace(plan, env={**plan.env, **_compat_env(args)}, notes=(*notes, *plan.notes))
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -290,6 +375,255 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     return run(parse(parser, sys.argv[1:] if argv is None else argv))
+
+
+# --- the reference's module interface, over the same settings, plan and runner ----------------------
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """``--help`` text that lists each flag once and leaves out flags kept only for compatibility.
+
+    A flag registered under both spellings shows its underscore one; a flag whose help is
+    ``argparse.SUPPRESS`` is not listed; a section left without any flag is not printed.
+    """
+
+    def add_argument(self, action: argparse.Action) -> None:
+        """Add ``action`` to the help, under one spelling, unless its help is suppressed."""
+        if action.help is argparse.SUPPRESS:
+            return
+        names = action.option_strings
+        shown = [o for o in names if not (o.startswith("--") and "-" in o[2:] and other_spelling(o) in names)]
+        if shown != names:
+            import copy
+
+            action = copy.copy(action)
+            action.option_strings = shown
+        super().add_argument(action)
+
+    def end_section(self) -> None:
+        """Close the current section; one that holds no flag is dropped with its heading."""
+        section = self._current_section
+        super().end_section()
+        parent = self._current_section
+        if not section.items and parent.items and parent.items[-1][1] == (section,):
+            parent.items.pop()
+
+
+def clean_option(option: str) -> str:
+    """Spell a long option with underscores after its leading dashes (``--num-processes`` -> ``--num_processes``).
+
+    Args:
+        option: an option as typed; a short option or a plain word is returned unchanged.
+
+    Returns:
+        The option in its underscore spelling.
+    """
+    return "--" + option[2:].replace("-", "_") if option.startswith("--") else option
+
+
+def _default_config_file() -> str:
+    from accelerando.settings.configfile import default_config_path
+
+    return str(default_config_path())
+
+
+#: Where the config file is read from when --config_file is not given (it may not exist).
+default_config_file = _default_config_file()
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The parser of ``launch``: standalone, or registered on a CLI's ``subparsers``.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``, or None for a
+            standalone parser.
+
+    Returns:
+        The parser; its ``func`` default is :func:`launch_command`.
+    """
+    if subparsers is None:
+        parser = build_parser()
+    else:
+        parser = subparsers.add_parser("launch", help="Launch a script.", description=_DESCRIPTION)
+        build_parser(parser)
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
+    """Resolve and check the settings of a launch namespace without starting anything.
+
+    Args:
+        args: a namespace from :func:`launch_command_parser`.
+
+    Returns:
+        ``(args, settings, mixed_precision_from_config)``: the same namespace, the resolved
+        :class:`~accelerando.settings.Settings` (defaults < config file < environment < flags), and
+        whether the mixed precision came from the config file.
+
+    Raises:
+        ValueError: an unknown or refused flag, a bad config file or value, or an impossible
+            combination (the message names the setting, where it came from and the fix).
+    """
+    extra = list(getattr(args, "unknown_args", None) or [])
+    if extra:
+        raise ValueError(_unknown_flags_message(extra))
+    refused = _refused_message(args)
+    if refused:
+        raise ValueError(refused)
+    settings, _plan = _plan_for(args)
+    return args, settings, settings.source("mixed_precision").startswith("config:")
+
+
+def _start(
+    args: argparse.Namespace, allowed: tuple[str, ...], who: str, forced: dict[str, Any] | None = None
+) -> None:
+    """Plan ``args``, check the plan is one ``who`` starts, run it; a failure raises as the reference does."""
+    _validate_launch_command(args)
+    _settings, plan = _plan_for(args, forced)
+    if plan.mode not in allowed:
+        raise ValueError(
+            f"{who} starts {' or '.join(allowed)} launches, but these settings make a {plan.mode} launch of "
+            f"{plan.num_processes} process(es). Fix: call launch_command(args), which picks the launcher."
+        )
+    from accelerando.launchers.runner import run as run_plan
+
+    quiet = bool(getattr(args, "quiet", False))
+    code = run_plan(plan, quiet=quiet)
+    if code:
+        if plan.mode == "simple" and not quiet:
+            import subprocess
+
+            raise subprocess.CalledProcessError(code, list(plan.argv))
+        raise SystemExit(code)
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Start the script in one process on this machine (or, with ``mpirun_hostfile``, through mpirun).
+
+    Args:
+        args: a namespace from :func:`launch_command_parser`.
+
+    Raises:
+        subprocess.CalledProcessError: the process failed (with ``quiet``: SystemExit with its status).
+        ValueError: the settings ask for something else (several processes without mpirun, ...).
+    """
+    _start(args, ("simple", "mpirun"), "simple_launcher")
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Start the processes of a multi-process job through ``torch.distributed.run`` (GPUs or ``--cpu``).
+
+    Args:
+        args: a namespace from :func:`launch_command_parser`.
+
+    Raises:
+        SystemExit: a process failed (the status of the first that failed).
+        ValueError: the settings make a one-process, mpirun or DeepSpeed-runner launch.
+    """
+    _start(args, ("elastic",), "multi_gpu_launcher")
+
+
+def deepspeed_launcher(args: argparse.Namespace) -> None:
+    """Start a DeepSpeed job: ``torch.distributed.run`` on each machine, or DeepSpeed's multi-machine runner.
+
+    ``use_deepspeed`` is implied.
+
+    Args:
+        args: a namespace from :func:`launch_command_parser`.
+
+    Raises:
+        SystemExit: a process failed.
+        ValueError: impossible settings (the message names them and the fix).
+    """
+    _start(args, ("simple", "elastic", "deepspeed"), "deepspeed_launcher", {"use_deepspeed": True})
+
+
+def tpu_launcher(args: argparse.Namespace) -> None:
+    """Run the script's main function in ``num_processes`` TPU processes through torch_xla.
+
+    The script is imported as a module and ``main_training_function`` (``--main_training_function``,
+    default ``main``) is started by ``torch_xla.distributed.xla_multiprocessing.spawn``.
+
+    Args:
+        args: a namespace from :func:`launch_command_parser`.
+
+    Raises:
+        RuntimeError: torch_xla is not installed (TPUs need a TPU VM with torch_xla).
+        ValueError: the script has no such function.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch_xla") is None:
+        raise RuntimeError(
+            "tpu_launcher runs on TPUs through torch_xla, which is not installed. Fix: run on a TPU VM with "
+            "torch_xla installed, or launch on CPUs/GPUs with launch_command."
+        )
+    import torch_xla.distributed.xla_multiprocessing as xmp  # type: ignore[import-not-found]
+
+    from accelerando.utils.environment import patch_environment
+    from accelerando.utils.launch import PrepareForLaunch
+
+    settings, plan = _plan_for(args)
+    name = getattr(args, "main_training_function", None) or settings.main_training_function
+    script = str(args.training_script)
+    spec = importlib.util.spec_from_file_location("__accelerando_tpu_main__", script)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"tpu_launcher cannot import {script!r}. Fix: pass a Python script.")
+    module = importlib.util.module_from_spec(spec)
+    sys.argv = [script, *(getattr(args, "training_script_args", None) or [])]
+    spec.loader.exec_module(module)
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"{script} has no function {name!r}. Fix: pass --main_training_function.")
+    with patch_environment(**plan.env):
+        xmp.spawn(PrepareForLaunch(function), args=(), nprocs=settings.num_processes)
+
+
+def tpu_pod_launcher(args: argparse.Namespace) -> None:
+    """Refuse a TPU-pod launch: starting every worker of a pod needs Google Cloud's gcloud and torch_xla.
+
+    Args:
+        args: a namespace from :func:`launch_command_parser`.
+
+    Raises:
+        RuntimeError: always; the message says how to run on a pod instead.
+    """
+    raise RuntimeError(
+        f"tpu_pod_launcher: {_TPU_POD}. Fix: run `accelerando launch` on every worker of the pod yourself "
+        "(e.g. `gcloud compute tpus tpu-vm ssh NAME --worker=all --command=...`)."
+    )
+
+
+def sagemaker_launcher(sagemaker_config: Any, args: argparse.Namespace) -> None:
+    """Refuse a SageMaker launch: accelerando starts jobs on this machine or a cluster of its own.
+
+    Args:
+        sagemaker_config: the SageMaker part of a config file.
+        args: a namespace from :func:`launch_command_parser`.
+
+    Raises:
+        RuntimeError: always; the message says what to do instead.
+    """
+    raise RuntimeError(
+        f"sagemaker_launcher: {_SAGEMAKER}. Fix: run `accelerando launch` inside the SageMaker training job's "
+        "own entry point, with a LOCAL_MACHINE config."
+    )
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Start the launch ``args`` describe, as ``accelerando launch`` does (it picks the launcher).
+
+    Args:
+        args: a namespace from :func:`launch_command_parser` (``parser.parse_args(argv)``).
+
+    Raises:
+        SystemExit: with the exit status, when it is not 0 (a failed process, or 2 for a usage or
+            configuration error, which is printed).
+    """
+    code = run(args)
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,19 @@ before the target runs, it:
 2. writes ``RUN_DIR/rank<N>.pid`` and registers a stack dump of every thread on SIGUSR1 into
    ``RUN_DIR/rank<N>.stack`` (the launcher's watchdog sends it to a job that stopped progressing);
 3. records an uncaught exception, with a nanosecond time stamp, in ``RUN_DIR/rank<N>.failure.json``
-   (so the launcher names the process that failed first, not a peer that failed because of it).
+   (so the launcher names the process that failed first, not a peer that failed because of it);
+4. with ``ACCELERANDO_INSTALL_AS_ACCELERATE`` true (``accelerando launch --install_as_accelerate``),
+   calls :func:`accelerando.stand_in.install_as_accelerate` so that ``import accelerate`` anywhere in
+   the process gets accelerando.
+
+RUN_DIR ``-`` skips steps 2-3 and LAUNCHER_PID ``0`` skips step 1: a one-process or ``mpirun`` launch
+comes through here only for step 4 (its launcher sets the death signal itself, or cannot).
 
 Then it runs the target as Python would: a script with :func:`runpy.run_path` (``__main__``,
 ``sys.argv`` and ``sys.path[0]`` as ``python script.py`` sets them), a module with
 :func:`runpy.run_module`, a program (``--no_python``) with :func:`os.execvp`. Exit codes and
 tracebacks are the target's; the frames of this module and of :mod:`runpy` are left out of a
-traceback. Only the standard library is imported here.
+traceback. Only the standard library is imported here (accelerando's stand-in only when asked for).
 """
 
 from __future__ import annotations
@@ -31,11 +37,15 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["SHIM_FILES", "main", "set_parent_death_signal"]
+__all__ = ["INSTALL_ENV", "SHIM_FILES", "main", "install_if_asked", "set_parent_death_signal"]
 
+#: Set to a true value by the launcher for ``--install_as_accelerate``.
+INSTALL_ENV = "ACCELERANDO_INSTALL_AS_ACCELERATE"
+_TRUE = frozenset({"1", "true", "yes", "y", "on", "t"})
 _PR_SET_PDEATHSIG = 1
 _KINDS = ("script", "module", "program")
 _MESSAGE_LIMIT = 300
@@ -111,9 +121,33 @@ def _install_failure_record(path: str) -> None:
     sys.excepthook = _record
 
 
+def install_if_asked(environ: Mapping[str, str] | None = None) -> bool:
+    """Install accelerando as ``accelerate`` in this process when the launcher asked for it.
+
+    Args:
+        environ: the environment to read (default: ``os.environ``).
+
+    Returns:
+        True when installed (``ACCELERANDO_INSTALL_AS_ACCELERATE`` is true), False otherwise.
+
+    Raises:
+        accelerando.stand_in.AccelerateAlreadyImportedError: the real ``accelerate`` is already imported.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(INSTALL_ENV, "").strip().lower() not in _TRUE:
+        return False
+    from accelerando.stand_in import install_as_accelerate  # only now: the shim stays standard-library
+
+    install_as_accelerate()
+    return True
+
+
 def _prepare(run_dir: str, launcher_pid: int, kind: str) -> None:
     global _stack_file
-    set_parent_death_signal(launcher_pid)
+    if launcher_pid:
+        set_parent_death_signal(launcher_pid)
+    if run_dir == "-":
+        return
     base = os.path.join(run_dir, f"rank{_rank()}")
     # A program (--no_python) replaces this interpreter: no stack dump (SIGUSR1 would end it) and no
     # record; its thread id 0 tells the launcher so.
@@ -165,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     run_dir, launcher_pid, kind, target, *args = argv
     _prepare(run_dir, int(launcher_pid), kind)
+    if kind != "program":  # a program replaces this interpreter: nothing installed here would reach it
+        install_if_asked()
     _run(kind, target, args)
 
 

@@ -7,9 +7,16 @@ processes) without starting anything, so every rule is tested without spawning. 
 a plan: one process directly, several through PyTorch's elastic agent (``torch.distributed.run``).
 
 The launch plan is the only place that writes environment variables for the processes: every value
-some layer set is exported as ``ACCELERANDO_<NAME>``, plus the reference project's
-``ACCELERATE_MIXED_PRECISION`` / ``ACCELERATE_USE_FSDP`` / ``ACCELERATE_USE_DEEPSPEED`` which
-transformers reads.
+some layer set is exported as ``ACCELERANDO_<NAME>`` and under the reference project's name with the
+reference's spelling (``ACCELERATE_MIXED_PRECISION``, ``FSDP_*``, ``ACCELERATE_DEEPSPEED_*``,
+``ACCELERATE_DYNAMO_*``, ``MEGATRON_LM_*``, ``PARALLELISM_CONFIG_*``, ``ACCELERATE_FP8_*``, ...), so
+code written for the reference (transformers among it) reads what it expects. The variables the
+reference's launcher always writes (mixed precision and the dynamo options) are written with their
+default when nothing set them; :data:`~accelerando.settings.resolve.ECHOED_DEFAULTS_ENV` lists those,
+so each process still reads them as "not set".
+
+Modes: ``simple`` (one process), ``elastic`` (``torch.distributed.run``), ``deepspeed`` (DeepSpeed's
+multi-machine runner) and ``mpirun`` (a multi-CPU job started by ``mpirun --hostfile``).
 """
 
 from __future__ import annotations
@@ -21,14 +28,37 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelerando.settings.fields import FIELDS_BY_NAME, quote_value
+from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
+from accelerando.settings.fields import FIELDS, FIELDS_BY_NAME, Field, fields_in_group, quote_value
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
-from accelerando.settings.resolve import SOURCES_ENV, Settings
+from accelerando.settings.resolve import ECHOED_DEFAULTS_ENV, SOURCES_ENV, Settings
 from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind, distributed_kind, requested_backends
 
-__all__ = ["Command", "LaunchPlan", "build", "check_command", "check_settings", "export_env"]
+__all__ = [
+    "Command",
+    "LaunchPlan",
+    "build",
+    "check_command",
+    "check_settings",
+    "export_env",
+    "reference_env",
+    "INSTALL_ENV",
+]
 
 _ELASTIC_MODULE = "torch.distributed.run"
+_CHILD_MODULE = "accelerando.launchers._child"
+#: The variable that makes every launched process install accelerando as ``accelerate`` first.
+INSTALL_ENV = FIELDS_BY_NAME["install_as_accelerate"].our_env
+# Settings whose reference variable the reference's launcher writes even when nothing set them, with
+# the text it writes then (other settings are written only when set).
+_ALWAYS_WRITTEN = {
+    "mixed_precision": "no",
+    "dynamo_backend": "NO",
+    "dynamo_mode": "default",
+    "dynamo_use_fullgraph": "False",
+    "dynamo_use_dynamic": "False",
+    "dynamo_use_regional_compilation": "False",
+}
 
 
 @dataclass(frozen=True)
@@ -57,8 +87,9 @@ class LaunchPlan:
     """Everything needed to start the processes of one launch.
 
     Attributes:
-        mode: ``"simple"`` (one process, run directly), ``"elastic"`` (torch.distributed.run) or
-            ``"deepspeed"`` (DeepSpeed's multi-node runner, which starts the other hosts itself).
+        mode: ``"simple"`` (one process, run directly), ``"elastic"`` (torch.distributed.run),
+            ``"deepspeed"`` (DeepSpeed's multi-node runner, which starts the other hosts itself) or
+            ``"mpirun"`` (``mpirun`` starts every process of a multi-CPU job).
         argv: the equivalent command line; for ``"elastic"`` it starts with
             ``python -m torch.distributed.run`` and :func:`run` passes the rest to the agent in-process.
         env: variables to add to the processes' environment.
@@ -84,7 +115,7 @@ class LaunchPlan:
     @property
     def uses_backend_runner(self) -> bool:
         """Whether the plan runs a backend's own multi-machine runner (``mode`` is then the backend's name)."""
-        return self.mode not in ("simple", "elastic")
+        return self.mode not in ("simple", "elastic", "mpirun")
 
     @property
     def agent_args(self) -> list[str]:
@@ -159,6 +190,74 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
     if isinstance(s.zero_stage, int) and s.zero_stage > 3:
         raise ValueError(f"{_where(s, 'zero_stage')}={s.zero_stage} does not exist. Fix: use 0, 1, 2 or 3.")
     _check_deepspeed_paths(s)
+    _check_unsupported_places(s)
+    _check_parallelism(s)
+    if s.mpirun_hostfile:
+        _check_mpirun(s, wants_gpu)
+
+
+def _check_unsupported_places(s: Settings) -> None:
+    """The reference's SageMaker and TPU-pod variables describe jobs this launcher cannot start."""
+    for name, what in (("use_sagemaker", "an Amazon SageMaker job"), ("in_tpu_pod", "a TPU pod")):
+        if s[name]:
+            raise ValueError(
+                f"{_where(s, name)} says this runs in {what}, which accelerando does not support. "
+                f"Fix: unset {FIELDS_BY_NAME[name].reference_env} and launch on this machine's CPUs/GPUs."
+            )
+
+
+def parallelism_requested(s: Settings) -> bool:
+    """Whether the settings ask for an N-d mesh: ``use_parallelism_config`` or any ``parallelism_config_*``."""
+    return bool(s.use_parallelism_config) or any(
+        s.source(f.name) != "default" for f in fields_in_group("parallelism")
+    )
+
+
+def _check_parallelism(s: Settings) -> None:
+    """As the reference: a parallelism config shards with FSDP2 (or DeepSpeed for sequence parallelism)."""
+    if not parallelism_requested(s):
+        return
+    given = (
+        _where(s, "use_parallelism_config")
+        if s.use_parallelism_config
+        else next(_where(s, f.name) for f in fields_in_group("parallelism") if s.source(f.name) != "default")
+    )
+    if s.use_fsdp and str(s.fsdp_version or "2") != "2":
+        raise ValueError(
+            f"{given} needs FSDP2 but {_where(s, 'fsdp_version')}={s.fsdp_version}. Fix: use fsdp_version 2."
+        )
+    if not (s.use_fsdp or s.use_deepspeed):
+        raise ValueError(
+            f"{given} lays the processes out on a mesh whose data-parallel axes need a sharding backend. "
+            "Fix: add --use_fsdp (with fsdp_version 2), or --use_deepspeed for sequence parallelism."
+        )
+
+
+def _check_mpirun(s: Settings, wants_gpu: bool) -> None:
+    """mpirun starts multi-CPU jobs only, without restarts and without another backend's runner."""
+    where = _where(s, "mpirun_hostfile")
+    if wants_gpu:
+        raise ValueError(
+            f"{where} starts a multi-CPU job through mpirun, but GPUs are asked for. Fix: drop --multi_gpu "
+            "(distributed_type MULTI_GPU) or --mpirun_hostfile."
+        )
+    if s.max_restarts:
+        raise ValueError(
+            f"{where}: mpirun cannot restart failed processes but {_where(s, 'max_restarts')}={s.max_restarts}. "
+            "Fix: set max_restarts to 0, or drop --mpirun_hostfile to launch with torch.distributed.run."
+        )
+    if s.rdzv_backend != "static":
+        raise ValueError(
+            f"{where}: mpirun places every process itself; {_where(s, 'rdzv_backend')}={s.rdzv_backend!r} "
+            "has no use there. Fix: drop --rdzv_backend, or drop --mpirun_hostfile."
+        )
+    from pathlib import Path
+
+    if not Path(s.mpirun_hostfile).is_file():
+        raise ValueError(
+            f"{where}={quote_value(s.mpirun_hostfile)} is not a file. Fix: give the path of an MPI hostfile "
+            "(one host per line, e.g. `node0 slots=4`)."
+        )
 
 
 def _check_deepspeed_paths(s: Settings) -> None:
@@ -192,6 +291,11 @@ def check_command(
         ValueError: the program is not found on ``PATH`` or is not executable; the message names it
             and the fix.
     """
+    if settings is not None and settings.install_as_accelerate and command.no_python:
+        raise ValueError(
+            f"{_where(settings, 'install_as_accelerate')} installs accelerando as `accelerate` inside Python "
+            f"processes, but --no_python runs {quote_value(command.target)} without Python. Fix: drop one of them."
+        )
     if not command.no_python:
         return
     if settings is not None and _multinode_runner(settings, settings.num_machines or 1) is not None:
@@ -213,34 +317,80 @@ def _env_text(value: Any) -> str:
     return str(value)
 
 
-def export_env(settings: Settings) -> dict[str, str]:
-    """Environment variables that carry the settings some layer set to the processes.
+def _reference_text(field: Field, value: Any) -> str:
+    """A value as the reference's launcher writes it (``True``/``true``/``1`` as that variable has it)."""
+    if isinstance(value, bool):
+        return field.ref_bool[0 if value else 1]
+    return _env_text(value)
+
+
+def _exported(settings: Settings) -> dict[str, Any]:
+    return {
+        name: value
+        for name, value in settings.explicitly_set().items()
+        if value is not None and FIELDS_BY_NAME[name].export
+    }
+
+
+def reference_env(settings: Settings) -> tuple[dict[str, str], dict[str, str]]:
+    """The reference project's variables for a launch, spelled as its launcher spells them.
 
     Args:
         settings: the launcher's resolved settings.
 
     Returns:
-        ``ACCELERANDO_<NAME>`` for every exported setting whose source is not the default, plus the
-        reference's ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_FSDP`` and
-        ``ACCELERATE_USE_DEEPSPEED`` when those were set.
+        ``(env, echoed)``: ``env`` holds the reference's variable of every exported setting some layer
+        set (``FSDP_SHARDING_STRATEGY``, ``ACCELERATE_DEEPSPEED_ZERO_STAGE``, ``MEGATRON_LM_TP_DEGREE``,
+        ``PARALLELISM_CONFIG_TP_SIZE``, ``ACCELERATE_FP8_BACKEND``, ...), the variables the reference
+        always writes (mixed precision, dynamo; with DeepSpeed the accumulation steps and
+        ``ACCELERATE_CONFIG_DS_FIELDS``) and ``ACCELERATE_USE_PARALLELISM_CONFIG`` when a parallelism
+        size is given; ``echoed`` is the part of ``env`` that only repeats a default.
     """
-    exported = {
-        name: value
-        for name, value in settings.explicitly_set().items()
-        if value is not None and FIELDS_BY_NAME[name].export
-    }
+    env: dict[str, str] = {}
+    for name, value in _exported(settings).items():
+        field = FIELDS_BY_NAME[name]
+        if field.reference_env:
+            env[field.reference_env] = _reference_text(field, value)
+    always = dict(_ALWAYS_WRITTEN)
+    if settings.use_deepspeed:
+        always["gradient_accumulation_steps"] = str(FIELDS_BY_NAME["gradient_accumulation_steps"].default)
+        from_file = [
+            f.config_keys[0].split(".")[-1]
+            for f in (*fields_in_group("deepspeed"), FIELDS_BY_NAME["gradient_accumulation_steps"])
+            if settings.source(f.name).startswith("config:") and f.config_keys
+        ]
+        env["ACCELERATE_CONFIG_DS_FIELDS"] = ",".join(from_file)
+    echoed: dict[str, str] = {}
+    for name, text in always.items():
+        variable = FIELDS_BY_NAME[name].reference_env
+        if variable and variable not in env:
+            env[variable] = echoed[variable] = text
+    if parallelism_requested(settings) and not settings.use_parallelism_config:
+        env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+    return env, echoed
+
+
+def export_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that carry the settings to the processes.
+
+    Args:
+        settings: the launcher's resolved settings.
+
+    Returns:
+        ``ACCELERANDO_<NAME>`` for every exported setting whose source is not the default, with
+        ``ACCELERANDO_SOURCES`` (where each came from), plus the reference's variables from
+        :func:`reference_env` and ``ACCELERANDO_ECHOED_DEFAULTS`` naming those that only repeat a default.
+    """
+    exported = _exported(settings)
     env = {FIELDS_BY_NAME[name].our_env: _env_text(value) for name, value in exported.items()}
     if exported:  # lets each process say "from config:/x.yaml", not only "from ACCELERANDO_X"
         env[SOURCES_ENV] = json.dumps({name: settings.origin(name) for name in exported}, sort_keys=True)
-    # transformers reads these names; exporting a default would make every process see an
-    # "environment" value that nobody set (and warn when code overrides it).
-    for name, variable in (
-        ("mixed_precision", "ACCELERATE_MIXED_PRECISION"),
-        ("use_fsdp", "ACCELERATE_USE_FSDP"),
-        ("use_deepspeed", "ACCELERATE_USE_DEEPSPEED"),
-    ):
-        if name in exported:
-            env[variable] = _env_text(exported[name])
+    if parallelism_requested(settings) and not settings.use_parallelism_config:
+        env[FIELDS_BY_NAME["use_parallelism_config"].our_env] = "true"
+    reference, echoed = reference_env(settings)
+    env.update(reference)
+    if echoed:
+        env[ECHOED_DEFAULTS_ENV] = json.dumps(echoed, sort_keys=True)
     return env
 
 
@@ -276,6 +426,15 @@ def _process_env(settings: Settings, machine: MachineInfo, total: int, per_node:
     if settings.gpu_ids and settings.gpu_ids != "all" and not settings.cpu:
         env["CUDA_VISIBLE_DEVICES"] = settings.gpu_ids
     return env
+
+
+def _via_child(command: Command) -> Command:
+    """The same target started through :mod:`accelerando.launchers._child` (no run folder, no launcher pid).
+
+    Used where no elastic agent wraps the processes, so that ``--install_as_accelerate`` still runs first.
+    """
+    kind = "module" if command.module else "script"
+    return Command(_CHILD_MODULE, ("-", "0", kind, command.target, *command.args), module=True)
 
 
 def _target_argv(command: Command, python: str) -> list[str]:
@@ -315,6 +474,19 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
     elif command.no_python:
         argv.append("--no_python")
     return [*argv, command.target, *command.args]
+
+
+def _inert_notes(settings: Settings) -> list[str]:
+    """Notes for option families given without the switch that makes them count (never a silent no-op)."""
+    notes = []
+    for group, needs, switch in (
+        ("fp8", "mixed_precision fp8", settings.mixed_precision == "fp8"),
+        ("megatron", "--use_megatron_lm", settings.use_megatron_lm),
+    ):
+        given = [f.name for f in FIELDS if f.group == group and settings.source(f.name) != "default"]
+        if given and not switch:
+            notes.append(f"{', '.join(given)}: used only with {needs}, so unused by this launch")
+    return notes
 
 
 def _is_one_process_kind(settings: Settings) -> bool:
@@ -375,6 +547,7 @@ def build(
     *,
     agent_options: Sequence[str] = (),
     port: Callable[[], int] = free_port,
+    mpirun: Callable[[], MpiRun] = detect_mpirun,
 ) -> LaunchPlan:
     """Plan a launch without starting anything.
 
@@ -385,13 +558,18 @@ def build(
             (:func:`accelerando.settings.machine.detect_machine`).
         agent_options: extra ``torch.distributed.run`` options (``--role``, ``--tee``, ``--log_dir``).
         port: returns a free port for a single-machine job that did not choose one.
+        mpirun: finds ``mpirun`` for an ``mpirun_hostfile`` launch (see
+            :func:`accelerando.launchers.mpirun.detect_mpirun`).
 
     Returns:
-        The :class:`LaunchPlan`: one process run directly, or an elastic-agent launch when more than
-        one process, more than one machine or restarts are asked for.
+        The :class:`LaunchPlan`: ``mpirun`` when a hostfile for it is given; one process run directly;
+        or an elastic-agent launch when more than one process, more than one machine or restarts are
+        asked for. With ``install_as_accelerate`` every process starts through
+        :mod:`accelerando.launchers._child`, which installs accelerando as ``accelerate`` first.
 
     Raises:
-        ValueError: for an impossible combination of settings (see :func:`check_settings`).
+        ValueError: for an impossible combination of settings (see :func:`check_settings`), or an
+            ``mpirun`` that is missing or unknown.
     """
     if machine is None:
         machine = detect_machine()
@@ -411,12 +589,35 @@ def build(
                 f"{what}: auto ({settings.source(name)}): chosen at prepare() from the model's size and each "
                 "device's memory; the choice and its reason are logged then"
             )
+    notes += _inert_notes(settings)
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0
     mode = "elastic" if elastic else "simple"
     runner = _multinode_runner(settings, machines)
-    if runner is not None:
+    # The elastic agent's processes start through the shim anyway (see runner.py); the others only for this.
+    target = _via_child(command) if settings.install_as_accelerate else command
+    if settings.mpirun_hostfile:
+        if runner is not None:
+            raise ValueError(
+                f"{_where(settings, 'mpirun_hostfile')} and DeepSpeed's multi-machine runner "
+                f"({_where(settings, 'deepspeed_multinode_launcher')}) both start the hosts. Fix: choose one."
+            )
+        found = mpirun()
+        mode = "mpirun"
+        main_port = settings.main_process_port or (port() if machines == 1 else 29500)
+        env["MASTER_ADDR"] = settings.main_process_ip or "127.0.0.1"
+        env["MASTER_PORT"] = str(main_port)
+        if settings.mpirun_ccl is not None:
+            env["CCL_WORKER_COUNT"] = str(settings.mpirun_ccl)
+        argv = [
+            *mpirun_argv(found, settings.mpirun_hostfile, total, per_node, forward=env),
+            *_target_argv(target, machine.python),
+        ]
+        notes.append(
+            f"multi-CPU job started by {found.flavour} mpirun on the hosts of {settings.mpirun_hostfile}"
+        )
+    elif runner is not None:
         mode = runner.strategy  # the runner's plan is named after its backend ("deepspeed")
-        argv = _runner_argv(settings, command, runner, machines, per_node, machine.python)
+        argv = _runner_argv(settings, target, runner, machines, per_node, machine.python)
         notes.append(
             f"multi-machine DeepSpeed job: started from this machine by DeepSpeed's "
             f"{settings.deepspeed_multinode_launcher or 'pdsh'} launcher on every host of the hostfile"
@@ -425,7 +626,9 @@ def build(
         agent = _agent_argv(settings, command, per_node, port)
         argv = [machine.python, "-m", _ELASTIC_MODULE, *agent_options, *agent]
     else:
-        argv = _target_argv(command, machine.python)
+        argv = _target_argv(target, machine.python)
+    if settings.install_as_accelerate:
+        env[INSTALL_ENV] = "true"
     return LaunchPlan(
         mode=mode,
         argv=tuple(argv),

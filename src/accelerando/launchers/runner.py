@@ -196,8 +196,9 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
         The exit status: the script's for one process; 0 when every process succeeded, else the
         exit code of the first process that failed.
     """
-    # One process, or DeepSpeed's own runner; every other plan goes to the elastic agent.
-    direct = {"simple": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)
+    # One process, mpirun (one command that starts them all), or DeepSpeed's own runner; every other
+    # plan goes to the elastic agent.
+    direct = {"simple": _run_simple, "mpirun": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)
     return direct(plan) if direct is not None else _run_elastic(plan, quiet)
 
 

@@ -37,13 +37,15 @@ __all__ = [
 
 #: dotted config key -> field it sets.
 CONFIG_KEYS: dict[str, Field] = {key: f for f in FIELDS for key in f.config_keys}
+#: setting name -> its group, for the settings a config file can set.
+CONFIG_KEYS_GROUP: dict[str, str] = {f.name: f.group for f in CONFIG_KEYS.values()}
 _SECTIONS = frozenset(key.split(".")[0] for key in CONFIG_KEYS if "." in key)
 # Keys the reference writes that do not map to a setting here: accepted and kept, never an error.
 _ACCEPTED_TOP = frozenset(
     {
         "compute_environment", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
-        "tpu_vm", "commands", "command_file", "use_mps_device", "ipex_config", "mpirun_config", "fp8_config",
-        "parallelism_config", "ec2_instance_type", "iam_role_name", "image_uri", "profile", "region",
+        "tpu_vm", "commands", "command_file", "use_mps_device", "ipex_config", "ec2_instance_type",
+        "iam_role_name", "image_uri", "profile", "region",
         "base_job_name", "pytorch_version", "transformers_version", "py_version", "additional_args",
         "sagemaker_inputs_file", "sagemaker_metrics_file",
     }
@@ -263,7 +265,13 @@ def config_to_layer(data: Mapping[str, Any], path: str) -> dict[str, Sourced]:
 
 
 def _derive_switches(layer: dict[str, Sourced]) -> None:
-    """`distributed_type: FSDP` in a file means use_fsdp (and so on), as in the reference."""
+    """`distributed_type: FSDP` in a file means use_fsdp (and so on), as in the reference.
+
+    A ``parallelism_config`` block that sets a size or backend means ``use_parallelism_config``.
+    """
+    blocks = [entry for name, entry in layer.items() if CONFIG_KEYS_GROUP.get(name) == "parallelism"]
+    if blocks and "use_parallelism_config" not in layer:
+        layer["use_parallelism_config"] = Sourced(True, blocks[0].source)
     dist = layer.get("distributed_type")
     if dist is None:
         return

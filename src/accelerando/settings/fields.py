@@ -68,6 +68,9 @@ class Field:
         switch: the flag takes no value (``--cpu``), otherwise it takes one (``--zero_stage 2``).
         export: the launcher carries the resolved value to the processes.
         our_env: our environment variable name (``ACCELERANDO_<NAME>`` unless given).
+        in_config: whether a config file may set it (False: environment or code only).
+        ref_bool: how the reference's launcher spells true and false in its variable (``env[0]``);
+            the launcher writes the same text so scripts comparing strings keep working.
     """
 
     name: str
@@ -85,14 +88,23 @@ class Field:
     switch: bool = False
     export: bool = True
     our_env: str = ""
+    ref_bool: tuple[str, str] = ("true", "false")
+    in_config: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"Field {self.name!r}: kind {self.kind!r} is not one of {_KINDS}.")
         if not self.our_env:
             object.__setattr__(self, "our_env", ENV_PREFIX + self.name.upper())
-        if not self.config_keys:
+        if not self.in_config:
+            object.__setattr__(self, "config_keys", ())
+        elif not self.config_keys:
             object.__setattr__(self, "config_keys", (self.name,))
+
+    @property
+    def reference_env(self) -> str | None:
+        """The reference project's variable for this setting (the one its launcher writes), if any."""
+        return self.env[0] if self.env else None
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -156,18 +168,54 @@ def _ds(name: str, kind: str, default: Any = None, *, ref_env: str = "", **kw: A
     )
 
 
-def _megatron(name: str, kind: str, help: str) -> Field:
+def _megatron(name: str, kind: str, help: str, minimum: float | None = None) -> Field:
     return Field(
         name,
         kind,
         None,
         group="megatron",
         help=help,
-        env=("ACCELERATE_" + name.upper(),),
+        env=(name.upper(),),  # the reference's MEGATRON_LM_<NAME>
         config_keys=("megatron_lm_config." + name,),
         cli="--" + name,
-        minimum=1 if kind == "int" else None,
+        minimum=minimum,
     )
+
+
+def _parallel(axis: str, kind: str, help: str, **kw: Any) -> Field:
+    name = "parallelism_config_" + axis
+    kw.setdefault("minimum", 1 if kind == "int" else None)
+    return Field(
+        name,
+        kind,
+        None,
+        group="parallelism",
+        help=help,
+        env=(name.upper(),),  # PARALLELISM_CONFIG_<AXIS>, which ParallelismConfig reads
+        config_keys=("parallelism_config." + name, "parallelism_config." + axis),
+        cli="--" + name,
+        **kw,
+    )
+
+
+def _fp8(name: str, kind: str, help: str, *, keys: tuple[str, ...] = (), **kw: Any) -> Field:
+    bare = name.removeprefix("fp8_")
+    return Field(
+        name,
+        kind,
+        None,
+        group="fp8",
+        help=help,
+        env=("ACCELERATE_" + name.upper(),),
+        config_keys=tuple(dict.fromkeys((*keys, "fp8_config." + bare, "fp8_config." + name))),
+        cli="--" + name,
+        **kw,
+    )
+
+
+def _reference_only(name: str, kind: str, env: str, help: str, **kw: Any) -> Field:
+    """A setting the reference reads from its environment only (no flag, no config key)."""
+    return Field(name, kind, kw.pop("default", None), env=(env,), cli=None, in_config=False, help=help, **kw)
 
 
 def _dynamo(name: str, kind: str, default: Any, help: str, **kw: Any) -> Field:
@@ -180,6 +228,7 @@ def _dynamo(name: str, kind: str, default: Any, help: str, **kw: Any) -> Field:
         env=("ACCELERATE_" + name.upper(),),
         config_keys=("dynamo_config." + name,),
         cli="--" + name,
+        ref_bool=("True", "False"),
         **kw,
     )
 
@@ -197,7 +246,8 @@ FIELDS: tuple[Field, ...] = (
           env=("ACCELERATE_GRADIENT_ACCUMULATION_STEPS",),
           config_keys=("gradient_accumulation_steps", "deepspeed_config.gradient_accumulation_steps")),
     _core("cpu", "bool", False, switch=True, help="Run on CPU even when an accelerator is present.",
-          env=("ACCELERATE_USE_CPU",), config_keys=("use_cpu",), our_env="ACCELERANDO_USE_CPU"),
+          env=("ACCELERATE_USE_CPU",), config_keys=("use_cpu",), our_env="ACCELERANDO_USE_CPU",
+          ref_bool=("True", "False")),
     _core("distributed_type", "choice", None, choices=tuple(DistributedType.list()),
           help="Distributed mode requested by the launcher or config (unset = detect)."),
     _core("use_deepspeed", "bool", False, switch=True, help="Use the DeepSpeed backend.",
@@ -217,6 +267,35 @@ FIELDS: tuple[Field, ...] = (
           help="load_state compares every file it reads with the checkpoint's checksums (sizes always)."),
     _core("checkpoint_lock_wait", "float", None, cli=None, minimum=0,
           help="Seconds save_state waits for another run's lock on the project folder (unset: refuse at once)."),
+    _core("install_as_accelerate", "bool", False, switch=True,
+          help="Every launched process calls accelerando.install_as_accelerate() before the script runs, "
+               "so `import accelerate` (in the script, transformers, peft...) gets accelerando."),
+    _core("use_parallelism_config", "bool", False, switch=True, env=("ACCELERATE_USE_PARALLELISM_CONFIG",),
+          help="Lay the processes out on an N-d mesh from the --parallelism_config_* sizes."),
+    # --- read from the reference's environment variables only (no flag, no config key) -----------
+    _reference_only("init_include_buffers", "bool", "ACCELERATE_INIT_INCLUDE_BUFFERS",
+                    "init_empty_weights() also puts buffers on the meta device when include_buffers is "
+                    "not given.", default=False),
+    _reference_only("torch_device", "str", "ACCELERATE_TORCH_DEVICE",
+                    "The torch device each process uses instead of the detected one (e.g. 'cuda:1')."),
+    _reference_only("bypass_device_map", "bool", "ACCELERATE_BYPASS_DEVICE_MAP",
+                    "Allow prepare() on a model dispatched with a device_map in a distributed run.",
+                    default=False),
+    _reference_only("allow_cp_standalone", "bool", "ACCELERATE_ALLOW_CP_STANDALONE",
+                    "Allow context parallelism without FSDP sharding.", default=False),
+    _reference_only("enable_rich", "bool", "ACCELERATE_ENABLE_RICH",
+                    "Pretty tracebacks with the rich package.", default=False),
+    _reference_only("debug_rdv_file", "str", "ACCELERATE_DEBUG_RDV_FILE",
+                    "File used as the rendezvous (file:// init method) of a debug launch."),
+    _reference_only("in_tpu_pod", "bool", "ACCELERATE_IN_TPU_POD",
+                    "The process runs on a TPU pod (not supported here).", default=False),
+    _reference_only("use_sagemaker", "bool", "ACCELERATE_USE_SAGEMAKER",
+                    "The process runs in an Amazon SageMaker job (not supported here).", default=False),
+    _reference_only("sagemaker_distributed_type", "str", "ACCELERATE_SAGEMAKER_DISTRIBUTED_TYPE",
+                    "SageMaker's distributed mode (not supported here)."),
+    _reference_only("config_ds_fields", "list", "ACCELERATE_CONFIG_DS_FIELDS",
+                    "DeepSpeed keys the launcher took from a config file (they must not also be in a "
+                    "DeepSpeed JSON config)."),
     # --- launch topology: written by the launcher, informational inside a process ---------------
     _core("num_processes", "int", None, group="launch", minimum=1,
           help="Total number of processes to start (all machines).", env=("ACCELERATE_NUM_PROCESSES",)),
@@ -234,7 +313,8 @@ FIELDS: tuple[Field, ...] = (
     _core("num_cpu_threads_per_process", "int", None, group="launch", minimum=1,
           help="OMP_NUM_THREADS for each process."),
     _core("enable_cpu_affinity", "bool", False, group="launch", switch=True,
-          help="Pin each process to the CPU cores closest to its GPU.", env=("ACCELERATE_CPU_AFFINITY",)),
+          help="Pin each process to the CPU cores closest to its GPU.", env=("ACCELERATE_CPU_AFFINITY",),
+          ref_bool=("1", "0")),
     _core("main_training_function", "str", "main", group="launch", cli=None,
           help="Name of the function a notebook or TPU launch calls."),
     _core("rdzv_backend", "str", "static", group="launch", help="Rendezvous backend (static, c10d, etcd)."),
@@ -275,6 +355,10 @@ FIELDS: tuple[Field, ...] = (
     _fsdp("fsdp_sync_module_states", "bool", None, help="Broadcast rank 0's weights at wrap time."),
     _fsdp("fsdp_use_orig_params", "bool", None, help="Keep original parameters visible to the optimizer."),
     _fsdp("fsdp_activation_checkpointing", "bool", None, help="Recompute activations in backward."),
+    _fsdp("fsdp_activation_checkpointing_offload", "bool", None,
+          help="With activation checkpointing, keep the saved activations in CPU memory."),
+    _fsdp("fsdp_ignored_modules", "str", None,
+          help="Regular expression over module names: matching modules are left unsharded."),
     # --- DeepSpeed --------------------------------------------------------------------------------
     _ds("deepspeed_config_file", "str", None, help="Path to a DeepSpeed JSON config."),
     _ds("zero_stage", "int", None, minimum=0, choices=("auto",), ref_env="ACCELERATE_DEEPSPEED_ZERO_STAGE",
@@ -298,13 +382,70 @@ FIELDS: tuple[Field, ...] = (
     _ds("deepspeed_exclusion_filter", "str", None, export=False,
         help="DeepSpeed runner --exclude: hosts/GPUs to leave out."),
     # --- Megatron-LM ------------------------------------------------------------------------------
-    _megatron("megatron_lm_tp_degree", "int", "Tensor parallel degree."),
-    _megatron("megatron_lm_pp_degree", "int", "Pipeline parallel degree."),
-    _megatron("megatron_lm_num_micro_batches", "int", "Micro-batches per pipeline step."),
+    _megatron("megatron_lm_tp_degree", "int", "Tensor parallel degree.", minimum=1),
+    _megatron("megatron_lm_pp_degree", "int", "Pipeline parallel degree.", minimum=1),
+    _megatron("megatron_lm_num_micro_batches", "int", "Micro-batches per pipeline step.", minimum=1),
     _megatron("megatron_lm_sequence_parallelism", "bool", "Enable sequence parallelism."),
     _megatron("megatron_lm_recompute_activations", "bool", "Recompute activations."),
     _megatron("megatron_lm_use_distributed_optimizer", "bool", "Shard optimizer state."),
-    _megatron("megatron_lm_gradient_clipping", "float", "Gradient clipping value."),
+    _megatron("megatron_lm_gradient_clipping", "float", "Gradient clipping value (0 = off).", minimum=0),
+    _megatron("megatron_lm_use_custom_fsdp", "bool", "Use Megatron's own FSDP."),
+    _megatron("megatron_lm_no_load_optim", "bool", "Do not load the optimizer state from checkpoints."),
+    _megatron("megatron_lm_eod_mask_loss", "bool", "Mask the loss at end-of-document tokens."),
+    _megatron("megatron_lm_overlap_cpu_optimizer_d2h_h2d", "bool", "Overlap CPU-optimizer copies."),
+    _megatron("megatron_lm_no_save_optim", "bool", "Do not save the optimizer state in checkpoints."),
+    _megatron("megatron_lm_optimizer_cpu_offload", "bool", "Keep the optimizer on the CPU."),
+    _megatron("megatron_lm_use_precision_aware_optimizer", "bool", "Use the precision-aware optimizer."),
+    _megatron("megatron_lm_decoder_last_pipeline_num_layers", "int", "Layers of the last pipeline stage.",
+              minimum=1),
+    _megatron("megatron_lm_recompute_granularity", "str", "Recompute granularity (full, selective)."),
+    _megatron("megatron_lm_recompute_method", "str", "Recompute method (uniform, block)."),
+    _megatron("megatron_lm_recompute_num_layers", "int", "Layers recomputed per group.", minimum=1),
+    _megatron("megatron_lm_attention_backend", "str", "Attention implementation Megatron uses."),
+    _megatron("megatron_lm_expert_model_parallel_size", "int", "Expert parallel degree.", minimum=1),
+    _megatron("megatron_lm_context_parallel_size", "int", "Context parallel degree.", minimum=1),
+    _megatron("megatron_lm_attention_dropout", "float", "Attention dropout probability.", minimum=0),
+    _megatron("megatron_lm_hidden_dropout", "float", "Hidden-state dropout probability.", minimum=0),
+    _megatron("megatron_lm_attention_softmax_in_fp32", "bool", "Compute attention softmax in fp32."),
+    _megatron("megatron_lm_expert_tensor_parallel_size", "int", "Expert tensor parallel degree.", minimum=1),
+    _megatron("megatron_lm_calculate_per_token_loss", "bool", "Average the loss per token."),
+    _megatron("megatron_lm_use_rotary_position_embeddings", "bool", "Use rotary position embeddings."),
+    # --- N-d parallelism (ParallelismConfig) ------------------------------------------------------
+    _parallel("dp_replicate_size", "int", "Data-parallel replicas (1 = none)."),
+    _parallel("dp_shard_size", "int", "FSDP shards per replica (1 = none)."),
+    _parallel("tp_size", "int", "Tensor-parallel degree (1 = none)."),
+    _parallel("cp_size", "int", "Context-parallel degree (1 = none)."),
+    _parallel("cp_backend", "choice", "Context-parallel implementation.", choices=("torch",)),
+    _parallel("cp_comm_strategy", "choice", "Context-parallel communication.", choices=("allgather", "alltoall")),
+    _parallel("sp_size", "int", "Sequence-parallel degree (1 = none)."),
+    _parallel("sp_backend", "choice", "Sequence-parallel implementation.", choices=("deepspeed",)),
+    _parallel("sp_seq_length", "int", "Sequence length when every batch has the same one."),
+    _parallel("sp_seq_length_is_variable", "bool", "Batches may have different sequence lengths."),
+    _parallel("sp_attn_implementation", "str", "Attention used with sequence parallelism (e.g. sdpa)."),
+    # --- FP8 (used with mixed_precision fp8) ------------------------------------------------------
+    _fp8("fp8_backend", "choice", "FP8 backend: ao (torchao), te (Transformer Engine), msamp (MS-AMP).",
+         choices=("ao", "te", "msamp")),
+    _fp8("fp8_use_autocast_during_eval", "bool", "Keep FP8 autocast in eval mode (te).", switch=True),
+    _fp8("fp8_margin", "int", "Margin of the scaling factor (te).", minimum=0),
+    _fp8("fp8_interval", "int", "Steps between scaling-factor updates (te).", minimum=1),
+    _fp8("fp8_format", "choice", "FP8 recipe format (te).", choices=("HYBRID", "E4M3", "E5M2"),
+         keys=("fp8_config.fp8_format",)),
+    _fp8("fp8_amax_history_len", "int", "Length of the amax history (te).", minimum=1,
+         keys=("fp8_config.amax_history_length",)),
+    _fp8("fp8_amax_compute_algo", "choice", "How amax is computed from its history (te).",
+         choices=("max", "most_recent"), keys=("fp8_config.amax_compute_algorithm",)),
+    _fp8("fp8_override_linear_precision", "str",
+         "Three comma-separated booleans: run fprop, dgrad, wgrad in higher precision (te)."),
+    _fp8("fp8_opt_level", "choice", "MS-AMP optimisation level (msamp).", choices=("O1", "O2")),
+    _fp8("fp8_enable_fsdp_float8_all_gather", "bool", "FSDP2 all-gathers in float8 (ao)."),
+    _fp8("fp8_pad_inner_dim", "bool", "Pad the inner dimension of FP8 matmuls (ao)."),
+    # --- mpirun (multi-CPU jobs started through MPI) ----------------------------------------------
+    Field("mpirun_hostfile", "str", None, group="mpirun", export=False, cli="--mpirun_hostfile",
+          config_keys=("mpirun_config.mpirun_hostfile",),
+          help="Start a multi-CPU job through mpirun with this hostfile (--hostfile / -f)."),
+    Field("mpirun_ccl", "int", None, group="mpirun", export=False, cli="--mpirun_ccl", minimum=0,
+          config_keys=("mpirun_config.mpirun_ccl",),
+          help="oneCCL worker threads per process (CCL_WORKER_COUNT) of an mpirun job."),
 )
 # fmt: on
 

@@ -34,6 +34,8 @@ from accelerando.settings.fields import (
 __all__ = [
     "Sourced",
     "SOURCES_ENV",
+    "ECHOED_DEFAULTS_ENV",
+    "environment_setting",
     "Layer",
     "Settings",
     "parse_value",
@@ -54,6 +56,11 @@ _FALSE = frozenset({"0", "false", "no", "n", "off", "f", "none", ""})
 
 #: Variable in which the launcher tells each process where it found every value it exported.
 SOURCES_ENV = "ACCELERANDO_SOURCES"
+
+#: Variable in which the launcher lists the reference variables it wrote with a *default* value (the
+#: reference's launcher always writes e.g. ``ACCELERATE_MIXED_PRECISION=no``). A variable still holding
+#: that value reads as "not set", so it never counts as a choice that code would override.
+ECHOED_DEFAULTS_ENV = "ACCELERANDO_ECHOED_DEFAULTS"
 
 
 class Sourced(NamedTuple):
@@ -322,9 +329,10 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
     """
     env = os.environ if environ is None else environ
     launcher_sources = _launcher_sources(env)
+    echoed = _echoed_defaults(env)
     layer: dict[str, Sourced] = {}
     for f in FIELDS:
-        found = _first_variable(f, env)
+        found = _first_variable(f, env, echoed)
         if found is not None:
             var, raw = found
             origin = launcher_sources.get(f.name) if var == f.our_env else None
@@ -332,13 +340,28 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
     return layer
 
 
-def _first_variable(field: Field, env: Mapping[str, str]) -> tuple[str, str] | None:
-    """The first of the field's variables that is set to a non-empty value, with that value."""
+def _first_variable(
+    field: Field, env: Mapping[str, str], echoed: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """The first of the field's variables set to a non-empty value (not a launcher's echoed default)."""
     for var in field.env_names:
         raw = env.get(var)
-        if raw is not None and raw != "":
+        if raw is not None and raw != "" and (echoed is None or echoed.get(var) != raw):
             return var, raw
     return None
+
+
+def _echoed_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    text = env.get(ECHOED_DEFAULTS_ENV)
+    if not text:
+        return {}
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:  # written by our launcher; a damaged value only makes the echoes count as set
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def environment_value(name: str) -> Any:
@@ -357,8 +380,37 @@ def environment_value(name: str) -> Any:
         KeyError: an unknown setting name.
     """
     field = get_field(name)
-    found = _first_variable(field, os.environ)
+    found = _first_variable(field, os.environ, _echoed_defaults(os.environ))
     return None if found is None else parse_value(field, found[1], "env:" + found[0])
+
+
+def environment_setting(name: str) -> Any:
+    """One setting as this process's environment gives it, else the setting's default.
+
+    The call for code outside the settings package that reads a reference ``ACCELERATE_*`` variable
+    (``environment_setting("init_include_buffers")`` instead of parsing
+    ``ACCELERATE_INIT_INCLUDE_BUFFERS`` by hand): every spelling of the variable, ours first, parsed
+    and checked as the settings table says.
+
+    Args:
+        name: a setting name (``"init_include_buffers"``, ``"torch_device"``, ``"bypass_device_map"``...).
+
+    Returns:
+        The parsed value from the environment, or the table's default when no variable is set.
+
+    Raises:
+        ValueError: a variable holds a value the setting does not allow (the message names it).
+        KeyError: an unknown setting name.
+
+    Example:
+        >>> import os
+        >>> os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"
+        >>> environment_setting("bypass_device_map")
+        True
+        >>> del os.environ["ACCELERATE_BYPASS_DEVICE_MAP"]
+    """
+    value = environment_value(name)
+    return get_field(name).default if value is None else value
 
 
 def _launcher_sources(env: Mapping[str, str]) -> dict[str, str]:
@@ -401,7 +453,9 @@ _ENV_NAMES: list[str] = []
 
 
 def _collect_env_names() -> list[str]:
-    _ENV_NAMES.extend(sorted({var for f in FIELDS for var in f.env_names} | {SOURCES_ENV, "RANK"}))
+    _ENV_NAMES.extend(
+        sorted({var for f in FIELDS for var in f.env_names} | {SOURCES_ENV, ECHOED_DEFAULTS_ENV, "RANK"})
+    )
     return _ENV_NAMES
 
 
