@@ -24,6 +24,7 @@ from accelerando.big_modeling.tensors import set_module_tensor_to_device
 __all__ = [
     "OffloadedWeightsLoader",
     "PrefixedDataset",
+    "extract_submodules_state_dict",
     "load_offloaded_weight",
     "load_offloaded_weights",
     "offload_state_dict",
@@ -371,3 +372,23 @@ class PrefixedDataset(Mapping):
 
     def __len__(self) -> int:
         return sum(1 for key in self.dataset if key.startswith(self.prefix))
+
+
+def extract_submodules_state_dict(
+    state_dict: Mapping[str, torch.Tensor], submodule_names: list[str]
+) -> dict[str, torch.Tensor]:
+    """Keep the entries of a state dict that belong to some of the submodules.
+
+    Args:
+        state_dict: full tensor names -> tensors.
+        submodule_names: module names (``"encoder.layer.0"``); an entry is kept when its name is one
+            of them or lies under one (``"encoder.layer.0.weight"``, not ``"encoder.layer.01.weight"``).
+
+    Returns:
+        A new dict with the kept entries, full names unchanged, in ``state_dict``'s order.
+    """
+    prefixes = tuple(f"{name}." for name in submodule_names if name)
+    exact = set(submodule_names)
+    if "" in exact:
+        return dict(state_dict)
+    return {key: value for key, value in state_dict.items() if key in exact or key.startswith(prefixes)}

@@ -22,25 +22,41 @@ from typing import Any
 import torch
 
 __all__ = [
+    "TORCH_DISTRIBUTED_OPERATION_TYPES",
+    "CannotPadNestedTensorWarning",
+    "ConvertOutputsToFp32",
+    "DistributedOperationException",
+    "GatheredParameters",
     "TensorInformation",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
+    "chained_operation",
+    "copy_tensor_to_devices",
     "find_batch_size",
+    "find_device",
     "gather",
     "gather_object",
+    "gather_tensor_shape",
+    "get_data_structure",
+    "get_shape",
     "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
     "is_namedtuple",
     "is_tensor_information",
     "is_torch_tensor",
+    "is_torch_xpu_tensor",
     "listify",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",
     "slice_tensors",
+    "verify_operation",
     "wait_for_everyone",
 ]
 
@@ -58,28 +74,40 @@ class TensorInformation:
     dtype: torch.dtype
 
 
-def is_torch_tensor(data: Any) -> bool:
-    """Tell whether ``data`` is a ``torch.Tensor``.
+def is_torch_tensor(tensor: Any) -> bool:
+    """Tell whether ``tensor`` is a ``torch.Tensor``.
 
     Args:
-        data: anything.
+        tensor: anything.
 
     Returns:
         True for tensors (parameters included).
     """
-    return isinstance(data, torch.Tensor)
+    return isinstance(tensor, torch.Tensor)
 
 
-def is_tensor_information(data: Any) -> bool:
-    """Tell whether ``data`` is a :class:`TensorInformation`.
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """Tell whether ``tensor`` is a ``torch.Tensor`` stored on an Intel XPU device.
 
     Args:
-        data: anything.
+        tensor: anything.
+
+    Returns:
+        True for tensors whose device type is ``"xpu"``.
+    """
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
+def is_tensor_information(tensor_info: Any) -> bool:
+    """Tell whether ``tensor_info`` is a :class:`TensorInformation`.
+
+    Args:
+        tensor_info: anything.
 
     Returns:
         True for ``TensorInformation`` instances.
     """
-    return isinstance(data, TensorInformation)
+    return isinstance(tensor_info, TensorInformation)
 
 
 def is_namedtuple(data: Any) -> bool:
@@ -357,6 +385,155 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     return torch.cat(list(data), dim=dim)
 
 
+def get_data_structure(data: Any) -> Any:
+    """Replace every tensor of a nested structure by its :class:`TensorInformation` (shape and dtype).
+
+    The result describes the layout without the data, so it can travel between processes cheaply
+    and :func:`initialize_tensors` can rebuild empty tensors from it.
+
+    Args:
+        data: a tensor or a nesting of lists, tuples and mappings of tensors.
+
+    Returns:
+        The same structure with ``TensorInformation`` in place of tensors.
+    """
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def get_shape(data: Any) -> Any:
+    """Replace every tensor of a nested structure by its shape, as a list of ints.
+
+    Args:
+        data: a tensor or a nesting of lists, tuples and mappings of tensors.
+
+    Returns:
+        The same structure with ``list(tensor.shape)`` in place of tensors.
+    """
+    return recursively_apply(lambda t: list(t.shape), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """Build uninitialised CPU tensors from a structure made by :func:`get_data_structure`.
+
+    Args:
+        data_structure: a nesting of lists, tuples and mappings of :class:`TensorInformation`.
+
+    Returns:
+        The same structure with ``torch.empty(shape, dtype=dtype)`` in place of each description.
+    """
+    return recursively_apply(
+        lambda info: torch.empty(info.shape, dtype=info.dtype),
+        data_structure,
+        test_type=is_tensor_information,
+    )
+
+
+def find_device(data: Any) -> torch.device | None:
+    """Return the device of the first tensor found in a nested structure (depth first, in order).
+
+    Args:
+        data: a tensor or a nesting of lists, tuples and mappings.
+
+    Returns:
+        That tensor's device, or None when the structure holds no tensor.
+    """
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            return item.device
+        if isinstance(item, Mapping):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return None
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """Like :func:`find_batch_size`, but None instead of an error when no batch size can be found.
+
+    Args:
+        data: anything.
+
+    Returns:
+        The batch size, or None (no tensor, empty structure, only 0-d tensors).
+    """
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad every tensor of a batch with zeros along ``dim`` so the batch splits evenly over processes.
+
+    The size along ``dim`` grows to the next multiple of ``num_processes`` (and to at least
+    ``num_processes``, so every process gets one sample); the original samples come first. Tensors
+    already of that size are returned unchanged.
+
+    Args:
+        tensor: a tensor or a nesting of lists, tuples and mappings of tensors.
+        batch_size: the batch size (the size of the tensors along ``dim``).
+        num_processes: how many processes will share the batch.
+        dim: the batch dimension.
+
+    Returns:
+        The same structure with padded tensors.
+
+    Raises:
+        ValueError: ``num_processes`` is below 1.
+        TypeError: a leaf is not a tensor.
+    """
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be at least 1, got {num_processes}.")
+    target = max(num_processes, -(-batch_size // num_processes) * num_processes)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        axis = dim % t.ndim
+        if t.shape[axis] >= target:
+            return t
+        shape = list(t.shape)
+        shape[axis] = target
+        padded = t.new_zeros(shape)
+        index = [slice(None)] * t.ndim
+        index[axis] = slice(0, t.shape[axis])
+        padded[tuple(index)] = t
+        return padded
+
+    return recursively_apply(pad, tensor, error_on_other_type=True)
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """Warned when padding is asked for a nested (jagged) tensor, which cannot be padded; it is left as is."""
+
+
+class ConvertOutputsToFp32:
+    """A forward function whose float16 / bfloat16 outputs come back as float32.
+
+    The object form of :func:`convert_outputs_to_fp32`. Pickling it is refused: it wraps a bound
+    forward whose model should be unwrapped (``Accelerator.unwrap_model``) before saving.
+
+    Args:
+        model_forward: the forward function to wrap.
+    """
+
+    def __init__(self, model_forward: Callable[..., Any]) -> None:
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the forward and upcast its half-precision outputs."""
+        return convert_to_fp32(self.model_forward(*args, **kwargs))
+
+    def __getstate__(self) -> Any:
+        import pickle
+
+        raise pickle.PicklingError(
+            "Cannot pickle a model whose forward converts outputs to fp32 (prepared with mixed precision); "
+            "unwrap it first with Accelerator.unwrap_model(model)."
+        )
+
+
 # --- communication ---------------------------------------------------------------------------------
 
 
@@ -595,6 +772,16 @@ def reduce(tensor: Any, reduction: str | None = "mean", scale: float = 1.0) -> A
 
 
 def _pad_one(tensor: torch.Tensor, dim: int, pad_index: int, pad_first: bool) -> torch.Tensor:
+    if tensor.is_nested:
+        import warnings
+
+        warnings.warn(
+            "pad_across_processes cannot pad a nested (jagged) tensor: its sizes differ per component. "
+            "It is returned unpadded; pad its components (or convert with to_padded_tensor) first.",
+            CannotPadNestedTensorWarning,
+            stacklevel=4,
+        )
+        return tensor
     if tensor.ndim == 0 or not -tensor.ndim <= dim < tensor.ndim:
         return tensor
     dim = dim % tensor.ndim
@@ -636,3 +823,218 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     return recursively_apply(
         _pad_one, tensor, dim=dim, pad_index=pad_index, pad_first=pad_first, error_on_other_type=True
     )
+
+
+# --- checks around collectives ---------------------------------------------------------------------
+
+# Distributed types whose collectives go through torch.distributed (the reference's list, in its
+# order); names without a member in this version's enum stay plain strings, which compare equal to
+# the string-valued members.
+TORCH_DISTRIBUTED_OPERATION_TYPES: list[Any] = []
+
+
+def _distributed_operation_types() -> list[Any]:
+    from accelerando.enums import DistributedType
+
+    names = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
+             "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON"]  # fmt: skip
+    return [getattr(DistributedType, name, name) for name in names]
+
+
+TORCH_DISTRIBUTED_OPERATION_TYPES.extend(_distributed_operation_types())
+
+
+class DistributedOperationException(Exception):
+    """Raised when the processes call a collective with data that do not match (e.g. different shapes)."""
+
+
+def _first_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return kwargs["tensor"] if "tensor" in kwargs else (args[0] if args else None)
+
+
+def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a collective so that, in debug mode, mismatched shapes fail before it runs.
+
+    With several processes and debug mode on (``ACCELERATE_DEBUG_MODE=1`` or the ``debug`` setting),
+    every process first shares the shapes of the operation's ``tensor`` argument; if they differ,
+    :class:`DistributedOperationException` names each process's shapes instead of letting the
+    collective hang or mix data. Otherwise the function runs unchecked.
+
+    Args:
+        function: a collective taking the data as ``tensor`` (first positional argument).
+
+    Returns:
+        The checking wrapper.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        state = _state()
+        if not state.use_distributed or not state.debug:
+            return function(*args, **kwargs)
+        shapes = get_shape(_first_argument(args, kwargs))
+        everyone = gather_object([shapes])
+        if any(other != everyone[0] for other in everyone):
+            detail = "\n  ".join(f"process {rank}: {shape}" for rank, shape in enumerate(everyone))
+            raise DistributedOperationException(
+                f"Cannot apply {function.__module__}.{function.__name__}: the processes hold tensors of "
+                f"different shapes:\n  {detail}\nPad them first (pad_across_processes) or gather objects instead."
+            )
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate an operation built on other collectives so their mismatch errors name it too.
+
+    A :class:`DistributedOperationException` raised inside is raised again, chained, naming
+    ``function``; other errors pass through unchanged.
+
+    Args:
+        function: the composite operation.
+
+    Returns:
+        The wrapper.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            raise DistributedOperationException(
+                f"{function.__module__}.{function.__name__} failed in a collective it calls; see the error above."
+            ) from error
+
+    return wrapper
+
+
+# --- moving one process's tensor to every process --------------------------------------------------
+
+_DTYPE_CODES: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+    torch.int16, torch.int32, torch.int64, torch.bool,
+)  # fmt: skip
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """Tell every process the shape and dtype of a tensor that only some (usually one) process holds.
+
+    Every process must call it; those without the tensor pass None.
+
+    Args:
+        tensor: the tensor on the process(es) holding it, None on the others.
+
+    Returns:
+        ``(shape, dtype_code)``: the shape as a 1-d int64 tensor on this process's device and the
+        dtype's code (its position in the supported dtypes: float32, float64, float16, bfloat16,
+        uint8, int8, int16, int32, int64, bool).
+
+    Raises:
+        ValueError: no process holds a tensor, or the dtype is not one of the supported ones.
+    """
+    if tensor is not None and tensor.dtype not in _DTYPE_CODES:
+        raise ValueError(f"gather_tensor_shape supports {list(_DTYPE_CODES)}, not {tensor.dtype}.")
+    mine = None if tensor is None else (list(tensor.shape), _DTYPE_CODES.index(tensor.dtype))
+    found = next((entry for entry in gather_object([mine]) if entry is not None), None)
+    if found is None:
+        raise ValueError(
+            "No process passed a tensor: the process holding the data must pass it (others pass None)."
+        )
+    shape, code = found
+    return torch.tensor(shape, dtype=torch.int64, device=_state().device), code
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Give every process a copy, on its own device, of a tensor that one process holds.
+
+    Unlike :func:`broadcast`, the other processes need not know the shape: they pass None. Every
+    process must call it.
+
+    Args:
+        tensor: the tensor on the process holding it, None on the others.
+
+    Returns:
+        The tensor, on this process's device (in a single process: ``tensor`` itself).
+
+    Raises:
+        ValueError: no process (or, in a single process, this one) passed a tensor.
+    """
+    state = _distributed()
+    if state is None:
+        if tensor is None:
+            raise ValueError(
+                "copy_tensor_to_devices needs the tensor on the process that holds it; got None."
+            )
+        return tensor
+    import torch.distributed as dist
+
+    holders = gather_object([dist.get_rank() if tensor is not None else None])
+    source = next((rank for rank in holders if rank is not None), None)
+    if source is None:
+        raise ValueError(
+            "No process passed a tensor: the process holding the data must pass it (others pass None)."
+        )
+    shape, code = gather_tensor_shape(tensor)
+    device = tensor.device if tensor is not None and dist.get_rank() == source else torch.device(state.device)
+    buffer = (
+        tensor.contiguous()
+        if dist.get_rank() == source
+        else torch.empty(shape.tolist(), dtype=_DTYPE_CODES[code], device=device)
+    )
+    dist.broadcast(buffer, src=source)
+    return buffer
+
+
+# --- gathering sharded parameters ------------------------------------------------------------------
+
+
+def _is_zero3_param(param: Any) -> bool:
+    # DeepSpeed ZeRO-3 marks the parameters it partitions with a ds_id.
+    return hasattr(param, "ds_id")
+
+
+def GatheredParameters(  # noqa: N802 - the reference's name for a context-manager factory
+    params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
+) -> Any:
+    """Context manager in which parameters sharded by DeepSpeed ZeRO-3 are whole on every process.
+
+    For ZeRO-3 parameters this is ``deepspeed.zero.GatheredParameters``: inside the block each
+    parameter holds its full value; with ``modifier_rank``, changes that process makes are
+    partitioned back on exit. Parameters that are not sharded (single process, DDP, ZeRO 0-2) are
+    already whole, so the context does nothing.
+
+    Args:
+        params: a parameter or an iterable of parameters.
+        modifier_rank: the process whose in-block changes are kept (None: read only).
+        fwd_module: passed to DeepSpeed (registers external parameters of that module).
+        enabled: False makes the context do nothing.
+
+    Returns:
+        A context manager.
+
+    Raises:
+        NotImplementedError: the parameters are FSDP shards (DTensors or flat parameters); gather them
+            with ``accelerator.get_state_dict(model)`` or ``param.full_tensor()`` instead.
+    """
+    import contextlib
+
+    items = [params] if isinstance(params, torch.Tensor) else list(params or [])
+    if not enabled or not items:
+        return contextlib.nullcontext()
+    if any(_is_zero3_param(p) for p in items):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(
+            items, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=enabled
+        )
+    sharded = [
+        p for p in items if type(p).__name__ in ("DTensor", "FlatParameter") or hasattr(p, "_local_tensor")
+    ]
+    if sharded:
+        raise NotImplementedError(
+            "GatheredParameters gathers DeepSpeed ZeRO-3 parameters; these are FSDP shards. Read the full "
+            "values with accelerator.get_state_dict(model) (or DTensor.full_tensor())."
+        )
+    return contextlib.nullcontext()
