@@ -67,6 +67,13 @@ def _remove_autocast_forward(model: torch.nn.Module) -> None:
         model.forward = original
 
 
+def _regions_original(module: torch.nn.Module) -> torch.nn.Module | None:
+    # compile_regions (accelerando.utils.other) returns a copy whose repeated blocks are compiled and
+    # records the module it was given in the instance __dict__ (not as a registered submodule).
+    original = module.__dict__.get("_orig_mod")
+    return original if isinstance(original, torch.nn.Module) else None
+
+
 def _unwrap_compiled_children(model: torch.nn.Module) -> None:
     for name, child in list(model.named_children()):
         if is_compiled_module(child):
@@ -111,6 +118,8 @@ def unwrap_model(
             model = model.module
         else:
             break
+    if not keep_torch_compile and (regions_original := _regions_original(model)) is not None:
+        model = regions_original
     if not keep_fp32_wrapper:
         _remove_autocast_forward(model)
     if recursive:
