@@ -895,11 +895,12 @@ def is_bitsandbytes_multi_backend_available() -> bool:
 # --- decorators -------------------------------------------------------------------------------------
 
 
-def _requires(check: Callable[[], bool], what: str, install: str) -> Callable[[_F], _F]:
+def _requires(check_name: str, what: str, install: str) -> Callable[[_F], _F]:
+    # The check is looked up by name at each call, so it sees the environment of the call.
     def decorator(func: _F) -> _F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not check():
+            if not globals()[check_name]():
                 raise ImportError(
                     f"{getattr(func, '__qualname__', func)} needs {what}, which is not installed. "
                     f"Fix: `pip install {install}`."
@@ -923,7 +924,7 @@ def deepspeed_required(func: _F) -> _F:
     Raises:
         ImportError (from the wrapped function): when ``deepspeed`` is not installed.
     """
-    return _requires(is_deepspeed_available, "DeepSpeed", "deepspeed")(func)
+    return _requires("is_deepspeed_available", "DeepSpeed", "deepspeed")(func)
 
 
 def torchao_required(func: _F) -> _F:
@@ -938,4 +939,4 @@ def torchao_required(func: _F) -> _F:
     Raises:
         ImportError (from the wrapped function): when ``torchao`` is not installed.
     """
-    return _requires(is_torchao_available, "torchao", "torchao")(func)
+    return _requires("is_torchao_available", "torchao", "torchao")(func)
