@@ -21,7 +21,15 @@ from accelerando.settings.machine import detect_machine
 from accelerando.settings.resolve import parse_value
 from accelerando.utils.environment import patch_environment
 
-__all__ = ["notebook_launcher", "debug_launcher"]
+__all__ = [
+    "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
+    "notebook_launcher",
+    "debug_launcher",
+    "test_launch",
+]
+
+#: First PyTorch version whose elastic agent takes ``log_line_prefix_template``.
+ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
 
 
 class LaunchedFunctionError(RuntimeError):
@@ -141,6 +149,8 @@ def notebook_launcher(
         LaunchedFunctionError: a process failed; the message holds its traceback.
     """
     precision = parse_value("mixed_precision", mixed_precision, "notebook_launcher(mixed_precision=...)")
+    if log_line_prefix_template is not None:
+        _check_prefix_template_support()
     if num_processes is None:
         from accelerando.settings.machine import visible_gpu_count
 
@@ -166,6 +176,29 @@ def notebook_launcher(
                    rdzv_endpoint=endpoint, rdzv_backend=rdzv_backend, rdzv_conf=rdzv_conf,
                    rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
                    log_line_prefix_template=log_line_prefix_template)  # fmt: skip
+
+
+def _check_prefix_template_support() -> None:
+    import torch
+    from packaging.version import Version
+
+    if Version(torch.__version__.split("+")[0]) < Version(ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION):
+        raise ValueError(
+            f"log_line_prefix_template needs torch >= {ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION}; this is "
+            f"torch {torch.__version__}. Fix: upgrade torch or drop log_line_prefix_template."
+        )
+
+
+def test_launch() -> None:
+    """Check that this process can set up accelerando's process state (what a launched script does first).
+
+    Raises:
+        RuntimeError: the process group cannot be set up (from torch.distributed), or another error
+            of the environment the launcher gave this process.
+    """
+    from accelerando.state import PartialState
+
+    PartialState()
 
 
 def debug_launcher(
