@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 from accelerando.logging import get_logger
+from accelerando.utils.constants import PROFILE_PATTERN_NAME
 
 __all__ = ["MemoryProfileReport", "build_profiler", "profile_context", "profile_memory_step"]
 
 logger = get_logger(__name__)
 
-_TRACE_NAME = "profile_{rank}.json"
+_TRACE_NAME = PROFILE_PATTERN_NAME
 
 
 def _activities(names: list[str] | None) -> list[Any] | None:
@@ -107,7 +108,7 @@ def profile_context(profile_kwargs: Any = None, process_index: int = 0) -> Itera
     trace_dir = getattr(profile_kwargs, "output_trace_dir", None)
     if trace_dir and not getattr(profile_kwargs, "schedule_option", None):
         os.makedirs(trace_dir, exist_ok=True)
-        prof.export_chrome_trace(os.path.join(trace_dir, _TRACE_NAME.format(rank=process_index)))
+        prof.export_chrome_trace(os.path.join(trace_dir, _TRACE_NAME.format(suffix=process_index)))
 
 
 @dataclass

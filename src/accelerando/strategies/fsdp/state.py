@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelerando.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+
 __all__ = [
     "MODEL_SHARDS_NAME",
     "OPTIMIZER_SHARDS_NAME",
@@ -30,8 +32,8 @@ __all__ = [
 ]
 
 # Folder names inside a checkpoint, as the reference names them (merge-weights takes the first).
-MODEL_SHARDS_NAME = "pytorch_model_fsdp"
-OPTIMIZER_SHARDS_NAME = "optimizer"
+MODEL_SHARDS_NAME = FSDP_MODEL_NAME
+OPTIMIZER_SHARDS_NAME = OPTIMIZER_NAME
 
 
 def _options(**kwargs: Any) -> Any:
