@@ -143,6 +143,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                 if is_last:
                     self.end_of_dataloader = True
                     self.remainder = remainder
+                    progress.exhausted = True
                 if batch is not None:
                     if send is not None:
                         batch = send(batch, device, non_blocking=self._non_blocking)

@@ -17,6 +17,7 @@ from accelerando.data_loader.samplers import (
     SeedableRandomSampler,
     _consume,
     _DrawnRandomSampler,
+    _GlobalDrawRandomSampler,
 )
 from accelerando.data_loader.shard import DataLoaderShard, with_stateful_base
 
@@ -97,9 +98,14 @@ def _with_sampler(batch_sampler: Any, sampler: Any) -> Any:
 
 
 def _prepare_sampling(
-    batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None
+    batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None, num_processes: int = 2
 ) -> tuple[Any, torch.Generator | None]:
-    """Make shuffling reproducible: a seeded sampler, or a dedicated generator the loader can restore."""
+    """Make shuffling reproducible while drawing the same order as the reference library.
+
+    One process keeps PyTorch's own draw (a seed from the global generator when each epoch starts),
+    remembering the seed for resume. Several processes shuffle with a generator of their own, seeded
+    once from the global generator and synchronised from the main process at each epoch.
+    """
     if isinstance(batch_sampler, BatchSamplerShard) and batch_sampler.num_processes == 1:
         batch_sampler = batch_sampler.batch_sampler  # a loader prepared before: start from its own sampler
     sampler = getattr(batch_sampler, "sampler", None)
@@ -110,18 +116,19 @@ def _prepare_sampling(
             sampler.data_source, sampler.replacement, sampler._num_samples, data_seed=data_seed
         )
         return _with_sampler(batch_sampler, seedable), None
+    if isinstance(sampler, (_GlobalDrawRandomSampler, _DrawnRandomSampler)):
+        sampler = RandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples)
     if sampler.generator is None:
-        # A generator of its own (seeded from the global RNG, so set_seed still decides the order)
-        # lets the loader record and restore each epoch's order without touching the global RNG.
+        if num_processes == 1:
+            drawn = _GlobalDrawRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples)
+            return _with_sampler(batch_sampler, drawn), None
+        # Seeded from the global RNG (so set_seed decides the order), then synchronised at each epoch.
         generator = torch.Generator()
         generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-        if not sampler.replacement and sampler._num_samples is None:
-            sampler = _DrawnRandomSampler(sampler.data_source, generator=generator)
-        else:
-            sampler = copy.copy(sampler)
-            sampler.generator = generator
-            sampler._owned_generator = True
-        return _with_sampler(batch_sampler, sampler), generator
+        owned = _DrawnRandomSampler(
+            sampler.data_source, sampler.replacement, sampler._num_samples, generator=generator
+        )
+        return _with_sampler(batch_sampler, owned), generator
     return batch_sampler, sampler.generator
 
 
@@ -257,7 +264,7 @@ def _sampling_kwargs(
     dataloader: DataLoader, use_seedable_sampler: bool = False, data_seed: int | None = None
 ) -> dict[str, Any]:
     if dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
-        batch_sampler, _ = _prepare_sampling(dataloader.batch_sampler, use_seedable_sampler, data_seed)
+        batch_sampler, _ = _prepare_sampling(dataloader.batch_sampler, use_seedable_sampler, data_seed, 2)
         return {"batch_sampler": batch_sampler}
     if isinstance(dataloader.dataset, IterableDataset):
         return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
@@ -312,7 +319,9 @@ def _shard_map_style(
                 f"{num_processes} processes; give it a batch_size, or a batch sampler."
             )
         return {"dataset": dataset, "batch_size": None, "sampler": dataloader.sampler}, None
-    batch_sampler, generator = _prepare_sampling(batch_sampler, use_seedable_sampler, data_seed)
+    batch_sampler, generator = _prepare_sampling(
+        batch_sampler, use_seedable_sampler, data_seed, num_processes
+    )
     if isinstance(getattr(batch_sampler, "sampler", None), DistributedSampler) and num_processes > 1:
         # Sharding an already sharded sampler again would give each process 1/n of its 1/n.
         logger.warning(

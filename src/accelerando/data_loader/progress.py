@@ -12,7 +12,12 @@ from typing import Any
 
 import torch
 
-from accelerando.data_loader.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from accelerando.data_loader.samplers import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    _GlobalDrawRandomSampler,
+)
 
 __all__ = ["PreparedLoaderMixin"]
 
@@ -33,6 +38,9 @@ class _Progress:
     generator_synced: bool = False
     loader_state: Any = None
     pending_loader_state: Any = None
+    # Every batch of the epoch was given out (the underlying iterator is already exhausted): a state
+    # captured now describes the start of the next epoch.
+    exhausted: bool = False
 
 
 def _distributed() -> bool:
@@ -189,6 +197,7 @@ class PreparedLoaderMixin:
             progress.epoch_rng_state = generator.get_state()
         self.set_epoch(progress.epoch)
         progress.in_epoch = True
+        progress.exhausted = False
         progress.position = start
         return start
 
@@ -214,6 +223,7 @@ class PreparedLoaderMixin:
             progress.epoch += 1
             progress.position = 0
             progress.in_epoch = False
+            progress.exhausted = False
             progress.loader_state = None
 
     # ----------------------------------------------------------------- sizes
@@ -265,27 +275,37 @@ class PreparedLoaderMixin:
     def state_dict(self) -> dict[str, Any]:
         """Capture where this loader stands, for an exact resume.
 
+        A state captured after the last batch of an epoch was given out (inside the loop, after the
+        last step) describes the start of the next epoch, so that resuming there continues with it.
+
         Returns:
             A plain dict: ``epoch``, ``position`` (batches given out in the epoch), ``version`` and,
             when the order is random, ``generator_state`` (the shuffling generator's state at the
-            start of the epoch) or ``sampler_seed``.
+            start of the epoch), ``sampler_seed`` (seeded sampler) or ``epoch_seed`` (the seed a
+            single process drew from the global generator for the current epoch).
         """
         progress = self._progress
+        finished = progress.in_epoch and progress.exhausted
+        in_epoch = progress.in_epoch and not finished
         state: dict[str, Any] = {
             "version": _STATE_VERSION,
-            "epoch": progress.epoch,
-            "position": progress.position,
+            "epoch": progress.epoch + 1 if finished else progress.epoch,
+            "position": progress.position if in_epoch else 0,
         }
         generator = self.synchronized_generator
         if generator is not None:
-            snapshot = progress.epoch_rng_state if progress.in_epoch else None
-            if snapshot is None:
+            snapshot = progress.epoch_rng_state if in_epoch else None
+            if snapshot is None and not finished:
                 snapshot = progress.pending_rng_state
             state["generator_state"] = (snapshot if snapshot is not None else generator.get_state()).clone()
         sampler = _find_sampler(self.batch_sampler)
         if isinstance(sampler, SeedableRandomSampler):
             state["sampler_seed"] = int(sampler.initial_seed)
-        if progress.in_epoch and progress.loader_state is not None:
+        if isinstance(sampler, _GlobalDrawRandomSampler):
+            seed = sampler.epoch_seed if in_epoch else (None if finished else sampler.pending_seed)
+            if seed is not None:
+                state["epoch_seed"] = int(seed)
+        if in_epoch and progress.loader_state is not None:
             state["loader_state"] = progress.loader_state
         return state
 
@@ -294,14 +314,18 @@ class PreparedLoaderMixin:
 
         Without ``use_stateful_dataloader`` the position inside the epoch is not restored: call
         ``skip_first_batches(loader, position)`` as with the reference library. With it, the next
-        iteration starts right after the last batch given out before the save.
+        iteration starts right after the last batch given out before the save. A state written by
+        the reference library's stateful loader (torchdata's keys, ``_num_yielded``) is accepted too:
+        its position is restored, but it does not record the order of a shuffled epoch.
 
         Args:
             state_dict: A dict returned by ``state_dict()``.
 
         Raises:
-            ValueError: When ``state_dict`` lacks the ``epoch`` entry.
+            ValueError: When ``state_dict`` is neither this library's state nor torchdata's.
         """
+        if "epoch" not in state_dict and "_num_yielded" in state_dict:
+            state_dict = _from_torchdata_state(self, state_dict)
         if "epoch" not in state_dict:
             raise ValueError(
                 "load_state_dict expects the dict returned by a prepared dataloader's state_dict() "
@@ -310,6 +334,7 @@ class PreparedLoaderMixin:
         progress = self._progress
         progress.epoch = int(state_dict["epoch"])
         progress.in_epoch = False
+        progress.exhausted = False
         position = int(state_dict.get("position", 0))
         progress.pending_position = position if self.use_stateful_dataloader else 0
         progress.position = progress.pending_position
@@ -321,6 +346,27 @@ class PreparedLoaderMixin:
         if "sampler_seed" in state_dict and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state_dict["sampler_seed"])
             progress.seed_synced = True
+        if isinstance(sampler, _GlobalDrawRandomSampler):
+            seed = state_dict.get("epoch_seed")
+            sampler.pending_seed = None if seed is None else int(seed)
+
+
+def _from_torchdata_state(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """Translate a torchdata ``StatefulDataLoader`` state (the reference's ``dl_state_dict.bin``)."""
+    import warnings
+
+    progress = loader._progress
+    if state.get("_iterator_finished"):
+        return {"epoch": progress.epoch + 1, "position": 0}
+    sampler = _find_sampler(loader.batch_sampler)
+    if isinstance(sampler, _GlobalDrawRandomSampler) and state.get("_num_yielded"):
+        warnings.warn(
+            "This dataloader state was written by the reference library's stateful loader: it restores "
+            "the position inside the epoch but not that shuffled epoch's order, so the rest of the epoch "
+            "draws a new order (as the reference library does).",
+            stacklevel=3,
+        )
+    return {"epoch": progress.epoch, "position": int(state.get("_num_yielded") or 0)}
 
 
 def _length_remainder(dataset: Any, global_batch_size: int) -> int:

@@ -46,16 +46,43 @@ def _tensor_iter(indices: torch.Tensor) -> Iterator[int]:
 
 
 class _DrawnRandomSampler(RandomSampler):
-    """A ``RandomSampler`` that draws one permutation from its generator per ``iter()``.
+    """A ``RandomSampler`` over a generator that prepared loaders own (several processes).
 
-    Prepared loaders use it when the user's ``RandomSampler`` had no generator of its own: the order
-    is then ours to choose, and this one can be walked (and skipped through) at C speed.
+    The order is drawn exactly as ``RandomSampler`` draws it from its generator (so it matches the
+    reference library's sharded order for the same seed); the class only marks the generator as one
+    that nothing but this sampler draws from, which lets the loader skip re-synchronising it.
     """
 
     _owned_generator = True
 
+
+class _GlobalDrawRandomSampler(RandomSampler):
+    """A ``RandomSampler`` without a generator that remembers the seed each epoch drew.
+
+    Like ``RandomSampler``, each iteration draws one seed from the global torch generator when it
+    starts and shuffles with a generator seeded from it, so a single process sees exactly plain
+    PyTorch's order for the same ``set_seed``. The drawn seed is kept in ``epoch_seed`` so that a
+    checkpoint taken inside the epoch can replay its order; ``pending_seed`` (set by a loaded state)
+    is used once instead of drawing.
+    """
+
+    def __init__(self, data_source: Sized, replacement: bool = False, num_samples: int | None = None) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        self.epoch_seed: int | None = None
+        self.pending_seed: int | None = None
+
     def __iter__(self) -> Iterator[int]:
-        return _tensor_iter(torch.randperm(len(self.data_source), generator=self.generator))  # type: ignore[arg-type]
+        seed, self.pending_seed = self.pending_seed, None
+        if seed is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self.epoch_seed = seed
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        self.generator = generator
+        try:
+            yield from RandomSampler.__iter__(self)
+        finally:
+            self.generator = None
 
 
 class SeedableRandomSampler(RandomSampler):

@@ -246,16 +246,28 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
     def _iterate_counted(
         self, iterator: Iterator[Any], position: int, total: int, transfer: Callable[[Any], Any] | None
     ) -> Iterator[Any]:
+        """Give out batches without reading ahead, except past the last one.
+
+        Before the last batch is given out the underlying iterator is read to its end, as a loader
+        that always reads ahead would: the sampler's use of its generator is then over, so a
+        checkpoint taken after the last step holds the generator as the next epoch starts it.
+        """
         progress = self._progress
         last = total - 1
-        for batch in iterator:
+        current = next(iterator, _END)
+        while current is not _END:
+            upcoming: Any = _END
             if position >= last:
-                self.end_of_dataloader = True
+                upcoming = next(iterator, _END)
+                if upcoming is _END:
+                    self.end_of_dataloader = True
+                    progress.exhausted = True
             if transfer is not None:
-                batch = transfer(batch)
+                current = transfer(current)
             position += 1
             progress.position = position
-            yield batch
+            yield current
+            current = upcoming if upcoming is not _END or position > last else next(iterator, _END)
 
     def _iterate_ahead(
         self, iterator: Iterator[Any], position: int, transfer: Any, capture: Callable[[], Any] | None = None
@@ -276,6 +288,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             upcoming = next(iterator, _END)
             if upcoming is _END:
                 self.end_of_dataloader = True
+                progress.exhausted = True
                 if isinstance(self.dataset, IterableDatasetShard) and self.dataset.last_remainder > 0:
                     self.remainder = self.dataset.last_remainder
             elif transfer is not None:
