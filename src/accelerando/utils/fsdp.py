@@ -1,13 +1,20 @@
 """FSDP names at the reference's ``accelerate.utils.fsdp`` path.
 
-Everything of FSDP lives in :mod:`accelerando.strategies.fsdp` and is re-exported here; only the two
-RAM-efficient-loading switches are defined here, because they write environment variables (the
-interface ``transformers`` reads) and this module is where the design rules allow that.
+The FSDP machinery lives in :mod:`accelerando.strategies.fsdp` and is re-exported here. Defined here:
+the two RAM-efficient-loading switches (they write environment variables, the interface
+``transformers`` reads, and this module is where the design rules allow that) and the reference's
+``fsdp_utils`` helpers over the strategy's state-dict functions (save/load of models and optimizers in
+the plugin's ``state_dict_type``, name canonicalisation, optimizer re-pointing, wrap-policy and
+activation-checkpointing helpers, tied-weight-preserving init). :mod:`accelerando.utils.fsdp_utils`
+re-exports them at the reference's path.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
+
+import torch
 
 from accelerando.strategies.fsdp.auto import (
     ShardingChoice,
@@ -26,11 +33,22 @@ __all__ = [
     "choose_sharding_strategy",
     "disable_fsdp_ram_efficient_loading",
     "enable_fsdp_ram_efficient_loading",
+    "ensure_weights_retied",
     "estimate_sharding_memory",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
     "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_auto_wrap_policy",
     "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+    "get_parameters_from_modules",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
     "load_sharded_checkpoint",
     "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
 ]
 
 # The variables transformers' ``from_pretrained`` reads to decide whether only rank 0 materialises
@@ -56,3 +74,475 @@ def disable_fsdp_ram_efficient_loading() -> None:
     """Undo :func:`enable_fsdp_ram_efficient_loading`: every rank loads full weights again."""
     for name in _RAM_EFFICIENT_VARS:
         os.environ[name] = "false"
+
+
+# --- the reference's fsdp_utils helpers ------------------------------------------------------------
+
+_MODEL_STEM = "pytorch_model_fsdp"
+_OPTIMIZER_STEM = "optimizer"
+_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
+
+
+def _state_dict_type(fsdp_plugin: Any) -> str:
+    """The plugin's state_dict_type as a name (plugins may hold a string or torch's enum)."""
+    value = getattr(fsdp_plugin, "state_dict_type", None) or "FULL_STATE_DICT"
+    name = getattr(value, "name", None) or str(value)
+    name = name.rpartition(".")[2].upper()
+    if name not in _STATE_DICT_TYPES:
+        raise ValueError(
+            f"Unknown FSDP state_dict_type {value!r}; use one of {', '.join(_STATE_DICT_TYPES)}."
+        )
+    return name
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _require_dcp(use_dcp: bool, what: str) -> None:
+    if not use_dcp:
+        raise ValueError(
+            f"{what} with SHARDED_STATE_DICT is written with torch.distributed.checkpoint; use_dcp=False has "
+            "no other sharded format here. Pass use_dcp=True, or set state_dict_type to FULL_STATE_DICT."
+        )
+
+
+def _inner_module(model: torch.nn.Module) -> torch.nn.Module:
+    # FSDP1 wraps the module (``.module``); FSDP2 shards it in place.
+    return getattr(model, "module", model) if type(model).__name__ == "FullyShardedDataParallel" else model
+
+
+def _adapter_state(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Keep only the active PEFT adapter's entries of a state dict, under the model's own names.
+
+    PEFT stores each adapter's weights in containers keyed by the adapter's name
+    (``...q_proj.lora_A.default.weight``), so an entry belongs to the adapter when one of its name's
+    segments is that name. Keeping the model's names lets the same loader read the file back.
+    """
+    inner = _inner_module(model)
+    if not hasattr(inner, "peft_config"):
+        raise ValueError(
+            "adapter_only=True needs a PEFT model (peft.get_peft_model(model, config)); this model has no adapters."
+        )
+    adapter = getattr(inner, "active_adapter", "default")
+    if not isinstance(adapter, str):  # several active adapters: keep them all
+        names = set(adapter)
+    else:
+        names = {adapter}
+    return {key: value for key, value in state_dict.items() if names & set(key.split("."))}
+
+
+def _local_state_dict(model: torch.nn.Module) -> Any:
+    from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+    if not isinstance(model, FullyShardedDataParallel):
+        raise ValueError(
+            "LOCAL_STATE_DICT needs an FSDP1 model (fsdp_version=1); for FSDP2 use SHARDED_STATE_DICT."
+        )
+    return FullyShardedDataParallel.state_dict_type(model, StateDictType.LOCAL_STATE_DICT)
+
+
+def _weights_file(directory: str, stem: str, index: int, suffix: str = "") -> str:
+    name = stem if index == 0 else f"{stem}_{index}"
+    return os.path.join(directory, f"{name}{suffix}.bin")
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    output_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> str:
+    """Save an FSDP model's weights in the plugin's ``state_dict_type``; every process must call it.
+
+    - ``FULL_STATE_DICT``: the whole state dict is gathered on the main process, which writes
+      ``pytorch_model_fsdp.bin`` (``pytorch_model_fsdp_<i>.bin`` for ``model_index`` i > 0).
+    - ``SHARDED_STATE_DICT``: each process writes its shards into the folder
+      ``pytorch_model_fsdp_<i>`` with ``torch.distributed.checkpoint``.
+    - ``LOCAL_STATE_DICT`` (FSDP1 only): each process writes its flat shard to
+      ``pytorch_model_fsdp[_<i>]_rank<r>.bin``.
+
+    Args:
+        fsdp_plugin: the FSDP plugin (its ``state_dict_type`` decides the format).
+        accelerator: the Accelerator (unused beyond the process group; kept for the reference's call form).
+        model: the FSDP-wrapped (FSDP1) or sharded (FSDP2) model.
+        output_dir: the folder to write into (created).
+        model_index: which of the prepared models this is.
+        adapter_only: save only the PEFT adapter weights.
+        use_dcp: sharded checkpoints go through ``torch.distributed.checkpoint`` (the only sharded format).
+
+    Returns:
+        The file or folder written (the same name on every process).
+
+    Raises:
+        ValueError: unknown ``state_dict_type``, ``use_dcp=False`` with sharded checkpoints, or
+            LOCAL_STATE_DICT with an FSDP2 model.
+    """
+    from accelerando.strategies.fsdp import state as S
+
+    del accelerator
+    kind = _state_dict_type(fsdp_plugin)
+    os.makedirs(output_dir, exist_ok=True)
+    if kind == "FULL_STATE_DICT":
+        state = S.full_model_state_dict(model)
+        path = _weights_file(output_dir, _MODEL_STEM, model_index)
+        if _rank() == 0:
+            torch.save(_adapter_state(model, state) if adapter_only else state, path)
+        return path
+    if kind == "LOCAL_STATE_DICT":
+        with _local_state_dict(model):
+            state = model.state_dict()
+        path = _weights_file(output_dir, _MODEL_STEM, model_index, f"_rank{_rank()}")
+        torch.save(_adapter_state(model, state) if adapter_only else state, path)
+        return path
+    _require_dcp(use_dcp, "save_fsdp_model")
+    if not adapter_only:
+        return S.save_sharded_model(model, output_dir, model_index)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    folder = os.path.join(output_dir, f"{_MODEL_STEM}_{model_index}")
+    dcp.save({"model": _adapter_state(model, get_model_state_dict(model))}, checkpoint_id=folder)
+    return folder
+
+
+def _sharded_location(input_dir: str, stem: str, index: int) -> tuple[str, int]:
+    """(parent, index) of a sharded folder given either the checkpoint folder or the shard folder."""
+    import re
+
+    match = re.fullmatch(rf"{stem}_(\d+)", os.path.basename(os.path.normpath(input_dir)))
+    if match:
+        return os.path.dirname(os.path.normpath(input_dir)), int(match.group(1))
+    return input_dir, index
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    input_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> Any:
+    """Load weights written by :func:`save_fsdp_model` into the FSDP model; every process must call it.
+
+    Full checkpoints are read by every process (weights only, no code runs) and each keeps its shard;
+    sharded ones may be given as the checkpoint folder or the ``pytorch_model_fsdp_<i>`` folder itself.
+
+    Args:
+        fsdp_plugin: the FSDP plugin (its ``state_dict_type`` says which format to read).
+        accelerator: the Accelerator (kept for the reference's call form).
+        model: the FSDP-wrapped or sharded model.
+        input_dir: the folder holding the checkpoint.
+        model_index: which of the prepared models this is.
+        adapter_only: the checkpoint holds only PEFT adapter weights (other weights stay as they are).
+        use_dcp: sharded checkpoints are read with ``torch.distributed.checkpoint``.
+
+    Returns:
+        The result of loading (missing and unexpected keys) for full and local checkpoints, None for
+        sharded ones.
+
+    Raises:
+        FileNotFoundError: the checkpoint file or folder is not there.
+        ValueError: as for :func:`save_fsdp_model`.
+    """
+    from accelerando.strategies.fsdp import state as S
+
+    del accelerator
+    kind = _state_dict_type(fsdp_plugin)
+    if kind in ("FULL_STATE_DICT", "LOCAL_STATE_DICT"):
+        suffix = f"_rank{_rank()}" if kind == "LOCAL_STATE_DICT" else ""
+        path = _weights_file(input_dir, _MODEL_STEM, model_index, suffix)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No FSDP {kind} weights at {path}; check input_dir and model_index.")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if kind == "FULL_STATE_DICT":
+            return S.load_full_model_state_dict(model, state, strict=not adapter_only)
+        with _local_state_dict(model):
+            return model.load_state_dict(state, strict=not adapter_only)
+    _require_dcp(use_dcp, "load_fsdp_model")
+    parent, index = _sharded_location(input_dir, _MODEL_STEM, model_index)
+    if not S.load_sharded_model(model, parent, index):
+        raise FileNotFoundError(
+            f"No sharded FSDP weights folder {os.path.join(parent, f'{_MODEL_STEM}_{index}')}; check input_dir."
+        )
+    return None
+
+
+def _plain_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    # AcceleratedOptimizer keeps the torch optimizer in ``.optimizer``.
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: torch.nn.Module,
+    output_dir: str,
+    optimizer_index: int = 0,
+    use_dcp: bool = True,
+) -> str:
+    """Save the optimizer state of an FSDP model; every process must call it.
+
+    ``FULL_STATE_DICT``: the main process writes the whole state to ``optimizer.bin``
+    (``optimizer_<i>.bin`` for index i > 0). Otherwise each process writes its shards into the folder
+    ``optimizer_<i>`` with ``torch.distributed.checkpoint``.
+
+    Args:
+        fsdp_plugin: the FSDP plugin.
+        accelerator: the Accelerator (kept for the reference's call form).
+        optimizer: the (prepared) optimizer.
+        model: the FSDP model it optimises.
+        output_dir: the folder to write into (created).
+        optimizer_index: which of the prepared optimizers this is.
+        use_dcp: sharded states go through ``torch.distributed.checkpoint``.
+
+    Returns:
+        The file or folder written.
+
+    Raises:
+        ValueError: unknown ``state_dict_type`` or ``use_dcp=False`` with a sharded state.
+    """
+    from accelerando.strategies.fsdp import state as S
+
+    del accelerator
+    optimizer = _plain_optimizer(optimizer)
+    os.makedirs(output_dir, exist_ok=True)
+    if _state_dict_type(fsdp_plugin) == "FULL_STATE_DICT":
+        state = S.full_optimizer_state_dict(model, optimizer)
+        path = _weights_file(output_dir, _OPTIMIZER_STEM, optimizer_index)
+        if _rank() == 0:
+            torch.save(state, path)
+        return path
+    _require_dcp(use_dcp, "save_fsdp_optimizer")
+    return S.save_sharded_optimizer(model, optimizer, output_dir, optimizer_index)
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: torch.nn.Module,
+    input_dir: str,
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Load an optimizer state written by :func:`save_fsdp_optimizer`; every process must call it.
+
+    Args:
+        fsdp_plugin: the FSDP plugin.
+        accelerator: the Accelerator (kept for the reference's call form).
+        optimizer: the (prepared) optimizer.
+        model: the FSDP model it optimises.
+        input_dir: the checkpoint folder (or, for sharded states, the ``optimizer_<i>`` folder itself).
+        optimizer_index: which of the prepared optimizers this is.
+        adapter_only: accepted for the reference's call form; the state holds whatever was saved.
+        use_dcp: sharded states are read with ``torch.distributed.checkpoint``.
+
+    Raises:
+        FileNotFoundError: the state file or folder is not there.
+        ValueError: unknown ``state_dict_type`` or ``use_dcp=False`` with a sharded state.
+    """
+    from accelerando.strategies.fsdp import state as S
+
+    del accelerator, adapter_only
+    optimizer = _plain_optimizer(optimizer)
+    if _state_dict_type(fsdp_plugin) == "FULL_STATE_DICT":
+        path = _weights_file(input_dir, _OPTIMIZER_STEM, optimizer_index)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"No FSDP optimizer state at {path}; check input_dir and optimizer_index."
+            )
+        S.load_full_optimizer_state_dict(
+            model, optimizer, torch.load(path, map_location="cpu", weights_only=True)
+        )
+        return
+    _require_dcp(use_dcp, "load_fsdp_optimizer")
+    parent, index = _sharded_location(input_dir, _OPTIMIZER_STEM, optimizer_index)
+    if not S.load_sharded_optimizer(model, optimizer, parent, index):
+        raise FileNotFoundError(
+            f"No sharded optimizer folder {os.path.join(parent, f'{_OPTIMIZER_STEM}_{index}')}; check input_dir."
+        )
+
+
+def fsdp2_canonicalize_names(named_params: dict) -> dict:
+    """Drop the wrapper levels (activation checkpointing, ``torch.compile``, FSDP1) from parameter names.
+
+    ``"layers.0._checkpoint_wrapped_module.weight"`` becomes ``"layers.0.weight"``, so names before and
+    after wrapping match.
+
+    Args:
+        named_params: name -> parameter (or anything).
+
+    Returns:
+        A new dict with cleaned names, same values and order.
+    """
+    from accelerando.strategies.fsdp.strategy import _clean
+
+    return {_clean(name): value for name, value in named_params.items()}
+
+
+def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict) -> None:
+    """Point an optimizer's parameter groups at new parameter objects (after sharding replaced them).
+
+    Args:
+        optimizer: the optimizer built on the unsharded parameters.
+        mapping: old parameter's ``data_ptr()`` -> new (sharded) parameter.
+
+    Raises:
+        KeyError: a parameter of the optimizer has no entry in ``mapping`` (training would silently
+            update a stale tensor otherwise).
+    """
+    for group in optimizer.param_groups:
+        switched = []
+        for param in group["params"]:
+            key = param.data_ptr()
+            if key not in mapping:
+                raise KeyError(
+                    f"An optimizer parameter of shape {tuple(param.shape)} has no sharded counterpart in the "
+                    "mapping; build the mapping from every parameter the optimizer holds (data_ptr -> new one)."
+                )
+            switched.append(mapping[key])
+        group["params"] = switched
+
+
+def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
+    """A gradient scaler for fp16 training of an FSDP2 model on the current device.
+
+    FSDP2's gradients are DTensors, which ``torch.amp.GradScaler`` handles directly.
+
+    Args:
+        **kwargs: ``GradScaler`` options (``init_scale``, ``growth_factor``, ...).
+
+    Returns:
+        The scaler.
+    """
+    from accelerando.state import PartialState
+
+    return torch.amp.GradScaler(PartialState().device.type, **kwargs)
+
+
+def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: Any, model: torch.nn.Module) -> Any:
+    """The plugin's auto-wrap policy as a predicate ``fn(module) -> bool`` (True: shard it on its own).
+
+    Args:
+        fsdp2_plugin: the FSDP plugin (``auto_wrap_policy``, layer classes, ``min_num_params``).
+        model: the model to wrap.
+
+    Returns:
+        The predicate, or None when nothing but the root is wrapped (``NO_WRAP`` or no policy).
+
+    Raises:
+        ValueError: a configured layer class name matches nothing in the model.
+    """
+    from accelerando.strategies.fsdp.wrap import wrap_units
+
+    if fsdp2_plugin.auto_wrap_policy in (None, "NO_WRAP"):
+        return None
+    units = {id(unit) for unit in wrap_units(fsdp2_plugin, model)}
+
+    def policy(module: torch.nn.Module) -> bool:
+        return id(module) in units
+
+    return policy
+
+
+def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap the model's auto-wrap units in activation checkpointing, as ``prepare`` does for FSDP2.
+
+    Args:
+        accelerator: an Accelerator with an FSDP plugin (its wrap policy chooses the units).
+        model: the (not yet sharded) model.
+
+    Returns:
+        The same model, its units now checkpoint-wrapped (state-dict names unchanged).
+
+    Raises:
+        ValueError: the accelerator has no FSDP plugin.
+    """
+    from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing, wrap_units
+
+    plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+    if plugin is None:
+        raise ValueError("fsdp2_apply_ac needs an Accelerator configured with an FSDP plugin.")
+    apply_activation_checkpointing(model, wrap_units(plugin, model))
+    return model
+
+
+def get_parameters_from_modules(modules: Any, model: torch.nn.Module, device: Any) -> set[torch.nn.Parameter]:
+    """The parameters of some modules, given as modules or as a regex over module names.
+
+    The modules are moved to ``device`` first (FSDP leaves ignored modules unsharded, so they must
+    already sit on the training device).
+
+    Args:
+        modules: an iterable of modules, a regex that module names must match in full, or None.
+        model: the model the names refer to.
+        device: where to move the modules (None: leave them).
+
+    Returns:
+        The set of their parameters (empty for None).
+    """
+    import re
+
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        modules = [m for name, m in model.named_modules() if name and pattern.fullmatch(name)]
+    params: set[torch.nn.Parameter] = set()
+    for module in modules:
+        if device is not None:
+            module.to(device)
+        params.update(module.parameters())
+    return params
+
+
+def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: torch.device) -> Any:
+    """Wrap an FSDP ``param_init_fn`` so that tied weights stay tied when modules are materialised.
+
+    Materialising modules one by one (from ``meta``) gives each name of a tied weight its own new
+    tensor; the wrapper makes later names reuse the tensor created for the first one.
+
+    Args:
+        param_init_fn: ``fn(module) -> module`` that materialises a module's parameters.
+        model: the model whose tied weights to keep tied.
+        device: the device the parameters are materialised on (kept for the reference's call form).
+
+    Returns:
+        ``param_init_fn`` itself when the model has no tied weights, else the wrapper.
+    """
+    del device
+    names_of: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), []).append(name)
+    tied = [key for key, names in names_of.items() if len(names) > 1]
+    if not tied:
+        return param_init_fn
+    group_of = {key: index for index, key in enumerate(tied)}
+    first: dict[int, torch.nn.Parameter] = {}
+
+    def init_keeping_ties(module: torch.nn.Module) -> torch.nn.Module:
+        tied_here = {
+            name: group_of[id(param)]
+            for name, param in module.named_parameters(recurse=False)
+            if id(param) in group_of
+        }
+        module = param_init_fn(module)
+        for name, group in tied_here.items():
+            if group in first:
+                setattr(module, name, first[group])
+            else:
+                first[group] = getattr(module, name)
+        return module
+
+    return init_keeping_ties

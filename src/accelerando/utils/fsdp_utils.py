@@ -1,0 +1,51 @@
+"""FSDP helpers at the reference's ``accelerate.utils.fsdp_utils`` path (re-exports only).
+
+They are defined in :mod:`accelerando.utils.fsdp` (and, for sharding and merging, in
+:mod:`accelerando.strategies.fsdp`); the checkpoint file names come from
+:mod:`accelerando.utils.constants`.
+"""
+
+from __future__ import annotations
+
+from accelerando.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from accelerando.utils.fsdp import (
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+    ensure_weights_retied,
+    fsdp2_apply_ac,
+    fsdp2_canonicalize_names,
+    fsdp2_load_full_state_dict,
+    fsdp2_prepare_auto_wrap_policy,
+    fsdp2_prepare_model,
+    fsdp2_switch_optimizer_parameters,
+    get_fsdp2_grad_scaler,
+    get_parameters_from_modules,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    merge_fsdp_weights,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+
+__all__ = [
+    "FSDP_MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "WEIGHTS_NAME",
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
+    "ensure_weights_retied",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_auto_wrap_policy",
+    "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+    "get_parameters_from_modules",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]
