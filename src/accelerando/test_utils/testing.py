@@ -17,6 +17,7 @@ import inspect
 import io
 import os
 import re
+import sys
 import unittest
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
@@ -49,12 +50,16 @@ def get_launch_command(**kwargs: Any) -> list:
     """Build an ``accelerando launch`` command line from keyword arguments.
 
     ``True`` adds ``--name``; ``False`` and ``None`` add nothing; any other value adds ``--name=value``.
-    The script and its arguments are appended by the caller.
+    The script and its arguments are appended by the caller. When this process runs accelerando as
+    ``accelerate`` (``accelerando.stand_in.install_as_accelerate()``), ``--install_as_accelerate`` is
+    added (unless given) so the launched scripts' ``import accelerate`` gets accelerando too.
 
     Example: ``get_launch_command(num_processes=2, cpu=True)`` gives
     ``["accelerando", "launch", "--num_processes=2", "--cpu"]``.
     """
     command = ["accelerando", "launch"]
+    if "install_as_accelerate" not in kwargs and _stand_in_active():
+        kwargs = {**kwargs, "install_as_accelerate": True}
     for name, value in kwargs.items():
         if isinstance(value, bool):
             if value:
@@ -62,6 +67,11 @@ def get_launch_command(**kwargs: Any) -> list:
         elif value is not None:
             command.append(f"--{name}={value}")
     return command
+
+
+def _stand_in_active() -> bool:
+    stand_in = sys.modules.get("accelerando.stand_in")  # never imported here: only asked if in use
+    return bool(stand_in is not None and stand_in.is_installed_as_accelerate())
 
 
 DEFAULT_LAUNCH_COMMAND = get_launch_command(num_processes=device_count, monitor_interval=0.1)
