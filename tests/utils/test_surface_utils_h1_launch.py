@@ -51,7 +51,9 @@ def test_simple_launcher_module_program_and_master(monkeypatch):
     )
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
     with pytest.raises(ValueError, match="mpirun"):
-        launch.prepare_simple_launcher_cmd_env(_args(mpirun_hostfile="hosts"))
+        launch.prepare_simple_launcher_cmd_env(
+            _args(cpu=True, num_processes=2, mpirun_hostfile="no-such-hostfile")
+        )
     with pytest.raises(ValueError, match="--module and --no_python"):
         launch.prepare_simple_launcher_cmd_env(_args(module=True, no_python=True))
     with pytest.raises(ValueError, match="training_script"):
@@ -274,3 +276,18 @@ def test_multi_process_args_start_real_processes(tmp_path, monkeypatch):
     distrib_run.run(args)
     assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0", "rank1"]
     assert (tmp_path / "rank1").read_text() == "2 bf16"
+
+
+def test_simple_launcher_runs_behind_mpirun(tmp_path):
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    cmd, env = launch.prepare_simple_launcher_cmd_env(
+        _args(cpu=True, num_processes=2, mpirun_hostfile=str(hostfile))
+    )
+    assert cmd[0].endswith("mpirun") and str(hostfile) in cmd
+    assert cmd[-4:] == [sys.executable, "train.py", "--lr", "0.1"]
+    assert env["ACCELERATE_USE_CPU"] == "true"

@@ -198,19 +198,14 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
 
     Returns:
         ``(cmd, env)``: ``[python, script, *script_args]`` (``python -m module``, or the program alone
-        with ``no_python``) and a copy of ``os.environ`` with the launch's variables added, among them
+        with ``no_python``; behind ``mpirun`` and its options with ``mpirun_hostfile``) and a copy of ``os.environ`` with the launch's variables added, among them
         ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU`` and, for several processes or machines,
         ``MASTER_ADDR`` / ``MASTER_PORT``.
 
     Raises:
         ValueError: for contradictory settings, a missing script, ``module`` with ``no_python``, or
-            ``mpirun_hostfile`` (MPI launching is not supported: use ``prepare_multi_gpu_env``).
+            ``mpirun_hostfile`` without a usable ``mpirun`` on ``PATH``.
     """
-    if getattr(args, "mpirun_hostfile", None):
-        raise ValueError(
-            "Launching through mpirun (mpirun_hostfile) is not supported. Fix: launch CPU processes with "
-            "torch.distributed.run (prepare_multi_gpu_env, or `accelerando launch --cpu --num_processes N`)."
-        )
     settings = _settings_from_args(args)
     command = _command(args)
     python = sys.executable
@@ -221,6 +216,8 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
     else:
         cmd = [python, command.target, *command.args]
     plan = _plan(args, settings)
+    if plan.mode == "mpirun":
+        cmd = list(plan.argv)  # mpirun starts every process of the multi-CPU job
     env = _process_env(args, settings, plan)
     env["ACCELERATE_USE_CPU"] = _text(bool(settings["cpu"]))
     machines = settings["num_machines"] or 1
