@@ -421,11 +421,25 @@ def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: str 
     return usage
 
 
+def _looks_like_path(name: str) -> bool:
+    """A Hub id is ``name`` or ``org/name``; anything else with a separator or a dot prefix is a path."""
+    return (
+        os.path.isabs(name)
+        or name.startswith((".", "~"))
+        or name.count("/") > 1
+        or os.sep in name.replace("/", "")
+    )
+
+
 def _elements(args: argparse.Namespace) -> tuple[int, int, str]:
     name = args.model_name
     trust = getattr(args, "trust_remote_code", False)
     if os.path.exists(name):
         return estimate_sizes(name, trust)
+    if _looks_like_path(name):
+        raise EstimateError(
+            f"{name!r} does not exist. Fix: pass an existing model folder or file, or a Hub name."
+        )
     model = create_empty_model(name, getattr(args, "library_name", None), trust_remote_code=trust)
     return _count_model(model)
 
