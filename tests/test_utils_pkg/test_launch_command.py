@@ -75,3 +75,18 @@ def test_cpu_backend_answers():
     assert (device, count) == (testing.torch_device, testing.device_count)
     if device == "cpu":
         assert count == 1 and memory() == 0
+
+
+def test_launch_command_carries_the_stand_in(monkeypatch):
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(is_installed_as_accelerate=lambda: True)
+    monkeypatch.setitem(sys.modules, "accelerando.stand_in", fake)
+    assert testing.get_launch_command(num_processes=2) == [
+        "accelerando",
+        "launch",
+        "--num_processes=2",
+        "--install_as_accelerate",
+    ]
+    assert "--install_as_accelerate" not in testing.get_launch_command(install_as_accelerate=False)
