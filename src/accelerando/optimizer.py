@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from accelerando.gradient_state import GradientState
 
-__all__ = ["AcceleratedOptimizer"]
+__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 
 
 def _move_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
@@ -17,6 +19,38 @@ def _move_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> No
             # "step" counters stay where PyTorch keeps them (CPU) unless capturable.
             if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
                 state[key] = value.to(device)
+
+
+def move_to_device(state: Any, device: torch.device | str) -> Any:
+    """Return ``state`` (nested lists, tuples, dicts of tensors) with every tensor moved to ``device``.
+
+    Containers are rebuilt with the same types; values that are not tensors are returned as they are.
+    """
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return type(state)({key: move_to_device(value, device) for key, value in state.items()})
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # namedtuple
+        return type(state)(*(move_to_device(value, device) for value in state))
+    if isinstance(state, (list, tuple)):
+        return type(state)(move_to_device(value, device) for value in state)
+    return state
+
+
+def patch_optimizer_step(
+    accelerated_optimizer: AcceleratedOptimizer, method: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Wrap an optimizer's ``step`` so that calling it marks ``accelerated_optimizer`` as stepped.
+
+    A loss scaler that skips a step never calls the real ``step``; the mark tells the two apart.
+    """
+
+    @functools.wraps(method)
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -86,17 +120,20 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        """Load the wrapped optimizer's state (moved to the model's device when placing)."""
+        """Load the wrapped optimizer's state (torch puts each tensor on its parameter's device)."""
         self.optimizer.load_state_dict(state_dict)
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients, except while accumulating (they must add up)."""
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Clear gradients, except while accumulating (they must add up).
+
+        ``set_to_none`` None keeps torch's default (gradients set to None).
+        """
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         """Step on sync micro-batches only; records whether the loss scaler skipped it."""

@@ -167,8 +167,8 @@ class DeepSpeedPlugin:
         zero3_init_flag: build models under ``deepspeed.zero.Init`` (already sharded) with ZeRO-3.
         zero3_save_16bit_model: gather a full 16-bit model on save under ZeRO-3.
         transformer_moe_cls_names: comma-separated mixture-of-experts layer class names.
-        enable_msamp: use MS-AMP FP8 optimizer states (needs the ``msamp`` package).
-        msamp_opt_level: MS-AMP level, "O1" or "O2".
+        enable_msamp: use MS-AMP FP8 optimizer states (needs the ``msamp`` package); default False.
+        msamp_opt_level: MS-AMP level, "O1" (default) or "O2".
 
     Raises:
         ValueError / TypeError: an invalid value or a contradiction with the config, naming the fix.
@@ -186,14 +186,16 @@ class DeepSpeedPlugin:
     zero3_init_flag: bool | None = None
     zero3_save_16bit_model: bool | None = None
     transformer_moe_cls_names: str | None = None
-    enable_msamp: bool = False
-    msamp_opt_level: str = "O1"
+    enable_msamp: bool | None = None
+    msamp_opt_level: str | None = None
     deepspeed_config: dict[str, Any] = field(init=False, repr=False)
     selected: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         code_given = {name for name in _FIELD_KEYS if getattr(self, name) is not None}
         self._fill_from_settings()
+        self.enable_msamp = bool(self.enable_msamp)
+        self.msamp_opt_level = self.msamp_opt_level or "O1"
         self._validate_fields()
         if self.hf_ds_config is not None:
             self.deepspeed_config = load_config(self.hf_ds_config)
@@ -321,34 +323,117 @@ class DeepSpeedPlugin:
         """Alias of ``deepspeed_config``."""
         return self.deepspeed_config
 
-    def is_auto(self, key: str) -> bool:
-        """Whether the dotted ``key`` of the config is still "auto"."""
-        return get_value(self.deepspeed_config, key) == AUTO
+    def is_auto(self, ds_key_long: str) -> bool:
+        """Whether the dotted key ``ds_key_long`` of the config is still "auto" (False when absent)."""
+        return get_value(self.deepspeed_config, ds_key_long) == AUTO
 
-    def get_value(self, key: str, default: Any = None) -> Any:
-        """Read a dotted key of the config (``"zero_optimization.stage"``)."""
-        return get_value(self.deepspeed_config, key, default)
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """Read the dotted key ``ds_key_long`` of the config (``"zero_optimization.stage"``).
 
-    def fill_match(self, key: str, must_match: bool = True, **values: Any) -> None:
-        """Fill ``key`` when "auto"; with ``must_match``, a concrete different value is an error.
+        Returns ``default`` when any level of the key is missing.
+        """
+        return get_value(self.deepspeed_config, ds_key_long, default)
+
+    def fill_match(
+        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any
+    ) -> None:
+        """Fill ``ds_key_long`` from ``kwargs[ds_key_long]`` when the config says "auto".
+
+        With ``must_match``, a concrete config value that differs from ``kwargs[ds_key_long]`` is
+        appended to ``mismatches`` (a line naming both values). A key the config does not have is
+        left alone.
 
         Args:
-            key: dotted config key.
-            must_match: raise when the config holds a concrete value other than the given one.
-            **values: ``value=...``, the value to fill.
+            ds_key_long: dotted config key (``"optimizer.params.lr"``).
+            mismatches: list collecting mismatch lines (a new one when None).
+            must_match: record concrete values that differ from the given one.
+            **kwargs: dotted key -> value from the script (``**{"optimizer.params.lr": 1e-3}``).
 
         Raises:
-            ValueError: naming the key, the config's value and the given value.
+            ValueError: the config says "auto" for ``ds_key_long`` and ``kwargs`` gives no value.
         """
-        value = values.get("value")
-        current = self.get_value(key)
+        mismatches = [] if mismatches is None else mismatches
+        *parents, leaf = ds_key_long.split(".")
+        node = get_value(self.deepspeed_config, ".".join(parents)) if parents else self.deepspeed_config
+        if not isinstance(node, dict) or leaf not in node:
+            return
+        current = node[leaf]
         if current == AUTO:
-            set_value(self.deepspeed_config, key, value)
-        elif must_match and current is not None and value is not None and current != value:
-            raise ValueError(
-                f"DeepSpeed config has {key}={current!r} but the script gives {value!r}; set {key} to "
-                f'"auto" in the config or make them equal'
+            if ds_key_long not in kwargs:
+                raise ValueError(
+                    f'the DeepSpeed config sets {ds_key_long} to "auto" but nothing gives its value; write a '
+                    f"concrete value in the config (or pass {ds_key_long} when filling it)"
+                )
+            node[leaf] = kwargs[ds_key_long]
+            return
+        if must_match and ds_key_long in kwargs and current is not None and current != kwargs[ds_key_long]:
+            mismatches.append(
+                f"- config {ds_key_long}={current!r} vs script {ds_key_long}={kwargs[ds_key_long]!r}"
             )
+
+    def deepspeed_config_process(
+        self,
+        prefix: str = "",
+        mismatches: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+        must_match: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """Fill every "auto" value of the config (or of the sub-``config`` under ``prefix``) from ``kwargs``.
+
+        Walks the config recursively and applies :meth:`fill_match` to each leaf, with dotted keys
+        (``kwargs`` keys are dotted too: ``**{"train_micro_batch_size_per_gpu": 8}``).
+
+        Raises:
+            ValueError: an "auto" value that ``kwargs`` does not give, or (with ``must_match``) concrete
+                config values that contradict ``kwargs``, all listed in one message at the top level.
+        """
+        mismatches = [] if mismatches is None else mismatches
+        config = self.deepspeed_config if config is None else config
+        for key, value in config.items():
+            if isinstance(value, dict):
+                self.deepspeed_config_process(
+                    prefix=f"{prefix}{key}.",
+                    mismatches=mismatches,
+                    config=value,
+                    must_match=must_match,
+                    **kwargs,
+                )
+            else:
+                self.fill_match(f"{prefix}{key}", mismatches, must_match=must_match, **kwargs)
+        if mismatches and prefix == "":
+            lines = "\n".join(mismatches)
+            raise ValueError(
+                f"these DeepSpeed config values contradict the script's:\n{lines}\nmake them equal, or write "
+                '"auto" in the config to take the script\'s values'
+            )
+
+    def set_moe_leaf_modules(self, model: Any) -> None:
+        """Mark the mixture-of-experts layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaves.
+
+        ZeRO-3 then gathers each such layer's parameters as one unit instead of hooking its experts
+        one by one (which hangs when ranks route tokens to different experts). A no-op without names.
+
+        Raises:
+            ValueError: a class name matches no submodule of ``model`` (the model's classes are listed).
+            ImportError: DeepSpeed is not installed.
+        """
+        if not self.transformer_moe_cls_names:
+            return
+        names = [n.strip() for n in str(self.transformer_moe_cls_names).split(",") if n.strip()]
+        found: dict[str, type] = {}
+        for module in model.modules():
+            found.setdefault(type(module).__name__, type(module))
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise ValueError(
+                f"transformer_moe_cls_names names {missing}, which match no submodule of {type(model).__name__}; "
+                f"use some of: {sorted(found)}"
+            )
+        import_deepspeed()
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, [found[n] for n in names])
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
         """Fill ``fp16.enabled`` / ``bf16.enabled`` "auto" values from the Accelerator's precision.

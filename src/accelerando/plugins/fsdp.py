@@ -133,6 +133,8 @@ class FullyShardedDataParallelPlugin:
         sync_module_states: broadcast rank 0's weights when wrapping.
         forward_prefetch: prefetch the next all-gather in forward.
         activation_checkpointing: recompute each wrapped layer's activations in backward.
+        activation_checkpointing_offload: keep each wrapped layer's activations in CPU memory until
+            backward instead of recomputing them (not supported yet: True raises).
         cpu_ram_efficient_loading: only rank 0 materialises weights; implies ``sync_module_states``.
         transformer_cls_names_to_wrap: layer class names wrapped by TRANSFORMER_BASED_WRAP (default:
             the model's ``_no_split_modules``).
@@ -142,7 +144,9 @@ class FullyShardedDataParallelPlugin:
         sources: field name -> where its value came from ("code", "env:FSDP_...", "default").
 
     Raises:
-        ValueError: an unknown choice, or an unsupported version.
+        ValueError: an unknown choice, an unsupported version, an offload or mixed-precision object of
+            the other FSDP version, or both kinds of activation checkpointing.
+        NotImplementedError: ``activation_checkpointing_offload=True``.
     """
 
     fsdp_version: int | None = None
@@ -162,6 +166,7 @@ class FullyShardedDataParallelPlugin:
     sync_module_states: bool | None = None
     forward_prefetch: bool | None = None
     activation_checkpointing: bool | None = None
+    activation_checkpointing_offload: bool | None = None
     cpu_ram_efficient_loading: bool | None = None
     transformer_cls_names_to_wrap: list[str] | str | None = None
     min_num_params: int | None = None
@@ -170,6 +175,43 @@ class FullyShardedDataParallelPlugin:
     def __post_init__(self) -> None:
         self._fill_from_settings()
         self._normalise()
+        self._adopt_fsdp1_objects()
+        self.validate_cpu_offload()
+        if self.mixed_precision_policy is not None:
+            self.validate_mixed_precision_policy()
+        self._check_activation_offload()
+
+    def _adopt_fsdp1_objects(self) -> None:
+        """Under FSDP2, read FSDP1's ``CPUOffload`` / ``MixedPrecision`` as their plain values.
+
+        Scripts written for FSDP1 (the reference's default) keep working under our FSDP2 default:
+        ``CPUOffload(offload_params=x)`` becomes ``x`` and ``MixedPrecision`` its three dtypes.
+        """
+        if self.fsdp_version != 2:
+            return
+        if _fsdp_object_kind(self.cpu_offload, fsdp1=("CPUOffload",), fsdp2=()) == 1:
+            self.cpu_offload = bool(self.cpu_offload.offload_params)
+        policy = self.mixed_precision_policy
+        if _fsdp_object_kind(policy, fsdp1=("MixedPrecision",), fsdp2=()) == 1:
+            self.mixed_precision_policy = {
+                key: getattr(policy, key)
+                for key in ("param_dtype", "reduce_dtype", "buffer_dtype")
+                if getattr(policy, key, None) is not None
+            }
+
+    def _check_activation_offload(self) -> None:
+        if not self.activation_checkpointing_offload:
+            self.activation_checkpointing_offload = False
+            return
+        if self.activation_checkpointing:
+            raise ValueError(
+                "activation_checkpointing and activation_checkpointing_offload exclude each other (recompute "
+                "activations, or keep them in CPU memory); set one of them"
+            )
+        raise NotImplementedError(
+            "activation_checkpointing_offload=True (activations kept in CPU memory) is not supported by "
+            "accelerando's FSDP strategy yet; use activation_checkpointing=True to recompute them instead"
+        )
 
     # ----------------------------------------------------------------- filling
     def _fill_from_settings(self) -> None:
@@ -381,3 +423,108 @@ class FullyShardedDataParallelPlugin:
                 f"set fsdp_transformer_layer_cls_to_wrap to some of: {known}"
             )
         return [by_name[n] for n in names if n in by_name]
+
+    # ------------------------------------------------------------ offload / policy checks
+    def set_cpu_offload(self) -> None:
+        """Turn ``cpu_offload`` into the object this FSDP version takes.
+
+        FSDP2: ``CPUOffloadPolicy`` when offloading, else ``OffloadPolicy``; FSDP1: ``CPUOffload``.
+        A value that already is the version's object is kept. The strategy accepts either form.
+
+        Raises:
+            ValueError: the value is the other FSDP version's object (see ``validate_cpu_offload``).
+        """
+        self.validate_cpu_offload()
+        offload = _offload_flag(self.cpu_offload)
+        if self.fsdp_version == 2:
+            from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+            if not isinstance(self.cpu_offload, OffloadPolicy):
+                pin = torch.cuda.is_available()  # pinned host memory needs a CUDA runtime
+                self.cpu_offload = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
+        else:
+            from torch.distributed.fsdp import CPUOffload
+
+            if not isinstance(self.cpu_offload, CPUOffload):
+                self.cpu_offload = CPUOffload(offload_params=offload)
+
+    def validate_cpu_offload(self) -> None:
+        """Check ``cpu_offload`` fits the FSDP version: a bool, or that version's offload object.
+
+        Raises:
+            ValueError: an FSDP1 ``CPUOffload`` with FSDP2, an FSDP2 ``OffloadPolicy`` with FSDP1, or
+                any other type.
+        """
+        value = self.cpu_offload
+        if value is None or isinstance(value, bool):
+            return
+        kind = _fsdp_object_kind(value, fsdp1=("CPUOffload",), fsdp2=("OffloadPolicy", "CPUOffloadPolicy"))
+        if kind is None:
+            raise ValueError(
+                f"cpu_offload={value!r} is not supported; pass True/False, a CPUOffloadPolicy (FSDP2) or a "
+                "CPUOffload (FSDP1)"
+            )
+        if kind != self.fsdp_version:
+            wanted = "CPUOffloadPolicy / OffloadPolicy" if self.fsdp_version == 2 else "CPUOffload"
+            raise ValueError(
+                f"cpu_offload is a {type(value).__name__}, which is for FSDP{kind}, but fsdp_version="
+                f"{self.fsdp_version}; pass True/False or a {wanted}"
+            )
+
+    def validate_mixed_precision_policy(self) -> None:
+        """Check ``mixed_precision_policy`` fits the FSDP version.
+
+        Accepted: None, a dict of dtypes, "bf16"/"fp16"/"fp32", or the version's own class
+        (``MixedPrecisionPolicy`` for FSDP2, ``MixedPrecision`` for FSDP1).
+
+        Raises:
+            ValueError: the other version's class, or an unknown precision name.
+            TypeError: any other type.
+        """
+        policy = self.mixed_precision_policy
+        if policy is None or isinstance(policy, dict):
+            return
+        if isinstance(policy, str):
+            if policy.lower() not in _DTYPES or policy.lower() == "no":
+                raise ValueError(
+                    f"mixed_precision_policy={policy!r}; use 'bf16', 'fp16', 'fp32' or a dict of dtypes"
+                )
+            return
+        kind = _fsdp_object_kind(policy, fsdp1=("MixedPrecision",), fsdp2=("MixedPrecisionPolicy",))
+        if kind is None:
+            raise TypeError(
+                f"mixed_precision_policy of type {type(policy).__name__} is not supported; pass a "
+                "MixedPrecisionPolicy (FSDP2), a MixedPrecision (FSDP1), a dict of dtypes or 'bf16'"
+            )
+        if kind != self.fsdp_version:
+            wanted = "MixedPrecisionPolicy" if self.fsdp_version == 2 else "MixedPrecision"
+            raise ValueError(
+                f"mixed_precision_policy is a {type(policy).__name__}, which is for FSDP{kind}, but "
+                f"fsdp_version={self.fsdp_version}; pass a {wanted} or a dict of dtypes"
+            )
+
+
+def _offload_flag(value: Any) -> bool:
+    """Whether ``cpu_offload`` (bool or FSDP object) asks for parameters in CPU memory."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if hasattr(value, "offload_params"):  # FSDP1 CPUOffload
+        return bool(value.offload_params)
+    return type(value).__name__ == "CPUOffloadPolicy" or any(
+        cls.__name__ == "CPUOffloadPolicy" for cls in type(value).__mro__
+    )
+
+
+def _fsdp_object_kind(value: Any, fsdp1: tuple[str, ...], fsdp2: tuple[str, ...]) -> int | None:
+    """1 or 2 when ``value`` is an instance of the named ``torch.distributed.fsdp`` classes, else None.
+
+    Compares class names along the MRO so that checking needs no import of ``torch.distributed.fsdp``.
+    """
+    for cls in type(value).__mro__:
+        if not cls.__module__.startswith("torch.distributed.fsdp"):
+            continue
+        if cls.__name__ in fsdp2:
+            return 2
+        if cls.__name__ in fsdp1:
+            return 1
+    return None
