@@ -122,3 +122,26 @@ def test_orders_match_reference(processes: int) -> None:
     for rank in range(processes):
         for case, mine, reference in zip(cases, ours[rank], theirs[rank], strict=True):
             assert mine == reference, f"rank {rank}, case {case}"
+
+
+def test_sampler_access_and_gradient_state_on_skip_loader() -> None:
+    from accelerando.data_loader import DataLoaderAdapter, SkipDataLoader, get_sampler, prepare_data_loader
+    from accelerando.gradient_state import GradientState
+
+    plain = DataLoader(TensorDataset(torch.arange(6)), batch_size=2, shuffle=True)
+    assert get_sampler(plain) is plain.sampler
+    prepared = prepare_data_loader(plain, num_processes=1, process_index=0)
+    replacement = torch.utils.data.SequentialSampler(range(6))
+    prepared.set_sampler(replacement)
+    assert prepared.get_sampler() is replacement
+    assert [b[0].tolist() for b in prepared] == [[0, 1], [2, 3], [4, 5]]
+
+    skip = SkipDataLoader(list(range(6)), skip_batches=1, batch_size=2)
+    ends = []
+    for _ in skip:
+        ends.append((skip.end_of_dataloader, GradientState().end_of_dataloader))
+    assert ends == [(False, False), (True, True)]
+
+    adapter = DataLoaderAdapter(list(range(4)), batch_size=2)
+    assert isinstance(adapter, DataLoader) and len(adapter) == 2
+    assert [b.tolist() for b in adapter] == [[0, 1], [2, 3]]

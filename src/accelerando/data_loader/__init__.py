@@ -7,6 +7,7 @@ process its slice); ``skip_first_batches`` resumes inside an epoch without loadi
 
 from __future__ import annotations
 
+from accelerando.data_loader.adapter import DataLoaderAdapter, DataLoaderStateMixin, get_sampler
 from accelerando.data_loader.dispatcher import DataLoaderDispatcher
 from accelerando.data_loader.prepare import (
     SkipBatchSampler,
@@ -19,12 +20,15 @@ from accelerando.data_loader.shard import DataLoaderShard
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
+    "DataLoaderStateMixin",
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "IterableDatasetShard",
     "SeedableRandomSampler",
     "SkipBatchSampler",
     "SkipDataLoader",
+    "get_sampler",
     "prepare_data_loader",
     "skip_first_batches",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
+from accelerando.data_loader.adapter import DataLoaderStateMixin
 from accelerando.data_loader.dispatcher import DataLoaderDispatcher
 from accelerando.data_loader.samplers import (
     BatchSamplerShard,
@@ -20,6 +21,8 @@ from accelerando.data_loader.samplers import (
     _GlobalDrawRandomSampler,
 )
 from accelerando.data_loader.shard import DataLoaderShard, with_stateful_base
+
+_END = object()
 
 __all__ = ["SkipBatchSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
@@ -372,8 +375,11 @@ class SkipBatchSampler(BatchSampler):
         return max(len(self.batch_sampler) - self.skip_batches, 0)
 
 
-class SkipDataLoader(DataLoader):
+class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     """A ``DataLoader`` that reads and drops its first ``skip_batches`` batches (iterable data).
+
+    While it runs it is ``GradientState``'s active loader, with ``end_of_dataloader`` set as its
+    last batch is given out.
 
     Args:
         dataset: The dataset.
@@ -386,9 +392,19 @@ class SkipDataLoader(DataLoader):
         self.skip_batches = int(skip_batches)
 
     def __iter__(self) -> Iterator[Any]:
-        iterator = super().__iter__()
-        _consume(iterator, self.skip_batches)
-        yield from iterator
+        self.begin()
+        try:
+            iterator = super().__iter__()
+            _consume(iterator, self.skip_batches)
+            current = next(iterator, _END)
+            while current is not _END:
+                upcoming = next(iterator, _END)
+                if upcoming is _END:
+                    self.end_of_dataloader = True
+                yield current
+                current = upcoming
+        finally:
+            self.end()
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)

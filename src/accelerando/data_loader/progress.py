@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from accelerando.data_loader.adapter import DataLoaderStateMixin, get_sampler, set_sampler
 from accelerando.data_loader.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -57,7 +58,7 @@ def _find_sampler(batch_sampler: Any) -> Any:
     return sampler
 
 
-class PreparedLoaderMixin:
+class PreparedLoaderMixin(DataLoaderStateMixin):
     """Behaviour common to ``DataLoaderShard`` and ``DataLoaderDispatcher`` (not used on its own).
 
     Subclasses call ``_init_prepared`` from ``__init__`` and wrap each epoch in ``_start_epoch`` /
@@ -123,6 +124,21 @@ class PreparedLoaderMixin:
     def skip_batches(self) -> int:
         """Batches the next iteration skips (set by ``skip_first_batches``; 0 once it has started)."""
         return self._skip_once
+
+    def get_sampler(self) -> Any:
+        """The index sampler this loader draws from (see :func:`accelerando.data_loader.get_sampler`)."""
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Any) -> None:
+        """Draw indices from ``sampler`` from the next iteration on (every batch-sampler level)."""
+        set_sampler(self, sampler)
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Kept for the reference's API: nothing to adjust here.
+
+        The state is counted in batches given out (not batches read ahead), and a torchdata state
+        is captured before each read-ahead, so ``state_dict`` never describes a batch still unseen.
+        """
 
     # ------------------------------------------------------------------ epochs
     @property
@@ -209,7 +225,7 @@ class PreparedLoaderMixin:
         self.remainder = self._compute_remainder()
         GradientState()._add_dataloader(self)
 
-    def end(self, completed: bool = True) -> None:
+    def end(self, completed: bool = True) -> None:  # type: ignore[override]
         """Unregister from ``GradientState``; move to the next epoch when the epoch was completed.
 
         Args:

@@ -1,0 +1,178 @@
+"""The reference's loader building blocks: ``DataLoaderStateMixin``, ``DataLoaderAdapter``, ``get_sampler``.
+
+Prepared loaders (``DataLoaderShard``, ``DataLoaderDispatcher``) are ``DataLoader`` subclasses and
+carry the mixin; the adapter is for code that wraps an existing loader object instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader
+
+__all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "get_sampler", "set_sampler"]
+
+
+def get_sampler(dataloader: Any) -> Any:
+    """Return the index sampler a loader draws from (under its batch sampler), or None.
+
+    Args:
+        dataloader: A ``DataLoader`` (plain or prepared) or anything with ``sampler`` / ``batch_sampler``.
+    """
+    outer = getattr(dataloader, "sampler", None)
+    if isinstance(outer, BatchSampler):  # a batch sampler passed as ``sampler`` (batch_size=None)
+        return getattr(outer, "sampler", None)
+    return getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
+
+
+def set_sampler(dataloader: Any, sampler: Any) -> None:
+    """Make ``dataloader`` draw its indices from ``sampler`` (at every batch-sampler level it has).
+
+    Raises:
+        ValueError: When the loader has no batch sampler to put the sampler into.
+    """
+    outer = getattr(dataloader, "sampler", None)
+    if isinstance(outer, BatchSampler):
+        outer.sampler = sampler
+        inner = getattr(outer, "batch_sampler", None)
+        if inner is not None:
+            inner.sampler = sampler
+        return
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is None:
+        raise ValueError(
+            "This loader has no batch sampler (batch_size=None), so there is no sampler to replace; "
+            "build a new DataLoader with the sampler instead."
+        )
+    batch_sampler.sampler = sampler
+    inner = getattr(batch_sampler, "batch_sampler", None)
+    if inner is not None:
+        inner.sampler = sampler
+
+
+class DataLoaderStateMixin:
+    """Tells ``GradientState`` which loader is running and whether its last batch was given out.
+
+    ``end_of_dataloader`` turns True when the last batch of the iteration is given out; ``remainder``
+    is the number of real samples in the final global batch when it was padded to even sizes (-1
+    when unknown or not padded). A subclass calls ``begin()`` when an iteration starts and
+    ``end()`` when it stops.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.end_of_dataloader = False
+        cls.remainder = -1
+
+    def reset(self) -> None:
+        """Forget the previous iteration's end state."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Reset and register with ``GradientState`` (its ``end_of_dataloader`` then follows this loader)."""
+        from accelerando.gradient_state import GradientState
+
+        self.reset()
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        """Unregister from ``GradientState``."""
+        from accelerando.gradient_state import GradientState
+
+        GradientState()._remove_dataloader(self)
+
+
+class DataLoaderAdapter:
+    """Wraps a ``DataLoader`` (or torchdata's ``StatefulDataLoader``) and acts as it.
+
+    Every attribute not defined here is read from the wrapped loader (``base_dataloader``), and
+    ``isinstance(adapter, DataLoader)`` holds through ``__class__``.
+
+    Args:
+        dataset: The dataset.
+        use_stateful_dataloader: Build a torchdata ``StatefulDataLoader`` (needs ``torchdata``).
+        batch_sampler: Passed to the loader.
+        **kwargs: Everything ``DataLoader`` accepts.
+
+    Raises:
+        ImportError: With ``use_stateful_dataloader`` when torchdata (>= 0.8) is not installed.
+    """
+
+    def __init__(
+        self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any
+    ) -> None:
+        self.use_stateful_dataloader = bool(use_stateful_dataloader)
+        if self.use_stateful_dataloader:
+            from accelerando.utils.imports import is_torchdata_stateful_dataloader_available
+
+            if not is_torchdata_stateful_dataloader_available():
+                raise ImportError(
+                    "use_stateful_dataloader=True needs torchdata >= 0.8 (pip install torchdata); install it "
+                    "or set use_stateful_dataloader=False."
+                )
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            self.base_dataloader: Any = StatefulDataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+        else:
+            self.base_dataloader = DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.dl_state_dict: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base_dataloader":  # not set yet (during unpickling): avoid endless recursion
+            raise AttributeError(name)
+        return getattr(self.base_dataloader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.base_dataloader)
+
+    def __len__(self) -> int:
+        return len(self.base_dataloader)
+
+    @property
+    def __class__(self) -> type:  # type: ignore[override]
+        """The wrapped loader's class, so ``isinstance(adapter, DataLoader)`` checks pass."""
+        return self.base_dataloader.__class__
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped stateful loader's state (as of the last batch given out).
+
+        Raises:
+            TypeError: When the wrapped loader is a plain ``DataLoader`` (it has no state).
+        """
+        if not hasattr(self.base_dataloader, "state_dict"):
+            raise TypeError(
+                "This loader was built without use_stateful_dataloader=True, so it has no state_dict; "
+                "rebuild it with use_stateful_dataloader=True (needs torchdata)."
+            )
+        return self.dl_state_dict or self.base_dataloader.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state returned by ``state_dict``.
+
+        Raises:
+            TypeError: When the wrapped loader is a plain ``DataLoader``.
+        """
+        if not hasattr(self.base_dataloader, "load_state_dict"):
+            raise TypeError(
+                "This loader was built without use_stateful_dataloader=True, so it cannot load a state; "
+                "rebuild it with use_stateful_dataloader=True (needs torchdata)."
+            )
+        self.base_dataloader.load_state_dict(state_dict)
+
+    def _update_state_dict(self) -> None:
+        """Record the wrapped loader's state now (call right after giving out a batch)."""
+        if hasattr(self.base_dataloader, "state_dict"):
+            self.dl_state_dict = self.base_dataloader.state_dict()
+            self.adjust_state_dict_for_prefetch()
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Hook to correct ``dl_state_dict`` when batches are read ahead of those given out.
+
+        The adapter records the state right after each batch it gives out, so nothing was read
+        ahead and there is nothing to correct; a subclass that reads ahead overrides this.
+        """
