@@ -86,23 +86,26 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {name: b.cls for name, b
 
 
 def register_tracker_class(
-    cls: type[GeneralTracker], pip_package: str | None = None, is_available: Callable[[], bool] | None = None
+    tracker_class: type[GeneralTracker],
+    pip_package: str | None = None,
+    is_available: Callable[[], bool] | None = None,
 ) -> type[GeneralTracker]:
     """Make a tracker class selectable by its ``name`` in ``log_with`` (and by ``"all"``).
 
     Usable as a class decorator.
 
     Args:
-        cls: a :class:`GeneralTracker` subclass with a ``name``.
+        tracker_class: a :class:`GeneralTracker` subclass with a ``name``.
         pip_package: the package to suggest when its library is missing.
         is_available: tells whether its library is installed (default: always).
 
     Returns:
-        ``cls`` unchanged.
+        ``tracker_class`` unchanged.
 
     Raises:
         TypeError: ``cls`` is not a GeneralTracker subclass or has no ``name``.
     """
+    cls = tracker_class
     if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)) or not isinstance(
         getattr(cls, "name", None), str
     ):

@@ -24,6 +24,16 @@ def _title_series(key: str) -> tuple[str, str]:
     return (title, series) if sep else (key, key)
 
 
+def _as_image(image: Any) -> Any:
+    """A numpy array or PIL image ClearML can report (tensors are moved to the CPU as arrays)."""
+    if hasattr(image, "detach"):  # a torch tensor: CHW -> HWC when it looks channel-first
+        array = image.detach().cpu().numpy()
+        if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+            array = array.transpose(1, 2, 0)
+        return array
+    return image
+
+
 class ClearMLTracker(GeneralTracker):
     """Log to a ClearML task (the current one if a task is already running).
 
@@ -87,6 +97,63 @@ class ClearMLTracker(GeneralTracker):
                 clearml_logger.report_scalar(
                     title=title, series=series, value=value, iteration=step, **kwargs
                 )
+
+    @on_main_process
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Report images (numpy arrays or PIL images; a list reports each one) as debug samples.
+
+        Args:
+            values: name -> image or list of images; ``title/series`` keys as in :meth:`log`.
+            step: the iteration (0 when None).
+            **kwargs: passed to ``report_image``.
+        """
+        clearml_logger = self._tracker.get_logger()
+        for key, images in values.items():
+            title, series = _title_series(key)
+            many = isinstance(images, (list, tuple))
+            for index, image in enumerate(images if many else [images]):
+                clearml_logger.report_image(
+                    title=title,
+                    series=f"{series}_{index}" if many else series,
+                    iteration=0 if step is None else step,
+                    image=_as_image(image),
+                    **kwargs,
+                )
+
+    @on_main_process
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Report a table, from a pandas ``dataframe`` or from ``data`` rows (``columns`` as header).
+
+        Args:
+            table_name: the table's title (and series).
+            columns: header row used with ``data``.
+            data: rows, used when ``dataframe`` is None.
+            dataframe: a pandas DataFrame.
+            step: the iteration (0 when None).
+            **kwargs: passed to ``report_table``.
+
+        Raises:
+            ValueError: neither ``dataframe`` nor ``data`` was given.
+        """
+        if dataframe is None:
+            if data is None:
+                raise ValueError("ClearMLTracker.log_table needs dataframe=... or data=[[...], ...] rows")
+            dataframe = [list(columns), *data] if columns else data
+        self._tracker.get_logger().report_table(
+            title=table_name,
+            series=table_name,
+            iteration=0 if step is None else step,
+            table_plot=dataframe,
+            **kwargs,
+        )
 
     @on_main_process
     def finish(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,23 @@ def _tracking_uri(logging_dir: str | os.PathLike[str]) -> str:
     return folder
 
 
+def _parse_tags(tags: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """Tags as a dict; text is read as a JSON object.
+
+    Raises:
+        ValueError: text that is not a JSON object.
+    """
+    if not isinstance(tags, str):
+        return tags
+    try:
+        parsed = json.loads(tags)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"MLflowTracker tags={tags!r} is not JSON; pass a dict or a JSON object") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"MLflowTracker tags={tags!r} must be a JSON object (name -> value)")
+    return parsed
+
+
 class MLflowTracker(GeneralTracker):
     """Log to an MLflow run.
 
@@ -53,7 +71,7 @@ class MLflowTracker(GeneralTracker):
         logging_dir: tracking URI or folder (``sqlite:///runs.db``, ``./mlruns``, ``http://...``);
             ``None`` keeps MLflow's own default / ``MLFLOW_TRACKING_URI``.
         run_id: resume this run instead of creating one.
-        tags: tags set on the run.
+        tags: tags set on the run (a dict, or a JSON object as text).
         nested_run: start the run nested in the active one.
         run_name: a display name for the run.
         description: a description shown in the UI.
@@ -67,7 +85,7 @@ class MLflowTracker(GeneralTracker):
         experiment_name: str | None = None,
         logging_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
-        tags: dict[str, Any] | None = None,
+        tags: dict[str, Any] | str | None = None,
         nested_run: bool = False,
         run_name: str | None = None,
         description: str | None = None,
@@ -76,7 +94,7 @@ class MLflowTracker(GeneralTracker):
         self.experiment_name = experiment_name
         self.logging_dir = logging_dir
         self.run_id = run_id
-        self.tags = tags
+        self.tags = _parse_tags(tags)
         self.nested_run = nested_run
         self.run_name = run_name
         self.description = description
@@ -187,6 +205,18 @@ class MLflowTracker(GeneralTracker):
         import mlflow
 
         mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
+
+    @on_main_process
+    def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        """Upload every file under a local folder as run artifacts.
+
+        Args:
+            local_dir: the folder to upload.
+            artifact_path: folder inside the run's artifacts.
+        """
+        import mlflow
+
+        mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
 
     @on_main_process
     def finish(self) -> None:

@@ -47,6 +47,22 @@ class SwanLabTracker(LibraryRunTracker):
         self._tracker.log(values, step=step, **kwargs)
 
     @on_main_process
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log lists of images as ``swanlab.Image``.
+
+        Args:
+            values: name -> iterable of images (arrays, tensors or PIL images).
+            step: the global step.
+            **kwargs: passed to ``swanlab.Image``.
+        """
+        import swanlab
+
+        self._tracker.log(
+            {key: [swanlab.Image(image, **kwargs) for image in images] for key, images in values.items()},
+            step=step,
+        )
+
+    @on_main_process
     def finish(self) -> None:
         """Finish the run."""
         if self._tracker is not None:
