@@ -6,6 +6,7 @@ module and is imported only when requested.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from accelerando.precision.base import Precision
@@ -20,15 +21,19 @@ def build_precision(
     static_scale: bool = False,
     autocast_kwargs: dict[str, Any] | None = None,
     loss_scaling: bool = True,
+    *,
+    handlers: Mapping[type, Any] | None = None,
+    settings: Any = None,
 ) -> Precision:
     """Return the precision object for ``mixed_precision`` ("no", "fp16", "bf16", "fp8").
 
     ``loss_scaling=False`` keeps autocast but no GradScaler (for engines that scale the loss
-    themselves, e.g. DeepSpeed).
+    themselves, e.g. DeepSpeed). For fp8, ``handlers`` (kwargs-handler class -> instance) and
+    ``settings`` choose the backend (see :func:`accelerando.precision.fp8.choose_fp8_backend`).
 
     Raises:
         ValueError: an unknown name, or a mode the device cannot run (with the fix).
-        NotImplementedError: fp8 outside a CUDA device with an FP8 backend installed.
+        RuntimeError: fp8 with a backend that cannot run here (the message names "ao", which runs).
     """
     import torch
 
@@ -42,7 +47,7 @@ def build_precision(
     if mixed_precision == "fp8":
         from accelerando.precision.fp8 import build_fp8_precision
 
-        return build_fp8_precision(device_type)
+        return build_fp8_precision(device_type, handlers, settings)
     raise ValueError(
         f"unknown mixed_precision {mixed_precision!r}; choose one of 'no', 'fp16', 'bf16', 'fp8'"
     )
