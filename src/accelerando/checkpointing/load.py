@@ -18,6 +18,7 @@ from typing import Any
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.collective import gather
+from accelerando.checkpointing.foreign import check_reference_files, is_reference_checkpoint
 from accelerando.checkpointing.manifest import Manifest, inspect_checkpoint, require_listed, scan_folder
 from accelerando.checkpointing.project import (
     NUMBERED,
@@ -54,15 +55,20 @@ def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[
         )
     root = checkpoints_dir(target)
     found = [path for _, path in reversed(atomic.list_checkpoints(root))]
-    newest = os.path.basename(found[0]) if found else None
+    newest = int(os.path.basename(found[0]).split("_")[1]) if found else None
+    foreign: list[tuple[int, str]] = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         match = NUMBERED.match(name)
-        if match and (newest is None or int(match.group(1)) > int(newest.split("_")[1])):
-            if not os.path.lexists(os.path.join(root, name, atomic.MANIFEST_NAME)):
-                warnings.warn(
-                    f"Skipping incomplete checkpoint {os.path.join(root, name)}: it has no manifest",
-                    stacklevel=3,
-                )
+        path = os.path.join(root, name)
+        if not match or os.path.islink(path) or os.path.lexists(os.path.join(path, atomic.MANIFEST_NAME)):
+            continue
+        if os.path.isdir(path) and is_reference_checkpoint(os.listdir(path)):
+            foreign.append((int(match.group(1)), path))  # the reference library's: no manifest
+        elif newest is None or int(match.group(1)) > newest:
+            warnings.warn(f"Skipping incomplete checkpoint {path}: it has no manifest", stacklevel=3)
+    if foreign:
+        numbered = [(int(os.path.basename(p).split("_")[1]), p) for p in found] + foreign
+        found = [path for _, path in sorted(numbered, reverse=True)]
     if not found:
         raise FileNotFoundError(
             f"No complete checkpoint under {root!r} to resume from; start fresh (see "
@@ -71,16 +77,31 @@ def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[
     return found, True
 
 
-def _verify_folder(folder: str, allow_unverified: bool) -> tuple[Manifest | None, dict[str, int]]:
+def _verify_folder(folder: str, allow_unverified: bool) -> tuple[Manifest | None, dict[str, int], bool]:
     """Parse the manifest and scan the folder (refusing links) before anything in it is read.
 
+    A folder without a manifest laid out as the reference library's ``save_state`` writes it is
+    loaded after a presence and header check, with one warning that it is unverified.
+
     Returns:
-        The manifest (None for an explicitly allowed folder without one) and the folder's files.
+        The manifest (None for a folder without one), the folder's files, and whether the folder is
+        the reference library's.
     """
-    if allow_unverified and not os.path.lexists(os.path.join(folder, atomic.MANIFEST_NAME)):
-        logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
-        return None, scan_folder(folder, recursive=False)  # only its own entries are read
-    return inspect_checkpoint(folder)  # parse, scan, sizes of every file
+    if not os.path.lexists(os.path.join(folder, atomic.MANIFEST_NAME)):
+        present = scan_folder(folder, recursive=False)  # only its own entries are read
+        if is_reference_checkpoint(present):
+            check_reference_files(folder, present)
+            warnings.warn(
+                f"{folder} was written by the reference library (no {atomic.MANIFEST_NAME}): its files' "
+                "presence and headers were checked, but not their checksums, so it is loaded unverified.",
+                stacklevel=4,
+            )
+            return None, present, True
+        if allow_unverified:
+            logger.warning("%s has no %s: loading it without verification", folder, atomic.MANIFEST_NAME)
+            return None, present, False
+    manifest, present = inspect_checkpoint(folder)  # parse, scan, sizes of every file
+    return manifest, present, False
 
 
 def _check_strategy_files(
@@ -106,7 +127,7 @@ def _read_candidate(
 ) -> tuple[LoadedState, list[Any], bool]:
     """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
     state = target.state
-    manifest, present = _verify_folder(folder, allow_unverified)
+    manifest, present, foreign = _verify_folder(folder, allow_unverified)
     per_rank = manifest is None or manifest.world_size == state.num_processes
     if not per_rank:
         warnings.warn(
@@ -135,7 +156,7 @@ def _read_candidate(
         if verify_checksums:
             # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
             atomic.verify_checksums(folder, manifest, names)
-    loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank)
+    loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank, foreign=foreign)
     custom_states = [_load_custom(target, folder, i, name, present) for i, name in enumerate(customs)]
     return loaded, custom_states, per_rank
 

@@ -198,11 +198,14 @@ def read_state_files(
     with_scaler: bool,
     map_location: Any = None,
     per_rank: bool = True,
+    foreign: bool = False,
 ) -> LoadedState:
     """Read (without applying) the state files for the given numbers of objects.
 
     Args:
         per_rank: Also read this process's random states and accumulated gradients.
+        foreign: The folder was written by the reference library (its random-state format; its
+            pickled ``sampler.bin`` objects are skipped with a warning).
 
     Raises:
         FileNotFoundError: Naming a file the objects need that the folder lacks.
@@ -217,6 +220,13 @@ def read_state_files(
         out.schedulers.append(F.torch_load(_require(folder, name, f"scheduler {i}")))
     for i in range(num_dataloaders):
         found = _dataloader_file(folder, i)
+        if found is not None and foreign and found[0] == F.SAMPLER_NAME:
+            warnings.warn(
+                f"{os.path.join(folder, found[1])} holds a pickled sampler object, which cannot be read "
+                "weights-only; it is skipped (a seeded sampler's order follows data_seed and set_epoch).",
+                stacklevel=2,
+            )
+            found = None
         out.dataloaders.append(
             None if found is None else (found[0], F.torch_load(os.path.join(folder, found[1])))
         )
@@ -224,9 +234,17 @@ def read_state_files(
         out.scaler = F.torch_load(_require(folder, F.SCALER_NAME, "the GradScaler"))
     if per_rank:
         name = f"{F.RNG_STATE_NAME}_{process_index}.pkl"
-        payload = F.torch_load(_require(folder, name, f"random states of process {process_index}"))
-        out.step = int(payload.get("step", 0))
-        out.rng = payload.get("rng")
+        path = _require(folder, name, f"random states of process {process_index}")
+        if foreign:
+            from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
+
+            payload = read_reference_rng(path)
+            out.step = int(payload.get("step", 0))
+            out.rng = reference_rng_payload(payload)
+        else:
+            payload = F.torch_load(path)
+            out.step = int(payload.get("step", 0))
+            out.rng = payload.get("rng")
         grads = os.path.join(folder, f"{F.GRADIENTS_NAME}_{process_index}.safetensors")
         if os.path.exists(grads):
             out.gradients = F.load_model_weights(grads)

@@ -1,0 +1,140 @@
+"""Checkpoint folders written by the reference library's ``save_state`` (no manifest).
+
+Such a folder is recognised by its file names (``random_states_<rank>.pkl`` plus the reference's
+names for weights, optimizers, schedulers, loaders, the scaler and custom objects), checked for the
+files' presence and readable headers, and loaded without checksums (one warning says so). Reading
+stays weights-only: the reference's random-state files hold NumPy arrays, which are read with only
+NumPy's array reconstruction allowed besides torch's own weights-only types; a pickled sampler
+object (``sampler.bin``) cannot be read that way and is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from typing import Any
+
+from accelerando.checkpointing.manifest import CheckpointError
+
+__all__ = [
+    "check_reference_files",
+    "is_reference_checkpoint",
+    "read_reference_rng",
+    "reference_rng_payload",
+]
+
+_RNG = re.compile(r"random_states_\d+\.pkl")
+_LAYOUT = re.compile(
+    r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin"
+    r"|sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin|scaler\.pt|random_states_\d+\.pkl"
+    r"|custom_checkpoint_\d+\.pkl)"
+)
+_ZIP_MAGIC = b"PK\x03\x04"
+# A safetensors header above this is not a real one (the format's own reader limit is 100 MB).
+_MAX_SAFETENSORS_HEADER = 100_000_000
+
+
+def is_reference_checkpoint(present: dict[str, int] | list[str]) -> bool:
+    """Whether a folder's files (no manifest among them) are the reference's ``save_state`` layout."""
+    return any(_RNG.fullmatch(name) for name in present)
+
+
+def _check_header(path: str, name: str, size: int) -> None:
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if name.endswith(".safetensors"):
+            if len(head) < 8:
+                raise CheckpointError(
+                    f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
+                )
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, _MAX_SAFETENSORS_HEADER):
+                raise CheckpointError(
+                    f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
+                )
+            try:
+                json.loads(handle.read(length))
+            except ValueError:
+                raise CheckpointError(
+                    f"{path!r} has an unreadable safetensors header; the checkpoint is damaged."
+                ) from None
+        elif not head.startswith(_ZIP_MAGIC):
+            raise CheckpointError(
+                f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
+                "was not written by save_state."
+            )
+
+
+def check_reference_files(folder: str, present: dict[str, int]) -> None:
+    """Check that every file of the reference layout in ``folder`` has a readable header.
+
+    Raises:
+        CheckpointError: Naming the first file whose header is wrong (truncated or not the format
+            its name says).
+    """
+    for name, size in sorted(present.items()):
+        if _LAYOUT.fullmatch(name):
+            _check_header(os.path.join(folder, name), name, size)
+
+
+def _numpy_allowlist() -> list[Any]:
+    """NumPy's array reconstruction under both module names NumPy versions pickle it with."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # NumPy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    allowed: list[Any] = [
+        (_reconstruct, "numpy._core.multiarray._reconstruct"),
+        (_reconstruct, "numpy.core.multiarray._reconstruct"),
+        np.ndarray,
+        np.dtype,
+    ]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        allowed.append(dtypes.UInt32DType)
+    return allowed
+
+
+def read_reference_rng(path: str) -> dict[str, Any]:
+    """Read a reference ``random_states_<rank>.pkl`` weights-only (NumPy arrays of numbers allowed).
+
+    Raises:
+        UnsafeCheckpointError: If the file holds anything else that needs full unpickling.
+        CheckpointError: If it is not a dict of generator states.
+    """
+    import torch
+
+    from accelerando.checkpointing.files import torch_load
+
+    with torch.serialization.safe_globals(_numpy_allowlist()):
+        payload = torch_load(path)
+    if not isinstance(payload, dict) or "torch_manual_seed" not in payload:
+        raise CheckpointError(f"{path!r} is not a random-states file of the reference's save_state.")
+    return payload
+
+
+def reference_rng_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """Turn a reference random-states dict into what ``restore_rng_states`` takes.
+
+    Raises:
+        CheckpointError: If the NumPy state is not the uint32 Mersenne Twister state NumPy writes.
+    """
+    import numpy as np
+
+    states: dict[str, Any] = {"python": payload["random_state"], "torch": payload["torch_manual_seed"]}
+    numpy_state = payload.get("numpy_random_seed")
+    if numpy_state is not None:
+        key = numpy_state[1] if isinstance(numpy_state, tuple) and len(numpy_state) > 1 else None
+        if not isinstance(key, np.ndarray) or key.dtype != np.uint32:
+            raise CheckpointError("The reference random-states file holds an unexpected NumPy state.")
+        states["numpy"] = numpy_state
+    else:
+        states["numpy"] = np.random.get_state()
+    cuda = payload.get("torch_cuda_manual_seed")
+    if cuda is not None:
+        states["cuda"] = cuda
+    return {"source": "local", "states": states}
