@@ -1,4 +1,4 @@
-"""TorchDynamoPlugin: compile the prepared model with ``torch.compile``."""
+"""TorchDynamoPlugin: compile the prepared model with ``torch.compile``, whole or one block at a time."""
 
 from __future__ import annotations
 
@@ -15,14 +15,21 @@ __all__ = ["TorchDynamoPlugin"]
 class TorchDynamoPlugin(KwargsHandler):
     """torch.compile options.
 
+    Fields left unset come from the dynamo settings (``--dynamo_*`` flags, the config's
+    ``dynamo_config`` block, ``ACCELERATE_DYNAMO_*`` / ``ACCELERANDO_DYNAMO_*`` variables).
+
     Args:
         backend: a ``DynamoBackend`` name ("no" disables compilation).
         mode: "default", "reduce-overhead", "max-autotune" or "max-autotune-no-cudagraphs".
         fullgraph: refuse graph breaks. dynamic: dynamic shapes. options: backend options.
-        disable: compile nothing. use_regional_compilation: compile repeated blocks one by one.
+        disable: compile nothing.
+        use_regional_compilation: compile each repeated block (transformer layer) once, through
+            ``accelerando.utils.other.compile_regions``, instead of the whole model: much shorter
+            compile time, same outputs.
 
     Raises:
         ValueError: an unknown backend or mode.
+        TypeError: ``use_regional_compilation`` that is not a bool.
     """
 
     backend: DynamoBackend | str | None = None
@@ -34,6 +41,19 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
+        from accelerando.settings import fill_unset
+
+        fill_unset(
+            self,
+            "dynamo",
+            prefix="dynamo_",
+            rename={"dynamo_use_fullgraph": "fullgraph", "dynamo_use_dynamic": "dynamic"},
+        )
+        if self.use_regional_compilation is not None and not isinstance(self.use_regional_compilation, bool):
+            raise TypeError(
+                "TorchDynamoPlugin.use_regional_compilation must be a bool, got "
+                f"{type(self.use_regional_compilation).__name__}; pass use_regional_compilation=True"
+            )
         if self.backend is not None:
             name = str(self.backend).upper()
             if name not in DynamoBackend.list():
@@ -60,3 +80,40 @@ class TorchDynamoPlugin(KwargsHandler):
         if self.options:
             kwargs["options"] = self.options
         return kwargs
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The changed fields that ``torch.compile`` accepts (``use_regional_compilation`` removed)."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
+    def compile(self, model: Any, distributed_type: Any = None) -> Any:
+        """Compile a prepared ``model`` as these options say (returned as is when disabled or compiled).
+
+        With ``use_regional_compilation`` each repeated block is compiled once
+        (``compile_regions``; in place under DeepSpeed and FSDP2, whose hooks sit on the module
+        objects); otherwise the whole model goes through ``torch.compile``.
+
+        Args:
+            model: the model after the strategy's wrap.
+            distributed_type: the Accelerator's ``DistributedType`` (chooses the in-place variants).
+
+        Returns:
+            The module to train with.
+        """
+        import torch
+
+        from accelerando.utils import other
+
+        if not self.enabled or other.is_compiled_module(model) or other.has_compiled_regions(model):
+            return model
+        kwargs = self.compile_kwargs()
+        if not self.use_regional_compilation:
+            return torch.compile(model, **kwargs)
+        kind = str(getattr(distributed_type, "value", distributed_type) or "").upper()
+        if kind == "DEEPSPEED":
+            other.compile_regions_deepspeed(model, **kwargs)
+            return model
+        if kind == "FSDP" and other.model_has_dtensor(model):
+            return other.compile_regions_fsdp2(model, **kwargs)
+        return other.compile_regions(model, **kwargs)
