@@ -24,6 +24,19 @@ def _all_tensors(data: Any) -> bool:
     return False
 
 
+def _batch_copies(mesh: Any) -> tuple[int, bool]:
+    """How many ranks read each batch (the product of the mesh's non-data axes), and whether this
+    rank is the first of them (rank 0 along each of those axes)."""
+    if mesh is None:
+        return 1, True
+    copies, first = 1, True
+    for axis, name in enumerate(getattr(mesh, "mesh_dim_names", None) or ()):
+        if name in ("tp", "cp", "sp", "pp"):
+            copies *= int(mesh.size(axis))
+            first = first and int(mesh.get_local_rank(name)) == 0
+    return copies, first
+
+
 class CollectivesMixin:
     """gather / reduce / padding / process filters. Needs ``self.state`` and ``self.gradient_state``."""
 
@@ -48,13 +61,18 @@ class CollectivesMixin:
         (then a flat list comes back). On the last batch of a prepared dataloader whose dataset did
         not divide evenly, only the first ``remainder`` gathered samples are real; the rest are
         dropped so the result has exactly ``len(dataset)`` items over the epoch, in dataset order.
+        With a device mesh, ranks that differ only along tensor/context axes read the same batches:
+        only the first of them contributes, so no sample is counted twice.
         """
         from accelerando.utils.operations import gather, gather_object, recursively_apply
 
         use_object = use_gather_object or not _all_tensors(input_data)
+        copies, first_copy = _batch_copies(getattr(self.state, "device_mesh", None))
+        if copies > 1 and not first_copy:
+            input_data = [] if use_object else recursively_apply(lambda t: t[:0], input_data)
         if use_object:
             data = gather_object(input_data)
-        elif getattr(self, "even_batches", True) or not self.state.use_distributed:
+        elif (getattr(self, "even_batches", True) and copies == 1) or not self.state.use_distributed:
             data = gather(input_data)
         else:
             data = self._gather_ragged(input_data)
