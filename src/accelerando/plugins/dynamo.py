@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from accelerando.enums import DynamoBackend
@@ -36,7 +36,7 @@ class TorchDynamoPlugin(KwargsHandler):
     mode: str | None = None
     fullgraph: bool | None = None
     dynamic: bool | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] | None = None
     disable: bool = False
     use_regional_compilation: bool | None = None
 

@@ -160,7 +160,7 @@ class FullyShardedDataParallelPlugin:
     state_dict_type: Any = None
     state_dict_config: Any = None
     optim_state_dict_config: Any = None
-    limit_all_gathers: bool | None = None
+    limit_all_gathers: bool = True
     use_orig_params: bool | None = None
     param_init_fn: Callable[[torch.nn.Module], None] | None = None
     sync_module_states: bool | None = None
