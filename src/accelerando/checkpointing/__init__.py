@@ -49,8 +49,28 @@ from accelerando.checkpointing.public import (
     save_custom_state,
 )
 from accelerando.checkpointing.save import save_state
+from accelerando.utils.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_NAME,
+)
 
 __all__ = [
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAMPLER_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "WEIGHTS_NAME",
     "CheckpointError",
     "CheckpointLockedError",
     "ResumePoint",

@@ -27,6 +27,15 @@ from typing import Any
 import torch
 
 from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.utils.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from accelerando.utils.serialization import refused_type
 
 __all__ = [
@@ -51,14 +60,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MODEL_NAME = "pytorch_model"
-SAFE_MODEL_NAME = "model"
-OPTIMIZER_NAME = "optimizer"
-SCHEDULER_NAME = "scheduler"
-SAMPLER_NAME = "sampler"
 DATALOADER_STATE_NAME = "dl_state_dict"
-SCALER_NAME = "scaler.pt"
-RNG_STATE_NAME = "random_states"
 CUSTOM_NAME = "custom_checkpoint"
 GRADIENTS_NAME = "gradients"
 

@@ -32,13 +32,37 @@ _LAYOUT = re.compile(
     r"|custom_checkpoint_\d+\.pkl)"
 )
 _ZIP_MAGIC = b"PK\x03\x04"
+# A random-states pickle is a few KiB; one far bigger is not scanned.
+_MAX_RNG_PICKLE = 2**20
 # A safetensors header above this is not a real one (the format's own reader limit is 100 MB).
 _MAX_SAFETENSORS_HEADER = 100_000_000
 
 
-def is_reference_checkpoint(present: dict[str, int] | list[str]) -> bool:
-    """Whether a folder's files (no manifest among them) are the reference's ``save_state`` layout."""
-    return any(_RNG.fullmatch(name) for name in present)
+def _rng_file_is_reference(path: str) -> bool:
+    """Whether a random-states archive holds the reference's keys (its pickle is scanned, not run)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.filename.endswith("/data.pkl") and info.file_size <= _MAX_RNG_PICKLE:
+                    return b"torch_manual_seed" in archive.read(info)
+    except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
+        # An unreadable file: let the layout decide, so that the damage is reported by name.
+        return True
+    return False
+
+
+def is_reference_checkpoint(present: dict[str, int] | list[str], folder: str | None = None) -> bool:
+    """Whether a folder's files (no manifest among them) are the reference's ``save_state`` layout.
+
+    With ``folder``, a random-states file must also hold the reference's keys, so that one of
+    accelerando's own checkpoints whose manifest was lost is not taken for the reference's.
+    """
+    names = sorted(name for name in present if _RNG.fullmatch(name))
+    if not names:
+        return False
+    return folder is None or _rng_file_is_reference(os.path.join(folder, names[0]))
 
 
 def _check_header(path: str, name: str, size: int) -> None:
@@ -100,7 +124,10 @@ def _numpy_allowlist() -> list[Any]:
 
 
 def read_reference_rng(path: str) -> dict[str, Any]:
-    """Read a reference ``random_states_<rank>.pkl`` weights-only (NumPy arrays of numbers allowed).
+    """Read a ``random_states_<rank>.pkl`` weights-only (NumPy arrays of numbers allowed).
+
+    The reference's format holds ``torch_manual_seed`` & co.; accelerando's own (a folder whose
+    manifest was removed) holds ``rng``: both are accepted.
 
     Raises:
         UnsafeCheckpointError: If the file holds anything else that needs full unpickling.
@@ -112,8 +139,8 @@ def read_reference_rng(path: str) -> dict[str, Any]:
 
     with torch.serialization.safe_globals(_numpy_allowlist()):
         payload = torch_load(path)
-    if not isinstance(payload, dict) or "torch_manual_seed" not in payload:
-        raise CheckpointError(f"{path!r} is not a random-states file of the reference's save_state.")
+    if not isinstance(payload, dict) or not ("torch_manual_seed" in payload or "rng" in payload):
+        raise CheckpointError(f"{path!r} is not a random-states file written by save_state.")
     return payload
 
 

@@ -62,7 +62,7 @@ def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[
         path = os.path.join(root, name)
         if not match or os.path.islink(path) or os.path.lexists(os.path.join(path, atomic.MANIFEST_NAME)):
             continue
-        if os.path.isdir(path) and is_reference_checkpoint(os.listdir(path)):
+        if os.path.isdir(path) and is_reference_checkpoint(os.listdir(path), path):
             foreign.append((int(match.group(1)), path))  # the reference library's: no manifest
         elif newest is None or int(match.group(1)) > newest:
             warnings.warn(f"Skipping incomplete checkpoint {path}: it has no manifest", stacklevel=3)
@@ -89,11 +89,12 @@ def _verify_folder(folder: str, allow_unverified: bool) -> tuple[Manifest | None
     """
     if not os.path.lexists(os.path.join(folder, atomic.MANIFEST_NAME)):
         present = scan_folder(folder, recursive=False)  # only its own entries are read
-        if is_reference_checkpoint(present):
+        if is_reference_checkpoint(present, folder):
             check_reference_files(folder, present)
             warnings.warn(
-                f"{folder} was written by the reference library (no {atomic.MANIFEST_NAME}): its files' "
-                "presence and headers were checked, but not their checksums, so it is loaded unverified.",
+                f"{folder} has no {atomic.MANIFEST_NAME} and is laid out as the reference library's "
+                "save_state writes it: its files' presence and headers were checked, but not their "
+                "checksums, so it is loaded unverified.",
                 stacklevel=4,
             )
             return None, present, True

@@ -78,7 +78,8 @@ def owns_loading(target: Any) -> bool:
 def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
     """Newest complete checkpoint folder under ``<project_dir>/checkpoints``, or None.
 
-    Complete means committed (it has a manifest); damage is found when loading.
+    Complete means committed (it has a manifest), or written by the reference library's
+    ``save_state`` (its layout, without a manifest); damage is found when loading.
 
     Args:
         project_dir: The run's project folder.
@@ -86,8 +87,18 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
     Returns:
         The folder path, or None when there is none (a fresh run).
     """
-    found = atomic.list_checkpoints(os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER))
-    return found[-1][1] if found else None
+    from accelerando.checkpointing.foreign import is_reference_checkpoint
+
+    root = os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER)
+    found = [(int(number), path) for number, path in atomic.list_checkpoints(root)]
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        match = NUMBERED.match(name)
+        path = os.path.join(root, name)
+        if match and not os.path.islink(path) and os.path.isdir(path):
+            names = os.listdir(path)
+            if atomic.MANIFEST_NAME not in names and is_reference_checkpoint(names, path):
+                found.append((int(match.group(1)), path))
+    return max(found)[1] if found else None
 
 
 def resume_point(accelerator: Any) -> ResumePoint | None:

@@ -240,7 +240,7 @@ def read_state_files(
 
             payload = read_reference_rng(path)
             out.step = int(payload.get("step", 0))
-            out.rng = reference_rng_payload(payload)
+            out.rng = payload["rng"] if "rng" in payload else reference_rng_payload(payload)
         else:
             payload = F.torch_load(path)
             out.step = int(payload.get("step", 0))
