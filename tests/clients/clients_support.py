@@ -57,3 +57,35 @@ def check_common(result: dict[str, Any], steps: int) -> None:
     assert result["accelerate_version"] == "1.15.0"
     assert result["global_step"] == steps
     assert all(v == v and abs(v) < 1e4 for v in result["losses_a"].values()), result["losses_a"]
+
+
+#: Names transformers' trainer.py imports from ``accelerate.utils`` unconditionally (line ~221).
+TRAINER_NEEDS = (
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "release_memory",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+)
+
+
+def missing_trainer_names() -> list[str]:
+    """The names of TRAINER_NEEDS that ``accelerando.utils`` does not offer yet (imports accelerando.utils)."""
+    import accelerando.utils
+
+    return [name for name in TRAINER_NEEDS if not hasattr(accelerando.utils, name)]
+
+
+def xfail_if_trainer_cannot_import() -> None:
+    """Mark the running test xfail while ``from accelerate.utils import ...`` in transformers.trainer fails."""
+    import pytest
+
+    missing = missing_trainer_names()
+    if missing:
+        pytest.xfail(
+            f"accelerando.utils does not re-export {missing} yet (transformers/trainer.py imports them)"
+        )

@@ -132,7 +132,8 @@ def _training_args(args: argparse.Namespace, out: str) -> Any:
         logging_steps=1,
         learning_rate=1e-3,
         report_to=[],
-        use_cpu=True,
+        # DeepSpeed and FSDP need the default device (CPU here): use_cpu would turn them off.
+        use_cpu=not (args.deepspeed or args.fsdp),
         seed=0,
         data_seed=0,
         bf16=args.bf16,
