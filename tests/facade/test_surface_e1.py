@@ -167,6 +167,9 @@ def test_accelerator_state_members(fresh_state: Any, monkeypatch: pytest.MonkeyP
         state.get_deepspeed_plugin("default")
     PartialState().set_device()
     assert do_nothing(1, a=2) is None
+    AcceleratorState(mixed_precision="no", cpu=True, _from_accelerator=True)  # what is in effect: accepted
+    with pytest.raises(TypeError, match="cannot set mixed_precision"):
+        AcceleratorState(mixed_precision="fp16")
     assert accelerator.state is not None
 
     class Holder:

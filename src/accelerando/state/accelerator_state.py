@@ -30,11 +30,15 @@ class AcceleratorState:
     (:meth:`select_deepspeed_plugin`).
 
     Args:
-        cpu / pg_kwargs: passed to ``PartialState`` when the process state does not exist yet.
-        **unused: other keyword arguments are refused (the view cannot be configured).
+        mixed_precision, dynamo_plugin, deepspeed_plugin, fsdp_plugin, torch_tp_plugin,
+            megatron_lm_plugin, parallelism_config: the reference's settings. The view cannot be
+            configured: each must be None or what is already in effect.
+        cpu: passed to ``PartialState`` when the process state does not exist yet.
+        _from_accelerator: accepted for compatibility (the Accelerator configures the runtime itself).
+        **kwargs: ``pg_kwargs`` (process-group options for ``PartialState``); anything else is refused.
 
     Raises:
-        TypeError: keyword arguments other than ``cpu`` / ``pg_kwargs``.
+        TypeError: a setting that differs from what is in effect, or an unknown keyword.
     """
 
     _shared_state: dict[str, Any] = {}
@@ -52,15 +56,55 @@ class AcceleratorState:
         }
     )
 
-    def __init__(self, cpu: bool = False, pg_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
-        if unused:
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        pg_kwargs = kwargs.pop("pg_kwargs", None)
+        if kwargs:
             raise TypeError(
-                f"AcceleratorState() takes no settings ({', '.join(sorted(unused))}); pass them to Accelerator(...)"
+                f"AcceleratorState() takes no settings ({', '.join(sorted(kwargs))}); pass them to Accelerator(...)"
             )
         self.__dict__ = self._shared_state
         self._shared_state.setdefault("active_deepspeed_plugin_name", None)
         if runtime.current_process() is None:
             PartialState(cpu=cpu, **(pg_kwargs or {}))
+        given = {
+            "mixed_precision": mixed_precision,
+            "dynamo_plugin": dynamo_plugin,
+            "deepspeed_plugin": deepspeed_plugin,
+            "fsdp_plugin": fsdp_plugin,
+            "torch_tp_plugin": torch_tp_plugin,
+            "megatron_lm_plugin": megatron_lm_plugin,
+            "parallelism_config": parallelism_config,
+        }
+        differing = [
+            name for name, value in given.items() if value is not None and not self._holds(name, value)
+        ]
+        if differing:
+            raise TypeError(
+                f"AcceleratorState() is a view of what the Accelerator decided and cannot set "
+                f"{', '.join(differing)}; pass them to Accelerator(...)"
+            )
+
+    def _holds(self, name: str, value: Any) -> bool:
+        """Whether the view already holds ``value`` for the setting ``name``."""
+        if name == "mixed_precision":
+            return str(value) == self.mixed_precision
+        if name == "deepspeed_plugin":
+            plugins = self.deepspeed_plugins or {}
+            candidates = value.values() if isinstance(value, dict) else [value]
+            return all(any(c is p for p in plugins.values()) for c in candidates)
+        return getattr(self, name) is value
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._view_names:
