@@ -164,9 +164,21 @@ ACCELERATOR_METHODS = [
     "verify_device_map",
     "lomo_backward",
     "maybe_context_parallel",
+    "should_save_model",
+    "is_composable_parallelism_enabled",
+    "data_parallel_shard_rank",
+    "deepspeed_ulysses_dl_adapter",
 ]
 
-STATE = ["PartialState", "AcceleratorState", "GradientState", "DistributedType"]
+STATE = [
+    "PartialState",
+    "AcceleratorState",
+    "GradientState",
+    "DistributedType",
+    "ThreadLocalSharedDict",
+    "do_nothing",
+    "is_initialized",
+]
 
 UTILS = [
     "ComputeEnvironment",
@@ -347,7 +359,7 @@ OTHER_MODULES = {
     "accelerando.local_sgd": ["LocalSGD"],
     "accelerando.logging": ["get_logger"],
     "accelerando.memory_utils": ["find_executable_batch_size", "release_memory"],
-    "accelerando.optimizer": ["AcceleratedOptimizer"],
+    "accelerando.optimizer": ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"],
     "accelerando.scheduler": ["AcceleratedScheduler"],
     "accelerando.test_utils": ["RegressionModel", "RegressionDataset"],
     "accelerando.tracking": [
