@@ -411,8 +411,12 @@ def _quantize_loaded(model: nn.Module) -> int:
         weight = module.weight
         if weight.device.type == "meta" or _is_quantized(weight):
             continue
-        # bitsandbytes quantises when an unquantised weight moves to a real device (CPU included).
-        module._parameters["weight"] = weight.to(weight.device)
+        device = weight.device
+        # bitsandbytes quantises when an unquantised weight moves to a real device (CPU included); an
+        # Int8Params quantises only on a move that starts on CPU, so one already elsewhere goes via CPU.
+        if weight.dtype != torch.int8 and not hasattr(weight, "bnb_quantized") and device.type != "cpu":
+            weight = weight.cpu()
+        module._parameters["weight"] = weight.to(device)
         count += 1
     return count
 
