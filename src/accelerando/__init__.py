@@ -55,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "is_deepspeed_available": "accelerando.utils.imports",
     "write_basic_config": "accelerando.commands.config",
     "convert_bytes": "accelerando.utils.other",
+    "is_rich_available": "accelerando.utils.imports",
+    "install_as_accelerate": "accelerando.stand_in",
 }
 
 __all__ = ["__version__", *_EXPORTS]
