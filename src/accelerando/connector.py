@@ -84,6 +84,7 @@ def decide(
     requested_type: str | None,
     requested_type_source: str = "default",
     device_name: str = "cpu",
+    pipeline_requested: bool = False,
 ) -> Decision:
     """Choose the distributed type and strategy (step 5).
 
@@ -101,6 +102,10 @@ def decide(
             f"(device detected: {device_name}); launch with --cpu / distributed_type: MULTI_CPU, "
             "or run on a GPU machine"
         )
+    if pipeline_requested:
+        return _pipeline_decision(
+            process_type, num_processes, deepspeed_requested or fsdp_requested or megatron_requested
+        )
     if deepspeed_requested:
         return Decision(DistributedType.DEEPSPEED, "deepspeed", "a DeepSpeed plugin or --use_deepspeed")
     if fsdp_requested:
@@ -110,6 +115,16 @@ def decide(
     if process_type is not DistributedType.NO:
         return Decision(process_type, "ddp", f"{num_processes} processes")
     return Decision(DistributedType.NO, "single", "one process")
+
+
+def _pipeline_decision(process_type: DistributedType, num_processes: int, other_backend: bool) -> Decision:
+    """Step 5 for a ``PipelineParallelPlugin``: the pipeline strategy, alone (accelerando-specific)."""
+    if other_backend:
+        raise ValueError(
+            "a PipelineParallelPlugin and DeepSpeed / FSDP / Megatron-LM were both requested; pipeline parallelism "
+            "here runs on its own: drop one of them"
+        )
+    return Decision(process_type, "pipeline", f"a PipelineParallelPlugin over {num_processes} processes")
 
 
 # ----------------------------------------------------------------------------------- step 0
@@ -163,7 +178,14 @@ def _strategy_rule(settings: Settings, plugins: rt.Plugins, process: rt.ProcessC
         requested_type=settings.distributed_type,
         requested_type_source=settings.source("distributed_type"),
         device_name=process.device.type,
+        pipeline_requested=_pipeline_requested(plugins),
     )
+
+
+def _pipeline_requested(plugins: rt.Plugins) -> bool:
+    from accelerando.plugins.pipeline import PipelineParallelPlugin
+
+    return plugins.handler(PipelineParallelPlugin) is not None
 
 
 def _default_backend_plugins(decision: Decision, plugins: rt.Plugins) -> rt.Plugins:
