@@ -225,9 +225,8 @@ def _check_runs(config: BnbQuantizationConfig, devices: set[str]) -> None:
 
 
 def _device_type(device: int | str | torch.device) -> str:
-    if isinstance(device, int):
-        return torch.device("cuda", device).type if torch.cuda.is_available() else "cuda"
-    return torch.device(device).type
+    # a bare index names a CUDA device, as in the reference's device maps
+    return "cuda" if isinstance(device, int) else torch.device(device).type
 
 
 # --------------------------------------------------------------------------------------------------
