@@ -9,12 +9,17 @@ ranks a loss is averaged over).
 
 Unset sizes and backends are read from ``PARALLELISM_CONFIG_*`` environment variables (what a launcher
 passes on), else 1 / the only backend.
+
+Beyond the reference, ``dp_replicate_size``, ``dp_shard_size`` and ``tp_size`` may be ``"auto"``:
+:meth:`ParallelismConfig.resolve_auto` then chooses them from the model and the machine
+(:func:`accelerando.parallelism_layout.choose_layout`) before the mesh is built.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -22,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from accelerando.parallelism_layout import Layout, MachineShape, ModelFacts
 
 __all__ = ["ParallelismConfig"]
 
@@ -36,11 +43,17 @@ _HANDLER_CLASSES = {
     "sp": "DeepSpeedSequenceParallelConfig",
 }
 _ENV_PREFIX = "PARALLELISM_CONFIG_"
+# Axes the automatic layout chooses (a size of "auto"); the others must be numbers.
+_AUTO_AXES = ("dp_replicate", "dp_shard", "tp")
+_AUTO = "auto"
+logger = logging.getLogger(__name__)
 
 
-def _env_int(axis: str) -> int:
+def _env_int(axis: str) -> int | str:
     name = f"{_ENV_PREFIX}{axis.upper()}_SIZE"
     raw = os.environ.get(name, "1")
+    if raw.strip().lower() == _AUTO and axis in _AUTO_AXES:
+        return _AUTO
     try:
         return int(raw)
     except ValueError:
@@ -74,7 +87,8 @@ class ParallelismConfig:
 
     Raises:
         ValueError: a size below 1, an unknown backend, tensor/context parallelism over pure
-            replication (needs ``dp_shard_size > 1``), or both context and sequence parallelism.
+            replication (needs ``dp_shard_size > 1``), or both context and sequence parallelism;
+            ``"auto"`` for cp/sp (only dp_replicate, dp_shard and tp are chosen automatically).
     """
 
     dp_replicate_size: int | None = None
@@ -88,15 +102,26 @@ class ParallelismConfig:
     cp_handler: Any = None
     sp_handler: Any = None
     device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
+    #: The automatic layout :meth:`resolve_auto` chose (None when the sizes were given).
+    layout: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        unset = []
         for axis in _AXES:
             value = getattr(self, f"{axis}_size")
             if value is None:
+                if f"{_ENV_PREFIX}{axis.upper()}_SIZE" not in os.environ:
+                    unset.append(axis)
                 value = _env_int(axis)
                 setattr(self, f"{axis}_size", value)
+            if isinstance(value, str) and value.lower() == _AUTO and axis in _AUTO_AXES:
+                setattr(self, f"{axis}_size", _AUTO)
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ParallelismConfig.{axis}_size must be an integer >= 1, got {value!r}")
+                auto = ' or "auto"' if axis in _AUTO_AXES else ""
+                raise ValueError(
+                    f"ParallelismConfig.{axis}_size must be an integer >= 1{auto}, got {value!r}"
+                )
         for axis, choices in _BACKENDS.items():
             name = f"{axis}_backend"
             if getattr(self, name) is None:
@@ -105,6 +130,15 @@ class ParallelismConfig:
                 raise ValueError(
                     f"ParallelismConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}"
                 )
+        if self.auto_axes:
+            # Next to an "auto" size, the other automatic axes left unset are chosen too.
+            for axis in (a for a in _AUTO_AXES if a in unset):
+                setattr(self, f"{axis}_size", _AUTO)
+        else:
+            self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Default handlers and the cross-axis rules, once every size is a number."""
         for axis in _HANDLER_CLASSES:
             handler = f"{axis}_handler"
             if getattr(self, f"{axis}_size") > 1 and getattr(self, handler) is None:
@@ -135,18 +169,113 @@ class ParallelismConfig:
         return {axis: getattr(self, f"{axis}_size") for axis in _AXES}
 
     @property
+    def auto_axes(self) -> list[str]:
+        """The axes whose size is still ``"auto"`` (empty once :meth:`resolve_auto` ran)."""
+        return [axis for axis in _AXES if getattr(self, f"{axis}_size") == _AUTO]
+
+    def _require_resolved(self) -> None:
+        if self.auto_axes:
+            sizes = ", ".join(f"{axis}_size='auto'" for axis in self.auto_axes)
+            raise ValueError(
+                f"ParallelismConfig({sizes}) is not resolved yet: call "
+                "parallelism_config.resolve_auto(model, num_processes=...) before creating the Accelerator "
+                "(or launch with --parallelism auto --parallelism_model <config.json>), or give the sizes"
+            )
+
+    def resolve_auto(
+        self,
+        model: Any = None,
+        *,
+        num_processes: int,
+        num_nodes: int = 1,
+        memory_per_device: int | str | None = None,
+        model_facts: ModelFacts | None = None,
+        machine: MachineShape | None = None,
+        **layout_options: Any,
+    ) -> Layout:
+        """Choose the ``"auto"`` sizes from the model and the machine (:func:`~accelerando.parallelism_layout.choose_layout`).
+
+        Args:
+            model: a ``torch.nn.Module`` or a transformers config (or ``config.json`` path); or give
+                ``model_facts``.
+            num_processes: processes in the job.
+            num_nodes: machines in the job (devices per node = ``num_processes // num_nodes``).
+            memory_per_device: bytes (or ``"80GB"``) of one device; None = the current CUDA device's
+                total memory, or without CUDA the host's RAM shared by the processes of a node.
+            model_facts / machine: the facts themselves, instead of ``model`` / the arguments above.
+            layout_options: passed to ``choose_layout`` (``batch_size``, ``seq_length``,
+                ``mixed_precision``, ``optimizer``, ``activation_checkpointing``, ``headroom``...).
+
+        Returns:
+            The chosen :class:`~accelerando.parallelism_layout.Layout` (also kept as ``self.layout``);
+            its reasons are logged at INFO level.
+
+        Raises:
+            ValueError: no layout fits (numbers and fixes in the message), the layout needs pipeline
+                stages (no ``pp`` axis here: use ``PipelineParallelPlugin``), or it contradicts a size
+                given as a number.
+        """
+        from accelerando import parallelism_layout as pl
+
+        if model_facts is None:
+            if model is None:
+                raise ValueError(
+                    "resolve_auto needs the model (a module or a transformers config) or model_facts"
+                )
+            is_module = hasattr(model, "parameters") and callable(model.parameters)
+            model_facts = (
+                pl.model_facts_from_module(model) if is_module else pl.model_facts_from_config(model)
+            )
+        if machine is None:
+            if num_processes % num_nodes:
+                raise ValueError(f"{num_processes} processes do not split evenly over {num_nodes} nodes")
+            per_node = num_processes // num_nodes
+            memory, device_type = _device_memory(per_node) if memory_per_device is None else (None, "cuda")
+            memory = pl.parse_memory(memory_per_device) if memory_per_device is not None else memory
+            machine = pl.MachineShape(num_nodes, per_node, int(memory), device_type)
+        layout = pl.choose_layout(model_facts, machine, **layout_options)
+        for line in layout.reason:
+            logger.info("automatic parallel layout: %s", line)
+        if layout.pp > 1:
+            raise ValueError(
+                f"the automatic layout needs {layout.pp} pipeline stages ({layout.describe()}), and "
+                "ParallelismConfig has no pipeline axis: train with PipelineParallelPlugin(pp_size=...) and "
+                f"tp_size={layout.tp}, or give more memory per device / more devices"
+            )
+        chosen = {"dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "tp": layout.tp}
+        for axis in _AUTO_AXES:
+            value = getattr(self, f"{axis}_size")
+            if value != _AUTO and value != chosen[axis]:
+                raise ValueError(
+                    f"the automatic layout chose {axis}_size={chosen[axis]} ({layout.describe()}) but "
+                    f"{axis}_size={value} was given; set it to 'auto' too, or give every size"
+                )
+        for axis in (a for a in ("cp", "sp") if getattr(self, f"{a}_size") != 1):
+            raise ValueError(
+                f"{axis}_size={getattr(self, f'{axis}_size')} cannot be combined with 'auto' sizes"
+            )
+        for axis, size in chosen.items():
+            setattr(self, f"{axis}_size", size)
+        self.layout = layout
+        self._check_sizes()
+        return layout
+
+    @property
     def total_size(self) -> int:
         """Processes the layout needs: the product of every axis size."""
+        self._require_resolved()
         return self.data_parallel_size * self.non_data_parallel_size
 
     @property
     def data_parallel_size(self) -> int:
         """Ranks that read different batches: ``dp_replicate_size * dp_shard_size``."""
+        self._require_resolved()
         return self.dp_replicate_size * self.dp_shard_size
 
     @property
     def non_data_parallel_size(self) -> int:
         """Ranks that share one batch: ``tp_size * cp_size * sp_size``."""
+        self._require_resolved()
         return self.tp_size * self.cp_size * self.sp_size
 
     # --------------------------------------------------------------- switches
@@ -227,8 +356,10 @@ class ParallelismConfig:
         (``dp_replicate_size = num_processes``), so the data-parallel sizes and ranks are the job's.
 
         Raises:
-            ValueError: the product of the sizes differs from the process count (with the product shown).
+            ValueError: the product of the sizes differs from the process count (with the product shown),
+                or a size is still ``"auto"`` (call :meth:`resolve_auto` first).
         """
+        self._require_resolved()
         if self.total_size == 1 and num_processes > 1:
             self.dp_replicate_size = num_processes
         if self.total_size != num_processes:
@@ -301,3 +432,13 @@ class ParallelismConfig:
                 value = dict(vars(value))
             out[item.name] = copy.deepcopy(value)
         return out
+
+
+def _device_memory(per_node: int) -> tuple[int, str]:
+    """``(bytes, device type)`` of one device: the current CUDA device's memory, else RAM per process."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, "cuda"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(per_node, 1), "cpu"

@@ -108,7 +108,11 @@ class ModelFacts:
 
     def describe(self) -> str:
         """One line: the facts the layout uses."""
-        parts = [f"{self.name}: {self.num_parameters / 1e9:.3g}B parameters"]
+        count = self.num_parameters
+        size = (
+            f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M" if count >= 1e6 else str(count)
+        )
+        parts = [f"{self.name}: {size} parameters"]
         if self.num_layers:
             parts.append(f"{self.num_layers} layers")
         if self.num_attention_heads:
