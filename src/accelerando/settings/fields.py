@@ -422,6 +422,18 @@ FIELDS: tuple[Field, ...] = (
     _parallel("sp_seq_length", "int", "Sequence length when every batch has the same one."),
     _parallel("sp_seq_length_is_variable", "bool", "Batches may have different sequence lengths."),
     _parallel("sp_attn_implementation", "str", "Attention used with sequence parallelism (e.g. sdpa)."),
+    # --- automatic layout (accelerando only; accelerando.parallelism_layout) -----------------------
+    Field("parallelism", "choice", None, group="layout", cli="--parallelism", choices=("auto", "manual"),
+          help="auto: choose tp / pp / dp_shard / dp_replicate from the model (--parallelism_model) and the "
+               "machine; the layout and its reasons are shown by --dry-run. manual: the sizes given."),
+    Field("parallelism_model", "str", None, group="layout", cli="--parallelism_model",
+          help="transformers config.json (or its folder) of the model the automatic layout plans for."),
+    Field("parallelism_batch_size", "int", None, group="layout", cli="--parallelism_batch_size", minimum=1,
+          help="Micro-batch per data-parallel rank the automatic layout plans for (default 1)."),
+    Field("parallelism_seq_length", "int", None, group="layout", cli="--parallelism_seq_length", minimum=1,
+          help="Tokens per sample the automatic layout plans for (default 2048)."),
+    Field("parallelism_device_memory", "str", None, group="layout", cli="--parallelism_device_memory",
+          help="Memory of one device for the automatic layout, e.g. 80GB (default: detected)."),
     # --- FP8 (used with mixed_precision fp8) ------------------------------------------------------
     _fp8("fp8_backend", "choice", "FP8 backend: ao (torchao), te (Transformer Engine), msamp (MS-AMP).",
          choices=("ao", "te", "msamp")),
