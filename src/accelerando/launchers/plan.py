@@ -43,6 +43,7 @@ __all__ = [
     "export_env",
     "reference_env",
     "INSTALL_ENV",
+    "automatic_layout",
 ]
 
 _ELASTIC_MODULE = "torch.distributed.run"
@@ -489,6 +490,86 @@ def _inert_notes(settings: Settings) -> list[str]:
     return notes
 
 
+def automatic_layout(settings: Settings, machine: MachineInfo, num_processes: int, num_machines: int) -> Any:
+    """The :class:`~accelerando.parallelism_layout.Layout` of ``--parallelism auto`` (None without a model).
+
+    The model's facts come from ``parallelism_model`` (a transformers ``config.json``), the machine from
+    the process count, the machine count and ``parallelism_device_memory`` (default: the first GPU's
+    memory, or the RAM shared by this machine's processes).
+
+    Raises:
+        ValueError: no layout fits (the numbers and fixes in the message), or a bad model path or size.
+    """
+    if settings.parallelism != "auto" or not settings.parallelism_model:
+        return None
+    from accelerando import parallelism_layout as pl
+
+    per_node = max(num_processes // num_machines, 1)
+    on_gpu = not settings.cpu and machine.gpu_count > 0
+    if settings.parallelism_device_memory:
+        memory = pl.parse_memory(settings.parallelism_device_memory)
+    else:
+        memory = _detected_device_memory(on_gpu, per_node)
+    shape = pl.MachineShape(num_machines, per_node, memory, "cuda" if on_gpu else "cpu")
+    return pl.choose_layout(
+        pl.model_facts_from_config(settings.parallelism_model),
+        shape,
+        batch_size=settings.parallelism_batch_size or 1,
+        seq_length=settings.parallelism_seq_length or 2048,
+        mixed_precision=settings.mixed_precision or "no",
+    )
+
+
+def _detected_device_memory(on_gpu: bool, per_node: int) -> int:
+    if on_gpu:
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // per_node
+
+
+def _auto_layout(
+    settings: Settings, machine: MachineInfo, total: int, machines: int, env: dict[str, str]
+) -> list[str]:
+    """Notes (and sizes in ``env``) for ``--parallelism auto``; raises ValueError when nothing fits."""
+    where = _where(settings, "parallelism")
+    sizes = ("DP_REPLICATE", "DP_SHARD", "TP")
+    layout = automatic_layout(settings, machine, total, machines)
+    if layout is None:
+        env.update({f"PARALLELISM_CONFIG_{axis}_SIZE": "auto" for axis in sizes})
+        return [
+            f"{where}: no --parallelism_model given, so tp / dp_shard / dp_replicate are left 'auto' for the "
+            "script: ParallelismConfig().resolve_auto(model, num_processes=...) chooses and logs them"
+        ]
+    notes = [f"automatic layout ({where}): {layout.describe()}", *(f"  {line}" for line in layout.reason)]
+    if layout.pp > 1:
+        env.update({f"PARALLELISM_CONFIG_{axis}_SIZE": "auto" for axis in sizes})
+        notes.append(
+            f"  pp={layout.pp}: ParallelismConfig has no pipeline axis; the script must split the model with "
+            f"PipelineParallelPlugin(pp_size={layout.pp}) (resolve_auto refuses this layout)"
+        )
+        return notes
+    if layout.tp > 1 or layout.dp_shard > 1:
+        if not settings.use_fsdp:
+            raise ValueError(
+                f"the automatic layout {layout.describe()} shards the model, which needs FSDP2. "
+                "Fix: add --use_fsdp --fsdp_version 2, or give more memory per device. Why: "
+                + "; ".join(layout.reason[-2:])
+            )
+        env.update(
+            {
+                "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": str(layout.dp_replicate),
+                "PARALLELISM_CONFIG_DP_SHARD_SIZE": str(layout.dp_shard),
+                "PARALLELISM_CONFIG_TP_SIZE": str(layout.tp),
+                "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+                FIELDS_BY_NAME["use_parallelism_config"].our_env: "true",
+            }
+        )
+    return notes
+
+
 def _is_one_process_kind(settings: Settings) -> bool:
     """Whether the settings ask for a one-process kind (``distributed_type: NO``)."""
     kind = distributed_kind(settings.distributed_type)
@@ -590,6 +671,8 @@ def build(
                 "device's memory; the choice and its reason are logged then"
             )
     notes += _inert_notes(settings)
+    if settings.parallelism == "auto":
+        notes += _auto_layout(settings, machine, total, machines, env)
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0
     mode = "elastic" if elastic else "simple"
     runner = _multinode_runner(settings, machines)
