@@ -147,7 +147,30 @@ def env_command(args: argparse.Namespace) -> int:
     for name, value, source in settings.items():
         if getattr(args, "all", False) or source != "default":
             print(f"  {name}: {value!r} [{source}]")
+    if settings.parallelism == "auto":
+        _print_layout(settings)
     return 0
+
+
+def _print_layout(settings: Any) -> None:
+    """The automatic parallel layout of these settings (``parallelism: auto``), with its reasons."""
+    from accelerando.launchers.plan import automatic_layout
+    from accelerando.settings.machine import detect_machine
+
+    machine = detect_machine()
+    machines = settings.num_machines or 1
+    processes = settings.num_processes or max(machine.gpu_count, 1) * machines
+    try:
+        layout = automatic_layout(settings, machine, processes, machines)
+    except ValueError as err:
+        print(f"Automatic parallel layout: none fits: {err}")
+        return
+    if layout is None:
+        print("Automatic parallel layout: chosen by the script (no parallelism_model given)")
+        return
+    print(f"Automatic parallel layout for {processes} process(es): {layout.describe()}")
+    for line in layout.reason:
+        print(f"  {line}")
 
 
 def run(args: argparse.Namespace) -> int:
