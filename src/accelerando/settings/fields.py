@@ -325,6 +325,14 @@ FIELDS: tuple[Field, ...] = (
     _core("hang_timeout", "float", 1200.0, group="launch", minimum=0,
           help="Seconds without progress (no process using CPU) before the launcher stops the job "
                "and names the processes that did not arrive; 0 disables."),
+    # --- job files: `accelerando launch --emit slurm|kubernetes` writes a job instead of starting one ---
+    _core("emit", "choice", None, group="emit", choices=("slurm", "kubernetes"), export=False, in_config=False,
+          help="Write a job for a cluster scheduler from these settings instead of launching: an sbatch "
+               "script (slurm) or a Kubeflow PyTorchJob manifest (kubernetes)."),
+    _core("emit_to", "str", None, group="emit", export=False, in_config=False,
+          help="File to write the --emit job to (default: print it)."),
+    _core("emit_image", "str", None, group="emit", export=False, in_config=False,
+          help="Container image of an --emit kubernetes job; it must have accelerando and the script."),
     # --- torch.compile ----------------------------------------------------------------------------
     _dynamo("dynamo_backend", "choice", "NO", "Backend passed to torch.compile ('no' = do not compile).",
             choices=tuple(DynamoBackend.list())),
