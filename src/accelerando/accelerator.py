@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 import accelerando.connector as connector
 from accelerando.facade.collectives import CollectivesMixin
 from accelerando.facade.observing import ObservingMixin
+from accelerando.facade.parallelism_settings import default_parallelism_config
 from accelerando.facade.preparing import PreparingMixin
 from accelerando.facade.saving import SavingMixin
 from accelerando.gradient_state import GradientState
@@ -129,6 +131,34 @@ def _project_config(config: Any, project_dir: str | None) -> Any:
     return config
 
 
+def _override_even_batches(dataloaders: list[Any], even_batches: bool | None) -> list[tuple[Any, bool]]:
+    """Set ``even_batches`` on each map-style loader's batch sampler; return (sampler, old value) pairs.
+
+    Only the batch sampler decides how the last batches are shared, so that is where the value
+    goes. Loaders over iterable datasets (or dispatching loaders) are skipped with a warning.
+    """
+    from accelerando.data_loader.dispatcher import DataLoaderDispatcher
+
+    if even_batches is None:
+        return []
+    overridden: list[tuple[Any, bool]] = []
+    skipped = False
+    for dl in dataloaders:
+        sampler = getattr(dl, "batch_sampler", None)
+        if not isinstance(dl, DataLoaderDispatcher) and hasattr(sampler, "even_batches"):
+            overridden.append((sampler, sampler.even_batches))
+            sampler.even_batches = even_batches
+        else:
+            skipped = True
+    if skipped:
+        warnings.warn(
+            "join_uneven_inputs(even_batches=...) only changes dataloaders over map-style datasets; "
+            "some prepared dataloaders read iterable datasets and keep their even_batches",
+            stacklevel=3,
+        )
+    return overridden
+
+
 class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin):
     """Prepare a PyTorch training loop to run on any hardware and number of processes.
 
@@ -196,7 +226,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
             fsdp=fsdp_plugin,
             megatron_lm=megatron_lm_plugin,
             torch_tp=torch_tp_plugin,
-            parallelism_config=parallelism_config,
+            parallelism_config=default_parallelism_config(parallelism_config),
             dynamo=dynamo_plugin,
             handlers=_handlers_by_type(kwargs_handlers),
         )
@@ -588,20 +618,17 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
         """Context letting processes with fewer batches finish without hanging (DDP's Join).
 
-        With ``even_batches`` given, prepared dataloaders use it for the duration.
+        With ``even_batches`` given, the dataloaders prepared before the context use it for its
+        duration (set on their batch samplers) and get their own value back on exit; loaders over
+        iterable datasets cannot change it and are left alone with a warning.
         """
-        previous = [getattr(dl, "even_batches", None) for dl in self._dataloaders]
-        if even_batches is not None:
-            for dl in self._dataloaders:
-                if hasattr(dl, "even_batches"):
-                    dl.even_batches = even_batches
+        overridden = _override_even_batches(self._dataloaders, even_batches)
         try:
             with self._strategy.join_uneven_inputs(joinables, even_batches):
                 yield
         finally:
-            for dl, value in zip(self._dataloaders, previous, strict=True):
-                if value is not None:
-                    dl.even_batches = value
+            for sampler, value in overridden:
+                sampler.even_batches = value
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide gradients by the fp16 loss scale (a no-op in other precisions)."""

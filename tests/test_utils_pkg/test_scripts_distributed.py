@@ -50,7 +50,7 @@ def outcomes() -> list[dict[str, str | None]]:
     return run_distributed(_run_all_checks, 2)
 
 
-_KNOWN_BROKEN = {"test_distributed_data_loop.check_join_uneven_inputs"}
+_KNOWN_BROKEN: set[str] = set()
 
 
 def test_bundled_checks_pass_on_two_processes(outcomes):
@@ -61,11 +61,6 @@ def test_bundled_checks_pass_on_two_processes(outcomes):
         assert not failed, f"rank {rank}: " + "\n".join(f"{n}:\n{e}" for n, e in failed.items())
 
 
-@pytest.mark.xfail(
-    reason="Accelerator.join_uneven_inputs(even_batches=False) does not reach the prepared batch sampler "
-    "(requested from the accelerator.py owner)",
-    strict=False,
-)
 def test_join_uneven_inputs_check(outcomes):
     for outcome in outcomes:
         assert outcome["test_distributed_data_loop.check_join_uneven_inputs"] is None, outcome[

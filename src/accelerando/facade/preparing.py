@@ -36,6 +36,8 @@ class PreparingMixin:
     deepspeed_engine_wrapped: Any
     gradient_accumulation_steps: int
     split_batches: bool
+    distributed_type: Any
+    verify_device_map: Callable[[torch.nn.Module], bool]
 
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
@@ -136,10 +138,13 @@ class PreparingMixin:
         ``torch.compile`` must see the final wrapped module.
 
         Raises:
-            ValueError: a model dispatched across devices with ``device_map`` moved by placement.
+            ValueError: in a distributed run, a model dispatched over several devices with a
+                ``device_map`` (unless the ``bypass_device_map`` setting,
+                ``ACCELERATE_BYPASS_DEVICE_MAP``, is true).
         """
         if any(model is m for m in self._models):
             return model
+        self._refuse_spread_model(model)
         if device_placement is None:
             device_placement = self.device_placement
         if any(getattr(m, "hf_device_map", None) is not None for m in model.modules()):
@@ -155,6 +160,22 @@ class PreparingMixin:
             model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
         self._models[-1] = model
         return model
+
+    def _refuse_spread_model(self, model: torch.nn.Module) -> None:
+        """Refuse a model spread over several devices when several processes would train it."""
+        from accelerando.settings import environment_setting
+        from accelerando.utils.dataclasses import DistributedType
+
+        if self.distributed_type == DistributedType.NO or not self.verify_device_map(model):
+            return
+        if environment_setting("bypass_device_map"):
+            return
+        raise ValueError(
+            "this model was dispatched over several devices with a device_map (e.g. device_map='auto'), "
+            "which cannot be trained in a distributed run: launch a single process (--num_processes=1 or "
+            "plain `python script.py`), load the model without a device_map, or set "
+            "ACCELERATE_BYPASS_DEVICE_MAP=true if you know the layout is right"
+        )
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
