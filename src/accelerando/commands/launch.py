@@ -64,6 +64,7 @@ _GROUP_TITLES = {
     "parallelism": "N-d parallelism (ParallelismConfig; used with --use_fsdp or --use_deepspeed)",
     "fp8": "FP8 (used with --mixed_precision fp8)",
     "mpirun": "mpirun (multi-CPU jobs)",
+    "emit": "Job files for cluster schedulers (--emit)",
 }
 # Reference flags with no setting of their own here: accepted, and passed to the script's environment
 # under the reference's ACCELERATE_<NAME> so code written for it still finds them.
@@ -308,6 +309,9 @@ def run(args: argparse.Namespace) -> int:
         print(refused, file=sys.stderr)
         return 2
     try:
+        emitted = _emit(args)
+        if emitted is not None:
+            return emitted
         settings, plan = _plan_for(args)
     except (ValueError, KeyError) as err:
         print(f"accelerando launch: {err.args[0] if err.args else err}", file=sys.stderr)
@@ -324,20 +328,52 @@ def run(args: argparse.Namespace) -> int:
     return run_plan(plan, quiet=args.quiet)
 
 
-def _plan_for(args: argparse.Namespace, forced: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    """Resolve the settings of ``args`` and plan the launch: ``(settings, plan)``; raises ValueError/KeyError."""
-    from dataclasses import replace
+def _command_of(args: argparse.Namespace) -> Any:
+    """The :class:`~accelerando.launchers.plan.Command` each process of ``args`` runs."""
+    from accelerando.launchers.plan import Command
 
-    from accelerando.launchers.plan import Command, build, check_command
-    from accelerando.settings.machine import detect_machine
-
-    settings, notes = resolve_launch_settings(args, forced)
-    command = Command(
+    return Command(
         args.training_script,
         tuple(getattr(args, "training_script_args", None) or ()),
         bool(getattr(args, "module", False)),
         bool(getattr(args, "no_python", False)),
     )
+
+
+def _emit(args: argparse.Namespace) -> int | None:
+    """With ``--emit``, write the job for a scheduler instead of launching; ``None`` without it.
+
+    Raises ValueError for impossible settings or a file that cannot be written (the message says why).
+    """
+    settings, _notes = resolve_launch_settings(args)
+    if not settings.emit:
+        return None
+    from accelerando.launchers.emit import emit_job, write_job
+
+    text = emit_job(settings, _command_of(args))
+    try:
+        shown = write_job(text, settings.emit_to)
+    except OSError as err:
+        raise ValueError(
+            f"cannot write the job to {settings.emit_to!r} (--emit_to): {err.strerror}. Fix: give a writable path."
+        ) from None
+    if settings.emit_to:
+        if not args.quiet:
+            print(f"accelerando launch: {shown}", file=sys.stderr)
+    else:
+        sys.stdout.write(shown)
+    return 0
+
+
+def _plan_for(args: argparse.Namespace, forced: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """Resolve the settings of ``args`` and plan the launch: ``(settings, plan)``; raises ValueError/KeyError."""
+    from dataclasses import replace
+
+    from accelerando.launchers.plan import build, check_command
+    from accelerando.settings.machine import detect_machine
+
+    settings, notes = resolve_launch_settings(args, forced)
+    command = _command_of(args)
     agent_options = [
         f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k, None)
     ]

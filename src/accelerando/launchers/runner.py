@@ -194,8 +194,19 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
 
     Returns:
         The exit status: the script's for one process; 0 when every process succeeded, else the
-        exit code of the first process that failed.
+        exit code of the first process that failed; 2 when the rendezvous address or port of a
+        multi-process launch cannot work (:mod:`accelerando.launchers.preflight`, checked first).
     """
+    if plan.mode == "elastic":  # a wrong address or a taken port fails here, not as a hang
+        from accelerando.launchers.preflight import RendezvousError, check_plan
+
+        try:
+            warnings = check_plan(plan)
+        except RendezvousError as err:
+            print(f"accelerando launch: {err}", file=sys.stderr)
+            return 2
+        for warning in warnings if not quiet else ():
+            print(f"accelerando launch: warning: {warning}.", file=sys.stderr)
     # One process, mpirun (one command that starts them all), or DeepSpeed's own runner; every other
     # plan goes to the elastic agent.
     direct = {"simple": _run_simple, "mpirun": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)

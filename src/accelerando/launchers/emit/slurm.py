@@ -1,0 +1,133 @@
+"""An sbatch script for a :class:`~accelerando.launchers.emit.JobSpec`.
+
+The script asks for ``num_machines`` nodes with one task each and runs, through ``srun``, one
+``accelerando launch`` per node, which starts that node's processes. The rendezvous comes from the
+allocation when the job runs: the first host of ``SLURM_JOB_NODELIST`` hosts it, each node's rank is
+``SLURM_NODEID`` and the machine count is ``SLURM_NNODES`` (so ``sbatch --nodes=K job.sh`` resizes
+the job without editing it). The job is requeueable: SLURM signals the batch shell with ``USR1``
+ahead of the time limit (``--signal``), the script then requeues the job, and SLURM stops the
+running step with ``SIGTERM`` so the processes can write a checkpoint before they end.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from accelerando.launchers.emit import JobSpec, value_text
+from accelerando.settings.fields import Field
+
+__all__ = ["REQUEUE_SIGNAL", "SIGNAL_LEAD_SECONDS", "render_sbatch", "setting_flags"]
+
+#: The signal SLURM sends the batch shell before the time limit, and how many seconds before.
+REQUEUE_SIGNAL = "USR1"
+SIGNAL_LEAD_SECONDS = 90
+# A port every task of a job agrees on without talking, different for jobs that share a node.
+_PORT_FROM_JOB_ID = "$((15000 + SLURM_JOB_ID % 20000))"
+
+
+def setting_flags(carried: tuple[tuple[Field, object], ...]) -> tuple[list[str], dict[str, str]]:
+    """Spell carried settings as launcher flags, or as ``ACCELERANDO_*`` variables when no flag can.
+
+    Args:
+        carried: ``(field, value)`` pairs from :attr:`JobSpec.carried`.
+
+    Returns:
+        ``(flags, env)``: a switch set to true is its flag alone; a switch set to false, or a setting
+        without a flag, becomes a variable.
+    """
+    flags: list[str] = []
+    env: dict[str, str] = {}
+    for field, value in carried:
+        if field.cli is None or (field.switch and value is not True):
+            env[field.our_env] = value_text(value)
+        elif field.switch:
+            flags.append(field.cli)
+        else:
+            flags += [field.cli, value_text(value)]
+    return flags, env
+
+
+def _launch_line(spec: JobSpec, flags: list[str]) -> str:
+    """The command each task runs; ``$VAR`` parts are read in the task (SLURM_NODEID differs per node)."""
+    per_task = (
+        'exec accelerando launch --num_machines "$SLURM_NNODES" --machine_rank "$SLURM_NODEID" '
+        '--main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" '
+        f'--num_processes "$((SLURM_NNODES * {spec.nproc_per_node}))"'
+    )
+    command = spec.command
+    target = ["-m"] if command.module else ["--no_python"] if command.no_python else []
+    rest = shlex.join([*flags, *target, command.target, *command.args])
+    return shlex.quote(f"{per_task} {rest}")
+
+
+def render_sbatch(spec: JobSpec, workdir: str | None = None) -> str:
+    """Write the sbatch script of ``spec``.
+
+    Args:
+        spec: the job.
+        workdir: the folder the job runs in (``#SBATCH --chdir``); default: the current folder, where
+            a relative script path given to ``accelerando launch`` is found.
+
+    Returns:
+        The script's text (bash, starting with ``#!/bin/bash``).
+    """
+    flags, env = setting_flags(spec.carried)
+    folder = workdir or str(Path.cwd())
+    sbatch = [
+        f"--job-name={spec.name}",
+        f"--nodes={spec.num_machines}",
+        "--ntasks-per-node=1",
+    ]
+    if spec.gpus_per_node:
+        sbatch.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.cpus_per_node:
+        sbatch.append(f"--cpus-per-task={spec.cpus_per_node}")
+    sbatch += [
+        "--requeue",
+        f"--signal=B:{REQUEUE_SIGNAL}@{SIGNAL_LEAD_SECONDS}",
+        "--open-mode=append",
+        f"--chdir={folder}",
+    ]
+    port = str(spec.main_port) if spec.main_port else _PORT_FROM_JOB_ID
+    srun = ["srun", "--nodes=$SLURM_NNODES", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if spec.cpus_per_node:
+        srun.append(f"--cpus-per-task={spec.cpus_per_node}")  # srun does not inherit sbatch's value
+    lines = [
+        "#!/bin/bash",
+        "# SLURM job written by `accelerando launch --emit slurm`. Submit it with `sbatch FILE`; sbatch",
+        "# options given on that command line (--time, --partition, --nodes, ...) override the lines below.",
+        f"# {spec.num_machines} machine(s) x {spec.nproc_per_node} process(es): one `accelerando launch` per",
+        "# machine starts that machine's processes.",
+        *(f"#SBATCH {option}" for option in sbatch),
+        "",
+        "# The environment that has accelerando must be active here (e.g. `source .venv/bin/activate`).",
+        "set -uo pipefail",
+        "",
+        "# Rendezvous: the first machine of the allocation hosts it; every machine uses the same port.",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"MASTER_PORT=${{MASTER_PORT:-{port}}}",
+        "export MASTER_ADDR MASTER_PORT",
+        *(f"export {name}={shlex.quote(text)}" for name, text in sorted(env.items())),
+        "",
+        f"# Preemption and time limit: SLURM sends {REQUEUE_SIGNAL} to this script {SIGNAL_LEAD_SECONDS} s before",
+        "# the end. The job is requeued; SLURM then stops the running step with SIGTERM (the processes",
+        "# write their checkpoint) and starts the job again later, which resumes from it.",
+        "requeue_job() {",
+        f'    echo "accelerando job $SLURM_JOB_ID: {REQUEUE_SIGNAL} received, requeueing" >&2',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "}",
+        f"trap requeue_job {REQUEUE_SIGNAL}",
+        "",
+        f"{' '.join(srun)} bash -c {_launch_line(spec, flags)} &",
+        "step=$!",
+        "# A trapped signal ends `wait` early; keep waiting until the step itself has ended.",
+        "while true; do",
+        '    wait "$step"',
+        "    status=$?",
+        '    kill -0 "$step" 2>/dev/null || break',
+        "done",
+        'exit "$status"',
+        "",
+    ]
+    return "\n".join(lines)
