@@ -144,6 +144,44 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+# Settings an accelerando/accelerate config file must leave to a DeepSpeed config file when it names
+# one (the reference's list): the launcher lists the ones it took from the file in config_ds_fields.
+_LEFT_TO_DEEPSPEED_FILE = (
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+    "mixed_precision",
+)
+
+
+def _refuse_config_file_fields() -> None:
+    """Refuse launcher config-file values that a DeepSpeed config file must hold instead.
+
+    Reads the ``config_ds_fields`` setting (``ACCELERATE_CONFIG_DS_FIELDS``, written by the launcher:
+    the DeepSpeed keys that came from its config file).
+
+    Raises:
+        ValueError: one of those keys is among ``_LEFT_TO_DEEPSPEED_FILE`` (the message names them).
+    """
+    from accelerando.settings import environment_setting
+
+    clashing = [
+        name for name in environment_setting("config_ds_fields") or () if name in _LEFT_TO_DEEPSPEED_FILE
+    ]
+    if clashing:
+        raise ValueError(
+            f"with a DeepSpeed config file, the launcher's config file must not set {clashing} "
+            f"(ACCELERATE_CONFIG_DS_FIELDS): {', '.join(_LEFT_TO_DEEPSPEED_FILE)} are read from the DeepSpeed "
+            "config file only; move them there and remove them from the launcher's config file "
+            "(`accelerando config` asks only for what is needed when a DeepSpeed config file is used)"
+        )
+
+
 @dataclass
 class DeepSpeedPlugin:
     """DeepSpeed settings: a config file/dict used as is, or a config built from these fields.
@@ -198,6 +236,7 @@ class DeepSpeedPlugin:
         self.msamp_opt_level = self.msamp_opt_level or "O1"
         self._validate_fields()
         if self.hf_ds_config is not None:
+            _refuse_config_file_fields()
             self.deepspeed_config = load_config(self.hf_ds_config)
             self._merge_fields_into_config(code_given)
         else:

@@ -100,6 +100,19 @@ def _batch_size_per_process(loader: Any, num_processes: int, split_batches: bool
     return int(size) // num_processes if split_batches else int(size)
 
 
+def _mark_moe_leaves(plugin: Any, model: Any, config: dict[str, Any]) -> None:
+    """Under ZeRO-3, make the plugin's ``transformer_moe_cls_names`` layers of ``model`` ZeRO-3 leaves.
+
+    Other stages keep whole parameters on every rank, so there is nothing to gather per layer.
+
+    Raises:
+        ValueError: a class name matches no submodule of ``model``.
+    """
+    stage = config.get("zero_optimization", {}).get("stage")
+    if plugin.transformer_moe_cls_names and str(stage) == "3":
+        plugin.set_moe_leaf_modules(model)
+
+
 class DeepSpeedStrategy(Strategy):
     """Wrap each prepared model (with its optimizer and scheduler) in a DeepSpeed engine.
 
@@ -202,6 +215,7 @@ class DeepSpeedStrategy(Strategy):
         config, choice = resolve_config(plugin, inputs)
         if choice is not None:
             self.auto_choice = choice
+        _mark_moe_leaves(plugin, model, config)
         gas = int(config["gradient_accumulation_steps"])
         if gas != request.gradient_accumulation_steps:
             logger.warning(
