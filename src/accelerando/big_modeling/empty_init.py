@@ -60,12 +60,17 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
 
     Args:
         device: the device for new parameters (``"meta"`` allocates nothing).
-        include_buffers: put buffers on ``device`` too (default False).
+        include_buffers: put buffers on ``device`` too; None reads the ``init_include_buffers``
+            setting (``ACCELERATE_INIT_INCLUDE_BUFFERS``, default False).
 
     Yields:
         Nothing; build the model inside the block.
     """
     device = torch.device(device)
+    if include_buffers is None:
+        from accelerando.settings import environment_setting
+
+        include_buffers = environment_setting("init_include_buffers")
     include_buffers = bool(include_buffers)
     original_parameter = nn.Module.register_parameter
     original_buffer = nn.Module.register_buffer
@@ -109,7 +114,8 @@ def init_empty_weights(include_buffers: bool | None = None) -> contextlib.Abstra
     :func:`~accelerando.utils.load_checkpoint_in_model`.
 
     Args:
-        include_buffers: also create buffers on ``meta`` (default False: buffers keep their values).
+        include_buffers: also create buffers on ``meta``; None reads ``ACCELERATE_INIT_INCLUDE_BUFFERS``
+            (default False: buffers keep their values).
 
     Returns:
         The context manager (see :func:`init_on_device`).
