@@ -15,7 +15,7 @@ Nothing here imports torch or yaml at module level.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +155,14 @@ def job_spec(settings: Settings, command: Command) -> JobSpec:
         else:
             total = machines
     per_node = max(1, total // machines)
-    # Checked as a launch on one machine of the cluster would be (it has the GPUs the job asks for).
-    check_settings(settings, MachineInfo(gpu_count=per_node if gpus else 0, cpu_count=per_node))
+    # Checked as a launch on one machine of the cluster would be: it has the GPUs the job asks for, and
+    # the scheduler gives it machine 0's address.
+    as_run = replace(
+        settings,
+        values={**settings.values, "main_process_ip": "scheduler", "machine_rank": 0},
+        sources={**settings.sources, "main_process_ip": "scheduler", "machine_rank": "scheduler"},
+    )
+    check_settings(as_run, MachineInfo(gpu_count=per_node if gpus else 0, cpu_count=per_node))
     threads = settings.num_cpu_threads_per_process
     return JobSpec(
         name=_job_name(command),
