@@ -147,9 +147,35 @@ def convert_model_to_fp8_ao(
         )
     if module_filter_func is None:
         module_filter_func = filter_first_and_last_linear_layers
+    before = dict(model.named_parameters(remove_duplicate=False))
     with _converting(model):
         convert_to_float8_training(model, module_filter_fn=module_filter_func, config=config)
+    _keep_parameter_identity(model, before)
     return model
+
+
+def _keep_parameter_identity(model: torch.nn.Module, before: dict[str, torch.nn.Parameter]) -> None:
+    """Put the new (wrapped) weights into the original Parameter objects.
+
+    With ``enable_fsdp_float8_all_gather`` torchao wraps each weight in a new Parameter (a tensor
+    subclass around the old one). An optimizer built before the conversion, and FSDP's re-pointing of
+    it, know the old objects; swapping the contents keeps them valid.
+    """
+    for name, new in list(model.named_parameters(remove_duplicate=False)):
+        old = before.get(name)
+        if old is None or old is new:
+            continue
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        inner = (
+            [a for a in new.__tensor_flatten__()[0] if getattr(new, a) is old]
+            if hasattr(new, "__tensor_flatten__")
+            else []
+        )
+        torch.utils.swap_tensors(old, new)
+        for a in inner:  # the wrapper held ``old``, whose contents now live in ``new``
+            setattr(old, a, new)
+        setattr(module, attr, old)
 
 
 def default_module_filter(model: torch.nn.Module) -> Callable[[torch.nn.Module, str], bool]:

@@ -1,0 +1,92 @@
+"""torchao FP8 (emulated) in two gloo processes: DDP and FSDP2 through the Accelerator equal the same
+model converted and wrapped by hand, FSDP2 all-gathering the weights in float8."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelerando.test_utils import run_distributed
+
+pytest.importorskip("torchao")
+
+STEPS = 10
+
+
+def _fresh(**kwargs):
+    from accelerando import Accelerator
+    from accelerando.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    return Accelerator(**kwargs)
+
+
+def _fsdp2_by_hand(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _worker(steps: int) -> dict:
+    from _fp8_common import batches, by_hand, make_model, train
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    from accelerando import FullyShardedDataParallelPlugin
+    from accelerando.plugins.kwargs import AORecipeKwargs
+
+    torch.set_num_threads(1)
+    out: dict = {}
+    data = batches(steps, world=2)
+
+    acc = _fresh(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
+    rank, world = acc.process_index, acc.num_processes
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    out["ddp"] = train(model, opt, data, 0, steps, acc.backward, rank, world)
+    out["ddp_type"] = str(acc.distributed_type)
+
+    hand = torch.nn.parallel.DistributedDataParallel(by_hand(make_model()))
+    opt = torch.optim.AdamW(hand.parameters(), lr=1e-2)
+    out["ddp_hand"] = train(hand, opt, data, 0, steps, None, rank, world)
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, transformer_cls_names_to_wrap=["Block"])
+    acc = _fresh(mixed_precision="fp8", fsdp_plugin=plugin, kwargs_handlers=[AORecipeKwargs()])
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    out["fsdp2"] = train(model, opt, data, 0, steps, acc.backward, rank, world)
+    out["fsdp2_all_gather"] = acc._precision.config.enable_fsdp_float8_all_gather
+    out["fsdp2_weight"] = type(model.blocks[0].q.weight.to_local()).__name__
+
+    hand = _fsdp2_by_hand(by_hand(make_model(), all_gather=True), init_device_mesh("cpu", (world,)))
+    opt = torch.optim.AdamW(hand.parameters(), lr=1e-2)
+    losses = []
+    for i in range(steps):
+        losses += train(hand, opt, data, i, 1, None, rank, world)
+        precompute_float8_dynamic_scale_for_fsdp(hand)
+    out["fsdp2_hand"] = losses
+    return out
+
+
+def _check(results: list[dict]) -> None:
+    for rank, res in enumerate(results):
+        assert res["ddp_type"] == "MULTI_CPU"
+        assert res["ddp"] == res["ddp_hand"], f"rank {rank}"  # bitwise
+        assert res["fsdp2_all_gather"] is True and res["fsdp2_weight"] == "WeightWithDynamicFloat8CastTensor"
+        assert res["fsdp2"] == res["fsdp2_hand"], f"rank {rank}"  # bitwise
+        assert res["fsdp2"] == pytest.approx(res["ddp"], rel=1e-2)  # sharded reductions, float8 all-gather
+    assert results[0]["ddp"] != results[1]["ddp"]  # each rank its own batches
+
+
+def test_ddp_and_fsdp2_equal_torchao_by_hand():
+    _check(run_distributed(_worker, 2, 3, timeout=600))
+
+
+@pytest.mark.slow
+def test_ddp_and_fsdp2_equal_torchao_by_hand_10_steps():
+    _check(run_distributed(_worker, 2, STEPS, timeout=900))
