@@ -86,6 +86,7 @@ class DynamoBackend(_StrEnum):
     IPEX = "IPEX"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
 
 
 class LoggerType(_StrEnum):
