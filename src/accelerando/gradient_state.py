@@ -12,7 +12,6 @@ Contract (who calls what):
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 __all__ = ["GradientState"]
@@ -90,10 +89,9 @@ class GradientState:
 
         Only the XLA path writes it; elsewhere it stays False.
         """
-        for name in ("ACCELERANDO_USE_FSDP", "ACCELERATE_USE_FSDP"):
-            if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y"):
-                return True
-        return self._is_xla_gradients_synced
+        from accelerando.settings import environment_setting
+
+        return bool(environment_setting("use_fsdp")) or self._is_xla_gradients_synced
 
     @is_xla_gradients_synced.setter
     def is_xla_gradients_synced(self, is_synced: bool) -> None:
