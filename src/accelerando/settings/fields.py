@@ -267,6 +267,13 @@ FIELDS: tuple[Field, ...] = (
           help="load_state compares every file it reads with the checkpoint's checksums (sizes always)."),
     _core("checkpoint_lock_wait", "float", None, cli=None, minimum=0,
           help="Seconds save_state waits for another run's lock on the project folder (unset: refuse at once)."),
+    _core("auto_resume", "bool", False, switch=True,
+          help="The first prepare() loads the newest complete checkpoint of the project folder (automatic "
+               "checkpoint naming) and the prepared dataloaders skip to their saved position; implies "
+               "preemption_checkpoint."),
+    _core("preemption_checkpoint", "bool", False, switch=True,
+          help="On SIGTERM/SIGUSR1 the training finishes its step, saves a checkpoint and exits with "
+               "status 143 (the launcher then exits 143 too, so the scheduler requeues the job)."),
     _core("install_as_accelerate", "bool", False, switch=True,
           help="Every launched process calls accelerando.install_as_accelerate() before the script runs, "
                "so `import accelerate` (in the script, transformers, peft...) gets accelerando."),
