@@ -186,7 +186,7 @@ class ParallelismConfig:
         self,
         model: Any = None,
         *,
-        num_processes: int,
+        num_processes: int | None = None,
         num_nodes: int = 1,
         memory_per_device: int | str | None = None,
         model_facts: ModelFacts | None = None,
@@ -198,7 +198,7 @@ class ParallelismConfig:
         Args:
             model: a ``torch.nn.Module`` or a transformers config (or ``config.json`` path); or give
                 ``model_facts``.
-            num_processes: processes in the job.
+            num_processes: processes in the job (needed unless ``machine`` is given).
             num_nodes: machines in the job (devices per node = ``num_processes // num_nodes``).
             memory_per_device: bytes (or ``"80GB"``) of one device; None = the current CUDA device's
                 total memory, or without CUDA the host's RAM shared by the processes of a node.
@@ -227,6 +227,8 @@ class ParallelismConfig:
                 pl.model_facts_from_module(model) if is_module else pl.model_facts_from_config(model)
             )
         if machine is None:
+            if num_processes is None:
+                raise ValueError("resolve_auto needs num_processes=... (or machine=MachineShape(...))")
             if num_processes % num_nodes:
                 raise ValueError(f"{num_processes} processes do not split evenly over {num_nodes} nodes")
             per_node = num_processes // num_nodes

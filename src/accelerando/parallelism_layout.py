@@ -36,7 +36,6 @@ replication (``ParallelismConfig`` refuses ``tp > 1`` with ``dp_replicate > 1`` 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -443,9 +442,9 @@ def _tp_choices(facts: ModelFacts, machine: MachineShape, reason: list[str]) -> 
             f"{count} {what}"
             for count, what in (
                 (facts.num_attention_heads, "attention heads"),
-                (facts.kv_heads, "key/value heads"),
+                (facts.num_key_value_heads, "key/value heads"),
             )
-            if count and count % tp
+            if count and count % tp and not (what[0] == "k" and count == facts.num_attention_heads)
         ]
         if bad:
             reason.append(f"tp={tp} excluded: does not divide {' and '.join(bad)}")
@@ -546,8 +545,8 @@ def choose_layout(
         f"no parallel layout fits {facts.describe()} on {machine.num_nodes} node(s) x {machine.devices_per_node} "
         f"device(s) with {_gib(machine.memory_per_device)} each: the smallest estimate is {_gib(need)} per "
         f"device (tp={tp} pp={pp} dp_shard={dp_shard}, micro-batch {batch_size} x {seq_length} tokens, "
-        f"{mixed_precision}) but {_gib(budget)} is usable. Fix: more devices (about "
-        f"{math.ceil(world * need / budget)} of this size), CPU offload of the optimizer state "
+        f"{mixed_precision}) but {_gib(budget)} is usable. Fix: more devices or devices "
+        "with more memory, CPU offload of the optimizer state "
         "(FSDP/DeepSpeed offload), a smaller micro-batch or sequence, or activation checkpointing"
     )
 
