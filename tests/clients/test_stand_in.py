@@ -101,3 +101,20 @@ def test_stand_in_wins_over_installed_accelerate_for_transformers() -> None:
         """
     )
     assert out.strip() == "ok"
+
+
+def test_accelerate_console_command_launches_scripts_on_the_stand_in(tmp_path) -> None:
+    """`accelerate launch script.py` (the console entry) runs a script that imports accelerate on accelerando."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import accelerate\n"
+        "print('CHILD', type(accelerate).__module__, accelerate.__version__, accelerate.Accelerator.__module__)\n"
+    )
+    out = _ok(
+        f"""
+        import sys
+        from accelerando.stand_in import accelerate_console_main
+        sys.exit(accelerate_console_main(["launch", "--num_processes", "1", {str(script)!r}]))
+        """
+    )
+    assert "CHILD accelerando.stand_in 1.15.0 accelerando.accelerator" in out
