@@ -210,6 +210,7 @@ def start(
     backend: str | None = None,
     timeout: timedelta | None = None,
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+    init_method: str | None = None,
 ) -> ProcessGroupHandle:
     """Initialise the default process group and register its ordered teardown at exit.
 
@@ -224,6 +225,8 @@ def start(
         backend: an explicit backend (``InitProcessGroupKwargs(backend=...)``).
         timeout: the group's collective timeout; torch's default when None.
         shutdown_timeout_s: the bound of the exit-time wait for the other processes.
+        init_method: a rendezvous URL used instead of ``tcp://main_address:main_port`` (e.g.
+            ``file:///tmp/rdv`` from ``ACCELERATE_DEBUG_RDV_FILE``).
 
     Returns:
         The handle that ends the group's life. When a default group already exists (a user
@@ -262,7 +265,9 @@ def start(
         # The store is made here, not inside init_process_group, so that the teardown can agree on
         # it after the group is gone; rendezvous() picks the launcher agent's store when there is one.
         store, rank, world_size = next(
-            dist.rendezvous(f"tcp://{main_address}:{main_port}", rank, world_size, timeout=store_timeout)
+            dist.rendezvous(
+                init_method or f"tcp://{main_address}:{main_port}", rank, world_size, timeout=store_timeout
+            )
         )
         store.set_timeout(store_timeout)
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}

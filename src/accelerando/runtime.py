@@ -176,19 +176,26 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
         settings: resolved settings (``cpu``, ``debug`` and ``enable_cpu_affinity`` are read).
         pg_options: ``backend`` / ``timeout`` overrides from ``InitProcessGroupKwargs``.
 
+    The reference's variables read here: ``ACCELERATE_TORCH_DEVICE`` (the device to use instead of
+    the detected one), ``ACCELERATE_DEBUG_RDV_FILE`` (a file rendezvous instead of TCP),
+    ``ACCELERATE_ENABLE_RICH`` (rich tracebacks) and the SageMaker / TPU-pod switches (refused).
+
     Raises:
-        ValueError: an explicit process-group backend the device cannot use.
+        ValueError: an explicit process-group backend the device cannot use; an unknown
+            ``ACCELERATE_TORCH_DEVICE``; a SageMaker job or TPU pod (not supported).
         RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
     """
     existing = current_process()
     if existing is not None:
         return existing
-    from accelerando.devices import detect_device_backend
     from accelerando.environments import detect_environment
+    from accelerando.settings import environment_setting
 
+    _refuse_unsupported_places()
+    _install_rich_tracebacks()
     cluster = detect_environment()  # 1. who am I
-    device_backend = detect_device_backend(bool(settings.cpu))  # 2. which hardware
-    device = device_backend.device(cluster.local_rank)
+    device_backend, device = _process_device(bool(settings.cpu), cluster.local_rank)  # 2. which hardware
+    rdv_file = environment_setting("debug_rdv_file")
     handle = None
     if cluster.world_size > 1:  # 3. the process group, before the device is set (nccl binds it)
         import accelerando.process_group as process_group
@@ -203,6 +210,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
             world_size=cluster.world_size,
             backend=options.get("backend"),
             timeout=options.get("timeout"),
+            init_method=f"file://{rdv_file}" if rdv_file else None,
         )
     device_backend.set_device(device)
     if settings.enable_cpu_affinity and device.type == "cuda":
@@ -219,6 +227,86 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
     )
     set_process(context)
     return context
+
+
+def _refuse_unsupported_places() -> None:
+    """Refuse the reference's SageMaker and TPU-pod switches: those jobs are not supported here.
+
+    Raises:
+        ValueError: ``ACCELERATE_USE_SAGEMAKER`` or ``ACCELERATE_IN_TPU_POD`` is true.
+    """
+    from accelerando.settings import environment_setting
+
+    for name, variable, what in (
+        ("use_sagemaker", "ACCELERATE_USE_SAGEMAKER", "an Amazon SageMaker job"),
+        ("in_tpu_pod", "ACCELERATE_IN_TPU_POD", "a TPU pod"),
+    ):
+        if environment_setting(name):
+            raise ValueError(
+                f"{variable} says this process runs in {what}, which accelerando does not support; "
+                f"unset {variable} and run on this machine's CPUs/GPUs"
+            )
+
+
+def _process_device(cpu: bool, local_rank: int) -> tuple[type[DeviceBackend], torch.device]:
+    """The device family and device of this process.
+
+    ``ACCELERATE_TORCH_DEVICE`` (setting ``torch_device``, e.g. ``"cuda:1"``) names the device
+    outright, as in the reference (it wins over ``cpu``); otherwise the first available family is
+    used, CPU with ``cpu``, and the local rank picks the device.
+
+    Raises:
+        ValueError: ``ACCELERATE_TORCH_DEVICE`` is not a device torch knows, or of a family not
+            supported here.
+    """
+    import torch
+
+    from accelerando.devices import backend_for, detect_device_backend
+    from accelerando.settings import environment_setting
+
+    wanted = environment_setting("torch_device")
+    if not wanted:
+        device_backend = detect_device_backend(cpu)
+        return device_backend, device_backend.device(local_rank)
+    try:
+        device = torch.device(wanted)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"ACCELERATE_TORCH_DEVICE={wanted!r} is not a torch device; use e.g. 'cpu' or 'cuda:1'"
+        ) from exc
+    try:
+        device_backend = backend_for(device.type)
+    except ValueError as exc:
+        raise ValueError(f"ACCELERATE_TORCH_DEVICE={wanted!r}: {exc}") from exc
+    if device.type != "cpu" and not device_backend.is_available():
+        raise ValueError(
+            f"ACCELERATE_TORCH_DEVICE={wanted!r} names a {device.type} device, but none is available; "
+            "unset it or name an available device"
+        )
+    return device_backend, device
+
+
+def _install_rich_tracebacks() -> None:
+    """With ``ACCELERATE_ENABLE_RICH`` true, show uncaught exceptions with rich (warns without rich)."""
+    from accelerando.settings import environment_setting
+
+    if not environment_setting("enable_rich"):
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("rich") is None:
+        import warnings
+
+        warnings.warn(
+            "ACCELERATE_ENABLE_RICH is set but the rich package is not installed: pip install rich "
+            "(tracebacks stay plain)",
+            stacklevel=3,
+        )
+        return
+    # What importing accelerando.utils.rich does; that module sits above this layer.
+    from rich.traceback import install
+
+    install(show_locals=False)
 
 
 # The process's records. Module globals on purpose: one process, one of each; tests reset them

@@ -29,3 +29,99 @@ def test_init_include_buffers_setting_is_the_default(monkeypatch: pytest.MonkeyP
     with init_empty_weights(include_buffers=False):  # an explicit argument wins
         model = _WithBuffer()
     assert not model.scale.is_meta
+
+
+# ------------------------------------------------------------------------------ process start
+@pytest.mark.usefixtures("fresh_state")
+@pytest.mark.parametrize("variable", ["ACCELERATE_USE_SAGEMAKER", "ACCELERATE_IN_TPU_POD"])
+def test_sagemaker_and_tpu_pod_are_refused_at_process_start(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    from accelerando.state import PartialState
+
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(ValueError, match=variable):
+        PartialState()
+    monkeypatch.setenv(variable, "false")
+    assert PartialState().num_processes == 1
+
+
+@pytest.mark.usefixtures("fresh_state")
+def test_torch_device_names_the_process_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelerando import runtime
+    from accelerando.devices import CPUBackend, CUDABackend
+    from accelerando.state import PartialState
+
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    assert runtime._process_device(True, 0) == (CPUBackend, torch.device("cpu"))
+    monkeypatch.setattr(CUDABackend, "is_available", classmethod(lambda cls: True))
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cuda:3")
+    assert runtime._process_device(True, 0) == (CUDABackend, torch.device("cuda", 3))
+    monkeypatch.setattr(CUDABackend, "is_available", classmethod(lambda cls: False))
+    with pytest.raises(ValueError, match="none is available"):
+        PartialState()
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "not-a-device")
+    with pytest.raises(ValueError, match="not a torch device"):
+        runtime._process_device(False, 0)
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    assert PartialState().device == torch.device("cpu")
+
+
+def _default_store_kind() -> str:
+    import torch.distributed as dist
+
+    from accelerando.state import PartialState
+
+    state = PartialState()
+    store = dist.distributed_c10d._world.pg_map[dist.group.WORLD][1]
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    state.wait_for_everyone()
+    return type(store).__name__
+
+
+@pytest.mark.slow
+def test_debug_rdv_file_is_the_rendezvous(tmp_path) -> None:
+    from accelerando.test_utils.distributed import run_distributed
+
+    kinds = run_distributed(
+        _default_store_kind,
+        2,
+        env={"ACCELERATE_DEBUG_RDV_FILE": str(tmp_path / "rdv"), "ACCELERANDO_USE_CPU": "1"},
+    )
+    assert kinds == ["FileStore", "FileStore"]
+
+
+# ------------------------------------------------------------------------------ enable_rich
+_RICH_PROBE = (
+    "import sys, accelerando\n"
+    "before = sys.excepthook.__module__\n"
+    "assert 'rich' not in sys.modules, 'import accelerando must not import rich'\n"
+    "from accelerando.state import PartialState\n"
+    "PartialState()\n"
+    "print(before, sys.excepthook.__module__)\n"
+)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", "sys"), ("true", "rich.traceback")])
+def test_enable_rich_installs_rich_tracebacks_at_process_start(value: str, expected: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("rich")
+    env = {**os.environ, "ACCELERATE_ENABLE_RICH": value}
+    out = subprocess.run(
+        [sys.executable, "-c", _RICH_PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["sys", expected]
+
+
+def test_utils_rich_module_installs_on_import() -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("rich")
+    code = "import sys, accelerando.utils.rich; print(sys.excepthook.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "rich.traceback"
