@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerando.launchers.emit import JobSpec, value_text
+from accelerando.launchers.emit.spec import JobSpec, value_text
 
 __all__ = [
     "API_VERSION",

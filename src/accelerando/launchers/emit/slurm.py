@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from accelerando.launchers.emit import JobSpec, value_text
+from accelerando.launchers.emit.spec import JobSpec, value_text
 from accelerando.settings.fields import Field
 
 __all__ = ["REQUEUE_SIGNAL", "SIGNAL_LEAD_SECONDS", "render_sbatch", "setting_flags"]

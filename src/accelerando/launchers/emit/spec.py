@@ -1,0 +1,164 @@
+"""What every job format shares: :class:`JobSpec`, computed from a launch's settings by :func:`job_spec`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from accelerando.launchers.plan import Command, check_settings
+from accelerando.settings.fields import FIELDS_BY_NAME, Field
+from accelerando.settings.machine import MachineInfo
+from accelerando.settings.resolve import Settings
+from accelerando.strategies import distributed_kind
+
+__all__ = ["JobSpec", "TOPOLOGY_SETTINGS", "job_spec", "value_text"]
+
+#: Settings a job sets per machine from the scheduler (or that only steer the writing): not carried.
+TOPOLOGY_SETTINGS = frozenset(
+    {
+        "num_processes",
+        "num_machines",
+        "machine_rank",
+        "main_process_ip",
+        "main_process_port",
+        "emit",
+        "emit_to",
+        "emit_image",
+    }
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job file needs, whatever its format.
+
+    Attributes:
+        name: the job's name (from the script's name; lowercase letters, digits and dashes).
+        num_machines: machines (nodes, pods) in the job.
+        nproc_per_node: processes each machine starts.
+        gpus_per_node: GPUs each machine needs (0: a CPU job, ``--cpu``).
+        cpus_per_node: CPU cores each machine needs, or ``None`` when no setting says.
+        main_port: the rendezvous port the settings fix, or ``None`` (the format picks one).
+        max_restarts: restarts of the processes allowed before the job fails.
+        rdzv_backend: the rendezvous backend (``static``, ``c10d``, ``etcd``, ...).
+        command: what each process runs.
+        carried: ``(field, value)`` for every other setting some layer set, in table order.
+    """
+
+    name: str
+    num_machines: int
+    nproc_per_node: int
+    gpus_per_node: int
+    cpus_per_node: int | None
+    main_port: int | None
+    max_restarts: int
+    rdzv_backend: str
+    command: Command
+    carried: tuple[tuple[Field, Any], ...] = field(default_factory=tuple)
+
+    @property
+    def num_processes(self) -> int:
+        """Processes in the whole job."""
+        return self.num_machines * self.nproc_per_node
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job restarts failed processes or uses a dynamic rendezvous."""
+        return self.max_restarts > 0 or self.rdzv_backend != "static"
+
+
+def value_text(value: Any) -> str:
+    """A resolved setting value spelled as a flag value or an environment variable reads it back.
+
+    Args:
+        value: a value from :class:`~accelerando.settings.Settings`.
+
+    Returns:
+        ``true``/``false`` for booleans, a comma-joined list for tuples, else ``str(value)``.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def _job_name(command: Command) -> str:
+    stem = Path(command.target).stem if not command.module else command.target.rsplit(".", 1)[-1]
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")
+    return (name or "accelerando-job")[:40].rstrip("-")
+
+
+def _wants_gpus(settings: Settings) -> bool:
+    kind = distributed_kind(settings.distributed_type)
+    return not (settings.cpu or (kind is not None and kind.forces_cpu))
+
+
+def _carried(settings: Settings) -> tuple[tuple[Field, Any], ...]:
+    """Settings some layer set that a job carries: those a flag or a config file can give."""
+    carried = []
+    for name, value in settings.explicitly_set().items():
+        f = FIELDS_BY_NAME[name]
+        if name in TOPOLOGY_SETTINGS or value is None or not (f.cli or f.config_keys):
+            continue
+        carried.append((f, value))
+    return tuple(carried)
+
+
+def job_spec(settings: Settings, command: Command) -> JobSpec:
+    """Compute the job a launch with ``settings`` describes.
+
+    Each machine of the job runs ``num_processes / num_machines`` processes, with that many GPUs
+    unless ``--cpu`` (or a CPU distributed type) is set; ``num_cpu_threads_per_process`` sizes the
+    CPU request.
+
+    Args:
+        settings: the launcher's resolved settings (``emit`` among them).
+        command: what each process runs.
+
+    Returns:
+        The :class:`JobSpec`.
+
+    Raises:
+        ValueError: impossible settings (as a launch would refuse them), or a GPU job without
+            ``--num_processes`` (this machine's GPUs say nothing about the cluster's).
+    """
+    machines = settings.num_machines or 1
+    gpus = _wants_gpus(settings)
+    total = settings.num_processes
+    if total is None:
+        ids = settings.gpu_ids
+        if gpus and ids and ids != "all":
+            total = len(ids.split(",")) * machines
+        elif gpus and settings.multi_gpu:
+            raise ValueError(
+                "--emit with --multi_gpu needs the number of processes: the GPUs of this machine say nothing "
+                "about the cluster's. Fix: pass --num_processes (all machines together, e.g. 8 GPUs x 2 "
+                "machines = 16)."
+            )
+        else:
+            total = machines
+    per_node = max(1, total // machines)
+    # Checked as a launch on one machine of the cluster would be: it has the GPUs the job asks for, and
+    # the scheduler gives it machine 0's address.
+    as_run = replace(
+        settings,
+        values={**settings.values, "main_process_ip": "scheduler", "machine_rank": 0},
+        sources={**settings.sources, "main_process_ip": "scheduler", "machine_rank": "scheduler"},
+    )
+    check_settings(as_run, MachineInfo(gpu_count=per_node if gpus else 0, cpu_count=per_node))
+    threads = settings.num_cpu_threads_per_process
+    return JobSpec(
+        name=_job_name(command),
+        num_machines=machines,
+        nproc_per_node=per_node,
+        gpus_per_node=per_node if gpus else 0,
+        cpus_per_node=threads * per_node if threads else None,
+        main_port=settings.main_process_port or None,
+        max_restarts=int(settings.max_restarts or 0),
+        rdzv_backend=str(settings.rdzv_backend or "static"),
+        command=command,
+        carried=_carried(settings),
+    )
