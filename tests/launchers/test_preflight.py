@@ -64,7 +64,26 @@ def test_an_unresolvable_host_names_the_host_and_the_fix() -> None:
         with pytest.raises(
             RendezvousError, match="'no-such-host.invalid' \\(--main_process_ip\\) does not resolve"
         ):
-            check_rendezvous(Rendezvous("no-such-host.invalid", 29500, machine_rank=rank, num_machines=2))
+            check_rendezvous(
+                Rendezvous("no-such-host.invalid", 29500, machine_rank=rank, num_machines=2),
+                resolve_timeout=1,
+            )
+
+
+def test_a_name_that_appears_a_moment_late_is_waited_for() -> None:
+    answers = [socket.gaierror(socket.EAI_NONAME, "Name or service not known")] * 2 + [["127.0.0.1"]]
+
+    def late(host: str, timeout: float) -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert (
+        check_rendezvous(Rendezvous("job-master-0", 29500, machine_rank=1, num_machines=2), resolve=late)
+        == []
+    )
+    assert answers == []
 
 
 def test_a_name_server_that_does_not_answer_is_an_error_after_the_timeout() -> None:
@@ -77,7 +96,7 @@ def test_a_name_server_that_does_not_answer_is_an_error_after_the_timeout() -> N
 
 def test_a_dynamic_backend_only_warns_about_a_name_not_resolvable_yet() -> None:
     rdzv = Rendezvous("job-worker-0.invalid", 29400, machine_rank=0, num_machines=2, backend="c10d")
-    (warning,) = check_rendezvous(rdzv)
+    (warning,) = check_rendezvous(rdzv, resolve_timeout=1)
     assert "does not resolve" in warning and "c10d rendezvous retries" in warning
 
 

@@ -5,7 +5,8 @@ waits for peers that never come (up to the rendezvous timeout), or as a deep tra
 process. The checks here take at most a few seconds and fail with one line naming the host or port
 and the fix:
 
-- the rendezvous host must resolve (within :data:`RESOLVE_TIMEOUT_S`);
+- the rendezvous host must resolve within :data:`RESOLVE_TIMEOUT_S` (asked again meanwhile: the name
+  of a pod's service appears a moment after the pod starts);
 - on machine 0 of a static rendezvous, which hosts it, the port must be free;
 - on the other machines, machine 0 must not be unreachable (a refused connection is fine: machine 0
   may simply not have started yet).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import errno
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +34,12 @@ __all__ = [
     "rendezvous_of",
 ]
 
-#: Seconds a host name may take to resolve before the check gives up on it.
+#: Seconds a host name may take to resolve (asked again meanwhile) before the check gives up on it.
 RESOLVE_TIMEOUT_S = 5.0
 #: Seconds a probe connection to machine 0 may take.
 CONNECT_TIMEOUT_S = 2.0
 _UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH}
+_RETRY_S = 0.5
 
 
 class RendezvousError(ValueError):
@@ -116,6 +119,21 @@ def _resolve(host: str, timeout: float) -> list[str]:
     raise TimeoutError(f"no answer within {timeout:g} s (is the name server reachable?)")
 
 
+def _resolve_within(host: str, budget: float, resolve: Callable[[str, float], list[str]]) -> list[str]:
+    """Resolve ``host``, asking again while ``budget`` seconds last: a starting cluster's names (a pod's
+    service) appear a moment after the machine that needs them; a name that never appears fails then."""
+    deadline = time.monotonic() + budget
+    while True:
+        try:
+            return resolve(host, max(deadline - time.monotonic(), 0.1))
+        except TimeoutError:
+            raise
+        except OSError:
+            if time.monotonic() + _RETRY_S >= deadline:
+                raise
+            time.sleep(_RETRY_S)
+
+
 def _port_in_use(port: int) -> OSError | None:
     """Bind the port on every interface as the rendezvous store does; the error when that fails."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -159,7 +177,8 @@ def check_rendezvous(
 
     Args:
         rdzv: the rendezvous of the launch.
-        resolve_timeout: seconds the host name may take to resolve.
+        resolve_timeout: seconds the host name may take to resolve; a name that does not resolve is
+            asked for again until then (a cluster's names may appear a moment late).
         connect_timeout: seconds a probe connection to machine 0 may take (machines other than 0).
         resolve: resolves a host name to addresses (a test passes a fake).
 
@@ -173,7 +192,7 @@ def check_rendezvous(
     where = f"{rdzv.host}:{rdzv.port}"
     warnings: list[str] = []
     try:
-        addresses = resolve(rdzv.host, resolve_timeout)
+        addresses = _resolve_within(rdzv.host, resolve_timeout, resolve)
     except OSError as err:
         reason = err.strerror or str(err)
         message = (

@@ -5,8 +5,8 @@ does (defaults < config file < environment < flags) and, instead of starting pro
 that starts them on a cluster: an sbatch script (:mod:`.slurm`) or a Kubeflow ``PyTorchJob``
 manifest (:mod:`.kubernetes`). Both run one ``accelerando launch`` per machine, which starts that
 machine's processes; the machine's rank and the rendezvous address come from the scheduler when the
-job runs, every other setting is carried in the job (as flags or ``ACCELERANDO_*`` variables), so
-the job does not depend on the config file of the machine that wrote it.
+job runs, every other setting some layer set is carried in the job (as flags or ``ACCELERANDO_*``
+variables, which win over a config file), so the cluster needs no copy of the config file.
 
 :func:`job_spec` computes what both formats share (:class:`JobSpec`); :func:`emit_job` renders one.
 Nothing here imports torch or yaml at module level.
