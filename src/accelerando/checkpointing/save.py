@@ -399,8 +399,17 @@ def _number(final_dir: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _write_everywhere(target: Any, plan: _Plan, safe_serialization: bool) -> list[Any]:
+def _write_everywhere(
+    target: Any,
+    plan: _Plan,
+    safe_serialization: bool,
+    write: Callable[[Callable[[str], None]], None] | None = None,
+    exchange: Callable[[Any, int], list[Any]] = gather,
+) -> list[Any]:
     """Every process writes and describes its files; all learn whether every process succeeded.
+
+    ``write(on_written)`` writes this process's files (default: from the live objects); ``exchange`` is
+    the all-gather (an asynchronous save's background thread passes one on a process group of its own).
 
     Returns:
         ``[(rank, None, entries), ...]`` for every process.
@@ -415,13 +424,16 @@ def _write_everywhere(target: Any, plan: _Plan, safe_serialization: bool) -> lis
     described: dict[str, atomic.FileEntry] = {}
     describer = atomic.FileDescriber(staging)  # flushes and hashes each file while the next is written
     try:
-        _write_process_files(target, staging, safe_serialization, plan.each_node, describer.add)
+        if write is None:
+            _write_process_files(target, staging, safe_serialization, plan.each_node, describer.add)
+        else:
+            write(describer.add)
         described = describer.finish()
     except Exception as err:  # noqa: BLE001 - reported to every process below
         error = _translated(err, target, plan.final_dir, staging)
     finally:
         describer.close()
-    results = gather((state.process_index, _report(error), described), state.num_processes)
+    results = exchange((state.process_index, _report(error), described), state.num_processes)
     failed = [(rank, report) for rank, report, _ in results if report is not None]
     if failed:
         if plan.committer:
@@ -430,7 +442,9 @@ def _write_everywhere(target: Any, plan: _Plan, safe_serialization: bool) -> lis
     return results
 
 
-def _commit_everywhere(target: Any, plan: _Plan, results: list[Any]) -> int:
+def _commit_everywhere(
+    target: Any, plan: _Plan, results: list[Any], exchange: Callable[[Any, int], list[Any]] = gather
+) -> int:
     """Step 3: the committing process commits and rotates; every process learns the outcome.
 
     Returns:
@@ -447,7 +461,7 @@ def _commit_everywhere(target: Any, plan: _Plan, results: list[Any]) -> int:
             atomic.discard(plan.staging)
         if error is None and plan.checkpoints_dir is not None:
             _rotate(target, plan.checkpoints_dir)
-    verdicts = gather((state.process_index, _report(error)), state.num_processes)
+    verdicts = exchange((state.process_index, _report(error)), state.num_processes)
     failed = [(rank, report) for rank, report in verdicts if report is not None]
     if failed:
         _raise_reported(error, failed, f"commit {plan.final_dir!r}")
@@ -491,11 +505,14 @@ def save_state(
         safe_serialization: Weights as safetensors (else ``torch.save``).
         **save_model_func_kwargs: ``wait_for_lock`` (seconds to wait while another process holds the
             folder's lock; default: the ``checkpoint_lock_wait`` setting where there is one, else
-            ``accelerando.checkpointing.lock.WAIT_FOR_LOCK_S`` = 0, refuse at once); the rest are accepted
-            for API compatibility (engine-specific save options).
+            ``accelerando.checkpointing.lock.WAIT_FOR_LOCK_S`` = 0, refuse at once), ``async_save``
+            (default: ``project_configuration.async_save``; see
+            :func:`accelerando.checkpointing.async_save.save_state_async`); the rest are accepted for API
+            compatibility (engine-specific save options). A pending asynchronous save is waited for first.
 
     Returns:
-        The committed checkpoint folder.
+        The committed checkpoint folder; with ``async_save`` an
+        :class:`~accelerando.checkpointing.async_save.AsyncSaveHandle` whose ``result()`` returns it.
 
     Raises:
         ValueError: If no folder can be determined, ``iteration`` was set to an existing checkpoint's
@@ -504,8 +521,16 @@ def save_state(
         OSError: ``ENOSPC`` if the disk is full (nothing is committed, earlier checkpoints are untouched).
         CheckpointError: If a process failed to write its files (nothing is committed).
     """
+    from accelerando.checkpointing.async_save import save_state_async, wait_pending
+
+    async_save = save_model_func_kwargs.pop("async_save", None)
+    if async_save is None:
+        async_save = getattr(target.project_configuration, "async_save", False)
     wait = _wait_for_lock(target, save_model_func_kwargs)
     del save_model_func_kwargs
+    wait_pending(target.owner)  # one save at a time: the previous asynchronous one commits first
+    if async_save:
+        return save_state_async(target, output_dir, safe_serialization, wait)  # type: ignore[return-value]
     set_active_accelerator(target.owner)
     with ExitStack() as stack:  # an explicit folder's save lock, until the commit is done
         plan = _plan_everywhere(target, stack, output_dir, wait)

@@ -109,7 +109,9 @@ class SavingMixin:
     ) -> str:
         """Save everything needed to resume into a crash-safe checkpoint folder; return its path.
 
-        See ``accelerando.checkpointing.save_state`` for what is saved and the commit protocol.
+        See ``accelerando.checkpointing.save_state`` for what is saved and the commit protocol. With
+        ``async_save=True`` (or ``ProjectConfiguration(async_save=True)``) it returns once the state is
+        copied to host memory, with a handle whose ``result()`` waits for the commit and returns the path.
         """
         from accelerando.checkpointing import save_state
 
@@ -139,7 +141,9 @@ class SavingMixin:
             See ``accelerando.checkpointing.load_state`` (missing or damaged checkpoints, bad ``load_kwargs``).
         """
         from accelerando.checkpointing import load_state
+        from accelerando.checkpointing.async_save import wait_pending
 
+        wait_pending(self)  # a pending asynchronous save commits first
         if load_kwargs is not None:
             load_model_func_kwargs["load_kwargs"] = load_kwargs
         load_state(self._checkpoint_target, input_dir, **load_model_func_kwargs)

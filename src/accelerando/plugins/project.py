@@ -26,6 +26,9 @@ class ProjectConfiguration:
         iteration: Number of the next automatically named checkpoint.
         save_on_each_node: Write the process-shared files on every node's local main process
             (for nodes that do not share a file system) instead of only on the global main process.
+        async_save: ``save_state()`` copies the state to host memory and writes and commits it in a
+            background thread, returning a handle whose ``result()`` waits for the commit (see
+            :mod:`accelerando.checkpointing.async_save`); ``save_state(async_save=...)`` overrides it.
 
     Raises:
         ValueError: If ``total_limit`` is not a positive integer or ``iteration`` is negative.
@@ -42,6 +45,7 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         if self.total_limit is not None and (
