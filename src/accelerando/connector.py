@@ -85,16 +85,21 @@ def decide(
     requested_type_source: str = "default",
     device_name: str = "cpu",
     pipeline_requested: bool = False,
+    parallelism: Any = None,
 ) -> Decision:
     """Choose the distributed type and strategy (step 5).
 
-    Steps: (1) an explicit backend plugin or launcher flag (DeepSpeed, FSDP, Megatron-LM) wins;
+    Steps: (0) a ``ParallelismConfig`` with ``tp_size > 1`` (or ``dp_shard_size > 1`` with HSDP
+    replication, or without an FSDP plugin) means the composable strategy: tensor parallel, then
+    FSDP2 on the mesh (reported as FSDP when it shards, else as the processes' data-parallel type);
+    (1) an explicit backend plugin or launcher flag (DeepSpeed, FSDP, Megatron-LM) wins;
     (2) otherwise several processes mean DDP; (3) one process means the single-device strategy.
     A launcher request that cannot be honoured here (e.g. MULTI_GPU on a machine with no GPU) is an
     error naming where the request came from.
 
     Raises:
-        ValueError: contradictory requests, with both sources named.
+        ValueError: contradictory requests, with both sources named (e.g. tensor parallelism with
+            DeepSpeed or Megatron-LM).
     """
     if requested_type in (DistributedType.MULTI_GPU.value,) and device_name != "cuda":
         raise ValueError(
@@ -106,6 +111,11 @@ def decide(
         return _pipeline_decision(
             process_type, num_processes, deepspeed_requested or fsdp_requested or megatron_requested
         )
+    composable = _composable_decision(
+        parallelism, process_type, deepspeed_requested, fsdp_requested, megatron_requested
+    )
+    if composable is not None:
+        return composable
     if deepspeed_requested:
         return Decision(DistributedType.DEEPSPEED, "deepspeed", "a DeepSpeed plugin or --use_deepspeed")
     if fsdp_requested:
@@ -115,6 +125,62 @@ def decide(
     if process_type is not DistributedType.NO:
         return Decision(process_type, "ddp", f"{num_processes} processes")
     return Decision(DistributedType.NO, "single", "one process")
+
+
+def _composable_decision(
+    parallelism: Any,
+    process_type: DistributedType,
+    deepspeed_requested: bool,
+    fsdp_requested: bool,
+    megatron_requested: bool,
+) -> Decision | None:
+    """Step 5.0: the composable strategy for a mesh with tensor parallelism or FSDP2 sharding, else None."""
+    if parallelism is None or not (parallelism.tp_enabled or parallelism.dp_shard_enabled):
+        return None
+    sizes = f"tp_size={parallelism.tp_size}, dp_shard_size={parallelism.dp_shard_size}"
+    if deepspeed_requested:
+        raise ValueError(
+            f"ParallelismConfig({sizes}) lays the model out with DTensor / FSDP2, and DeepSpeed was requested too "
+            "(a DeepSpeed plugin or --use_deepspeed); DeepSpeed ZeRO shards over every process itself: drop "
+            "tp_size/dp_shard_size, or drop DeepSpeed"
+        )
+    if megatron_requested:
+        raise ValueError(
+            f"ParallelismConfig({sizes}) asks for torch-native tensor parallelism / FSDP2, and Megatron-LM was "
+            "requested too; Megatron-LM splits the model itself (MegatronLMPlugin(tp_degree=...)): keep one"
+        )
+    if not parallelism.tp_enabled and fsdp_requested and not parallelism.dp_replicate_enabled:
+        return None  # plain FSDP over every process: the FSDP strategy does it
+    dims = " x ".join(
+        f"{axis}={getattr(parallelism, f'{axis}_size')}" for axis in parallelism.active_mesh_dims
+    )
+    if parallelism.dp_shard_enabled:
+        return Decision(DistributedType.FSDP, "composable", f"ParallelismConfig mesh {dims}")
+    return Decision(process_type, "composable", f"ParallelismConfig mesh {dims}")
+
+
+def _fold_tensor_parallel_plugin(plugins: rt.Plugins, num_processes: int) -> rt.Plugins:
+    """A ``TorchTensorParallelPlugin`` with ``tp_size > 1`` as the ParallelismConfig it stands for.
+
+    Raises:
+        ValueError: the plugin and a ParallelismConfig disagree on the tensor-parallel degree.
+    """
+    plugin = plugins.torch_tp
+    if plugin is None or plugin.tp_size <= 1:
+        return plugins
+    config = plugins.parallelism_config
+    if config is not None:
+        if config.tp_size != plugin.tp_size:
+            raise ValueError(
+                f"TorchTensorParallelPlugin(tp_size={plugin.tp_size}) and ParallelismConfig(tp_size={config.tp_size}) "
+                "disagree; give the degree once (ParallelismConfig(tp_size=...))"
+            )
+        return plugins
+    from accelerando.parallelism_config import ParallelismConfig
+
+    return dataclasses.replace(
+        plugins, parallelism_config=ParallelismConfig(**plugin.parallelism_sizes(num_processes))
+    )
 
 
 def _pipeline_decision(process_type: DistributedType, num_processes: int, other_backend: bool) -> Decision:
@@ -179,6 +245,7 @@ def _strategy_rule(settings: Settings, plugins: rt.Plugins, process: rt.ProcessC
         requested_type_source=settings.source("distributed_type"),
         device_name=process.device.type,
         pipeline_requested=_pipeline_requested(plugins),
+        parallelism=plugins.parallelism_config,
     )
 
 
@@ -253,6 +320,7 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     init_handler = plugins.handler(InitProcessGroupKwargs)
     # 1-3. cluster environment, device, process group: once per process, shared by later Accelerators
     process = rt.start_process(settings, init_handler.to_kwargs() if init_handler is not None else {})
+    plugins = _fold_tensor_parallel_plugin(plugins, process.num_processes)
     mesh = _build_mesh(plugins.parallelism_config, process)
     decision = _strategy_rule(settings, plugins, process)
     plugins = _default_backend_plugins(decision, plugins)

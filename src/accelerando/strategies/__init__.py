@@ -34,6 +34,7 @@ STRATEGIES: dict[str, str] = {
     "fsdp": "accelerando.strategies.fsdp:FSDPStrategy",
     "deepspeed": "accelerando.strategies.deepspeed:DeepSpeedStrategy",
     "megatron": "accelerando.strategies.megatron:MegatronStrategy",
+    "composable": "accelerando.strategies.composable:ComposableStrategy",
 }
 
 

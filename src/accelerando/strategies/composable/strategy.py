@@ -1,0 +1,396 @@
+"""ComposableStrategy: tensor parallelism and FSDP2 composed on the ParallelismConfig's device mesh.
+
+``prepare_model`` applies, in this order (each step is logged with what it did):
+
+1. tensor parallelism on the ``tp`` axis: the model's plan (transformers ``tp_plan``), or the one
+   given in ``TorchTensorParallelPlugin(tp_plan=...)``, through torch's ``parallelize_module``;
+2. FSDP2 ``fully_shard`` on the ``dp_shard`` axis (parameters become 2-D DTensors with ``tp``),
+   over ``(dp_replicate, dp_shard)`` when both are set (HSDP: shards replicated across groups).
+
+Ranks that differ only along ``tp`` read the same batches (the facade gives dataloaders the mesh);
+gradients of the ``tp`` ranks of one data-parallel group are identical, so nothing is averaged
+across ``tp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import accelerando.strategies.composable.grads as G
+from accelerando.strategies.base import Strategy
+from accelerando.strategies.composable.checks import check_heads
+from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
+
+__all__ = ["ComposableStrategy"]
+
+logger = logging.getLogger(__name__)
+
+
+def _is_fsdp2(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+class ComposableStrategy(Strategy):
+    """Tensor parallel (``tp``) x FSDP2 (``dp_shard``) x replication (``dp_replicate``) on one mesh.
+
+    The connector picks it when a ``ParallelismConfig`` has ``tp_size > 1``, or ``dp_shard_size > 1``
+    without an FSDP plugin. An FSDP plugin, when given, supplies the FSDP2 options (which layers are
+    sharded units, ``reshard_after_forward``, mixed precision, CPU offload).
+
+    Attributes:
+        applied: one line per step applied to each prepared model, in order (also logged).
+
+    Raises:
+        ValueError: no device mesh (no ParallelismConfig), an FSDP plugin asking for FSDP1, or a
+            tensor-parallel degree the model cannot take (see :meth:`prepare_model`).
+    """
+
+    name = "composable"
+    loads_own_checkpoints = True
+    plain_data_parallel = False
+
+    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
+        super().__init__(state, precision, **options)
+        self.distributed_type = state.distributed_type
+        self.mesh = getattr(state, "device_mesh", None)
+        self.config = getattr(state, "parallelism_config", None)
+        if self.mesh is None or self.config is None:
+            raise ValueError(
+                "the composable strategy lays models out on a ParallelismConfig's device mesh and this job has "
+                "none; pass Accelerator(parallelism_config=ParallelismConfig(tp_size=..., dp_shard_size=...))"
+            )
+        self.tp_plugin = getattr(state, "torch_tp_plugin", None)
+        self.fsdp_plugin = getattr(state, "fsdp_plugin", None)
+        if self.fsdp_plugin is not None and self.fsdp_plugin.fsdp_version != 2:
+            raise ValueError(
+                f"ParallelismConfig shards with FSDP2 but the FSDP plugin asks for fsdp_version="
+                f"{self.fsdp_plugin.fsdp_version}; set fsdp_version=2 (or drop the plugin)"
+            )
+        cluster = getattr(state, "cluster", None)
+        local_world = int(getattr(cluster, "local_world_size", 0) or 0)
+        if local_world and self.config.tp_size > local_world:
+            logger.warning(
+                "tp_size=%d spans more than one machine (%d processes per machine): tensor-parallel collectives "
+                "run on every layer, so keep tp_size <= %d and put the other processes on dp_shard",
+                self.config.tp_size,
+                local_world,
+                local_world,
+            )
+        self.applied: list[str] = []
+        self._param_map: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+        self._models: list[torch.nn.Module] = []
+        self._optimizer_models: dict[int, torch.nn.Module] = {}
+        self._unsynced: set[int] = set()
+
+    # ------------------------------------------------------------------ mesh
+    @property
+    def tp_mesh(self) -> Any:
+        """The 1-D ``tp`` sub-mesh, or None without tensor parallelism."""
+        return self.mesh["tp"] if self.config.tp_enabled else None
+
+    @property
+    def fsdp_mesh(self) -> Any:
+        """The sub-mesh FSDP2 shards over (``dp_shard``, or ``dp_replicate x dp_shard``); None without sharding."""
+        if not self.config.dp_shard_enabled:
+            return None
+        dims = tuple(d for d in ("dp_replicate", "dp_shard") if getattr(self.config, f"{d}_size") > 1)
+        return self.mesh[dims[0]] if len(dims) == 1 else self.mesh[dims]
+
+    def _note(self, line: str) -> None:
+        self.applied.append(line)
+        if self.state.is_main_process:
+            logger.info(line)
+
+    # ------------------------------------------------------------------ wrap
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Lay ``model`` out on the mesh: tensor parallel on ``tp``, then FSDP2 on the data axes.
+
+        Every process's weights are first replaced by process 0's, so that a model initialised
+        differently on each process still trains as one.
+
+        Raises:
+            ValueError: the model has no tensor-parallel plan and none was given, the plan names
+                nothing in the model, ``tp_size`` does not divide the head counts of its config,
+                or the model was already split with another tensor-parallel degree.
+        """
+        if any(model is m for m in self._models):
+            return model
+        before = dict(model.named_parameters())
+        model = super().prepare_model(model, device_placement, evaluation_mode)
+        if device_placement:
+            before = dict(model.named_parameters())
+        label = type(model).__name__
+        if not any(p.is_meta for p in model.parameters()):
+            self._broadcast_from_first(model)
+        if self.config.tp_enabled:
+            self._apply_tensor_parallel(model, label)
+        if self.config.dp_shard_enabled and any(p.requires_grad for p in model.parameters()):
+            self._apply_fsdp(model, label)
+        after = dict(model.named_parameters())
+        self._param_map = {k: v for k, v in self._param_map.items() if v[0]() is not None}
+        for name, old in before.items():
+            new = after.get(name)
+            if new is not None and new is not old:
+                self._param_map[id(old)] = (weakref.ref(old), new)
+        self._models.append(model)
+        return model
+
+    @staticmethod
+    def _broadcast_from_first(model: torch.nn.Module) -> None:
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                if not isinstance(tensor, DTensor):
+                    dist.broadcast(tensor.data, src=0)
+
+    def _plan_for(self, model: torch.nn.Module) -> dict[str, Any]:
+        given = getattr(self.tp_plugin, "tp_plan", None)
+        plan = dict(given) if given else module_plan(model)
+        if not plan:
+            raise ValueError(
+                f"tensor parallelism (tp_size={self.config.tp_size}) needs a plan saying how to split "
+                f"{type(model).__name__}, which declares none (transformers models carry one as tp_plan); pass "
+                "Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=..., tp_plan={'layers.*.proj': "
+                "'colwise', ...})) or a transformers model with a tp_plan"
+            )
+        return plan
+
+    def _apply_tensor_parallel(self, model: torch.nn.Module, label: str) -> None:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from accelerando.utils.other import get_model_tp_size
+
+        tp_size = self.config.tp_size
+        existing = get_model_tp_size(model)
+        if existing is not None and existing > 1:
+            if existing != tp_size:
+                raise ValueError(
+                    f"{label} is already split for tensor parallelism of degree {existing} but the "
+                    f"ParallelismConfig has tp_size={tp_size}; load the model unsplit or use tp_size={existing}"
+                )
+            self._note(f"1. tensor parallel: {label} already split over tp={tp_size}; left as loaded")
+            return
+        check_heads(model, tp_size)
+        styles: dict[str, Any] = {}
+        counts: dict[str, int] = {}
+        for name, style in resolve_plan(model, self._plan_for(model)).items():
+            parallel = to_parallel_style(style, model.get_submodule(name), name)
+            if parallel is not None:
+                styles[name] = parallel
+                key = style if isinstance(style, str) else type(style).__name__
+                counts[key] = counts.get(key, 0) + 1
+        # Weights are already the same on every process (broadcast above): each keeps its slice
+        # without a second broadcast.
+        parallelize_module(model, self.tp_mesh, styles, src_data_rank=None)
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        self._note(f"1. tensor parallel: {label} split over tp={tp_size} ({summary})")
+
+    def _apply_fsdp(self, model: torch.nn.Module, label: str) -> None:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        plugin = self.fsdp_plugin
+        units = self._fsdp_units(model)
+        kwargs: dict[str, Any] = {"mesh": self.fsdp_mesh}
+        if plugin is not None:
+            from accelerando.strategies.fsdp.wrap import reshard_after_forward_for
+
+            dtypes = plugin.mixed_precision_dtypes() or {}
+            kwargs["reshard_after_forward"] = reshard_after_forward_for(plugin.resolved_sharding())
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype")
+            )
+            offload = plugin.cpu_offload
+            if isinstance(offload, OffloadPolicy):
+                kwargs["offload_policy"] = offload
+            elif offload:
+                kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.state.device.type == "cuda")
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        sizes = " x ".join(
+            f"{d}={getattr(self.config, f'{d}_size')}"
+            for d in ("dp_replicate", "dp_shard")
+            if getattr(self.config, f"{d}_size") > 1
+        )
+        kind = "HSDP" if self.config.dp_replicate_enabled else "FSDP2"
+        self._note(f"2. {kind}: {label} sharded over {sizes} ({len(units)} units + root)")
+
+    def _fsdp_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The submodules sharded as their own units: the plugin's choice, else the model's no-split layers."""
+        if self.fsdp_plugin is not None:
+            from accelerando.strategies.fsdp.wrap import wrap_units
+
+            units = wrap_units(self.fsdp_plugin, model)
+            if units:
+                return units
+        names = set(getattr(model, "_no_split_modules", None) or ())
+        return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Point ``optimizer`` at the laid-out parameters of the models prepared before it.
+
+        When its parameters mix DTensors and plain tensors, ``step`` and ``zero_grad`` run with
+        plain tensors taken as replicated (what they are), so ``foreach`` kernels accept them.
+
+        Raises:
+            ValueError: it already holds state for the parameters before the layout.
+        """
+        changed = 0
+        for group in optimizer.param_groups:
+            params = []
+            for p in group["params"]:
+                entry = self._param_map.get(id(p))
+                if entry is not None and entry[0]() is p:
+                    params.append(entry[1])
+                    changed += 1
+                else:
+                    params.append(p)
+            group["params"] = params
+        if changed and optimizer.state:
+            raise ValueError(
+                "the optimizer already has state for the parameters before tensor parallelism / sharding; "
+                "prepare it before its first step (or build it after accelerator.prepare(model))"
+            )
+        all_params = [p for g in optimizer.param_groups for p in g["params"]]
+        if G.has_mixed_layouts(all_params):
+            optimizer.step = G.step_with_replication(optimizer.step)  # type: ignore[method-assign]
+            optimizer.zero_grad = G.step_with_replication(optimizer.zero_grad)  # type: ignore[method-assign]
+        ids = {id(p) for p in all_params}
+        for model in self._models:
+            if any(id(p) in ids for p in model.parameters()):
+                self._optimizer_models[id(optimizer)] = model
+        return optimizer
+
+    # -------------------------------------------------------------- training
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Accumulate gradients without the FSDP2 reduce-scatter (tensor-parallel collectives still run)."""
+        if not _is_fsdp2(model):
+            yield
+            return
+        model.set_requires_gradient_sync(False)
+        self._unsynced.add(id(model))
+        try:
+            yield
+        finally:
+            self._unsynced.discard(id(model))
+            model.set_requires_gradient_sync(True)
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Force backwards inside this context to reduce gradients over the data-parallel axes."""
+        if not _is_fsdp2(model):
+            yield
+            return
+        model.set_requires_gradient_sync(True)
+        try:
+            yield
+        finally:
+            if id(model) in self._unsynced:
+                model.set_requires_gradient_sync(False)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the norm of the whole gradients (every shard and split counted once); return it."""
+        return G.clip_grad_norm(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp every gradient element, whatever its layout."""
+        G.clip_grad_value(parameters, clip_value)
+
+    # ------------------------------------------------------------ state dicts
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full (gathered) state dict on the main process, on CPU; ``{}`` elsewhere. Call on every rank."""
+        from accelerando.strategies.fsdp.state import full_model_state_dict
+
+        module = self.unwrap_model(model, keep_torch_compile=False)
+        if not self._is_laid_out(module):
+            return super().model_state_dict(model)
+        return full_model_state_dict(module)
+
+    def load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> Any:
+        """Load a full state dict (given on every rank); each rank keeps its slice."""
+        from accelerando.strategies.fsdp.state import load_full_model_state_dict
+
+        module = self.unwrap_model(model, keep_torch_compile=False)
+        if not self._is_laid_out(module):
+            return super().load_model_state_dict(model, state_dict, strict)
+        return load_full_model_state_dict(module, state_dict, strict)
+
+    @staticmethod
+    def _is_laid_out(module: torch.nn.Module) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        return _is_fsdp2(module) or any(isinstance(p, DTensor) for p in module.parameters())
+
+    # ------------------------------------------------------------ checkpoints
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
+        """Write each rank's slices with torch.distributed.checkpoint (``pytorch_model_fsdp_<index>/``)."""
+        from accelerando.strategies.fsdp.state import save_sharded_model
+
+        save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), output_dir, index)
+        return True
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Load slices written by ``save_model_checkpoint``, or a full weights file; True when loaded."""
+        from accelerando.strategies.fsdp.state import load_sharded_model
+
+        module = self.unwrap_model(model, keep_torch_compile=False)
+        if load_sharded_model(module, input_dir, index):
+            return True
+        from accelerando.checkpointing import files as F
+
+        self.load_model_state_dict(model, F.load_model_weights(F.find_model_file(input_dir, index)))
+        return True
+
+    def _model_for(self, optimizer: Any, model: Any) -> torch.nn.Module:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        found = self._optimizer_models.get(id(inner))
+        if found is not None:
+            return found
+        if model is not None:
+            return model
+        raise ValueError(
+            "this optimizer was not prepared with a model laid out on the mesh; prepare both with "
+            "accelerator.prepare"
+        )
+
+    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+        """Write each rank's slice of the optimizer state (``optimizer_<index>/``); True."""
+        from accelerando.strategies.fsdp.state import save_sharded_optimizer
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        save_sharded_optimizer(self._model_for(optimizer, model), inner, output_dir, index)
+        return True
+
+    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+        """Load what ``save_optimizer_checkpoint`` wrote (or a full optimizer file); True when loaded."""
+        from accelerando.strategies.fsdp.state import load_full_optimizer_state_dict, load_sharded_optimizer
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        owner = self._model_for(optimizer, model)
+        if load_sharded_optimizer(owner, inner, input_dir, index):
+            return True
+        from accelerando.checkpointing import files as F
+
+        path = os.path.join(input_dir, F.indexed(F.OPTIMIZER_NAME, index, ".bin"))
+        load_full_optimizer_state_dict(owner, inner, F.torch_load(path, "cpu"))
+        return True
