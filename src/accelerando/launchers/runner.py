@@ -9,6 +9,13 @@ Every process dies with the launcher, whatever ended it (Linux's parent-death si
 process of a simple launch before exec, and by :mod:`accelerando.launchers._child` in each process
 the agent starts). A multi-process launch also runs a hang watchdog
 (:mod:`accelerando.launchers.watchdog`) and, when processes fail, names the one that failed first.
+
+Signals: SIGTERM, SIGINT, SIGHUP reach every process (the agent sends its processes the signal it got,
+then SIGKILL after its shutdown timeout of 30 s; a simple launch forwards them to its one process).
+SIGUSR1, SLURM's early warning, is passed on as SIGTERM to the agent's processes (to them SIGUSR1 asks
+for a stack dump) and as SIGUSR1 to a simple launch's process. A process that checkpointed on
+preemption (setting ``preemption_checkpoint``) exits with 143; the launch then exits with 143 too, the
+status of a job stopped by SIGTERM, which SLURM and Kubernetes requeue or restart.
 """
 
 from __future__ import annotations
@@ -40,20 +47,45 @@ def _die_with(launcher_pid: int) -> Callable[[], None]:
     return _in_child
 
 
+_FORWARDED = ("SIGTERM", "SIGHUP", "SIGUSR1")
+
+
+def _forward_signals(child: subprocess.Popen[Any]) -> dict[int, Any]:
+    """Pass SIGTERM/SIGHUP/SIGUSR1 on to ``child`` (which may checkpoint); return the old handlers."""
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {}
+    for name in _FORWARDED:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[int(sig)] = signal.signal(sig, forward)
+    return previous
+
+
 def _run_simple(plan: LaunchPlan) -> int:
     # The launcher is the one place that writes the processes' environment; the child inherits ours.
     os.environ.update(plan.env)
     # The script dies with the launcher, whatever ended the launcher (SIGKILL included).
     linux = sys.platform.startswith("linux")
     try:
-        return subprocess.run(
-            list(plan.argv), check=False, preexec_fn=_die_with(os.getpid()) if linux else None
-        ).returncode
+        child = subprocess.Popen(list(plan.argv), preexec_fn=_die_with(os.getpid()) if linux else None)
     except FileNotFoundError as err:
         print(f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}.", file=sys.stderr)
         return 127
+    previous = _forward_signals(child)
+    try:
+        return child.wait()
     except KeyboardInterrupt:
+        if child.poll() is None:  # a SIGINT sent to the launcher alone: pass it on, then wait
+            child.send_signal(signal.SIGINT)
+        child.wait()
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _describe(failure: Any) -> tuple[str, int]:
@@ -151,6 +183,8 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
     # are noise for a user; the processes' output and tracebacks are untouched.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = parse_args(plan.agent_args)
+    if hasattr(signal, "SIGUSR1"):  # the agent stops its processes as for SIGTERM (see the module docstring)
+        signal.signal(signal.SIGUSR1, _usr1_as_sigterm)
     if os.name != "posix":  # no shim: no parent-death signal, stack dumps or records there
         return _wait_elastic(lambda: elastic_run(args), None, None)
     with tempfile.TemporaryDirectory(prefix="accelerando-run-") as run_dir:
@@ -163,6 +197,12 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
         finally:
             if watchdog is not None:
                 watchdog.stop()
+
+
+def _usr1_as_sigterm(_signum: int, _frame: Any) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: SIGUSR1", sigval=signal.SIGTERM)
 
 
 def _wait_elastic(start: Callable[[], None], folder: RunFolder | None, watchdog: Watchdog | None) -> int:
