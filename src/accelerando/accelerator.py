@@ -252,6 +252,13 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         self._dataloaders: list[Any] = []
         self._init_saving()
         self._init_observing(log_with)
+        # Opt-in fault handling: resume in the first prepare(), checkpoint-and-exit on SIGTERM/SIGUSR1.
+        self._auto_resume_pending = bool(getattr(self.settings, "auto_resume", False))
+        self._preemption: Any = None
+        if self._auto_resume_pending or bool(getattr(self.settings, "preemption_checkpoint", False)):
+            from accelerando.facade.preemption import install
+
+            self._preemption = install(self)
         set_active_accelerator(self)
 
     # ------------------------------------------------------------- properties
@@ -596,11 +603,16 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         gs = self.gradient_state
         if gs.sync_gradients or gs.sync_each_batch or not models:
             yield
-            return
-        with contextlib.ExitStack() as stack:
-            for model in models:
-                stack.enter_context(self._strategy.no_sync(model))
-            yield
+        else:
+            with contextlib.ExitStack() as stack:
+                for model in models:
+                    stack.enter_context(self._strategy.no_sync(model))
+                yield
+        # The step is complete here (reached only without an exception): a preemption acts now.
+        if self._preemption is not None and self._preemption.should_stop(self.state.num_processes):
+            from accelerando.facade.preemption import checkpoint_and_exit
+
+            checkpoint_and_exit(self, self._preemption)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:

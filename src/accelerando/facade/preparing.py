@@ -67,6 +67,7 @@ class PreparingMixin:
         if prepared is not None:
             self._register_prepared(prepared)
             grouped = prepared.objects
+            self._resume_if_asked()
             return grouped[0] if len(grouped) == 1 else tuple(grouped)
         result = list(args)
         order = (torch.nn.Module, torch.optim.Optimizer, "dataloader", "scheduler")
@@ -74,7 +75,16 @@ class PreparingMixin:
             for i, obj in enumerate(args):
                 if self._kind_of(obj) == kind:
                     result[i] = self._prepare_one(obj, device_placement[i])
+        self._resume_if_asked()
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _resume_if_asked(self) -> None:
+        """With ``auto_resume``, the first ``prepare()`` loads the newest checkpoint (see facade.resume)."""
+        if getattr(self, "_auto_resume_pending", False):
+            self._auto_resume_pending = False
+            from accelerando.facade.resume import resume_on_prepare
+
+            resume_on_prepare(self)
 
     def _is_registered(self, obj: Any) -> bool:
         """Whether ``obj`` is one of the models, optimizers or schedulers this Accelerator prepared."""
