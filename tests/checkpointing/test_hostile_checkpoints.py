@@ -579,13 +579,16 @@ def test_every_checkpoint_damaged_is_one_clear_error(scene) -> None:
 # ---------------------------------------------------------------- the switch and its errors
 
 
-def test_load_kwargs_weights_only_is_checked_and_other_keys_warn(scene) -> None:
+def test_load_kwargs_weights_only_is_checked_and_other_keys_reach_torch_load(scene) -> None:
     accelerator, *_ = _accelerator(scene.project)
     with pytest.raises(TypeError, match="weights_only"):
         accelerator.load_state(scene.folder, load_kwargs={"weights_only": "no"})
     with pytest.raises(TypeError, match="must be a dict"):
         accelerator.load_state(scene.folder, load_kwargs=[("weights_only", False)])
-    with pytest.warns(UserWarning, match=r"\['mmap'\] are ignored"):
+    with pytest.raises(TypeError, match="not torch.load options"):
+        accelerator.load_state(scene.folder, load_kwargs={"mmapp": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         accelerator.load_state(scene.folder, load_kwargs={"mmap": True, "weights_only": True})
 
 

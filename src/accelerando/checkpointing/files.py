@@ -91,6 +91,10 @@ MAPPED_LOAD_MIN_BYTES = 16 * 2**20
 # called in between (the FSDP optimizer loader) follow the same choice without a parameter.
 _WEIGHTS_ONLY: ContextVar[bool] = ContextVar("accelerando_weights_only", default=True)
 
+# Further torch.load options of the caller of the load (the reference's load_kwargs besides
+# weights_only: mmap, encoding, ...); set with unpickling(), read by every torch_load in between.
+_LOAD_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("accelerando_load_options", default=None)
+
 OPT_IN = "load_kwargs={'weights_only': False}"
 
 
@@ -118,15 +122,19 @@ def weights_only_default() -> bool:
 
 
 @contextmanager
-def unpickling(weights_only: bool) -> Iterator[None]:
+def unpickling(weights_only: bool, options: dict[str, Any] | None = None) -> Iterator[None]:
     """Within the block, :func:`torch_load` calls without ``weights_only`` use this value.
 
     Only a caller's explicit opt-in (``load_kwargs={"weights_only": False}``) should pass False.
+    ``options`` are further ``torch.load`` keyword arguments for every file read in the block
+    (``mmap`` decides memory mapping for every file; the others are passed as given).
     """
     token = _WEIGHTS_ONLY.set(bool(weights_only))
+    options_token = _LOAD_OPTIONS.set(dict(options) if options else None)
     try:
         yield
     finally:
+        _LOAD_OPTIONS.reset(options_token)
         _WEIGHTS_ONLY.reset(token)
 
 
@@ -147,20 +155,23 @@ def torch_load(
             names the file, the type and the opt-in).
     """
     weights_only = _WEIGHTS_ONLY.get() if weights_only is None else bool(weights_only)
+    extra = dict(_LOAD_OPTIONS.get() or {})
+    if "mmap" in extra:  # the caller's explicit choice, for every file (torch refuses legacy files)
+        return _load(path, map_location, bool(extra.pop("mmap")), weights_only, extra)
     # Legacy (non-zip) torch.save files cannot be memory-mapped.
     if mapped and os.path.getsize(path) >= MAPPED_LOAD_MIN_BYTES and zipfile.is_zipfile(path):
         try:
-            return _load(path, map_location, True, weights_only)
+            return _load(path, map_location, True, weights_only, extra)
         except CheckpointError:
             raise
         except (OSError, RuntimeError, ValueError) as err:  # e.g. a file system that cannot map files
             logger.debug("memory-mapped load of %s failed (%s); reading it instead", path, err)
-    return _load(path, map_location, False, weights_only)
+    return _load(path, map_location, False, weights_only, extra)
 
 
-def _load(path: str, map_location: Any, mmap: bool, weights_only: bool) -> Any:
+def _load(path: str, map_location: Any, mmap: bool, weights_only: bool, extra: dict[str, Any]) -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap, **extra)
     except pickle.UnpicklingError as err:
         refused = refused_type(err) if weights_only else None
         if refused is None:  # not a refusal: a damaged file (or a refusal with full unpickling asked)

@@ -33,6 +33,7 @@ from accelerando.checkpointing.state_io import (
     check_load_kwargs,
     needed_files,
     read_state_files,
+    torch_load_options,
 )
 from accelerando.runtime import set_active_accelerator
 
@@ -256,9 +257,10 @@ def load_state(
             the config file says otherwise: compare every read file's checksum with the manifest; sizes
             are always checked), ``allow_unverified`` (default False: an explicit folder without a manifest,
             e.g. written by another library, is loaded with a warning instead of refused) and
-            ``load_kwargs`` (the reference's ``torch.load`` options: only ``{"weights_only": False}`` is
-            honoured, the explicit opt-in to fully unpickling files that need it, which runs any code they
-            hold; without it such files are refused).
+            ``load_kwargs`` (the reference's ``torch.load`` options for every file read: ``mmap``,
+            ``map_location`` (when not given itself), ``encoding``...; ``{"weights_only": False}`` is the
+            explicit opt-in to fully unpickling files that need it, which runs any code they hold;
+            without it such files are refused).
 
     Every ``.bin`` / ``.pkl`` / ``.pt`` file is read with ``torch.load(weights_only=True)``. With a
     manifest, it is the complete list of what may be read: a needed file it does not list, an entry
@@ -274,17 +276,21 @@ def load_state(
             unpickling rebuilds and the caller did not opt in; never skipped in automatic mode.
     """
     set_active_accelerator(target.owner)
-    weights_only = check_load_kwargs(load_model_func_kwargs.pop("load_kwargs", None))
+    load_kwargs = load_model_func_kwargs.pop("load_kwargs", None)
+    weights_only = check_load_kwargs(load_kwargs)
+    map_location, load_options = torch_load_options(
+        load_kwargs, load_model_func_kwargs.pop("map_location", None)
+    )
     candidates, may_fall_back = _candidates(target, input_dir)
     kwargs = {
-        "map_location": load_model_func_kwargs.pop("map_location", None),
+        "map_location": map_location,
         "verify_checksums": bool(
             load_model_func_kwargs.pop("verify_checksums", _default_verification(target))
         ),
         "allow_unverified": bool(load_model_func_kwargs.pop("allow_unverified", False)) and not may_fall_back,
     }
     for folder in candidates:
-        with F.unpickling(weights_only):  # the strategy's own loaders in _apply follow it too
+        with F.unpickling(weights_only, load_options):  # the strategy's own loaders in _apply follow it too
             outcome, error, failed = _attempt(target, folder, kwargs)
             if not failed:
                 _apply(target, folder, outcome, load_model_func_kwargs)

@@ -35,6 +35,7 @@ from accelerando.checkpointing.state_io import (
     check_load_kwargs,
     needed_files,
     read_state_files,
+    torch_load_options,
     write_state_files,
 )
 
@@ -193,7 +194,8 @@ def load_accelerator_state(
         map_location: Device for loaded weights (default CPU; ``load_state_dict`` copies them).
         load_kwargs: The reference's ``torch.load`` options. Files are read with ``weights_only=True``;
             ``{"weights_only": False}`` is the explicit opt-in to fully unpickle files that need it (runs
-            any code they hold: only for checkpoints you trust). Other keys are ignored with a warning.
+            any code they hold: only for checkpoints you trust). Other keys (``mmap``, ``encoding``...) go to
+            every ``torch.load``; ``map_location`` there is used when ``map_location`` is not given.
         verify_checksums: Compare every file's checksum with the manifest (sizes are always checked).
         **load_model_func_kwargs: Passed to each model's ``load_state_dict`` (e.g. ``strict=False``).
 
@@ -216,6 +218,7 @@ def load_accelerator_state(
         )
         return None
     weights_only = check_load_kwargs(load_kwargs)
+    map_location, load_options = torch_load_options(load_kwargs, map_location)
     folder = os.fspath(input_dir)
     models, optimizers = list(models or []), list(optimizers or [])
     schedulers, dataloaders = list(schedulers or []), list(dataloaders or [])
@@ -230,7 +233,7 @@ def load_accelerator_state(
     else:
         scan_folder(folder, recursive=False)  # links refused before any name is looked up
         logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
-    with F.unpickling(weights_only):
+    with F.unpickling(weights_only, load_options):
         loaded = read_state_files(folder, *counts, map_location=map_location)
     apply_state(loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs)
     return {"step": loaded.step if loaded.step is not None else 0}
@@ -338,6 +341,7 @@ def load_custom_state(
     """
     del scaler
     weights_only = check_load_kwargs(load_kwargs)
+    map_location, load_options = torch_load_options(load_kwargs)
     index = index if process_index is None else process_index
     if path is None:
         if not isinstance(obj, (str, os.PathLike)):
@@ -348,8 +352,8 @@ def load_custom_state(
         obj, path = None, obj
     target, folder_form = _custom_target(path, index)
     _check_custom_file(target, folder_form)
-    with F.unpickling(weights_only):
-        state = F.torch_load(target)
+    with F.unpickling(weights_only, load_options):
+        state = F.torch_load(target, map_location=map_location)
     if obj is not None:
         if not callable(getattr(obj, "load_state_dict", None)):
             raise TypeError(

@@ -27,6 +27,7 @@ __all__ = [
     "load_optimizer_state",
     "needed_files",
     "read_state_files",
+    "torch_load_options",
     "unwrap",
     "write_state_files",
 ]
@@ -383,18 +384,23 @@ def apply_state(
         restore_rng_states(loaded.rng)
 
 
+# torch.load's keyword arguments (its **pickle_load_args reach the unpickler: encoding, errors...).
+_TORCH_LOAD_KEYS = frozenset({"weights_only", "map_location", "mmap", "pickle_module", "encoding", "errors"})
+
+
 def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> bool:
-    """Read the reference's ``load_kwargs`` (options for ``torch.load``); return ``weights_only``.
+    """Check the reference's ``load_kwargs`` (options for ``torch.load``); return ``weights_only``.
 
     ``weights_only`` is honoured: False is the caller's explicit opt-in to full unpickling, which runs
-    whatever code the checkpoint files hold. Other keys are ignored with a warning (``map_location`` is
-    a parameter of its own; memory mapping is chosen per file).
+    whatever code the checkpoint files hold. The other keys are ``torch.load``'s and reach it through
+    :func:`torch_load_options`.
 
     Returns:
         The ``weights_only`` to read checkpoint files with (True unless the caller passed False).
 
     Raises:
-        TypeError: If ``load_kwargs`` is not a dict or its ``weights_only`` is not a bool.
+        TypeError: If ``load_kwargs`` is not a dict, its ``weights_only`` is not a bool, or a key is
+            not a ``torch.load`` option (the message lists them).
     """
     if load_kwargs is None:
         return True
@@ -405,12 +411,10 @@ def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> bool:
     weights_only = load_kwargs.get("weights_only", True)
     if not isinstance(weights_only, bool):
         raise TypeError(f"load_kwargs['weights_only'] must be True or False, got {repr(weights_only)[:40]}.")
-    ignored = sorted(str(key) for key in load_kwargs if key != "weights_only")
-    if ignored:
-        warnings.warn(
-            f"load_kwargs keys {ignored} are ignored: accelerando chooses torch.load's options itself; only "
-            "'weights_only' is honoured. Pass map_location= directly to choose the device.",
-            stacklevel=3,
+    unknown = sorted(str(key) for key in load_kwargs if key not in _TORCH_LOAD_KEYS)
+    if unknown:
+        raise TypeError(
+            f"load_kwargs keys {unknown} are not torch.load options; use some of {sorted(_TORCH_LOAD_KEYS)}."
         )
     if not weights_only:
         logger.warning(
@@ -418,3 +422,30 @@ def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> bool:
             "runs any code they hold; do this only for checkpoints you trust."
         )
     return weights_only
+
+
+def torch_load_options(
+    load_kwargs: dict[str, Any] | None, map_location: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """Split checked ``load_kwargs`` into the load's ``map_location`` and the other ``torch.load`` options.
+
+    ``load_kwargs["map_location"]`` is the map location when the call gave none of its own; the
+    remaining keys (``mmap``, ``pickle_module``, ``encoding``...) go to every ``torch.load`` of the load
+    (through :func:`accelerando.checkpointing.files.unpickling`).
+
+    Returns:
+        ``(map_location, options)``.
+
+    Raises:
+        ValueError: ``map_location`` was given both as an argument and in ``load_kwargs``, differently.
+    """
+    options = {k: v for k, v in (load_kwargs or {}).items() if k != "weights_only"}
+    if "map_location" in options:
+        from_kwargs = options.pop("map_location")
+        if map_location is not None and map_location != from_kwargs:
+            raise ValueError(
+                f"map_location={map_location!r} and load_kwargs['map_location']={from_kwargs!r} differ; "
+                "give it once"
+            )
+        map_location = from_kwargs
+    return map_location, options
