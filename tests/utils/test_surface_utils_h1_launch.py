@@ -31,7 +31,7 @@ def test_simple_launcher_command_and_reference_names():
     assert cmd == [sys.executable, "train.py", "--lr", "0.1"]
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert env["ACCELERANDO_MIXED_PRECISION"] == "bf16"
-    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_USE_CPU"] == "True"  # the reference spells str(True)
     assert env["ACCELERATE_DEBUG_MODE"] == "true"
     assert "MASTER_ADDR" not in env or env["MASTER_ADDR"] == os.environ.get("MASTER_ADDR")
     assert env["PATH"] == os.environ["PATH"]  # a copy of the current environment
@@ -64,7 +64,7 @@ def test_use_cpu_alias_and_dynamo_names():
     _, env = launch.prepare_simple_launcher_cmd_env(
         _args(use_cpu=True, cpu=False, dynamo_backend="inductor", dynamo_mode="max-autotune")
     )
-    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_USE_CPU"] == "True"  # the reference spells str(True)
     assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
     assert env["ACCELERATE_DYNAMO_MODE"] == "max-autotune"
 
@@ -290,4 +290,42 @@ def test_simple_launcher_runs_behind_mpirun(tmp_path):
     )
     assert cmd[0].endswith("mpirun") and str(hostfile) in cmd
     assert cmd[-4:] == [sys.executable, "train.py", "--lr", "0.1"]
-    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_USE_CPU"] == "True"  # the reference spells str(True)
+
+
+@pytest.mark.parametrize(
+    ("helper", "values", "gpus"),
+    [
+        ("simple", dict(mixed_precision="bf16", cpu=True, debug=True), 0),
+        ("simple", dict(cpu=True, num_processes=2, dynamo_backend="inductor", dynamo_use_fullgraph=True), 0),
+        ("simple", dict(cpu=True, mixed_precision="fp8", fp8_backend="ao"), 0),
+        (
+            "multi",
+            dict(
+                cpu=True, num_processes=2, use_fsdp=True, fsdp_version=2, parallelism_config_dp_shard_size=2
+            ),
+            0,
+        ),
+        ("multi", dict(cpu=True, num_processes=2, use_fsdp=True, fsdp_sharding_strategy="FULL_SHARD"), 0),
+        ("deepspeed", dict(num_processes=2, zero_stage=2, gradient_accumulation_steps=4), 2),
+    ],
+)
+def test_helpers_write_the_plans_variables_unchanged(monkeypatch, helper, values, gpus):
+    """The helpers' environment holds every variable of the launcher's plan with the plan's spelling."""
+    import json
+
+    from accelerando.settings.resolve import ECHOED_DEFAULTS_ENV
+
+    monkeypatch.setattr(launch, "detect_machine", lambda: MachineInfo(gpu_count=gpus, cpu_count=8))
+    args = _args(**values)
+    forced = {"use_deepspeed": True} if helper == "deepspeed" else {}
+    plan = launch._plan(args, launch._settings_from_args(args, **forced))
+    if helper == "simple":
+        _, env = launch.prepare_simple_launcher_cmd_env(args)
+    elif helper == "multi":
+        env = launch.prepare_multi_gpu_env(args)
+    else:
+        _, env = launch.prepare_deepspeed_cmd_env(args)
+    assert {k: env.get(k) for k in plan.env} == dict(plan.env)
+    echoed = json.loads(env.get(ECHOED_DEFAULTS_ENV, "{}"))
+    assert all(env[name] == text for name, text in echoed.items())

@@ -143,12 +143,17 @@ def _reference_env(settings: Any) -> dict[str, str]:
 
 
 def _process_env(args: argparse.Namespace, settings: Any, plan: Any) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(plan.env)
-    env.update(_reference_env(settings))
+    """``os.environ`` plus the launch's variables, spelled exactly as ``accelerando launch`` writes them.
+
+    The plan's variables win: the helpers below only add names the plan does not write, so a
+    process started by these helpers reads the same values (and the same echoed defaults) as one
+    started by the launcher.
+    """
+    extra = _reference_env(settings)
     if settings["mixed_precision"] == "fp8":
-        setup_fp8_env(args, env)
-    return prepare_extend_env_parallelism_config(args, env)
+        setup_fp8_env(args, extra)
+    prepare_extend_env_parallelism_config(args, extra)
+    return {**os.environ, **extra, **plan.env}
 
 
 # Types torch.distributed.run's parser gives its options (the plan holds them as text).
@@ -219,7 +224,8 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
     if plan.mode == "mpirun":
         cmd = list(plan.argv)  # mpirun starts every process of the multi-CPU job
     env = _process_env(args, settings, plan)
-    env["ACCELERATE_USE_CPU"] = _text(bool(settings["cpu"]))
+    if "ACCELERATE_USE_CPU" not in plan.env:
+        env["ACCELERATE_USE_CPU"] = _text(bool(settings["cpu"]))
     machines = settings["num_machines"] or 1
     port = str(settings["main_process_port"] or _DEFAULT_MAIN_PORT)
     if machines > 1:
@@ -260,7 +266,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         plan = _with_restarts(plan, settings["max_restarts"])
     _set_agent_args(args, plan)
     env = _process_env(args, settings, plan)
-    if settings["use_fsdp"]:
+    if settings["use_fsdp"] and "ACCELERATE_USE_FSDP" not in plan.env:
         env["ACCELERATE_USE_FSDP"] = "true"
     if not settings["cpu"] and not check_cuda_p2p_ib_support():
         logger.warning(
@@ -314,7 +320,8 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict
     if plan.mode == "elastic":
         _set_agent_args(args, plan)
     env = _process_env(args, settings, plan)
-    env["ACCELERATE_USE_DEEPSPEED"] = "true"
+    if "ACCELERATE_USE_DEEPSPEED" not in plan.env:
+        env["ACCELERATE_USE_DEEPSPEED"] = "true"
     return list(plan.argv), env
 
 
