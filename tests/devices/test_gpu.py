@@ -219,3 +219,83 @@ def _fsdp_fp16_worker() -> dict:
             losses.append(loss.item())
         out[precision] = losses
     return out
+
+
+# --- issue #18: FP8 on GPUs (torchao natively, Transformer Engine) -----------------------------------
+
+
+def _fp8_gpu() -> bool:
+    from accelerando.utils.environment import check_cuda_fp8_capability
+
+    return check_cuda_fp8_capability()
+
+
+def _fp8_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128),
+        torch.nn.GELU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.GELU(),
+        torch.nn.Linear(128, 64),
+    )
+
+
+def _fp8_train(model, optimizer, backward, device, steps: int = 5) -> list[float]:
+    losses = []
+    for step in range(steps):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step)).to(device)
+        loss = model(x).float().pow(2).mean()
+        backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with FP8 support (compute capability 8.9+)")
+def test_torchao_fp8_runs_natively_and_equals_torchao_by_hand(fresh_state):
+    """#18 item 2: on an FP8 GPU torchao runs without emulation, and the Accelerator equals torchao by hand."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from accelerando import Accelerator
+    from accelerando.plugins.kwargs import AORecipeKwargs
+    from accelerando.utils.ao import default_module_filter
+
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
+    assert accelerator._precision.emulated is False
+    model = _fp8_mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert accelerator._precision.config.emulate is False
+    got = _fp8_train(model, optimizer, accelerator.backward, accelerator.device)
+
+    hand = _fp8_mlp()
+    config = Float8LinearConfig(pad_inner_dim=True, enable_fsdp_float8_all_gather=False)
+    hand = convert_to_float8_training(
+        hand, module_filter_fn=default_module_filter(hand), config=config
+    ).cuda()
+    optimizer = torch.optim.AdamW(hand.parameters(), lr=1e-3)
+    assert got == _fp8_train(hand, optimizer, lambda loss: loss.backward(), "cuda")
+
+
+@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with FP8 support (compute capability 8.9+)")
+def test_transformer_engine_fp8_or_clear_error(fresh_state):
+    """#18 item 3: fp8_backend te swaps layers for TE ones and trains; without the package, the error names 'ao'."""
+    from accelerando import Accelerator
+    from accelerando.plugins.kwargs import TERecipeKwargs
+    from accelerando.utils.imports import is_transformer_engine_available
+    from accelerando.utils.transformer_engine import has_transformer_engine_layers
+
+    if not is_transformer_engine_available():
+        with pytest.raises(RuntimeError, match="'ao'"):
+            Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()]).prepare(_fp8_mlp())
+        return
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+    model = _fp8_mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert has_transformer_engine_layers(accelerator.unwrap_model(model))
+    losses = _fp8_train(model, optimizer, accelerator.backward, accelerator.device)
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
