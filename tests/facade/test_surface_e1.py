@@ -296,10 +296,9 @@ def test_fsdp_plugin_offload_and_precision_checks() -> None:
     checked.validate_mixed_precision_policy()
     checked.validate_cpu_offload()
     assert checked.activation_checkpointing_offload is False
-    with pytest.raises(NotImplementedError, match="activation_checkpointing=True"):
-        FullyShardedDataParallelPlugin(activation_checkpointing_offload=True)
-    with pytest.raises(ValueError, match="exclude each other"):
-        FullyShardedDataParallelPlugin(activation_checkpointing=True, activation_checkpointing_offload=True)
+    assert FullyShardedDataParallelPlugin(activation_checkpointing_offload=True).activation_checkpointing_offload
+    both = FullyShardedDataParallelPlugin(activation_checkpointing=True, activation_checkpointing_offload=True)
+    assert both.activation_checkpointing and both.activation_checkpointing_offload  # recompute, inputs on CPU
 
 
 def test_ddp_kwargs_to_dict_ignore_keys() -> None:

@@ -133,8 +133,9 @@ class FullyShardedDataParallelPlugin:
         sync_module_states: broadcast rank 0's weights when wrapping.
         forward_prefetch: prefetch the next all-gather in forward.
         activation_checkpointing: recompute each wrapped layer's activations in backward.
-        activation_checkpointing_offload: keep each wrapped layer's activations in CPU memory until
-            backward instead of recomputing them (not supported yet: True raises).
+        activation_checkpointing_offload: keep the activations each wrapped layer saves for backward in
+            CPU memory (torch's ``offload_wrapper``); with ``activation_checkpointing`` too, only the
+            recomputed layers' inputs are saved, on CPU.
         cpu_ram_efficient_loading: only rank 0 materialises weights; implies ``sync_module_states``.
         transformer_cls_names_to_wrap: layer class names wrapped by TRANSFORMER_BASED_WRAP (default:
             the model's ``_no_split_modules``).
@@ -144,9 +145,8 @@ class FullyShardedDataParallelPlugin:
         sources: field name -> where its value came from ("code", "env:FSDP_...", "default").
 
     Raises:
-        ValueError: an unknown choice, an unsupported version, an offload or mixed-precision object of
-            the other FSDP version, or both kinds of activation checkpointing.
-        NotImplementedError: ``activation_checkpointing_offload=True``.
+        ValueError: an unknown choice, an unsupported version, or an offload or mixed-precision object
+            of the other FSDP version.
     """
 
     fsdp_version: int | None = None
@@ -200,18 +200,7 @@ class FullyShardedDataParallelPlugin:
             }
 
     def _check_activation_offload(self) -> None:
-        if not self.activation_checkpointing_offload:
-            self.activation_checkpointing_offload = False
-            return
-        if self.activation_checkpointing:
-            raise ValueError(
-                "activation_checkpointing and activation_checkpointing_offload exclude each other (recompute "
-                "activations, or keep them in CPU memory); set one of them"
-            )
-        raise NotImplementedError(
-            "activation_checkpointing_offload=True (activations kept in CPU memory) is not supported by "
-            "accelerando's FSDP strategy yet; use activation_checkpointing=True to recompute them instead"
-        )
+        self.activation_checkpointing_offload = bool(self.activation_checkpointing_offload)
 
     # ----------------------------------------------------------------- filling
     def _fill_from_settings(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = [
+    "activation_wrapper_fn",
     "apply_activation_checkpointing",
     "fsdp1_wrap",
     "fsdp2_wrap",
@@ -112,26 +114,56 @@ def make_mesh(strategy: str, world_size: int, local_world_size: int, device_type
     return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
 
 
-def apply_activation_checkpointing(
-    model: torch.nn.Module, units: list[torch.nn.Module]
-) -> list[torch.nn.Module]:
-    """Wrap each unit in a checkpoint wrapper; return the wrappers (same order).
-
-    The wrapper's state-dict hooks hide its extra name level, so checkpoints keep the plain names.
+def activation_wrapper_fn(checkpoint: bool, offload: bool) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    """The wrapper each unit gets: recompute (``checkpoint``), keep saved activations on CPU
+    (``offload``, torch's ``offload_wrapper``: ``save_on_cpu`` around the unit), or both (the
+    checkpointed unit's saved inputs go to CPU).
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointWrapper,
+        CheckpointImpl,
+        checkpoint_wrapper,
+        offload_wrapper,
+    )
+
+    def wrap(module: torch.nn.Module) -> torch.nn.Module:
+        if checkpoint:
+            module = checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        return offload_wrapper(module) if offload else module
+
+    return wrap
+
+
+def _innermost(module: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(module, "_checkpoint_wrapped_module"):
+        module = module._checkpoint_wrapped_module
+    return module
+
+
+def apply_activation_checkpointing(
+    model: torch.nn.Module, units: list[torch.nn.Module], checkpoint: bool = True, offload: bool = False
+) -> list[torch.nn.Module]:
+    """Wrap each unit in an activation wrapper (see :func:`activation_wrapper_fn`); return the wrappers.
+
+    The wrappers' state-dict hooks hide their extra name levels, so checkpoints keep the plain names.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        ActivationWrapper,
     )
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing as apply_ac,
     )
 
     targets = {id(u) for u in units}
-    apply_ac(model, check_fn=lambda m: id(m) in targets and not isinstance(m, CheckpointWrapper))
-    wrapped = {
-        id(m._checkpoint_wrapped_module): m for m in model.modules() if isinstance(m, CheckpointWrapper)
-    }
-    return [wrapped.get(id(u), u) for u in units]
+    apply_ac(
+        model,
+        checkpoint_wrapper_fn=activation_wrapper_fn(checkpoint, offload),
+        check_fn=lambda m: id(m) in targets and not isinstance(m, ActivationWrapper),
+    )
+    outermost: dict[int, torch.nn.Module] = {}
+    for m in model.modules():
+        if isinstance(m, ActivationWrapper):
+            outermost.setdefault(id(_innermost(m)), m)  # modules() visits outer wrappers first
+    return [outermost.get(id(u), u) for u in units]
 
 
 def _mp_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
@@ -172,13 +204,20 @@ def fsdp2_wrap(
         model.to("meta")
     elif plugin.sync_module_states:
         broadcast_params(model)
-    if plugin.activation_checkpointing:  # 3
-        units = apply_activation_checkpointing(model, units)
+    if plugin.activation_checkpointing or plugin.activation_checkpointing_offload:  # 3
+        units = apply_activation_checkpointing(
+            model,
+            units,
+            checkpoint=bool(plugin.activation_checkpointing),
+            offload=bool(plugin.activation_checkpointing_offload),
+        )
     ignored = {p for m in ignored_modules(plugin, model) for p in m.parameters()}
     offload = plugin.cpu_offload
     offload_policy = offload if isinstance(offload, OffloadPolicy) else None
     if offload_policy is None:
         offload_policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+    # A bare OffloadPolicy() is truthy yet means "no offload": ask the policy, not the field.
+    params_on_cpu = isinstance(offload_policy, CPUOffloadPolicy)
     kwargs = {
         "mesh": mesh,
         "reshard_after_forward": reshard_after_forward_for(strategy),
@@ -194,8 +233,8 @@ def fsdp2_wrap(
         for current, upcoming in zip(units, units[1:], strict=False):
             current.set_modules_to_forward_prefetch([upcoming])
     if efficient:  # 5
-        model.to_empty(device="cpu" if offload else device)
-        broadcast_full_state_dict(model, full_sd, cpu_offload=bool(offload))
+        model.to_empty(device="cpu" if params_on_cpu else device)
+        broadcast_full_state_dict(model, full_sd, cpu_offload=params_on_cpu)
         for name, value in buffers.items():
             _set_buffer(model, name, value.to(device))
         broadcast_buffers(model)
@@ -252,13 +291,19 @@ def fsdp1_wrap(
         # Non-zero ranks hold meta weights: give them storage, sync_module_states fills it from rank 0.
         kwargs["param_init_fn"] = functools.partial(_materialise, device=device)
     wrapped = FSDP(model, **kwargs)
-    if plugin.activation_checkpointing and units:
+    if (plugin.activation_checkpointing or plugin.activation_checkpointing_offload) and units:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             apply_activation_checkpointing as apply_ac,
         )
 
         unit_types = tuple({type(u) for u in units})
-        apply_ac(wrapped, check_fn=lambda m: isinstance(m, unit_types))
+        apply_ac(
+            wrapped,
+            checkpoint_wrapper_fn=activation_wrapper_fn(
+                bool(plugin.activation_checkpointing), bool(plugin.activation_checkpointing_offload)
+            ),
+            check_fn=lambda m: isinstance(m, unit_types),
+        )
     return wrapped
 
 
