@@ -416,9 +416,11 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         return plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
 
     @property
-    def fp8_backend(self) -> str | None:
-        """The FP8 backend in use (None unless mixed_precision is fp8)."""
-        return None
+    def fp8_backend(self) -> Any:
+        """The FP8 backend in use, an ``FP8BackendType`` (AO, TE or MSAMP; NO unless mixed_precision is fp8)."""
+        from accelerando.utils.dataclasses import FP8BackendType
+
+        return getattr(self._precision, "fp8_backend", FP8BackendType.NO)
 
     @property
     def multi_device(self) -> bool:

@@ -105,3 +105,25 @@ def test_use_parallelism_config_builds_one_from_the_environment(monkeypatch: pyt
     monkeypatch.delenv("PARALLELISM_CONFIG_TP_SIZE")
     acc = Accelerator()
     assert isinstance(acc.state.parallelism_config, ParallelismConfig)
+
+
+# ------------------------------------------------------------------------------ fp8_backend / dynamo
+def test_fp8_backend_is_an_fp8_backend_type() -> None:
+    from accelerando.utils.dataclasses import FP8BackendType
+
+    assert Accelerator().fp8_backend == FP8BackendType.NO
+
+
+def test_prepare_model_compiles_through_the_dynamo_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelerando.plugins.dynamo import TorchDynamoPlugin
+
+    seen: list[object] = []
+
+    def compile_stub(self, model, distributed_type=None):
+        seen.append(distributed_type)
+        return model
+
+    monkeypatch.setattr(TorchDynamoPlugin, "compile", compile_stub)
+    acc = Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=True))
+    acc.prepare(nn.Linear(2, 2))
+    assert seen == [acc.distributed_type]

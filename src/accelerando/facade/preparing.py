@@ -167,7 +167,8 @@ class PreparingMixin:
             model, device_placement=device_placement, evaluation_mode=evaluation_mode
         )
         if self.dynamo_plugin.enabled:
-            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
+            # regional compilation when the plugin asks for it, else torch.compile of the whole model
+            model = self.dynamo_plugin.compile(model, self.distributed_type)
         self._models[-1] = model
         return model
 
