@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from accelerando.logging import get_logger
-from accelerando.precision.fp8 import FP8Precision
+from accelerando.precision.fp8_base import FP8Precision
 
 __all__ = ["AOPrecision"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from accelerando.precision.fp8 import FP8Precision
+from accelerando.precision.fp8_base import FP8Precision
 
 __all__ = ["MSAMPPrecision", "TEPrecision", "msamp_deepspeed_config"]
 

@@ -23,6 +23,16 @@ __all__ = [
 ]
 
 _ORIGINAL_FORWARD = "_accelerando_te_original_forward"
+# TERecipeKwargs' defaults, for a handler that leaves a field unset (or none at all).
+_TE_DEFAULTS: dict[str, Any] = {
+    "margin": 0,
+    "interval": 1,
+    "fp8_format": "HYBRID",
+    "amax_history_len": 1024,
+    "amax_compute_algo": "most_recent",
+    "override_linear_precision": (False, False, False),
+    "use_mxfp8_block_scaling": False,
+}
 
 
 def _require_te(what: str) -> Any:
@@ -142,23 +152,23 @@ def te_recipe(handler: Any = None) -> Any:
     _require_te("an FP8 recipe")
     from transformer_engine.common import recipe as te_recipes
 
-    from accelerando.plugins.kwargs import TERecipeKwargs
+    def field(name: str) -> Any:
+        value = getattr(handler, name, None)
+        return _TE_DEFAULTS[name] if value is None else value
 
-    handler = handler if handler is not None else TERecipeKwargs()
-    fmt = getattr(te_recipes.Format, handler.fp8_format)
-    if handler.use_mxfp8_block_scaling:
+    fmt = getattr(te_recipes.Format, str(field("fp8_format")).upper())
+    if field("use_mxfp8_block_scaling"):
         return te_recipes.MXFP8BlockScaling(fp8_format=fmt)
     wanted: dict[str, Any] = {
-        "margin": handler.margin,
-        "interval": handler.interval,
+        "margin": field("margin"),
+        "interval": field("interval"),
         "fp8_format": fmt,
-        "amax_history_len": handler.amax_history_len,
-        "amax_compute_algo": handler.amax_compute_algo,
+        "amax_history_len": field("amax_history_len"),
+        "amax_compute_algo": field("amax_compute_algo"),
     }
-    if any(handler.override_linear_precision):
-        wanted["override_linear_precision"] = te_recipes._OverrideLinearPrecision(
-            *handler.override_linear_precision
-        )
+    override = tuple(field("override_linear_precision"))
+    if any(override):
+        wanted["override_linear_precision"] = te_recipes._OverrideLinearPrecision(*override)
     accepted = inspect.signature(te_recipes.DelayedScaling).parameters
     return te_recipes.DelayedScaling(**{k: v for k, v in wanted.items() if k in accepted})
 

@@ -1,0 +1,55 @@
+"""The base of the FP8 precisions: no loss scaler, no autocast of its own, the recipe in effect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerando.precision.base import Precision
+from accelerando.precision.fp8_choice import choose_fp8_backend
+
+__all__ = ["FP8Precision"]
+
+
+class FP8Precision(Precision):
+    """Base of the FP8 precisions: no loss scaler (FP8 scales per tensor), no autocast of its own.
+
+    Attributes:
+        fp8_backend: ``FP8BackendType`` member of the backend.
+        recipe: the recipe handler in effect.
+    """
+
+    name = "fp8"
+    backend_name = ""
+
+    def __init__(self, device_type: str, recipe: Any) -> None:
+        from accelerando.utils.dataclasses import FP8BackendType
+
+        self.device_type = device_type
+        self.recipe = recipe
+        self.fp8_backend = FP8BackendType(self.backend_name.upper())
+        self._handlers_given = True
+        self._settings: Any = None
+
+    def resolve_recipe(self) -> Any:
+        """The recipe in effect, taking the handlers of the active runtime into account.
+
+        Until the connector passes the kwargs handlers when it builds the precision, they are read
+        from the runtime when the first model is prepared.
+
+        Raises:
+            RuntimeError / ValueError: the handlers select a backend that cannot run here.
+        """
+        if self._handlers_given:
+            return self.recipe
+        import accelerando.runtime as rt
+
+        runtime = rt.current()
+        handlers = runtime.plugins.handlers if runtime is not None else {}
+        backend, recipe, _ = choose_fp8_backend(handlers, self._settings, self.device_type)
+        if backend != self.backend_name:
+            raise RuntimeError(
+                f"the FP8 recipe handler selects {backend!r} but this Accelerator was built for "
+                f"{self.backend_name!r}; set fp8_backend: {backend} (--fp8_backend {backend})"
+            )
+        self.recipe, self._handlers_given = recipe, True
+        return recipe
