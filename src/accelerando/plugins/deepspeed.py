@@ -182,6 +182,29 @@ def _refuse_config_file_fields() -> None:
         )
 
 
+def _as_hf_config(config: Any) -> Any:
+    """Return ``config`` as an :class:`~accelerando.utils.deepspeed.HfDeepSpeedConfig`.
+
+    An ``HfDeepSpeedConfig`` (transformers' ``HfTrainerDeepSpeedConfig`` included) is kept as is, so
+    its ``.config`` dict stays shared with its owner; a dict or JSON file path is read into a new one
+    (a private copy), a string that is no file is read as base64-encoded JSON (the launcher's form).
+
+    Raises:
+        ValueError: a missing or invalid file, or a string that is neither a file nor base64 JSON.
+        TypeError: ``config`` is none of these.
+    """
+    from accelerando.utils.deepspeed.hf_config import HfDeepSpeedConfig
+
+    if isinstance(config, HfDeepSpeedConfig):
+        return config
+    if isinstance(config, str) and not os.path.exists(config):
+        try:
+            return HfDeepSpeedConfig(config)
+        except ValueError:
+            pass  # load_config names the missing file
+    return HfDeepSpeedConfig(load_config(config))
+
+
 @dataclass
 class DeepSpeedPlugin:
     """DeepSpeed settings: a config file/dict used as is, or a config built from these fields.
@@ -193,7 +216,10 @@ class DeepSpeedPlugin:
     and scheduler hyper-parameters, precision) are filled at ``prepare`` from the prepared objects.
 
     Args:
-        hf_ds_config: DeepSpeed config as a JSON file path or a dict.
+        hf_ds_config: DeepSpeed config as a JSON file path, a dict or an
+            :class:`~accelerando.utils.deepspeed.HfDeepSpeedConfig` (transformers'
+            ``HfTrainerDeepSpeedConfig`` too). After init it is always an ``HfDeepSpeedConfig`` whose
+            ``.config`` is ``deepspeed_config`` (the same dict; an object passed in is kept, not copied).
         gradient_accumulation_steps: micro-batches per step; None/"auto" = the Accelerator's.
         gradient_clipping: max gradient norm applied by the engine; None/"auto" = no clipping.
         zero_stage: 0-3, or "auto" to pick the lowest stage that fits in memory (default 2).
@@ -237,10 +263,14 @@ class DeepSpeedPlugin:
         self._validate_fields()
         if self.hf_ds_config is not None:
             _refuse_config_file_fields()
-            self.deepspeed_config = load_config(self.hf_ds_config)
+            self.hf_ds_config = _as_hf_config(self.hf_ds_config)
+            # The very dict of the config object: transformers fills its "auto" values later.
+            self.deepspeed_config = self.hf_ds_config.config
             self._merge_fields_into_config(code_given)
         else:
-            self.deepspeed_config = self._config_from_fields()
+            self.hf_ds_config = _as_hf_config(self._config_from_fields())
+            self.deepspeed_config = self.hf_ds_config.config
+        self.hf_ds_config.set_stage_and_offload()
         self._sync_fields_from_config()
         self._finish_zero3_flags()
         if self.enable_msamp:

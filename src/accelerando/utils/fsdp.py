@@ -114,19 +114,21 @@ def _inner_module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model) if type(model).__name__ == "FullyShardedDataParallel" else model
 
 
+def _is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(_inner_module(model), "peft_config")
+
+
 def _adapter_state(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
     """Keep only the active PEFT adapter's entries of a state dict, under the model's own names.
 
     PEFT stores each adapter's weights in containers keyed by the adapter's name
     (``...q_proj.lora_A.default.weight``), so an entry belongs to the adapter when one of its name's
-    segments is that name. Keeping the model's names lets the same loader read the file back.
+    segments is that name. Keeping the model's names lets the same loader read the file back. A model
+    without adapters keeps its whole state dict (transformers passes ``adapter_only=True`` always).
     """
-    inner = _inner_module(model)
-    if not hasattr(inner, "peft_config"):
-        raise ValueError(
-            "adapter_only=True needs a PEFT model (peft.get_peft_model(model, config)); this model has no adapters."
-        )
-    adapter = getattr(inner, "active_adapter", "default")
+    if not _is_peft(model):
+        return state_dict
+    adapter = getattr(_inner_module(model), "active_adapter", "default")
     if not isinstance(adapter, str):  # several active adapters: keep them all
         names = set(adapter)
     else:
@@ -173,7 +175,7 @@ def save_fsdp_model(
         model: the FSDP-wrapped (FSDP1) or sharded (FSDP2) model.
         output_dir: the folder to write into (created).
         model_index: which of the prepared models this is.
-        adapter_only: save only the PEFT adapter weights.
+        adapter_only: save only the PEFT adapter weights; a model without adapters is saved whole.
         use_dcp: sharded checkpoints go through ``torch.distributed.checkpoint`` (the only sharded format).
 
     Returns:
@@ -201,7 +203,7 @@ def save_fsdp_model(
         torch.save(_adapter_state(model, state) if adapter_only else state, path)
         return path
     _require_dcp(use_dcp, "save_fsdp_model")
-    if not adapter_only:
+    if not (adapter_only and _is_peft(model)):
         return S.save_sharded_model(model, output_dir, model_index)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -241,7 +243,8 @@ def load_fsdp_model(
         model: the FSDP-wrapped or sharded model.
         input_dir: the folder holding the checkpoint.
         model_index: which of the prepared models this is.
-        adapter_only: the checkpoint holds only PEFT adapter weights (other weights stay as they are).
+        adapter_only: the checkpoint holds only PEFT adapter weights (other weights stay as they are);
+            ignored for a model without adapters (its whole state is loaded, strictly).
         use_dcp: sharded checkpoints are read with ``torch.distributed.checkpoint``.
 
     Returns:
@@ -262,10 +265,11 @@ def load_fsdp_model(
         if not os.path.isfile(path):
             raise FileNotFoundError(f"No FSDP {kind} weights at {path}; check input_dir and model_index.")
         state = torch.load(path, map_location="cpu", weights_only=True)
+        strict = not (adapter_only and _is_peft(model))
         if kind == "FULL_STATE_DICT":
-            return S.load_full_model_state_dict(model, state, strict=not adapter_only)
+            return S.load_full_model_state_dict(model, state, strict=strict)
         with _local_state_dict(model):
-            return model.load_state_dict(state, strict=not adapter_only)
+            return model.load_state_dict(state, strict=strict)
     _require_dcp(use_dcp, "load_fsdp_model")
     parent, index = _sharded_location(input_dir, _MODEL_STEM, model_index)
     if not S.load_sharded_model(model, parent, index):
@@ -459,6 +463,9 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: Any, model: torch.nn.Module) ->
 def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Wrap the model's auto-wrap units in activation checkpointing, as ``prepare`` does for FSDP2.
 
+    The plugin's ``activation_checkpointing_offload`` also keeps the units' saved activations on CPU
+    (with ``activation_checkpointing`` off, that offload is then the only wrapper, as in ``prepare``).
+
     Args:
         accelerator: an Accelerator with an FSDP plugin (its wrap policy chooses the units).
         model: the (not yet sharded) model.
@@ -474,7 +481,10 @@ def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
     if plugin is None:
         raise ValueError("fsdp2_apply_ac needs an Accelerator configured with an FSDP plugin.")
-    apply_activation_checkpointing(model, wrap_units(plugin, model))
+    offload = bool(getattr(plugin, "activation_checkpointing_offload", False))
+    # Checkpointing is what this function is for; only a plugin asking for offload alone skips it.
+    checkpoint = bool(plugin.activation_checkpointing) or not offload
+    apply_activation_checkpointing(model, wrap_units(plugin, model), checkpoint=checkpoint, offload=offload)
     return model
 
 
