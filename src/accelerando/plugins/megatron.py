@@ -1,4 +1,4 @@
-"""MegatronLMPlugin: Megatron-LM tensor/pipeline parallel settings (configuration only for now).
+"""MegatronLMPlugin: the Megatron-LM settings and the Megatron-LM arguments they stand for.
 
 Training through megatron-core needs CUDA GPUs; building an Accelerator with this plugin on a machine
 without them fails clearly in the connector's strategy lookup.
@@ -20,11 +20,31 @@ class MegatronLMPlugin(KwargsHandler):
     """The reference's Megatron-LM options (tensor / pipeline degrees, micro-batches, recompute, ...).
 
     Raises:
-        ValueError: a degree below 1.
+        ValueError: a degree below 1, or an unknown recompute granularity / method.
     """
 
     tp_degree: int | None = None
     pp_degree: int | None = None
+    use_custom_fsdp: bool | None = None
+    overlap_cpu_optimizer_d2h_h2d: bool | None = None
+    no_load_optim: bool | None = None
+    eod_mask_loss: bool | None = None
+    no_save_optim: bool | None = None
+    optimizer_cpu_offload: bool | None = None
+    use_precision_aware_optimizer: bool | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    attention_backend: bool | None = None
+    expert_model_parallel_size: int | None = None
+    context_parallel_size: int | None = None
+    attention_dropout: float | None = None
+    hidden_dropout: float | None = None
+    attention_softmax_in_fp32: bool | None = None
+    expert_tensor_parallel_size: int | None = None
+    calculate_per_token_loss: bool | None = None
+    use_rotary_position_embeddings: bool | None = None
     num_micro_batches: int | None = None
     gradient_clipping: float | None = None
     sequence_parallelism: bool | None = None
@@ -76,3 +96,141 @@ class MegatronLMPlugin(KwargsHandler):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"MegatronLMPlugin.{name} must be an integer >= 1, got {value!r}")
+        if self.recompute_granularity not in (None, "full", "selective"):
+            raise ValueError(
+                f"MegatronLMPlugin.recompute_granularity={self.recompute_granularity!r}; use 'full' or 'selective'"
+            )
+        if self.recompute_method not in (None, "uniform", "block"):
+            raise ValueError(
+                f"MegatronLMPlugin.recompute_method={self.recompute_method!r}; use 'uniform' or 'block'"
+            )
+        self.megatron_lm_default_args: dict[str, Any] = self._default_args()
+
+    def _default_args(self) -> dict[str, Any]:
+        """The Megatron-LM command-line arguments these fields stand for (names as Megatron spells them)."""
+        args: dict[str, Any] = {
+            "tensor_model_parallel_size": self.tp_degree,
+            "pipeline_model_parallel_size": self.pp_degree,
+            "pipeline_model_parallel_split_rank": self.pipeline_model_parallel_split_rank,
+            "num_layers_per_virtual_pipeline_stage": self.num_layers_per_virtual_pipeline_stage,
+            "DDP_impl": "local" if self.use_distributed_optimizer else "torch",
+            "use_distributed_optimizer": bool(self.use_distributed_optimizer),
+            "sequence_parallel": bool(self.sequence_parallelism),
+            "clip_grad": self.gradient_clipping if self.gradient_clipping is not None else 1.0,
+            "num_micro_batches": self.num_micro_batches,
+            "consumed_samples": self.consumed_samples,
+            "no_wd_decay_cond": self.no_wd_decay_cond,
+            "scale_lr_cond": self.scale_lr_cond,
+            "lr_mult": self.lr_mult,
+            "megatron_dataset_flag": self.megatron_dataset_flag,
+            "eval_iters": self.eval_iters,
+            "eval_interval": self.eval_interval,
+        }
+        if self.recompute_activations:
+            args["recompute_granularity"] = "selective"  # the older switch means selective recompute
+        optional = (
+            "use_custom_fsdp", "overlap_cpu_optimizer_d2h_h2d", "no_load_optim", "eod_mask_loss", "no_save_optim",
+            "optimizer_cpu_offload", "use_precision_aware_optimizer", "decoder_last_pipeline_num_layers",
+            "recompute_granularity", "recompute_method", "recompute_num_layers", "attention_backend",
+            "expert_model_parallel_size", "context_parallel_size", "attention_dropout", "hidden_dropout",
+            "attention_softmax_in_fp32", "expert_tensor_parallel_size", "calculate_per_token_loss",
+            "use_rotary_position_embeddings", "tensorboard_dir",
+        )  # fmt: skip
+        for name in optional:
+            value = getattr(self, name)
+            if value is not None:
+                args[name] = value
+        if self.other_megatron_args:
+            args.update(self.other_megatron_args)
+        return args
+
+    def set_network_size_args(self, model: Any, batch_data: Any = None) -> None:
+        """Fill the architecture arguments (layers, hidden size, heads, vocabulary, lengths) from ``model.config``.
+
+        Raises:
+            ValueError: no parser for the model's family (see ``accelerando.utils.megatron_parsers``).
+        """
+        from accelerando.utils.megatron_parsers import parse_model_config
+
+        parse_model_config(self, model, batch_data)
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Turn on Megatron-LM's fp16 (with its dynamic loss scaler) or bf16 arguments.
+
+        Raises:
+            ValueError: a value other than "no", "fp16", "bf16".
+        """
+        value = str(getattr(mixed_precision, "value", mixed_precision)).lower()
+        if value == "fp16":
+            self.megatron_lm_default_args["fp16"] = True
+        elif value == "bf16":
+            self.megatron_lm_default_args["bf16"] = True
+            self.megatron_lm_default_args["accumulate_allreduce_grads_in_fp32"] = True
+        elif value != "no":
+            raise ValueError(
+                f"Megatron-LM supports mixed precision 'no', 'fp16' or 'bf16', not {mixed_precision!r}"
+            )
+
+    def set_training_args(self, micro_batch_size: int, dp_degree: int) -> None:
+        """Batch arguments: micro-batch size, data-parallel size, global batch size, train length."""
+        args = self.megatron_lm_default_args
+        args["data_parallel_size"] = dp_degree
+        args["micro_batch_size"] = micro_batch_size
+        args["global_batch_size"] = micro_batch_size * dp_degree * self.num_micro_batches
+        for name in ("train_iters", "train_samples"):
+            if getattr(self, name) is not None:
+                args[name] = getattr(self, name)
+
+    def set_optimizer_type(self, optimizer: Any) -> None:
+        """Optimizer arguments from a torch optimizer (Adam family or SGD): lr, weight decay, betas/momentum.
+
+        Raises:
+            ValueError: an optimizer Megatron-LM cannot rebuild (the message names it).
+        """
+        name = type(optimizer).__name__.lower()
+        defaults = dict(getattr(optimizer, "defaults", {}))
+        args = self.megatron_lm_default_args
+        if "adam" in name:
+            args["optimizer"] = "adam"
+            betas = defaults.get("betas", (0.9, 0.999))
+            args["adam_beta1"], args["adam_beta2"] = float(betas[0]), float(betas[1])
+            args["adam_eps"] = defaults.get("eps", 1e-8)
+        elif "sgd" in name:
+            args["optimizer"] = "sgd"
+            args["sgd_momentum"] = defaults.get("momentum", 0.0)
+        else:
+            raise ValueError(
+                f"Megatron-LM builds Adam or SGD optimizers; {type(optimizer).__name__} is not supported"
+            )
+        args["lr"] = defaults.get("lr")
+        args["weight_decay"] = defaults.get("weight_decay", 0.0)
+
+    def set_scheduler_args(self, scheduler: Any) -> None:
+        """Learning-rate schedule arguments from a ``MegatronLMDummyScheduler`` and the plugin's fields."""
+        args = self.megatron_lm_default_args
+        total = getattr(scheduler, "total_num_steps", None)
+        warmup = getattr(scheduler, "warmup_num_steps", 0)
+        if self.train_iters is None and total is not None:
+            self.train_iters = total // max(int(args.get("data_parallel_size", 1)), 1)
+        if self.train_iters is not None:
+            args["train_iters"] = self.train_iters
+        if self.lr_warmup_iters is None and warmup:
+            self.lr_warmup_iters = warmup // max(int(args.get("data_parallel_size", 1)), 1)
+        for name in (
+            "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters", "lr_warmup_samples",
+            "lr_warmup_fraction", "min_lr", "start_weight_decay", "end_weight_decay", "weight_decay_incr_style",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None:
+                args[name] = value
+
+    def set_tensorboard_logging_options(self) -> None:
+        """With ``set_all_logging_options``, turn on every Megatron-LM TensorBoard logging switch."""
+        if not self.set_all_logging_options:
+            return
+        for name in (
+            "log_params_norm", "log_num_zeros_in_grad", "log_timers_to_tensorboard", "log_batch_size_to_tensorboard",
+            "log_learning_rate_to_tensorboard", "log_loss_scale_to_tensorboard", "log_validation_ppl_to_tensorboard",
+            "log_memory_to_tensorboard", "log_world_size_to_tensorboard",
+        ):  # fmt: skip
+            self.megatron_lm_default_args[name] = True

@@ -1,0 +1,28 @@
+"""Pipeline parallelism over ``torch.distributed.pipelining`` (training and ``prepare_pippy``).
+
+``split.py`` decides where stages begin (layer names or parameter bytes); ``stage.py`` traces the
+model and builds one process's stage and schedule; ``model.py`` is the prepared model that runs a
+pipeline step per call; ``strategy.py`` the training strategy; ``context_parallel.py`` the checks and
+context of torch's context parallelism (another non-data-parallel axis).
+"""
+
+from __future__ import annotations
+
+from accelerando.strategies.pipeline.model import PipelineModel, PipelineOutput
+from accelerando.strategies.pipeline.split import (
+    balanced_split_points,
+    generate_stage_map,
+    validate_split_points,
+)
+from accelerando.strategies.pipeline.stage import PipelineLayout
+from accelerando.strategies.pipeline.strategy import PipelineStrategy
+
+__all__ = [
+    "PipelineLayout",
+    "PipelineModel",
+    "PipelineOutput",
+    "PipelineStrategy",
+    "balanced_split_points",
+    "generate_stage_map",
+    "validate_split_points",
+]
