@@ -35,6 +35,7 @@ STRATEGIES: dict[str, str] = {
     "deepspeed": "accelerando.strategies.deepspeed:DeepSpeedStrategy",
     "megatron": "accelerando.strategies.megatron:MegatronStrategy",
     "composable": "accelerando.strategies.composable:ComposableStrategy",
+    "pipeline": "accelerando.strategies.pipeline:PipelineStrategy",
 }
 
 

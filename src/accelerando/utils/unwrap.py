@@ -27,6 +27,7 @@ MODULE_WRAPPER_NAMES = frozenset(
         "DeepSpeedEngine",
         "PipelineEngine",
         "FullyShardedDataParallel",
+        "PipelineModel",  # accelerando.strategies.pipeline: every stage shares the user's module
     }
 )
 
