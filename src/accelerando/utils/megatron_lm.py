@@ -1,11 +1,32 @@
 """Megatron-LM names at the reference's ``accelerate.utils.megatron_lm`` path (re-exports only).
 
-They live in :mod:`accelerando.strategies.megatron`; Megatron-LM training is not supported yet and
-creating one of these classes raises ``NotImplementedError`` naming what to use instead.
+They live in :mod:`accelerando.strategies.megatron`. The plain-torch parts (train-step batch / loss /
+forward functions, T5 masks, dummy scheduler and dataloader, loss averaging, the wrappers) work
+anywhere; building Megatron's model, optimizer, engine or datasets needs megatron-core on CUDA and
+raises :class:`MegatronLMUnavailableError` naming the torch-native alternatives.
 """
 
 from __future__ import annotations
 
+from accelerando.strategies.megatron.engine import (
+    MegatronEngine,
+    MegatronLMOptimizerWrapper,
+    MegatronLMSchedulerWrapper,
+)
+from accelerando.strategies.megatron.parallel import (
+    avg_losses_across_data_parallel_group,
+    gather_across_data_parallel_groups,
+)
+from accelerando.strategies.megatron.requirements import MegatronLMUnavailableError
+from accelerando.strategies.megatron.setup import (
+    finish_mpu_init,
+    initialize,
+    model_provider_func,
+    prepare_data_loader,
+    prepare_model_optimizer_scheduler,
+    prepare_optimizer,
+    prepare_scheduler,
+)
 from accelerando.strategies.megatron.train_steps import (
     AbstractTrainStep,
     BertTrainStep,
@@ -13,15 +34,28 @@ from accelerando.strategies.megatron.train_steps import (
     MegatronLMDummyDataLoader,
     MegatronLMDummyScheduler,
     T5TrainStep,
-    avg_losses_across_data_parallel_group,
+    get_ltor_masks_and_position_ids,
 )
 
 __all__ = [
     "AbstractTrainStep",
     "BertTrainStep",
     "GPTTrainStep",
+    "MegatronEngine",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
+    "MegatronLMOptimizerWrapper",
+    "MegatronLMSchedulerWrapper",
+    "MegatronLMUnavailableError",
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
+    "finish_mpu_init",
+    "gather_across_data_parallel_groups",
+    "get_ltor_masks_and_position_ids",
+    "initialize",
+    "model_provider_func",
+    "prepare_data_loader",
+    "prepare_model_optimizer_scheduler",
+    "prepare_optimizer",
+    "prepare_scheduler",
 ]

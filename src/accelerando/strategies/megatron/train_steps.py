@@ -1,64 +1,451 @@
-"""Megatron-LM train steps, dummy scheduler and dataloader: placeholders until Megatron-LM is supported.
+"""Megatron-LM train steps (GPT, BERT, T5), the dummy scheduler and dataloader, and loss averaging.
 
-Megatron-LM training needs megatron-core on CUDA GPUs, which accelerando does not support yet. The
-classes exist so scripts importing them load; creating one fails with what is missing.
+The batch, loss and forward-step functions of the train steps are plain torch: they turn a batch of
+Hugging Face style tensors (``input_ids``, ``attention_mask``, ``labels`` ...) into the inputs a
+Megatron model takes, and reduce its per-token losses. Only batches read from Megatron's own
+indexed datasets (``megatron_dataset_flag=True``) need megatron-core, and refuse without it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+from accelerando.strategies.megatron.parallel import avg_losses_across_data_parallel_group
+from accelerando.strategies.megatron.requirements import refuse_megatron
 
 __all__ = [
     "AbstractTrainStep",
     "BertTrainStep",
     "GPTTrainStep",
-    "MEGATRON_UNSUPPORTED",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
     "T5TrainStep",
-    "avg_losses_across_data_parallel_group",
+    "get_ltor_masks_and_position_ids",
 ]
 
-MEGATRON_UNSUPPORTED = (
-    "Megatron-LM training needs megatron-core and CUDA GPUs, which accelerando does not support yet; "
-    "use FSDP (fsdp_plugin) or DeepSpeed (deepspeed_plugin) for large models"
-)
+
+def _megatron_plugin(accelerator: Any) -> Any:
+    """The Megatron-LM plugin of ``accelerator`` (or of the process state when None)."""
+    if accelerator is None:
+        from accelerando.state import AcceleratorState
+
+        state = AcceleratorState()
+    else:
+        state = accelerator.state
+    plugin = getattr(state, "megatron_lm_plugin", None)
+    if plugin is None:
+        raise RuntimeError(
+            "No Megatron-LM plugin is set: create the Accelerator with megatron_lm_plugin=MegatronLMPlugin(...) "
+            "or launch with --use_megatron_lm"
+        )
+    return plugin
 
 
-class _Unsupported:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(MEGATRON_UNSUPPORTED)
+class MegatronLMDummyScheduler:
+    """Stands for the learning-rate schedule Megatron-LM builds itself from the plugin's arguments.
+
+    ``prepare`` reads ``total_num_steps`` and ``warmup_num_steps`` from it (through
+    ``MegatronLMPlugin.set_scheduler_args``); it never steps anything itself.
+
+    Args:
+        optimizer: the optimizer the schedule belongs to.
+        total_num_steps: total training steps (becomes ``train_iters``).
+        warmup_num_steps: warm-up steps (becomes ``lr_warmup_iters``).
+        kwargs: further schedule arguments, kept in ``kwargs``.
+    """
+
+    def __init__(
+        self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any
+    ) -> None:
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.warmup_num_steps = warmup_num_steps
+        self.kwargs = kwargs
 
 
-class MegatronLMDummyScheduler(_Unsupported):
-    """Placeholder scheduler for Megatron-LM. Raises NotImplementedError when created."""
+class MegatronLMDummyDataLoader:
+    """Stands for a dataloader over Megatron-LM's indexed datasets; Megatron-LM builds the real one.
+
+    Args:
+        dataset_kwargs: Megatron-LM data arguments (``data_path``, ``splits_string``, ``seq_length``,
+            ...), kept in ``dataset_args`` with ``megatron_dataset_flag=True``.
+    """
+
+    def __init__(self, **dataset_kwargs: Any) -> None:
+        self.dataset_args: dict[str, Any] = dict(dataset_kwargs)
+        self.dataset_args["megatron_dataset_flag"] = True
+
+    def set_megatron_data_args(self) -> None:
+        """Copy the data arguments into the active Megatron-LM plugin's arguments.
+
+        A single ``data_path`` string becomes a one-element list (Megatron-LM takes a list).
+
+        Raises:
+            RuntimeError: no Megatron-LM plugin is configured in the process state.
+        """
+        plugin = _megatron_plugin(None)
+        for key, value in self.dataset_args.items():
+            if key == "data_path" and isinstance(value, str):
+                value = [value]
+            plugin.megatron_lm_default_args[key] = value
+        plugin.megatron_dataset_flag = True
+        if self.dataset_args.get("seq_length") is not None:
+            plugin.seq_length = self.dataset_args["seq_length"]
+
+    def get_train_valid_test_datasets_provider(self, accelerator: Any) -> Callable[..., Any]:
+        """The function that builds the train / valid / test datasets.
+
+        The plugin's ``custom_megatron_datasets_provider_function`` when set; otherwise Megatron's
+        own GPT dataset builder, which needs megatron-core.
+
+        Raises:
+            RuntimeError: no Megatron-LM plugin is configured.
+            MegatronLMUnavailableError: no custom provider and megatron-core / CUDA are missing.
+        """
+        plugin = _megatron_plugin(accelerator)
+        if plugin.custom_megatron_datasets_provider_function is not None:
+            return plugin.custom_megatron_datasets_provider_function
+        refuse_megatron("Building Megatron-LM's indexed datasets (MegatronLMDummyDataLoader)")
+
+    def build_train_valid_test_data_iterators(self, accelerator: Any) -> tuple[Any, Any, Any]:
+        """Build the train / valid / test iterators over Megatron-LM's datasets.
+
+        Raises:
+            MegatronLMUnavailableError: always without megatron-core and CUDA.
+        """
+        refuse_megatron("MegatronLMDummyDataLoader.build_train_valid_test_data_iterators")
 
 
-class MegatronLMDummyDataLoader(_Unsupported):
-    """Placeholder dataloader for Megatron-LM datasets. Raises NotImplementedError when created."""
+def get_ltor_masks_and_position_ids(
+    tokens: torch.Tensor,
+    eod_token: int | None,
+    reset_position_ids: bool = False,
+    reset_attention_mask: bool = False,
+    eod_mask_loss: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-to-right (causal) attention mask, loss mask and position ids for a ``[batch, seq]`` batch.
+
+    Args:
+        tokens: the input tokens.
+        eod_token: the end-of-document id (None: no document boundaries).
+        reset_position_ids: restart positions at 0 after each end-of-document token.
+        reset_attention_mask: forbid attention across document boundaries.
+        eod_mask_loss: give end-of-document tokens zero loss weight.
+
+    Returns:
+        ``(attention_mask, loss_mask, position_ids)``: the mask is ``[b or 1, 1, s, s]`` booleans,
+        True where attention is *forbidden* (Megatron's convention).
+    """
+    batch, seq = tokens.shape
+    per_sample = reset_attention_mask and eod_token is not None
+    allowed = torch.tril(torch.ones((batch if per_sample else 1, seq, seq), device=tokens.device))
+    loss_mask = torch.ones(tokens.shape, dtype=torch.float, device=tokens.device)
+    if eod_mask_loss and eod_token is not None:
+        loss_mask[tokens == eod_token] = 0.0
+    position_ids = torch.arange(seq, dtype=torch.long, device=tokens.device).unsqueeze(0).repeat(batch, 1)
+    if eod_token is not None and (reset_position_ids or reset_attention_mask):
+        for b in range(batch):
+            start = 0
+            for index in (tokens[b] == eod_token).nonzero().flatten().tolist():
+                if reset_attention_mask:
+                    allowed[b, index + 1 :, : index + 1] = 0
+                if reset_position_ids:
+                    position_ids[b, index + 1 :] -= index + 1 - start
+                start = index + 1
+    return (allowed.unsqueeze(1) < 0.5), loss_mask, position_ids
 
 
-class AbstractTrainStep(_Unsupported):
-    """Base of Megatron-LM train steps. Raises NotImplementedError when created."""
+def _next_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> Mapping[str, Any] | None:
+    return next(data_iterator) if data_iterator is not None else None
+
+
+def _masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    mask = loss_mask.reshape(-1).float()
+    return torch.sum(losses.float().reshape(-1) * mask) / mask.sum()
+
+
+class AbstractTrainStep:
+    """Base of the Megatron-LM train steps: a batch function, a loss function and a forward step.
+
+    Args:
+        name: the step's name (``"GPTTrainStep"`` ...).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+        """The function turning a data iterator into model inputs. Raises NotImplementedError here."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_batch_func")
+
+    def get_forward_step_func(self) -> Callable[..., Any]:
+        """The ``(data_iterator, model) -> (output, loss_fn)`` step. Raises NotImplementedError here."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_forward_step_func")
+
+    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+        """The function reducing the model's output to a loss. Raises NotImplementedError here."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_loss_func")
+
+
+def _custom_or(plugin_value: Any, built: Callable[[], Any]) -> Any:
+    return plugin_value if plugin_value is not None else built()
 
 
 class GPTTrainStep(AbstractTrainStep):
-    """GPT train step. Raises NotImplementedError when created."""
+    """Train step of GPT-style (decoder-only) models: next-token loss under a causal mask.
+
+    Args:
+        accelerator: the Accelerator (its Megatron-LM plugin may supply custom batch / loss functions).
+        args: Megatron-LM arguments (a namespace): ``megatron_dataset_flag``, optional ``eod_token``,
+            ``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``.
+    """
+
+    def __init__(self, accelerator: Any, args: Any) -> None:
+        super().__init__("GPTTrainStep")
+        plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
+        self.eod_token = getattr(args, "eod_token", None)
+        self.reset_position_ids = bool(getattr(args, "reset_position_ids", False))
+        self.reset_attention_mask = bool(getattr(args, "reset_attention_mask", False))
+        self.eod_mask_loss = bool(getattr(args, "eod_mask_loss", False))
+        flag = bool(getattr(args, "megatron_dataset_flag", False))
+        self.get_batch = _custom_or(
+            getattr(plugin, "custom_get_batch_function", None), lambda: self.get_batch_func(accelerator, flag)
+        )
+        self.loss_func = _custom_or(
+            getattr(plugin, "custom_loss_function", None), lambda: self.get_loss_func(accelerator)
+        )
+        self.forward_step = self.get_forward_step_func()
+
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+        """``data_iterator -> (tokens, labels, loss_mask, attention_mask, position_ids)``.
+
+        Labels are ``input_ids`` shifted left by one; the inputs drop the last token.
+
+        Raises:
+            MegatronLMUnavailableError: ``megatron_dataset_flag`` without megatron-core / CUDA.
+        """
+        if megatron_dataset_flag:
+            refuse_megatron("GPTTrainStep over Megatron-LM indexed datasets (megatron_dataset_flag=True)")
+
+        def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
+            data = _next_batch(data_iterator)
+            ids = data["input_ids"].long()
+            tokens, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+            attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
+                tokens, self.eod_token, self.reset_position_ids, self.reset_attention_mask, self.eod_mask_loss
+            )
+            return tokens, labels, loss_mask, attention_mask, position_ids
+
+        return get_batch
+
+    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+        """``(loss_mask, output_tensor) -> (loss, {"lm loss": data-parallel average})``."""
+
+        def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            loss = _masked_mean(output_tensor, loss_mask)
+            return loss, {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
+
+        return loss_func
+
+    def get_forward_step_func(self) -> Callable[..., Any]:
+        """``(data_iterator, model) -> (output, loss_fn)``; calls ``model(tokens, position_ids, mask, labels=)``."""
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+            tokens, labels, loss_mask, attention_mask, position_ids = self.get_batch(data_iterator)
+            output = model(tokens, position_ids, attention_mask, labels=labels)
+            return output, partial(self.loss_func, loss_mask)
+
+        return forward_step
 
 
 class BertTrainStep(AbstractTrainStep):
-    """BERT train step. Raises NotImplementedError when created."""
+    """Train step of BERT models: masked-LM (+ sentence-order) pretraining, or sequence classification.
+
+    Args:
+        accelerator: the Accelerator.
+        args: Megatron-LM arguments: ``megatron_dataset_flag``, ``pretraining_flag`` (default True),
+            ``bert_binary_head`` (default True), ``num_labels`` (classification, default 2).
+    """
+
+    def __init__(self, accelerator: Any, args: Any) -> None:
+        super().__init__("BertTrainStep")
+        plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
+        pretraining = bool(getattr(args, "pretraining_flag", True))
+        binary_head = bool(getattr(args, "bert_binary_head", True))
+        num_labels = int(getattr(args, "num_labels", 2))
+        flag = bool(getattr(args, "megatron_dataset_flag", False))
+        self.get_batch = _custom_or(
+            getattr(plugin, "custom_get_batch_function", None), lambda: self.get_batch_func(accelerator, flag)
+        )
+        self.loss_func = _custom_or(
+            getattr(plugin, "custom_loss_function", None),
+            lambda: self.get_loss_func(accelerator, pretraining, num_labels),
+        )
+        self.forward_step = self.get_forward_step_func(pretraining, binary_head)
+
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+        """``data_iterator -> (tokens, types, sentence_order, loss_mask, labels, padding_mask)``.
+
+        ``loss_mask`` is 1 where ``labels != -100``; missing ``token_type_ids`` /
+        ``next_sentence_label`` give None.
+
+        Raises:
+            MegatronLMUnavailableError: ``megatron_dataset_flag`` without megatron-core / CUDA.
+        """
+        if megatron_dataset_flag:
+            refuse_megatron("BertTrainStep over Megatron-LM indexed datasets (megatron_dataset_flag=True)")
+
+        def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[Any, ...]:
+            data = _next_batch(data_iterator)
+            tokens = data["input_ids"].long()
+            types = data.get("token_type_ids")
+            sentence_order = data.get("next_sentence_label")
+            labels = data["labels"].long()
+            loss_mask = (labels != -100).float()
+            padding_mask = data["attention_mask"].long()
+            return tokens, types, sentence_order, loss_mask, labels, padding_mask
+
+        return get_batch
+
+    def get_loss_func(self, accelerator: Any, pretraining_flag: bool, num_labels: int) -> Callable[..., Any]:
+        """The loss: masked-LM mean (+ sentence-order cross entropy) when pretraining, else
+        regression (``num_labels == 1``: MSE), single-label (integer labels: cross entropy) or
+        multi-label (BCE with logits) classification."""
+
+        def pretraining_loss(
+            loss_mask: torch.Tensor, sentence_order: torch.Tensor | None, output_tensor: Any
+        ) -> tuple[torch.Tensor, dict]:
+            lm_loss_, sop_logits = output_tensor
+            lm_loss = _masked_mean(lm_loss_, loss_mask)
+            if sop_logits is None:
+                return lm_loss, {"lm loss": avg_losses_across_data_parallel_group([lm_loss])[0]}
+            sop_loss = F.cross_entropy(
+                sop_logits.view(-1, 2).float(), sentence_order.view(-1), ignore_index=-1
+            )
+            averaged = avg_losses_across_data_parallel_group([lm_loss, sop_loss])
+            return lm_loss + sop_loss, {"lm loss": averaged[0], "sop loss": averaged[1]}
+
+        def classification_loss(labels: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            if num_labels == 1:
+                loss = F.mse_loss(logits.view(-1).float(), labels.view(-1).float())
+            elif labels.dtype in (torch.long, torch.int):
+                loss = F.cross_entropy(logits.view(-1, num_labels).float(), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            return loss, {"loss": avg_losses_across_data_parallel_group([loss])[0]}
+
+        return pretraining_loss if pretraining_flag else classification_loss
+
+    def get_forward_step_func(self, pretraining_flag: bool, bert_binary_head: bool) -> Callable[..., Any]:
+        """``(data_iterator, model) -> (output, loss_fn)`` for pretraining or classification."""
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+            tokens, types, sentence_order, loss_mask, labels, padding_mask = self.get_batch(data_iterator)
+            if not bert_binary_head:
+                types = None
+            if pretraining_flag:
+                output = model(tokens, padding_mask, tokentype_ids=types, lm_labels=labels)
+                return output, partial(self.loss_func, loss_mask, sentence_order)
+            output = model(tokens, padding_mask, tokentype_ids=types)
+            return output, partial(self.loss_func, labels)
+
+        return forward_step
 
 
 class T5TrainStep(AbstractTrainStep):
-    """T5 train step. Raises NotImplementedError when created."""
+    """Train step of T5 (encoder-decoder) models: encoder, decoder and cross-attention masks.
 
+    Args:
+        accelerator: the Accelerator.
+        args: Megatron-LM arguments: ``megatron_dataset_flag``; optional ``decoder_start_token_id``
+            (default 0) used when a batch has no ``decoder_input_ids``.
+    """
 
-def avg_losses_across_data_parallel_group(losses: list[torch.Tensor]) -> torch.Tensor:
-    """Average ``losses`` over the data-parallel processes (all processes without Megatron)."""
-    from accelerando.utils.operations import reduce
+    def __init__(self, accelerator: Any, args: Any) -> None:
+        super().__init__("T5TrainStep")
+        plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
+        self.decoder_start_token_id = int(getattr(args, "decoder_start_token_id", 0) or 0)
+        flag = bool(getattr(args, "megatron_dataset_flag", False))
+        self.get_batch = _custom_or(
+            getattr(plugin, "custom_get_batch_function", None), lambda: self.get_batch_func(accelerator, flag)
+        )
+        self.loss_func = _custom_or(
+            getattr(plugin, "custom_loss_function", None), lambda: self.get_loss_func(accelerator)
+        )
+        self.forward_step = self.get_forward_step_func()
 
-    stacked = torch.stack([loss.detach().float().reshape(()) for loss in losses])
-    return reduce(stacked, reduction="mean")
+    @staticmethod
+    def attn_mask_postprocess(attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[b, s]`` padding mask (1 = token) -> ``[b, 1, s, s]`` booleans, True where either side is padding."""
+        keep = attention_mask.unsqueeze(1) * attention_mask.unsqueeze(2)
+        return keep.unsqueeze(1) < 0.5
+
+    @staticmethod
+    def get_decoder_mask(seq_length: int, device: Any) -> torch.Tensor:
+        """``[1, s, s]`` causal mask of the decoder, True above the diagonal (future positions)."""
+        return torch.tril(torch.ones((1, seq_length, seq_length), device=device)) < 0.5
+
+    @staticmethod
+    def get_enc_dec_mask(attention_mask: torch.Tensor, dec_seq_length: int, device: Any) -> torch.Tensor:
+        """``[b, dec_s, enc_s]`` cross-attention mask, True where the encoder position is padding."""
+        batch = attention_mask.shape[0]
+        decoder_side = torch.ones((batch, dec_seq_length, 1), device=device)
+        return (decoder_side * attention_mask.unsqueeze(1)) < 0.5
+
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+        """``data_iterator -> (tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask)``.
+
+        Without ``decoder_input_ids`` the decoder reads the labels shifted right (start token first,
+        ``-100`` replaced by 0).
+
+        Raises:
+            MegatronLMUnavailableError: ``megatron_dataset_flag`` without megatron-core / CUDA.
+        """
+        if megatron_dataset_flag:
+            refuse_megatron("T5TrainStep over Megatron-LM indexed datasets (megatron_dataset_flag=True)")
+
+        def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
+            data = _next_batch(data_iterator)
+            tokens_enc = data["input_ids"].long()
+            labels = data["labels"].long()
+            tokens_dec = data.get("decoder_input_ids")
+            if tokens_dec is None:
+                tokens_dec = torch.full_like(labels, self.decoder_start_token_id)
+                tokens_dec[:, 1:] = labels[:, :-1].clamp(min=0)
+            tokens_dec = tokens_dec.long()
+            loss_mask = (labels != -100).float()
+            device = tokens_enc.device
+            enc_mask = self.attn_mask_postprocess(data["attention_mask"])
+            dec_mask = self.get_decoder_mask(tokens_dec.shape[1], device)
+            enc_dec_mask = self.get_enc_dec_mask(data["attention_mask"], tokens_dec.shape[1], device)
+            return tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask
+
+        return get_batch
+
+    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+        """``(loss_mask, output_tensor) -> (loss, {"loss": data-parallel average})``."""
+
+        def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            loss = _masked_mean(output_tensor, loss_mask)
+            return loss, {"loss": avg_losses_across_data_parallel_group([loss])[0]}
+
+        return loss_func
+
+    def get_forward_step_func(self) -> Callable[..., Any]:
+        """``(data_iterator, model) -> (output, loss_fn)``; the model gets both token streams and the three masks."""
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+            tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask = self.get_batch(
+                data_iterator
+            )
+            output = model(
+                tokens_enc, tokens_dec, enc_mask, dec_mask, enc_dec_mask, tokentype_ids=None, lm_labels=labels
+            )
+            return output, partial(self.loss_func, loss_mask)
+
+        return forward_step
