@@ -60,7 +60,9 @@ def main() -> None:
         return model(inputs)
 
     # Halving keeps the batch size a divisor of the observed batch size.
-    @find_executable_batch_size(starting_batch_size=args.observed_batch_size, reduce_batch_size_fn=lambda s: s // 2)
+    @find_executable_batch_size(
+        starting_batch_size=args.observed_batch_size, reduce_batch_size_fn=lambda s: s // 2
+    )
     def train(batch_size: int) -> dict[str, float]:
         accelerator.free_memory()  # forget what a failed try prepared
         accelerator.gradient_accumulation_steps = args.observed_batch_size // batch_size

@@ -95,7 +95,11 @@ def main() -> None:
         folder = None if args.resume_from_checkpoint == "latest" else args.resume_from_checkpoint
         accelerator.load_state(folder)  # None: the newest complete checkpoint of the project
         point = accelerator.resume_point
-        start_epoch, skip, resumed_from = point.epoch, point.batches_to_skip, os.path.basename(point.checkpoint)
+        start_epoch, skip, resumed_from = (
+            point.epoch,
+            point.batches_to_skip,
+            os.path.basename(point.checkpoint),
+        )
         accelerator.print(f"resumed from {resumed_from}: epoch {start_epoch}, skipping {skip} batches")
 
     every = None if args.checkpointing_steps == "epoch" else int(args.checkpointing_steps)

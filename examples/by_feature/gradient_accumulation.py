@@ -50,7 +50,9 @@ def main() -> None:
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    train = DataLoader(make_data(320 if args.tiny else 4096, args.seed), batch_size=args.batch_size, shuffle=True)
+    train = DataLoader(
+        make_data(320 if args.tiny else 4096, args.seed), batch_size=args.batch_size, shuffle=True
+    )
     model, optimizer, train = accelerator.prepare(model, optimizer, train)
 
     batches = optimizer_steps = 0

@@ -72,7 +72,9 @@ def main() -> None:
 
     # After the block the parameters are averaged: every process holds the same model.
     flat = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
-    in_sync = bool(torch.equal(accelerator.gather(flat[None]).amin(0), accelerator.gather(flat[None]).amax(0)))
+    in_sync = bool(
+        torch.equal(accelerator.gather(flat[None]).amin(0), accelerator.gather(flat[None]).amax(0))
+    )
     model.eval()
     correct = total = 0
     for inputs, labels in evaluation:
@@ -81,7 +83,12 @@ def main() -> None:
         predictions, labels = accelerator.gather_for_metrics((predictions, labels))
         correct += (predictions == labels).sum().item()
         total += labels.numel()
-    metrics = {"accuracy": correct / total, "steps": steps, "local_sgd_steps": args.local_sgd_steps, "in_sync": in_sync}
+    metrics = {
+        "accuracy": correct / total,
+        "steps": steps,
+        "local_sgd_steps": args.local_sgd_steps,
+        "in_sync": in_sync,
+    }
     accelerator.print("METRICS " + json.dumps(metrics))
     accelerator.end_training()
 

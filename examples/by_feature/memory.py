@@ -67,7 +67,9 @@ def main() -> None:
         accelerator.backward(loss)
         return loss
 
-    @find_executable_batch_size(starting_batch_size=args.starting_batch_size, max_batch_size=args.max_batch_size)
+    @find_executable_batch_size(
+        starting_batch_size=args.starting_batch_size, max_batch_size=args.max_batch_size
+    )
     def probe(batch_size: int) -> None:
         inputs, labels = data[:batch_size]
         step(inputs.to(accelerator.device), labels.to(accelerator.device))

@@ -58,7 +58,9 @@ def main() -> None:
 
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    train = DataLoader(make_data(256 if args.tiny else 4096, args.seed), batch_size=args.batch_size, shuffle=True)
+    train = DataLoader(
+        make_data(256 if args.tiny else 4096, args.seed), batch_size=args.batch_size, shuffle=True
+    )
     evaluation = DataLoader(make_data(128 if args.tiny else 1024, args.seed + 1), batch_size=64)
     model, optimizer, train, evaluation = accelerator.prepare(model, optimizer, train, evaluation)
 
