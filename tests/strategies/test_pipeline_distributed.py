@@ -83,6 +83,11 @@ def _pipeline_run(schedule: str, microbatches: int, accumulation: int, clip: flo
     model = Stack()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
+    # Every stage must read the same batches: a prepared loader is not sharded over the pipeline.
+    loader = acc.prepare(
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=2)
+    )
+    batches = [batch[0].tolist() for batch in loader]
     losses = []
     for x, y in _data(STEPS * accumulation):
         with acc.accumulate(model):
@@ -106,6 +111,7 @@ def _pipeline_run(schedule: str, microbatches: int, accumulation: int, clip: flo
         "strategy": type(acc._strategy).__name__,
         "distributed_type": str(acc.distributed_type),
         "split": model.split_points,
+        "batches": batches,
         "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
         "weight_diff": max((state[k] - ref_state[k]).abs().max().item() for k in ref_state),
         "eval_diff": (evaluated - expected).abs().max().item(),
@@ -197,6 +203,7 @@ def test_pipeline_training_equals_single_process_and_prepare_pippy():
             assert run["loss_diff"] < 1e-5, (rank, key, run)
             assert run["weight_diff"] < 1e-5, (rank, key, run)
             assert run["eval_diff"] < 1e-5, (rank, key, run)
+            assert run["batches"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]], (rank, key, run)
         assert ranks[0]["1f1b_accum_clip"]["split"] == ["layers.2.0"]  # "auto": equal parameter halves
         errors = result["errors"]
         assert "not divisible by num_microbatches=2" in errors["indivisible"]

@@ -263,8 +263,10 @@ class PreparingMixin:
             data_seed=cfg.data_seed,
             non_blocking=cfg.non_blocking,
             use_stateful_dataloader=cfg.use_stateful_dataloader,
-            # With tensor/context axes, the ranks that differ only along them read the same batches.
-            torch_device_mesh=getattr(self.state, "device_mesh", None),
+            # With tensor/context/pipeline axes, the ranks that differ only along them read the same
+            # batches (a pipeline strategy has its own "pp" mesh: every stage sees the same batch).
+            torch_device_mesh=getattr(self._strategy, "data_mesh", None)
+            or getattr(self.state, "device_mesh", None),
         )
         self._dataloaders.append(prepared)
         return prepared
