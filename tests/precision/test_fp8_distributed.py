@@ -30,7 +30,44 @@ def _fsdp2_by_hand(model: torch.nn.Module, mesh) -> torch.nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
-def _worker(steps: int) -> dict:
+def _fsdp2_resume_and_save(steps: int, root: str, plugin_kwargs: dict, data) -> dict:
+    """FSDP2 + float8 all-gather: save_state half-way, load into a fresh run, continue; save_model."""
+    from _fp8_common import make_model, train
+
+    from accelerando import FullyShardedDataParallelPlugin
+    from accelerando.plugins.kwargs import AORecipeKwargs
+
+    def build(seed: int):
+        acc = _fresh(
+            mixed_precision="fp8",
+            fsdp_plugin=FullyShardedDataParallelPlugin(**plugin_kwargs),
+            kwargs_handlers=[AORecipeKwargs()],
+        )
+        model = make_model(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        return (acc, *acc.prepare(model, opt))
+
+    acc, model, opt = build(0)
+    rank, world = acc.process_index, acc.num_processes
+    first = train(model, opt, data, 0, steps // 2, acc.backward, rank, world)
+    acc.save_state(f"{root}/ckpt")
+    acc, model, opt = build(123)
+    acc.load_state(f"{root}/ckpt")
+    rest = train(model, opt, data, steps // 2, steps - steps // 2, acc.backward, rank, world)
+    acc.save_model(model, f"{root}/model")
+    acc.wait_for_everyone()
+    saved = None
+    if acc.is_main_process:
+        from safetensors.torch import load_file
+
+        weights = load_file(f"{root}/model/model.safetensors")
+        plain = make_model()
+        plain.load_state_dict(weights)  # the keys and shapes of the unconverted model
+        saved = sorted({str(t.dtype) for t in weights.values()})
+    return {"resumed": first + rest, "saved_dtypes": saved}
+
+
+def _worker(steps: int, root: str | None = None) -> dict:
     from _fp8_common import batches, by_hand, make_model, train
     from torch.distributed.device_mesh import init_device_mesh
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
@@ -70,11 +107,17 @@ def _worker(steps: int) -> dict:
         losses += train(hand, opt, data, i, 1, None, rank, world)
         precompute_float8_dynamic_scale_for_fsdp(hand)
     out["fsdp2_hand"] = losses
+    if root is not None:
+        plugin_kwargs = {"fsdp_version": 2, "transformer_cls_names_to_wrap": ["Block"]}
+        out.update(_fsdp2_resume_and_save(steps, root, plugin_kwargs, data))
     return out
 
 
 def _check(results: list[dict]) -> None:
     for rank, res in enumerate(results):
+        if "resumed" in res:
+            assert res["resumed"] == res["fsdp2"], f"rank {rank}: save_state/load_state/continue"
+            assert res["saved_dtypes"] == (["torch.float32"] if rank == 0 else None)
         assert res["ddp_type"] == "MULTI_CPU"
         assert res["ddp"] == res["ddp_hand"], f"rank {rank}"  # bitwise
         assert res["fsdp2_all_gather"] is True and res["fsdp2_weight"] == "WeightWithDynamicFloat8CastTensor"
@@ -88,5 +131,5 @@ def test_ddp_and_fsdp2_equal_torchao_by_hand():
 
 
 @pytest.mark.slow
-def test_ddp_and_fsdp2_equal_torchao_by_hand_10_steps():
-    _check(run_distributed(_worker, 2, STEPS, timeout=900))
+def test_ddp_and_fsdp2_equal_torchao_by_hand_10_steps_and_fsdp2_resume(tmp_path):
+    _check(run_distributed(_worker, 2, STEPS, str(tmp_path), timeout=900))
