@@ -692,15 +692,33 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
     def maybe_context_parallel(
         self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
     ) -> Iterator[None]:
-        """Context for context parallelism; a no-op unless a parallelism config enables it.
+        """Shard ``buffers`` along their sequence dims over the ``cp`` mesh axis for the block.
+
+        A no-op unless the parallelism config has ``cp_size > 1``; then torch's context parallelism
+        (CUDA attention kernels) runs inside the block.
 
         Raises:
-            NotImplementedError: context parallelism was requested (not supported yet).
+            ValueError: ``cp_size > 1`` on a device other than CUDA (the message says why and the fix).
         """
         config = self.state.parallelism_config
-        if config is not None and getattr(config, "cp_size", 1) > 1:
-            raise NotImplementedError("context parallelism is not supported by accelerando yet")
-        yield
+        if config is None or getattr(config, "cp_size", 1) <= 1:
+            yield
+            return
+        from accelerando.strategies.pipeline.context_parallel import (
+            check_context_parallel_device,
+            context_parallel_context,
+        )
+
+        check_context_parallel_device(config.cp_size, self.device.type)
+        handler = getattr(config, "cp_handler", None)
+        with context_parallel_context(
+            self.torch_device_mesh,
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+            rotate_method=getattr(handler, "cp_comm_strategy", None),
+        ):
+            yield
 
     # ------------------------------------------------------------------ models
     def unwrap_model(
