@@ -70,6 +70,7 @@ class AsyncSaveHandle:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._reported = False
+        self._owner: Any = None
 
     def _start(self, work: Callable[[], None]) -> None:
         def run() -> None:
@@ -104,6 +105,9 @@ class AsyncSaveHandle:
                 raise TimeoutError(f"the asynchronous save of {self.path!r} is still being written")
         with _UNWAITED_LOCK:
             _UNWAITED.discard(self)
+        owner = self._owner() if self._owner is not None else None
+        if owner is not None and _PENDING.get(owner) is self:
+            del _PENDING[owner]  # waited for: its error is raised here, once
         if self._error is not None:
             raise self._error
         if not self._reported:
@@ -139,13 +143,45 @@ def _wait_all_at_exit() -> None:
 
 
 # ---------------------------------------------------------------------------------- the snapshot
-def snapshot_tree(tree: Any, memo: dict[tuple[Any, int], torch.UntypedStorage] | None = None) -> Any:
+class _Buffers:
+    """Host buffers of the previous snapshot, reused in the same order by the next one.
+
+    Copying into memory already touched costs a plain memory copy; fresh memory costs a page fault
+    per page as well, several times slower. A buffer is reused only once the save that used it has
+    committed (saves are one at a time).
+    """
+
+    def __init__(self) -> None:
+        self.previous: list[torch.UntypedStorage] = []
+        self.current: list[torch.UntypedStorage] = []
+
+    def copy(self, storage: torch.UntypedStorage) -> torch.UntypedStorage:
+        index = len(self.current)
+        reused = self.previous[index] if index < len(self.previous) else None
+        if reused is not None and reused.nbytes() == storage.nbytes():
+            reused.copy_(storage)
+            copied = reused
+        else:
+            copied = storage.cpu() if storage.device.type != "cpu" else storage.clone()
+        self.current.append(copied)
+        return copied
+
+    def rotate(self) -> None:
+        self.previous, self.current = self.current, []
+
+
+_BUFFERS: weakref.WeakKeyDictionary[Any, _Buffers] = weakref.WeakKeyDictionary()
+
+
+def snapshot_tree(tree: Any, memo: dict[Any, Any] | None = None, buffers: _Buffers | None = None) -> Any:
     """A copy of ``tree`` in host memory: every tensor's storage copied once, containers rebuilt.
 
     Tensors sharing a storage share its copy, with their offsets and strides kept, so serialising the
-    copy gives the same bytes as serialising ``tree``.
+    copy gives the same bytes as serialising ``tree``. ``buffers`` supplies reusable host memory.
     """
     memo = {} if memo is None else memo
+    if buffers is None:
+        buffers = memo.get("buffers")
     if isinstance(tree, torch.Tensor):
         if tree.is_sparse or tree.layout != torch.strided:
             return tree.detach().to("cpu", copy=True)
@@ -153,7 +189,10 @@ def snapshot_tree(tree: Any, memo: dict[tuple[Any, int], torch.UntypedStorage] |
         key = (tree.device, storage.data_ptr())
         copied = memo.get(key)
         if copied is None:
-            copied = storage.cpu() if storage.device.type != "cpu" else storage.clone()
+            if buffers is not None:
+                copied = buffers.copy(storage)
+            else:
+                copied = storage.cpu() if storage.device.type != "cpu" else storage.clone()
             memo[key] = copied
         out = torch.empty(0, dtype=tree.dtype)
         out.set_(copied, tree.storage_offset(), tree.size(), tree.stride())
@@ -214,7 +253,9 @@ def _snapshot_writer(
     target: Any, plan: Any, safe_serialization: bool
 ) -> Callable[[Callable[[str], None]], None]:
     """Copy this process's state to host memory now; return the writer of its files from that copy."""
-    memo: dict[Any, Any] = {}
+    buffers = _BUFFERS.setdefault(target.owner, _Buffers())
+    buffers.rotate()  # the previous save has committed: its buffers are free
+    memo: dict[Any, Any] = {"buffers": buffers}
     models = list(target.models)
     optimizers: list[Any] = list(target.optimizers)
     strategy = target.strategy
@@ -348,5 +389,6 @@ def save_state_async(
         plan.final_dir, lambda: sync._report_to_trackers(frozen, plan.final_dir, sizes[0] if sizes else 0)
     )
     _PENDING[target.owner] = handle
+    handle._owner = weakref.ref(target.owner)
     handle._start(work)
     return handle
