@@ -27,7 +27,11 @@ class _TrainerStyleConfig(HfDeepSpeedConfig):
 
 def test_an_hf_config_object_is_kept_and_its_dict_shared() -> None:
     hf = _TrainerStyleConfig(
-        {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}
+        {
+            "zero_optimization": {"stage": 3},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_clipping": "auto",
+        }
     )
     plugin = DeepSpeedPlugin(hf_ds_config=hf)
     assert plugin.hf_ds_config is hf
@@ -44,7 +48,7 @@ def test_an_hf_config_object_is_kept_and_its_dict_shared() -> None:
 
 def test_fields_fill_auto_in_the_shared_dict_and_stage_is_reread() -> None:
     hf = HfDeepSpeedConfig({"zero_optimization": {"stage": "auto"}, "gradient_clipping": "auto"})
-    plugin = DeepSpeedPlugin(hf_ds_config=hf, zero_stage=2, gradient_clipping=1.0)
+    DeepSpeedPlugin(hf_ds_config=hf, zero_stage=2, gradient_clipping=1.0)
     assert hf.config["zero_optimization"]["stage"] == 2 and hf.config["gradient_clipping"] == 1.0
     assert hf.is_zero2()
 
