@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "is_deepspeed_available": "accelerando.utils.imports",
     "write_basic_config": "accelerando.commands.config",
     "convert_bytes": "accelerando.utils.other",
+    "PipelineParallelPlugin": "accelerando.plugins.pipeline",
     "is_rich_available": "accelerando.utils.imports",
     "install_as_accelerate": "accelerando.stand_in",
 }

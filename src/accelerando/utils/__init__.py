@@ -250,6 +250,7 @@ _EXPORTS: dict[str, str] = {
     "recursive_getattr": "accelerando.utils.other",
     "torchao_required": "accelerando.utils.imports",
     "ParallelismConfig": "accelerando.parallelism_config",
+    "PipelineParallelPlugin": "accelerando.plugins.pipeline",
     "CannotPadNestedTensorWarning": "accelerando.utils.operations",
     "GatheredParameters": "accelerando.utils.operations",
     "convert_model_to_fp8_ao": "accelerando.utils.ao",
