@@ -25,6 +25,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from accelerando.settings import environment_text
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -51,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 def _env_int(axis: str) -> int | str:
     name = f"{_ENV_PREFIX}{axis.upper()}_SIZE"
-    raw = os.environ.get(name, "1")
+    raw = environment_text(name, "1")
     if raw.strip().lower() == _AUTO and axis in _AUTO_AXES:
         return _AUTO
     try:
@@ -110,7 +112,7 @@ class ParallelismConfig:
         for axis in _AXES:
             value = getattr(self, f"{axis}_size")
             if value is None:
-                if f"{_ENV_PREFIX}{axis.upper()}_SIZE" not in os.environ:
+                if environment_text(f"{_ENV_PREFIX}{axis.upper()}_SIZE") is None:
                     unset.append(axis)
                 value = _env_int(axis)
                 setattr(self, f"{axis}_size", value)
@@ -125,7 +127,7 @@ class ParallelismConfig:
         for axis, choices in _BACKENDS.items():
             name = f"{axis}_backend"
             if getattr(self, name) is None:
-                setattr(self, name, os.environ.get(f"{_ENV_PREFIX}{axis.upper()}_BACKEND", choices[0]))
+                setattr(self, name, environment_text(f"{_ENV_PREFIX}{axis.upper()}_BACKEND", choices[0]))
             if getattr(self, name) not in choices:
                 raise ValueError(
                     f"ParallelismConfig.{name} must be one of {list(choices)}, got {getattr(self, name)!r}"

@@ -384,6 +384,24 @@ def environment_value(name: str) -> Any:
     return None if found is None else parse_value(field, found[1], "env:" + found[0])
 
 
+def environment_text(name: str, default: str | None = None) -> str | None:
+    """The raw text of one environment variable that has no row in the settings table.
+
+    Variables that are settings are read with :func:`environment_setting` (parsed, with provenance);
+    this is for the few that are not, e.g. the ``PARALLELISM_CONFIG_*`` handler options that the
+    parallelism dataclasses read themselves, so that every read of the process environment goes
+    through this package.
+
+    Args:
+        name: the variable's name.
+        default: returned when the variable is not set.
+
+    Returns:
+        The variable's text, or ``default``.
+    """
+    return os.environ.get(name, default)
+
+
 def environment_setting(name: str) -> Any:
     """One setting as this process's environment gives it, else the setting's default.
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import torch
 
 import accelerando.runtime as runtime
 from accelerando.enums import DistributedType
+from accelerando.settings import environment_text
 from accelerando.state.partial import PartialState
 from accelerando.state.shared import view_is_read_only
 
@@ -216,7 +216,7 @@ class AcceleratorState:
     @property
     def fork_launched(self) -> bool:
         """Whether the processes were started by forking (the notebook launcher sets ``FORK_LAUNCHED``)."""
-        return os.environ.get("FORK_LAUNCHED", "0").strip().lower() in _TRUE
+        return (environment_text("FORK_LAUNCHED") or "0").strip().lower() in _TRUE
 
     @property
     def is_fsdp2(self) -> bool:

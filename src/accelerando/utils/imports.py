@@ -19,12 +19,13 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import operator
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 from packaging.version import Version, parse
+
+from accelerando.settings import environment_text
 
 __all__ = [
     "USE_TORCH_XLA",
@@ -100,7 +101,7 @@ __all__ = [
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 # Set USE_TORCH_XLA=0 to make accelerando ignore an installed torch_xla (read once, at import).
-USE_TORCH_XLA: bool = os.environ.get("USE_TORCH_XLA", "true").strip().lower() not in (
+USE_TORCH_XLA: bool = (environment_text("USE_TORCH_XLA") or "true").strip().lower() not in (
     "0",
     "false",
     "no",

@@ -8,8 +8,9 @@ only describe what to do: building the mesh and sharding happen where the config
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from accelerando.settings import environment_text
 
 __all__ = ["DeepSpeedSequenceParallelConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig"]
 
@@ -19,7 +20,7 @@ _FALSE = ("0", "false", "no", "n", "off", "f")
 
 
 def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
+    raw = environment_text(name)
     if raw is None or not raw.strip():
         return default
     text = raw.strip().lower()
@@ -73,7 +74,7 @@ class TorchContextParallelConfig:
 
     def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = os.environ.get(f"{_ENV_PREFIX}CP_COMM_STRATEGY", "allgather")
+            self.cp_comm_strategy = environment_text(f"{_ENV_PREFIX}CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in _CP_COMM_STRATEGIES:
             raise ValueError(
                 f"TorchContextParallelConfig.cp_comm_strategy must be one of {list(_CP_COMM_STRATEGIES)}, "
@@ -113,7 +114,7 @@ class DeepSpeedSequenceParallelConfig:
             "DeepSpeedSequenceParallelConfig", "sp_seq_length_is_variable", self.sp_seq_length_is_variable
         )
         if self.sp_seq_length is None:
-            raw = os.environ.get(f"{_ENV_PREFIX}SP_SEQ_LENGTH", "").strip()
+            raw = environment_text(f"{_ENV_PREFIX}SP_SEQ_LENGTH", "").strip()
             if raw:
                 try:
                     self.sp_seq_length = int(raw)
@@ -136,7 +137,7 @@ class DeepSpeedSequenceParallelConfig:
                 "sequence length). Fix: pass sp_seq_length, or leave sp_seq_length_is_variable=True."
             )
         if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = os.environ.get(f"{_ENV_PREFIX}SP_ATTN_IMPLEMENTATION", "sdpa")
+            self.sp_attn_implementation = environment_text(f"{_ENV_PREFIX}SP_ATTN_IMPLEMENTATION", "sdpa")
         if self.sp_attn_implementation not in _SP_ATTN_IMPLEMENTATIONS:
             raise ValueError(
                 "DeepSpeedSequenceParallelConfig.sp_attn_implementation must be one of "
