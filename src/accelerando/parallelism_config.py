@@ -217,7 +217,7 @@ class ParallelismConfig:
                 stages (no ``pp`` axis here: use ``PipelineParallelPlugin``), or it contradicts a size
                 given as a number.
         """
-        from accelerando import parallelism_layout as pl
+        import accelerando.parallelism_layout as pl
 
         if model_facts is None:
             if model is None:

@@ -37,7 +37,6 @@ __all__ = [
     "ACCELERATE_COMPAT_VERSION",
     "STAND_IN_NAME",
     "AccelerateAlreadyImportedError",
-    "accelerate_console_main",
     "install_as_accelerate",
     "is_installed_as_accelerate",
 ]
@@ -164,7 +163,7 @@ class _StandInDistribution(importlib.metadata.Distribution):
         ),
         "top_level.txt": STAND_IN_NAME + "\n",
         "entry_points.txt": (
-            "[console_scripts]\naccelerate = accelerando.stand_in:accelerate_console_main\n"
+            "[console_scripts]\naccelerate = accelerando.commands.accelerate_cli:accelerate_console_main\n"
         ),
         "INSTALLER": "accelerando\n",
     }
@@ -218,37 +217,3 @@ def install_as_accelerate() -> None:
         sys.meta_path.insert(0, _StandInFinder())
         # Names cached as "not found" (or found elsewhere) before the finder existed.
         importlib.invalidate_caches()
-
-
-def _launch_takes_install_flag() -> bool:
-    from accelerando.commands import launch
-
-    parser = launch.build_parser()
-    return any("--install_as_accelerate" in action.option_strings for action in parser._actions)
-
-
-def accelerate_console_main(argv: Sequence[str] | None = None) -> int:
-    """Run accelerando's command line under the ``accelerate`` command name.
-
-    ``accelerate launch script.py`` also makes the launched processes import accelerando for
-    ``accelerate`` (when the launcher offers ``--install_as_accelerate``), so scripts written for
-    Accelerate run unchanged.
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-
-    Returns:
-        The subcommand's exit status.
-    """
-    from accelerando.commands.cli import main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    install_as_accelerate()
-    if (
-        args
-        and args[0] == "launch"
-        and "--install_as_accelerate" not in args
-        and _launch_takes_install_flag()
-    ):
-        args.insert(1, "--install_as_accelerate")
-    return main(args)

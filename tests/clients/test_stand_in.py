@@ -113,7 +113,7 @@ def test_accelerate_console_command_launches_scripts_on_the_stand_in(tmp_path) -
     out = _ok(
         f"""
         import sys
-        from accelerando.stand_in import accelerate_console_main
+        from accelerando.commands.accelerate_cli import accelerate_console_main
         sys.exit(accelerate_console_main(["launch", "--num_processes", "1", {str(script)!r}]))
         """
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["accelerate_console_main", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,6 +20,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     from accelerando.commands.cli import main as cli_main
 
     return cli_main(argv)
+
+
+def _launch_takes_install_flag() -> bool:
+    from accelerando.commands import launch
+
+    parser = launch.build_parser()
+    return any("--install_as_accelerate" in action.option_strings for action in parser._actions)
+
+
+def accelerate_console_main(argv: Sequence[str] | None = None) -> int:
+    """Run accelerando's command line under the ``accelerate`` command name.
+
+    ``accelerate launch script.py`` also makes the launched processes import accelerando for
+    ``accelerate`` (when the launcher offers ``--install_as_accelerate``), so scripts written for
+    Accelerate run unchanged.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The subcommand's exit status.
+    """
+    from accelerando.commands.cli import main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    from accelerando.stand_in import install_as_accelerate
+
+    install_as_accelerate()
+    if (
+        args
+        and args[0] == "launch"
+        and "--install_as_accelerate" not in args
+        and _launch_takes_install_flag()
+    ):
+        args.insert(1, "--install_as_accelerate")
+    return main(args)
 
 
 if __name__ == "__main__":
