@@ -31,6 +31,7 @@ def test_automatic_choice_is_torchao_here_and_logged(fresh_state, caplog):
         acc = Accelerator(mixed_precision="fp8")
     assert "FP8 training with torchao (automatic choice" in caplog.text
     assert acc.mixed_precision == "fp8" and str(acc._precision.fp8_backend) == "AO"
+    assert acc.fp8_backend == "AO"
 
 
 def test_settings_choose_the_backend_and_fill_the_recipes(fresh_state, monkeypatch):

@@ -68,9 +68,6 @@ def test_options_flow_from_settings(monkeypatch):
         TorchDynamoPlugin(use_regional_compilation="yes")
 
 
-@pytest.mark.xfail(
-    reason="needs facade/preparing.py to call TorchDynamoPlugin.compile (requested from E1)", strict=False
-)
 def test_prepare_compiles_regions(fresh_state):
     from accelerando import Accelerator
     from accelerando.plugins.dynamo import TorchDynamoPlugin
