@@ -523,8 +523,10 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
             ImportError: DeepSpeed (>= 0.18.2, with Ulysses sequence parallelism) is not installed.
             RuntimeError: DeepSpeed has no sequence-parallel group (Ulysses was not set up).
         """
+        from accelerando.parallelism_config import SP_BACKEND_DEEPSPEED
+
         config = self.parallelism_config
-        if config is None or not config.sp_enabled or config.sp_backend != "deepspeed":
+        if config is None or not config.sp_enabled or config.sp_backend != SP_BACKEND_DEEPSPEED:
             raise ValueError(
                 "deepspeed_ulysses_dl_adapter needs sequence parallelism: pass "
                 "Accelerator(parallelism_config=ParallelismConfig(sp_size=N, sp_backend='deepspeed')) with a "

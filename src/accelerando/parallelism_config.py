@@ -37,7 +37,9 @@ __all__ = ["ParallelismConfig"]
 _AXES = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
 # Order of the axes in the mesh, outermost first (neighbouring ranks share the innermost axis).
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
-_BACKENDS = {"cp": ("torch",), "sp": ("deepspeed",)}
+#: The sequence-parallel implementation (DeepSpeed Ulysses), the only ``sp_backend``.
+SP_BACKEND_DEEPSPEED = "deepspeed"
+_BACKENDS = {"cp": ("torch",), "sp": (SP_BACKEND_DEEPSPEED,)}
 # Handler class (from accelerando.utils.parallel_configs) created for an axis larger than 1 when none was given.
 _HANDLER_CLASSES = {
     "tp": "TorchTensorParallelConfig",

@@ -175,9 +175,8 @@ class PreparingMixin:
     def _refuse_spread_model(self, model: torch.nn.Module) -> None:
         """Refuse a model spread over several devices when several processes would train it."""
         from accelerando.settings import environment_setting
-        from accelerando.utils.dataclasses import DistributedType
 
-        if self.distributed_type == DistributedType.NO or not self.verify_device_map(model):
+        if self.num_processes <= 1 or not self.verify_device_map(model):
             return
         if environment_setting("bypass_device_map"):
             return

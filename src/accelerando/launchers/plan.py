@@ -355,9 +355,10 @@ def reference_env(settings: Settings) -> tuple[dict[str, str], dict[str, str]]:
     always = dict(_ALWAYS_WRITTEN)
     if settings.use_deepspeed:
         always["gradient_accumulation_steps"] = str(FIELDS_BY_NAME["gradient_accumulation_steps"].default)
+        deepspeed_fields = fields_in_group("deepspeed")
         from_file = [
             f.config_keys[0].split(".")[-1]
-            for f in (*fields_in_group("deepspeed"), FIELDS_BY_NAME["gradient_accumulation_steps"])
+            for f in (*deepspeed_fields, FIELDS_BY_NAME["gradient_accumulation_steps"])
             if settings.source(f.name).startswith("config:") and f.config_keys
         ]
         env["ACCELERATE_CONFIG_DS_FIELDS"] = ",".join(from_file)

@@ -222,11 +222,8 @@ class AcceleratorState:
     def is_fsdp2(self) -> bool:
         """Whether FSDP version 2 (``fully_shard``) is in use."""
         plugin = self.fsdp_plugin
-        return (
-            self.distributed_type == DistributedType.FSDP
-            and plugin is not None
-            and getattr(plugin, "fsdp_version", 1) == 2
-        )
+        # An FSDP plugin is only in the runtime when the connector chose the FSDP strategy.
+        return plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op in a single process)."""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from accelerando.settings import environment_setting
 from accelerando.settings.fields import FIELDS_BY_NAME
 from accelerando.settings.machine import MachineInfo, detect_machine
 from accelerando.utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS
@@ -634,7 +635,7 @@ class PrepareForLaunch:
             rank = os.environ.get("RANK", str(index))
             details = traceback.format_exc()
             logger.error("Process %s (index %d) failed:\n%s", rank, index, details)
-            record = os.environ.get("ACCELERATE_DEBUG_RDV_FILE")
+            record = environment_setting("debug_rdv_file")
             if record:
                 with open(record, "a", encoding="utf-8") as handle:
                     handle.write(f"rank {rank}:\n{details}\n")

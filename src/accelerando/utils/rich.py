@@ -16,6 +16,11 @@ __all__: list[str] = []
 if not is_rich_available():
     raise ModuleNotFoundError("accelerando.utils.rich needs the rich package: pip install rich")
 
-from rich.traceback import install  # noqa: E402
 
-install(show_locals=False)
+def _install() -> None:
+    from rich.traceback import install
+
+    install(show_locals=False)
+
+
+_install()
