@@ -50,9 +50,9 @@ def test_accelerator_equals_torchao_by_hand_bitwise_and_stays_near_bf16(fresh_st
 
     bf16, _, _ = _accelerated(STEPS, mixed_precision="bf16")
     fp32, _, _ = _accelerated(STEPS, mixed_precision="no")
-    # Float8 rounding (3 mantissa bits for e4m3) moves the loss by well under 2% over 10 steps here.
+    # Float8 rounding (3 mantissa bits for e4m3) moves the loss by at most 0.25% over these 10 steps.
     for a, b, c in zip(fp8, bf16, fp32, strict=True):
-        assert abs(a - b) / b < 0.02 and abs(a - c) / c < 0.02
+        assert abs(a - b) / b < 0.01 and abs(a - c) / c < 0.01
     assert fp8 != fp32  # the FP8 rounding really happens
 
 
