@@ -123,7 +123,8 @@ class ComposableStrategy(Strategy):
         Raises:
             ValueError: the model has no tensor-parallel plan and none was given, the plan names
                 nothing in the model, ``tp_size`` does not divide the head counts of its config,
-                or the model was already split with another tensor-parallel degree.
+                the model was already split with another tensor-parallel degree, or the FSDP plugin
+                asks for ``cpu_ram_efficient_loading``.
         """
         if any(model is m for m in self._models):
             return model
@@ -138,7 +139,8 @@ class ComposableStrategy(Strategy):
             self._apply_tensor_parallel(model, label)
         if self.config.dp_shard_enabled and any(p.requires_grad for p in model.parameters()):
             self._apply_fsdp(model, label)
-        after = dict(model.named_parameters())
+        # activation-checkpoint wrappers add a name level that the user's names do not have
+        after = {n.replace("_checkpoint_wrapped_module.", ""): p for n, p in model.named_parameters()}
         self._param_map = {k: v for k, v in self._param_map.items() if v[0]() is not None}
         for name, old in before.items():
             new = after.get(name)
@@ -205,7 +207,18 @@ class ComposableStrategy(Strategy):
         units = self._fsdp_units(model)
         kwargs: dict[str, Any] = {"mesh": self.fsdp_mesh}
         if plugin is not None:
-            from accelerando.strategies.fsdp.wrap import reshard_after_forward_for
+            from accelerando.strategies.fsdp.wrap import (
+                apply_activation_checkpointing,
+                reshard_after_forward_for,
+            )
+
+            if plugin.cpu_ram_efficient_loading:
+                raise ValueError(
+                    "cpu_ram_efficient_loading=True is not supported on a ParallelismConfig mesh (the model is "
+                    "split by tensor parallelism before it is sharded); set cpu_ram_efficient_loading=False"
+                )
+            if plugin.activation_checkpointing:
+                units = apply_activation_checkpointing(model, units)
 
             dtypes = plugin.mixed_precision_dtypes() or {}
             kwargs["reshard_after_forward"] = reshard_after_forward_for(plugin.resolved_sharding())
