@@ -211,6 +211,7 @@ def start(
     timeout: timedelta | None = None,
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     init_method: str | None = None,
+    attempt: int = 0,
 ) -> ProcessGroupHandle:
     """Initialise the default process group and register its ordered teardown at exit.
 
@@ -227,6 +228,10 @@ def start(
         shutdown_timeout_s: the bound of the exit-time wait for the other processes.
         init_method: a rendezvous URL used instead of ``tcp://main_address:main_port`` (e.g.
             ``file:///tmp/rdv`` from ``ACCELERATE_DEBUG_RDV_FILE``).
+        attempt: the elastic agent's restart count (the cluster environment's ``restart_count``).
+            Every key this group and its teardown write is prefixed with it: the agent's store
+            outlives a restart, and a try that read the previous try's gloo addresses would connect
+            to processes that are gone ("connectFullMesh ... Connection refused").
 
     Returns:
         The handle that ends the group's life. When a default group already exists (a user
@@ -270,6 +275,8 @@ def start(
             )
         )
         store.set_timeout(store_timeout)
+        # torch's own env:// rendezvous does the same under an agent store; tcp:// and file:// do not.
+        store = dist.PrefixStore(f"accelerando/attempt_{attempt}", store)
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if chosen == "nccl":
             options["device_id"] = device

@@ -211,6 +211,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
             backend=options.get("backend"),
             timeout=options.get("timeout"),
             init_method=f"file://{rdv_file}" if rdv_file else None,
+            attempt=cluster.restart_count,
         )
     device_backend.set_device(device)
     if settings.enable_cpu_affinity and device.type == "cuda":

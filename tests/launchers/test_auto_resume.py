@@ -6,6 +6,7 @@ Each faulty run's final weights are compared bitwise with an uninterrupted run o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -92,6 +93,56 @@ if dist.get_rank() == 1:
     late_rank()
 dist.all_reduce(torch.ones(1))
 """
+
+
+# A restarted try on the store the launcher's agent kept from the previous try (torchelastic reuses it).
+ATTEMPT_PREFIX = """\
+import json, os, sys
+import torch
+from torch.distributed import TCPStore
+from accelerando import process_group
+
+agent = TCPStore("127.0.0.1", 0, 1, is_master=True, multi_tenant=True)  # the agent's store
+os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # what the agent tells its processes
+process_group.start(device=torch.device("cpu"), default_backend="gloo", main_address="127.0.0.1",
+                    main_port=agent.port, rank=0, world_size=1, attempt=int(sys.argv[1]))
+print(json.dumps(agent.list_keys()))  # what the group wrote: gloo's addresses among them
+"""
+
+
+def test_the_elastic_restart_count_is_read_by_the_cluster_environment():
+    from accelerando.environments.torchrun import TorchElasticEnvironment
+
+    job = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert TorchElasticEnvironment(job).restart_count == 0
+    assert TorchElasticEnvironment({**job, "TORCHELASTIC_RESTART_COUNT": "3"}).restart_count == 3
+    with pytest.raises(ValueError, match="TORCHELASTIC_RESTART_COUNT"):
+        _ = TorchElasticEnvironment({**job, "TORCHELASTIC_RESTART_COUNT": "x"}).restart_count
+
+
+def test_each_restart_keeps_its_process_group_keys_apart_on_the_agents_store(tmp_path, env):
+    script = tmp_path / "attempt.py"
+    script.write_text(ATTEMPT_PREFIX)
+    result = subprocess.run([sys.executable, str(script), "2"], env=env, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    keys = json.loads(result.stdout.splitlines()[-1])
+    assert keys, "the process group wrote nothing on the agent's store"
+    assert all(key.startswith("accelerando/attempt_2/") for key in keys), keys
+
+
+def test_resume_at_starts_the_next_iteration_at_the_position():
+    import torch
+
+    from accelerando.data_loader import prepare_data_loader
+
+    data = torch.utils.data.TensorDataset(torch.arange(12.0))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=2), put_on_device=False)
+    loader.resume_at(4)
+    assert [batch[0].tolist() for batch in loader] == [[8.0, 9.0], [10.0, 11.0]]
+    assert [batch[0].tolist() for batch in loader][0] == [0.0, 1.0]  # the next epoch starts at 0
+    with pytest.raises(ValueError, match="0 or more"):
+        loader.resume_at(-1)
 
 
 @pytest.fixture

@@ -125,6 +125,27 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         """Batches the next iteration skips (set by ``skip_first_batches``; 0 once it has started)."""
         return self._skip_once
 
+    def resume_at(self, position: int) -> None:
+        """Start the next iteration ``position`` batches into the current epoch, in place.
+
+        What a stateful loader does after ``load_state_dict``, for any prepared loader: the epoch's
+        order (sampler seed, generator state) is the restored one, and the batches before
+        ``position`` are skipped without being yielded. Unlike ``skip_first_batches`` this returns
+        no new loader, so the object the training loop holds resumes. A position already pending
+        (a stateful loader's restored one) is kept when ``position`` is 0.
+
+        Args:
+            position: Batches of the epoch already given out before the checkpoint.
+
+        Raises:
+            ValueError: ``position`` is negative.
+        """
+        if position < 0:
+            raise ValueError(f"resume_at needs a position of 0 or more batches, got {position}")
+        progress = self._progress
+        if position:
+            progress.pending_position = progress.position = int(position)
+
     def get_sampler(self) -> Any:
         """The index sampler this loader draws from (see :func:`accelerando.data_loader.get_sampler`)."""
         return get_sampler(self)

@@ -77,6 +77,19 @@ class ClusterEnvironment(ABC):
         """Rendezvous port."""
         return env_int(self._environ, "MASTER_PORT", default=29500) or 29500
 
+    @property
+    def restart_count(self) -> int:
+        """How many times the launcher's elastic agent restarted this job's processes (0 on the first try).
+
+        Read from ``TORCHELASTIC_RESTART_COUNT`` (set by torchrun and ``accelerando launch``); 0 when unset.
+        The agent keeps its rendezvous store across restarts, so whatever a try writes there is kept
+        apart from the previous tries' keys by this number (see :func:`accelerando.process_group.start`).
+
+        Raises:
+            ValueError: the variable is set but is not an integer.
+        """
+        return env_int(self._environ, "TORCHELASTIC_RESTART_COUNT", default=0) or 0
+
     def rendezvous_env(self) -> dict[str, str]:
         """Variables torch.distributed's env:// rendezvous needs, for environments that lack them."""
         return {

@@ -46,11 +46,9 @@ def resume_on_prepare(accelerator: Any) -> str | None:
     accelerator.load_state()
     point = accelerator.resume_point
     for loader, (_, position) in zip(accelerator._dataloaders, point.dataloaders, strict=False):
-        progress = getattr(loader, "_progress", None)
-        if progress is not None and position and not progress.pending_position:
-            # The same start a stateful loader takes from its saved state (see data_loader.progress).
-            progress.pending_position = position
-            progress.position = position
+        resume_at = getattr(loader, "resume_at", None)  # every prepared loader has it
+        if resume_at is not None:
+            resume_at(position)
     if accelerator.is_main_process:
         logger.warning(
             "auto_resume: resumed from %s (epoch %d, %d batches into it)",
