@@ -5,8 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from accelerando.enums import DynamoBackend
+from accelerando.enums import DistributedType, DynamoBackend
 from accelerando.plugins.kwargs import KwargsHandler
+
+# Backends whose wrapped model must be compiled in place: DeepSpeed's engine holds the model, FSDP2
+# holds the shards (DTensor parameters); other models get a compiled copy.
+_IN_PLACE_REGIONS = {DistributedType.DEEPSPEED: "engine", DistributedType.FSDP: "shards"}
+
+
+def _as_distributed_type(value: Any) -> DistributedType | None:
+    try:
+        return DistributedType(str(getattr(value, "value", value) or "").upper())
+    except ValueError:
+        return None
+
 
 __all__ = ["TorchDynamoPlugin"]
 
@@ -110,10 +122,10 @@ class TorchDynamoPlugin(KwargsHandler):
         kwargs = self.compile_kwargs()
         if not self.use_regional_compilation:
             return torch.compile(model, **kwargs)
-        kind = str(getattr(distributed_type, "value", distributed_type) or "").upper()
-        if kind == "DEEPSPEED":
+        in_place = _IN_PLACE_REGIONS.get(_as_distributed_type(distributed_type))
+        if in_place == "engine":
             other.compile_regions_deepspeed(model, **kwargs)
             return model
-        if kind == "FSDP" and other.model_has_dtensor(model):
+        if in_place == "shards" and other.model_has_dtensor(model):
             return other.compile_regions_fsdp2(model, **kwargs)
         return other.compile_regions(model, **kwargs)

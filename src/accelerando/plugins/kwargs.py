@@ -232,19 +232,7 @@ def _fill_fp8_from_settings(handler: Any) -> None:
 
     fill_unset(handler, "fp8", prefix="fp8_", rename={"fp8_format": "fp8_format"})
     if getattr(handler, "use_mxfp8_block_scaling", False) is None:
-        try:
-            handler.use_mxfp8_block_scaling = environment_value("fp8_use_mxfp8_block_scaling")
-        except KeyError:  # the settings table has no row for it yet: read the variables the same way
-            import os
-
-            from accelerando.settings.resolve import parse_value
-
-            for name in ("ACCELERANDO_FP8_USE_MXFP8_BLOCK_SCALING", "ACCELERATE_FP8_USE_MXFP8_BLOCK_SCALING"):
-                if os.environ.get(name):
-                    handler.use_mxfp8_block_scaling = parse_value(
-                        "fp8_use_autocast_during_eval", os.environ[name]
-                    )
-                    break
+        handler.use_mxfp8_block_scaling = environment_value("fp8_use_mxfp8_block_scaling")
 
 
 def _wrong_type(handler: Any, name: str, expected: str, example: str) -> TypeError:

@@ -453,6 +453,8 @@ FIELDS: tuple[Field, ...] = (
     _fp8("fp8_backend", "choice", "FP8 backend: ao (torchao), te (Transformer Engine), msamp (MS-AMP).",
          choices=("ao", "te", "msamp")),
     _fp8("fp8_use_autocast_during_eval", "bool", "Keep FP8 autocast in eval mode (te).", switch=True),
+    _fp8("fp8_use_mxfp8_block_scaling", "bool", "MXFP8 block scaling instead of per-tensor scales (te).",
+         switch=True),
     _fp8("fp8_margin", "int", "Margin of the scaling factor (te).", minimum=0),
     _fp8("fp8_interval", "int", "Steps between scaling-factor updates (te).", minimum=1),
     _fp8("fp8_format", "choice", "FP8 recipe format (te).", choices=("HYBRID", "E4M3", "E5M2"),
