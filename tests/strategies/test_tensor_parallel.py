@@ -52,7 +52,9 @@ def test_mesh_rule_sharding_and_conflicts():
 
 
 def test_mesh_size_mismatch_names_numbers():
-    with pytest.raises(ValueError, match=r"dp_shard=2 x tp=2 .*= 4 processes but the job has 2; change the sizes"):
+    with pytest.raises(
+        ValueError, match=r"dp_shard=2 x tp=2 .*= 4 processes but the job has 2; change the sizes"
+    ):
         ParallelismConfig(dp_shard_size=2, tp_size=2).validate(2)
 
 
@@ -100,7 +102,9 @@ def test_plan_errors():
 def test_heads_must_divide():
     model = _llama()
     check_heads(model, 2)
-    with pytest.raises(ValueError, match=r"tp_size=4 does not divide LlamaConfig.num_key_value_heads=2.*\[1, 2\]"):
+    with pytest.raises(
+        ValueError, match=r"tp_size=4 does not divide LlamaConfig.num_key_value_heads=2.*\[1, 2\]"
+    ):
         check_heads(model, 4)
     with pytest.raises(ValueError, match="num_attention_heads=4"):
         check_heads(model, 3)
@@ -125,3 +129,20 @@ def test_composable_strategy_needs_a_mesh():
     state = SimpleNamespace(distributed_type=DistributedType.NO, device_mesh=None, parallelism_config=None)
     with pytest.raises(ValueError, match="ParallelismConfig"):
         cls(state, None)
+
+
+def test_tensor_parallel_plugin_becomes_a_mesh_config():
+    import accelerando.runtime as rt
+    from accelerando.connector import _fold_tensor_parallel_plugin
+
+    folded = _fold_tensor_parallel_plugin(rt.Plugins(torch_tp=TorchTensorParallelPlugin(tp_size=2)), 4)
+    config = folded.parallelism_config
+    assert (config.tp_size, config.dp_shard_size, config.dp_replicate_size) == (2, 2, 1)
+    assert _decide(config, n=4).strategy_name == "composable"
+    plain = rt.Plugins(torch_tp=TorchTensorParallelPlugin(tp_size=1))
+    assert _fold_tensor_parallel_plugin(plain, 2) is plain
+    both = rt.Plugins(
+        torch_tp=TorchTensorParallelPlugin(tp_size=2), parallelism_config=ParallelismConfig(tp_size=4)
+    )
+    with pytest.raises(ValueError, match=r"tp_size=2\) and ParallelismConfig\(tp_size=4\) disagree"):
+        _fold_tensor_parallel_plugin(both, 4)
