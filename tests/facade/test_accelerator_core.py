@@ -189,9 +189,17 @@ def test_static_loss_scale_stays_fixed():
         assert acc.scaler.get_scale() == 256.0
 
 
-def test_fp8_on_cpu_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="CUDA"):
-        Accelerator(mixed_precision="fp8")
+def test_fp8_on_cpu_runs_torchao_or_names_the_gpu_backends_fix():
+    from accelerando.utils import TERecipeKwargs
+    from accelerando.utils.dataclasses import FP8BackendType
+
+    accelerator = Accelerator(mixed_precision="fp8")  # torchao, emulated on CPU
+    assert accelerator.fp8_backend == FP8BackendType.AO
+    model = accelerator.prepare(torch.nn.Linear(16, 16))
+    assert model is not None
+    with pytest.raises(RuntimeError, match="the backend that runs here is 'ao'"):
+        accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+        accelerator.prepare(torch.nn.Linear(16, 16))
 
 
 def test_bad_inputs_raise_clear_errors():
