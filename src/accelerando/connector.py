@@ -282,6 +282,8 @@ def _build_precision(settings: Settings, plugins: rt.Plugins, device_type: str, 
         bool(scaler.static_scale) if scaler is not None else False,
         autocast.to_kwargs() if autocast is not None else None,
         loss_scaling=loss_scaling,
+        handlers=plugins.handlers,
+        settings=settings,
     )
 
 
