@@ -102,11 +102,11 @@ def main() -> None:
         correct += (predictions == labels).sum().item()
         total += labels.numel()
 
-    resolved = model.config  # the engine's config, "auto" values filled in
     metrics = {
         "zero_stage": model.zero_optimization_stage(),
-        "train_batch_size": resolved["train_batch_size"],
-        "micro_batch_size": resolved["train_micro_batch_size_per_gpu"],
+        # The batch sizes the engine runs with: the "auto" values of the JSON, filled in by prepare().
+        "train_batch_size": model.train_batch_size(),
+        "micro_batch_size": model.train_micro_batch_size_per_gpu(),
         "optimizer_from_config": "optimizer" in ds_config,
         "first_loss": sum(losses[:4]) / 4,
         "last_loss": sum(losses[-4:]) / 4,
