@@ -39,3 +39,21 @@ def test_context_parallelism_on_cpu_is_refused_with_the_reason(accelerator) -> N
         with accelerator.maybe_context_parallel():
             pass
     assert "cpu" in str(excinfo.value)
+
+
+def test_scheduler_steps_once_per_data_parallel_group(accelerator) -> None:
+    # Under tensor parallelism (tp_size=2 of 2 processes) there is one data-parallel group: the
+    # prepared scheduler must step like a single process, not twice per optimizer step.
+    config = SimpleNamespace(data_parallel_size=1, cp_size=1)
+    state_type = type(accelerator.state)
+    with (
+        mock.patch.object(state_type, "parallelism_config", new_callable=mock.PropertyMock) as prop,
+        mock.patch.object(state_type, "device_mesh", new_callable=mock.PropertyMock) as mesh,
+        mock.patch.object(type(accelerator), "num_processes", new_callable=mock.PropertyMock) as procs,
+    ):
+        prop.return_value, mesh.return_value, procs.return_value = config, object(), 2
+        import torch
+
+        optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+        scheduler = accelerator.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    assert scheduler.num_processes == 1

@@ -228,10 +228,18 @@ class PreparingMixin:
             optimizers or self._optimizers,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
-            num_processes=self.num_processes,
+            # One step per data-parallel group: tensor/context-parallel ranks read the same batch.
+            num_processes=self._data_parallel_processes(),
         )
         self._schedulers.append(wrapped)
         return wrapped
+
+    def _data_parallel_processes(self) -> int:
+        """How many processes read different batches (all of them without a ParallelismConfig)."""
+        config = self.state.parallelism_config
+        if config is None or self.state.device_mesh is None:
+            return self.num_processes
+        return int(config.data_parallel_size)
 
     def prepare_data_loader(
         self,
