@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -208,7 +209,11 @@ def test_sigterm_checkpoints_exits_143_and_the_next_launch_resumes_bit_exact(tmp
     assert result.returncode == 143, result.stderr[-3000:]
     assert "SIGTERM received; checkpoint" in result.stderr
     assert not (out / "final.pt").exists()
-    # the checkpoint was taken where the processes agreed to stop: after step 6, not at a multiple of 4
+    # the checkpoint was taken where the processes agreed to stop, and it is the newest one
+    from accelerando.checkpointing import latest_checkpoint
+
+    written = re.search(r"SIGTERM received; checkpoint (\S+) written", result.stderr).group(1)
+    assert os.path.samefile(written, latest_checkpoint(tmp_path / "preempted" / "project"))
     result, out = _launch(tmp_path, env, "preempted", "sigterm", 6)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = int((out / "resumed").read_text().split()[0])
