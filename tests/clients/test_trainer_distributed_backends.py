@@ -24,8 +24,12 @@ def _deepspeed_config(tmp_path: Path, stage: int) -> str:
         "train_batch_size": "auto",
         "gradient_clipping": "auto",
         "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
-        "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 0}},
+        # torch's AdamW (torch_adam): DeepSpeed's FusedAdam/CPUAdam ops would be compiled on first use.
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {"total_num_steps": "auto", "warmup_num_steps": "auto"},
+        },
         "bf16": {"enabled": "auto"},
     }
     path = tmp_path / f"ds_zero{stage}.json"
@@ -39,12 +43,15 @@ def _check(results: list[dict], steps: int) -> None:
         check_common(result, steps)
         assert result["accelerator_module_b"].startswith("accelerando")
         assert result["global_step_b"] == steps
-        assert result["resume_max_abs_diff"] <= 1e-6, result["resume_max_abs_diff"]
+        # Full weights may be gathered on the main process only (None elsewhere); it must have them.
+        if rank == 0 or result["resume_max_abs_diff"] is not None:
+            assert result["resume_max_abs_diff"] <= 1e-6, result["resume_max_abs_diff"]
         assert result["eval_a"]["eval_loss"] == pytest.approx(result["eval_b"]["eval_loss"], abs=1e-6)
     assert results[0]["losses_a"] == results[1]["losses_a"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.xfail(
     reason="DeepSpeedPlugin(hf_ds_config=<HfDeepSpeedConfig object>) refused (transformers/training_args.py:1715); "
     "requested of plugins/deepspeed.py's owner",
@@ -63,11 +70,7 @@ def test_trainer_deepspeed_zero_on_cpu(scenario: Scenario, tmp_path: Path, stage
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="save_fsdp_model(..., adapter_only=True) refuses a model without adapters; transformers always passes "
-    "it (transformers/distributed/fsdp.py:261); requested of utils/fsdp.py's owner",
-    strict=False,
-)
+@pytest.mark.timeout(900)
 def test_trainer_fsdp(scenario: Scenario) -> None:
     xfail_if_trainer_cannot_import()
     results = scenario("--fsdp", "full_shard auto_wrap", "--resume", processes=2)

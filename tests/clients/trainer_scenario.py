@@ -185,7 +185,11 @@ def _final_weights(trainer: Any) -> dict[str, Any]:
     return {k: v.detach().float().cpu().clone() for k, v in (state or {}).items()}
 
 
-def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, bool]:
+def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, bool | None]:
+    if not a and not b:
+        # Full state dicts of sharded models (FSDP1 FULL_STATE_DICT, ZeRO-3's 16-bit gather) are
+        # gathered on the main process only; the others have nothing to compare.
+        return None, None
     if set(a) != set(b) or not a:
         return math.inf, False
     worst, same = 0.0, True
