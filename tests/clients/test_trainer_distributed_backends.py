@@ -52,11 +52,6 @@ def _check(results: list[dict], steps: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    reason="DeepSpeedPlugin(hf_ds_config=<HfDeepSpeedConfig object>) refused (transformers/training_args.py:1715); "
-    "requested of plugins/deepspeed.py's owner",
-    strict=False,
-)
 @pytest.mark.parametrize("stage", [2, 3])
 def test_trainer_deepspeed_zero_on_cpu(scenario: Scenario, tmp_path: Path, stage: int) -> None:
     xfail_if_trainer_cannot_import()
