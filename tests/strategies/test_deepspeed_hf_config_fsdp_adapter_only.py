@@ -29,7 +29,9 @@ def one_process_group(tmp_path: Path) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def test_adapter_only_on_a_plain_model_saves_and_loads_it_whole(one_process_group: None, tmp_path: Path) -> None:
+def test_adapter_only_on_a_plain_model_saves_and_loads_it_whole(
+    one_process_group: None, tmp_path: Path
+) -> None:
     plugin = SimpleNamespace(state_dict_type="FULL_STATE_DICT")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
