@@ -98,14 +98,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=16, help="per process")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--tiny", action="store_true", help="a few seconds on a CPU: small data, 2 epochs")
+    parser.add_argument("--tiny", action="store_true", help="a few seconds on a CPU: small data, 3 epochs")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    train_size, eval_size = (384, 128) if args.tiny else (4000, 1000)
-    epochs = 2 if args.tiny else args.epochs
+    train_size, eval_size = (512, 128) if args.tiny else (4000, 1000)
+    epochs = 3 if args.tiny else args.epochs
     accelerator = Accelerator(mixed_precision=args.mixed_precision)
     set_seed(args.seed)
 
