@@ -72,12 +72,10 @@ def _spread_model() -> nn.Module:
 
 
 def test_spread_model_refused_in_a_distributed_run_unless_bypassed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelerando.utils.dataclasses import DistributedType
-
     monkeypatch.delenv("ACCELERATE_BYPASS_DEVICE_MAP", raising=False)
     acc = Accelerator()
     acc.prepare(_spread_model())  # one process: allowed as the reference does
-    monkeypatch.setattr(Accelerator, "distributed_type", property(lambda self: DistributedType.MULTI_CPU))
+    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: 2))
     with pytest.raises(ValueError, match="ACCELERATE_BYPASS_DEVICE_MAP"):
         acc.prepare(_spread_model())
     one_device = nn.Linear(2, 2)

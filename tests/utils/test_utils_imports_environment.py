@@ -47,7 +47,10 @@ import json, sys
 import torch
 baseline = set(sys.modules)
 from accelerando import utils
-names = [n for n in utils.__all__ if n.startswith("is_") and n.endswith("_available")]
+# bitsandbytes advertises its multi-backend build only as a runtime attribute, so that one check
+# imports it (where it is installed), as documented; every other check reads metadata only.
+RUNTIME = {"is_bitsandbytes_multi_backend_available"}
+names = [n for n in utils.__all__ if n.startswith("is_") and n.endswith("_available") and n not in RUNTIME]
 answers = {n: bool(getattr(utils, n)()) for n in names}
 print(json.dumps({"answers": answers, "loaded": [m for m in OPTIONAL if m in sys.modules and m not in baseline],
                   "cuda_initialized": torch.cuda.is_initialized()}))

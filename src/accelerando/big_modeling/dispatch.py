@@ -8,6 +8,7 @@ forward while the next offloaded block is prefetched in the background.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -271,8 +272,9 @@ def dispatch_model(
     """
     device_map = _normalize_map(device_map)
     # Looked up on the package at call time: transformers swaps ``accelerate.big_modeling.check_device_map``
-    # for a no-op while dispatching models that deliberately leave some tensors unmapped.
-    import accelerando.big_modeling as package
+    # for a no-op while dispatching models that deliberately leave some tensors unmapped. The package
+    # is always imported before its modules, so it is read from sys.modules (no import cycle).
+    package = sys.modules[__name__.rpartition(".")[0]]
 
     package.check_device_map(model, device_map)
     check_tied_parameters_on_same_device(find_tied_parameters(model), device_map)

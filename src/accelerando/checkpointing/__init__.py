@@ -38,6 +38,7 @@ For a bit-exact resume with ``shuffle=True``, give the DataLoader its own ``gene
 from __future__ import annotations
 
 from accelerando.checkpointing.atomic import CheckpointError, list_checkpoints, verify_checkpoint
+from accelerando.checkpointing.entry import save_state
 from accelerando.checkpointing.files import UnsafeCheckpointError
 from accelerando.checkpointing.load import load_state
 from accelerando.checkpointing.lock import CheckpointLockedError
@@ -48,7 +49,6 @@ from accelerando.checkpointing.public import (
     save_accelerator_state,
     save_custom_state,
 )
-from accelerando.checkpointing.save import save_state
 from accelerando.utils.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import accelerando.checkpointing.files as F
-from accelerando.checkpointing import save as sync
+import accelerando.checkpointing.save as sync
 from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.rng import capture_rng_states
 from accelerando.checkpointing.state_io import _dataloader_state, capture_gradients, write_state_files
@@ -340,7 +340,7 @@ def save_state_async(
     """Start an asynchronous ``save_state``; return once the state is copied to host memory.
 
     Every process must call it (as ``save_state``). What is saved, where and how it is committed is
-    exactly what :func:`accelerando.checkpointing.save.save_state` does; only the writing and the
+    exactly what :func:`accelerando.checkpointing.save_state` does; only the writing and the
     commit happen in a background thread.
 
     Args:
