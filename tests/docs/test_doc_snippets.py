@@ -40,7 +40,10 @@ def _params() -> list[object]:
     for ident, marker, code in _blocks():
         if marker == "fragment":
             continue
-        marks = [pytest.mark.slow] if marker == "slow" else []
+        # Each block starts a fresh interpreter with torch (5-10 s on 2 cores): the default run keeps the
+        # getting-started page's; `python -m pytest -m slow tests/docs` runs every page's.
+        in_default = marker != "slow" and ident.startswith("getting-started.md")
+        marks = [] if in_default else [pytest.mark.slow]
         params.append(pytest.param(code, id=ident, marks=marks))
     return params
 

@@ -95,6 +95,7 @@ def test_nlp_example(tmp_path: Path, model: str) -> None:
 
 
 # ------------------------------------------------------------------ by feature
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_checkpointing_resumes_bit_exactly(tmp_path: Path) -> None:
     script, project = BY_FEATURE / "checkpointing.py", str(tmp_path / "project")
     full = launch(script, "--checkpointing_steps", "5", "--project_dir", project, cwd=tmp_path)
@@ -114,6 +115,7 @@ def test_checkpointing_resumes_bit_exactly(tmp_path: Path) -> None:
     assert resumed["final_loss"] == full["final_loss"]
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_tracking_writes_tensorboard_files(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     m = launch(BY_FEATURE / "tracking.py", "--project_dir", str(tmp_path / "runs"), cwd=tmp_path)
@@ -124,6 +126,7 @@ def test_tracking_writes_tensorboard_files(tmp_path: Path) -> None:
     assert os.path.getsize(tmp_path / "runs" / events[0]) > 0
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_gradient_accumulation(tmp_path: Path) -> None:
     m = launch(BY_FEATURE / "gradient_accumulation.py", "--gradient_accumulation_steps", "4", cwd=tmp_path)
     # 320 samples / (8 per batch x 2 processes) = 20 batches per epoch, 3 epochs, a step every 4.
@@ -131,6 +134,7 @@ def test_gradient_accumulation(tmp_path: Path) -> None:
     assert m["last_loss"] < m["first_loss"]
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_automatic_gradient_accumulation(tmp_path: Path) -> None:
     m = launch(
         BY_FEATURE / "automatic_gradient_accumulation.py",
@@ -144,6 +148,7 @@ def test_automatic_gradient_accumulation(tmp_path: Path) -> None:
     assert m["last_loss"] < m["first_loss"]
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_memory_finds_the_largest_batch_and_records_memory(tmp_path: Path) -> None:
     m = launch(
         BY_FEATURE / "memory.py",
@@ -168,12 +173,14 @@ def test_multi_process_metrics_counts_each_sample_once(tmp_path: Path) -> None:
     assert m["accuracy"] > 0.5
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_local_sgd_ends_in_sync(tmp_path: Path) -> None:
     m = launch(BY_FEATURE / "local_sgd.py", "--local_sgd_steps", "4", cwd=tmp_path)
     assert m["in_sync"] is True
     assert m["accuracy"] > 0.5
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_early_stopping_stops_every_process_together(tmp_path: Path) -> None:
     m = launch(BY_FEATURE / "early_stopping.py", "--target_loss", "0.3", cwd=tmp_path)
     assert m["stopped_early"] is True
@@ -182,6 +189,7 @@ def test_early_stopping_stops_every_process_together(tmp_path: Path) -> None:
     assert m["trigger_loss"] is None or m["trigger_loss"] < 0.3
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_profiler_writes_a_trace_per_process(tmp_path: Path) -> None:
     m = launch(BY_FEATURE / "profiler.py", "--trace_dir", str(tmp_path / "traces"), cwd=tmp_path)
     assert m["top_ops"]
@@ -192,6 +200,7 @@ def test_profiler_writes_a_trace_per_process(tmp_path: Path) -> None:
         assert (tmp_path / "traces" / name).stat().st_size > 0
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_big_model_inference_offloads_to_disk(tmp_path: Path) -> None:
     m = launch(BY_FEATURE / "big_model_inference.py", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
     assert m["placement"].get("disk", 0) > 0 and m["placement"].get("cpu", 0) > 0
@@ -201,6 +210,7 @@ def test_big_model_inference_offloads_to_disk(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "offload_rank1").is_dir()
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_distributed_inference_answers_each_input_once_in_order(tmp_path: Path) -> None:
     m = launch(BY_FEATURE / "distributed_inference.py", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
     assert m["inputs"] == 37 and m["results"] == 37 and m["in_order"] is True
@@ -208,6 +218,7 @@ def test_distributed_inference_answers_each_input_once_in_order(tmp_path: Path) 
     assert len((tmp_path / "out" / "predictions.jsonl").read_text().splitlines()) == 37
 
 
+@pytest.mark.slow  # a 2-process launch; the default run keeps cv_example and multi_process_metrics
 def test_schedule_free(tmp_path: Path) -> None:
     pytest.importorskip("schedulefree")
     m = launch(BY_FEATURE / "schedule_free.py", cwd=tmp_path)

@@ -191,6 +191,7 @@ def _check(first: list[dict], second: list[dict], world: int, tol: float = 1e-5)
     assert _max_diff(second[0]["state"], main["state"]) < 1e-6  # resumed weights = uninterrupted ones
 
 
+@pytest.mark.slow  # two 2-process launches (~1 min on 2 cores): python -m pytest -m slow tests/strategies
 def test_tp2_trains_like_one_process_resumes_and_saves(tmp_path):
     sizes = {"tp_size": 2}
     first = run_distributed(_tp_worker, 2, str(tmp_path), sizes, 0, timeout=600)
