@@ -97,6 +97,21 @@ def _describe(failure: Any) -> tuple[str, int]:
     return f"failed with exit code {failure.exitcode}", failure.exitcode or 1
 
 
+# How late the agent may see a killed process after its peer's collective already failed.
+_PEER_LOSS_GRACE_S = 5
+# Messages of the errors a collective raises when the process on the other side is gone.
+_PEER_LOSS_MARKS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote worker crash",
+)
+
+
+def _is_peer_loss(record: Mapping[str, Any]) -> bool:
+    return any(mark in str(record.get("message", "")).lower() for mark in _PEER_LOSS_MARKS)
+
+
 def _first_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]]) -> tuple[int, Any]:
     """The failure to blame: the earliest; among those seen at once, a kill, then an error, then SIGTERM.
 
@@ -113,7 +128,12 @@ def _first_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]])
         rank, failure = item
         record = records.get(rank)
         if record is not None:  # it raised then, however its exit ended (the agent may SIGTERM its teardown)
-            return (record["time_ns"] // 1_000_000_000, 1, record["time_ns"], rank)
+            seconds = record["time_ns"] // 1_000_000_000
+            if _is_peer_loss(record):
+                # A collective that failed because its peer vanished is a victim: a process the agent
+                # saw killed within the next seconds (its poll is late on a busy machine) is the cause.
+                seconds += _PEER_LOSS_GRACE_S
+            return (seconds, 1, record["time_ns"], rank)
         if failure.exitcode >= 0:
             kind = 1
         else:
