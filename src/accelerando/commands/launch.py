@@ -22,7 +22,7 @@ from accelerando.commands.spellings import (
     canonical_key,
     other_spelling,
 )
-from accelerando.settings.fields import FIELDS, Field
+from accelerando.settings.fields import FIELDS, MACHINE_RANGE, Field
 
 __all__ = [
     "CustomHelpFormatter",
@@ -83,11 +83,13 @@ _REFUSED_FLAGS: dict[str, tuple[bool, str]] = {  # flag -> (takes a value, why i
     "--aws_secret_access_key": (True, _SAGEMAKER),
 }
 _VALUE_OPTIONS_OWN = ("--config_file", "--role", "--tee", "-t", "--log_dir")
+# Value names in --help for settings whose kind alone does not say what they take.
+_METAVARS = {"num_machines": "N|MIN:MAX"}
 
 
 def _help(field: Field) -> str:
     text = field.help
-    if field.choices:
+    if field.choices and field.choices is not MACHINE_RANGE:  # the range's spelling is in its help
         text += " Choices: " + ", ".join(field.choices) + "."
     if field.default is not None:
         text += f" Default: {field.default}."
@@ -137,7 +139,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                 field.cli, dest=field.name, action="store_const", const=True, help=_help(field)
             )
         else:
-            group.add_argument(field.cli, dest=field.name, metavar=field.kind.upper(), help=_help(field))
+            metavar = _METAVARS.get(field.name, field.kind.upper())
+            group.add_argument(field.cli, dest=field.name, metavar=metavar, help=_help(field))
     compat = parser.add_argument_group("Accepted for compatibility (passed to the script as ACCELERATE_*)")
     for name in _COMPAT_VALUE_FLAGS:
         compat.add_argument("--" + name, dest="compat_" + name, help=argparse.SUPPRESS)

@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
-from accelerando.settings.fields import FIELDS, FIELDS_BY_NAME, Field, fields_in_group, quote_value
+from accelerando.settings.fields import (
+    FIELDS,
+    FIELDS_BY_NAME,
+    Field,
+    fields_in_group,
+    machine_range,
+    quote_value,
+)
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 from accelerando.settings.resolve import ECHOED_DEFAULTS_ENV, SOURCES_ENV, Settings
 from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind, distributed_kind, requested_backends
@@ -44,9 +51,12 @@ __all__ = [
     "reference_env",
     "INSTALL_ENV",
     "automatic_layout",
+    "machine_counts",
 ]
 
 _ELASTIC_MODULE = "torch.distributed.run"
+#: The rendezvous backend an elastic machine range uses when none is given (torchrun's dynamic one).
+RANGE_RDZV_BACKEND = "c10d"
 _CHILD_MODULE = "accelerando.launchers._child"
 #: The variable that makes every launched process install accelerando as ``accelerate`` first.
 INSTALL_ENV = FIELDS_BY_NAME["install_as_accelerate"].our_env
@@ -101,6 +111,9 @@ class LaunchPlan:
         notes: sentences to show the user (choices the plan made for them).
         hang_timeout_s: seconds without progress before the launcher stops a multi-process job
             (0: never); see :mod:`accelerando.launchers.watchdog`.
+        min_machines: the fewest machines an elastic job (``--num_machines MIN:MAX``) runs with;
+            ``None`` for a fixed machine count. ``num_machines`` and ``num_processes`` are then the
+            largest job (MAX machines); the agent tells each process the current ``WORLD_SIZE``.
     """
 
     mode: str
@@ -112,6 +125,12 @@ class LaunchPlan:
     machine_rank: int
     notes: tuple[str, ...] = field(default_factory=tuple)
     hang_timeout_s: float = 0.0
+    min_machines: int | None = None
+
+    @property
+    def elastic_range(self) -> bool:
+        """Whether the machine count may change while the job runs (``--num_machines MIN:MAX``)."""
+        return self.min_machines is not None and self.min_machines != self.num_machines
 
     @property
     def uses_backend_runner(self) -> bool:
@@ -127,9 +146,17 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """Return a human-readable summary (what ``--dry-run`` prints)."""
+        if self.elastic_range:
+            low = self.min_machines or 1
+            topology = (
+                f"Topology: {low * self.nproc_per_node} to {self.num_processes} process(es) on {low} to "
+                f"{self.num_machines} machine(s) (elastic range {low}:{self.num_machines}: starts once {low} "
+                f"machine(s) joined, re-forms when machines join or leave)"
+            )
+        else:
+            topology = f"Topology: {self.num_processes} process(es) on {self.num_machines} machine(s)"
         lines = [
-            f"Topology: {self.num_processes} process(es) on {self.num_machines} machine(s); this machine "
-            f"(rank {self.machine_rank}) starts {self.nproc_per_node} ({self.mode} launch)",
+            f"{topology}; this machine (rank {self.machine_rank}) starts {self.nproc_per_node} ({self.mode} launch)",
             "Command: " + shlex.join(self.argv),
             "Environment:",
             *(f"  {key}={value}" for key, value in sorted(self.env.items())),
@@ -172,8 +199,16 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
         raise ValueError(
             f"{named} are {'both' if len(backends) == 2 else 'all'} set. Fix: choose one backend."
         )
-    machines = s.num_machines or 1
+    low, machines = machine_counts(s)
+    if low != machines:
+        _check_machine_range(s, low, machines)
     if s.num_processes is not None and s.num_processes % machines:
+        if low != machines:
+            raise ValueError(
+                f"{_where(s, 'num_processes')}={s.num_processes} (the total at the largest size, MAX={machines} "
+                f"machines) is not a multiple of MAX. Fix: pass a multiple of {machines} (each machine starts "
+                f"num_processes / {machines} processes), e.g. {machines * max(1, s.num_processes // machines)}."
+            )
         raise ValueError(
             f"{_where(s, 'num_processes')}={s.num_processes} (the total over all machines) is not a multiple "
             f"of {_where(s, 'num_machines')}={machines}. Fix: use a multiple of num_machines."
@@ -195,6 +230,62 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
     _check_parallelism(s)
     if s.mpirun_hostfile:
         _check_mpirun(s, wants_gpu)
+
+
+def machine_counts(settings: Settings) -> tuple[int, int]:
+    """The fewest and the most machines of a launch: ``(n, n)`` for ``--num_machines n``, ``(1, 1)`` unset.
+
+    Args:
+        settings: the launcher's resolved settings.
+
+    Returns:
+        ``(MIN, MAX)`` of ``--num_machines MIN:MAX``.
+
+    Raises:
+        ValueError: ``num_machines`` is not a count, or its range is impossible (MIN < 1, MIN > MAX); the
+            message names the numbers, where the value came from and the fix.
+    """
+    value = settings.num_machines
+    try:
+        low, high = machine_range(value)
+    except ValueError as err:
+        raise ValueError(f"{_where(settings, 'num_machines')}: {err}") from None
+    where = f"{_where(settings, 'num_machines')}={quote_value(str(value))}"
+    if low < 1:
+        raise ValueError(
+            f"{where}: MIN is {low}, but an elastic job needs at least 1 machine to run. Fix: use MIN >= 1 "
+            f"(e.g. --num_machines 1:{max(high, 1)})."
+        )
+    if low > high:
+        raise ValueError(
+            f"{where}: MIN {low} is above MAX {high}. Fix: write the smaller count first "
+            f"(--num_machines {high}:{low})."
+        )
+    return low, high
+
+
+def _check_machine_range(s: Settings, low: int, high: int) -> None:
+    """What an elastic machine range cannot be combined with: a runner that starts a fixed set of hosts."""
+    where = f"{_where(s, 'num_machines')}={low}:{high}"
+    if s.rdzv_backend == "static" and s.source("rdzv_backend") != "default":
+        raise ValueError(
+            f"{where} lets the machine count change, but {_where(s, 'rdzv_backend')}='static' needs exactly "
+            f"{high} machines, each with a fixed --machine_rank. Fix: drop --rdzv_backend static (a range then "
+            f"uses the {RANGE_RDZV_BACKEND} rendezvous), pass --rdzv_backend {RANGE_RDZV_BACKEND}, or give a "
+            "fixed --num_machines."
+        )
+    if s.mpirun_hostfile:
+        raise ValueError(
+            f"{where}: mpirun ({_where(s, 'mpirun_hostfile')}) starts the fixed set of hosts of its hostfile. "
+            "Fix: give a fixed --num_machines, or drop --mpirun_hostfile to launch through the elastic agent."
+        )
+    if _multinode_runner(s, high) is not None:
+        launcher = s.deepspeed_multinode_launcher or "pdsh"
+        raise ValueError(
+            f"{where}: DeepSpeed's {launcher} runner starts the fixed set of hosts of its hostfile. Fix: pass "
+            "--deepspeed_multinode_launcher standard (accelerando launch on each machine), or give a fixed "
+            "--num_machines."
+        )
 
 
 def _check_unsupported_places(s: Settings) -> None:
@@ -299,7 +390,7 @@ def check_command(
         )
     if not command.no_python:
         return
-    if settings is not None and _multinode_runner(settings, settings.num_machines or 1) is not None:
+    if settings is not None and _multinode_runner(settings, machine_counts(settings)[1]) is not None:
         return
     if which(command.target) is None:
         where = "is not an executable file" if "/" in command.target else "is not found on PATH"
@@ -399,7 +490,7 @@ def export_env(settings: Settings) -> dict[str, str]:
 def _topology(settings: Settings, machine: MachineInfo) -> tuple[int, int, list[str]]:
     """Total processes and machines, with notes for choices made on the user's behalf."""
     notes: list[str] = []
-    machines = settings.num_machines or 1
+    machines = machine_counts(settings)[1]
     total = settings.num_processes
     if total is None:
         ids = settings.gpu_ids
@@ -417,8 +508,16 @@ def _topology(settings: Settings, machine: MachineInfo) -> tuple[int, int, list[
 
 def _process_env(settings: Settings, machine: MachineInfo, total: int, per_node: int) -> dict[str, str]:
     env = export_env(settings)
-    env["ACCELERANDO_NUM_PROCESSES"] = str(total)
-    env["ACCELERANDO_NUM_MACHINES"] = str(settings.num_machines or 1)
+    low, high = machine_counts(settings)
+    if low != high:
+        # The job's size changes while it runs: each process reads it from the agent (WORLD_SIZE), and a
+        # count written here would be wrong after machines join or leave.
+        env.pop("ACCELERANDO_NUM_PROCESSES", None)
+        env.pop(FIELDS_BY_NAME["num_processes"].reference_env or "", None)
+        env["ACCELERANDO_NUM_MACHINES"] = f"{low}:{high}"
+    else:
+        env["ACCELERANDO_NUM_PROCESSES"] = str(total)
+        env["ACCELERANDO_NUM_MACHINES"] = str(high)
     env["ACCELERANDO_MACHINE_RANK"] = str(settings.machine_rank or 0)
     if settings.num_cpu_threads_per_process is not None:
         env["OMP_NUM_THREADS"] = str(settings.num_cpu_threads_per_process)
@@ -447,24 +546,53 @@ def _target_argv(command: Command, python: str) -> list[str]:
     return [python, command.target, *command.args]
 
 
+def rendezvous_backend(settings: Settings) -> str:
+    """The rendezvous backend of a launch: the one given, or ``c10d`` for a machine range left on the default.
+
+    A static rendezvous needs a fixed machine count, so ``--num_machines MIN:MAX`` without
+    ``--rdzv_backend`` uses PyTorch's ``c10d`` backend, hosted by machine 0's agent.
+    """
+    low, high = machine_counts(settings)
+    if low != high and settings.source("rdzv_backend") == "default":
+        return RANGE_RDZV_BACKEND
+    return str(settings.rdzv_backend)
+
+
+def _range_rdzv_conf(settings: Settings) -> str | None:
+    """``--rdzv_conf`` of a machine range: the user's, plus ``is_host=false`` on a machine other than 0.
+
+    The c10d backend hosts its store on every machine whose address matches the endpoint (all of them
+    on one host); a machine other than 0 that hosted it would take the rendezvous down when it leaves.
+    """
+    conf = settings.rdzv_conf or ""
+    keys = {item.split("=", 1)[0].strip() for item in conf.split(",") if item.strip()}
+    if (settings.machine_rank or 0) > 0 and "is_host" not in keys:
+        conf = ",".join(filter(None, (conf, "is_host=false")))
+    return conf or None
+
+
 def _agent_argv(settings: Settings, command: Command, per_node: int, port: Callable[[], int]) -> list[str]:
-    machines = settings.num_machines or 1
+    low, machines = machine_counts(settings)
     address = settings.main_process_ip or "127.0.0.1"
     main_port = settings.main_process_port or (port() if machines == 1 else 29500)
     argv = [
         "--nnodes",
-        str(machines),
+        f"{low}:{machines}" if low != machines else str(machines),
         "--nproc_per_node",
         str(per_node),
         "--node_rank",
         str(settings.machine_rank or 0),
     ]
-    if settings.rdzv_backend == "static":
+    backend = rendezvous_backend(settings)
+    rdzv_conf = _range_rdzv_conf(settings) if low != machines else settings.rdzv_conf
+    if backend == "static":
         argv += ["--master_addr", address, "--master_port", str(main_port)]
     else:
-        argv += ["--rdzv_backend", settings.rdzv_backend, "--rdzv_endpoint", f"{address}:{main_port}"]
-    if settings.rdzv_conf:
-        argv += ["--rdzv_conf", settings.rdzv_conf]
+        argv += ["--rdzv_backend", backend, "--rdzv_endpoint", f"{address}:{main_port}"]
+        if low != machines:  # every machine derives the same id without talking to the others
+            argv += ["--rdzv_id", f"accelerando-{main_port}"]
+    if rdzv_conf:
+        argv += ["--rdzv_conf", rdzv_conf]
     argv += [
         "--max_restarts",
         str(settings.max_restarts),
@@ -657,7 +785,10 @@ def build(
         machine = detect_machine()
     check_settings(settings, machine)
     total, machines, notes = _topology(settings, machine)
+    low = machine_counts(settings)[0]
     per_node = total // machines
+    if low != machines:
+        notes.append(_range_note(settings, low, machines))
     env = _process_env(settings, machine, total, per_node)
     if _is_one_process_kind(settings) and total > 1:
         # A config written for one process must not pin several processes to "not distributed".
@@ -674,7 +805,7 @@ def build(
     notes += _inert_notes(settings)
     if settings.parallelism == "auto":
         notes += _auto_layout(settings, machine, total, machines, env)
-    elastic = total > 1 or machines > 1 or settings.max_restarts > 0
+    elastic = total > 1 or machines > 1 or settings.max_restarts > 0 or low != machines
     mode = "elastic" if elastic else "simple"
     runner = _multinode_runner(settings, machines)
     # The elastic agent's processes start through the shim anyway (see runner.py); the others only for this.
@@ -723,4 +854,22 @@ def build(
         machine_rank=settings.machine_rank or 0,
         notes=tuple(notes),
         hang_timeout_s=float(settings.hang_timeout or 0),
+        min_machines=low if low != machines else None,
+    )
+
+
+def _range_note(settings: Settings, low: int, high: int) -> str:
+    """What an elastic machine range does, said once at launch."""
+    backend = rendezvous_backend(settings)
+    chosen = " (rdzv_backend not given)" if settings.source("rdzv_backend") == "default" else ""
+    restarts = settings.max_restarts or 0
+    leaving = (
+        f"the others restart without it (up to {restarts} time(s), --max_restarts)"
+        if restarts
+        else "the job ends (pass --max_restarts N to let the others go on)"
+    )
+    return (
+        f"elastic range {low}:{high} machines through the {backend} rendezvous{chosen}: training starts once "
+        f"{low} machine(s) joined (after the rendezvous' last call) and re-forms when a machine joins; when "
+        f"one leaves, {leaving}"
     )

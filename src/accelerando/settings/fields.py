@@ -11,6 +11,7 @@ This module must stay importable without torch: the command line uses it before 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,56 @@ class Field:
         if self.kind == "list":
             return "a comma-separated list of names"
         return "a string"
+
+
+class _MachineRangeSpelling(tuple):  # type: ignore[type-arg]
+    """The ``MIN:MAX`` spelling ``num_machines`` accepts besides an integer.
+
+    Stands in the field's ``choices``: the resolver returns a value "in" the choices as written, so
+    ``num_machines`` resolves to an ``int`` for a plain number and to the text ``"MIN:MAX"`` for a range.
+    Only the shape is checked here; :func:`machine_range` reads the numbers and the launch plan checks
+    them (MIN <= MAX, MIN >= 1) with messages naming the setting's source.
+    """
+
+    _SHAPE = re.compile(r"\s*-?\d+\s*:\s*-?\d+\s*")
+
+    def __new__(cls) -> _MachineRangeSpelling:
+        return super().__new__(cls, ("MIN:MAX",))
+
+    def __contains__(self, text: object) -> bool:
+        return isinstance(text, str) and self._SHAPE.fullmatch(text) is not None
+
+
+#: The ``choices`` of ``num_machines``: any ``MIN:MAX`` text (see :func:`machine_range`).
+MACHINE_RANGE = _MachineRangeSpelling()
+
+
+def machine_range(value: int | str | None) -> tuple[int, int]:
+    """The smallest and largest machine count a resolved ``num_machines`` allows.
+
+    Args:
+        value: ``settings.num_machines``: ``None`` (not given: one machine), an integer (a fixed
+            count), or ``"MIN:MAX"`` text (an elastic range, as ``torchrun --nnodes MIN:MAX``).
+
+    Returns:
+        ``(MIN, MAX)``; ``(n, n)`` for a fixed count. The order is not checked (the launch plan does).
+
+    Raises:
+        ValueError: ``value`` is neither an integer nor ``MIN:MAX`` text of two integers.
+    """
+    if value is None:
+        return 1, 1
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    if isinstance(value, str) and value in MACHINE_RANGE:
+        low, high = value.split(":")
+        return int(low), int(high)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value), int(value)
+    raise ValueError(
+        f"num_machines={quote_value(value)} is neither a machine count nor MIN:MAX. "
+        "Fix: pass an integer (--num_machines 2) or two integers joined by a colon (--num_machines 1:4)."
+    )
 
 
 def _core(name: str, kind: str, default: Any = None, **kw: Any) -> Field:
@@ -306,7 +357,9 @@ FIELDS: tuple[Field, ...] = (
     # --- launch topology: written by the launcher, informational inside a process ---------------
     _core("num_processes", "int", None, group="launch", minimum=1,
           help="Total number of processes to start (all machines).", env=("ACCELERATE_NUM_PROCESSES",)),
-    _core("num_machines", "int", None, group="launch", minimum=1, help="Number of machines."),
+    _core("num_machines", "int", None, group="launch", minimum=1, choices=MACHINE_RANGE,
+          help="Number of machines, or MIN:MAX for an elastic job that runs with MIN to MAX machines "
+               "(c10d rendezvous; quote it in YAML: \"1:4\")."),
     _core("machine_rank", "int", None, group="launch", minimum=0, help="Rank of this machine (0-based)."),
     _core("gpu_ids", "str", None, group="launch",
           help="GPUs to use on this machine: 'all' or a comma-separated list of ids."),
