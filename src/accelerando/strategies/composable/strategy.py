@@ -18,26 +18,22 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 import accelerando.strategies.composable.grads as G
+import accelerando.strategies.composable.ties as T
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.composable.checks import check_heads
 from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
+from accelerando.strategies.fsdp.sync import FSDP2GradientSync, is_fsdp2
 
 __all__ = ["ComposableStrategy"]
 
 logger = logging.getLogger(__name__)
-
-
-def _is_fsdp2(model: Any) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 class ComposableStrategy(Strategy):
@@ -90,7 +86,7 @@ class ComposableStrategy(Strategy):
         self._param_map: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
         self._models: list[torch.nn.Module] = []
         self._optimizer_models: dict[int, torch.nn.Module] = {}
-        self._unsynced: set[int] = set()
+        self._sync = FSDP2GradientSync()
 
     # ------------------------------------------------------------------ mesh
     @property
@@ -194,17 +190,23 @@ class ComposableStrategy(Strategy):
                 styles[name] = parallel
                 key = style if isinstance(style, str) else type(style).__name__
                 counts[key] = counts.get(key, 0) + 1
+        ties = T.find_ties(model)
         # Weights are already the same on every process (broadcast above): each keeps its slice
         # without a second broadcast.
         parallelize_module(model, self.tp_mesh, styles, src_data_rank=None)
+        # parallelize_module gives each split module a parameter of its own, which unties shared
+        # weights: re-point the names at one split tensor (refused when they were split differently).
+        retied = T.check_ties(model, ties, styles)
+        T.retie(model, retied)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-        self._note(f"1. tensor parallel: {label} split over tp={tp_size} ({summary})")
+        tied = f"; re-tied {', '.join(' = '.join(g) for g in retied)}" if retied else ""
+        self._note(f"1. tensor parallel: {label} split over tp={tp_size} ({summary}){tied}")
 
     def _apply_fsdp(self, model: torch.nn.Module, label: str) -> None:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         plugin = self.fsdp_plugin
-        units = self._fsdp_units(model)
+        units, dropped = self._fsdp_units(model)
         kwargs: dict[str, Any] = {"mesh": self.fsdp_mesh}
         if plugin is not None:
             from accelerando.strategies.fsdp.wrap import (
@@ -239,18 +241,25 @@ class ComposableStrategy(Strategy):
             if getattr(self.config, f"{d}_size") > 1
         )
         kind = "HSDP" if self.config.dp_replicate_enabled else "FSDP2"
-        self._note(f"2. {kind}: {label} sharded over {sizes} ({len(units)} units + root)")
+        left = (
+            f"; {len(dropped)} unit(s) holding part of a tied parameter left to the enclosing one"
+            if dropped
+            else ""
+        )
+        self._note(f"2. {kind}: {label} sharded over {sizes} ({len(units)} units + root{left})")
 
-    def _fsdp_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        """The submodules sharded as their own units: the plugin's choice, else the model's no-split layers."""
+    def _fsdp_units(self, model: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
+        """The submodules sharded as their own units (the plugin's choice, else the model's no-split
+        layers), less those holding only some users of a tied parameter; returns (units, those left out)."""
+        units: list[torch.nn.Module] = []
         if self.fsdp_plugin is not None:
             from accelerando.strategies.fsdp.wrap import wrap_units
 
             units = wrap_units(self.fsdp_plugin, model)
-            if units:
-                return units
-        names = set(getattr(model, "_no_split_modules", None) or ())
-        return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+        if not units:
+            names = set(getattr(model, "_no_split_modules", None) or ())
+            units = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+        return T.units_keeping_ties(model, units)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Point ``optimizer`` at the laid-out parameters of the models prepared before it.
@@ -288,32 +297,13 @@ class ComposableStrategy(Strategy):
         return optimizer
 
     # -------------------------------------------------------------- training
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Accumulate gradients without the FSDP2 reduce-scatter (tensor-parallel collectives still run)."""
-        if not _is_fsdp2(model):
-            yield
-            return
-        model.set_requires_gradient_sync(False)
-        self._unsynced.add(id(model))
-        try:
-            yield
-        finally:
-            self._unsynced.discard(id(model))
-            model.set_requires_gradient_sync(True)
+        return self._sync.no_sync(model)
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Force backwards inside this context to reduce gradients over the data-parallel axes."""
-        if not _is_fsdp2(model):
-            yield
-            return
-        model.set_requires_gradient_sync(True)
-        try:
-            yield
-        finally:
-            if id(model) in self._unsynced:
-                model.set_requires_gradient_sync(False)
+        return self._sync.trigger_sync_in_backward(model)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
@@ -350,7 +340,7 @@ class ComposableStrategy(Strategy):
     def _is_laid_out(module: torch.nn.Module) -> bool:
         from torch.distributed.tensor import DTensor
 
-        return _is_fsdp2(module) or any(isinstance(p, DTensor) for p in module.parameters())
+        return is_fsdp2(module) or any(isinstance(p, DTensor) for p in module.parameters())
 
     # ------------------------------------------------------------ checkpoints
     def save_model_checkpoint(

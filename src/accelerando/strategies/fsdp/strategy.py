@@ -25,6 +25,7 @@ from accelerando.enums import DistributedType
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.fsdp.auto import choose_sharding_strategy
+from accelerando.strategies.fsdp.sync import FSDP2GradientSync
 
 __all__ = ["FSDPStrategy"]
 
@@ -91,7 +92,7 @@ class FSDPStrategy(Strategy):
         self._param_map: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
         self._models: list[torch.nn.Module] = []
         self._optimizer_models: dict[int, torch.nn.Module] = {}
-        self._unsynced: set[int] = set()  # ids of FSDP2 models inside no_sync
+        self._sync = FSDP2GradientSync()
 
     # ------------------------------------------------------------------ wrap
     def prepare_model(
@@ -218,32 +219,16 @@ class FSDPStrategy(Strategy):
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Accumulate gradients locally: FSDP2 skips reduce-scatter, FSDP1 uses its ``no_sync``."""
-        if _is_fsdp2(model):
-            model.set_requires_gradient_sync(False)
-            self._unsynced.add(id(model))
-            try:
-                yield
-            finally:
-                self._unsynced.discard(id(model))
-                model.set_requires_gradient_sync(True)
-        elif _is_fsdp1(model):
+        if _is_fsdp1(model):
             with model.no_sync():
                 yield
         else:
-            yield
+            with self._sync.no_sync(model):
+                yield
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Force backwards inside this context to reduce gradients (FSDP2; FSDP1 cannot)."""
-        if not _is_fsdp2(model):
-            yield
-            return
-        model.set_requires_gradient_sync(True)
-        try:
-            yield
-        finally:
-            if id(model) in self._unsynced:
-                model.set_requires_gradient_sync(False)
+        return self._sync.trigger_sync_in_backward(model)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
