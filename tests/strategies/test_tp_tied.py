@@ -1,0 +1,293 @@
+"""Tied weights under tensor parallelism: the tie survives the split, trains like one process, saves once.
+
+The 2-process launch trains a tiny Llama with ``tie_word_embeddings=True`` (``lm_head.weight`` IS
+``model.embed_tokens.weight``) at ``tp_size=2`` beside the same model trained plainly (the
+single-process run), and in the same launch prepares small tied modules whose plans split the
+shared weight in different ways (refused) or alike (re-tied). The unit tests need no processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+from accelerando.test_utils import run_distributed
+
+VOCAB = 128
+STEPS = 6  # optimizer steps
+ACCUM = 2  # micro-batches per optimizer step
+RESUME_AT = 3  # optimizer steps before save_state
+TIED = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+class _TiedToy(torch.nn.Module):
+    """An embedding and an output head sharing one weight, with a plan given as ``tp_plan``."""
+
+    def __init__(self, plan: dict[str, str]) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+        self.tp_plan = plan
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids))
+
+
+# ----------------------------------------------------------------------------- unit tests
+def test_find_ties_lists_each_shared_parameter_once_in_module_order() -> None:
+    from accelerando.strategies.composable.ties import find_ties
+
+    toy = _TiedToy({})
+    assert find_ties(toy) == [["embed.weight", "head.weight"]]
+    assert find_ties(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))) == []
+
+
+def test_fsdp_units_holding_part_of_a_tie_are_left_to_the_enclosing_unit() -> None:
+    from accelerando.strategies.composable.ties import units_keeping_ties
+
+    inner = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(torch.nn.Embedding(4, 4), torch.nn.Sequential(inner), torch.nn.Linear(4, 4))
+    model[2].weight = model[0].weight
+    kept, dropped = units_keeping_ties(model, [model[0], model[1], model[2]])
+    assert kept == [model[1]] and dropped == [model[0], model[2]]
+    untied = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    assert units_keeping_ties(untied, list(untied)) == (list(untied), [])
+
+
+def test_check_ties_refuses_a_split_and_a_whole_half_naming_both_and_the_fix() -> None:
+    from accelerando.strategies.composable.ties import check_ties
+
+    toy = _TiedToy({})
+    assert check_ties(toy, [["embed.weight", "head.weight"]]) == []  # still one object: nothing to do
+    toy.head.weight = torch.nn.Parameter(toy.embed.weight.detach().clone())  # what a split leaves
+    with pytest.raises(ValueError, match="embed.weight: a whole") as info:
+        check_ties(toy, [["embed.weight", "head.weight"]], {"head": "colwise"})
+    assert "head.weight" in str(info.value) and "'colwise'" in str(info.value)
+    assert "tie_word_embeddings=False" in str(info.value)
+
+
+class _Recorder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[bool] = []
+
+    def set_requires_gradient_sync(self, value: bool) -> None:
+        self.calls.append(value)
+
+
+def test_shared_fsdp2_sync_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accelerando.strategies.fsdp.sync as sync_module
+    from accelerando.strategies.composable.strategy import ComposableStrategy
+    from accelerando.strategies.fsdp.strategy import FSDPStrategy
+
+    # one implementation serves both strategies
+    for cls in (FSDPStrategy, ComposableStrategy):
+        assert "set_requires_gradient_sync" not in cls.no_sync.__code__.co_names
+    monkeypatch.setattr(sync_module, "is_fsdp2", lambda m: isinstance(m, _Recorder))
+    sync = sync_module.FSDP2GradientSync()
+    model = _Recorder()
+    with sync.no_sync(model):
+        with sync.trigger_sync_in_backward(model):
+            pass
+    assert model.calls == [False, True, False, True]
+    model.calls.clear()
+    with sync.trigger_sync_in_backward(model):  # outside no_sync: stays on afterwards
+        pass
+    assert model.calls == [True]
+    with contextlib.suppress(RuntimeError), sync.no_sync(model):
+        raise RuntimeError("boom")
+    assert model.calls[-1] is True and not sync._unsynced
+    plain = torch.nn.Linear(2, 2)  # not FSDP2: untouched
+    with sync.no_sync(plain), sync.trigger_sync_in_backward(plain):
+        pass
+
+
+# ----------------------------------------------------------------------------- 2 processes
+def _llama(seed: int = 0) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    # SGD with momentum: linear in the gradients, so split-matmul rounding stays at rounding size.
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True)
+
+
+def _fresh(**kwargs):
+    from accelerando import Accelerator
+    from accelerando.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    return Accelerator(**kwargs)
+
+
+def _reference(data: torch.Tensor, batch: int) -> tuple[list[float], dict]:
+    model = _llama()
+    opt = _optimizer(model)
+    losses = []
+    for step in range(STEPS * ACCUM):
+        ids = data[step * batch : (step + 1) * batch]
+        loss = model(input_ids=ids, labels=ids).loss
+        (loss / ACCUM).backward()
+        losses.append(loss.item())
+        if (step + 1) % ACCUM == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _train(acc, model, opt, loader, steps: int) -> list[float]:
+    losses = []
+    batches = iter(loader)
+    for _ in range(steps * ACCUM):
+        ids = next(batches)
+        with acc.accumulate(model):
+            loss = model(input_ids=ids, labels=ids).loss
+            acc.backward(loss)
+            if acc.sync_gradients:
+                acc.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _tie_facts(model, opt) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+    held = [p for g in opt.param_groups for p in g["params"]]
+    return {
+        "same_object": head is embed,
+        "dtensor": isinstance(embed, DTensor),
+        "placements": [str(p) for p in embed.placements] if isinstance(embed, DTensor) else None,
+        "held_once": sum(p is embed for p in held) == 1 and len({id(p) for p in held}) == len(held),
+        "held_all": {id(p) for p in held} == {id(p) for p in model.parameters()},
+    }
+
+
+def _toy_outcome(acc, plan: dict[str, str]) -> str:
+    toy = _TiedToy(plan)
+    try:
+        toy = acc.prepare(toy)
+    except ValueError as error:
+        return f"ValueError: {error}"
+    return "tied" if toy.head.weight is toy.embed.weight else "untied"
+
+
+def _tied_worker(root: str, phase: int) -> dict:
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from accelerando import ParallelismConfig
+
+    acc = _fresh(parallelism_config=ParallelismConfig(tp_size=2), gradient_accumulation_steps=ACCUM)
+    batch = 2
+    data = torch.randint(0, VOCAB, (STEPS * ACCUM * batch, 8), generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(data, batch_size=batch, shuffle=False)
+    model = _llama(seed=dist.get_rank())  # different per rank: prepare takes rank 0's weights
+    opt = _optimizer(model)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    out: dict = {"applied": list(acc.runtime.strategy.applied), "after_prepare": _tie_facts(model, opt)}
+    ckpt = os.path.join(root, "ckpt")
+    if phase == 1:
+        acc.load_state(ckpt)
+        out["tail"] = _train(
+            acc, model, opt, acc.skip_first_batches(loader, RESUME_AT * ACCUM), STEPS - RESUME_AT
+        )
+        out["after_resume"] = _tie_facts(model, opt)
+        return out
+    ref_losses, ref_state = _reference(data, batch)
+    losses = _train(acc, model, opt, loader, RESUME_AT)
+    acc.save_state(ckpt)
+    out["tail"] = _train(
+        acc, model, opt, acc.skip_first_batches(loader, RESUME_AT * ACCUM), STEPS - RESUME_AT
+    )
+    out["loss_diff"] = max(abs(a - b) for a, b in zip(losses + out["tail"], ref_losses, strict=True))
+    out["after_training"] = _tie_facts(model, opt)
+    full = acc.get_state_dict(model)
+    saved = os.path.join(root, "saved")
+    acc.save_model(model, saved)
+    probe = data[:3]
+    with torch.no_grad():
+        logits = model(input_ids=probe).logits
+    if acc.is_main_process:
+        from safetensors.torch import load_file
+
+        out["weight_diff"] = max(float((full[k] - ref_state[k]).abs().max()) for k in ref_state)
+        out["full_keys_equal"] = set(full) == set(ref_state)
+        weights = load_file(os.path.join(saved, "model.safetensors"))
+        out["saved_keys"] = sorted(k for k in weights if k in TIED)
+        plain = _llama(seed=5)
+        out["load"] = plain.load_state_dict(weights, strict=False)
+        out["plain_tied"] = plain.lm_head.weight is plain.model.embed_tokens.weight
+        with torch.no_grad():
+            out["output_diff"] = float((plain(input_ids=probe).logits - logits).abs().max())
+            out["ref_output_diff"] = float(
+                (plain(input_ids=probe).logits - _ref_logits(ref_state, probe)).abs().max()
+            )
+    # plans that split the shared weight differently are refused; alike ones are re-tied
+    out["toy_rowwise_head"] = _toy_outcome(acc, {"embed": "embedding_rowwise", "head": "rowwise"})
+    out["toy_head_only"] = _toy_outcome(acc, {"head": "colwise_rep"})
+    out["toy_alike"] = _toy_outcome(acc, {"embed": "embedding_rowwise", "head": "colwise_rep"})
+    return out
+
+
+def _ref_logits(state: dict, probe: torch.Tensor) -> torch.Tensor:
+    model = _llama()
+    model.load_state_dict(state)
+    return model(input_ids=probe).logits
+
+
+@pytest.mark.slow  # two 2-process launches with transformers (~40 s and more on a busy machine)
+def test_tp2_tied_llama_keeps_the_tie_trains_like_one_process_saves_once_and_resumes(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    first = run_distributed(_tied_worker, 2, str(tmp_path), 0, timeout=900)
+    second = run_distributed(_tied_worker, 2, str(tmp_path), 1, timeout=900)
+    main = first[0]
+    expected = {
+        "same_object": True,
+        "dtensor": True,
+        "placements": ["Shard(dim=0)"],
+        "held_once": True,
+        "held_all": True,
+    }
+    for rank in range(2):
+        assert first[rank]["after_prepare"] == expected, (rank, first[rank]["after_prepare"])
+        assert first[rank]["after_training"] == expected, rank
+        assert second[rank]["after_resume"] == expected, rank
+        assert second[rank]["tail"] == pytest.approx(first[rank]["tail"], abs=1e-6), rank
+    assert "re-tied model.embed_tokens.weight = lm_head.weight" in main["applied"][0], main["applied"]
+    assert main["loss_diff"] < 1e-5 and main["weight_diff"] < 1e-5, (main["loss_diff"], main["weight_diff"])
+    assert main["full_keys_equal"]
+    # saved once (the first name), and a plain tied model loads it and computes the same outputs
+    assert main["saved_keys"] == ["model.embed_tokens.weight"]
+    assert main["load"].missing_keys == ["lm_head.weight"] and main["load"].unexpected_keys == []
+    assert main["plain_tied"] and main["output_diff"] < 1e-5 and main["ref_output_diff"] < 1e-5, main
+    refused = main["toy_rowwise_head"]
+    assert refused.startswith("ValueError") and "embed.weight" in refused and "head.weight" in refused, (
+        refused
+    )
+    assert "Shard(dim=1)" in refused and "'rowwise'" in refused
+    assert (
+        main["toy_head_only"].startswith("ValueError") and "a whole (unsplit) tensor" in main["toy_head_only"]
+    )
+    assert main["toy_alike"] == "tied"
