@@ -69,6 +69,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device: where the state should live when ``device_placement``.
     """
 
+    # Set by an asynchronous save while it still copies the parameters and optimizer state
+    # (accelerando.checkpointing.async_save): step() waits for it. None, the usual case, costs one read.
+    _snapshot_wait: Callable[[], Any] | None = None
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -139,6 +143,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Step on sync micro-batches only; records whether the loss scaler skipped it."""
         if not self.gradient_state.sync_gradients:
             return None
+        if self._snapshot_wait is not None:
+            self._snapshot_wait()  # an asynchronous save is still copying the parameters
         self._accelerate_step_called = True
         if self._precision is None:
             self._step_was_skipped = False
@@ -154,11 +160,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def train(self) -> None:
         """Forward ``train()`` to optimizers that have modes (schedule-free optimizers)."""
+        if self._snapshot_wait is not None:
+            self._snapshot_wait()  # switching modes rewrites the parameters
         if hasattr(self.optimizer, "train"):
             self.optimizer.train()
 
     def eval(self) -> None:
         """Forward ``eval()`` to optimizers that have modes (schedule-free optimizers)."""
+        if self._snapshot_wait is not None:
+            self._snapshot_wait()  # switching modes rewrites the parameters
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 
@@ -173,7 +183,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self._step_was_skipped
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "gradient_state"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("gradient_state", "_snapshot_wait")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -37,14 +37,16 @@ from typing import Any
 
 import torch
 
+import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
 import accelerando.checkpointing.save as sync
+from accelerando.checkpointing.async_dcp import ShardWrites, collecting
 from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.rng import capture_rng_states
 from accelerando.checkpointing.state_io import _dataloader_state, capture_gradients, write_state_files
 from accelerando.runtime import set_active_accelerator
 
-__all__ = ["AsyncSaveHandle", "save_state_async", "snapshot_tree", "wait_pending"]
+__all__ = ["AsyncSaveHandle", "can_overlap", "save_state_async", "snapshot_tree", "wait_pending"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,16 +175,33 @@ class _Buffers:
 _BUFFERS: weakref.WeakKeyDictionary[Any, _Buffers] = weakref.WeakKeyDictionary()
 
 
-def snapshot_tree(tree: Any, memo: dict[Any, Any] | None = None, buffers: _Buffers | None = None) -> Any:
+def _storage_key(tensor: torch.Tensor) -> tuple[torch.device, int] | None:
+    """``(device, storage address)`` of a plain strided tensor, or None (sparse, DTensor, ...)."""
+    try:
+        return (tensor.device, tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def snapshot_tree(
+    tree: Any,
+    memo: dict[Any, Any] | None = None,
+    buffers: _Buffers | None = None,
+    copy_if: Callable[[torch.Tensor], bool] | None = None,
+) -> Any:
     """A copy of ``tree`` in host memory: every tensor's storage copied once, containers rebuilt.
 
     Tensors sharing a storage share its copy, with their offsets and strides kept, so serialising the
     copy gives the same bytes as serialising ``tree``. ``buffers`` supplies reusable host memory.
+    With ``copy_if``, only the tensors it accepts are copied; the others are kept as they are (the
+    overlapped snapshot copies parameters and optimizer state in a second pass).
     """
     memo = {} if memo is None else memo
     if buffers is None:
         buffers = memo.get("buffers")
     if isinstance(tree, torch.Tensor):
+        if copy_if is not None and not copy_if(tree):
+            return tree
         if tree.is_sparse or tree.layout != torch.strided:
             return tree.detach().to("cpu", copy=True)
         storage = tree.untyped_storage()
@@ -202,12 +221,12 @@ def snapshot_tree(tree: Any, memo: dict[Any, Any] | None = None, buffers: _Buffe
     if isinstance(tree, dict):
         copy = type(tree)() if type(tree) is not dict else {}
         for key, value in tree.items():
-            copy[key] = snapshot_tree(value, memo)
+            copy[key] = snapshot_tree(value, memo, buffers, copy_if)
         return copy
     if isinstance(tree, list):
-        return [snapshot_tree(value, memo) for value in tree]
+        return [snapshot_tree(value, memo, buffers, copy_if) for value in tree]
     if isinstance(tree, tuple):
-        items = [snapshot_tree(value, memo) for value in tree]
+        items = [snapshot_tree(value, memo, buffers, copy_if) for value in tree]
         return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
     return tree  # numbers, strings, None...: immutable or not shared with the training
 
@@ -249,82 +268,171 @@ class _Frozen:
         return getattr(self._target, name)
 
 
-def _snapshot_writer(
-    target: Any, plan: Any, safe_serialization: bool
-) -> Callable[[Callable[[str], None]], None]:
-    """Copy this process's state to host memory now; return the writer of its files from that copy."""
-    buffers = _BUFFERS.setdefault(target.owner, _Buffers())
-    buffers.rotate()  # the previous save has committed: its buffers are free
-    memo: dict[Any, Any] = {"buffers": buffers}
-    models = list(target.models)
-    optimizers: list[Any] = list(target.optimizers)
-    strategy = target.strategy
-    weights: list[Any] = []
-    for i, model in enumerate(models):
-        own = strategy is not None and strategy.save_model_checkpoint(
-            model, plan.staging, i, safe_serialization
-        )
-        weights.append(None if own else snapshot_tree(target.get_state_dict(model), memo))
-    for i, optimizer in enumerate(optimizers):
-        owner = models[i] if i < len(models) else None
-        if strategy is not None and strategy.save_optimizer_checkpoint(optimizer, owner, plan.staging, i):
-            optimizers[i] = None
-        else:
-            optimizers[i] = _Stateful(snapshot_tree(optimizer.state_dict(), memo))
-    for hook in target.save_hooks:
-        hook(models, weights, plan.staging)
-    grads = None
-    if sync._mid_accumulation(target) and not sync.owns_loading(target):
-        grads = snapshot_tree(capture_gradients(models), memo)
-    schedulers = [_Stateful(snapshot_tree(s.state_dict(), memo)) for s in target.schedulers]
-    loaders = [_frozen_loader(loader, memo) for loader in target.dataloaders]
-    scaler = target.scaler
-    scaler = None if scaler is None else _Stateful(snapshot_tree(scaler.state_dict(), memo))
-    custom = [_Stateful(snapshot_tree(obj.state_dict(), memo)) for obj in target.custom_objects]
-    process_index, step = int(target.state.process_index), int(target.step)
-    rng_name = f"{F.RNG_STATE_NAME}_{process_index}.pkl"
-    rng_payload = {"step": step, "rng": snapshot_tree(capture_rng_states(), memo)}
+def _live_storages(models: list[Any], optimizers: list[Any]) -> set[tuple[torch.device, int]]:
+    """Storages only an optimizer step changes: the models' parameters and the optimizers' state."""
+    live: set[tuple[torch.device, int]] = set()
+    tensors: list[torch.Tensor] = [p for model in models for p in model.parameters()]
+    for optimizer in optimizers:
+        for values in getattr(optimizer, "state", {}).values():
+            tensors.extend(v for v in values.values() if isinstance(v, torch.Tensor))
+    for tensor in tensors:
+        key = _storage_key(tensor)
+        if key is not None and key[1] != 0:
+            live.add(key)
+    return live
 
-    def write(on_written: Callable[[str], None]) -> None:
+
+def can_overlap(target: Any) -> bool:
+    """Whether the parameters and optimizer state may be copied while the training goes on.
+
+    Only when there are prepared optimizers and every one can hold its ``step()`` until the copy is
+    done (:class:`accelerando.optimizer.AcceleratedOptimizer`'s ``_snapshot_wait`` hook).
+    """
+    from accelerando.optimizer import AcceleratedOptimizer
+
+    def holds(optimizer: Any) -> bool:  # engine wrappers override step() without the hook
+        return type(optimizer).step is AcceleratedOptimizer.step
+
+    optimizers = list(target.optimizers)
+    return bool(optimizers) and all(holds(optimizer) for optimizer in optimizers)
+
+
+class _Snapshot:
+    """This process's state in host memory, and the writer of its files from that copy.
+
+    ``deferred`` (with overlap) still holds the live parameters and optimizer state: ``finish()``,
+    run first by the background thread, copies them and then lets the optimizers step again.
+    """
+
+    def __init__(self, target: Any, plan: Any, safe_serialization: bool, overlap: bool) -> None:
+        buffers = _BUFFERS.setdefault(target.owner, _Buffers())
+        buffers.rotate()  # the previous save has committed: its buffers are free
+        self._memo: dict[Any, Any] = {"buffers": buffers}
+        self.plan, self.safe_serialization = plan, safe_serialization
+        self.shards = ShardWrites(target.owner)
+        self.copied = threading.Event()
+        self._held: list[Any] = []
+        models = list(target.models)
+        live = _live_storages(models, list(target.optimizers)) if overlap else set()
+        self._live = live
+
+        def later(tensor: torch.Tensor) -> bool:
+            return _storage_key(tensor) in live
+
+        def now(tree: Any) -> Any:
+            return snapshot_tree(tree, self._memo, copy_if=(lambda t: not later(t)) if live else None)
+
+        self._later = later
+        with collecting(self.shards):  # sharded strategies' DCP state dicts: staged, written later
+            self.weights, self.optimizers = self._models_and_optimizers(target, models, now)
+        for hook in target.save_hooks:
+            hook(models, self.weights, plan.staging)
+        grads = None
+        if sync._mid_accumulation(target) and not sync.owns_loading(target):
+            grads = snapshot_tree(capture_gradients(models), self._memo)  # backward changes them: now
+        self.grads = grads
+        self.schedulers = [_Stateful(snapshot_tree(s.state_dict(), self._memo)) for s in target.schedulers]
+        self.loaders = [_frozen_loader(loader, self._memo) for loader in target.dataloaders]
+        scaler = target.scaler
+        self.scaler = None if scaler is None else _Stateful(snapshot_tree(scaler.state_dict(), self._memo))
+        self.custom = [_Stateful(snapshot_tree(o.state_dict(), self._memo)) for o in target.custom_objects]
+        self.process_index, self.step = int(target.state.process_index), int(target.step)
+        self.rng_payload = {"step": self.step, "rng": snapshot_tree(capture_rng_states(), self._memo)}
+        if live:
+            self._hold(target.optimizers)
+        else:
+            self.copied.set()
+
+    def _models_and_optimizers(
+        self, target: Any, models: list[Any], now: Callable[[Any], Any]
+    ) -> tuple[list[Any], list[Any]]:
+        strategy, staging = target.strategy, self.plan.staging
+        weights: list[Any] = []
+        for i, model in enumerate(models):
+            own = strategy is not None and strategy.save_model_checkpoint(
+                model, staging, i, self.safe_serialization
+            )
+            weights.append(None if own else now(target.get_state_dict(model)))
+        optimizers: list[Any] = []
+        for i, optimizer in enumerate(target.optimizers):
+            owner = models[i] if i < len(models) else None
+            if strategy is not None and strategy.save_optimizer_checkpoint(optimizer, owner, staging, i):
+                optimizers.append(None)
+            else:
+                optimizers.append(now(optimizer.state_dict()))
+        return weights, optimizers
+
+    def _hold(self, optimizers: Any) -> None:
+        """Make every prepared optimizer's ``step()`` wait for :meth:`finish`."""
+        wait = self.copied.wait
+        for optimizer in optimizers:
+            optimizer._snapshot_wait = wait
+            self._held.append(optimizer)
+
+    def finish(self) -> None:
+        """Copy the deferred parameters and optimizer state; release the held optimizers (always)."""
+        try:
+            if self._live:
+                later = self._later
+                self.weights = [snapshot_tree(w, self._memo, copy_if=later) for w in self.weights]
+                self.optimizers = [snapshot_tree(o, self._memo, copy_if=later) for o in self.optimizers]
+        finally:
+            self.copied.set()
+            for optimizer in self._held:
+                if getattr(optimizer, "_snapshot_wait", None) == self.copied.wait:
+                    optimizer._snapshot_wait = None  # the next steps cost one attribute read again
+            self._held = []
+
+    def write(self, on_written: Callable[[str], None], group: Any) -> None:
+        """Write the staged shards (collective on ``group``), then this process's own files."""
+        plan, rng_name = self.plan, f"{F.RNG_STATE_NAME}_{self.process_index}.pkl"
+        self.shards.write_all(group)
+
         def written(name: str) -> None:
             if name == rng_name:  # write_state_files captured the RNG now: put the snapshot's back
-                F.torch_save(rng_payload, os.path.join(plan.staging, name))
+                F.torch_save(self.rng_payload, os.path.join(plan.staging, name))
             on_written(name)
 
         write_state_files(
             plan.staging,
-            weights,
-            optimizers,
-            schedulers,
-            loaders,
-            process_index,
-            step,
-            scaler=scaler,
+            self.weights,
+            [None if o is None else _Stateful(o) for o in self.optimizers],
+            self.schedulers,
+            self.loaders,
+            self.process_index,
+            self.step,
+            scaler=self.scaler,
             save_on_each_node=plan.each_node,
-            safe_serialization=safe_serialization,
-            gradients=grads,
+            safe_serialization=self.safe_serialization,
+            gradients=self.grads,
             on_written=written,
         )
-        for i, obj in enumerate(custom):
+        for i, obj in enumerate(self.custom):
             path = save_custom_state(obj, plan.staging, i, plan.each_node)
             if path is not None:
                 on_written(os.path.basename(path))
 
-    return write
-
 
 # --------------------------------------------------------------------------- background gathers
-def _exchange_for(target: Any) -> Callable[[Any, int], list[Any]]:
-    """The all-gather the background thread uses: on a gloo group of its own (collective, once)."""
+def _background_group(target: Any) -> Any:
+    """The background thread's gloo process group (made once, collectively), or None in one process."""
     import torch.distributed as dist
 
     if target.state.num_processes <= 1 or not (dist.is_available() and dist.is_initialized()):
-        return sync.gather
+        return None
     default = dist.distributed_c10d._get_default_group()
     group = _GROUPS.get(id(default))
     if group is None:
         group = dist.new_group(backend="gloo")
         _GROUPS[id(default)] = group
+    return group
+
+
+def _exchange_on(group: Any) -> Callable[[Any, int], list[Any]]:
+    """The all-gather the background thread uses: on ``group`` (the training's own without one)."""
+    if group is None:
+        return sync.gather
+    import torch.distributed as dist
 
     def exchange(obj: Any, num_processes: int) -> list[Any]:
         out: list[Any] = [None] * dist.get_world_size(group)
@@ -334,20 +442,62 @@ def _exchange_for(target: Any) -> Callable[[Any, int], list[Any]]:
     return exchange
 
 
+def _background_writer(
+    snapshot: _Snapshot | None,
+    failure: BaseException | None,
+    group: Any,
+    exchange: Callable[[Any, int], list[Any]],
+    num_processes: int,
+) -> Callable[[Callable[[str], None]], None]:
+    """The background's ``write(on_written)``: finish the copy, agree that every process can write, write.
+
+    The agreement comes before DCP's collectives, so a process whose snapshot failed does not leave
+    the others waiting inside ``dcp.save``.
+    """
+
+    def write(on_written: Callable[[str], None]) -> None:
+        error = failure
+        if snapshot is not None:
+            try:
+                snapshot.finish()
+            except Exception as err:  # noqa: BLE001 - told to every process just below
+                error = err
+        failed = [rank for rank, bad in enumerate(exchange(error is not None, num_processes)) if bad]
+        if error is not None:
+            raise error
+        if failed or snapshot is None:
+            raise atomic.CheckpointError(f"process {failed[0]} failed to copy its state to host memory")
+        snapshot.write(on_written, group)
+
+    return write
+
+
 def save_state_async(
-    target: Any, output_dir: str | os.PathLike | None, safe_serialization: bool, wait_for_lock: float
+    target: Any,
+    output_dir: str | os.PathLike | None,
+    safe_serialization: bool,
+    wait_for_lock: float,
+    overlap: bool = True,
 ) -> AsyncSaveHandle:
-    """Start an asynchronous ``save_state``; return once the state is copied to host memory.
+    """Start an asynchronous ``save_state``; return once the state is copied (or being copied) to host memory.
 
     Every process must call it (as ``save_state``). What is saved, where and how it is committed is
     exactly what :func:`accelerando.checkpointing.save_state` does; only the writing and the
     commit happen in a background thread.
+
+    With ``overlap`` (the default, when every prepared optimizer is an ``AcceleratedOptimizer``), the
+    parameters and optimizer state are copied by the background thread while the training goes on:
+    the prepared optimizers' next ``step()`` waits for that copy. Until then the parameters must only
+    change through the prepared optimizers (no in-place edits, ``load_state_dict`` or a second,
+    unprepared optimizer); pass ``overlap=False`` (``save_state(async_save=True,
+    overlap_snapshot=False)``) to copy everything before returning.
 
     Args:
         target: what to save (the Accelerator's checkpoint target).
         output_dir: see ``save_state``.
         safe_serialization: weights as safetensors.
         wait_for_lock: seconds to wait for another run's lock on the folder.
+        overlap: copy parameters and optimizer state in the background (see above).
 
     Returns:
         The handle; ``result()`` waits for the commit and returns the folder (raising the save's error).
@@ -357,20 +507,21 @@ def save_state_async(
             background write (the folder, the lock).
     """
     set_active_accelerator(target.owner)
-    exchange = _exchange_for(target)
+    group = _background_group(target)
+    exchange = _exchange_on(group)
     stack = ExitStack()  # an explicit folder's save lock: held until the background commit is done
     try:
         plan = sync._plan_everywhere(target, stack, output_dir, wait_for_lock)
     except BaseException:
         stack.close()
         raise
+    snapshot: _Snapshot | None = None
+    failure: BaseException | None = None
     try:
-        write = _snapshot_writer(target, plan, safe_serialization)
+        snapshot = _Snapshot(target, plan, safe_serialization, overlap and can_overlap(target))
     except Exception as err:  # noqa: BLE001 - every process learns of it in the background's gather
         failure = err
-
-        def write(on_written: Callable[[str], None]) -> None:
-            raise failure
+    write = _background_writer(snapshot, failure, group, exchange, int(target.state.num_processes))
 
     frozen = _Frozen(target, int(target.step))
     number = sync._number(plan.final_dir)

@@ -45,7 +45,10 @@ def save_state(
             folder's lock; default: the ``checkpoint_lock_wait`` setting where there is one, else
             ``accelerando.checkpointing.lock.WAIT_FOR_LOCK_S`` = 0, refuse at once), ``async_save``
             (default: ``project_configuration.async_save``; see
-            :func:`accelerando.checkpointing.async_save.save_state_async`); the rest are accepted for API
+            :func:`accelerando.checkpointing.async_save.save_state_async`), ``overlap_snapshot`` (default
+            True: with ``async_save``, the parameters and optimizer state are copied while the training
+            goes on and the prepared optimizers' next ``step()`` waits for that copy; until then change
+            the parameters only through them. False copies everything before returning); the rest are accepted for API
             compatibility (engine-specific save options). A pending asynchronous save is waited for first.
 
     Returns:
@@ -62,9 +65,14 @@ def save_state(
     async_save = save_model_func_kwargs.pop("async_save", None)
     if async_save is None:
         async_save = getattr(target.project_configuration, "async_save", False)
+    overlap = save_model_func_kwargs.pop("overlap_snapshot", True)
+    if not isinstance(overlap, bool):
+        raise TypeError(f"save_state(overlap_snapshot=...) takes True or False, not {overlap!r}")
     wait = _wait_for_lock(target, save_model_func_kwargs)
     del save_model_func_kwargs
     wait_pending(target.owner)  # one save at a time: the previous asynchronous one commits first
     if async_save:
-        return save_state_async(target, output_dir, safe_serialization, wait)  # type: ignore[return-value]
+        return save_state_async(  # type: ignore[return-value]
+            target, output_dir, safe_serialization, wait, overlap=overlap
+        )
     return save_state_sync(target, output_dir, safe_serialization, wait)

@@ -138,12 +138,17 @@ def _folder(root: str, stem: str, index: int) -> str:
 
 
 def save_sharded_model(model: torch.nn.Module, output_dir: str, index: int) -> str:
-    """Write each rank's shard of ``model`` with ``torch.distributed.checkpoint``; return the folder."""
-    import torch.distributed.checkpoint as dcp
+    """Write each rank's shard of ``model`` with ``torch.distributed.checkpoint``; return the folder.
+
+    Inside ``save_state(async_save=True)`` the shards are only staged to host memory here; the
+    asynchronous save's background thread writes them (:mod:`accelerando.checkpointing.async_dcp`).
+    """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    from accelerando.checkpointing.async_dcp import save_or_stage
+
     folder = _folder(output_dir, MODEL_SHARDS_NAME, index)
-    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=folder)
+    save_or_stage({"model": get_model_state_dict(model)}, folder)  # staged only, in an async save
     return folder
 
 
@@ -245,11 +250,12 @@ def save_sharded_optimizer(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, output_dir: str, index: int
 ) -> str:
     """Write each rank's shard of the optimizer state; return the folder."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    from accelerando.checkpointing.async_dcp import save_or_stage
+
     folder = _folder(output_dir, OPTIMIZER_SHARDS_NAME, index)
-    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+    save_or_stage({"optimizer": get_optimizer_state_dict(model, optimizer)}, folder)
     return folder
 
 

@@ -1,0 +1,115 @@
+"""Sharded (``torch.distributed.checkpoint``) files of an asynchronous save: staged now, written later.
+
+Strategies that write per-process shards (FSDP with SHARDED_STATE_DICT, the composable TP/FSDP2
+strategy) call :func:`save_or_stage` instead of ``dcp.save``. Outside an asynchronous save it is
+``dcp.save``. During the foreground part of ``save_state(async_save=True)``
+(:func:`accelerando.checkpointing.async_save.save_state_async` activates a :class:`ShardWrites` with
+:func:`collecting`), the state dict is only *staged*: copied to host memory by DCP's own stager
+(``torch.distributed.checkpoint.staging.DefaultStager``, the staging ``dcp.async_save`` uses; it keeps
+its host copies between saves and refreshes them in place). The background thread later writes every
+staged state dict with ``dcp.save`` into the checkpoint's hidden staging folder, on the background's
+own gloo process group, one after the other and before the rest of the commit protocol; so DCP's
+collectives never run concurrently with the training's, nor with each other, and the manifest and
+rename happen only once DCP has finished on every process.
+
+Why not ``dcp.async_save`` itself: it runs each save in an executor thread of its own, so a model's and
+an optimizer's save would run their collectives concurrently on one group (their order could differ
+between processes), and its completion is a future the commit would have to chain onto. Staging with
+DCP's stager and writing from the one background thread is the same work in a fixed order.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["ShardWrites", "collecting", "save_or_stage"]
+
+_ACTIVE = threading.local()  # .writes: the ShardWrites of the save being snapshotted by this thread
+# One DCP stager per Accelerator: its host copies are reused (refreshed in place) by the next save.
+_STAGERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _stager_for(owner: Any) -> Any:
+    stager = _STAGERS.get(owner)
+    if stager is None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        # Plain host memory, copied in the calling thread (the training waits for exactly this).
+        stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=False,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
+        _STAGERS[owner] = stager
+    return stager
+
+
+class ShardWrites:
+    """The DCP state dicts one asynchronous save staged, in the order the strategy produced them.
+
+    Args:
+        owner: the Accelerator (its stager's host copies are reused across saves).
+    """
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = owner
+        self.pending: list[tuple[Any, str]] = []
+
+    def stage(self, state_dict: dict[str, Any], folder: str) -> None:
+        """Copy ``state_dict`` (DTensors included) to host memory now; write it into ``folder`` later."""
+        staged = _stager_for(self._owner).stage(state_dict)
+        self.pending.append((staged, folder))
+
+    def write_all(self, process_group: Any) -> list[str]:
+        """Write every staged state dict with ``dcp.save`` (collective on ``process_group``).
+
+        Every process must call it with the same pending list (the strategy staged the same folders
+        everywhere). Returns the folders written.
+
+        Raises:
+            What ``dcp.save`` raised (``CheckpointException`` names the failed processes).
+        """
+        import torch.distributed.checkpoint as dcp
+
+        written = []
+        pending, self.pending = self.pending, []
+        for staged, folder in pending:
+            dcp.save(staged, checkpoint_id=folder, process_group=process_group)
+            written.append(folder)
+        return written
+
+
+@contextmanager
+def collecting(writes: ShardWrites) -> Iterator[ShardWrites]:
+    """While active in this thread, :func:`save_or_stage` stages into ``writes`` instead of writing."""
+    previous = getattr(_ACTIVE, "writes", None)
+    _ACTIVE.writes = writes
+    try:
+        yield writes
+    finally:
+        _ACTIVE.writes = previous
+
+
+def save_or_stage(state_dict: dict[str, Any], folder: str | os.PathLike) -> None:
+    """Write ``state_dict`` as a DCP folder now, or stage it for the asynchronous save in progress.
+
+    Every process calls it (it is collective, as ``dcp.save``).
+
+    Raises:
+        What ``dcp.save`` raises (synchronous case).
+    """
+    writes = getattr(_ACTIVE, "writes", None)
+    if writes is not None:
+        writes.stage(state_dict, os.fspath(folder))
+        return
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state_dict, checkpoint_id=os.fspath(folder))
