@@ -7,8 +7,9 @@ operator gives every pod its place when the job runs, and the command reads it t
 - a fixed-size job has one ``Master`` pod and ``num_machines - 1`` ``Worker`` pods; the operator sets
   ``MASTER_ADDR``/``MASTER_PORT`` (the master's service and the ``pytorchjob-port`` container port) and
   ``RANK`` (the pod's index: 0 for the master), used as ``--machine_rank``;
-- an elastic job (``--max_restarts`` or a dynamic ``--rdzv_backend``) has ``Worker`` pods only and an
-  ``elasticPolicy``; the pods meet through the rendezvous backend on the first worker's service
+- an elastic job (``--max_restarts``, a dynamic ``--rdzv_backend`` or ``--num_machines MIN:MAX``) has
+  ``Worker`` pods only and an ``elasticPolicy`` (``minReplicas``/``maxReplicas``: the range, or the
+  count twice); the pods meet through the rendezvous backend on the first worker's service
   (``<name>-worker-0``), as the operator's own ``PET_RDZV_ENDPOINT`` says.
 
 Every other setting some layer set travels as an ``ACCELERANDO_*`` variable of the container, so the
@@ -102,13 +103,13 @@ def pytorchjob_manifest(spec: JobSpec, image: str | None) -> dict[str, Any]:
     if spec.elastic:
         backend = spec.rdzv_backend if spec.rdzv_backend != "static" else "c10d"
         args = [
-            "--num_machines", str(spec.num_machines), "--rdzv_backend", backend,
+            "--num_machines", spec.machines_text, "--rdzv_backend", backend,
             "--main_process_ip", f"{spec.name}-worker-0", "--main_process_port", str(port), *common,
         ]  # fmt: skip
         job["elasticPolicy"] = {
             "rdzvBackend": backend,
             "rdzvPort": port,
-            "minReplicas": spec.num_machines,
+            "minReplicas": spec.min_machines if spec.machine_range else spec.num_machines,
             "maxReplicas": spec.num_machines,
             "maxRestarts": spec.max_restarts,
         }

@@ -4,9 +4,12 @@ The script asks for ``num_machines`` nodes with one task each and runs, through 
 ``accelerando launch`` per node, which starts that node's processes. The rendezvous comes from the
 allocation when the job runs: the first host of ``SLURM_JOB_NODELIST`` hosts it, each node's rank is
 ``SLURM_NODEID`` and the machine count is ``SLURM_NNODES`` (so ``sbatch --nodes=K job.sh`` resizes
-the job without editing it). The job is requeueable: SLURM signals the batch shell with ``USR1``
-ahead of the time limit (``--signal``), the script then requeues the job, and SLURM stops the
-running step with ``SIGTERM`` so the processes can write a checkpoint before they end.
+the job without editing it). With ``--num_machines MIN:MAX`` it asks for ``--nodes=MIN-MAX``, each
+node launches with ``--num_machines MIN:$SLURM_NNODES`` on the c10d rendezvous, and a node that fails
+does not end the step: the others go on without it while MIN remain. The job is requeueable: SLURM
+signals the batch shell with ``USR1`` ahead of the time limit (``--signal``), the script then
+requeues the job, and SLURM stops the running step with ``SIGTERM`` so the processes can write a
+checkpoint before they end.
 """
 
 from __future__ import annotations
@@ -50,8 +53,11 @@ def setting_flags(carried: tuple[tuple[Field, object], ...]) -> tuple[list[str],
 
 def _launch_line(spec: JobSpec, flags: list[str]) -> str:
     """The command each task runs; ``$VAR`` parts are read in the task (SLURM_NODEID differs per node)."""
+    machines = f"{spec.min_machines}:$SLURM_NNODES" if spec.machine_range else "$SLURM_NNODES"
+    given = any(field.name == "rdzv_backend" for field, _value in spec.carried)  # then among the flags
+    rendezvous = f"--rdzv_backend {spec.rdzv_backend} " if spec.machine_range and not given else ""
     per_task = (
-        'exec accelerando launch --num_machines "$SLURM_NNODES" --machine_rank "$SLURM_NODEID" '
+        f'exec accelerando launch --num_machines "{machines}" {rendezvous}--machine_rank "$SLURM_NODEID" '
         '--main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" '
         f'--num_processes "$((SLURM_NNODES * {spec.nproc_per_node}))"'
     )
@@ -76,7 +82,9 @@ def render_sbatch(spec: JobSpec, workdir: str | None = None) -> str:
     folder = workdir or str(Path.cwd())
     sbatch = [
         f"--job-name={spec.name}",
-        f"--nodes={spec.num_machines}",
+        f"--nodes={spec.min_machines}-{spec.num_machines}"
+        if spec.machine_range
+        else f"--nodes={spec.num_machines}",
         "--ntasks-per-node=1",
     ]
     if spec.gpus_per_node:
@@ -90,14 +98,17 @@ def render_sbatch(spec: JobSpec, workdir: str | None = None) -> str:
         f"--chdir={folder}",
     ]
     port = str(spec.main_port) if spec.main_port else _PORT_FROM_JOB_ID
-    srun = ["srun", "--nodes=$SLURM_NNODES", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    # In a range, the step goes on without a node that failed (the others re-form the job without it).
+    bad_exit = "--kill-on-bad-exit=0" if spec.machine_range else "--kill-on-bad-exit=1"
+    srun = ["srun", "--nodes=$SLURM_NNODES", "--ntasks-per-node=1", bad_exit]
     if spec.cpus_per_node:
         srun.append(f"--cpus-per-task={spec.cpus_per_node}")  # srun does not inherit sbatch's value
     lines = [
         "#!/bin/bash",
         "# SLURM job written by `accelerando launch --emit slurm`. Submit it with `sbatch FILE`; sbatch",
         "# options given on that command line (--time, --partition, --nodes, ...) override the lines below.",
-        f"# {spec.num_machines} machine(s) x {spec.nproc_per_node} process(es): one `accelerando launch` per",
+        f"# {spec.machines_text.replace(':', ' to ')} machine(s) x {spec.nproc_per_node} process(es): one "
+        "`accelerando launch` per",
         "# machine starts that machine's processes.",
         *(f"#SBATCH {option}" for option in sbatch),
         "",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from accelerando.launchers.plan import Command, check_settings
+from accelerando.launchers.plan import Command, check_settings, machine_counts, rendezvous_backend
 from accelerando.settings.fields import FIELDS_BY_NAME, Field
 from accelerando.settings.machine import MachineInfo
 from accelerando.settings.resolve import Settings
@@ -45,6 +45,8 @@ class JobSpec:
         rdzv_backend: the rendezvous backend (``static``, ``c10d``, ``etcd``, ...).
         command: what each process runs.
         carried: ``(field, value)`` for every other setting some layer set, in table order.
+        min_machines: the fewest machines of an elastic range (``--num_machines MIN:MAX``; ``num_machines``
+            is then MAX), or ``None`` for a fixed count.
     """
 
     name: str
@@ -57,16 +59,27 @@ class JobSpec:
     rdzv_backend: str
     command: Command
     carried: tuple[tuple[Field, Any], ...] = field(default_factory=tuple)
+    min_machines: int | None = None
 
     @property
     def num_processes(self) -> int:
-        """Processes in the whole job."""
+        """Processes in the whole job (at its largest, for an elastic range)."""
         return self.num_machines * self.nproc_per_node
 
     @property
+    def machine_range(self) -> bool:
+        """Whether the job runs with ``min_machines`` to ``num_machines`` machines."""
+        return self.min_machines is not None and self.min_machines != self.num_machines
+
+    @property
+    def machines_text(self) -> str:
+        """``MIN:MAX`` for an elastic range, else the machine count (as ``--num_machines`` takes it)."""
+        return f"{self.min_machines}:{self.num_machines}" if self.machine_range else str(self.num_machines)
+
+    @property
     def elastic(self) -> bool:
-        """Whether the job restarts failed processes or uses a dynamic rendezvous."""
-        return self.max_restarts > 0 or self.rdzv_backend != "static"
+        """Whether the job restarts failed processes, uses a dynamic rendezvous or a machine range."""
+        return self.max_restarts > 0 or self.rdzv_backend != "static" or self.machine_range
 
 
 def value_text(value: Any) -> str:
@@ -125,7 +138,7 @@ def job_spec(settings: Settings, command: Command) -> JobSpec:
         ValueError: impossible settings (as a launch would refuse them), or a GPU job without
             ``--num_processes`` (this machine's GPUs say nothing about the cluster's).
     """
-    machines = settings.num_machines or 1
+    low, machines = machine_counts(settings)
     gpus = _wants_gpus(settings)
     total = settings.num_processes
     if total is None:
@@ -158,7 +171,8 @@ def job_spec(settings: Settings, command: Command) -> JobSpec:
         cpus_per_node=threads * per_node if threads else None,
         main_port=settings.main_process_port or None,
         max_restarts=int(settings.max_restarts or 0),
-        rdzv_backend=str(settings.rdzv_backend or "static"),
+        rdzv_backend=rendezvous_backend(settings),
         command=command,
         carried=_carried(settings),
+        min_machines=low if low != machines else None,
     )
