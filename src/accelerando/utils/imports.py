@@ -20,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -27,70 +28,27 @@ from packaging.version import Version, parse
 
 from accelerando.settings import environment_text
 
+# The package checks generated from _PACKAGE_CHECKS below are appended to __all__ there.
 __all__ = [
     "USE_TORCH_XLA",
     "compare_versions",
     "deepspeed_required",
-    "is_4bit_bnb_available",
-    "is_8bit_bnb_available",
-    "is_aim_available",
-    "is_amdsmi_available",
     "is_bf16_available",
     "is_bitsandbytes_multi_backend_available",
-    "is_bnb_available",
-    "is_boto3_available",
-    "is_clearml_available",
-    "is_comet_ml_available",
     "is_cuda_available",
-    "is_datasets_available",
-    "is_deepspeed_available",
-    "is_dvclive_available",
     "is_fp16_available",
     "is_fp8_available",
     "is_habana_gaudi1",
     "is_hpu_available",
-    "is_import_timer_available",
-    "is_ipex_available",
-    "is_lomo_available",
-    "is_matplotlib_available",
-    "is_megatron_lm_available",
-    "is_mlflow_available",
-    "is_mlu_available",
     "is_mps_available",
-    "is_msamp_available",
-    "is_musa_available",
-    "is_neptune_available",
-    "is_neuron_available",
-    "is_npu_available",
-    "is_numpy_available",
     "is_package_available",
-    "is_pandas_available",
-    "is_peft_available",
     "is_pippy_available",
-    "is_pynvml_available",
-    "is_pytest_available",
-    "is_rich_available",
     "is_rocm_available",
-    "is_sagemaker_available",
-    "is_schedulefree_available",
-    "is_sdaa_available",
-    "is_swanlab_available",
-    "is_tensorboard_available",
-    "is_timm_available",
     "is_torch_distributed_available",
     "is_torch_version",
     "is_torch_xla_available",
-    "is_torchao_available",
-    "is_torchdata_available",
-    "is_torchdata_stateful_dataloader_available",
-    "is_torchvision_available",
-    "is_tqdm_available",
-    "is_trackio_available",
-    "is_transformer_engine_available",
     "is_transformer_engine_mxfp8_available",
-    "is_transformers_available",
     "is_triton_available",
-    "is_wandb_available",
     "is_weights_only_available",
     "is_xccl_available",
     "is_xpu_available",
@@ -267,26 +225,6 @@ def is_xpu_available(check_device: bool = False) -> bool:
     return bool(xpu is not None and xpu.is_available())
 
 
-def is_npu_available(check_device: bool = False) -> bool:
-    """Tell whether an Ascend NPU can be used (requires the ``torch_npu`` extension).
-
-    Args:
-        check_device: also require that at least one device is visible. Importing ``torch_npu`` is
-            needed for that, so it only happens when asked.
-
-    Returns:
-        True when ``torch_npu`` is installed (and, if asked, a device is visible).
-    """
-    if not is_package_available("torch_npu"):
-        return False
-    if not check_device:
-        return True
-    import torch_npu  # noqa: F401  (registers torch.npu)
-
-    npu = getattr(torch, "npu", None)
-    return bool(npu is not None and npu.is_available())
-
-
 def is_hpu_available(init_hccl: bool = False) -> bool:
     """Tell whether an Intel Gaudi (HPU) device can be used.
 
@@ -334,312 +272,170 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
     return True
 
 
-def is_ipex_available() -> bool:
-    """Tell whether Intel Extension for PyTorch is installed.
-
-    Returns:
-        True when ``intel_extension_for_pytorch`` can be imported.
-    """
-    return is_package_available("intel_extension_for_pytorch")
+# --- package checks: one table, one generator ---------------------------------------------------------
 
 
-# --- libraries -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _PackageCheck:
+    """One row of the package-check table; ``_make_check`` turns it into a public function."""
+
+    name: str  # the public function's name
+    label: str  # what the package is, as the docstring names it
+    modules: tuple[str, ...]  # import names that must all be findable (any one of them, with any_of)
+    distribution: str | None = None  # also require this distribution's metadata; its version is compared
+    min_version: str | None = None  # lowest acceptable version: fixed, or the parameter's default
+    version_parameter: bool = False  # expose ``min_version`` as a parameter
+    any_of: bool = False
+    device_family: str | None = None  # ``torch.<family>`` the extension registers; adds ``check_device``
 
 
-def is_deepspeed_available() -> bool:
-    """Tell whether DeepSpeed is installed.
-
-    Returns:
-        True when ``deepspeed`` can be imported and has distribution metadata.
-    """
-    return is_package_available("deepspeed", "deepspeed")
-
-
-def is_transformers_available() -> bool:
-    """Tell whether Hugging Face Transformers is installed.
-
-    Returns:
-        True when ``transformers`` can be imported.
-    """
-    return is_package_available("transformers")
-
-
-def is_datasets_available() -> bool:
-    """Tell whether Hugging Face Datasets is installed.
-
-    Returns:
-        True when ``datasets`` can be imported.
-    """
-    return is_package_available("datasets")
-
-
-def is_wandb_available() -> bool:
-    """Tell whether Weights & Biases is installed.
-
-    Returns:
-        True when ``wandb`` can be imported.
-    """
-    return is_package_available("wandb")
-
-
-def is_tensorboard_available() -> bool:
-    """Tell whether a TensorBoard writer is installed (``tensorboard`` or ``tensorboardX``).
-
-    Returns:
-        True when either package can be imported.
-    """
-    return is_package_available("tensorboard") or is_package_available("tensorboardX")
-
-
-def is_comet_ml_available() -> bool:
-    """Tell whether Comet ML is installed.
-
-    Returns:
-        True when ``comet_ml`` can be imported.
-    """
-    return is_package_available("comet_ml")
-
-
-def is_mlflow_available() -> bool:
-    """Tell whether MLflow (or its lighter ``mlflow-skinny`` distribution) is installed.
-
-    Returns:
-        True when ``mlflow`` can be imported.
-    """
-    return is_package_available("mlflow")
+_C = _PackageCheck
+_PACKAGE_CHECKS: tuple[_PackageCheck, ...] = (
+    # libraries
+    _C("is_deepspeed_available", "DeepSpeed", ("deepspeed",), distribution="deepspeed"),
+    _C("is_transformers_available", "Hugging Face Transformers", ("transformers",)),
+    _C("is_datasets_available", "Hugging Face Datasets", ("datasets",)),
+    _C("is_peft_available", "Hugging Face PEFT", ("peft",)),
+    _C("is_bnb_available", "bitsandbytes", ("bitsandbytes",), "bitsandbytes", None, version_parameter=True),
+    _C(
+        "is_4bit_bnb_available", "bitsandbytes with 4-bit layers", ("bitsandbytes",), "bitsandbytes", "0.39.0"
+    ),
+    _C(
+        "is_8bit_bnb_available", "bitsandbytes with 8-bit layers", ("bitsandbytes",), "bitsandbytes", "0.37.2"
+    ),
+    _C("is_numpy_available", "numpy", ("numpy",), None, "1.25.0", version_parameter=True),
+    _C("is_pandas_available", "pandas", ("pandas",)),
+    _C("is_matplotlib_available", "matplotlib", ("matplotlib",)),
+    _C("is_rich_available", "Rich", ("rich",)),
+    _C("is_tqdm_available", "tqdm", ("tqdm",)),
+    _C("is_pytest_available", "pytest", ("pytest",)),
+    _C("is_timm_available", "timm (PyTorch Image Models)", ("timm",)),
+    _C("is_torchvision_available", "torchvision", ("torchvision",)),
+    _C("is_torchdata_available", "torchdata", ("torchdata",)),
+    _C(
+        "is_torchdata_stateful_dataloader_available",
+        "torchdata's StatefulDataLoader",
+        ("torchdata", "torchdata.stateful_dataloader"),
+    ),
+    _C("is_megatron_lm_available", "Megatron-LM", ("megatron", "megatron.core")),
+    _C("is_ipex_available", "Intel Extension for PyTorch", ("intel_extension_for_pytorch",)),
+    _C("is_transformer_engine_available", "NVIDIA Transformer Engine", ("transformer_engine",)),
+    _C("is_torchao_available", "torchao", ("torchao",)),
+    _C("is_msamp_available", "Microsoft's MS-AMP", ("msamp",)),
+    _C("is_schedulefree_available", "the schedule-free optimizers package", ("schedulefree",)),
+    _C("is_lomo_available", "the LOMO optimizers package (lomo-optim)", ("lomo_optim",)),
+    _C("is_import_timer_available", "the import-timer profiler", ("import_timer",)),
+    _C("is_pynvml_available", "NVML bindings (pynvml)", ("pynvml",)),
+    _C("is_amdsmi_available", "AMD SMI bindings (amdsmi)", ("amdsmi",)),
+    _C("is_boto3_available", "boto3 (the AWS SDK)", ("boto3",)),
+    _C("is_sagemaker_available", "the Amazon SageMaker Python SDK", ("sagemaker",)),
+    # trackers
+    _C("is_wandb_available", "Weights & Biases", ("wandb",)),
+    _C("is_tensorboard_available", "a TensorBoard writer", ("tensorboard", "tensorboardX"), any_of=True),
+    _C("is_comet_ml_available", "Comet ML", ("comet_ml",)),
+    _C("is_mlflow_available", "MLflow (or mlflow-skinny)", ("mlflow",)),
+    _C("is_aim_available", "Aim", ("aim",)),
+    _C("is_clearml_available", "ClearML", ("clearml",)),
+    _C("is_dvclive_available", "DVCLive", ("dvclive",)),
+    _C("is_swanlab_available", "SwanLab", ("swanlab",)),
+    _C("is_trackio_available", "Trackio", ("trackio",)),
+    _C("is_neptune_available", "the Neptune client", ("neptune",)),
+    # vendors' torch extensions: installed, and with check_device=True a device is visible
+    _C("is_npu_available", "an Ascend NPU", ("torch_npu",), device_family="npu"),
+    _C("is_mlu_available", "a Cambricon MLU", ("torch_mlu",), device_family="mlu"),
+    _C("is_musa_available", "a Moore Threads MUSA device", ("torch_musa",), device_family="musa"),
+    _C("is_sdaa_available", "a Tecorigin SDAA device", ("torch_sdaa",), device_family="sdaa"),
+    _C("is_neuron_available", "an AWS Neuron device", ("torch_neuronx",), device_family="neuron"),
+)
+del _C
 
 
-def is_aim_available() -> bool:
-    """Tell whether Aim is installed.
-
-    Returns:
-        True when ``aim`` can be imported.
-    """
-    return is_package_available("aim")
-
-
-def is_clearml_available() -> bool:
-    """Tell whether ClearML is installed.
-
-    Returns:
-        True when ``clearml`` can be imported.
-    """
-    return is_package_available("clearml")
-
-
-def is_dvclive_available() -> bool:
-    """Tell whether DVCLive is installed.
-
-    Returns:
-        True when ``dvclive`` can be imported.
-    """
-    return is_package_available("dvclive")
-
-
-def is_swanlab_available() -> bool:
-    """Tell whether SwanLab is installed.
-
-    Returns:
-        True when ``swanlab`` can be imported.
-    """
-    return is_package_available("swanlab")
-
-
-def is_trackio_available() -> bool:
-    """Tell whether Trackio is installed.
-
-    Returns:
-        True when ``trackio`` can be imported.
-    """
-    return is_package_available("trackio")
-
-
-def is_neptune_available() -> bool:
-    """Tell whether the Neptune client is installed.
-
-    Returns:
-        True when ``neptune`` can be imported.
-    """
-    return is_package_available("neptune")
-
-
-def is_bnb_available(min_version: str | None = None) -> bool:
-    """Tell whether bitsandbytes is installed (optionally at least ``min_version``).
-
-    Args:
-        min_version: the lowest acceptable version, e.g. ``"0.39.0"``.
-
-    Returns:
-        True when ``bitsandbytes`` is installed and recent enough.
-    """
-    if not is_package_available("bitsandbytes", "bitsandbytes"):
+def _installed(check: _PackageCheck, min_version: str | None) -> bool:
+    # is_package_available is looked up at each call, so monkeypatching it reaches every check.
+    first, *others = check.modules
+    if check.any_of:
+        found = any(is_package_available(module) for module in check.modules)
+    else:
+        found = is_package_available(first, check.distribution) and all(
+            is_package_available(module) for module in others
+        )
+    if not found:
         return False
-    return min_version is None or compare_versions("bitsandbytes", ">=", min_version)
+    return min_version is None or compare_versions(check.distribution or first, ">=", min_version)
 
 
-def is_4bit_bnb_available() -> bool:
-    """Tell whether the installed bitsandbytes supports 4-bit quantization (0.39.0 or later).
-
-    Returns:
-        True when 4-bit layers are available.
-    """
-    return is_bnb_available("0.39.0")
-
-
-def is_8bit_bnb_available() -> bool:
-    """Tell whether the installed bitsandbytes supports 8-bit quantization (0.37.2 or later).
-
-    Returns:
-        True when 8-bit layers are available.
-    """
-    return is_bnb_available("0.37.2")
-
-
-def is_rich_available() -> bool:
-    """Tell whether Rich is installed.
-
-    Returns:
-        True when ``rich`` can be imported.
-    """
-    return is_package_available("rich")
-
-
-def is_torchdata_stateful_dataloader_available() -> bool:
-    """Tell whether torchdata's ``StatefulDataLoader`` is installed.
-
-    Returns:
-        True when ``torchdata.stateful_dataloader`` can be imported.
-    """
-    return is_package_available("torchdata") and is_package_available("torchdata.stateful_dataloader")
-
-
-def is_matplotlib_available() -> bool:
-    """Tell whether matplotlib is installed.
-
-    Returns:
-        True when ``matplotlib`` can be imported.
-    """
-    return is_package_available("matplotlib")
-
-
-def is_pynvml_available() -> bool:
-    """Tell whether NVML bindings (``pynvml``) are installed.
-
-    Returns:
-        True when ``pynvml`` can be imported.
-    """
-    return is_package_available("pynvml")
-
-
-def is_transformer_engine_available() -> bool:
-    """Tell whether NVIDIA Transformer Engine is installed.
-
-    Returns:
-        True when ``transformer_engine`` can be imported.
-    """
-    return is_package_available("transformer_engine")
-
-
-def is_torchao_available() -> bool:
-    """Tell whether torchao is installed.
-
-    Returns:
-        True when ``torchao`` can be imported.
-    """
-    return is_package_available("torchao")
-
-
-def is_msamp_available() -> bool:
-    """Tell whether Microsoft's MS-AMP is installed.
-
-    Returns:
-        True when ``msamp`` can be imported.
-    """
-    return is_package_available("msamp")
-
-
-def is_megatron_lm_available() -> bool:
-    """Tell whether Megatron-LM (``megatron.core``) is installed.
-
-    Returns:
-        True when ``megatron.core`` can be imported.
-    """
-    return is_package_available("megatron") and is_package_available("megatron.core")
-
-
-def is_tqdm_available() -> bool:
-    """Tell whether tqdm is installed.
-
-    Returns:
-        True when ``tqdm`` can be imported.
-    """
-    return is_package_available("tqdm")
-
-
-# --- more hardware -----------------------------------------------------------------------------------
-
-
-def _device_extension_available(package: str, family: str, check_device: bool) -> bool:
-    """Installed check for a vendor's torch extension; with ``check_device`` it is imported and asked."""
-    if not is_package_available(package):
-        return False
-    if not check_device:
-        return True
-    importlib.import_module(package)  # registers torch.<family>
-    module = getattr(torch, family, None)
+def _device_visible(check: _PackageCheck) -> bool:
+    # Importing the extension registers torch.<family>; only done when the caller asks for a device.
+    importlib.import_module(check.modules[0])
+    family = getattr(torch, check.device_family or "", None)
     try:
-        return bool(module is not None and module.is_available())
-    except RuntimeError:
+        return bool(family is not None and family.is_available())
+    except RuntimeError:  # a broken driver answers "no device", not a crash
         return False
 
 
-def is_mlu_available(check_device: bool = False) -> bool:
-    """Tell whether a Cambricon MLU can be used (requires the ``torch_mlu`` extension).
-
-    Args:
-        check_device: also require a visible device; this imports ``torch_mlu``, so it only happens
-            when asked.
-
-    Returns:
-        True when ``torch_mlu`` is installed (and, if asked, a device is visible).
-    """
-    return _device_extension_available("torch_mlu", "mlu", check_device)
-
-
-def is_musa_available(check_device: bool = False) -> bool:
-    """Tell whether a Moore Threads MUSA device can be used (requires the ``torch_musa`` extension).
-
-    Args:
-        check_device: also require a visible device (imports ``torch_musa``).
-
-    Returns:
-        True when ``torch_musa`` is installed (and, if asked, a device is visible).
-    """
-    return _device_extension_available("torch_musa", "musa", check_device)
-
-
-def is_sdaa_available(check_device: bool = False) -> bool:
-    """Tell whether a Tecorigin SDAA device can be used (requires the ``torch_sdaa`` extension).
-
-    Args:
-        check_device: also require a visible device (imports ``torch_sdaa``).
-
-    Returns:
-        True when ``torch_sdaa`` is installed (and, if asked, a device is visible).
-    """
-    return _device_extension_available("torch_sdaa", "sdaa", check_device)
+def _docstring(check: _PackageCheck) -> str:
+    modules = " and ".join(f"``{module}``" for module in check.modules)
+    if check.any_of:
+        modules = " or ".join(f"``{module}``" for module in check.modules)
+    if check.device_family is not None:
+        extension = check.modules[0]
+        return (
+            f"Tell whether {check.label} can be used (requires the ``{extension}`` extension).\n\n"
+            "Args:\n"
+            f"    check_device: also require a visible device; this imports ``{extension}``, so it only\n"
+            "        happens when asked.\n\n"
+            "Returns:\n"
+            f"    True when ``{extension}`` is installed (and, if asked, a device is visible).\n"
+        )
+    lines = [f"Tell whether {check.label} is installed, without importing it.", ""]
+    if check.version_parameter:
+        lines += ["Args:", "    min_version: the lowest acceptable version (None: any).", ""]
+    returns = f"True when {modules} can be imported"
+    if check.distribution is not None:
+        returns += f" and the ``{check.distribution}`` distribution is installed"
+    if check.min_version is not None and not check.version_parameter:
+        returns += f", at version {check.min_version} or later"
+    elif check.version_parameter:
+        returns += ", at least at ``min_version``"
+    return "\n".join([*lines, "Returns:", f"    {returns}.", ""])
 
 
-def is_neuron_available(check_device: bool = False) -> bool:
-    """Tell whether an AWS Neuron device (Trainium/Inferentia) can be used (``torch_neuronx``).
+def _make_check(check: _PackageCheck) -> Callable[..., bool]:
+    """Build the public function for one table row, with the parameters the reference gives it."""
+    if check.device_family is not None:
 
-    Args:
-        check_device: also require a visible device (imports ``torch_neuronx``).
+        def available(check_device: bool = False) -> bool:
+            if not _installed(check, None):
+                return False
+            return not check_device or _device_visible(check)
 
-    Returns:
-        True when ``torch_neuronx`` is installed (and, if asked, a device is visible).
-    """
-    return _device_extension_available("torch_neuronx", "neuron", check_device)
+    elif check.version_parameter:
+
+        def available(min_version: str | None = check.min_version) -> bool:  # type: ignore[misc]
+            return _installed(check, min_version)
+
+    else:
+
+        def available() -> bool:  # type: ignore[misc]
+            return _installed(check, check.min_version)
+
+    available.__name__ = available.__qualname__ = check.name
+    available.__doc__ = _docstring(check)
+    return available
+
+
+globals().update({check.name: _make_check(check) for check in _PACKAGE_CHECKS})
+__all__ += [check.name for check in _PACKAGE_CHECKS]
+
+
+def _ask(check_name: str) -> bool:
+    # Generated checks are not visible to static analysis, and a test may monkeypatch any check:
+    # both are served by looking the function up by name at each call.
+    return bool(globals()[check_name]())
+
+
+# --- checks with their own logic ------------------------------------------------------------------------
 
 
 def is_habana_gaudi1() -> bool:
@@ -681,7 +477,9 @@ def is_fp8_available() -> bool:
     Returns:
         True when at least one of ``msamp``, ``transformer_engine`` or ``torchao`` is installed.
     """
-    return is_msamp_available() or is_transformer_engine_available() or is_torchao_available()
+    return (
+        _ask("is_msamp_available") or _ask("is_transformer_engine_available") or _ask("is_torchao_available")
+    )
 
 
 def is_transformer_engine_mxfp8_available() -> bool:
@@ -693,7 +491,7 @@ def is_transformer_engine_mxfp8_available() -> bool:
     Returns:
         True when MXFP8 recipes are supported (Blackwell-class GPUs with a recent Transformer Engine).
     """
-    if not (is_transformer_engine_available() and is_cuda_available()):
+    if not (_ask("is_transformer_engine_available") and is_cuda_available()):
         return False
     fp8 = importlib.import_module("transformer_engine.pytorch.fp8")
     check = getattr(fp8, "check_mxfp8_support", None)
@@ -744,66 +542,6 @@ def is_weights_only_available() -> bool:
     return is_torch_version(">=", "2.4.0")
 
 
-# --- more libraries ------------------------------------------------------------------------------------
-
-
-def is_numpy_available(min_version: str = "1.25.0") -> bool:
-    """Tell whether numpy is installed, at least at ``min_version``.
-
-    Args:
-        min_version: the lowest acceptable version.
-
-    Returns:
-        True when numpy is installed and recent enough.
-    """
-    return is_package_available("numpy") and compare_versions("numpy", ">=", min_version)
-
-
-def is_pandas_available() -> bool:
-    """Tell whether pandas is installed.
-
-    Returns:
-        True when ``pandas`` can be imported.
-    """
-    return is_package_available("pandas")
-
-
-def is_peft_available() -> bool:
-    """Tell whether Hugging Face PEFT is installed.
-
-    Returns:
-        True when ``peft`` can be imported.
-    """
-    return is_package_available("peft")
-
-
-def is_timm_available() -> bool:
-    """Tell whether timm (PyTorch Image Models) is installed.
-
-    Returns:
-        True when ``timm`` can be imported.
-    """
-    return is_package_available("timm")
-
-
-def is_torchvision_available() -> bool:
-    """Tell whether torchvision is installed.
-
-    Returns:
-        True when ``torchvision`` can be imported.
-    """
-    return is_package_available("torchvision")
-
-
-def is_torchdata_available() -> bool:
-    """Tell whether torchdata is installed.
-
-    Returns:
-        True when ``torchdata`` can be imported.
-    """
-    return is_package_available("torchdata")
-
-
 def is_triton_available() -> bool:
     """Tell whether Triton is installed (the ``pytorch-triton-xpu`` build on Intel XPU machines).
 
@@ -815,69 +553,6 @@ def is_triton_available() -> bool:
     return is_package_available("triton")
 
 
-def is_pytest_available() -> bool:
-    """Tell whether pytest is installed.
-
-    Returns:
-        True when ``pytest`` can be imported.
-    """
-    return is_package_available("pytest")
-
-
-def is_boto3_available() -> bool:
-    """Tell whether boto3 (the AWS SDK) is installed.
-
-    Returns:
-        True when ``boto3`` can be imported.
-    """
-    return is_package_available("boto3")
-
-
-def is_sagemaker_available() -> bool:
-    """Tell whether the Amazon SageMaker Python SDK is installed.
-
-    Returns:
-        True when ``sagemaker`` can be imported.
-    """
-    return is_package_available("sagemaker")
-
-
-def is_schedulefree_available() -> bool:
-    """Tell whether the schedule-free optimizers package is installed.
-
-    Returns:
-        True when ``schedulefree`` can be imported.
-    """
-    return is_package_available("schedulefree")
-
-
-def is_lomo_available() -> bool:
-    """Tell whether the LOMO optimizers package (``lomo-optim``) is installed.
-
-    Returns:
-        True when ``lomo_optim`` can be imported.
-    """
-    return is_package_available("lomo_optim")
-
-
-def is_import_timer_available() -> bool:
-    """Tell whether the ``import-timer`` profiler is installed.
-
-    Returns:
-        True when ``import_timer`` can be imported.
-    """
-    return is_package_available("import_timer")
-
-
-def is_amdsmi_available() -> bool:
-    """Tell whether AMD SMI bindings (``amdsmi``) are installed.
-
-    Returns:
-        True when ``amdsmi`` can be imported.
-    """
-    return is_package_available("amdsmi")
-
-
 def is_bitsandbytes_multi_backend_available() -> bool:
     """Tell whether the installed bitsandbytes supports devices other than CUDA (its multi-backend build).
 
@@ -887,7 +562,7 @@ def is_bitsandbytes_multi_backend_available() -> bool:
     Returns:
         True when bitsandbytes is installed and lists the ``multi_backend`` feature.
     """
-    if not is_bnb_available():
+    if not _ask("is_bnb_available"):
         return False
     bnb = importlib.import_module("bitsandbytes")
     return "multi_backend" in getattr(bnb, "features", set())
