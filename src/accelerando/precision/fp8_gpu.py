@@ -6,6 +6,8 @@ and the package, so nothing here runs on a CPU-only machine.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -48,8 +50,10 @@ class MSAMPPrecision(FP8Precision):
     """MS-AMP FP8: ``msamp.initialize(model, optimizer, opt_level)`` turns weights, gradients and (O2)
     optimizer states into FP8.
 
-    MS-AMP converts a model together with its optimizer: :meth:`initialize` does it for one pair;
-    under DeepSpeed the engine does it from :func:`msamp_deepspeed_config`.
+    MS-AMP converts a model together with its optimizer, so the conversion happens in
+    :meth:`prepare_objects` (one ``prepare`` call holding exactly one model and its optimizer), before
+    any wrapping (DDP); ``convert_module`` only checks it happened. Under DeepSpeed the engine does it
+    from the ``"msamp"`` block of its config (:func:`msamp_deepspeed_config`) and none of this runs.
 
     Args:
         device_type: "cuda".
@@ -57,6 +61,10 @@ class MSAMPPrecision(FP8Precision):
     """
 
     backend_name = "msamp"
+
+    def __init__(self, device_type: str, recipe: Any) -> None:
+        super().__init__(device_type, recipe)
+        self._converted: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     def initialize(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         """Convert ``model`` and ``optimizer`` with MS-AMP at the recipe's ``opt_level``.
@@ -72,7 +80,73 @@ class MSAMPPrecision(FP8Precision):
             )
         import msamp
 
-        return msamp.initialize(model, optimizer, opt_level=self.resolve_recipe().opt_level)
+        model, optimizer = msamp.initialize(model, optimizer, opt_level=self.resolve_recipe().opt_level)
+        self._converted.add(model)
+        return model, optimizer
+
+    def prepare_objects(
+        self,
+        objects: Sequence[Any],
+        placement: Sequence[bool],
+        device: torch.device | None,
+        is_prepared: Callable[[Any], bool],
+    ) -> list[Any]:
+        """Run MS-AMP on the model and optimizer of one ``prepare`` call, before any wrapping.
+
+        The model is moved to ``device`` first (when its placement is on): MS-AMP builds its FP8
+        weights where the parameters are. Calls holding no new model or optimizer (dataloaders only)
+        pass through.
+
+        Args:
+            objects: the objects of the ``prepare`` call, in the caller's order.
+            placement: per object, whether it is moved to the device.
+            device: the training device.
+            is_prepared: whether an object was prepared by an earlier call (left alone).
+
+        Returns:
+            The objects with the model and optimizer replaced by MS-AMP's.
+
+        Raises:
+            ValueError: not exactly one model and one optimizer among the new objects.
+            ImportError: MS-AMP is not installed.
+        """
+        result = list(objects)
+        models = [i for i, o in enumerate(objects) if isinstance(o, torch.nn.Module) and not is_prepared(o)]
+        optimizers = [
+            i
+            for i, o in enumerate(objects)
+            if isinstance(o, torch.optim.Optimizer)
+            and not is_prepared(o)
+            and not hasattr(o, "optimizer")  # already an AcceleratedOptimizer
+        ]
+        if not models and not optimizers:
+            return result
+        if len(models) != 1 or len(optimizers) != 1:
+            raise ValueError(
+                f"MS-AMP converts one model together with its optimizer, but this prepare() call got "
+                f"{len(models)} model(s) and {len(optimizers)} optimizer(s): pass exactly one model and its "
+                "optimizer to accelerator.prepare(model, optimizer, ...); for several models use "
+                "fp8_backend='te' or 'ao'"
+            )
+        (m,), (o,) = models, optimizers
+        if device is not None and placement[m]:
+            result[m].to(device)  # in place: the optimizer keeps the same Parameter objects
+        result[m], result[o] = self.initialize(result[m], result[o])
+        return result
+
+    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Check that MS-AMP converted ``model`` (in :meth:`prepare_objects`); nothing else to do.
+
+        Raises:
+            ValueError: the model came without its optimizer (e.g. ``prepare_model`` alone).
+        """
+        if model not in self._converted:
+            raise ValueError(
+                "MS-AMP converts a model together with its optimizer: pass both to one "
+                "accelerator.prepare(model, optimizer, ...) call (prepare_model alone cannot use MS-AMP), "
+                "or use fp8_backend='te' or 'ao'"
+            )
+        return model
 
 
 def msamp_deepspeed_config(config: dict[str, Any], opt_level: str = "O2") -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Order (each step may need the previous one): ZeRO stage/offload "auto" (needs the model size) ->
 accumulation (needs the Accelerator) -> batch sizes (need accumulation and the dataloaders) ->
-precision, clipping, 16-bit save -> bucket sizes (need the model's hidden size) -> optimizer and
+precision, clipping, 16-bit save -> bucket sizes (need the model's hidden size) -> the MS-AMP block
+(when the FP8 backend is MS-AMP) -> optimizer and
 scheduler sections (need the objects passed to prepare) -> nothing "auto" may remain.
 ``zero_init_config`` (the view of a config ``deepspeed.zero.Init`` accepts before that) lives with the
 plugin, which needs it before any prepare; it is re-exported here.
@@ -21,6 +22,7 @@ import torch
 from accelerando.plugins.deepspeed import zero_init_config
 from accelerando.strategies.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
 from accelerando.strategies.deepspeed.config import AUTO, fill_auto, get_value, require_no_auto, set_value
+from accelerando.strategies.deepspeed.msamp import apply_msamp_block
 from accelerando.strategies.deepspeed.wrappers import DummyOptim, DummyScheduler
 
 __all__ = ["PrepareInputs", "resolve_config", "zero_init_config"]
@@ -44,6 +46,8 @@ class PrepareInputs:
         device_backend: the device family (``total_memory``).
         is_train_batch_min: smallest (True) or largest batch size wins.
         local_processes: processes on this machine (they share its RAM).
+        msamp_opt_level: the MS-AMP level when the run's FP8 backend is MS-AMP (adds the
+            ``"msamp"`` block), else None.
     """
 
     model: torch.nn.Module
@@ -57,6 +61,7 @@ class PrepareInputs:
     device_backend: Any = None
     is_train_batch_min: bool = True
     local_processes: int = 1
+    msamp_opt_level: str | None = None
 
 
 def _physical_memory() -> int | None:
@@ -282,6 +287,7 @@ def resolve_config(plugin: Any, inputs: PrepareInputs) -> tuple[dict[str, Any], 
     gas = _resolve_accumulation(config, inputs)
     _resolve_batch(config, inputs, gas)
     _resolve_numerics(config, inputs, plugin)
+    apply_msamp_block(config, inputs.msamp_opt_level)
     _resolve_optimizer(config, inputs)
     _resolve_scheduler(config, inputs)
     require_no_auto(config)

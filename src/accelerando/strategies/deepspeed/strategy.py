@@ -19,6 +19,7 @@ from accelerando.gradient_state import GradientState
 from accelerando.plugins.deepspeed import import_deepspeed
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
 from accelerando.strategies.deepspeed.auto_stage import ZeroChoice
+from accelerando.strategies.deepspeed.msamp import engine_initializer, msamp_opt_level
 from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config
 from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin
 from accelerando.strategies.deepspeed.wrappers import (
@@ -180,7 +181,9 @@ class DeepSpeedStrategy(Strategy):
         pick = {k: (objects[v[0]] if v else None) for k, v in found.items()}
         # Autocast around the user's forward (the engine holds low-precision weights; the inputs
         # the script passes stay fp32), exactly as for the other strategies.
-        pick["model"] = self.precision.convert_module(pick["model"])
+        # Except MS-AMP, which converts the model with its optimizer inside its engine wrapper.
+        if msamp_opt_level(self.precision) is None:
+            pick["model"] = self.precision.convert_module(pick["model"])
         self._build_engine(prepared, request, pick["model"], pick["optimizer"], pick["scheduler"])
         made = {"model": prepared.models, "optimizer": prepared.optimizers, "scheduler": prepared.schedulers}
         for kind, where in found.items():
@@ -196,7 +199,6 @@ class DeepSpeedStrategy(Strategy):
     def _build_engine(
         self, prepared: Prepared, request: PrepareRequest, model: Any, optimizer: Any, scheduler: Any
     ) -> None:
-        deepspeed = import_deepspeed()
         plugin = get_active_deepspeed_plugin(self.state)
         num_processes = int(self.state.num_processes)
         inputs = PrepareInputs(
@@ -211,6 +213,7 @@ class DeepSpeedStrategy(Strategy):
             device_backend=getattr(self.state, "device_backend", None),
             is_train_batch_min=bool(plugin.is_train_batch_min),
             local_processes=max(1, num_processes // max(getattr(self.state, "num_nodes", 1), 1)),
+            msamp_opt_level=msamp_opt_level(self.precision),
         )
         config, choice = resolve_config(plugin, inputs)
         if choice is not None:
@@ -234,7 +237,7 @@ class DeepSpeedStrategy(Strategy):
                 kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         elif scheduler is not None:
             kwargs["lr_scheduler"] = scheduler
-        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        engine, ds_optimizer, _, ds_scheduler = engine_initializer(config)(**kwargs)
         self._record(prepared, engine, optimizer, ds_optimizer, scheduler, ds_scheduler)
 
     def _record(
