@@ -159,6 +159,52 @@ def _override_even_batches(dataloaders: list[Any], even_batches: bool | None) ->
     return overridden
 
 
+class _Accumulation:
+    """``Accelerator.accumulate``'s context: a plain class, as it is entered once per micro-batch."""
+
+    __slots__ = ("_accelerator", "_models", "_stack")
+
+    def __init__(self, accelerator: Accelerator, models: tuple[torch.nn.Module, ...]) -> None:
+        self._accelerator = accelerator
+        self._models = models
+        self._stack: contextlib.AbstractContextManager | None = None
+
+    def __enter__(self) -> None:
+        accelerator = self._accelerator
+        accelerator._do_sync()
+        gs = accelerator.gradient_state
+        if gs.sync_gradients or gs.sync_each_batch or not self._models:
+            return
+        strategy = accelerator._strategy
+        if len(self._models) == 1:
+            context = strategy.no_sync(self._models[0])
+            context.__enter__()
+            self._stack = context
+            return
+        stack = contextlib.ExitStack()
+        try:
+            for model in self._models:
+                stack.enter_context(strategy.no_sync(model))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        stack, self._stack = self._stack, None
+        if stack is not None and stack.__exit__(exc_type, exc, tb):
+            return True  # a no_sync context swallowed the exception, as it would inside ExitStack
+        if exc_type is None:
+            # The step is complete here (reached only without an exception): a preemption acts now.
+            accelerator = self._accelerator
+            preemption = accelerator._preemption
+            if preemption is not None and preemption.should_stop(accelerator.state.num_processes):
+                from accelerando.facade.preemption import checkpoint_and_exit
+
+                checkpoint_and_exit(accelerator, preemption)
+        return False
+
+
 class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin):
     """Prepare a PyTorch training loop to run on any hardware and number of processes.
 
@@ -587,36 +633,24 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
 
     def _do_sync(self) -> None:
         gs = self.gradient_state
-        if gs.sync_with_dataloader and gs.end_of_dataloader:
+        loader = gs._active_dataloader
+        if gs._sync_with_dataloader and loader is not None and loader.end_of_dataloader:
             self.step = 0
-            gs._set_sync_gradients(True)
+            gs.sync_gradients = True
         else:
             self.step += 1
-            gs._set_sync_gradients(self.step % gs.num_steps == 0)
+            gs.sync_gradients = self.step % gs._num_steps == 0
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Context for one micro-batch: decides whether this is a sync step and skips the all-reduce otherwise.
 
         Inside, ``sync_gradients`` says whether the optimizer will really step. Gradients are
         synchronised on every ``gradient_accumulation_steps``-th micro-batch and on the last batch of
         the dataloader (``sync_with_dataloader``); with ``sync_each_batch`` they are all-reduced on
-        every micro-batch but the optimizer still steps only on sync steps.
+        every micro-batch but the optimizer still steps only on sync steps. On leaving the context
+        without an exception, a pending preemption checkpoints and exits.
         """
-        self._do_sync()
-        gs = self.gradient_state
-        if gs.sync_gradients or gs.sync_each_batch or not models:
-            yield
-        else:
-            with contextlib.ExitStack() as stack:
-                for model in models:
-                    stack.enter_context(self._strategy.no_sync(model))
-                yield
-        # The step is complete here (reached only without an exception): a preemption acts now.
-        if self._preemption is not None and self._preemption.should_stop(self.state.num_processes):
-            from accelerando.facade.preemption import checkpoint_and_exit
-
-            checkpoint_and_exit(self, self._preemption)
+        return _Accumulation(self, models)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
