@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -67,3 +70,92 @@ def test_a_failed_background_write_leaves_the_previous_checkpoint_newest(tmp_pat
     monkeypatch.undo()
     acc.load_state()  # the previous one loads
     assert acc.resume_point.checkpoint == previous
+
+
+def _trained(tmp_path):
+    project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    acc = Accelerator(project_config=project)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters())
+    model, opt = acc.prepare(model, opt)
+    _steps(acc, model, opt, 2)
+    return acc, model, opt
+
+
+def _steps(acc, model, opt, count):
+    for _ in range(count):
+        acc.backward(model(torch.randn(4, 8)).square().sum())  # BatchNorm's buffers change here
+        opt.step()
+        opt.zero_grad()
+
+
+def test_overlapped_copy_holds_the_optimizer_step_and_equals_a_sync_save(tmp_path, monkeypatch):
+    """The parameters and Adam state are copied after the training went on to its next step."""
+    import accelerando.checkpointing.async_save as A
+
+    acc, model, opt = _trained(tmp_path)
+    synchronous = acc.save_state()
+    entered = threading.Event()
+    finish = A._Snapshot.finish
+
+    def after_the_step_waits(self):
+        assert entered.wait(60), "the optimizer step never waited for the copy"
+        finish(self)
+
+    monkeypatch.setattr(A._Snapshot, "finish", after_the_step_waits)
+    handle = acc.save_state(async_save=True)
+    held = opt._snapshot_wait
+    assert held is not None
+
+    def wait():
+        entered.set()
+        held()
+
+    opt._snapshot_wait = wait
+    _steps(acc, model, opt, 2)  # forward/backward run during the copy; the step waits for it
+    folder = handle.result()
+    assert _checksums(folder) == _checksums(synchronous)  # byte for byte, though the training moved on
+    assert entered.is_set()
+    monkeypatch.undo()
+    no_overlap = acc.save_state(async_save=True, overlap_snapshot=False)
+    assert opt._snapshot_wait is None  # nothing held: everything was copied before returning
+    no_overlap.result()
+
+
+def test_no_pending_save_costs_the_step_nothing(tmp_path):
+    """Counted work: a step after a committed asynchronous save makes the same Python calls as before."""
+    acc, model, opt = _trained(tmp_path)
+
+    def calls_of_one_step():
+        acc.backward(model(torch.randn(4, 8)).square().sum())
+        seen = []
+        sys.setprofile(lambda frame, event, arg: seen.append(frame.f_code) if event == "call" else None)
+        try:
+            opt.step()
+        finally:
+            sys.setprofile(None)
+        opt.zero_grad()
+        return [(code.co_filename, code.co_name) for code in seen]
+
+    before = calls_of_one_step()
+    acc.save_state(async_save=True).result()
+    after = calls_of_one_step()
+    assert after == before
+    assert not any("checkpointing" in filename for filename, _ in after)
+    assert "_snapshot_wait" not in vars(opt) or opt._snapshot_wait is None
+
+
+def test_fsdp_shards_are_staged_not_written_while_an_async_save_collects(tmp_path):
+    """save_or_stage writes at once outside an asynchronous save and only stages inside one."""
+    from accelerando.checkpointing.async_dcp import ShardWrites, collecting, save_or_stage
+
+    owner = type("Owner", (), {})()
+    tensor = torch.arange(6.0)
+    writes = ShardWrites(owner)
+    with collecting(writes):
+        save_or_stage({"model": {"w": tensor}}, str(tmp_path / "staged"))
+    assert not (tmp_path / "staged").exists() and len(writes.pending) == 1
+    tensor.add_(1)  # the staged copy is a snapshot
+    ((staged, folder),) = writes.pending
+    assert torch.equal(staged["model"]["w"], torch.arange(6.0)) and folder.endswith("staged")

@@ -65,8 +65,11 @@ class ShardWrites:
 
     def stage(self, state_dict: dict[str, Any], folder: str) -> None:
         """Copy ``state_dict`` (DTensors included) to host memory now; write it into ``folder`` later."""
-        staged = _stager_for(self._owner).stage(state_dict)
-        self.pending.append((staged, folder))
+        # DCP's stager cannot copy FSDP1's ShardedTensors: they are copied here, the rest by the stager.
+        sharded: list[Any] = []
+        plain = _set_aside(state_dict, sharded)
+        staged = _stager_for(self._owner).stage(plain)
+        self.pending.append((_put_back(staged, sharded), folder))
 
     def write_all(self, process_group: Any) -> list[str]:
         """Write every staged state dict with ``dcp.save`` (collective on ``process_group``).
@@ -85,6 +88,43 @@ class ShardWrites:
             dcp.save(staged, checkpoint_id=folder, process_group=process_group)
             written.append(folder)
         return written
+
+
+class _Slot:
+    """Where a ShardedTensor was, while the rest of the state dict goes through DCP's stager."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _set_aside(tree: Any, sharded: list[Any]) -> Any:
+    """``tree`` with each ShardedTensor replaced by a :class:`_Slot`, its host copy appended to ``sharded``."""
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
+    if isinstance(tree, ShardedTensor):
+        shards = [Shard(s.tensor.detach().to("cpu", copy=True), s.metadata) for s in tree.local_shards()]
+        copy = ShardedTensor._init_from_local_shards_and_global_metadata(
+            shards, tree.metadata(), process_group=tree._process_group
+        )
+        sharded.append(copy)
+        return _Slot(len(sharded) - 1)
+    if isinstance(tree, dict):
+        return type(tree)((key, _set_aside(value, sharded)) for key, value in tree.items())
+    if isinstance(tree, list):
+        return [_set_aside(value, sharded) for value in tree]
+    return tree
+
+
+def _put_back(tree: Any, sharded: list[Any]) -> Any:
+    if not sharded:
+        return tree
+    if isinstance(tree, _Slot):
+        return sharded[tree.index]
+    if isinstance(tree, dict):
+        return type(tree)((key, _put_back(value, sharded)) for key, value in tree.items())
+    if isinstance(tree, list):
+        return [_put_back(value, sharded) for value in tree]
+    return tree
 
 
 @contextmanager

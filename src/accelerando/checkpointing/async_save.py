@@ -378,9 +378,8 @@ class _Snapshot:
                 self.optimizers = [snapshot_tree(o, self._memo, copy_if=later) for o in self.optimizers]
         finally:
             self.copied.set()
-            for optimizer in self._held:
-                if getattr(optimizer, "_snapshot_wait", None) == self.copied.wait:
-                    optimizer._snapshot_wait = None  # the next steps cost one attribute read again
+            for optimizer in self._held:  # (saves are one at a time: no newer save holds them)
+                optimizer._snapshot_wait = None  # the next steps cost one attribute read again
             self._held = []
 
     def write(self, on_written: Callable[[str], None], group: Any) -> None:
