@@ -1,4 +1,7 @@
-"""CUDA-only checks of the items no CPU machine can show (issues #4, #7, #8); skipped without a GPU.
+"""CUDA-only checks of the items no CPU machine can show (issues #4, #7, #8, #18); skipped without a GPU.
+
+The FP8 checks of #18 each need more: torchao (native FP8 matmuls) and Transformer Engine a GPU of
+compute capability 8.9 or newer, MS-AMP its ``msamp`` package; a missing one is a skip naming it.
 
 Run them in one go on a machine with a GPU: ``bash scripts/device_check.sh``.
 """
@@ -221,7 +224,7 @@ def _fsdp_fp16_worker() -> dict:
     return out
 
 
-# --- issue #18: FP8 on GPUs (torchao natively, Transformer Engine) -----------------------------------
+# --- issue #18: FP8 on GPUs (torchao natively, Transformer Engine, MS-AMP) ---------------------------
 
 
 def _fp8_gpu() -> bool:
@@ -299,3 +302,88 @@ def test_transformer_engine_fp8_or_clear_error(fresh_state):
     assert has_transformer_engine_layers(accelerator.unwrap_model(model))
     losses = _fp8_train(model, optimizer, accelerator.backward, accelerator.device)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+class _HandTE(torch.nn.Module):
+    """The FP8 MLP written directly with Transformer Engine: te.Linear layers, forward in fp8_autocast."""
+
+    def __init__(self, source: torch.nn.Module, recipe) -> None:
+        import transformer_engine.pytorch as te
+
+        super().__init__()
+        layers = []
+        for module in source:
+            if isinstance(module, torch.nn.Linear):
+                layer = te.Linear(module.in_features, module.out_features, params_dtype=torch.float32)
+                with torch.no_grad():
+                    layer.weight.copy_(module.weight)
+                    layer.bias.copy_(module.bias)
+                module = layer
+            layers.append(module)
+        self.layers = torch.nn.Sequential(*layers)
+        self.recipe = recipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import transformer_engine.pytorch as te
+
+        with te.fp8_autocast(enabled=True, fp8_recipe=self.recipe):
+            return self.layers(x)
+
+
+@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with FP8 support (compute capability 8.9+)")
+def test_transformer_engine_fp8_equals_te_by_hand(fresh_state):
+    """#18: TE convert_model + FP8 autocast through the Accelerator trains as Transformer Engine by hand
+    (te.Linear with the same weights, DelayedScaling with the TERecipeKwargs defaults)."""
+    pytest.importorskip("transformer_engine.pytorch")
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    from accelerando import Accelerator
+    from accelerando.plugins.kwargs import TERecipeKwargs
+
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+    model = _fp8_mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    got = _fp8_train(model, optimizer, accelerator.backward, accelerator.device)
+
+    recipe = DelayedScaling(
+        fp8_format=Format.HYBRID, amax_history_len=1024, amax_compute_algo="most_recent", margin=0
+    )
+    hand = _HandTE(_fp8_mlp(), recipe).cuda()
+    optimizer = torch.optim.AdamW(hand.parameters(), lr=1e-3)
+    want = _fp8_train(hand, optimizer, lambda loss: loss.backward(), "cuda")
+    assert all(math.isfinite(x) for x in got) and got[-1] < got[0]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+
+
+def _has_msamp() -> bool:
+    from accelerando.utils.imports import is_msamp_available
+
+    return is_msamp_available()
+
+
+@pytest.mark.skipif(not _has_msamp(), reason="needs MS-AMP (github.com/Azure/MS-AMP), built for this CUDA")
+@pytest.mark.parametrize("opt_level", ["O1", "O2"])
+def test_msamp_fp8_equals_msamp_by_hand(fresh_state, opt_level):
+    """#18: fp8_backend msamp runs msamp.initialize(model, optimizer, opt_level) at prepare and trains
+    as MS-AMP by hand; two models in one prepare call are refused."""
+    import msamp
+
+    from accelerando import Accelerator
+    from accelerando.plugins.kwargs import MSAMPRecipeKwargs
+
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs(opt_level=opt_level)])
+    model = _fp8_mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    got = _fp8_train(model, optimizer, accelerator.backward, accelerator.device)
+
+    hand = _fp8_mlp().cuda()
+    hand_optimizer = torch.optim.AdamW(hand.parameters(), lr=1e-3)
+    hand, hand_optimizer = msamp.initialize(hand, hand_optimizer, opt_level=opt_level)
+    want = _fp8_train(hand, hand_optimizer, lambda loss: loss.backward(), "cuda")
+    assert all(math.isfinite(x) for x in got) and got[-1] < got[0]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    two = (_fp8_mlp(), _fp8_mlp())
+    with pytest.raises(ValueError, match="2 model"):
+        accelerator.prepare(*two, torch.optim.AdamW(two[0].parameters()))
