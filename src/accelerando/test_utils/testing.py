@@ -112,6 +112,11 @@ def path_in_accelerate_package(*components: str) -> Path:
 
 
 def _requires(condition: Callable[[], bool], reason: str, name: str) -> Callable[[T], T]:
+    """Build the skip decorator ``name``: it skips a test (function or TestCase class) unless ``condition()``.
+
+    The condition is asked when the decorator is applied, i.e. when the test module is imported.
+    """
+
     def decorator(test_case: T) -> T:
         return unittest.skipUnless(condition(), reason)(test_case)
 
@@ -170,6 +175,10 @@ def require_torch_min_version(test_case: Any = None, version: str | None = None)
     )
 
 
+# Conditions read the module's globals (torch_device, device_count, family_count, imports.*) at each
+# call, so a test that monkeypatches them sees its decorators follow.
+
+
 def _cuda() -> bool:
     return imports.is_cuda_available() and not imports.is_torch_xla_available()
 
@@ -197,190 +206,124 @@ def _tp() -> bool:
     )
 
 
-def _fp8() -> bool:
-    if hasattr(imports, "is_fp8_available"):
-        return bool(imports.is_fp8_available())
-    return (
-        available("is_msamp_available", "msamp")
-        or available("is_transformer_engine_available", "transformer_engine")
-        or available("is_torchao_available", "torchao")
-    )
-
-
-def _fp16() -> bool:
-    return bool(imports.is_fp16_available()) if hasattr(imports, "is_fp16_available") else True
-
-
-def _lib(check: str, *modules: str) -> Callable[[], bool]:
-    return lambda: available(check, *modules)
-
-
-# hardware
-require_cpu = _requires(lambda: torch_device == "cpu", "test requires only a CPU", "require_cpu")
-require_non_cpu = _requires(
-    lambda: torch_device != "cpu", "test requires a hardware accelerator", "require_non_cpu"
-)
-require_cuda = _requires(_cuda, "test requires a CUDA GPU (and no torch_xla)", "require_cuda")
-require_cuda_or_xpu = _requires(
-    lambda: _cuda() or _xpu(), "test requires a CUDA GPU or an XPU", "require_cuda_or_xpu"
-)
-require_cuda_or_hpu = _requires(
-    lambda: _cuda() or _hpu(), "test requires a CUDA GPU or an HPU", "require_cuda_or_hpu"
-)
-require_xpu = _requires(_xpu, "test requires an XPU", "require_xpu")
-require_non_xpu = _requires(lambda: torch_device != "xpu", "test must not run on an XPU", "require_non_xpu")
-require_non_hpu = _requires(lambda: torch_device != "hpu", "test must not run on an HPU", "require_non_hpu")
-require_npu = _requires(lambda: imports.is_npu_available(), "test requires an NPU", "require_npu")
-require_mlu = _requires(lambda: family_count("mlu") > 0, "test requires an MLU", "require_mlu")
-require_musa = _requires(lambda: family_count("musa") > 0, "test requires a MUSA device", "require_musa")
-require_sdaa = _requires(lambda: family_count("sdaa") > 0, "test requires an SDAA device", "require_sdaa")
-require_neuron = _requires(
-    lambda: family_count("neuron") > 0, "test requires an AWS Neuron device", "require_neuron"
-)
-require_mps = _requires(lambda: imports.is_mps_available(), "test requires Apple MPS", "require_mps")
-require_tpu = _requires(
-    lambda: imports.is_torch_xla_available(check_is_tpu=True),
-    "test requires a TPU (torch_xla)",
-    "require_tpu",
-)
-require_non_torch_xla = _requires(
-    lambda: not imports.is_torch_xla_available(), "test must run without torch_xla", "require_non_torch_xla"
-)
-require_single_device = _requires(
-    lambda: torch_device != "cpu" and device_count == 1,
-    "test requires exactly one hardware accelerator",
-    "require_single_device",
-)
-require_single_gpu = _requires(
-    lambda: family_count("cuda") == 1, "test requires exactly one CUDA GPU", "require_single_gpu"
-)
-require_single_xpu = _requires(
-    lambda: family_count("xpu") == 1, "test requires exactly one XPU", "require_single_xpu"
-)
-require_multi_device = _requires(
-    lambda: device_count > 1, "test requires several hardware accelerators", "require_multi_device"
-)
-require_multi_gpu = _requires(
-    lambda: family_count("cuda") > 1, "test requires several CUDA GPUs", "require_multi_gpu"
-)
-require_multi_xpu = _requires(
-    lambda: family_count("xpu") > 1, "test requires several XPUs", "require_multi_xpu"
-)
-require_multi_gpu_or_xpu = _requires(
-    lambda: (_cuda() or _xpu()) and device_count > 1,
-    "test requires several CUDA GPUs or XPUs",
-    "require_multi_gpu_or_xpu",
-)
-require_fp16 = _requires(_fp16, "test requires fp16 support", "require_fp16")
-require_fp8 = _requires(
-    _fp8, "test requires an fp8 backend (transformer_engine, torchao or MS-AMP)", "require_fp8"
-)
-
-# libraries
-require_huggingface_suite = _requires(
-    lambda: (
-        available("is_transformers_available", "transformers")
-        and available("is_datasets_available", "datasets")
+# decorator name: (condition, why the test is skipped when the condition fails)
+_CONDITIONS: dict[str, tuple[Callable[[], bool], str]] = {
+    # hardware
+    "require_cpu": (lambda: torch_device == "cpu", "test requires only a CPU"),
+    "require_non_cpu": (lambda: torch_device != "cpu", "test requires a hardware accelerator"),
+    "require_cuda": (_cuda, "test requires a CUDA GPU (and no torch_xla)"),
+    "require_cuda_or_xpu": (lambda: _cuda() or _xpu(), "test requires a CUDA GPU or an XPU"),
+    "require_cuda_or_hpu": (lambda: _cuda() or _hpu(), "test requires a CUDA GPU or an HPU"),
+    "require_xpu": (_xpu, "test requires an XPU"),
+    "require_non_xpu": (lambda: torch_device != "xpu", "test must not run on an XPU"),
+    "require_non_hpu": (lambda: torch_device != "hpu", "test must not run on an HPU"),
+    "require_npu": (lambda: imports.is_npu_available(), "test requires an NPU"),
+    "require_mlu": (lambda: family_count("mlu") > 0, "test requires an MLU"),
+    "require_musa": (lambda: family_count("musa") > 0, "test requires a MUSA device"),
+    "require_sdaa": (lambda: family_count("sdaa") > 0, "test requires an SDAA device"),
+    "require_neuron": (lambda: family_count("neuron") > 0, "test requires an AWS Neuron device"),
+    "require_mps": (lambda: imports.is_mps_available(), "test requires Apple MPS"),
+    "require_tpu": (
+        lambda: imports.is_torch_xla_available(check_is_tpu=True),
+        "test requires a TPU (torch_xla)",
     ),
-    "test requires transformers and datasets",
-    "require_huggingface_suite",
-)
-require_transformers = _requires(
-    _lib("is_transformers_available", "transformers"), "test requires transformers", "require_transformers"
-)
-require_datasets = _requires(
-    _lib("is_datasets_available", "datasets"), "test requires datasets", "require_datasets"
-)
-require_peft = _requires(_lib("is_peft_available", "peft"), "test requires peft", "require_peft")
-require_timm = _requires(_lib("is_timm_available", "timm"), "test requires timm", "require_timm")
-require_torchvision = _requires(
-    _lib("is_torchvision_available", "torchvision"), "test requires torchvision", "require_torchvision"
-)
-require_triton = _requires(_lib("is_triton_available", "triton"), "test requires triton", "require_triton")
-require_schedulefree = _requires(
-    _lib("is_schedulefree_available", "schedulefree"), "test requires schedulefree", "require_schedulefree"
-)
-require_pandas = _requires(_lib("is_pandas_available", "pandas"), "test requires pandas", "require_pandas")
-require_matplotlib = _requires(
-    _lib("is_matplotlib_available", "matplotlib"), "test requires matplotlib", "require_matplotlib"
-)
-require_bnb = _requires(_lib("is_bnb_available", "bitsandbytes"), "test requires bitsandbytes", "require_bnb")
-require_torchao = _requires(
-    _lib("is_torchao_available", "torchao"), "test requires torchao", "require_torchao"
-)
-require_deepspeed = _requires(
-    _lib("is_deepspeed_available", "deepspeed"), "test requires DeepSpeed", "require_deepspeed"
-)
-require_import_timer = _requires(
-    _lib("is_import_timer_available", "import_timer"), "test requires import-timer", "require_import_timer"
-)
-require_torchdata_stateful_dataloader = _requires(
-    _lib("is_torchdata_stateful_dataloader_available", "torchdata.stateful_dataloader"),
-    "test requires torchdata's StatefulDataLoader",
-    "require_torchdata_stateful_dataloader",
-)
-require_transformer_engine = _requires(
-    _lib("is_transformer_engine_available", "transformer_engine"),
-    "test requires transformer_engine",
-    "require_transformer_engine",
-)
-require_transformer_engine_mxfp8 = _requires(
-    _lib("is_transformer_engine_mxfp8_available"),
-    "test requires transformer_engine with MXFP8 support (a GPU of compute capability 10.0 or newer)",
-    "require_transformer_engine_mxfp8",
-)
-require_pippy = _requires(
-    lambda: (
-        available("is_pippy_available")
-        if hasattr(imports, "is_pippy_available")
-        else imports.is_torch_version(">=", "2.4.0")
+    "require_non_torch_xla": (
+        lambda: not imports.is_torch_xla_available(),
+        "test must run without torch_xla",
     ),
-    "test requires pipeline parallelism (torch.distributed.pipelining, torch >= 2.4)",
-    "require_pippy",
-)
-require_fsdp = _requires(
-    lambda: imports.is_torch_version(">=", FSDP_PYTORCH_VERSION),
-    f"test requires torch >= {FSDP_PYTORCH_VERSION}",
-    "require_fsdp",
-)
-require_fsdp2 = _requires(
-    lambda: imports.is_torch_version(">=", FSDP2_PYTORCH_VERSION),
-    f"test requires torch >= {FSDP2_PYTORCH_VERSION} (FSDP2)",
-    "require_fsdp2",
-)
-require_tp = _requires(
-    _tp,
-    f"test requires torch >= {BETA_TP_AVAILABLE_PYTORCH_VERSION} and transformers >= "
-    f"{BETA_TP_AVAILABLE_TRANSFORMERS_VERSION} (tensor parallelism)",
-    "require_tp",
-)
+    "require_single_device": (
+        lambda: torch_device != "cpu" and device_count == 1,
+        "test requires exactly one hardware accelerator",
+    ),
+    "require_single_gpu": (lambda: family_count("cuda") == 1, "test requires exactly one CUDA GPU"),
+    "require_single_xpu": (lambda: family_count("xpu") == 1, "test requires exactly one XPU"),
+    "require_multi_device": (lambda: device_count > 1, "test requires several hardware accelerators"),
+    "require_multi_gpu": (lambda: family_count("cuda") > 1, "test requires several CUDA GPUs"),
+    "require_multi_xpu": (lambda: family_count("xpu") > 1, "test requires several XPUs"),
+    "require_multi_gpu_or_xpu": (
+        lambda: (_cuda() or _xpu()) and device_count > 1,
+        "test requires several CUDA GPUs or XPUs",
+    ),
+    "require_fp16": (lambda: imports.is_fp16_available(), "test requires fp16 support"),
+    "require_fp8": (
+        lambda: imports.is_fp8_available(),
+        "test requires an fp8 backend (transformer_engine, torchao or MS-AMP)",
+    ),
+    # torch features and library combinations
+    "require_huggingface_suite": (
+        lambda: (
+            available("is_transformers_available", "transformers")
+            and available("is_datasets_available", "datasets")
+        ),
+        "test requires transformers and datasets",
+    ),
+    "require_pippy": (
+        lambda: imports.is_pippy_available(),
+        "test requires pipeline parallelism (torch.distributed.pipelining, torch >= 2.4)",
+    ),
+    "require_fsdp": (
+        lambda: imports.is_torch_version(">=", FSDP_PYTORCH_VERSION),
+        f"test requires torch >= {FSDP_PYTORCH_VERSION}",
+    ),
+    "require_fsdp2": (
+        lambda: imports.is_torch_version(">=", FSDP2_PYTORCH_VERSION),
+        f"test requires torch >= {FSDP2_PYTORCH_VERSION} (FSDP2)",
+    ),
+    "require_tp": (
+        _tp,
+        f"test requires torch >= {BETA_TP_AVAILABLE_PYTORCH_VERSION} and transformers >= "
+        f"{BETA_TP_AVAILABLE_TRANSFORMERS_VERSION} (tensor parallelism)",
+    ),
+    "require_trackers": (_any_tracker, "test requires wandb or tensorboard, and comet_ml not installed"),
+}
 
-# trackers
-require_wandb = _requires(_lib("is_wandb_available", "wandb"), "test requires wandb", "require_wandb")
-require_comet_ml = _requires(
-    _lib("is_comet_ml_available", "comet_ml"), "test requires comet_ml", "require_comet_ml"
+# One library each: require_<key> skips unless imports.is_<key>_available() holds (or, where that
+# check does not exist, the modules import). key: (what the skip reason names, modules).
+_LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "transformers": ("transformers", ("transformers",)),
+    "datasets": ("datasets", ("datasets",)),
+    "peft": ("peft", ("peft",)),
+    "timm": ("timm", ("timm",)),
+    "torchvision": ("torchvision", ("torchvision",)),
+    "triton": ("triton", ("triton",)),
+    "schedulefree": ("schedulefree", ("schedulefree",)),
+    "pandas": ("pandas", ("pandas",)),
+    "matplotlib": ("matplotlib", ("matplotlib",)),
+    "bnb": ("bitsandbytes", ("bitsandbytes",)),
+    "torchao": ("torchao", ("torchao",)),
+    "deepspeed": ("DeepSpeed", ("deepspeed",)),
+    "import_timer": ("import-timer", ("import_timer",)),
+    "torchdata_stateful_dataloader": ("torchdata's StatefulDataLoader", ("torchdata.stateful_dataloader",)),
+    "transformer_engine": ("transformer_engine", ("transformer_engine",)),
+    "transformer_engine_mxfp8": (
+        "transformer_engine with MXFP8 support (a GPU of compute capability 10.0 or newer)",
+        (),
+    ),
+    # trackers
+    "wandb": ("wandb", ("wandb",)),
+    "comet_ml": ("comet_ml", ("comet_ml",)),
+    "clearml": ("clearml", ("clearml",)),
+    "tensorboard": ("tensorboard", ("tensorboard",)),
+    "aim": ("aim", ("aim",)),
+    "mlflow": ("mlflow", ("mlflow",)),
+    "dvclive": ("dvclive", ("dvclive",)),
+    "swanlab": ("swanlab", ("swanlab",)),
+    "trackio": ("trackio", ("trackio",)),
+}
+
+
+def _library_condition(key: str, modules: tuple[str, ...]) -> Callable[[], bool]:
+    return lambda: available(f"is_{key}_available", *modules)
+
+
+_CONDITIONS.update(
+    {
+        f"require_{key}": (_library_condition(key, modules), f"test requires {label}")
+        for key, (label, modules) in _LIBRARIES.items()
+    }
 )
-require_clearml = _requires(
-    _lib("is_clearml_available", "clearml"), "test requires clearml", "require_clearml"
-)
-require_tensorboard = _requires(
-    _lib("is_tensorboard_available", "tensorboard"), "test requires tensorboard", "require_tensorboard"
-)
-require_aim = _requires(_lib("is_aim_available", "aim"), "test requires aim", "require_aim")
-require_mlflow = _requires(_lib("is_mlflow_available", "mlflow"), "test requires mlflow", "require_mlflow")
-require_dvclive = _requires(
-    _lib("is_dvclive_available", "dvclive"), "test requires dvclive", "require_dvclive"
-)
-require_swanlab = _requires(
-    _lib("is_swanlab_available", "swanlab"), "test requires swanlab", "require_swanlab"
-)
-require_trackio = _requires(
-    _lib("is_trackio_available", "trackio"), "test requires trackio", "require_trackio"
-)
-require_trackers = _requires(
-    _any_tracker,
-    "test requires wandb or tensorboard, and comet_ml not installed",
-    "require_trackers",
+globals().update(
+    {name: _requires(condition, reason, name) for name, (condition, reason) in _CONDITIONS.items()}
 )
 
 
@@ -458,5 +401,6 @@ __all__ = [
     "skip",
     "slow",
     "torch_device",
-    *sorted(name for name in list(globals()) if name.startswith("require_")),
+    "require_torch_min_version",
+    *sorted(_CONDITIONS),
 ]
