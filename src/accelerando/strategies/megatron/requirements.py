@@ -9,6 +9,9 @@ __all__ = [
     "MegatronLMUnavailableError",
     "megatron_core_missing",
     "refuse_megatron",
+    "require_cuda",
+    "require_megatron_and_cuda",
+    "require_megatron_core",
 ]
 
 MEGATRON_ALTERNATIVES = (
@@ -33,6 +36,19 @@ def megatron_core_missing() -> bool:
     return not is_megatron_lm_available()
 
 
+def _missing() -> list[str]:
+    import torch
+
+    missing = []
+    if megatron_core_missing():
+        missing.append("megatron-core is not installed (pip install megatron-core)")
+    if not torch.cuda.is_available():
+        missing.append(
+            "no CUDA GPU is available (megatron-core's DDP buffers, RNG tracker and kernels need one)"
+        )
+    return missing
+
+
 def refuse_megatron(what: str) -> NoReturn:
     """Refuse ``what``, naming whichever of megatron-core and CUDA is missing (always raises).
 
@@ -41,21 +57,41 @@ def refuse_megatron(what: str) -> NoReturn:
 
     Raises:
         MegatronLMUnavailableError: always; the message names what is missing (megatron-core, CUDA)
-            or, with both present, that accelerando does not drive megatron-core yet, and the
-            torch-native alternatives.
+            and the torch-native alternatives.
+    """
+    missing = _missing() or ["it cannot run in this configuration"]
+    raise MegatronLMUnavailableError(
+        f"{what} needs megatron-core and CUDA GPUs: {'; '.join(missing)}. Use the {MEGATRON_ALTERNATIVES}."
+    )
+
+
+def require_megatron_and_cuda(what: str) -> None:
+    """Return when megatron-core and a CUDA GPU are both present, else refuse ``what`` (see :func:`refuse_megatron`).
+
+    Raises:
+        MegatronLMUnavailableError: megatron-core or CUDA is missing.
+    """
+    if _missing():
+        refuse_megatron(what)
+
+
+def require_megatron_core(what: str) -> None:
+    """Return when megatron-core is importable, else refuse ``what`` naming the install command.
+
+    Raises:
+        MegatronLMUnavailableError: megatron-core is missing.
+    """
+    if megatron_core_missing():
+        refuse_megatron(what)
+
+
+def require_cuda(what: str) -> None:
+    """Return when a CUDA GPU is available, else refuse ``what``: megatron-core trains on CUDA only.
+
+    Raises:
+        MegatronLMUnavailableError: no CUDA GPU.
     """
     import torch
 
-    missing = []
-    if megatron_core_missing():
-        missing.append("megatron-core is not installed (pip install megatron-core)")
     if not torch.cuda.is_available():
-        missing.append("no CUDA GPU is available (megatron-core's fused kernels and NCCL groups need one)")
-    if missing:
-        raise MegatronLMUnavailableError(
-            f"{what} needs megatron-core and CUDA GPUs: {'; '.join(missing)}. Use the {MEGATRON_ALTERNATIVES}."
-        )
-    raise MegatronLMUnavailableError(
-        f"{what}: megatron-core and CUDA are present, but accelerando does not drive megatron-core's model, "
-        f"optimizer and engine construction yet. Use the {MEGATRON_ALTERNATIVES}."
-    )
+        refuse_megatron(what)

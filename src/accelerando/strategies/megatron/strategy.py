@@ -1,45 +1,239 @@
-"""MegatronStrategy: the connector's entry for Megatron-LM; it refuses at ``prepare`` where megatron-core cannot run."""
+"""MegatronStrategy: Megatron-LM training over megatron-core, or a clear refusal where it cannot run."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import contextlib
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from accelerando.enums import DistributedType
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
-from accelerando.strategies.megatron.requirements import refuse_megatron
+from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
 
 __all__ = ["MegatronStrategy"]
 
+_WHAT = "Megatron-LM training (megatron_lm_plugin or --use_megatron_lm)"
+
+
+def _kind(obj: Any) -> str | None:
+    from accelerando.strategies.megatron.train_steps import (
+        MegatronLMDummyDataLoader,
+        MegatronLMDummyScheduler,
+    )
+
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, (torch.utils.data.DataLoader, MegatronLMDummyDataLoader)):
+        return "dataloader"
+    if isinstance(obj, MegatronLMDummyScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer")):
+        return "scheduler"
+    return None
+
 
 class MegatronStrategy(Strategy):
-    """Megatron-LM tensor / pipeline parallelism over megatron-core.
+    """Megatron-LM tensor / pipeline / data parallelism over megatron-core, on CUDA GPUs.
 
     Chosen by the connector for a ``MegatronLMPlugin`` or ``--use_megatron_lm``. Creating the
-    Accelerator succeeds (its settings can be inspected); the first ``prepare`` refuses, before any
-    object is touched, naming what is missing (megatron-core, CUDA) and the torch-native
-    alternatives: ``ParallelismConfig(tp_size=...)`` for tensor parallelism and
-    ``PipelineParallelPlugin`` for pipeline parallelism. There is never a silent fallback to DDP.
+    Accelerator succeeds anywhere (its settings can be inspected). ``prepare`` needs megatron-core
+    and CUDA, and without them refuses before touching any object, naming what is missing and the
+    torch-native alternatives (``ParallelismConfig(tp_size=...)``, ``PipelineParallelPlugin``);
+    there is never a silent fallback to DDP.
+
+    With them, ``prepare`` (model, optimizer, ``MegatronLMDummyScheduler``, dataloaders, in one
+    call) reads the architecture, batch, optimizer and schedule into the plugin's arguments,
+    initialises megatron-core, builds megatron-core's own model / optimizer / schedule, and returns
+    a :class:`~accelerando.strategies.megatron.engine.MegatronEngine` for the model: calling it
+    runs a whole training step. ``backward``, ``optimizer.step()``, ``scheduler.step()`` and
+    ``zero_grad()`` are then no-ops; the engine clips gradients with the plugin's
+    ``gradient_clipping`` and saves / loads checkpoints with megatron-core's distributed checkpointing.
     """
 
     distributed_type = DistributedType.MEGATRON_LM
     name = "megatron"
     plain_data_parallel = False
+    manages_precision = True
+    divides_loss_for_accumulation = False
+    loads_own_checkpoints = True
 
-    def _refuse(self) -> NoReturn:
-        refuse_megatron("Megatron-LM training (megatron_lm_plugin or --use_megatron_lm)")
+    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
+        super().__init__(state, precision, **options)
+        self.engine: Any = None
 
-    def prepare_all(self, request: PrepareRequest) -> Prepared | None:
-        """Refuse: see the class. Raises MegatronLMUnavailableError."""
-        self._refuse()
+    def _holder(self) -> Any:
+        # The reference's Megatron functions take the Accelerator and read only its state.
+        return SimpleNamespace(state=self.state)
+
+    # ------------------------------------------------------------------ prepare
+    def prepare_all(self, request: PrepareRequest) -> Prepared:
+        """Build Megatron-LM's engine from the model, optimizer, scheduler and dataloaders of one call.
+
+        Raises:
+            MegatronLMUnavailableError: megatron-core or CUDA is missing (nothing was touched).
+            ValueError: several models, a second model after an engine was built, a scheduler that is
+                not a ``MegatronLMDummyScheduler``, or an optimizer Megatron-LM cannot rebuild.
+        """
+        require_megatron_and_cuda(_WHAT)
+        found: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": [], "dataloader": []}
+        for index, obj in enumerate(request.objects):
+            kind = _kind(obj)
+            if kind is not None and not request.is_prepared(obj):
+                found[kind].append(index)
+        if len(found["model"]) > 1 or (found["model"] and self.engine is not None):
+            raise ValueError("Megatron-LM trains one model per Accelerator: prepare a single model")
+        pick = {kind: (request.objects[where[0]] if where else None) for kind, where in found.items()}
+        plugin = self.state.megatron_lm_plugin
+        self._fill_arguments(plugin, pick, request)
+        from accelerando.strategies.megatron.engine import (
+            MegatronEngine,
+            MegatronLMOptimizerWrapper,
+            MegatronLMSchedulerWrapper,
+        )
+        from accelerando.strategies.megatron.setup import (
+            initialize,
+            prepare_data_loader,
+            prepare_model_optimizer_scheduler,
+        )
+
+        holder = self._holder()
+        if pick["model"] is not None or not _initialized():
+            initialize(holder, args_defaults=plugin.megatron_lm_default_args)
+        prepared = Prepared(objects=list(request.objects))
+        if pick["model"] is not None:
+            model, optimizer, scheduler = prepare_model_optimizer_scheduler(holder)
+            self.engine = MegatronEngine(holder, model, optimizer, scheduler)
+            wrapped_optimizer = MegatronLMOptimizerWrapper(optimizer)
+            made = {
+                "model": self.engine,
+                "optimizer": wrapped_optimizer,
+                "scheduler": MegatronLMSchedulerWrapper(scheduler, wrapped_optimizer),
+            }
+            prepared.models.append(self.engine)
+            for kind in ("optimizer", "scheduler"):
+                if found[kind]:
+                    (prepared.optimizers if kind == "optimizer" else prepared.schedulers).append(made[kind])
+            for kind in ("model", "optimizer", "scheduler"):
+                for index in found[kind]:
+                    prepared.objects[index] = made[kind]
+        for index in found["dataloader"]:
+            prepared.objects[index] = prepare_data_loader(holder, request.objects[index])
+        return prepared
+
+    def _fill_arguments(self, plugin: Any, pick: dict[str, Any], request: PrepareRequest) -> None:
+        """Read batch size, architecture, optimizer, schedule and precision into the plugin's arguments."""
+        from accelerando.strategies.megatron.train_steps import (
+            MegatronLMDummyDataLoader,
+            MegatronLMDummyScheduler,
+        )
+
+        loader, batch_data, micro_batch_size = pick["dataloader"], None, None
+        if isinstance(loader, MegatronLMDummyDataLoader):
+            loader.set_megatron_data_args()
+            micro_batch_size = int(loader.dataset_args.get("micro_batch_size", 1))
+        elif loader is not None:
+            batch_data = next(iter(loader))
+            micro_batch_size = int(loader.batch_size)
+            if request.split_batches:
+                micro_batch_size //= int(self.state.num_processes)
+        if micro_batch_size is not None:
+            model_parallel = plugin.tp_degree * plugin.pp_degree * int(plugin.context_parallel_size or 1)
+            plugin.set_training_args(micro_batch_size, int(self.state.num_processes) // model_parallel)
+        if pick["model"] is not None and plugin.custom_model_provider_function is None:
+            plugin.set_network_size_args(pick["model"], batch_data)
+        if pick["optimizer"] is not None:
+            plugin.set_optimizer_type(pick["optimizer"])
+        scheduler = pick["scheduler"]
+        if scheduler is not None:
+            if not isinstance(scheduler, MegatronLMDummyScheduler):
+                raise ValueError(
+                    "Megatron-LM builds its own learning-rate schedule: pass "
+                    "accelerando.utils.MegatronLMDummyScheduler(optimizer, total_num_steps=..., warmup_num_steps=...) "
+                    f"instead of {type(scheduler).__name__}"
+                )
+            plugin.set_scheduler_args(scheduler)
+        plugin.set_mixed_precision(self.state.mixed_precision)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        """Refuse: see the class. Raises MegatronLMUnavailableError."""
-        self._refuse()
+        """Refuse: Megatron-LM builds model, optimizer and schedule together in ``prepare(...)``.
+
+        Raises:
+            MegatronLMUnavailableError: megatron-core or CUDA is missing.
+            ValueError: with both present (use ``accelerator.prepare(model, optimizer, ...)``).
+        """
+        require_megatron_and_cuda(_WHAT)
+        raise ValueError(
+            "Megatron-LM builds its model, optimizer and schedule together: call "
+            "accelerator.prepare(model, optimizer, scheduler, dataloader) instead of prepare_model"
+        )
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
-        """Refuse: see the class. Raises MegatronLMUnavailableError."""
-        self._refuse()
+        """Refuse: see :meth:`prepare_model`.
+
+        Raises:
+            MegatronLMUnavailableError: megatron-core or CUDA is missing.
+            ValueError: with both present (use ``accelerator.prepare(model, optimizer, ...)``).
+        """
+        require_megatron_and_cuda(_WHAT)
+        raise ValueError(
+            "Megatron-LM builds its optimizer with the model: call accelerator.prepare(model, optimizer, ...) "
+            "instead of prepare_optimizer"
+        )
+
+    # ------------------------------------------------------------------ training
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """No-op: the engine's train step (the prepared model's call) already ran the backward passes."""
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """No-op context: the engine synchronises gradients once per global batch itself."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> None:  # type: ignore[override]
+        """No-op returning None: the engine clips in its step to ``MegatronLMPlugin(gradient_clipping=...)``."""
+        return None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
+        """Save the engine (model, optimizer, schedule) with megatron-core's distributed checkpointing."""
+        from accelerando.strategies.megatron.engine import MegatronEngine
+
+        if not isinstance(model, MegatronEngine):
+            return False
+        model.save_checkpoint(output_dir)
+        return True
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Load what :meth:`save_model_checkpoint` wrote."""
+        from accelerando.strategies.megatron.engine import MegatronEngine
+
+        if not isinstance(model, MegatronEngine):
+            return False
+        model.load_checkpoint(input_dir)
+        return True
+
+    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+        """True for the engine's optimizer: its state is in the engine's checkpoint."""
+        from accelerando.strategies.megatron.engine import MegatronLMOptimizerWrapper
+
+        return isinstance(optimizer, MegatronLMOptimizerWrapper)
+
+    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+        """True for the engine's optimizer: the engine's checkpoint restored it."""
+        from accelerando.strategies.megatron.engine import MegatronLMOptimizerWrapper
+
+        return isinstance(optimizer, MegatronLMOptimizerWrapper)
+
+
+def _initialized() -> bool:
+    from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
+
+    return bool(ps.model_parallel_is_initialized())

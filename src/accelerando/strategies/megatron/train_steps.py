@@ -16,7 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from accelerando.strategies.megatron.parallel import avg_losses_across_data_parallel_group
-from accelerando.strategies.megatron.requirements import refuse_megatron
+from accelerando.strategies.megatron.requirements import (
+    MEGATRON_ALTERNATIVES,
+    MegatronLMUnavailableError,
+    refuse_megatron,
+)
 
 __all__ = [
     "AbstractTrainStep",
@@ -100,25 +104,70 @@ class MegatronLMDummyDataLoader:
     def get_train_valid_test_datasets_provider(self, accelerator: Any) -> Callable[..., Any]:
         """The function that builds the train / valid / test datasets.
 
-        The plugin's ``custom_megatron_datasets_provider_function`` when set; otherwise Megatron's
-        own GPT dataset builder, which needs megatron-core.
+        The plugin's ``custom_megatron_datasets_provider_function``: it is called with the sample
+        counts ``[train, valid, test]`` and returns the three datasets (None for a missing split).
 
         Raises:
             RuntimeError: no Megatron-LM plugin is configured.
-            MegatronLMUnavailableError: no custom provider and megatron-core / CUDA are missing.
+            MegatronLMUnavailableError: no custom provider: Megatron-LM's own indexed-dataset
+                builder needs its tokenizers and compiled data helpers, outside megatron-core.
         """
         plugin = _megatron_plugin(accelerator)
         if plugin.custom_megatron_datasets_provider_function is not None:
             return plugin.custom_megatron_datasets_provider_function
-        refuse_megatron("Building Megatron-LM's indexed datasets (MegatronLMDummyDataLoader)")
+        raise MegatronLMUnavailableError(
+            "Building Megatron-LM's indexed datasets (MegatronLMDummyDataLoader) needs Megatron-LM's tokenizers and "
+            "compiled dataset helpers, which megatron-core does not ship and accelerando does not drive: pass "
+            "MegatronLMPlugin(custom_megatron_datasets_provider_function=...) or prepare a torch DataLoader. "
+            f"Without megatron-core and CUDA, use the {MEGATRON_ALTERNATIVES}."
+        )
 
     def build_train_valid_test_data_iterators(self, accelerator: Any) -> tuple[Any, Any, Any]:
-        """Build the train / valid / test iterators over Megatron-LM's datasets.
+        """Build the train / valid / test iterators over the provider's datasets.
+
+        Sample counts follow Megatron-LM: ``train_samples`` (or ``train_iters * global_batch_size``),
+        ``(train_iters // eval_interval + 1) * eval_iters * global_batch_size`` and
+        ``eval_iters * global_batch_size``. Each dataset is read in order, sharded over megatron-core's
+        data-parallel group, one step (every micro-batch) per batch.
 
         Raises:
-            MegatronLMUnavailableError: always without megatron-core and CUDA.
+            MegatronLMUnavailableError: megatron-core or CUDA is missing, or no custom provider.
+            RuntimeError: Megatron-LM is not initialised (``prepare`` does it).
         """
-        refuse_megatron("MegatronLMDummyDataLoader.build_train_valid_test_data_iterators")
+        from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
+
+        require_megatron_and_cuda("MegatronLMDummyDataLoader.build_train_valid_test_data_iterators")
+        provider = self.get_train_valid_test_datasets_provider(accelerator)
+        return _dataset_iterators(provider)
+
+
+def _dataset_iterators(provider: Callable[..., Any]) -> tuple[Any, Any, Any]:
+    from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from accelerando.strategies.megatron.args import get_args
+
+    args = get_args()
+    gbs = int(args.global_batch_size)
+    train_iters = int(args.train_iters or 0)
+    train = int(args.train_samples) if args.train_samples is not None else train_iters * gbs
+    evals = (train_iters // int(args.eval_interval) + 1) * int(args.eval_iters)
+    datasets = provider([train, evals * gbs, int(args.eval_iters) * gbs])
+    iterators = []
+    for dataset in datasets:
+        if dataset is None:
+            iterators.append(None)
+            continue
+        sampler = DistributedSampler(
+            dataset,
+            num_replicas=ps.get_data_parallel_world_size(),
+            rank=ps.get_data_parallel_rank(),
+            shuffle=False,
+        )
+        batch = int(args.micro_batch_size) * int(args.num_micro_batches)
+        iterators.append(iter(DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)))
+    return iterators[0], iterators[1], iterators[2]
 
 
 def get_ltor_masks_and_position_ids(
@@ -178,6 +227,8 @@ class AbstractTrainStep:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # What the engine returns from a step: a transformers output class built with (loss=, logits=), or None.
+        self.model_output_class: Any = None
 
     def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
         """The function turning a data iterator into model inputs. Raises NotImplementedError here."""
@@ -190,6 +241,17 @@ class AbstractTrainStep:
     def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
         """The function reducing the model's output to a loss. Raises NotImplementedError here."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_loss_func")
+
+
+def _output_class(args: Any, name: str) -> Any:
+    """transformers' output class ``name`` when the model returned dicts (``model_return_dict``), else None."""
+    if not getattr(args, "model_return_dict", False):
+        return None
+    try:
+        from transformers import modeling_outputs
+    except ImportError:
+        return None
+    return getattr(modeling_outputs, name, None)
 
 
 def _custom_or(plugin_value: Any, built: Callable[[], Any]) -> Any:
@@ -207,6 +269,7 @@ class GPTTrainStep(AbstractTrainStep):
 
     def __init__(self, accelerator: Any, args: Any) -> None:
         super().__init__("GPTTrainStep")
+        self.model_output_class = _output_class(args, "CausalLMOutputWithCrossAttentions")
         plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
         self.eod_token = getattr(args, "eod_token", None)
         self.reset_position_ids = bool(getattr(args, "reset_position_ids", False))
@@ -274,6 +337,7 @@ class BertTrainStep(AbstractTrainStep):
 
     def __init__(self, accelerator: Any, args: Any) -> None:
         super().__init__("BertTrainStep")
+        self.model_output_class = _output_class(args, "SequenceClassifierOutput")
         plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
         pretraining = bool(getattr(args, "pretraining_flag", True))
         binary_head = bool(getattr(args, "bert_binary_head", True))
@@ -368,6 +432,7 @@ class T5TrainStep(AbstractTrainStep):
 
     def __init__(self, accelerator: Any, args: Any) -> None:
         super().__init__("T5TrainStep")
+        self.model_output_class = _output_class(args, "Seq2SeqLMOutput")
         plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
         self.decoder_start_token_id = int(getattr(args, "decoder_start_token_id", 0) or 0)
         flag = bool(getattr(args, "megatron_dataset_flag", False))
@@ -443,9 +508,7 @@ class T5TrainStep(AbstractTrainStep):
             tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask = self.get_batch(
                 data_iterator
             )
-            output = model(
-                tokens_enc, tokens_dec, enc_mask, dec_mask, enc_dec_mask, tokentype_ids=None, lm_labels=labels
-            )
+            output = model(tokens_enc, tokens_dec, enc_mask, dec_mask, enc_dec_mask, lm_labels=labels)
             return output, partial(self.loss_func, loss_mask)
 
         return forward_step
