@@ -7,6 +7,9 @@ model cut into stages, one per process::
     plugin = PipelineParallelPlugin(split_points=["layers.2"], schedule="1F1B", num_microbatches=4,
                                     loss_fn=torch.nn.functional.cross_entropy)
     accelerator = Accelerator(kwargs_handlers=[plugin])
+
+With ``pp_size`` smaller than the number of processes (e.g. 4 processes, ``pp_size=2``) the job runs
+``num_processes / pp_size`` pipelines as data-parallel replicas (pipeline x data parallelism).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ class PipelineParallelPlugin(KwargsHandler):
         num_microbatches: micro-batches each batch is cut into (dim 0); None = one per stage. The
             batch size must be divisible by it for results equal to an unsplit run.
         loss_fn: ``loss_fn(output, target) -> scalar`` computed on the last stage; needed to train.
-        pp_size: processes in the pipeline; None = every process (the only layout supported now).
+        pp_size: stages of one pipeline; None = every process. With ``N`` processes, ``N / pp_size``
+            pipelines train side by side as data-parallel replicas (each reads its own shard of the
+            data; gradients are averaged over them); ``pp_size`` must divide ``N``.
         no_split_module_classes: class names never cut through by ``split_points="auto"`` (default:
             the model's ``_no_split_modules``).
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelerando.strategies.pipeline.data_parallel import all_reduce_gradients
 from accelerando.strategies.pipeline.stage import (
     PipelineLayout,
     build_schedule,
@@ -91,6 +92,9 @@ class PipelineModel(torch.nn.Module):
         self._built: dict[Any, tuple[Any, Any]] = {}
         #: training steps whose backward already ran and that ``accelerator.backward`` has not seen yet.
         self.pending_backward = 0
+        #: whether a training call averages the stage's gradients over the data-parallel pipelines
+        #: (False inside ``no_sync``: gradient accumulation keeps them local until the sync step).
+        self.require_grad_sync = True
 
     # A stage module per micro-batch shape: the traced stage is specialised to its example shapes.
     def _stage(self, args: tuple, kwargs: dict, training: bool) -> tuple[Any, Any]:
@@ -137,7 +141,8 @@ class PipelineModel(torch.nn.Module):
         """Run the pipeline on one batch.
 
         In training mode with a ``target``: forward and backward of every micro-batch; returns the
-        mean loss (broadcast). Otherwise: forward only; the last stage's output is sent to every
+        mean loss (broadcast); with several data-parallel pipelines, the stage's gradients are then
+        averaged over them (unless inside ``no_sync``). The loss is this pipeline's. Otherwise: forward only; the last stage's output is sent to every
         stage, and the loss is computed when a ``target`` and ``loss_fn`` are given.
 
         Raises:
@@ -152,7 +157,7 @@ class PipelineModel(torch.nn.Module):
             )
         args = tuple(a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        _, schedule = self._stage(args, kwargs, training)
+        stage, schedule = self._stage(args, kwargs, training)
         layout = self.layout
         first_inputs = (args, kwargs) if layout.is_first else ((), {})
         if training:
@@ -168,6 +173,8 @@ class PipelineModel(torch.nn.Module):
                 else torch.zeros((), device=self.device)
             )
             dist.broadcast(loss, src=layout.last_rank, group=layout.group)
+            if self.require_grad_sync and layout.dp_size > 1:
+                all_reduce_gradients(stage.submod.parameters(), layout.dp_group, layout.dp_size)
             self.pending_backward += 1
             return PipelineOutput(loss=loss, output=output if layout.is_last else None)
         with torch.no_grad():

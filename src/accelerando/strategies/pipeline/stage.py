@@ -38,12 +38,18 @@ class PipelineLayout:
         num_stages: stages in the pipeline.
         group: the process group of the pipeline (None = the default group).
         ranks: global ranks of the pipeline, in stage order.
+        dp_group: the process group of this stage in every data-parallel pipeline (None = one pipeline).
+        dp_size: data-parallel pipelines (1 = pipeline parallelism alone).
+        dp_rank: which of them this process belongs to.
     """
 
     stage_index: int
     num_stages: int
     group: Any
     ranks: tuple[int, ...]
+    dp_group: Any = None
+    dp_size: int = 1
+    dp_rank: int = 0
 
     @property
     def is_first(self) -> bool:
@@ -74,6 +80,31 @@ class PipelineLayout:
             )
         world = dist.get_world_size()
         return cls(dist.get_rank(), world, None, tuple(range(world)))
+
+    @classmethod
+    def from_mesh(cls, mesh: Any) -> PipelineLayout:
+        """This process's place on a mesh with a ``"pp"`` axis and, optionally, a ``"dp_replicate"`` axis.
+
+        Raises:
+            ValueError: the mesh has no ``"pp"`` axis.
+        """
+        names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+        if "pp" not in names:
+            raise ValueError(f"a pipeline needs a mesh with a 'pp' axis, got axes {names}")
+        pp_mesh = mesh["pp"]
+        ranks = tuple(int(r) for r in pp_mesh.mesh.flatten().tolist())
+        if "dp_replicate" not in names:
+            return cls(int(pp_mesh.get_local_rank()), len(ranks), pp_mesh.get_group(), ranks)
+        dp_mesh = mesh["dp_replicate"]
+        return cls(
+            int(pp_mesh.get_local_rank()),
+            len(ranks),
+            pp_mesh.get_group(),
+            ranks,
+            dp_group=dp_mesh.get_group(),
+            dp_size=int(dp_mesh.size()),
+            dp_rank=int(dp_mesh.get_local_rank()),
+        )
 
 
 @contextlib.contextmanager

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from accelerando.strategies.base import Strategy
+from accelerando.strategies.pipeline.data_parallel import build_pipeline_mesh, pipeline_data_parallel_sizes
 from accelerando.strategies.pipeline.model import PipelineModel
 from accelerando.strategies.pipeline.split import balanced_split_points, validate_split_points
 from accelerando.strategies.pipeline.stage import PipelineLayout
+from accelerando.utils.constants import OPTIMIZER_NAME
 
-__all__ = ["PipelineStrategy"]
+__all__ = ["PipelineStrategy", "merge_stage_optimizer_states"]
 
 
 def _plugin() -> Any:
@@ -28,17 +30,34 @@ def _plugin() -> Any:
     return found if found is not None else PipelineParallelPlugin()
 
 
-class PipelineStrategy(Strategy):
-    """Pipeline parallelism: each process runs one stage; micro-batches flow through a schedule.
+@contextlib.contextmanager
+def _grad_sync(model: Any, value: bool) -> Iterator[None]:
+    """Set ``model.require_grad_sync`` (a :class:`PipelineModel`) for the block; other models: no-op."""
+    if not isinstance(model, PipelineModel):
+        yield
+        return
+    old, model.require_grad_sync = model.require_grad_sync, value
+    try:
+        yield
+    finally:
+        model.require_grad_sync = old
 
-    Chosen by the connector when a ``PipelineParallelPlugin`` is among the kwargs handlers. The
-    prepared model is a :class:`PipelineModel`: ``out = model(x, target=y)`` runs forward and
-    backward of the whole batch, ``accelerator.backward(out.loss)`` then only checks that this
-    happened. Every process holds the whole model and feeds the same batch; the optimizer updates
-    the parameters that have gradients (this process's stage).
+
+class PipelineStrategy(Strategy):
+    """Pipeline parallelism, alone or times data parallelism: each process runs one stage of one pipeline.
+
+    Chosen by the connector when a ``PipelineParallelPlugin`` is among the kwargs handlers. With
+    ``pp_size`` stages and ``N`` processes, ``N / pp_size`` pipelines train side by side on a mesh
+    ``("dp_replicate", "pp")`` (see :mod:`accelerando.strategies.pipeline.data_parallel`): each reads
+    its own shard of the data, and the gradients of each stage are averaged over the pipelines after
+    every pipeline call outside ``no_sync``. The prepared model is a :class:`PipelineModel`:
+    ``out = model(x, target=y)`` runs forward and backward of the whole batch,
+    ``accelerator.backward(out.loss)`` then only checks that this happened. Every process holds the
+    whole model; the optimizer updates the parameters that have gradients (this process's stage).
 
     Raises:
-        ValueError: ``pp_size`` other than the number of processes, or mixed precision fp16.
+        ValueError: ``pp_size`` not dividing the number of processes, a ParallelismConfig with other
+            axes, or mixed precision fp16.
         RuntimeError: fewer than two processes.
     """
 
@@ -49,42 +68,24 @@ class PipelineStrategy(Strategy):
         super().__init__(state, precision, **options)
         self.distributed_type = state.distributed_type
         self.plugin = _plugin()
-        world = int(state.num_processes)
-        if world < 2:
-            raise RuntimeError(
-                "PipelineParallelPlugin needs at least 2 processes (one per stage); launch with "
-                "`accelerando launch --num_processes 2 script.py` or drop the plugin"
-            )
-        pp = self.plugin.pp_size or world
-        if pp != world:
-            raise ValueError(
-                f"PipelineParallelPlugin(pp_size={pp}) with {world} processes: pipeline x data parallel is not "
-                f"supported yet; set pp_size={world} (or leave it None) or launch {pp} processes"
-            )
+        self.pp_size, self.dp_size = pipeline_data_parallel_sizes(
+            self.plugin.pp_size, int(state.num_processes), getattr(state, "parallelism_config", None)
+        )
         if getattr(precision, "scaler", None) is not None:
             raise ValueError(
                 "pipeline parallelism runs backward inside the schedule, where the fp16 loss scaler cannot act; "
                 "use mixed_precision='bf16' or 'no'"
             )
-        config = getattr(state, "parallelism_config", None)
-        if config is not None and (config.tp_enabled or config.cp_enabled or config.dp_shard_enabled):
-            raise ValueError(
-                f"PipelineParallelPlugin with ParallelismConfig(tp_size={config.tp_size}, cp_size={config.cp_size}, "
-                f"dp_shard_size={config.dp_shard_size}): pipeline parallelism does not combine with other axes yet; "
-                "drop the ParallelismConfig sizes or the plugin"
-            )
-        self.layout = PipelineLayout.whole_world()
-        self.data_mesh = self._data_mesh()
+        # Collective (creates the axes' groups): every process builds it here, at the same point.
+        #: The job's mesh, ``("pp",)`` or ``("dp_replicate", "pp")``: ranks along "pp" read the same batch.
+        self.data_mesh = build_pipeline_mesh(self.state.device.type, self.pp_size, self.dp_size)
+        self.layout = PipelineLayout.from_mesh(self.data_mesh)
         self._models: list[PipelineModel] = []
 
-    def _data_mesh(self) -> Any:
-        """A 1-D mesh named "pp": every process of it reads the same batches (None if not buildable)."""
-        try:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            return init_device_mesh(self.state.device.type, (self.layout.num_stages,), mesh_dim_names=("pp",))
-        except Exception:  # a mesh is only a hint for the dataloader; the pipeline runs without it
-            return None
+    @property
+    def device_mesh(self) -> Any:
+        """The mesh this strategy runs on (the same object as ``data_mesh``)."""
+        return self.data_mesh
 
     # ------------------------------------------------------------------ wrap
     def prepare_model(
@@ -141,7 +142,11 @@ class PipelineStrategy(Strategy):
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        """Clip by the norm over ALL stages' gradients (each process holds its stage's)."""
+        """Clip by the norm over ALL stages' gradients (each process holds its stage's).
+
+        The norm is reduced over the pipeline's stages only: the data-parallel copies of a stage hold
+        the same (already averaged) gradients, so counting them again would inflate the norm.
+        """
         params = self._stage_parameters(parameters)
         device = self.state.device
         norm_type = float(norm_type)
@@ -162,7 +167,12 @@ class PipelineStrategy(Strategy):
         return total
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+        """Pipeline calls inside keep their gradients local (no all-reduce over the pipelines)."""
+        return _grad_sync(model, False)
+
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The next pipeline call averages gradients over the pipelines, even inside ``no_sync``."""
+        return _grad_sync(model, True)
 
     # ------------------------------------------------------------ state dicts
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -185,17 +195,44 @@ class PipelineStrategy(Strategy):
 
     # ------------------------------------------------------------ checkpoints
     def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
-        """Each stage writes its own optimizer state (``optimizer_<i>.stage<k>.bin``)."""
+        """Write ONE optimizer file holding every stage's state (``optimizer.bin``, as unsplit training).
+
+        Each process's optimizer holds state only for its stage's parameters (the others never get a
+        gradient). The states of the pipeline's stages are merged by parameter index, and the main
+        process writes the result under the usual name, so checkpointing's default loading restores
+        it on every process (and in a run without pipeline). Collective over the pipeline's stages:
+        called on every process.
+        """
         inner = getattr(optimizer, "optimizer", optimizer)
-        path = os.path.join(output_dir, f"optimizer_{index}.stage{self.layout.stage_index}.bin")
-        torch.save(inner.state_dict(), path)
+        merged = merge_stage_optimizer_states(inner.state_dict(), self.layout.group, self.layout.num_stages)
+        if self.state.is_main_process:
+            name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
+            torch.save(merged, os.path.join(output_dir, name))
         return True
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
-        """Load the optimizer state this stage wrote; False when the checkpoint has none."""
-        path = os.path.join(input_dir, f"optimizer_{index}.stage{self.layout.stage_index}.bin")
-        if not os.path.exists(path):
-            return False
-        inner = getattr(optimizer, "optimizer", optimizer)
-        inner.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        return True
+
+def merge_stage_optimizer_states(state_dict: dict[str, Any], group: Any, num_stages: int) -> dict[str, Any]:
+    """The optimizer state dict of the whole model from each stage's (collective over ``group``).
+
+    Every stage's optimizer is built over the whole model (same parameter groups and indices) but has
+    per-parameter state only for the parameters it stepped; the union of those is the full state.
+
+    Raises:
+        ValueError: two stages hold state for the same parameter (a parameter trained by two stages).
+    """
+    mine = {
+        k: {n: v.detach().cpu() if isinstance(v, torch.Tensor) else v for n, v in st.items()}
+        for k, st in state_dict["state"].items()
+    }
+    gathered: list[Any] = [None] * num_stages
+    dist.all_gather_object(gathered, mine, group=group)
+    state: dict[Any, Any] = {}
+    for part in gathered:
+        for key, value in (part or {}).items():
+            if key in state:
+                raise ValueError(
+                    f"optimizer state of parameter {key} is held by two pipeline stages; a parameter shared "
+                    "between stages (tied weights) cannot be checkpointed per stage: untie it or keep it in one stage"
+                )
+            state[key] = value
+    return {"state": dict(sorted(state.items())), "param_groups": state_dict["param_groups"]}
