@@ -12,6 +12,8 @@ re-exports them at the reference's path.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,19 +82,6 @@ def disable_fsdp_ram_efficient_loading() -> None:
 
 _MODEL_STEM = "pytorch_model_fsdp"
 _OPTIMIZER_STEM = "optimizer"
-_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
-
-
-def _state_dict_type(fsdp_plugin: Any) -> str:
-    """The plugin's state_dict_type as a name (plugins may hold a string or torch's enum)."""
-    value = getattr(fsdp_plugin, "state_dict_type", None) or "FULL_STATE_DICT"
-    name = getattr(value, "name", None) or str(value)
-    name = name.rpartition(".")[2].upper()
-    if name not in _STATE_DICT_TYPES:
-        raise ValueError(
-            f"Unknown FSDP state_dict_type {value!r}; use one of {', '.join(_STATE_DICT_TYPES)}."
-        )
-    return name
 
 
 def _rank() -> int:
@@ -151,6 +140,163 @@ def _weights_file(directory: str, stem: str, index: int, suffix: str = "") -> st
     return os.path.join(directory, f"{name}{suffix}.bin")
 
 
+def _sharded_location(input_dir: str, stem: str, index: int) -> tuple[str, int]:
+    """(parent, index) of a sharded folder given either the checkpoint folder or the shard folder."""
+    import re
+
+    match = re.fullmatch(rf"{stem}_(\d+)", os.path.basename(os.path.normpath(input_dir)))
+    if match:
+        return os.path.dirname(os.path.normpath(input_dir)), int(match.group(1))
+    return input_dir, index
+
+
+def _plain_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    # AcceleratedOptimizer keeps the torch optimizer in ``.optimizer``.
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
+def _strategy_state() -> Any:
+    # Imported at call time: it pulls in torch.distributed.checkpoint, which only checkpointing needs.
+    from accelerando.strategies.fsdp import state
+
+    return state
+
+
+def _read_weights(job: _Job, kind: str, suffix: str) -> Any:
+    path = _weights_file(job.folder, _MODEL_STEM, job.index, suffix)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No FSDP {kind} weights at {path}; check input_dir and model_index.")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One call of the four public functions, as its handler sees it."""
+
+    model: torch.nn.Module
+    folder: str  # output_dir or input_dir
+    index: int  # model_index or optimizer_index
+    use_dcp: bool
+    adapter_only: bool = False
+    optimizer: Any = None  # the plain torch optimizer, for the optimizer handlers
+
+
+# --- one handler per (state_dict_type, operation); every process calls it -------------------------
+
+
+def _save_full_model(job: _Job) -> str:
+    state = _strategy_state().full_model_state_dict(job.model)  # a collective: every rank gathers
+    path = _weights_file(job.folder, _MODEL_STEM, job.index)
+    if _rank() == 0:
+        torch.save(_adapter_state(job.model, state) if job.adapter_only else state, path)
+    return path
+
+
+def _save_local_model(job: _Job) -> str:
+    with _local_state_dict(job.model):
+        state = job.model.state_dict()
+    path = _weights_file(job.folder, _MODEL_STEM, job.index, f"_rank{_rank()}")
+    torch.save(_adapter_state(job.model, state) if job.adapter_only else state, path)
+    return path
+
+
+def _save_sharded_model(job: _Job) -> str:
+    _require_dcp(job.use_dcp, "save_fsdp_model")
+    if not (job.adapter_only and _is_peft(job.model)):
+        return _strategy_state().save_sharded_model(job.model, job.folder, job.index)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    folder = os.path.join(job.folder, f"{_MODEL_STEM}_{job.index}")
+    dcp.save({"model": _adapter_state(job.model, get_model_state_dict(job.model))}, checkpoint_id=folder)
+    return folder
+
+
+def _load_full_model(job: _Job) -> Any:
+    state = _read_weights(job, "FULL_STATE_DICT", "")
+    strict = not (job.adapter_only and _is_peft(job.model))
+    return _strategy_state().load_full_model_state_dict(job.model, state, strict=strict)
+
+
+def _load_local_model(job: _Job) -> Any:
+    state = _read_weights(job, "LOCAL_STATE_DICT", f"_rank{_rank()}")
+    strict = not (job.adapter_only and _is_peft(job.model))
+    with _local_state_dict(job.model):
+        return job.model.load_state_dict(state, strict=strict)
+
+
+def _load_sharded_model(job: _Job) -> None:
+    _require_dcp(job.use_dcp, "load_fsdp_model")
+    parent, index = _sharded_location(job.folder, _MODEL_STEM, job.index)
+    if not _strategy_state().load_sharded_model(job.model, parent, index):
+        raise FileNotFoundError(
+            f"No sharded FSDP weights folder {os.path.join(parent, f'{_MODEL_STEM}_{index}')}; check input_dir."
+        )
+
+
+def _save_full_optimizer(job: _Job) -> str:
+    state = _strategy_state().full_optimizer_state_dict(job.model, job.optimizer)  # a collective
+    path = _weights_file(job.folder, _OPTIMIZER_STEM, job.index)
+    if _rank() == 0:
+        torch.save(state, path)
+    return path
+
+
+def _save_sharded_optimizer(job: _Job) -> str:
+    _require_dcp(job.use_dcp, "save_fsdp_optimizer")
+    return _strategy_state().save_sharded_optimizer(job.model, job.optimizer, job.folder, job.index)
+
+
+def _load_full_optimizer(job: _Job) -> None:
+    path = _weights_file(job.folder, _OPTIMIZER_STEM, job.index)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No FSDP optimizer state at {path}; check input_dir and optimizer_index.")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    _strategy_state().load_full_optimizer_state_dict(job.model, job.optimizer, state)
+
+
+def _load_sharded_optimizer(job: _Job) -> None:
+    _require_dcp(job.use_dcp, "load_fsdp_optimizer")
+    parent, index = _sharded_location(job.folder, _OPTIMIZER_STEM, job.index)
+    if not _strategy_state().load_sharded_optimizer(job.model, job.optimizer, parent, index):
+        raise FileNotFoundError(
+            f"No sharded optimizer folder {os.path.join(parent, f'{_OPTIMIZER_STEM}_{index}')}; check input_dir."
+        )
+
+
+@dataclass(frozen=True)
+class _Handlers:
+    save_model: Callable[[_Job], str]
+    load_model: Callable[[_Job], Any]
+    save_optimizer: Callable[[_Job], str]
+    load_optimizer: Callable[[_Job], None]
+
+
+# state_dict_type -> what each of the four public functions does with it. An FSDP1 LOCAL_STATE_DICT
+# has no optimizer form of its own: its optimizer state is written sharded.
+_HANDLERS: dict[str, _Handlers] = {
+    "FULL_STATE_DICT": _Handlers(
+        _save_full_model, _load_full_model, _save_full_optimizer, _load_full_optimizer
+    ),
+    "SHARDED_STATE_DICT": _Handlers(
+        _save_sharded_model, _load_sharded_model, _save_sharded_optimizer, _load_sharded_optimizer
+    ),
+    "LOCAL_STATE_DICT": _Handlers(
+        _save_local_model, _load_local_model, _save_sharded_optimizer, _load_sharded_optimizer
+    ),
+}
+
+
+def _handlers(fsdp_plugin: Any) -> _Handlers:
+    """The handlers for the plugin's state_dict_type (plugins may hold a string or torch's enum)."""
+    value = getattr(fsdp_plugin, "state_dict_type", None) or "FULL_STATE_DICT"
+    name = (getattr(value, "name", None) or str(value)).rpartition(".")[2].upper()
+    if name not in _HANDLERS:
+        raise ValueError(f"Unknown FSDP state_dict_type {value!r}; use one of {', '.join(_HANDLERS)}.")
+    return _HANDLERS[name]
+
+
 def save_fsdp_model(
     fsdp_plugin: Any,
     accelerator: Any,
@@ -185,42 +331,10 @@ def save_fsdp_model(
         ValueError: unknown ``state_dict_type``, ``use_dcp=False`` with sharded checkpoints, or
             LOCAL_STATE_DICT with an FSDP2 model.
     """
-    from accelerando.strategies.fsdp import state as S
-
     del accelerator
-    kind = _state_dict_type(fsdp_plugin)
+    save = _handlers(fsdp_plugin).save_model
     os.makedirs(output_dir, exist_ok=True)
-    if kind == "FULL_STATE_DICT":
-        state = S.full_model_state_dict(model)
-        path = _weights_file(output_dir, _MODEL_STEM, model_index)
-        if _rank() == 0:
-            torch.save(_adapter_state(model, state) if adapter_only else state, path)
-        return path
-    if kind == "LOCAL_STATE_DICT":
-        with _local_state_dict(model):
-            state = model.state_dict()
-        path = _weights_file(output_dir, _MODEL_STEM, model_index, f"_rank{_rank()}")
-        torch.save(_adapter_state(model, state) if adapter_only else state, path)
-        return path
-    _require_dcp(use_dcp, "save_fsdp_model")
-    if not (adapter_only and _is_peft(model)):
-        return S.save_sharded_model(model, output_dir, model_index)
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    folder = os.path.join(output_dir, f"{_MODEL_STEM}_{model_index}")
-    dcp.save({"model": _adapter_state(model, get_model_state_dict(model))}, checkpoint_id=folder)
-    return folder
-
-
-def _sharded_location(input_dir: str, stem: str, index: int) -> tuple[str, int]:
-    """(parent, index) of a sharded folder given either the checkpoint folder or the shard folder."""
-    import re
-
-    match = re.fullmatch(rf"{stem}_(\d+)", os.path.basename(os.path.normpath(input_dir)))
-    if match:
-        return os.path.dirname(os.path.normpath(input_dir)), int(match.group(1))
-    return input_dir, index
+    return save(_Job(model, output_dir, model_index, use_dcp, adapter_only))
 
 
 def load_fsdp_model(
@@ -255,34 +369,8 @@ def load_fsdp_model(
         FileNotFoundError: the checkpoint file or folder is not there.
         ValueError: as for :func:`save_fsdp_model`.
     """
-    from accelerando.strategies.fsdp import state as S
-
     del accelerator
-    kind = _state_dict_type(fsdp_plugin)
-    if kind in ("FULL_STATE_DICT", "LOCAL_STATE_DICT"):
-        suffix = f"_rank{_rank()}" if kind == "LOCAL_STATE_DICT" else ""
-        path = _weights_file(input_dir, _MODEL_STEM, model_index, suffix)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"No FSDP {kind} weights at {path}; check input_dir and model_index.")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        strict = not (adapter_only and _is_peft(model))
-        if kind == "FULL_STATE_DICT":
-            return S.load_full_model_state_dict(model, state, strict=strict)
-        with _local_state_dict(model):
-            return model.load_state_dict(state, strict=strict)
-    _require_dcp(use_dcp, "load_fsdp_model")
-    parent, index = _sharded_location(input_dir, _MODEL_STEM, model_index)
-    if not S.load_sharded_model(model, parent, index):
-        raise FileNotFoundError(
-            f"No sharded FSDP weights folder {os.path.join(parent, f'{_MODEL_STEM}_{index}')}; check input_dir."
-        )
-    return None
-
-
-def _plain_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    # AcceleratedOptimizer keeps the torch optimizer in ``.optimizer``.
-    inner = getattr(optimizer, "optimizer", None)
-    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+    return _handlers(fsdp_plugin).load_model(_Job(model, input_dir, model_index, use_dcp, adapter_only))
 
 
 def save_fsdp_optimizer(
@@ -315,19 +403,10 @@ def save_fsdp_optimizer(
     Raises:
         ValueError: unknown ``state_dict_type`` or ``use_dcp=False`` with a sharded state.
     """
-    from accelerando.strategies.fsdp import state as S
-
     del accelerator
-    optimizer = _plain_optimizer(optimizer)
+    save = _handlers(fsdp_plugin).save_optimizer
     os.makedirs(output_dir, exist_ok=True)
-    if _state_dict_type(fsdp_plugin) == "FULL_STATE_DICT":
-        state = S.full_optimizer_state_dict(model, optimizer)
-        path = _weights_file(output_dir, _OPTIMIZER_STEM, optimizer_index)
-        if _rank() == 0:
-            torch.save(state, path)
-        return path
-    _require_dcp(use_dcp, "save_fsdp_optimizer")
-    return S.save_sharded_optimizer(model, optimizer, output_dir, optimizer_index)
+    return save(_Job(model, output_dir, optimizer_index, use_dcp, optimizer=_plain_optimizer(optimizer)))
 
 
 def load_fsdp_optimizer(
@@ -356,26 +435,9 @@ def load_fsdp_optimizer(
         FileNotFoundError: the state file or folder is not there.
         ValueError: unknown ``state_dict_type`` or ``use_dcp=False`` with a sharded state.
     """
-    from accelerando.strategies.fsdp import state as S
-
     del accelerator, adapter_only
-    optimizer = _plain_optimizer(optimizer)
-    if _state_dict_type(fsdp_plugin) == "FULL_STATE_DICT":
-        path = _weights_file(input_dir, _OPTIMIZER_STEM, optimizer_index)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"No FSDP optimizer state at {path}; check input_dir and optimizer_index."
-            )
-        S.load_full_optimizer_state_dict(
-            model, optimizer, torch.load(path, map_location="cpu", weights_only=True)
-        )
-        return
-    _require_dcp(use_dcp, "load_fsdp_optimizer")
-    parent, index = _sharded_location(input_dir, _OPTIMIZER_STEM, optimizer_index)
-    if not S.load_sharded_optimizer(model, optimizer, parent, index):
-        raise FileNotFoundError(
-            f"No sharded optimizer folder {os.path.join(parent, f'{_OPTIMIZER_STEM}_{index}')}; check input_dir."
-        )
+    load = _handlers(fsdp_plugin).load_optimizer
+    load(_Job(model, input_dir, optimizer_index, use_dcp, optimizer=_plain_optimizer(optimizer)))
 
 
 def fsdp2_canonicalize_names(named_params: dict) -> dict:
