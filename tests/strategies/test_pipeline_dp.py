@@ -192,9 +192,14 @@ def _first_launch(workdir: str) -> dict:
     # Evaluation: each pipeline reads its own shard; gather_for_metrics returns every sample once.
     model.eval()
     eval_loader = acc.prepare(torch.utils.data.DataLoader(_dataset(EVAL_SAMPLES, 5), batch_size=2))
-    preds, labels = [], []
+    plain = Stack()
+    plain.load_state_dict(ref["final"])
+    preds, labels, local_eval_diff = [], [], 0.0
     for x, y in eval_loader:
-        preds.append(acc.gather_for_metrics(model(x).output))
+        output = model(x).output  # every stage of the pipeline receives the last stage's output
+        with torch.no_grad():
+            local_eval_diff = max(local_eval_diff, (output - plain(x)).abs().max().item())
+        preds.append(acc.gather_for_metrics(output))
         labels.append(acc.gather_for_metrics(y))
     acc.wait_for_everyone()
     eval_set = _dataset(EVAL_SAMPLES, 5)
@@ -212,6 +217,7 @@ def _first_launch(workdir: str) -> dict:
         "norm_diff": max(abs(a - b) for a, b in zip(norms, ref["norms"], strict=True)),
         "weight_diff": _max_diff(state, ref["final"]),
         "saved_model_diff": _max_diff(loaded, ref["final"]) if loaded else None,
+        "local_eval_diff": local_eval_diff,
         "eval_shapes": (tuple(preds_t.shape), tuple(labels_t.shape)),
         "eval_pred_diff": (preds_t - ref["preds"]).abs().max().item() if shapes_match else None,
         "eval_labels_equal": bool(shapes_match and torch.equal(labels_t, eval_set.tensors[1])),
@@ -267,6 +273,7 @@ def test_pp2_dp2_training_equals_single_process(launches):
         assert result["loss_diff"] < 1e-5, (rank, result)
         assert result["norm_diff"] < 1e-5, (rank, result)
         assert result["weight_diff"] < 1e-5, (rank, result)
+        assert result["local_eval_diff"] < 1e-5, (rank, result)
     assert first[0]["saved_model_diff"] < 1e-5
     # One optimizer file with every stage's state, as an unsplit run writes it.
     files = first[0]["checkpoint_files"]
