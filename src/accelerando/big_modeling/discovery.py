@@ -1,0 +1,85 @@
+"""Find the weight files of a checkpoint given as a file, a shard index or a folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from accelerando.settings.fields import quote_value
+
+__all__ = ["checkpoint_files"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_DEFAULT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_DEFAULT_SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
+
+
+def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
+    """Resolve a checkpoint given as a file, a ``*.index.json`` or a folder to its weight files.
+
+    Args:
+        checkpoint: a ``.safetensors``/``.bin`` file, a sharded checkpoint's index, or a folder holding
+            either (an index is preferred, then ``model.safetensors``, then a single weights file).
+
+    Returns:
+        The weight files to read, in shard order.
+
+    Raises:
+        ValueError: if nothing loadable is found (the message lists what the folder holds), or an
+            index is unreadable or names a shard outside its own folder (nothing outside is touched).
+    """
+    path = Path(checkpoint)
+    if path.is_file() and path.name.endswith(".json"):
+        return _index_shards(path)
+    if path.is_file():
+        return [str(path)]
+    if not path.is_dir():
+        raise ValueError(
+            f"Checkpoint {str(checkpoint)!r} does not exist; pass a weights file, an index or a folder."
+        )
+    for name in (*_DEFAULT_INDEX_NAMES, *_DEFAULT_SINGLE_NAMES):
+        if (path / name).is_file():
+            return checkpoint_files(path / name)
+    indexes = sorted(p for p in path.iterdir() if p.name.endswith(".index.json"))
+    if len(indexes) == 1:
+        return checkpoint_files(indexes[0])
+    weights = sorted(p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+    if len(weights) == 1:
+        return [str(weights[0])]
+    raise ValueError(
+        f"{path} holds no single checkpoint (found {sorted(p.name for p in path.iterdir())}); pass the weights "
+        "file or the *.index.json of a sharded checkpoint."
+    )
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard files an ``*.index.json`` lists, each checked to lie inside the index's folder.
+
+    Every entry is checked by its text before any file is opened: a shard index comes with the
+    checkpoint, and an entry such as ``../../x`` or ``/etc/x`` must not make us read elsewhere.
+    """
+    fix = "Fix: re-save the checkpoint, or pass a sharded checkpoint's *.index.json file."
+    try:
+        with open(index, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(
+            f"{index} is not a readable checkpoint index ({type(err).__name__}). {fix}"
+        ) from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index} has no 'weight_map' mapping. {fix}")
+    for key, entry in weight_map.items():
+        if not isinstance(entry, str) or not entry or "\x00" in entry:
+            raise ValueError(
+                f"{index}: weight_map[{quote_value(key, 80)}] = {quote_value(entry)} is not a file name. {fix}"
+            )
+        if os.path.isabs(entry) or ".." in Path(entry).parts:
+            raise ValueError(
+                f"{index}: weight_map[{quote_value(key, 80)}] = {quote_value(entry, 120)} points outside the index's "
+                f"folder {str(index.parent)!r}; nothing was read from it. Shard files must be names relative to "
+                "the index, inside its folder (e.g. 'model-00001-of-00002.safetensors'). Fix: correct the index "
+                "or re-save the checkpoint."
+            )
+    return [str(index.parent / name) for name in dict.fromkeys(weight_map.values())]
