@@ -155,6 +155,7 @@ def _reference(data: torch.Tensor, batch: int) -> tuple[list[float], dict]:
 
 
 def _train(acc, model, opt, loader, steps: int) -> list[float]:
+    """Mean losses over the data-parallel ranks (equal to the whole batch's: equal token counts)."""
     losses = []
     batches = iter(loader)
     for _ in range(steps * ACCUM):
@@ -166,19 +167,20 @@ def _train(acc, model, opt, loader, steps: int) -> list[float]:
                 acc.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad()
-        losses.append(float(loss.detach()))
+        losses.append(float(acc.reduce(loss.detach(), "mean")))
     return losses
 
 
 def _tie_facts(model, opt) -> dict:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 
     embed, head = model.model.embed_tokens.weight, model.lm_head.weight
     held = [p for g in opt.param_groups for p in g["params"]]
     return {
         "same_object": head is embed,
         "dtensor": isinstance(embed, DTensor),
-        "placements": [str(p) for p in embed.placements] if isinstance(embed, DTensor) else None,
+        "vocab_split": isinstance(embed, DTensor)
+        and embed.placements[embed.device_mesh.mesh_dim_names.index("tp")] == Shard(0),
         "held_once": sum(p is embed for p in held) == 1 and len({id(p) for p in held}) == len(held),
         "held_all": {id(p) for p in held} == {id(p) for p in model.parameters()},
     }
@@ -193,16 +195,17 @@ def _toy_outcome(acc, plan: dict[str, str]) -> str:
     return "tied" if toy.head.weight is toy.embed.weight else "untied"
 
 
-def _tied_worker(root: str, phase: int) -> dict:
+def _tied_worker(root: str, sizes: dict, phase: int) -> dict:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
     from accelerando import ParallelismConfig
 
-    acc = _fresh(parallelism_config=ParallelismConfig(tp_size=2), gradient_accumulation_steps=ACCUM)
-    batch = 2
+    acc = _fresh(parallelism_config=ParallelismConfig(**sizes), gradient_accumulation_steps=ACCUM)
+    per_rank = 2
+    batch = per_rank * sizes.get("dp_shard_size", 1)  # the single-process run's batch
     data = torch.randint(0, VOCAB, (STEPS * ACCUM * batch, 8), generator=torch.Generator().manual_seed(1))
-    loader = DataLoader(data, batch_size=batch, shuffle=False)
+    loader = DataLoader(data, batch_size=per_rank, shuffle=False)
     model = _llama(seed=dist.get_rank())  # different per rank: prepare takes rank 0's weights
     opt = _optimizer(model)
     model, opt, loader = acc.prepare(model, opt, loader)
@@ -234,6 +237,7 @@ def _tied_worker(root: str, phase: int) -> dict:
 
         out["weight_diff"] = max(float((full[k] - ref_state[k]).abs().max()) for k in ref_state)
         out["full_keys_equal"] = set(full) == set(ref_state)
+        out["full_shared"] = full[TIED[1]] is full[TIED[0]]
         weights = load_file(os.path.join(saved, "model.safetensors"))
         out["saved_keys"] = sorted(k for k in weights if k in TIED)
         plain = _llama(seed=5)
@@ -257,27 +261,23 @@ def _ref_logits(state: dict, probe: torch.Tensor) -> torch.Tensor:
     return model(input_ids=probe).logits
 
 
-@pytest.mark.slow  # two 2-process launches with transformers (~40 s and more on a busy machine)
-def test_tp2_tied_llama_keeps_the_tie_trains_like_one_process_saves_once_and_resumes(tmp_path) -> None:
-    pytest.importorskip("transformers")
-    first = run_distributed(_tied_worker, 2, str(tmp_path), 0, timeout=900)
-    second = run_distributed(_tied_worker, 2, str(tmp_path), 1, timeout=900)
+def _check(first: list[dict], second: list[dict]) -> None:
     main = first[0]
     expected = {
         "same_object": True,
         "dtensor": True,
-        "placements": ["Shard(dim=0)"],
+        "vocab_split": True,
         "held_once": True,
         "held_all": True,
     }
-    for rank in range(2):
+    for rank in range(len(first)):
         assert first[rank]["after_prepare"] == expected, (rank, first[rank]["after_prepare"])
         assert first[rank]["after_training"] == expected, rank
         assert second[rank]["after_resume"] == expected, rank
         assert second[rank]["tail"] == pytest.approx(first[rank]["tail"], abs=1e-6), rank
     assert "re-tied model.embed_tokens.weight = lm_head.weight" in main["applied"][0], main["applied"]
     assert main["loss_diff"] < 1e-5 and main["weight_diff"] < 1e-5, (main["loss_diff"], main["weight_diff"])
-    assert main["full_keys_equal"]
+    assert main["full_keys_equal"] and main["full_shared"]
     # saved once (the first name), and a plain tied model loads it and computes the same outputs
     assert main["saved_keys"] == ["model.embed_tokens.weight"]
     assert main["load"].missing_keys == ["lm_head.weight"] and main["load"].unexpected_keys == []
@@ -287,7 +287,27 @@ def test_tp2_tied_llama_keeps_the_tie_trains_like_one_process_saves_once_and_res
         refused
     )
     assert "Shard(dim=1)" in refused and "'rowwise'" in refused
-    assert (
-        main["toy_head_only"].startswith("ValueError") and "a whole (unsplit) tensor" in main["toy_head_only"]
-    )
+    head_only = main["toy_head_only"]
+    assert head_only.startswith("ValueError") and "a whole (unsplit) tensor" in head_only, head_only
     assert main["toy_alike"] == "tied"
+
+
+@pytest.mark.slow  # two 2-process launches with transformers (~1 min; minutes on a busy machine)
+@pytest.mark.timeout(1800)
+def test_tp2_tied_llama_keeps_the_tie_trains_like_one_process_saves_once_and_resumes(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    sizes = {"tp_size": 2}
+    first = run_distributed(_tied_worker, 2, str(tmp_path), sizes, 0, timeout=900)
+    second = run_distributed(_tied_worker, 2, str(tmp_path), sizes, 1, timeout=900)
+    _check(first, second)
+
+
+@pytest.mark.slow  # two 4-process launches
+@pytest.mark.timeout(2400)
+def test_fsdp2_x_tp_2x2_tied_llama(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    sizes = {"dp_shard_size": 2, "tp_size": 2}
+    first = run_distributed(_tied_worker, 4, str(tmp_path), sizes, 0, timeout=1200)
+    second = run_distributed(_tied_worker, 4, str(tmp_path), sizes, 1, timeout=1200)
+    _check(first, second)
+    assert first[0]["applied"][1].startswith("2. FSDP2"), first[0]["applied"]

@@ -114,13 +114,15 @@ class ComposableStrategy(Strategy):
         """Lay ``model`` out on the mesh: tensor parallel on ``tp``, then FSDP2 on the data axes.
 
         Every process's weights are first replaced by process 0's, so that a model initialised
-        differently on each process still trains as one.
+        differently on each process still trains as one. Tied parameters stay one parameter (one
+        DTensor under every name; an optimizer holds it once, ``save_model`` writes it once).
 
         Raises:
             ValueError: the model has no tensor-parallel plan and none was given, the plan names
                 nothing in the model, ``tp_size`` does not divide the head counts of its config,
-                the model was already split with another tensor-parallel degree, or the FSDP plugin
-                asks for ``cpu_ram_efficient_loading``.
+                the model was already split with another tensor-parallel degree, the plan splits a
+                tied parameter (e.g. ``tie_word_embeddings=True``) differently for its users, or the
+                FSDP plugin asks for ``cpu_ram_efficient_loading``.
         """
         if any(model is m for m in self._models):
             return model
@@ -184,7 +186,8 @@ class ComposableStrategy(Strategy):
         check_heads(model, tp_size)
         styles: dict[str, Any] = {}
         counts: dict[str, int] = {}
-        for name, style in resolve_plan(model, self._plan_for(model)).items():
+        resolved = resolve_plan(model, self._plan_for(model))
+        for name, style in resolved.items():
             parallel = to_parallel_style(style, model.get_submodule(name), name)
             if parallel is not None:
                 styles[name] = parallel
@@ -196,7 +199,7 @@ class ComposableStrategy(Strategy):
         parallelize_module(model, self.tp_mesh, styles, src_data_rank=None)
         # parallelize_module gives each split module a parameter of its own, which unties shared
         # weights: re-point the names at one split tensor (refused when they were split differently).
-        retied = T.check_ties(model, ties, styles)
+        retied = T.check_ties(model, ties, resolved)
         T.retie(model, retied)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
         tied = f"; re-tied {', '.join(' = '.join(g) for g in retied)}" if retied else ""
@@ -323,7 +326,9 @@ class ComposableStrategy(Strategy):
         module = self.unwrap_model(model, keep_torch_compile=False)
         if not self._is_laid_out(module):
             return super().model_state_dict(model)
-        return full_model_state_dict(module)
+        # the gather copies each name of a tied parameter separately: share them again
+        ties = [[n.replace("_checkpoint_wrapped_module.", "") for n in g] for g in T.find_ties(module)]
+        return T.share_tied_entries(full_model_state_dict(module), ties)
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_ties", "find_ties", "retie", "units_keeping_ties"]
+__all__ = ["check_ties", "find_ties", "retie", "share_tied_entries", "units_keeping_ties"]
 
 
 def find_ties(model: torch.nn.Module) -> list[list[str]]:
@@ -135,3 +135,17 @@ def units_keeping_ties(
         splits = any(0 < len(group & inside) < len(group) for group in owners)
         (dropped if splits else kept).append(unit)
     return kept, dropped
+
+
+def share_tied_entries(state_dict: dict[str, Any], ties: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """Make the entries of each tie group one tensor again (the first name's); returns ``state_dict``.
+
+    A gathered state dict holds a separate full copy per name of a tied parameter; sharing one
+    tensor again lets writers store it once (as for a plain tied model) and halves the memory.
+    Names absent from ``state_dict`` (e.g. ``{}`` on processes other than the main one) are skipped.
+    """
+    for group in ties:
+        present = [name for name in group if name in state_dict]
+        for name in present[1:]:
+            state_dict[name] = state_dict[present[0]]
+    return state_dict
