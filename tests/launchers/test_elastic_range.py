@@ -149,6 +149,7 @@ def test_a_range_runs_the_elastic_agent_with_min_max_nodes_on_c10d():
     assert option(agent, "--rdzv_endpoint") == "10.0.0.1:29500"
     assert option(agent, "--rdzv_id") == "accelerando-29500"  # the same on every machine
     assert "--master_addr" not in agent and "--rdzv_conf" not in agent
+    assert "--node_rank" not in agent  # the rendezvous ranks the machines in the order they join
     assert any("elastic range 1:2" in note and "rdzv_backend not given" in note for note in plan.notes)
     # torch's own parser reads the agent's options as given
     from torch.distributed.run import config_from_args, parse_args
@@ -248,8 +249,8 @@ with open(os.path.join(sys.argv[1], f"rank{acc.process_index}.json"), "w") as ha
 
 # argv: project folder, output folder, steps in all. A checkpoint every 4 steps; the step counter is
 # saved with it. Machine 1's process stops after the checkpoint of step 8 and says so (the test kills
-# its machine); machine 0's next all-reduce then fails, its agent restarts it alone, and auto_resume
-# loads the checkpoint of step 8.
+# its machine) while machine 0 waits in the next step's all-reduce, which then fails; machine 0's agent
+# restarts it alone, and auto_resume loads the checkpoint of step 8.
 TRAIN_SCRIPT = """\
 import json, os, sys, time
 import torch
@@ -294,10 +295,11 @@ while counter.step < total:
     counter.step += 1
     if counter.step % EVERY == 0:
         acc.save_state()
-    if machine == 1 and counter.step == STOP_AT:
+    if counter.step == STOP_AT and try_number == 0:
         acc.wait_for_everyone()  # the checkpoint of STOP_AT is complete on both machines
-        open(os.path.join(out, "machine1-ready-to-die"), "w").close()
-        time.sleep(600)
+        if machine == 1:
+            open(os.path.join(out, "machine1-ready-to-die"), "w").close()
+            time.sleep(600)
 if acc.is_main_process:
     with open(os.path.join(out, "done.json"), "w") as handle:
         json.dump({"steps": counter.step, "world": acc.num_processes, "try": try_number}, handle)
@@ -318,23 +320,37 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _machine(tmp_path: Path, port: int, rank: int | None, *args: str, flags: tuple[str, ...] = ()):
-    """One `accelerando launch --num_machines 1:2` in a session of its own (so its whole group can be killed)."""
+    """One `accelerando launch --num_machines 1:2` in a session of its own (so its whole group can be killed).
+
+    Its output goes to ``machine<rank>.log`` (a file: a pipe would stay open while any process it
+    started lives).
+    """
     ranked = ("--machine_rank", str(rank)) if rank is not None else ()
     argv = [sys.executable, "-m", "accelerando.commands.launch", "-q", "--cpu", "--num_machines", "1:2", *ranked,
             "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--rdzv_conf", RDZV_CONF,
             *flags, *args]  # fmt: skip
-    return subprocess.Popen(argv, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    with open(tmp_path / f"machine{rank or 0}.log", "w") as log:
+        machine = subprocess.Popen(argv, env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    machine.log = tmp_path / f"machine{rank or 0}.log"  # type: ignore[attr-defined]
+    return machine
 
 
 def _finish(machines: list[subprocess.Popen], timeout: float = 400) -> list[str]:
+    """Wait for the launches (killing what is left after ``timeout``); their outputs."""
+    deadline = time.monotonic() + timeout
     try:
-        return [machine.communicate(timeout=timeout)[0] for machine in machines]
+        for machine in machines:
+            try:
+                machine.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         for machine in machines:
             if machine.poll() is None:
                 os.killpg(machine.pid, signal.SIGKILL)
                 machine.wait()
+    return [machine.log.read_text()[-4000:] for machine in machines]  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow
@@ -373,17 +389,14 @@ def test_a_killed_machine_leaves_the_other_to_resume_alone_from_the_last_checkpo
     args = (str(script), str(project), str(out), "16")
     machine1 = _machine(tmp_path, port, 1, *args, flags=flags)
     machine0 = _machine(tmp_path, port, 0, *args, flags=flags)
-    try:
-        deadline = time.monotonic() + 400
-        while not (out / "machine1-ready-to-die").exists():
-            assert machine0.poll() is None and machine1.poll() is None, _finish([machine0, machine1], 5)
-            assert time.monotonic() < deadline, "machine 1 never reached step 8"
-            time.sleep(0.2)
-        os.killpg(machine1.pid, signal.SIGKILL)  # the launcher, its agent and its process
-        machine1.wait()
-        (output,) = _finish([machine0])
-    finally:
-        _finish([machine0, machine1], 5)
+    deadline = time.monotonic() + 400
+    while not (out / "machine1-ready-to-die").exists():
+        if machine0.poll() is not None or machine1.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"machine 1 never reached step 8: {_finish([machine0, machine1], 1)}")
+        time.sleep(0.2)
+    os.killpg(machine1.pid, signal.SIGKILL)  # the launcher, its agent and its process
+    machine1.wait()
+    output, _ = _finish([machine0, machine1])
     assert machine0.returncode == 0, output
     first = [json.loads((out / f"start-m{m}-try0.json").read_text()) for m in (0, 1)]
     assert [(s["world"], s["step"], s["resumed"]) for s in first] == [(2, 0, False)] * 2

@@ -575,15 +575,15 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
     low, machines = machine_counts(settings)
     address = settings.main_process_ip or "127.0.0.1"
     main_port = settings.main_process_port or (port() if machines == 1 else 29500)
+    backend = rendezvous_backend(settings)
     argv = [
         "--nnodes",
         f"{low}:{machines}" if low != machines else str(machines),
         "--nproc_per_node",
         str(per_node),
-        "--node_rank",
-        str(settings.machine_rank or 0),
     ]
-    backend = rendezvous_backend(settings)
+    if low == machines or backend == "static":  # a dynamic rendezvous of a range ranks the machines itself
+        argv += ["--node_rank", str(settings.machine_rank or 0)]
     rdzv_conf = _range_rdzv_conf(settings) if low != machines else settings.rdzv_conf
     if backend == "static":
         argv += ["--master_addr", address, "--master_port", str(main_port)]
