@@ -17,7 +17,7 @@ ENVIRON_ALLOWED = {
     "environments",  # cluster environments read rank / world size
     "devices",  # device visibility variables
     "launchers",  # the only writers of child-process environments
-    "utils/launch.py",  # the reference's launch helpers: they build child-process environments too
+    "utils/launch",  # the reference's launch helpers: they build child-process environments too
     "utils/torch_xla.py",  # tells a Colab / Kaggle host by its variables (install_xla only)
     "commands/tpu.py",  # hands the environment to the gcloud command it runs
     "commands/config/config_args.py",  # where the reference keeps its config file (HF_HOME)

@@ -55,6 +55,11 @@ class PreparingMixin:
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
             )
+        if not self._strategy.manages_precision:
+            # MS-AMP converts a model together with its optimizer, before any wrapping (DDP); an engine
+            # strategy (DeepSpeed) does it inside its engine, from its config, instead.
+            placement = [self.device_placement if p is None else bool(p) for p in device_placement]
+            args = tuple(self._precision.prepare_objects(args, placement, self.device, self._is_registered))
         request = PrepareRequest(
             objects=tuple(args),
             device_placement=tuple(device_placement),

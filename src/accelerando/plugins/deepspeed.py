@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -127,8 +128,11 @@ def zero_init_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed(device_type: str | None = None) -> Any:
     """Import and return the ``deepspeed`` module.
+
+    On a CPU run (``device_type`` "cpu", or no accelerator found when it is None) DeepSpeed is
+    pointed at its CPU accelerator first (``DS_ACCELERATOR=cpu`` unless set).
 
     Raises:
         ImportError: DeepSpeed is not installed; the message names the pip extra.
@@ -139,6 +143,14 @@ def import_deepspeed() -> Any:
         raise ImportError(
             "DeepSpeed is not installed: pip install 'accelerando[deepspeed]' (or pip install deepspeed)"
         )
+    if "deepspeed" not in sys.modules:
+        from accelerando.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
+
+        if device_type is None:
+            from accelerando.devices.detect import detect_device_backend
+
+            device_type = detect_device_backend().name
+        prefer_deepspeed_cpu_accelerator(device_type)
     import deepspeed
 
     return deepspeed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +23,20 @@ class Precision:
 
     name = "no"
     scaler: Any = None
+
+    def prepare_objects(
+        self,
+        objects: Sequence[Any],
+        placement: Sequence[bool],
+        device: torch.device | None,
+        is_prepared: Callable[[Any], bool],
+    ) -> list[Any]:
+        """Convert the objects of one ``prepare`` call that must change together, before any wrapping.
+
+        MS-AMP converts a model together with its optimizer; every other precision returns the
+        objects unchanged, in the same order.
+        """
+        return list(objects)
 
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """Prepare ``model`` for this precision (no change in fp32)."""
