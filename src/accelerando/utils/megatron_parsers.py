@@ -2,8 +2,9 @@
 
 Megatron-LM builds its own copy of a model from architecture arguments (layers, hidden size, heads,
 vocabulary, sequence length). One parser per model family (``model.config.model_type``) reads them
-from the transformers config and writes them to the plugin's ``megatron_lm_default_args``; new
-families register with :func:`add_model_config_to_megatron_parser`. Parsing needs neither Megatron-LM
+from the transformers config and writes them to the plugin's ``megatron_lm_default_args``. The
+built-in families are rows of one table (``_ARCHITECTURES``: Megatron-LM argument -> config
+attribute); other families register with :func:`add_model_config_to_megatron_parser`. Parsing needs neither Megatron-LM
 nor transformers: only the model's ``config`` attributes.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 __all__ = [
     "MODEL_CONFIGS_TO_MEGATRON_PARSERS",
@@ -85,7 +87,7 @@ def _batch_width(batch_data: Mapping[str, Any] | None, key: str) -> int | None:
     return int(batch_data[key].shape[1])
 
 
-def _decoder_only_seq_length(plugin: Any, batch_data: Mapping[str, Any] | None, max_positions: int) -> int:
+def _single_stack_seq_length(plugin: Any, batch_data: Mapping[str, Any] | None, max_positions: int) -> int:
     """The sequence length of a decoder-only or encoder-only model: the plugin's, the batch's, or the maximum."""
     own = getattr(plugin, "seq_length", None)
     encoder = getattr(plugin, "encoder_seq_length", None)
@@ -101,36 +103,115 @@ def _decoder_only_seq_length(plugin: Any, batch_data: Mapping[str, Any] | None, 
     return width if width is not None else int(max_positions)
 
 
-def _common(
-    plugin: Any,
-    model: Any,
-    *,
-    model_type_name: str,
-    num_layers: int,
-    hidden_size: int,
-    num_attention_heads: int,
-    max_position_embeddings: int,
-    pretraining_flag: bool,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Architecture:
+    """How one model family's transformers config maps onto Megatron-LM arguments."""
+
+    megatron_model: str  # Megatron-LM's model_type_name: "bert", "gpt" or "t5"
+    kind: Literal["encoder", "decoder", "encoder-decoder"]  # decides how sequence lengths are filled
+    # Megatron-LM argument -> config attribute; a missing attribute is an error unless in ``defaults``
+    fields: Mapping[str, str]
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # Megatron-LM argument -> value if missing
+    # Megatron-LM argument -> config attribute, copied only when the config sets it (not None)
+    optional: Mapping[str, str] = field(default_factory=dict)
+    # lower-case part of the model class name that marks a pretraining head; None: always pretraining
+    pretraining_head: str | None = None
+    tokenizer: str | None = None  # Megatron-LM tokenizer_type of a decoder
+
+
+_DENSE = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+_ARCHITECTURES: dict[str, _Architecture] = {
+    "bert": _Architecture(
+        "bert",
+        "encoder",
+        {**_DENSE, "num_labels": "num_labels"},
+        defaults={"num_labels": 2},
+        pretraining_head="maskedlm",
+    ),
+    "gpt2": _Architecture(
+        "gpt",
+        "decoder",
+        {
+            "num_layers": "n_layer",
+            "hidden_size": "n_embd",
+            "num_attention_heads": "n_head",
+            "max_position_embeddings": "n_positions",
+        },
+        tokenizer="GPT2BPETokenizer",
+    ),
+    "t5": _Architecture(
+        "t5",
+        "encoder-decoder",
+        {
+            "num_layers": "num_layers",
+            "hidden_size": "d_model",
+            "num_attention_heads": "num_heads",
+            "max_position_embeddings": "n_positions",
+        },
+        defaults={"max_position_embeddings": 1024},
+        pretraining_head="conditionalgeneration",
+    ),
+    "llama": _Architecture("gpt", "decoder", _DENSE, tokenizer="Llama2Tokenizer"),
+    "glm4_moe": _Architecture(
+        "gpt",
+        "decoder",
+        _DENSE,
+        optional={
+            "num_query_groups": "num_key_value_heads",
+            "ffn_hidden_size": "intermediate_size",
+            "num_experts": "n_routed_experts",
+            "moe_router_topk": "num_experts_per_tok",
+            "moe_ffn_hidden_size": "moe_intermediate_size",
+        },
+        tokenizer="HuggingFaceTokenizer",
+    ),
+}
+
+
+def _parse(family: str, plugin: Any, model: Any, batch_data: Mapping[str, Any] | None) -> None:
+    """Write the architecture arguments of ``model`` (of ``family``) to the plugin's default args.
+
+    Raises:
+        AttributeError: the config lacks an attribute the family's table requires.
+    """
+    architecture = _ARCHITECTURES[family]
+    config = model.config
     args = _args(plugin)
-    args.update(
-        model_type_name=model_type_name,
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        max_position_embeddings=max_position_embeddings,
-        pretraining_flag=pretraining_flag,
-        orig_vocab_size=model.config.vocab_size,
-        model_return_dict=getattr(model.config, "return_dict", True),
-    )
-    return args
-
-
-def _causal_lm(plugin: Any, model: Any, batch_data: Any, args: dict[str, Any], tokenizer: str) -> None:
-    plugin.seq_length = _decoder_only_seq_length(plugin, batch_data, args["max_position_embeddings"])
+    args["model_type_name"] = architecture.megatron_model
+    for key, attribute in architecture.fields.items():
+        if key in architecture.defaults:
+            args[key] = getattr(config, attribute, architecture.defaults[key])
+        else:
+            args[key] = getattr(config, attribute)
+    head = architecture.pretraining_head
+    args["pretraining_flag"] = head is None or head in type(model).__name__.lower()
+    args["orig_vocab_size"] = config.vocab_size
+    args["model_return_dict"] = getattr(config, "return_dict", True)
+    for key, attribute in architecture.optional.items():
+        value = getattr(config, attribute, None)
+        if value is not None:
+            args[key] = value
+    max_positions = args["max_position_embeddings"]
+    if architecture.kind == "encoder-decoder":
+        # Encoder and decoder lengths: the plugin's, else the batch's inputs / labels, else the maximum.
+        for attribute, key in (("encoder_seq_length", "input_ids"), ("decoder_seq_length", "labels")):
+            if getattr(plugin, attribute, None) is None:
+                width = _batch_width(batch_data, key)
+                setattr(plugin, attribute, width if width is not None else max_positions)
+            args[attribute] = getattr(plugin, attribute)
+        args["seq_length"] = plugin.encoder_seq_length
+        return
+    plugin.seq_length = _single_stack_seq_length(plugin, batch_data, max_positions)
     args["seq_length"] = plugin.seq_length
-    args["return_logits"] = bool(getattr(plugin, "return_logits", False))
-    args["tokenizer_type"] = tokenizer
+    if architecture.kind == "decoder":
+        args["return_logits"] = bool(getattr(plugin, "return_logits", False))
+        args["tokenizer_type"] = architecture.tokenizer
 
 
 @add_model_config_to_megatron_parser("bert")
@@ -142,23 +223,11 @@ def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
         megatron_lm_plugin: the plugin to fill.
         model: a transformers BERT model; a masked-LM head turns on pretraining mode.
         batch_data: a sample batch or None.
+
+    Raises:
+        AttributeError: the model's config lacks a BERT size attribute.
     """
-    config = model.config
-    args = _common(
-        megatron_lm_plugin,
-        model,
-        model_type_name="bert",
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        pretraining_flag="maskedlm" in type(model).__name__.lower(),
-    )
-    args["num_labels"] = getattr(config, "num_labels", 2)
-    megatron_lm_plugin.seq_length = _decoder_only_seq_length(
-        megatron_lm_plugin, batch_data, config.max_position_embeddings
-    )
-    args["seq_length"] = megatron_lm_plugin.seq_length
+    _parse("bert", megatron_lm_plugin, model, batch_data)
 
 
 @add_model_config_to_megatron_parser("gpt2")
@@ -169,19 +238,11 @@ def parse_gpt2_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
         megatron_lm_plugin: the plugin to fill.
         model: a transformers GPT-2 model.
         batch_data: a sample batch or None.
+
+    Raises:
+        AttributeError: the model's config lacks a GPT-2 size attribute.
     """
-    config = model.config
-    args = _common(
-        megatron_lm_plugin,
-        model,
-        model_type_name="gpt",
-        num_layers=config.n_layer,
-        hidden_size=config.n_embd,
-        num_attention_heads=config.n_head,
-        max_position_embeddings=config.n_positions,
-        pretraining_flag=True,
-    )
-    _causal_lm(megatron_lm_plugin, model, batch_data, args, "GPT2BPETokenizer")
+    _parse("gpt2", megatron_lm_plugin, model, batch_data)
 
 
 @add_model_config_to_megatron_parser("t5")
@@ -189,31 +250,17 @@ def parse_t5_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> Non
     """Read a T5 model's architecture (encoder-decoder) into the plugin's Megatron-LM arguments.
 
     Encoder and decoder lengths come from the plugin, else from the batch's ``input_ids`` and
-    ``labels``, else from the maximum position count.
+    ``labels``, else from the maximum position count (1024 when the config has none).
 
     Args:
         megatron_lm_plugin: the plugin to fill.
         model: a transformers T5 model; a conditional-generation head turns on pretraining mode.
         batch_data: a sample batch or None.
+
+    Raises:
+        AttributeError: the model's config lacks a T5 size attribute.
     """
-    config = model.config
-    max_positions = getattr(config, "n_positions", 1024)
-    args = _common(
-        megatron_lm_plugin,
-        model,
-        model_type_name="t5",
-        num_layers=config.num_layers,
-        hidden_size=config.d_model,
-        num_attention_heads=config.num_heads,
-        max_position_embeddings=max_positions,
-        pretraining_flag="conditionalgeneration" in type(model).__name__.lower(),
-    )
-    for attribute, key in (("encoder_seq_length", "input_ids"), ("decoder_seq_length", "labels")):
-        if getattr(megatron_lm_plugin, attribute, None) is None:
-            width = _batch_width(batch_data, key)
-            setattr(megatron_lm_plugin, attribute, width if width is not None else max_positions)
-        args[attribute] = getattr(megatron_lm_plugin, attribute)
-    args["seq_length"] = megatron_lm_plugin.encoder_seq_length
+    _parse("t5", megatron_lm_plugin, model, batch_data)
 
 
 @add_model_config_to_megatron_parser("llama")
@@ -224,51 +271,26 @@ def parse_llama_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> 
         megatron_lm_plugin: the plugin to fill.
         model: a transformers Llama model.
         batch_data: a sample batch or None.
+
+    Raises:
+        AttributeError: the model's config lacks a Llama size attribute.
     """
-    config = model.config
-    args = _common(
-        megatron_lm_plugin,
-        model,
-        model_type_name="gpt",
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        pretraining_flag=True,
-    )
-    _causal_lm(megatron_lm_plugin, model, batch_data, args, "Llama2Tokenizer")
+    _parse("llama", megatron_lm_plugin, model, batch_data)
 
 
 @add_model_config_to_megatron_parser("glm4_moe")
 def parse_glm4_moe_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
     """Read a GLM-4 mixture-of-experts model's architecture into the plugin's Megatron-LM arguments.
 
-    Besides the dense sizes, the expert count, experts per token and expert hidden size are read.
+    Besides the dense sizes, the key-value head count, the expert count, experts per token and the
+    (expert) feed-forward sizes are read when the config sets them.
 
     Args:
         megatron_lm_plugin: the plugin to fill.
         model: a transformers GLM-4 MoE model.
         batch_data: a sample batch or None.
+
+    Raises:
+        AttributeError: the model's config lacks a dense size attribute.
     """
-    config = model.config
-    args = _common(
-        megatron_lm_plugin,
-        model,
-        model_type_name="gpt",
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        pretraining_flag=True,
-    )
-    for key, attribute in (
-        ("num_query_groups", "num_key_value_heads"),
-        ("ffn_hidden_size", "intermediate_size"),
-        ("num_experts", "n_routed_experts"),
-        ("moe_router_topk", "num_experts_per_tok"),
-        ("moe_ffn_hidden_size", "moe_intermediate_size"),
-    ):
-        value = getattr(config, attribute, None)
-        if value is not None:
-            args[key] = value
-    _causal_lm(megatron_lm_plugin, model, batch_data, args, "HuggingFaceTokenizer")
+    _parse("glm4_moe", megatron_lm_plugin, model, batch_data)
