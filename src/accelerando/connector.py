@@ -323,7 +323,9 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     # 1-3. cluster environment, device, process group: once per process, shared by later Accelerators
     process = rt.start_process(settings, init_handler.to_kwargs() if init_handler is not None else {})
     plugins = _fold_tensor_parallel_plugin(plugins, process.num_processes)
-    mesh = _build_mesh(plugins.parallelism_config, process)
+    # With a PipelineParallelPlugin the pipeline strategy builds its (dp_replicate, pp) mesh and checks the
+    # ParallelismConfig against it itself.
+    mesh = None if _pipeline_requested(plugins) else _build_mesh(plugins.parallelism_config, process)
     decision = _strategy_rule(settings, plugins, process)
     plugins = _default_backend_plugins(decision, plugins)
     plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))

@@ -241,6 +241,11 @@ class PreparingMixin:
 
     def _data_parallel_processes(self) -> int:
         """How many processes read different batches (all of them without a ParallelismConfig)."""
+        strategy_mesh = getattr(self._strategy, "data_mesh", None)
+        if strategy_mesh is not None:
+            from accelerando.data_loader.prepare import _data_parallel_layout
+
+            return _data_parallel_layout(self.num_processes, 0, strategy_mesh)[0]
         config = self.state.parallelism_config
         if config is None or self.state.device_mesh is None:
             return self.num_processes
