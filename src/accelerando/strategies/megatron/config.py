@@ -83,9 +83,12 @@ def transformer_config(args: SimpleNamespace, *, use_cpu_initialization: bool | 
     values["use_cpu_initialization"] = use_cpu_initialization
     # Between pipeline stages megatron-core sends activations of a fixed shape unless told that the
     # length varies: Hugging Face batches differ in length (and GPT's inputs are one token shorter
-    # than the batch), so pipelines exchange shapes (megatron-core allows it without MoE only).
-    if int(args.pipeline_model_parallel_size) > 1 and values.get("num_moe_experts") is None:
+    # than the batch), so pipelines exchange shapes. megatron-core refuses that with its default
+    # "allgather" MoE token dispatcher (checked even without experts); "alltoall" is its alternative.
+    if int(args.pipeline_model_parallel_size) > 1:
         values.setdefault("variable_seq_lengths", True)
+        if values["variable_seq_lengths"]:
+            values.setdefault("moe_token_dispatcher_type", "alltoall")
     return TransformerConfig(**values)
 
 

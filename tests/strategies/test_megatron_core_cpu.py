@@ -1,0 +1,226 @@
+"""The parts of the Megatron-LM engine that megatron-core runs on the CPU, for real.
+
+megatron-core builds its model-parallel groups over gloo and constructs its models with
+``use_cpu_initialization``; its DDP buffers, RNG tracker and forward need CUDA, and those paths must
+refuse clearly here. Skipped when megatron-core is not installed.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+
+from accelerando.strategies.megatron import args as margs  # noqa: E402
+from accelerando.strategies.megatron import config as mconfig  # noqa: E402
+from accelerando.strategies.megatron.engine import _average_loss_dicts, split_micro_batches  # noqa: E402
+from accelerando.utils.megatron_lm import MegatronLMUnavailableError  # noqa: E402
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
+
+
+def _gpt_plugin(**kwargs):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from accelerando.plugins.megatron import MegatronLMPlugin
+
+    plugin = MegatronLMPlugin(**kwargs)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=32, n_head=4, vocab_size=100, n_positions=16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plugin.set_network_size_args(model, {"input_ids": torch.zeros(2, 9, dtype=torch.long)})
+    plugin.set_training_args(2, 1)
+    plugin.set_optimizer_type(torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.95)))
+    return plugin
+
+
+def test_arguments_derive_sizes_and_megatron_configs():
+    plugin = _gpt_plugin(
+        tp_degree=2, pp_degree=2, num_micro_batches=4, num_layers_per_virtual_pipeline_stage=1
+    )
+    plugin.set_mixed_precision("bf16")
+    args = margs.build_args(plugin.megatron_lm_default_args, {"recompute_granularity": "selective"})
+    assert args.virtual_pipeline_model_parallel_size == 2  # 4 layers / 2 stages / 1 layer each
+    assert args.padded_vocab_size == 256  # 100 padded to a multiple of 128 * tp
+    assert args.global_batch_size == 2 * 1 * 4
+    config = mconfig.transformer_config(args)
+    assert (config.num_layers, config.hidden_size, config.num_attention_heads) == (4, 32, 4)
+    assert config.tensor_model_parallel_size == 2 and config.pipeline_model_parallel_size == 2
+    assert config.virtual_pipeline_model_parallel_size == 2 and config.bf16
+    assert config.params_dtype == torch.bfloat16 and config.recompute_granularity == "selective"
+    assert config.use_cpu_initialization is (not torch.cuda.is_available())
+    assert config.variable_seq_lengths  # pipelines exchange shapes
+    optimizer = mconfig.optimizer_config(args)
+    assert (optimizer.optimizer, optimizer.lr, optimizer.adam_beta1, optimizer.adam_beta2) == (
+        "adam",
+        1e-3,
+        0.8,
+        0.95,
+    )
+    assert optimizer.bf16 and optimizer.clip_grad == 1.0
+    assert mconfig.ddp_config(args).grad_reduce_in_fp32  # bf16 reduces gradients in fp32
+
+    with pytest.raises(ValueError, match="num_layers_per_virtual_pipeline_stage"):
+        margs.build_args({**plugin.megatron_lm_default_args, "num_layers_per_virtual_pipeline_stage": 3})
+    with pytest.raises(ValueError, match="other_megatron_args"):
+        mconfig.transformer_config(margs.build_args({}))
+    with pytest.raises(ValueError, match="learning rate"):
+        mconfig.optimizer_config(margs.build_args({}))
+    with pytest.raises(ValueError, match="attention_backend"):
+        mconfig.transformer_config(
+            margs.build_args({**plugin.megatron_lm_default_args, "attention_backend": "nope"})
+        )
+    local = margs.build_args({**plugin.megatron_lm_default_args, "attention_backend": "local"})
+    assert mconfig.transformer_config(local).attention_backend.name == "local"
+
+
+def test_schedule_in_samples():
+    from accelerando.utils.megatron_lm import MegatronLMDummyScheduler
+
+    plugin = _gpt_plugin(num_micro_batches=2, lr_decay_style="cosine", min_lr=1e-5)
+    plugin.set_scheduler_args(MegatronLMDummyScheduler(None, total_num_steps=100, warmup_num_steps=10))
+    steps = mconfig.scheduler_steps(margs.build_args(plugin.megatron_lm_default_args))
+    gbs = 2 * 2  # micro-batch 2, one data-parallel rank, 2 micro-batches
+    assert steps["lr_decay_steps"] == 100 * gbs and steps["lr_warmup_steps"] == 10 * gbs
+    assert steps["lr_decay_style"] == "cosine" and steps["min_lr"] == 1e-5 and steps["max_lr"] == 1e-3
+    constant = mconfig.scheduler_steps(margs.build_args(_gpt_plugin().megatron_lm_default_args))
+    assert constant["lr_decay_style"] == "constant"
+    samples = margs.build_args(
+        {**plugin.megatron_lm_default_args, "train_samples": 640, "lr_warmup_fraction": 0.1}
+    )
+    steps = mconfig.scheduler_steps(samples)
+    assert steps["lr_decay_steps"] == 640 and steps["lr_warmup_steps"] == 64
+
+
+def test_micro_batches_and_loss_averaging():
+    batch = {"input_ids": torch.arange(8).reshape(4, 2), "labels": torch.ones(4, 2), "flag": 3}
+    parts = split_micro_batches(batch, 2)
+    assert [p["input_ids"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert all(p["flag"] == 3 for p in parts)
+    with pytest.raises(ValueError, match="num_micro_batches=3"):
+        split_micro_batches(batch, 3)
+    averaged = _average_loss_dicts([{"lm loss": torch.tensor(1.0)}, {"lm loss": torch.tensor(3.0)}])
+    assert averaged["lm loss"].item() == 2.0
+    joined = _average_loss_dicts([{"logits": torch.ones(1, 2)}, {"logits": torch.zeros(1, 2)}])
+    assert joined["logits"].shape == (2, 2)
+
+
+@no_cuda
+def test_cuda_paths_refuse_on_cpu_naming_the_alternative():
+    from accelerando.utils import megatron_lm as mlm
+
+    holder = types.SimpleNamespace(state=types.SimpleNamespace(megatron_lm_plugin=_gpt_plugin()))
+    calls = [
+        lambda: mlm.initialize(holder),
+        mlm.finish_mpu_init,
+        lambda: mlm.prepare_model_optimizer_scheduler(holder),
+        lambda: mlm.prepare_optimizer(holder, []),
+        lambda: mlm.MegatronEngine(holder, [], None, None),
+    ]
+    for call in calls:
+        with pytest.raises(MegatronLMUnavailableError) as info:
+            call()
+        message = str(info.value)
+        assert "no CUDA GPU" in message and "ParallelismConfig(tp_size=...)" in message
+        assert "PipelineParallelPlugin" in message
+
+
+# --------------------------------------------------------------------------- two gloo processes
+def _group_ranks(group) -> list[int]:
+    return sorted(torch.distributed.get_process_group_ranks(group))
+
+
+def _parallel_state_on_gloo() -> dict:
+    warnings.simplefilter("ignore")
+    from megatron.core import parallel_state as ps
+
+    from accelerando.parallelism_config import ParallelismConfig
+    from accelerando.state import PartialState
+    from accelerando.strategies.megatron.models import build_model_chunks
+    from accelerando.strategies.megatron.setup import (
+        init_model_parallel,
+        model_provider_func,
+        prepare_data_loader,
+    )
+
+    PartialState()  # starts the gloo process group, as the Accelerator does
+    out: dict = {}
+    plugin = _gpt_plugin(tp_degree=2)
+    args = margs.build_args(plugin.megatron_lm_default_args)
+    margs.set_args(args)
+    init_model_parallel(args)
+    mesh = ParallelismConfig(tp_size=2).build_device_mesh("cpu")
+    out["tp"] = (
+        _group_ranks(ps.get_tensor_model_parallel_group()),
+        sorted(mesh["tp"].mesh.flatten().tolist()),
+    )
+    out["tp_rank"] = (ps.get_tensor_model_parallel_rank(), mesh["tp"].get_local_rank())
+    out["dp_size"] = args.data_parallel_size
+    gpt = build_model_chunks(model_provider_func, args)
+    out["gpt"] = (len(gpt), type(gpt[0]).__name__, tuple(gpt[0].embedding.word_embeddings.weight.shape))
+    # Both tensor-parallel ranks read the same samples (one data-parallel rank).
+    loader = torch.utils.data.DataLoader(torch.arange(8).float().unsqueeze(1), batch_size=2)
+    out["tp_batches"] = [
+        b.flatten().tolist() for b in prepare_data_loader(types.SimpleNamespace(state=PartialState()), loader)
+    ]
+    for kind in ("bert", "t5"):
+        args.model_type_name = kind
+        out[kind] = type(model_provider_func()).__name__
+
+    # tp=1: two data-parallel ranks, each its own samples.
+    args = margs.build_args(_gpt_plugin().megatron_lm_default_args)
+    margs.set_args(args)
+    init_model_parallel(args)
+    out["dp"] = (_group_ranks(ps.get_data_parallel_group()), args.data_parallel_size, args.global_batch_size)
+    out["dp_batches"] = [
+        b.flatten().tolist() for b in prepare_data_loader(types.SimpleNamespace(state=PartialState()), loader)
+    ]
+
+    # pp=2 with two virtual stages each: rank 0 holds the embedding, rank 1 the output layer.
+    plugin = _gpt_plugin(pp_degree=2, num_layers_per_virtual_pipeline_stage=1)
+    # Untied: tied embeddings are synchronised between the first and last stage on CUDA at construction.
+    args = margs.build_args(plugin.megatron_lm_default_args, {"untie_embeddings_and_output_weights": True})
+    margs.set_args(args)
+    init_model_parallel(args)
+    chunks = build_model_chunks(model_provider_func, args)
+    out["pp"] = (
+        _group_ranks(ps.get_pipeline_model_parallel_group()),
+        len(chunks),
+        [c.pre_process for c in chunks],
+        [c.post_process for c in chunks],
+        [len(c.decoder.layers) for c in chunks],
+    )
+    args.model_type_name = "t5"
+    try:
+        model_provider_func()
+    except ValueError as error:
+        out["t5_pp"] = str(error)
+    ps.destroy_model_parallel()
+    return out
+
+
+@pytest.mark.slow
+def test_parallel_state_and_models_on_two_gloo_processes():
+    from accelerando.test_utils import run_distributed
+
+    results = run_distributed(_parallel_state_on_gloo, 2, timeout=600)
+    for rank, out in enumerate(results):
+        groups, mesh_ranks = out["tp"]
+        assert groups == mesh_ranks == [0, 1]  # megatron-core's tp group is our mesh's tp axis
+        assert out["tp_rank"] == (rank, rank) and out["dp_size"] == 1
+        assert out["gpt"] == (1, "GPTModel", (128, 32))  # vocabulary 256 split over 2 ranks
+        assert out["tp_batches"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+        assert (out["bert"], out["t5"]) == ("BertModel", "T5Model")
+        assert out["dp"] == ([0, 1], 2, 2 * 2)
+        groups, chunks, pre, post, layers = out["pp"]
+        assert groups == [0, 1] and chunks == 2 and layers == [1, 1]
+        assert pre == [rank == 0, False] and post == [False, rank == 1]
+        assert "pp_degree=1" in out["t5_pp"]
+    assert results[0]["dp_batches"] != results[1]["dp_batches"]
+    assert sorted(sum(results[0]["dp_batches"] + results[1]["dp_batches"], [])) == [
+        float(i) for i in range(8)
+    ]
