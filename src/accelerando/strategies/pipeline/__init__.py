@@ -2,12 +2,15 @@
 
 ``split.py`` decides where stages begin (layer names or parameter bytes); ``stage.py`` traces the
 model and builds one process's stage and schedule; ``model.py`` is the prepared model that runs a
-pipeline step per call; ``strategy.py`` the training strategy; ``context_parallel.py`` the checks and
-context of torch's context parallelism (another non-data-parallel axis).
+pipeline step per call; ``data_parallel.py`` the pipeline x data-parallel layout (sizes, the
+``("dp_replicate", "pp")`` mesh, the gradient all-reduce over the pipelines); ``strategy.py`` the
+training strategy; ``context_parallel.py`` the checks and context of torch's context parallelism
+(another non-data-parallel axis).
 """
 
 from __future__ import annotations
 
+from accelerando.strategies.pipeline.data_parallel import build_pipeline_mesh, pipeline_data_parallel_sizes
 from accelerando.strategies.pipeline.model import PipelineModel, PipelineOutput
 from accelerando.strategies.pipeline.split import (
     balanced_split_points,
@@ -23,6 +26,8 @@ __all__ = [
     "PipelineOutput",
     "PipelineStrategy",
     "balanced_split_points",
+    "build_pipeline_mesh",
     "generate_stage_map",
+    "pipeline_data_parallel_sizes",
     "validate_split_points",
 ]
