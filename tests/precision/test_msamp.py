@@ -142,6 +142,8 @@ def test_deepspeed_config_block_from_each_recipe_source(
         return _ds_config(_msamp_precision(handlers)).get("msamp")
 
     assert block({MSAMPRecipeKwargs: MSAMPRecipeKwargs()}) == {"enabled": True, "opt_level": "O2"}
+    config = _ds_config(_msamp_precision({MSAMPRecipeKwargs: MSAMPRecipeKwargs()}))
+    assert config["bf16"]["enabled"] is True and config["fp16"]["enabled"] is False  # as MS-AMP's own setup
     assert block({MSAMPRecipeKwargs: MSAMPRecipeKwargs(opt_level="O1")})["opt_level"] == "O1"
     with pytest.warns(FutureWarning):
         legacy = FP8RecipeKwargs(backend="msamp", opt_level="O1")
@@ -190,6 +192,24 @@ def test_a_block_in_the_deepspeed_config_wins(fresh_state: Any, msamp_runs_here:
     assert _ds_config(precision, {**base, "msamp": {"enabled": True}})["msamp"]["opt_level"] == "O2"
     with pytest.raises(ValueError, match=r'"enabled": false.*fp8_backend'):
         _ds_config(precision, {**base, "msamp": {"enabled": False}})
+
+
+def test_deepspeed_plugin_enable_msamp_makes_the_engine_convert(
+    fresh_state: Any, fake_msamp: Any, caplog: Any
+) -> None:
+    """DeepSpeedPlugin(enable_msamp=True) alone: its block is used and no precision converts the model."""
+    from accelerando import DeepSpeedPlugin
+    from accelerando.precision import Precision
+    from accelerando.precision.fp8_ao import AOPrecision
+    from accelerando.strategies.deepspeed.msamp import converts_in_engine
+
+    plugin = DeepSpeedPlugin(zero_stage=1, enable_msamp=True, msamp_opt_level="O1")
+    assert plugin.deepspeed_config["msamp"] == {"enabled": True, "opt_level": "O1"}
+    assert converts_in_engine(Precision(), plugin.deepspeed_config)
+    with caplog.at_level("WARNING"):
+        assert converts_in_engine(AOPrecision("cpu", None), plugin.deepspeed_config)
+    assert "the FP8 backend 'ao' is not applied" in caplog.text
+    assert not converts_in_engine(Precision(), DeepSpeedPlugin(zero_stage=1).deepspeed_config)
 
 
 def test_no_block_without_msamp(fresh_state: Any) -> None:
@@ -316,15 +336,16 @@ acc = Accelerator(
     kwargs_handlers=[MSAMPRecipeKwargs(opt_level="O1")],
 )
 torch.manual_seed(0)
-model = torch.nn.Linear(8, 2)
+# token ids in, as a language model: the engine runs in bf16 (as MS-AMP's DeepSpeed setup does)
+model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+loader = torch.utils.data.DataLoader(torch.randint(0, 16, (8, 3)), batch_size=4)
 model, optimizer, loader = acc.prepare(model, optimizer, loader)
 for batch in loader:
-    acc.backward(model(batch).pow(2).mean())
+    acc.backward(model(batch).float().pow(2).mean())
     optimizer.step()
     optimizer.zero_grad()
-print("TRAINED", type(model).__name__)
+print("TRAINED", type(model).__name__, next(model.parameters()).dtype)
 """
 
 
@@ -356,7 +377,7 @@ def test_deepspeed_engine_is_built_by_msamp_deepspeed(tmp_path: Path) -> None:
         [sys.executable, str(tmp_path / "train.py")], env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "TRAINED DeepSpeedEngine" in result.stdout
+    assert "TRAINED DeepSpeedEngine torch.bfloat16" in result.stdout
     assert json.loads(record.read_text()) == {
         "fn": "deepspeed.initialize",
         "msamp": {"enabled": True, "opt_level": "O1"},

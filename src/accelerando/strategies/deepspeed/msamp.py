@@ -16,8 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from accelerando.plugins.deepspeed import import_deepspeed
+from accelerando.strategies.deepspeed.config import fill_auto, get_value
 
-__all__ = ["apply_msamp_block", "engine_initializer", "msamp_opt_level"]
+__all__ = [
+    "apply_msamp_block",
+    "converts_in_engine",
+    "engine_initializer",
+    "msamp_enabled",
+    "msamp_opt_level",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,22 +43,60 @@ def msamp_opt_level(precision: Any) -> str | None:
     return str(precision.resolve_recipe().opt_level)
 
 
-def apply_msamp_block(config: dict[str, Any], opt_level: str | None) -> None:
+def msamp_enabled(config: dict[str, Any]) -> bool:
+    """Whether the DeepSpeed ``config`` turns MS-AMP on (``"msamp": {"enabled": true}``)."""
+    block = config.get("msamp")
+    return isinstance(block, dict) and bool(block.get("enabled"))
+
+
+def converts_in_engine(precision: Any, config: dict[str, Any]) -> bool:
+    """Whether MS-AMP (inside the engine) converts the model, so the precision must not.
+
+    True when the run's FP8 backend is MS-AMP, or when the DeepSpeed config enables MS-AMP itself
+    (``DeepSpeedPlugin(enable_msamp=True)`` or the user's file); in that second case an FP8 precision
+    of another backend is not applied (logged), since the model would be converted twice.
+
+    Args:
+        precision: the runtime's precision object.
+        config: the plugin's DeepSpeed config (before resolution).
+    """
+    if msamp_opt_level(precision) is not None:
+        return True
+    if not msamp_enabled(config):
+        return False
+    other = getattr(precision, "backend_name", "")
+    if other:
+        logger.warning(
+            "the DeepSpeed config enables MS-AMP, which converts the model in the engine; the FP8 backend "
+            "%r is not applied (pass MSAMPRecipeKwargs or set fp8_backend: msamp to silence this)",
+            other,
+        )
+    return True
+
+
+def apply_msamp_block(config: dict[str, Any], opt_level: str | None, mixed_precision: str = "fp8") -> None:
     """Add ``{"msamp": {"enabled": True, "opt_level": opt_level}}`` to ``config`` (in place).
 
     A block the config has already wins; a missing ``opt_level`` in it is filled, a different one
-    is logged.
+    is logged. With MS-AMP on and ``mixed_precision="fp8"``, a ``bf16.enabled`` left "auto" becomes
+    True: what MS-AMP does not hold in FP8 runs in bf16, as in MS-AMP's own DeepSpeed setup.
 
     Args:
         config: the DeepSpeed config being resolved.
-        opt_level: from :func:`msamp_opt_level`; None leaves the config as it is.
+        opt_level: from :func:`msamp_opt_level`; None adds no block (one already there stays).
+        mixed_precision: the Accelerator's mixed precision.
 
     Raises:
         ValueError: the config disables MS-AMP (``"msamp": {"enabled": false}``) while the run asks
             for the MS-AMP FP8 backend.
     """
-    if opt_level is None:
-        return
+    if opt_level is not None:
+        _merge_block(config, opt_level)
+    if msamp_enabled(config) and mixed_precision == "fp8" and get_value(config, "fp16.enabled") is not True:
+        fill_auto(config, {"bf16.enabled": True})
+
+
+def _merge_block(config: dict[str, Any], opt_level: str) -> None:
     block = config.get("msamp")
     if not isinstance(block, dict) or not block:
         from accelerando.precision.fp8_gpu import msamp_deepspeed_config
@@ -80,8 +125,7 @@ def engine_initializer(config: dict[str, Any]) -> Callable[..., Any]:
         ImportError: DeepSpeed is not installed, or the config enables MS-AMP and ``msamp`` is not.
     """
     deepspeed = import_deepspeed()
-    block = config.get("msamp")
-    if not (isinstance(block, dict) and block.get("enabled")):
+    if not msamp_enabled(config):
         return deepspeed.initialize
     from accelerando.utils.imports import is_msamp_available
 

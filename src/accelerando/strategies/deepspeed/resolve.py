@@ -1,10 +1,10 @@
 """Turn a DeepSpeedPlugin's config into the concrete dict given to ``deepspeed.initialize``.
 
 Order (each step may need the previous one): ZeRO stage/offload "auto" (needs the model size) ->
-accumulation (needs the Accelerator) -> batch sizes (need accumulation and the dataloaders) ->
-precision, clipping, 16-bit save -> bucket sizes (need the model's hidden size) -> the MS-AMP block
-(when the FP8 backend is MS-AMP) -> optimizer and
-scheduler sections (need the objects passed to prepare) -> nothing "auto" may remain.
+accumulation (needs the Accelerator) -> batch sizes (need accumulation and the dataloaders) -> the
+MS-AMP block (when the FP8 backend is MS-AMP; it may turn bf16 on) -> precision, clipping, 16-bit save
+-> bucket sizes (need the model's hidden size) -> optimizer and scheduler sections (need the objects
+passed to prepare) -> nothing "auto" may remain.
 ``zero_init_config`` (the view of a config ``deepspeed.zero.Init`` accepts before that) lives with the
 plugin, which needs it before any prepare; it is re-exported here.
 """
@@ -286,8 +286,8 @@ def resolve_config(plugin: Any, inputs: PrepareInputs) -> tuple[dict[str, Any], 
     choice = _apply_auto_zero(config, inputs)
     gas = _resolve_accumulation(config, inputs)
     _resolve_batch(config, inputs, gas)
+    apply_msamp_block(config, inputs.msamp_opt_level, inputs.mixed_precision)
     _resolve_numerics(config, inputs, plugin)
-    apply_msamp_block(config, inputs.msamp_opt_level)
     _resolve_optimizer(config, inputs)
     _resolve_scheduler(config, inputs)
     require_no_auto(config)

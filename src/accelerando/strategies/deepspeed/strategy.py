@@ -19,7 +19,7 @@ from accelerando.gradient_state import GradientState
 from accelerando.plugins.deepspeed import import_deepspeed
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
 from accelerando.strategies.deepspeed.auto_stage import ZeroChoice
-from accelerando.strategies.deepspeed.msamp import engine_initializer, msamp_opt_level
+from accelerando.strategies.deepspeed.msamp import converts_in_engine, engine_initializer, msamp_opt_level
 from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config
 from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin
 from accelerando.strategies.deepspeed.wrappers import (
@@ -182,7 +182,8 @@ class DeepSpeedStrategy(Strategy):
         # Autocast around the user's forward (the engine holds low-precision weights; the inputs
         # the script passes stay fp32), exactly as for the other strategies.
         # Except MS-AMP, which converts the model with its optimizer inside its engine wrapper.
-        if msamp_opt_level(self.precision) is None:
+        plugin = get_active_deepspeed_plugin(self.state)
+        if not converts_in_engine(self.precision, plugin.deepspeed_config):
             pick["model"] = self.precision.convert_module(pick["model"])
         self._build_engine(prepared, request, pick["model"], pick["optimizer"], pick["scheduler"])
         made = {"model": prepared.models, "optimizer": prepared.optimizers, "scheduler": prepared.schedulers}
@@ -213,7 +214,7 @@ class DeepSpeedStrategy(Strategy):
             device_backend=getattr(self.state, "device_backend", None),
             is_train_batch_min=bool(plugin.is_train_batch_min),
             local_processes=max(1, num_processes // max(getattr(self.state, "num_nodes", 1), 1)),
-            msamp_opt_level=msamp_opt_level(self.precision),
+            msamp_opt_level=msamp_opt_level(getattr(self, "precision", None)),
         )
         config, choice = resolve_config(plugin, inputs)
         if choice is not None:
