@@ -159,9 +159,11 @@ def model_provider_func(
     around each chunk under an interleaved schedule).
 
     Raises:
+        MegatronLMUnavailableError: megatron-core is missing.
         RuntimeError: Megatron-LM's arguments are not initialised.
         ValueError: see :func:`accelerando.strategies.megatron.models.build_model`.
     """
+    require_megatron_core("megatron_lm.model_provider_func")
     from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
 
     from accelerando.strategies.megatron.config import transformer_config
