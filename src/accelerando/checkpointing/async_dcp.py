@@ -59,12 +59,31 @@ class ShardWrites:
         owner: the Accelerator (its stager's host copies are reused across saves).
     """
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: Any, defer: bool = False) -> None:
         self._owner = owner
+        self._defer = defer
+        self._live: list[tuple[dict[str, Any], str]] = []
         self.pending: list[tuple[Any, str]] = []
 
     def stage(self, state_dict: dict[str, Any], folder: str) -> None:
-        """Copy ``state_dict`` (DTensors included) to host memory now; write it into ``folder`` later."""
+        """Copy ``state_dict`` (DTensors included) to host memory; write it into ``folder`` later.
+
+        With ``defer`` (an overlapped snapshot) only the references are kept here;
+        :meth:`stage_deferred`, run by the background thread before the optimizers may step again,
+        copies them.
+        """
+        if self._defer:
+            self._live.append((state_dict, folder))
+            return
+        self._stage_now(state_dict, folder)
+
+    def stage_deferred(self) -> None:
+        """Copy the state dicts :meth:`stage` deferred (the training's optimizer steps wait for this)."""
+        live, self._live = self._live, []
+        for state_dict, folder in live:
+            self._stage_now(state_dict, folder)
+
+    def _stage_now(self, state_dict: dict[str, Any], folder: str) -> None:
         # DCP's stager cannot copy FSDP1's ShardedTensors: they are copied here, the rest by the stager.
         sharded: list[Any] = []
         plain = _set_aside(state_dict, sharded)

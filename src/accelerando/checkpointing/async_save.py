@@ -2,26 +2,35 @@
 
 The foreground part runs on every process, in the training's thread, and is all the training waits
 for: the committing process claims the folder (the same step 1 as a synchronous save, so the same
-locking and numbering), then every process copies its state into host memory (weights, optimizer,
-scheduler, dataloader, scaler and custom-object states, its random states, the step, gradients of an
-unfinished accumulation cycle). Tensors are copied storage by storage, so views and tied weights keep
-sharing memory exactly as in the live objects and the files come out byte for byte as a synchronous
-save writes them.
+locking and numbering), then every process copies into host memory what the next forward and
+backward change: scheduler, dataloader, scaler and custom-object states, its random states, the
+step, model buffers, gradients of an unfinished accumulation cycle. Tensors are copied storage by
+storage, so views and tied weights keep sharing memory exactly as in the live objects and the files
+come out byte for byte as a synchronous save writes them.
+
+The parameters and optimizer state change only in the optimizer step, so (``overlap``, the default
+when every prepared optimizer is an :class:`~accelerando.optimizer.AcceleratedOptimizer`) they are
+copied by the background thread while the next forward and backward run; the prepared optimizers'
+``step()`` (and schedule-free ``train()``/``eval()``) wait for that copy through their
+``_snapshot_wait`` hook, which is None, one attribute read, when no copy is pending. The contract:
+until that step, parameters change only through the prepared optimizers. ``overlap_snapshot=False``
+copies everything in the foreground instead.
+
+Sharded strategies (FSDP ``SHARDED_STATE_DICT``, the composable strategy) hand their
+``torch.distributed.checkpoint`` state dicts to :mod:`accelerando.checkpointing.async_dcp`: staged to
+host memory with DCP's stager (in the background with overlap, else in the foreground) and written by
+``dcp.save`` from the background thread, before the rest of the files. DeepSpeed engines and FSDP's
+gathered full optimizer state are still written in the foreground.
 
 A background thread per process then runs steps 2 and 3 of :mod:`accelerando.checkpointing.save`
 unchanged on the snapshot: write into the hidden staging folder, flush and hash, gather every
-process's outcome, write the manifest, rename into place, rotate. Its gathers go through a gloo process
-group of its own (made once, collectively, by the first asynchronous save), so they never interleave
-with the training's collectives. A crash before the rename leaves only a hidden staging folder (the
-previous checkpoint stays the newest); the next save cleans it up.
+process's outcome, write the manifest, rename into place, rotate. Its gathers and DCP's collectives go
+through a gloo process group of its own (made once, collectively, by the first asynchronous save), so
+they never interleave with the training's collectives. A crash before the rename leaves only a hidden
+staging folder (the previous checkpoint stays the newest); the next save cleans it up.
 
 The next ``save_state``, ``Accelerator.load_state`` and the end of the process wait for a pending
 save; its error, if any, is raised there (or by :meth:`AsyncSaveHandle.result`).
-
-Strategies that write their own sharded files (FSDP, DeepSpeed) write them in the foreground: their
-files are produced by collectives of the training's own process group (torch.distributed.checkpoint
-for FSDP), which a background thread must not run concurrently with training; the rest of the
-checkpoint is still written in the background.
 """
 
 from __future__ import annotations
@@ -55,8 +64,8 @@ _PENDING: weakref.WeakKeyDictionary[Any, AsyncSaveHandle] = weakref.WeakKeyDicti
 # Every handle not yet waited for, for the wait at interpreter exit.
 _UNWAITED: set[AsyncSaveHandle] = set()
 _UNWAITED_LOCK = threading.Lock()
-# The background gathers' process group, per default process group (made once, collectively).
-_GROUPS: dict[int, Any] = {}
+# The background's gloo process group and the default group it was made for (made once, collectively).
+_GROUPS: dict[str, tuple[Any, Any]] = {}
 
 
 class AsyncSaveHandle:
@@ -300,8 +309,10 @@ def can_overlap(target: Any) -> bool:
 class _Snapshot:
     """This process's state in host memory, and the writer of its files from that copy.
 
-    ``deferred`` (with overlap) still holds the live parameters and optimizer state: ``finish()``,
-    run first by the background thread, copies them and then lets the optimizers step again.
+    With ``overlap``, ``weights``, ``optimizers`` and the sharded strategies' DCP state dicts still
+    reference the live parameters and optimizer state after ``__init__`` (everything else is copied);
+    the prepared optimizers are held, and :meth:`finish`, run first by the background thread, copies
+    those and lets the optimizers step again.
     """
 
     def __init__(self, target: Any, plan: Any, safe_serialization: bool, overlap: bool) -> None:
@@ -309,7 +320,8 @@ class _Snapshot:
         buffers.rotate()  # the previous save has committed: its buffers are free
         self._memo: dict[Any, Any] = {"buffers": buffers}
         self.plan, self.safe_serialization = plan, safe_serialization
-        self.shards = ShardWrites(target.owner)
+        # Sharded strategies' DCP state dicts: with overlap their staging waits for the background too.
+        self.shards = ShardWrites(target.owner, defer=overlap)
         self.copied = threading.Event()
         self._held: list[Any] = []
         models = list(target.models)
@@ -338,7 +350,7 @@ class _Snapshot:
         self.custom = [_Stateful(snapshot_tree(o.state_dict(), self._memo)) for o in target.custom_objects]
         self.process_index, self.step = int(target.state.process_index), int(target.step)
         self.rng_payload = {"step": self.step, "rng": snapshot_tree(capture_rng_states(), self._memo)}
-        if live:
+        if overlap:
             self._hold(target.optimizers)
         else:
             self.copied.set()
@@ -372,6 +384,7 @@ class _Snapshot:
     def finish(self) -> None:
         """Copy the deferred parameters and optimizer state; release the held optimizers (always)."""
         try:
+            self.shards.stage_deferred()
             if self._live:
                 later = self._later
                 self.weights = [snapshot_tree(w, self._memo, copy_if=later) for w in self.weights]
@@ -420,10 +433,13 @@ def _background_group(target: Any) -> Any:
     if target.state.num_processes <= 1 or not (dist.is_available() and dist.is_initialized()):
         return None
     default = dist.distributed_c10d._get_default_group()
-    group = _GROUPS.get(id(default))
-    if group is None:
-        group = dist.new_group(backend="gloo")
-        _GROUPS[id(default)] = group
+    made = _GROUPS.get("made")
+    # Compared by identity, holding the default group: a process group re-created after
+    # destroy_process_group() (a new Accelerator) must get a new background group, even at the same id().
+    if made is not None and made[0] is default:
+        return made[1]
+    group = dist.new_group(backend="gloo")
+    _GROUPS["made"] = (default, group)
     return group
 
 
