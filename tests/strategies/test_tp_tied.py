@@ -70,6 +70,20 @@ def test_check_ties_refuses_a_split_and_a_whole_half_naming_both_and_the_fix() -
     assert "tie_word_embeddings=False" in str(info.value)
 
 
+def test_tied_state_dict_entries_are_shared_and_filled() -> None:
+    from accelerando.strategies.composable.ties import fill_tied_entries, share_tied_entries
+
+    ties = [["a", "b", "c"]]
+    gathered = {"a": torch.ones(2), "b": torch.ones(2), "c": torch.ones(2), "d": torch.zeros(1)}
+    shared = share_tied_entries(gathered, ties)
+    assert shared["b"] is shared["a"] and shared["c"] is shared["a"] and shared["d"] is gathered["d"]
+    assert share_tied_entries({}, ties) == {}  # other ranks get nothing
+    stored = {"a": torch.ones(2), "d": torch.zeros(1)}
+    filled = fill_tied_entries(stored, ties)
+    assert filled["b"] is stored["a"] and filled["c"] is stored["a"] and set(stored) == {"a", "d"}
+    assert fill_tied_entries({"d": stored["d"]}, ties) == {"d": stored["d"]}
+
+
 class _Recorder(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -248,11 +262,23 @@ def _tied_worker(root: str, sizes: dict, phase: int) -> dict:
             out["ref_output_diff"] = float(
                 (plain(input_ids=probe).logits - _ref_logits(ref_state, probe)).abs().max()
             )
+    # a weights file holding the tied tensor once loads back into the split model (strict)
+    weights = _load_weights(os.path.join(saved, "model.safetensors"))
+    acc.runtime.strategy.load_model_state_dict(model, weights)
+    with torch.no_grad():
+        out["reload_diff"] = float((model(input_ids=probe).logits - logits).abs().max())
+    out["reload_tied"] = model.lm_head.weight is model.model.embed_tokens.weight
     # plans that split the shared weight differently are refused; alike ones are re-tied
     out["toy_rowwise_head"] = _toy_outcome(acc, {"embed": "embedding_rowwise", "head": "rowwise"})
     out["toy_head_only"] = _toy_outcome(acc, {"head": "colwise_rep"})
     out["toy_alike"] = _toy_outcome(acc, {"embed": "embedding_rowwise", "head": "colwise_rep"})
     return out
+
+
+def _load_weights(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path)
 
 
 def _ref_logits(state: dict, probe: torch.Tensor) -> torch.Tensor:
@@ -290,6 +316,8 @@ def _check(first: list[dict], second: list[dict]) -> None:
     head_only = main["toy_head_only"]
     assert head_only.startswith("ValueError") and "a whole (unsplit) tensor" in head_only, head_only
     assert main["toy_alike"] == "tied"
+    for rank in range(len(first)):
+        assert first[rank]["reload_diff"] == 0.0 and first[rank]["reload_tied"], rank
 
 
 @pytest.mark.slow  # two 2-process launches with transformers (~1 min; minutes on a busy machine)

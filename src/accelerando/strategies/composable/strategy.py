@@ -327,8 +327,7 @@ class ComposableStrategy(Strategy):
         if not self._is_laid_out(module):
             return super().model_state_dict(model)
         # the gather copies each name of a tied parameter separately: share them again
-        ties = [[n.replace("_checkpoint_wrapped_module.", "") for n in g] for g in T.find_ties(module)]
-        return T.share_tied_entries(full_model_state_dict(module), ties)
+        return T.share_tied_entries(full_model_state_dict(module), self._ties(module))
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
@@ -339,7 +338,14 @@ class ComposableStrategy(Strategy):
         module = self.unwrap_model(model, keep_torch_compile=False)
         if not self._is_laid_out(module):
             return super().load_model_state_dict(model, state_dict, strict)
+        # weights files hold a tied tensor once: give its other names the same value
+        state_dict = T.fill_tied_entries(state_dict, self._ties(module))
         return load_full_model_state_dict(module, state_dict, strict)
+
+    @staticmethod
+    def _ties(module: torch.nn.Module) -> list[list[str]]:
+        """The tie groups of ``module`` by state-dict name (without activation-checkpoint wrappers)."""
+        return [[n.replace("_checkpoint_wrapped_module.", "") for n in g] for g in T.find_ties(module)]
 
     @staticmethod
     def _is_laid_out(module: torch.nn.Module) -> bool:

@@ -19,7 +19,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_ties", "find_ties", "retie", "share_tied_entries", "units_keeping_ties"]
+__all__ = [
+    "check_ties",
+    "fill_tied_entries",
+    "find_ties",
+    "retie",
+    "share_tied_entries",
+    "units_keeping_ties",
+]
 
 
 def find_ties(model: torch.nn.Module) -> list[list[str]]:
@@ -149,3 +156,18 @@ def share_tied_entries(state_dict: dict[str, Any], ties: Sequence[Sequence[str]]
         for name in present[1:]:
             state_dict[name] = state_dict[present[0]]
     return state_dict
+
+
+def fill_tied_entries(state_dict: dict[str, Any], ties: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """A copy of ``state_dict`` where the names of a tie group it lacks take the value of one it has.
+
+    Weights files store a tied tensor once (e.g. ``model.embed_tokens.weight`` without
+    ``lm_head.weight``); a strict load into a model whose state dict lists every name needs the rest.
+    """
+    filled = dict(state_dict)
+    for group in ties:
+        present = [name for name in group if name in filled]
+        if present:
+            for name in group:
+                filled.setdefault(name, filled[present[0]])
+    return filled
