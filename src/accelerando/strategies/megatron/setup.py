@@ -87,6 +87,37 @@ def init_model_parallel(args: SimpleNamespace) -> None:
     )
 
 
+def _ensure_process_group(state: Any) -> None:
+    """Start a one-process NCCL group for a single-GPU run (megatron-core's groups need a default group).
+
+    Raises:
+        RuntimeError: several processes but no process group (they were not launched together).
+    """
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if int(getattr(state, "num_processes", 1)) != 1:
+        raise RuntimeError(
+            "Megatron-LM needs torch.distributed across its processes: launch with `accelerando launch` or torchrun"
+        )
+    from accelerando.process_group import start
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    start(
+        device=state.device,
+        default_backend="nccl",
+        main_address="127.0.0.1",
+        main_port=port,
+        rank=0,
+        world_size=1,
+    )
+
+
 def _extra_defaults(extra_args_provider: Callable[[argparse.ArgumentParser], Any] | None) -> dict[str, Any]:
     # The reference's hook adds options to Megatron-LM's parser; their defaults become arguments.
     if extra_args_provider is None:
@@ -117,6 +148,7 @@ def initialize(
     require_megatron_core("megatron_lm.initialize")
     require_cuda("megatron_lm.initialize")
     plugin = _plugin(accelerator)
+    _ensure_process_group(accelerator.state)
     args = build_args(
         {**_extra_defaults(extra_args_provider), **plugin.megatron_lm_default_args}, args_defaults
     )
