@@ -4,7 +4,8 @@ The 4-process launches train a stack of Linear blocks through the Accelerator an
 process, with a single-process full-batch run of the same model and data: launch one trains 10
 optimizer steps with gradient accumulation 2 and clipping, saves a checkpoint at step 4 and the
 final model (``save_model``), and evaluates with ``gather_for_metrics``; launch two starts fresh
-processes, loads the step-4 checkpoint and continues to step 10.
+processes (asking for the 2 pipelines with ``ParallelismConfig(dp_replicate_size=2)`` this time),
+loads the step-4 checkpoint and continues to step 10.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def test_layout_sizes():
     assert pipeline_data_parallel_sizes(2, 8) == (2, 4)
     assert pipeline_data_parallel_sizes(4, 8, _Config(dp_replicate=2)) == (4, 2)
     assert pipeline_data_parallel_sizes(2, 4, _Config()) == (2, 2)
+    assert pipeline_data_parallel_sizes(None, 4, _Config(dp_replicate=2)) == (2, 2)  # the rest are stages
+    assert pipeline_data_parallel_sizes(None, 6, _Config(dp_replicate=3)) == (2, 3)
 
 
 def test_layout_refusals_name_the_numbers_and_the_fix():
@@ -55,6 +58,8 @@ def test_layout_refusals_name_the_numbers_and_the_fix():
         pipeline_data_parallel_sizes(2, 4, _Config(dp_replicate=4))
     with pytest.raises(ValueError, match=r"ParallelismConfig\(tp_size=2\).*drop those"):
         pipeline_data_parallel_sizes(2, 8, _Config(tp=2))
+    with pytest.raises(ValueError, match=r"tp_size='auto'.*give numbers"):
+        pipeline_data_parallel_sizes(2, 4, _Config(tp="auto"))
     with pytest.raises(RuntimeError, match="at least 2 processes"):
         pipeline_data_parallel_sizes(None, 1)
 
@@ -116,8 +121,9 @@ def _reference() -> dict:
     }
 
 
-def _accelerator():
-    from accelerando import Accelerator
+def _accelerator(replicas_from_config: bool):
+    """pp=2 x dp=2 from ``PipelineParallelPlugin(pp_size=2)``, or from ``ParallelismConfig(dp_replicate_size=2)``."""
+    from accelerando import Accelerator, ParallelismConfig
     from accelerando.plugins.pipeline import PipelineParallelPlugin
     from accelerando.state import AcceleratorState, GradientState
 
@@ -127,14 +133,15 @@ def _accelerator():
         split_points=["layers.2"],
         schedule="1F1B",
         num_microbatches=2,
-        pp_size=2,
+        pp_size=None if replicas_from_config else 2,
         loss_fn=torch.nn.functional.cross_entropy,
     )
-    return Accelerator(kwargs_handlers=[plugin], gradient_accumulation_steps=ACCUM)
+    config = ParallelismConfig(dp_replicate_size=2) if replicas_from_config else None
+    return Accelerator(kwargs_handlers=[plugin], parallelism_config=config, gradient_accumulation_steps=ACCUM)
 
 
-def _setup():
-    acc = _accelerator()
+def _setup(replicas_from_config: bool = False):
+    acc = _accelerator(replicas_from_config)
     torch.manual_seed(0)
     model = Stack()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -231,14 +238,16 @@ def _first_launch(workdir: str) -> dict:
 
 
 def _second_launch(workdir: str) -> dict:
-    acc, model, opt, loader = _setup()
+    acc, model, opt, loader = _setup(replicas_from_config=True)
     ref = _reference()
     acc.load_state(os.path.join(workdir, "ckpt"))
     restored = {k: v.clone() for k, v in acc.get_state_dict(model).items()}  # the live tensors otherwise
     resumed = acc.skip_first_batches(loader, SAVE_AT * ACCUM)
     losses, norms = _train(acc, model, opt, resumed, SAVE_AT, None)
     state = acc.get_state_dict(model)
+    layout = acc._strategy.layout
     return {
+        "layout": (layout.stage_index, layout.dp_rank, layout.dp_size, layout.ranks),
         "restored_diff": _max_diff(restored, ref["saved"]),
         "loss_diff": max(abs(a - b) for a, b in zip(losses, ref["losses"][SAVE_AT * ACCUM :], strict=True)),
         "norm_diff": max(abs(a - b) for a, b in zip(norms, ref["norms"][SAVE_AT:], strict=True)),
@@ -283,7 +292,9 @@ def test_pp2_dp2_training_equals_single_process(launches):
 
 @pytest.mark.slow
 def test_pp2_dp2_resume_equals_uninterrupted(launches):
-    _, second = launches
+    first, second = launches
+    # The second launch asks for the 2 replicas with ParallelismConfig(dp_replicate_size=2) instead of pp_size.
+    assert [r["layout"] for r in second] == [r["layout"] for r in first]
     for rank, result in enumerate(second):
         assert result["restored_diff"] < 1e-6, (rank, result)
         assert result["loss_diff"] < 1e-5, (rank, result)
@@ -292,12 +303,6 @@ def test_pp2_dp2_resume_equals_uninterrupted(launches):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="needs the facade to read the pipeline strategy's data mesh in gather_for_metrics and "
-    "_data_parallel_processes (request C-ppdp in /tmp/helper_notes/requests.md); today every stage's copy "
-    "is gathered and the scheduler steps num_processes times",
-    strict=False,
-)
 def test_pp2_dp2_gather_for_metrics_and_scheduler_count_data_parallel_ranks_only(launches):
     first, _ = launches
     for rank, result in enumerate(first):

@@ -50,9 +50,8 @@ def pipeline_data_parallel_sizes(
         pp_size: ``PipelineParallelPlugin.pp_size`` (None = every process is a stage: ``dp = 1``).
         num_processes: processes of the job.
         parallelism_config: the Accelerator's ``ParallelismConfig``, or None. It has no pipeline
-            axis: with a pipeline the data-parallel degree always comes from ``num_processes / pp_size``,
-            so only a config whose every axis but ``dp_replicate`` is 1 and whose ``dp_replicate_size``
-            equals that degree is accepted.
+            axis; only its ``dp_replicate_size`` may be above 1, and must then equal
+            ``num_processes / pp_size`` (with ``pp_size`` None, ``pp = num_processes / dp_replicate_size``).
 
     Returns:
         ``(pp, dp)``: stages per pipeline and data-parallel pipelines.
@@ -60,15 +59,21 @@ def pipeline_data_parallel_sizes(
     Raises:
         RuntimeError: fewer than two processes.
         ValueError: ``pp_size`` larger than the job or not dividing it, or a ParallelismConfig asking
-            for tensor / context / sequence parallelism, FSDP sharding, or another replica count (the
-            message names the numbers and the fix).
+            for tensor / context / sequence parallelism, FSDP sharding, another replica count or an
+            ``"auto"`` size (the message names the numbers and the fix).
     """
     if num_processes < 2:
         raise RuntimeError(
             "PipelineParallelPlugin needs at least 2 processes (one per stage); launch with "
             "`accelerando launch --num_processes 2 script.py` or drop the plugin"
         )
-    pp = num_processes if pp_size is None else int(pp_size)
+    replicate = _replicas(parallelism_config)
+    if pp_size is not None:
+        pp = int(pp_size)
+    elif replicate > 1 and num_processes % replicate == 0:
+        pp = num_processes // replicate  # ParallelismConfig(dp_replicate_size=d): the rest are stages
+    else:
+        pp = num_processes
     if pp > num_processes or num_processes % pp:
         fits = ", ".join(str(d) for d in _divisors(num_processes))
         raise ValueError(
@@ -80,6 +85,29 @@ def pipeline_data_parallel_sizes(
     if parallelism_config is not None:
         _check_parallelism_config(parallelism_config, pp, dp, num_processes)
     return pp, dp
+
+
+def _replicas(config: Any) -> int:
+    """``config.dp_replicate_size`` (1 without a config).
+
+    Raises:
+        ValueError: an ``"auto"`` size (the automatic layout does not choose pipeline jobs).
+    """
+    if config is None:
+        return 1
+    axes = ("dp_replicate", "dp_shard", "tp", "cp", "sp")
+    auto = [
+        f"{axis}_size={getattr(config, f'{axis}_size')!r}"
+        for axis in axes
+        if not isinstance(getattr(config, f"{axis}_size", 1) or 1, int)
+    ]
+    if auto:
+        raise ValueError(
+            f"ParallelismConfig({', '.join(auto)}) beside a PipelineParallelPlugin: the automatic layout does not "
+            "choose pipeline jobs; give numbers (e.g. dp_replicate_size=num_processes / pp_size) or drop the "
+            "ParallelismConfig"
+        )
+    return int(getattr(config, "dp_replicate_size", 1) or 1)
 
 
 def _check_parallelism_config(config: Any, pp: int, dp: int, num_processes: int) -> None:
@@ -96,7 +124,7 @@ def _check_parallelism_config(config: Any, pp: int, dp: int, num_processes: int)
             f"PipelineParallelPlugin(pp_size={pp}) with ParallelismConfig(dp_replicate_size={replicate}) needs "
             f"{pp} x {replicate} = {pp * replicate} processes but the job has {num_processes}; the data-parallel "
             f"degree of a pipeline job is num_processes / pp_size = {dp}: drop the ParallelismConfig or set "
-            f"dp_replicate_size={dp} (a ParallelismConfig with every size 1 stands for dp_replicate_size=num_processes)"
+            f"dp_replicate_size={dp}"
         )
 
 
