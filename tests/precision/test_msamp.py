@@ -291,16 +291,6 @@ def test_msamp_on_this_cpu_is_refused_naming_ao(fresh_state: Any) -> None:
         Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
 
 
-def _facade_calls_the_hook() -> bool:
-    from accelerando.facade import preparing
-
-    return "prepare_objects" in Path(preparing.__file__).read_text()
-
-
-@pytest.mark.skipif(
-    not _facade_calls_the_hook(),
-    reason="the facade does not call Precision.prepare_objects yet (requested in /tmp/helper_notes/requests.md)",
-)
 def test_accelerator_prepare_calls_msamp_initialize(
     fresh_state: Any, msamp_runs_here: None, fake_msamp: Any
 ) -> None:
