@@ -31,7 +31,7 @@ TRAIN = Command("train.py")
 # join: the whole rendezvous; last_call: the wait for more machines once MIN joined; keep-alive 1 s x 3:
 # a machine whose agent stopped beating is dropped after 3 s.
 RDZV_CONF = (
-    "join_timeout=120,last_call_timeout=3,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
+    "join_timeout=120,last_call_timeout=5,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
 )
 
 
