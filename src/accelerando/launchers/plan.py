@@ -52,6 +52,8 @@ __all__ = [
     "INSTALL_ENV",
     "automatic_layout",
     "machine_counts",
+    "rendezvous_backend",
+    "RANGE_RDZV_BACKEND",
 ]
 
 _ELASTIC_MODULE = "torch.distributed.run"
