@@ -158,7 +158,9 @@ def _print_layout(settings: Any) -> None:
     from accelerando.settings.machine import detect_machine
 
     machine = detect_machine()
-    machines = settings.num_machines or 1
+    from accelerando.settings.fields import machine_range
+
+    machines = machine_range(settings.num_machines)[1]
     processes = settings.num_processes or max(machine.gpu_count, 1) * machines
     try:
         layout = automatic_layout(settings, machine, processes, machines)

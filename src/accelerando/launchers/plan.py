@@ -514,8 +514,8 @@ def _process_env(settings: Settings, machine: MachineInfo, total: int, per_node:
     if low != high:
         # The job's size changes while it runs: each process reads it from the agent (WORLD_SIZE), and a
         # count written here would be wrong after machines join or leave.
-        env.pop("ACCELERANDO_NUM_PROCESSES", None)
-        env.pop(FIELDS_BY_NAME["num_processes"].reference_env or "", None)
+        for name in FIELDS_BY_NAME["num_processes"].env_names:
+            env.pop(name, None)
         env["ACCELERANDO_NUM_MACHINES"] = f"{low}:{high}"
     else:
         env["ACCELERANDO_NUM_PROCESSES"] = str(total)

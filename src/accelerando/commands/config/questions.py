@@ -82,11 +82,14 @@ def _ask_topology(values: dict[str, Any], kind: DistributedKind, gpus: int) -> N
         values["cpu"] = gpus == 0 or _answer(questionary.confirm("Run on CPU only?", default=False))
         return
     values["num_machines"] = _ask_value("num_machines", "How many machines?", 1)
-    if values["num_machines"] > 1:
+    from accelerando.settings.fields import machine_range
+
+    most_machines = machine_range(values["num_machines"])[1]
+    if most_machines > 1:
         values["machine_rank"] = _ask_value("machine_rank", "Rank of this machine?", 0)
         values["main_process_ip"] = _ask_value("main_process_ip", "IP address of the machine of rank 0?", "")
         values["main_process_port"] = _ask_value("main_process_port", "Port on the machine of rank 0?", 29500)
-    default_processes = 2 if kind.forces_cpu else max(gpus, 1) * values["num_machines"]
+    default_processes = 2 if kind.forces_cpu else max(gpus, 1) * most_machines
     values["num_processes"] = _ask_value("num_processes", "How many processes in total?", default_processes)
     values["cpu"] = kind.forces_cpu
     if not kind.forces_cpu and gpus:

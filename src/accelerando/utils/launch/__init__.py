@@ -161,7 +161,9 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
     env = _process_env(args, settings, plan)
     if "ACCELERATE_USE_CPU" not in plan.env:
         env["ACCELERATE_USE_CPU"] = _text(bool(settings["cpu"]))
-    machines = settings["num_machines"] or 1
+    from accelerando.settings.fields import machine_range
+
+    machines = machine_range(settings["num_machines"])[1]
     port = str(settings["main_process_port"] or _DEFAULT_MAIN_PORT)
     if machines > 1:
         env["MASTER_ADDR"] = str(settings["main_process_ip"])

@@ -33,7 +33,6 @@ def set_agent_args(args: argparse.Namespace, plan: Any) -> None:
             index += 2
         setattr(args, key, _AGENT_TYPES.get(key, str)(value) if value != "true" else True)
     args.nproc_per_node = str(plan.nproc_per_node)
-    args.nnodes = str(plan.num_machines)
     args.node_rank = int(plan.machine_rank)
     # The agent's other options at their defaults, so that torch.distributed.run.run(args) works.
     from torch.distributed.run import get_args_parser
