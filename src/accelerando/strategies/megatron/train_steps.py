@@ -386,7 +386,7 @@ class BertTrainStep(AbstractTrainStep):
         ) -> tuple[torch.Tensor, dict]:
             lm_loss_, sop_logits = output_tensor
             lm_loss = _masked_mean(lm_loss_, loss_mask)
-            if sop_logits is None:
+            if sop_logits is None or sentence_order is None:  # no sentence-order head or labels
                 return lm_loss, {"lm loss": avg_losses_across_data_parallel_group([lm_loss])[0]}
             sop_loss = F.cross_entropy(
                 sop_logits.view(-1, 2).float(), sentence_order.view(-1), ignore_index=-1
