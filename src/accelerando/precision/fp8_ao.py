@@ -25,12 +25,12 @@ logger = get_logger(__name__)
 
 def _is_fsdp2() -> bool:
     import accelerando.runtime as rt
-    from accelerando.enums import DistributedType
 
     runtime = rt.current()
-    if runtime is None or runtime.distributed_type is not DistributedType.FSDP:
-        return False
-    return getattr(runtime.plugins.fsdp, "fsdp_version", 1) == 2
+    plugin = runtime.plugins.fsdp if runtime is not None else None
+    # An FSDP plugin is only in the runtime when the connector chose the FSDP strategy (no
+    # distributed-type comparison outside the connector).
+    return plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
 
 
 def _native_fp8(device_type: str) -> bool:
