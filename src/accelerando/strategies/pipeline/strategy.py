@@ -200,14 +200,20 @@ class PipelineStrategy(Strategy):
         Each process's optimizer holds state only for its stage's parameters (the others never get a
         gradient). The states of the pipeline's stages are merged by parameter index, and the main
         process writes the result under the usual name, so checkpointing's default loading restores
-        it on every process (and in a run without pipeline). Collective over the pipeline's stages:
-        called on every process.
+        it on every process (and in a run without pipeline). Collective over the whole job: called on
+        every process.
         """
         inner = getattr(optimizer, "optimizer", optimizer)
         merged = merge_stage_optimizer_states(inner.state_dict(), self.layout.group, self.layout.num_stages)
+        name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
+        path = os.path.join(output_dir, name)
         if self.state.is_main_process:
-            name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
-            torch.save(merged, os.path.join(output_dir, name))
+            torch.save(merged, path)
+        # Without a shared file system (save_on_each_node) every node's folder needs the file: after the
+        # main process wrote it, each node's first process writes it where it is still missing.
+        dist.barrier()
+        if self.state.is_local_main_process and not os.path.exists(path):
+            torch.save(merged, path)
         return True
 
 
