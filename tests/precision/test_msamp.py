@@ -283,6 +283,23 @@ def test_prepare_objects_refuses_anything_but_one_pair(
         precision.convert_module(a)
 
 
+def test_msamp_with_fsdp_is_refused(
+    fresh_state: Any, msamp_runs_here: None, fake_msamp: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import accelerando.runtime as rt
+
+    precision = _msamp_precision()
+    fsdp_runtime = types.SimpleNamespace(plugins=types.SimpleNamespace(fsdp=object()))
+    monkeypatch.setattr(rt, "current", lambda: fsdp_runtime)
+    model = torch.nn.Linear(4, 2)
+    objects = (model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"not supported with FSDP.*fp8_backend='ao' with FSDP2"):
+        precision.prepare_objects(objects, [True] * 2, None, lambda o: False)
+    assert fake_msamp.CALLS == []
+
+
 def test_msamp_on_this_cpu_is_refused_naming_ao(fresh_state: Any) -> None:
     from accelerando import Accelerator
     from accelerando.plugins.kwargs import MSAMPRecipeKwargs

@@ -107,7 +107,7 @@ class MSAMPPrecision(FP8Precision):
             The objects with the model and optimizer replaced by MS-AMP's.
 
         Raises:
-            ValueError: not exactly one model and one optimizer among the new objects.
+            ValueError: not exactly one model and one optimizer among the new objects, or an FSDP run.
             ImportError: MS-AMP is not installed.
         """
         result = list(objects)
@@ -128,6 +128,7 @@ class MSAMPPrecision(FP8Precision):
                 "optimizer to accelerator.prepare(model, optimizer, ...); for several models use "
                 "fp8_backend='te' or 'ao'"
             )
+        _refuse_fsdp()
         (m,), (o,) = models, optimizers
         if device is not None and placement[m]:
             result[m].to(device)  # in place: the optimizer keeps the same Parameter objects
@@ -147,6 +148,19 @@ class MSAMPPrecision(FP8Precision):
                 "or use fp8_backend='te' or 'ao'"
             )
         return model
+
+
+def _refuse_fsdp() -> None:
+    import accelerando.runtime as rt
+
+    runtime = rt.current()
+    # An FSDP plugin is only in the runtime when the connector chose the FSDP strategy.
+    if runtime is not None and runtime.plugins.fsdp is not None:
+        raise ValueError(
+            "MS-AMP FP8 is not supported with FSDP here (MS-AMP's FP8 weights need its own FSDP "
+            "wrapper): use DDP or DeepSpeed with fp8_backend='msamp', or fp8_backend='ao' with FSDP2 "
+            "(float8 all-gather)"
+        )
 
 
 def msamp_deepspeed_config(config: dict[str, Any], opt_level: str = "O2") -> dict[str, Any]:
