@@ -234,6 +234,7 @@ def _first_launch(workdir: str) -> dict:
             torch.load(os.path.join(checkpoint, "optimizer.bin"), weights_only=True)["state"]
         ),
         "param_names": [name for name, _ in Stack().named_parameters()],
+        "ranks": (acc.data_parallel_rank, acc.pipeline_parallel_rank, acc.torch_device_mesh is not None),
     }
 
 
@@ -310,3 +311,5 @@ def test_pp2_dp2_gather_for_metrics_and_scheduler_count_data_parallel_ranks_only
         assert result["eval_labels_equal"], (rank, result)
         assert result["eval_pred_diff"] < 1e-5, (rank, result)
         assert result["scheduler_steps"] == STEPS * 2, (rank, result)  # 2 data-parallel pipelines
+        # "pp" is the inner axis: processes 0,1 are pipeline 0's stages, 2,3 pipeline 1's.
+        assert result["ranks"] == (rank // 2, rank % 2, True), (rank, result)
