@@ -109,6 +109,17 @@ def test_micro_batches_and_loss_averaging():
     assert joined["logits"].shape == (2, 2)
 
 
+def test_gpt_loss_with_logits():
+    from accelerando.utils.megatron_lm import GPTTrainStep
+
+    step = GPTTrainStep(None, types.SimpleNamespace(return_logits=True))
+    assert step.return_logits
+    losses, logits = torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.zeros(2, 2, 4)
+    loss, reduced = step.loss_func(torch.tensor([[1.0, 1.0], [0.0, 1.0]]), (losses, logits))
+    assert loss.item() == pytest.approx(11.0 / 3) and reduced["logits"] is logits
+    assert set(reduced) == {"lm loss", "logits"}
+
+
 @no_cuda
 def test_cuda_paths_refuse_on_cpu_naming_the_alternative():
     from accelerando.utils import megatron_lm as mlm
@@ -167,6 +178,15 @@ def _parallel_state_on_gloo() -> dict:
     out["tp_batches"] = [
         b.flatten().tolist() for b in prepare_data_loader(types.SimpleNamespace(state=PartialState()), loader)
     ]
+    # return_logits: per-token losses from vocabulary-parallel logits, logits gathered back whole.
+    from accelerando.strategies.megatron.train_steps import _with_logits
+
+    full = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[1, 200, 7], [255, 0, 128]])
+    rank = ps.get_tensor_model_parallel_rank()
+    losses, logits = _with_logits(full[..., rank * 128 : (rank + 1) * 128].clone(), gpt[0], labels)
+    expected = torch.nn.functional.cross_entropy(full.reshape(-1, 256), labels.reshape(-1), reduction="none")
+    out["logits"] = (torch.allclose(losses.reshape(-1), expected, atol=1e-5), torch.equal(logits, full))
     for kind in ("bert", "t5"):
         args.model_type_name = kind
         out[kind] = type(model_provider_func()).__name__
@@ -215,6 +235,7 @@ def test_parallel_state_and_models_on_two_gloo_processes():
         assert out["gpt"] == (1, "GPTModel", (128, 32))  # vocabulary 256 split over 2 ranks
         assert out["tp_batches"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
         assert (out["bert"], out["t5"]) == ("BertModel", "T5Model")
+        assert out["logits"] == (True, True)
         assert out["dp"] == ([0, 1], 2, 2 * 2)
         groups, chunks, pre, post, layers = out["pp"]
         assert groups == [0, 1] and chunks == 2 and layers == [1, 1]

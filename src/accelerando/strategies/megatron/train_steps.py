@@ -264,7 +264,8 @@ class GPTTrainStep(AbstractTrainStep):
     Args:
         accelerator: the Accelerator (its Megatron-LM plugin may supply custom batch / loss functions).
         args: Megatron-LM arguments (a namespace): ``megatron_dataset_flag``, optional ``eod_token``,
-            ``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``.
+            ``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``, ``return_logits``
+            (also return the logits: the engine's output then carries them).
     """
 
     def __init__(self, accelerator: Any, args: Any) -> None:
@@ -275,6 +276,7 @@ class GPTTrainStep(AbstractTrainStep):
         self.reset_position_ids = bool(getattr(args, "reset_position_ids", False))
         self.reset_attention_mask = bool(getattr(args, "reset_attention_mask", False))
         self.eod_mask_loss = bool(getattr(args, "eod_mask_loss", False))
+        self.return_logits = bool(getattr(args, "return_logits", False))
         flag = bool(getattr(args, "megatron_dataset_flag", False))
         self.get_batch = _custom_or(
             getattr(plugin, "custom_get_batch_function", None), lambda: self.get_batch_func(accelerator, flag)
@@ -309,21 +311,55 @@ class GPTTrainStep(AbstractTrainStep):
     def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
         """``(loss_mask, output_tensor) -> (loss, {"lm loss": data-parallel average})``."""
 
-        def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        def loss_func(loss_mask: torch.Tensor, output_tensor: Any) -> tuple[torch.Tensor, dict]:
+            logits = None
+            if isinstance(output_tensor, tuple):  # return_logits: (per-token losses, logits)
+                output_tensor, logits = output_tensor
             loss = _masked_mean(output_tensor, loss_mask)
-            return loss, {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
+            reduced = {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
+            if logits is not None:
+                reduced["logits"] = logits
+            return loss, reduced
 
         return loss_func
 
     def get_forward_step_func(self) -> Callable[..., Any]:
-        """``(data_iterator, model) -> (output, loss_fn)``; calls ``model(tokens, position_ids, mask, labels=)``."""
+        """``(data_iterator, model) -> (output, loss_fn)``; calls ``model(tokens, position_ids, mask, labels=)``.
+
+        With ``return_logits`` the last stage computes the logits, then the per-token losses from
+        them, and hands both on (the logits gathered over the tensor-parallel ranks, detached).
+        """
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
             tokens, labels, loss_mask, attention_mask, position_ids = self.get_batch(data_iterator)
-            output = model(tokens, position_ids, attention_mask, labels=labels)
-            return output, partial(self.loss_func, loss_mask)
+            if not self.return_logits:
+                output = model(tokens, position_ids, attention_mask, labels=labels)
+                return output, partial(self.loss_func, loss_mask)
+            return _with_logits(model(tokens, position_ids, attention_mask), model, labels), partial(
+                self.loss_func, loss_mask
+            )
 
         return forward_step
+
+
+def _with_logits(output: torch.Tensor, model: Any, labels: torch.Tensor) -> Any:
+    """On the last pipeline stage: ``(per-token losses, full-vocabulary logits)`` from the ``[b, s, v/tp]`` logits."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel  # type: ignore[import-not-found]
+    from megatron.core.utils import unwrap_model  # type: ignore[import-not-found]
+
+    if not getattr(unwrap_model(model), "post_process", True):
+        return output  # hidden states for the next stage
+    # Copied first: megatron-core's vocabulary-parallel cross entropy shifts its input in place.
+    logits = output.detach().clone()
+    losses = tensor_parallel.vocab_parallel_cross_entropy(output.float(), labels)
+    group = parallel_state.get_tensor_model_parallel_group()
+    size = dist.get_world_size(group=group)
+    if size > 1:
+        parts = [torch.empty_like(logits) for _ in range(size)]
+        dist.all_gather(parts, logits.contiguous(), group=group)
+        logits = torch.cat(parts, dim=-1)
+    return losses, logits
 
 
 class BertTrainStep(AbstractTrainStep):
