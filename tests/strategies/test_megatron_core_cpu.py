@@ -120,6 +120,43 @@ def test_gpt_loss_with_logits():
     assert set(reduced) == {"lm loss", "logits"}
 
 
+def test_strategy_reads_one_prepare_call_into_the_arguments():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from accelerando.plugins.megatron import MegatronLMPlugin
+    from accelerando.strategies.base import PrepareRequest
+    from accelerando.strategies.megatron.strategy import MegatronStrategy, _kind
+    from accelerando.utils.megatron_lm import MegatronLMDummyScheduler
+
+    plugin = MegatronLMPlugin(tp_degree=2, num_micro_batches=2)
+    state = types.SimpleNamespace(megatron_lm_plugin=plugin, num_processes=4, mixed_precision="bf16")
+    strategy = MegatronStrategy(state, None)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=100, n_positions=16))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.8)
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.zeros(9, dtype=torch.long)}] * 6, batch_size=3)
+    scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=20, warmup_num_steps=4)
+    objects = (model, optimizer, loader, scheduler)
+    assert [_kind(o) for o in objects] == ["model", "optimizer", "dataloader", "scheduler"]
+    request = PrepareRequest(objects, (None,) * 4, 1, False, lambda obj, placement: obj, lambda obj: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        strategy._fill_arguments(
+            plugin,
+            {"model": model, "optimizer": optimizer, "dataloader": loader, "scheduler": scheduler},
+            request,
+        )
+    args = plugin.megatron_lm_default_args
+    assert (args["micro_batch_size"], args["data_parallel_size"], args["global_batch_size"]) == (3, 2, 12)
+    assert (args["num_layers"], args["hidden_size"], args["seq_length"]) == (3, 32, 9)
+    assert (args["optimizer"], args["lr"], args["sgd_momentum"]) == ("sgd", 0.5, 0.8)
+    assert args["bf16"] and args["train_iters"] == 10 and args["lr_warmup_iters"] == 2  # steps per dp rank
+    step_lr = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    with pytest.raises(ValueError, match="MegatronLMDummyScheduler"):
+        strategy._fill_arguments(
+            plugin, {"model": None, "optimizer": None, "dataloader": None, "scheduler": step_lr}, request
+        )
+
+
 @no_cuda
 def test_cuda_paths_refuse_on_cpu_naming_the_alternative():
     from accelerando.utils import megatron_lm as mlm

@@ -123,8 +123,44 @@ def test_gpt_train_step_batch_loss_and_forward():
     loss, logged = loss_fn(output)
     assert loss.item() == pytest.approx(3.0) and logged["lm loss"].item() == pytest.approx(3.0)
     assert torch.equal(seen["labels"], labels)
-    with pytest.raises(MegatronLMUnavailableError, match="megatron-core"):
-        mlm.GPTTrainStep(None, types.SimpleNamespace(megatron_dataset_flag=True))
+    # Megatron-LM's sample formats: legacy "text" (shifted like input_ids) and megatron-core's GPTDataset.
+    megatron = mlm.GPTTrainStep(None, types.SimpleNamespace(megatron_dataset_flag=True, eod_token=9))
+    tokens, labels, *_ = megatron.get_batch(iter([{"text": ids}]))
+    assert tokens.tolist() == [[1, 9, 3, 4]] and labels.tolist() == [[9, 3, 4, 5]]
+    sample = {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": torch.tensor([[1, 1, 0, 1]])}
+    tokens, labels, loss_mask, mask, positions = megatron.get_batch(iter([sample]))
+    assert labels.tolist() == [[9, 3, 4, 5]] and loss_mask.tolist() == [[1.0, 1.0, 0.0, 1.0]]
+    assert mask.shape == (1, 1, 4, 4) and positions.tolist() == [[0, 1, 2, 3]]
+
+
+def test_bert_and_t5_train_steps_over_megatron_samples():
+    bert = mlm.BertTrainStep(None, types.SimpleNamespace(megatron_dataset_flag=True))
+    sample = {
+        "text": torch.tensor([[5, 6]]),
+        "types": torch.tensor([[0, 1]]),
+        "is_random": torch.tensor([1]),
+        "loss_mask": torch.tensor([[0, 1]]),
+        "labels": torch.tensor([[-1, 6]]),
+        "padding_mask": torch.tensor([[1, 1]]),
+    }
+    tokens, types_, order, loss_mask, labels, padding = bert.get_batch(iter([sample]))
+    assert tokens.tolist() == [[5, 6]] and types_.tolist() == [[0, 1]] and order.tolist() == [1]
+    assert loss_mask.dtype == torch.float and padding.tolist() == [[1, 1]] and labels.tolist() == [[-1, 6]]
+    t5 = mlm.T5TrainStep(None, types.SimpleNamespace(megatron_dataset_flag=True))
+    sample = {
+        "text_enc": torch.tensor([[1, 2]]),
+        "text_dec": torch.tensor([[0, 3]]),
+        "labels": torch.tensor([[3, 4]]),
+        "loss_mask": torch.tensor([[1, 0]]),
+        "enc_mask": torch.tensor([[[1, 0], [1, 1]]]),
+        "dec_mask": torch.tensor([[[1, 0], [1, 1]]]),
+        "enc_dec_mask": torch.tensor([[[1, 1], [0, 1]]]),
+    }
+    enc, dec, labels, loss_mask, enc_mask, dec_mask, cross = t5.get_batch(iter([sample]))
+    assert enc.tolist() == [[1, 2]] and dec.tolist() == [[0, 3]] and loss_mask.tolist() == [[1.0, 0.0]]
+    assert enc_mask.tolist() == [[[False, True], [False, False]]] and cross.tolist() == [
+        [[False, False], [True, False]]
+    ]
 
 
 def test_bert_and_t5_train_steps():

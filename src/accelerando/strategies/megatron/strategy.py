@@ -88,40 +88,61 @@ class MegatronStrategy(Strategy):
         pick = {kind: (request.objects[where[0]] if where else None) for kind, where in found.items()}
         plugin = self.state.megatron_lm_plugin
         self._fill_arguments(plugin, pick, request)
+        from accelerando.strategies.megatron.setup import initialize
+
+        if pick["model"] is not None or not _initialized():
+            initialize(self._holder(), args_defaults=plugin.megatron_lm_default_args)
+        prepared = Prepared(objects=list(request.objects))
+        if pick["model"] is not None:
+            self._build_engine(prepared, found)
+        self._prepare_loaders(prepared, found["dataloader"])
+        return prepared
+
+    def _build_engine(self, prepared: Prepared, found: dict[str, list[int]]) -> None:
+        """Build megatron-core's model / optimizer / schedule and the engine; put them where the user's objects were."""
         from accelerando.strategies.megatron.engine import (
             MegatronEngine,
             MegatronLMOptimizerWrapper,
             MegatronLMSchedulerWrapper,
         )
-        from accelerando.strategies.megatron.setup import (
-            initialize,
-            prepare_data_loader,
-            prepare_model_optimizer_scheduler,
-        )
+        from accelerando.strategies.megatron.setup import prepare_model_optimizer_scheduler
 
         holder = self._holder()
-        if pick["model"] is not None or not _initialized():
-            initialize(holder, args_defaults=plugin.megatron_lm_default_args)
-        prepared = Prepared(objects=list(request.objects))
-        if pick["model"] is not None:
-            model, optimizer, scheduler = prepare_model_optimizer_scheduler(holder)
-            self.engine = MegatronEngine(holder, model, optimizer, scheduler)
-            wrapped_optimizer = MegatronLMOptimizerWrapper(optimizer)
-            made = {
-                "model": self.engine,
-                "optimizer": wrapped_optimizer,
-                "scheduler": MegatronLMSchedulerWrapper(scheduler, wrapped_optimizer),
-            }
-            prepared.models.append(self.engine)
-            for kind in ("optimizer", "scheduler"):
-                if found[kind]:
-                    (prepared.optimizers if kind == "optimizer" else prepared.schedulers).append(made[kind])
-            for kind in ("model", "optimizer", "scheduler"):
-                for index in found[kind]:
-                    prepared.objects[index] = made[kind]
-        for index in found["dataloader"]:
-            prepared.objects[index] = prepare_data_loader(holder, request.objects[index])
-        return prepared
+        model, optimizer, scheduler = prepare_model_optimizer_scheduler(holder)
+        self.engine = MegatronEngine(holder, model, optimizer, scheduler)
+        wrapped_optimizer = MegatronLMOptimizerWrapper(optimizer)
+        made = {
+            "model": self.engine,
+            "optimizer": wrapped_optimizer,
+            "scheduler": MegatronLMSchedulerWrapper(scheduler, wrapped_optimizer),
+        }
+        prepared.models.append(self.engine)
+        if found["optimizer"]:
+            prepared.optimizers.append(wrapped_optimizer)
+        if found["scheduler"]:
+            prepared.schedulers.append(made["scheduler"])
+        for kind in ("model", "optimizer", "scheduler"):
+            for index in found[kind]:
+                prepared.objects[index] = made[kind]
+
+    def _prepare_loaders(self, prepared: Prepared, indices: list[int]) -> None:
+        """Re-make torch loaders for the data-parallel ranks; dummy loaders become Megatron's iterators.
+
+        The k-th loader of the call, when a ``MegatronLMDummyDataLoader``, gets the k-th of Megatron's
+        (train, valid, test) iterators, all built once.
+        """
+        from accelerando.strategies.megatron.setup import prepare_data_loader
+        from accelerando.strategies.megatron.train_steps import MegatronLMDummyDataLoader
+
+        iterators = None
+        for position, index in enumerate(indices):
+            loader = prepared.objects[index]
+            if isinstance(loader, MegatronLMDummyDataLoader):
+                if iterators is None:
+                    iterators = prepare_data_loader(self._holder(), loader)
+                prepared.objects[index] = iterators[position] if position < len(iterators) else None
+            else:
+                prepared.objects[index] = prepare_data_loader(self._holder(), loader)
 
     def _fill_arguments(self, plugin: Any, pick: dict[str, Any], request: PrepareRequest) -> None:
         """Read batch size, architecture, optimizer, schedule and precision into the plugin's arguments."""

@@ -2,8 +2,8 @@
 
 The batch, loss and forward-step functions of the train steps are plain torch: they turn a batch of
 Hugging Face style tensors (``input_ids``, ``attention_mask``, ``labels`` ...) into the inputs a
-Megatron model takes, and reduce its per-token losses. Only batches read from Megatron's own
-indexed datasets (``megatron_dataset_flag=True``) need megatron-core, and refuse without it.
+Megatron model takes, and reduce its per-token losses; with ``megatron_dataset_flag=True`` they read
+Megatron-LM's own sample format instead. Only building Megatron's data iterators needs megatron-core.
 """
 
 from __future__ import annotations
@@ -16,11 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from accelerando.strategies.megatron.parallel import avg_losses_across_data_parallel_group
-from accelerando.strategies.megatron.requirements import (
-    MEGATRON_ALTERNATIVES,
-    MegatronLMUnavailableError,
-    refuse_megatron,
-)
+from accelerando.strategies.megatron.requirements import MEGATRON_ALTERNATIVES, MegatronLMUnavailableError
 
 __all__ = [
     "AbstractTrainStep",
@@ -289,17 +285,26 @@ class GPTTrainStep(AbstractTrainStep):
     def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
         """``data_iterator -> (tokens, labels, loss_mask, attention_mask, position_ids)``.
 
-        Labels are ``input_ids`` shifted left by one; the inputs drop the last token.
-
-        Raises:
-            MegatronLMUnavailableError: ``megatron_dataset_flag`` without megatron-core / CUDA.
+        Labels are ``input_ids`` shifted left by one; the inputs drop the last token. With
+        ``megatron_dataset_flag`` the samples are Megatron-LM's: ``text`` (shifted the same way) or
+        megatron-core ``GPTDataset``'s ``tokens`` / ``labels`` / ``loss_mask`` / ``position_ids``.
         """
-        if megatron_dataset_flag:
-            refuse_megatron("GPTTrainStep over Megatron-LM indexed datasets (megatron_dataset_flag=True)")
 
         def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
             data = _next_batch(data_iterator)
-            ids = data["input_ids"].long()
+            if megatron_dataset_flag and "tokens" in data:  # megatron-core's GPTDataset samples
+                tokens, labels = data["tokens"].long(), data["labels"].long()
+                attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
+                    tokens,
+                    self.eod_token,
+                    self.reset_position_ids,
+                    self.reset_attention_mask,
+                    self.eod_mask_loss,
+                )
+                loss_mask = data.get("loss_mask", loss_mask).float()
+                position_ids = data.get("position_ids", position_ids).long()
+                return tokens, labels, loss_mask, attention_mask, position_ids
+            ids = (data["text"] if megatron_dataset_flag else data["input_ids"]).long()
             tokens, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
             attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
                 tokens, self.eod_token, self.reset_position_ids, self.reset_attention_mask, self.eod_mask_loss
@@ -392,16 +397,22 @@ class BertTrainStep(AbstractTrainStep):
         """``data_iterator -> (tokens, types, sentence_order, loss_mask, labels, padding_mask)``.
 
         ``loss_mask`` is 1 where ``labels != -100``; missing ``token_type_ids`` /
-        ``next_sentence_label`` give None.
-
-        Raises:
-            MegatronLMUnavailableError: ``megatron_dataset_flag`` without megatron-core / CUDA.
+        ``next_sentence_label`` give None. With ``megatron_dataset_flag`` the samples are
+        Megatron-LM's (``text``, ``types``, ``is_random``, ``loss_mask``, ``labels``, ``padding_mask``).
         """
-        if megatron_dataset_flag:
-            refuse_megatron("BertTrainStep over Megatron-LM indexed datasets (megatron_dataset_flag=True)")
 
         def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[Any, ...]:
             data = _next_batch(data_iterator)
+            if megatron_dataset_flag:  # Megatron-LM's BERT samples
+                types = data.get("types")
+                return (
+                    data["text"].long(),
+                    types.long() if types is not None else None,
+                    data["is_random"].long() if "is_random" in data else None,
+                    data["loss_mask"].float(),
+                    data["labels"].long(),
+                    data["padding_mask"].long(),
+                )
             tokens = data["input_ids"].long()
             types = data.get("token_type_ids")
             sentence_order = data.get("next_sentence_label")
@@ -502,16 +513,22 @@ class T5TrainStep(AbstractTrainStep):
         """``data_iterator -> (tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask)``.
 
         Without ``decoder_input_ids`` the decoder reads the labels shifted right (start token first,
-        ``-100`` replaced by 0).
-
-        Raises:
-            MegatronLMUnavailableError: ``megatron_dataset_flag`` without megatron-core / CUDA.
+        ``-100`` replaced by 0). With ``megatron_dataset_flag`` the samples are Megatron-LM's
+        (``text_enc``, ``text_dec``, ``labels``, ``loss_mask`` and the three masks).
         """
-        if megatron_dataset_flag:
-            refuse_megatron("T5TrainStep over Megatron-LM indexed datasets (megatron_dataset_flag=True)")
 
         def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
             data = _next_batch(data_iterator)
+            if megatron_dataset_flag:  # Megatron-LM's T5 samples: masks hold 1 where attention is allowed
+                return (
+                    data["text_enc"].long(),
+                    data["text_dec"].long(),
+                    data["labels"].long(),
+                    data["loss_mask"].float(),
+                    data["enc_mask"] < 0.5,
+                    data["dec_mask"] < 0.5,
+                    data["enc_dec_mask"] < 0.5,
+                )
             tokens_enc = data["input_ids"].long()
             labels = data["labels"].long()
             tokens_dec = data.get("decoder_input_ids")
