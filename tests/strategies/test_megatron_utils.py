@@ -158,9 +158,8 @@ def test_bert_and_t5_train_steps_over_megatron_samples():
     }
     enc, dec, labels, loss_mask, enc_mask, dec_mask, cross = t5.get_batch(iter([sample]))
     assert enc.tolist() == [[1, 2]] and dec.tolist() == [[0, 3]] and loss_mask.tolist() == [[1.0, 0.0]]
-    assert enc_mask.tolist() == [[[False, True], [False, False]]] and cross.tolist() == [
-        [[False, False], [True, False]]
-    ]
+    assert enc_mask.tolist() == [[[[False, True], [False, False]]]]
+    assert cross.tolist() == [[[[False, False], [True, False]]]] and dec_mask.shape == (1, 1, 2, 2)
 
 
 def test_bert_and_t5_train_steps():
@@ -188,7 +187,7 @@ def test_bert_and_t5_train_steps():
                "labels": torch.tensor([[7, 8, -100]])}])
     )  # fmt: skip
     assert tokens_dec.tolist() == [[0, 7, 8]] and loss_mask.tolist() == [[1.0, 1.0, 0.0]]
-    assert enc.shape == (1, 1, 3, 3) and dec.shape == (1, 3, 3) and cross.shape == (1, 3, 3)
+    assert enc.shape == (1, 1, 3, 3) and dec.shape == (1, 1, 3, 3) and cross.shape == (1, 1, 3, 3)
     with pytest.raises(NotImplementedError, match="get_batch_func"):
         mlm.AbstractTrainStep("x").get_batch_func(None, False)
 

@@ -239,6 +239,11 @@ class AbstractTrainStep:
         raise NotImplementedError(f"{type(self).__name__} must implement get_loss_func")
 
 
+def _b1ss(mask: torch.Tensor) -> torch.Tensor:
+    """A ``[b, sq, sk]`` mask as ``[b, 1, sq, sk]``: megatron-core's local attention broadcasts over the head dim."""
+    return mask.unsqueeze(1) if mask.dim() == 3 else mask
+
+
 def _output_class(args: Any, name: str) -> Any:
     """transformers' output class ``name`` when the model returned dicts (``model_return_dict``), else None."""
     if not getattr(args, "model_return_dict", False):
@@ -514,7 +519,8 @@ class T5TrainStep(AbstractTrainStep):
 
         Without ``decoder_input_ids`` the decoder reads the labels shifted right (start token first,
         ``-100`` replaced by 0). With ``megatron_dataset_flag`` the samples are Megatron-LM's
-        (``text_enc``, ``text_dec``, ``labels``, ``loss_mask`` and the three masks).
+        (``text_enc``, ``text_dec``, ``labels``, ``loss_mask`` and the three masks). The three masks
+        come back ``[b or 1, 1, sq, sk]``, True where attention is forbidden.
         """
 
         def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
@@ -525,9 +531,9 @@ class T5TrainStep(AbstractTrainStep):
                     data["text_dec"].long(),
                     data["labels"].long(),
                     data["loss_mask"].float(),
-                    data["enc_mask"] < 0.5,
-                    data["dec_mask"] < 0.5,
-                    data["enc_dec_mask"] < 0.5,
+                    _b1ss(data["enc_mask"] < 0.5),
+                    _b1ss(data["dec_mask"] < 0.5),
+                    _b1ss(data["enc_dec_mask"] < 0.5),
                 )
             tokens_enc = data["input_ids"].long()
             labels = data["labels"].long()
@@ -539,8 +545,8 @@ class T5TrainStep(AbstractTrainStep):
             loss_mask = (labels != -100).float()
             device = tokens_enc.device
             enc_mask = self.attn_mask_postprocess(data["attention_mask"])
-            dec_mask = self.get_decoder_mask(tokens_dec.shape[1], device)
-            enc_dec_mask = self.get_enc_dec_mask(data["attention_mask"], tokens_dec.shape[1], device)
+            dec_mask = _b1ss(self.get_decoder_mask(tokens_dec.shape[1], device))
+            enc_dec_mask = _b1ss(self.get_enc_dec_mask(data["attention_mask"], tokens_dec.shape[1], device))
             return tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask
 
         return get_batch
