@@ -15,7 +15,12 @@ Variants, interleaved in each repeat, medians reported:
 - ``async, no overlap``: ``save_state(async_save=True, overlap_snapshot=False)`` (everything copied
   before ``save_state`` returns).
 
-Run: ``python benchmarks/bench_async_checkpoint.py [--mb 300] [--steps 12] [--batch 16] [--repeats 3]``.
+Also printed: how long the training thread itself was blocked (inside ``save_state`` plus an
+optimizer step waiting for the background copy), which is less sensitive to other load on the
+machine than the loop difference.
+
+Run: ``python benchmarks/bench_async_checkpoint.py [--mb 300] [--steps 10] [--batch 4] [--repeats 5]
+[--threads N]``.
 """
 
 from __future__ import annotations
@@ -30,9 +35,32 @@ from typing import Any
 import torch
 
 
+class _Blocked:
+    """Seconds the training thread spent inside ``save_state`` and waiting in an optimizer step."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.seconds = 0.0
+        self._optimizer = optimizer
+
+    def save(self, save: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        handle = save()
+        self.seconds += time.perf_counter() - start
+        wait = getattr(self._optimizer, "_snapshot_wait", None)
+        if wait is not None:  # time the step's wait for the background copy
+
+            def timed() -> None:
+                begin = time.perf_counter()
+                wait()
+                self.seconds += time.perf_counter() - begin
+
+            self._optimizer._snapshot_wait = timed
+        return handle
+
+
 def _loop(model: Any, optimizer: Any, accelerator: Any, batch: torch.Tensor, steps: int, save: Any) -> tuple:
-    """Train ``steps`` steps, calling ``save()`` after the first; return (seconds, handle or None, done)."""
-    handle = None
+    """Train ``steps`` steps, saving after the first; return (seconds, seconds blocked, commit done in loop)."""
+    handle, blocked = None, _Blocked(optimizer)
     start = time.perf_counter()
     for step in range(steps):
         loss = model(batch).square().mean()
@@ -40,22 +68,27 @@ def _loop(model: Any, optimizer: Any, accelerator: Any, batch: torch.Tensor, ste
         optimizer.step()
         optimizer.zero_grad()
         if step == 0 and save is not None:
-            handle = save()
+            handle = blocked.save(save)
     elapsed = time.perf_counter() - start
-    done = handle is None or not hasattr(handle, "done") or handle.done()
+    done = not hasattr(handle, "done") or handle.done()
     if hasattr(handle, "result"):
         handle.result()
-    return elapsed, done
+    return elapsed, blocked.seconds, done
 
 
 def main() -> None:
     """Print each variant's stall, the synchronous save's, and their ratio."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=300, help="model size in MB")
-    parser.add_argument("--steps", type=int, default=12, help="training steps per measured loop")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="training steps per measured loop")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads for the training (0: torch's default)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from accelerando import Accelerator
     from accelerando.utils import ProjectConfiguration
@@ -78,28 +111,37 @@ def main() -> None:
         }
         for save in variants.values():  # warm-up: allocator, host buffers, files
             _loop(model, optimizer, accelerator, batch, 2, save)
-        times: dict[str, list[float]] = {name: [] for name in variants}
+        extra: dict[str, list[float]] = {name: [] for name in variants}
+        blocked: dict[str, list[float]] = {name: [] for name in variants}
         late: dict[str, int] = dict.fromkeys(variants, 0)
+        bases = []
         for _ in range(args.repeats):
+            base = None
             for name, save in variants.items():
-                elapsed, done = _loop(model, optimizer, accelerator, batch, args.steps, save)
-                times[name].append(elapsed)
+                elapsed, held, done = _loop(model, optimizer, accelerator, batch, args.steps, save)
+                if base is None:
+                    base = elapsed
+                    bases.append(base)
+                extra[name].append(elapsed - base)  # paired with this repeat's loop without a save
+                blocked[name].append(held)
                 late[name] += not done
-    base = statistics.median(times["no save"])
-    stall = {name: statistics.median(t) - base for name, t in times.items()}
-    print(f"model: {size / 2**20:.0f} MiB of Linear weights ({layers} x {width}x{width}), batch {args.batch}")
-    print(f"loop of {args.steps} steps without a save: {base:.2f} s (median of {args.repeats})")
-    for name in variants:
-        if name == "no save":
-            continue
-        ratio = f" = {stall[name] / stall['sync']:.1%} of the synchronous save" if name != "sync" else ""
-        note = (
-            f" (background commit still running at the loop's end in {late[name]} run(s))"
-            if late[name]
-            else ""
+    print(
+        f"model: {size / 2**20:.0f} MiB of Linear weights ({layers} x {width}x{width}), batch {args.batch}, "
+        f"{torch.get_num_threads()} intra-op thread(s), {args.steps} steps per loop, {args.repeats} repeats"
+    )
+    print(
+        f"loop without a save: {statistics.median(bases):.2f} s (median; each: {[round(b, 2) for b in bases]})"
+    )
+    sync = statistics.median(extra["sync"])
+    for name in list(variants)[1:]:
+        stall = statistics.median(extra[name])
+        ratio = f" = {stall / sync:.1%} of the synchronous save" if name != "sync" else ""
+        note = f"; commit still running at the loop's end in {late[name]} loop(s)" if late[name] else ""
+        print(
+            f"{name:>18}: stall {stall * 1000:6.0f} ms{ratio} (median extra loop time; each: "
+            f"{[round(x * 1000) for x in extra[name]]}); training thread blocked "
+            f"{statistics.median(blocked[name]) * 1000:.0f} ms{note}"
         )
-        loops = [round(t, 2) for t in times[name]]
-        print(f"{name:>18}: stall {stall[name] * 1000:6.0f} ms{ratio}; loops {loops}{note}")
 
 
 if __name__ == "__main__":

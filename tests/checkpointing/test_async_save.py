@@ -159,3 +159,30 @@ def test_fsdp_shards_are_staged_not_written_while_an_async_save_collects(tmp_pat
     tensor.add_(1)  # the staged copy is a snapshot
     ((staged, folder),) = writes.pending
     assert torch.equal(staged["model"]["w"], torch.arange(6.0)) and folder.endswith("staged")
+
+
+def test_gradients_of_an_unfinished_cycle_are_copied_before_the_next_backward(tmp_path, monkeypatch):
+    """Mid-accumulation, backward adds into ``.grad`` in place: those are copied in the foreground."""
+    import accelerando.checkpointing.async_save as A
+
+    acc, model, opt = _trained(tmp_path)
+    backward_done = threading.Event()
+    finish = A._Snapshot.finish
+
+    def after_the_backward(self):
+        assert backward_done.wait(60)
+        finish(self)
+
+    acc.gradient_state._set_sync_gradients(False)
+    try:
+        acc.backward(model(torch.randn(4, 8)).square().sum())
+        synchronous = acc.save_state()
+        monkeypatch.setattr(A._Snapshot, "finish", after_the_backward)
+        handle = acc.save_state(async_save=True)
+        acc.backward(model(torch.randn(4, 8)).square().sum())  # before the background copies anything
+        backward_done.set()
+        folder = handle.result()
+    finally:
+        acc.gradient_state._set_sync_gradients(True)
+    assert any(name.startswith("gradients") or "grad" in name for name in _checksums(folder))
+    assert _checksums(folder) == _checksums(synchronous)
