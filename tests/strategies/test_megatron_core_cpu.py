@@ -282,3 +282,82 @@ def test_parallel_state_and_models_on_two_gloo_processes():
     assert sorted(sum(results[0]["dp_batches"] + results[1]["dp_batches"], [])) == [
         float(i) for i in range(8)
     ]
+
+
+# --------------------------------------------------------------------------- prepare, CUDA parts stubbed
+class _ScaleOnly:
+    """Stands for megatron-core's optimizer (CUDA-only): param groups and the loss scale the engine reads."""
+
+    def __init__(self, params) -> None:
+        self.param_groups = [{"params": list(params), "lr": 0.0, "weight_decay": 0.0}]
+        self.state: dict = {}
+
+    def scale_loss(self, loss):
+        return loss
+
+
+def _prepare_with_cuda_parts_stubbed() -> dict:
+    warnings.simplefilter("ignore")
+    import megatron.core.tensor_parallel as tensor_parallel
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from accelerando import Accelerator
+    from accelerando.plugins.megatron import MegatronLMPlugin
+    from accelerando.strategies.megatron import engine, setup, strategy
+    from accelerando.utils.megatron_lm import MegatronLMDummyScheduler
+
+    # Only what needs CUDA is replaced: the checks, the CUDA RNG tracker, moving to the GPU + DDP, the optimizer.
+    def skip(*args, **kwargs):
+        return None
+
+    setup.require_cuda = strategy.require_megatron_and_cuda = engine.require_megatron_and_cuda = skip
+    tensor_parallel.model_parallel_cuda_manual_seed = skip
+    setup._wrap_chunks = lambda chunks, args: chunks
+    setup.prepare_optimizer = lambda accelerator, model: _ScaleOnly(p for m in model for p in m.parameters())
+
+    accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(num_micro_batches=2))
+    torch.distributed.init_process_group("gloo")  # one process: the Accelerator starts no group
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=32))
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.arange(17)}] * 8, batch_size=2)
+    scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=10, warmup_num_steps=2)
+    model, optimizer, loader, scheduler = accelerator.prepare(hf, optimizer, loader, scheduler)
+    batch = next(iter(loader))
+    optimizer.step()
+    scheduler.step()
+    accelerator.backward(torch.tensor(1.0))  # no-ops: the engine's call is the whole step
+    return {
+        "types": [type(o).__name__ for o in (model, optimizer, loader, scheduler)],
+        "batches": [tuple(b["input_ids"].shape) for b in loader],
+        "micro": [tuple(m["input_ids"].shape) for m in model.get_batch_data_iterator(batch)],
+        "schedule": (
+            scheduler.scheduler.lr_warmup_steps,
+            scheduler.scheduler.lr_decay_steps,
+            scheduler.scheduler.num_steps,
+        ),
+        "handler": (
+            type(model.train_step_handler).__name__,
+            model.train_step_handler.model_output_class.__name__,
+        ),
+        "finalize": model.module_config.finalize_model_grads_func.__name__,
+        "registered": (len(accelerator._models), len(accelerator._optimizers), len(accelerator._schedulers)),
+        "core": type(model.module[0]).__name__,
+    }
+
+
+@pytest.mark.slow
+def test_prepare_builds_the_engine_up_to_cuda():
+    from accelerando.test_utils import run_distributed
+
+    (out,) = run_distributed(_prepare_with_cuda_parts_stubbed, 1, timeout=600)
+    assert out["types"] == [
+        "MegatronEngine",
+        "MegatronLMOptimizerWrapper",
+        "DataLoaderShard",
+        "MegatronLMSchedulerWrapper",
+    ]
+    assert out["batches"] == [(4, 17), (4, 17)] and out["micro"] == [(2, 17), (2, 17)]  # 2 micro-batches of 2
+    assert out["schedule"] == (2 * 4, 10 * 4, 0)  # samples: iterations x global batch 4; step() was a no-op
+    assert out["handler"] == ("GPTTrainStep", "CausalLMOutputWithCrossAttentions")
+    assert out["finalize"] == "finalize_model_grads" and out["registered"] == (1, 1, 1)
+    assert out["core"] == "GPTModel"
