@@ -157,6 +157,34 @@ def test_strategy_reads_one_prepare_call_into_the_arguments():
         )
 
 
+def test_tensorboard_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from accelerando.strategies.megatron.board import TrainingBoard
+
+    args = types.SimpleNamespace(
+        tensorboard_dir=str(tmp_path), global_batch_size=8, log_batch_size_to_tensorboard=True,
+        log_validation_ppl_to_tensorboard=True, log_loss_scale_to_tensorboard=False,
+    )  # fmt: skip
+    board = TrainingBoard(args)
+    board.train_step(1, {"lm loss": torch.tensor(2.5), "logits": torch.ones(2, 2)}, 1e-3, 1.0, 0.5, None)
+    board.validation(1, {"lm loss": 2.0})
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags == {
+        "lm loss",
+        "learning-rate",
+        "batch-size",
+        "grad-norm",
+        "lm loss validation",
+        "lm loss validation ppl",
+    }
+    assert events.Scalars("lm loss")[0].value == 2.5 and events.Scalars("batch-size")[0].value == 8
+    assert TrainingBoard(types.SimpleNamespace()).writer is None  # no tensorboard_dir: nothing written
+
+
 @no_cuda
 def test_cuda_paths_refuse_on_cpu_naming_the_alternative():
     from accelerando.utils import megatron_lm as mlm

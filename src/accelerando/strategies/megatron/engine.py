@@ -19,6 +19,7 @@ import torch
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.strategies.megatron.args import get_args
+from accelerando.strategies.megatron.board import TrainingBoard
 from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
 from accelerando.strategies.megatron.train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
 
@@ -156,6 +157,7 @@ class MegatronEngine(torch.nn.Module):
         self.iteration = 0
         self.eval_total_loss_dict: dict[str, Any] = {}
         self.module_config = self.get_module_config()
+        self.board = TrainingBoard(args)
 
     def get_module_config(self) -> Any:
         """megatron-core's model config, set up for the schedule: loss scaling, no-sync and gradient finalisation.
@@ -276,8 +278,16 @@ class MegatronEngine(torch.nn.Module):
             ``CausalLMOutputWithCrossAttentions``) when it has one, else the loss tensor.
         """
         if self.module[0].training:
-            loss_dict, _, _, _ = self.train_step(**batch_data)
+            loss_dict, _, grad_norm, num_zeros = self.train_step(**batch_data)
             self.iteration += 1
+            self.board.train_step(
+                self.iteration,
+                loss_dict,
+                self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else None,
+                float(self.optimizer.get_loss_scale()),
+                grad_norm,
+                num_zeros,
+            )
         else:
             loss_dict = self.eval_step(**batch_data)
             for key, value in loss_dict.items():
@@ -297,17 +307,23 @@ class MegatronEngine(torch.nn.Module):
         return loss
 
     def log_eval_results(self) -> None:
-        """Print the evaluation losses (and perplexities) accumulated since the last call, then reset them."""
+        """Print the evaluation losses (and perplexities) accumulated since the last call, then reset them.
+
+        With ``tensorboard_dir`` they are written to TensorBoard too.
+        """
         if not self.eval_total_loss_dict:
             return
+        values = {
+            key: float(total) / self.eval_total_loss_dict[key + "_num_iters"]
+            for key, total in self.eval_total_loss_dict.items()
+            if not key.endswith("_num_iters")
+        }
         parts = [f"validation loss at iteration {self.iteration}"]
-        for key, total in self.eval_total_loss_dict.items():
-            if key.endswith("_num_iters"):
-                continue
-            value = float(total) / self.eval_total_loss_dict[key + "_num_iters"]
+        for key, value in values.items():
             parts.append(f"{key} value: {value:.6E} | {key} PPL: {math.exp(min(20.0, value)):.6E}")
         if self._is_last_stage():
             print(" | ".join(parts), flush=True)
+        self.board.validation(self.iteration, values)
         self.eval_total_loss_dict = {}
 
     # ------------------------------------------------------------------ checkpoints
