@@ -261,6 +261,18 @@ def _parallel_state_on_gloo() -> dict:
     margs.set_args(args)
     init_model_parallel(args)
     out["dp"] = (_group_ranks(ps.get_data_parallel_group()), args.data_parallel_size, args.global_batch_size)
+    # Megatron-style data iterators from a custom provider: sample counts asked, sharding, resumption.
+    from accelerando.strategies.megatron.train_steps import _dataset_iterators
+
+    args.consumed_samples, args.train_iters, args.eval_interval, args.eval_iters = [4, 0, 0], 2, 1, 1
+    asked = []
+
+    def provider(counts):
+        asked.append(counts)
+        return list(range(16)), None, list(range(100, 108))
+
+    train, valid, test = _dataset_iterators(provider)
+    out["iterators"] = (asked[0], [b.tolist() for b in train], valid, next(test).tolist())
     out["dp_batches"] = [
         b.flatten().tolist() for b in prepare_data_loader(types.SimpleNamespace(state=PartialState()), loader)
     ]
@@ -306,6 +318,12 @@ def test_parallel_state_and_models_on_two_gloo_processes():
         assert groups == [0, 1] and chunks == 2 and layers == [1, 1]
         assert pre == [rank == 0, False] and post == [False, rank == 1]
         assert "pp_degree=1" in out["t5_pp"]
+    counts, train, valid, test = results[0]["iterators"]
+    assert (
+        counts == [8, 12, 4] and valid is None
+    )  # global batch 4: 2 train iters, 3 evals of 1 iter, 1 test iter
+    assert train == [[4, 6], [8, 10], [12, 14]] and test == [100, 102]  # one consumed step skipped
+    assert results[1]["iterators"][1] == [[5, 7], [9, 11], [13, 15]]
     assert results[0]["dp_batches"] != results[1]["dp_batches"]
     assert sorted(sum(results[0]["dp_batches"] + results[1]["dp_batches"], [])) == [
         float(i) for i in range(8)

@@ -124,7 +124,8 @@ class MegatronLMDummyDataLoader:
         Sample counts follow Megatron-LM: ``train_samples`` (or ``train_iters * global_batch_size``),
         ``(train_iters // eval_interval + 1) * eval_iters * global_batch_size`` and
         ``eval_iters * global_batch_size``. Each dataset is read in order, sharded over megatron-core's
-        data-parallel group, one step (every micro-batch) per batch.
+        data-parallel group, one step (every micro-batch) per batch, after skipping the plugin's
+        ``consumed_samples`` (train, valid, test).
 
         Raises:
             MegatronLMUnavailableError: megatron-core or CUDA is missing, or no custom provider.
@@ -150,8 +151,9 @@ def _dataset_iterators(provider: Callable[..., Any]) -> tuple[Any, Any, Any]:
     train = int(args.train_samples) if args.train_samples is not None else train_iters * gbs
     evals = (train_iters // int(args.eval_interval) + 1) * int(args.eval_iters)
     datasets = provider([train, evals * gbs, int(args.eval_iters) * gbs])
+    consumed = list(args.consumed_samples or [0, 0, 0])
     iterators = []
-    for dataset in datasets:
+    for split, dataset in enumerate(datasets):
         if dataset is None:
             iterators.append(None)
             continue
@@ -162,7 +164,11 @@ def _dataset_iterators(provider: Callable[..., Any]) -> tuple[Any, Any, Any]:
             shuffle=False,
         )
         batch = int(args.micro_batch_size) * int(args.num_micro_batches)
-        iterators.append(iter(DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)))
+        iterator = iter(DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True))
+        # Resuming: the samples already consumed (over all data-parallel ranks) are skipped, whole steps at a time.
+        for _ in range(int(consumed[split]) // gbs):
+            next(iterator, None)
+        iterators.append(iterator)
     return iterators[0], iterators[1], iterators[2]
 
 
