@@ -135,9 +135,10 @@ def test_strategy_reads_one_prepare_call_into_the_arguments():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.8)
     loader = torch.utils.data.DataLoader([{"input_ids": torch.zeros(9, dtype=torch.long)}] * 6, batch_size=3)
     scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=20, warmup_num_steps=4)
-    objects = (model, optimizer, loader, scheduler)
-    assert [_kind(o) for o in objects] == ["model", "optimizer", "dataloader", "scheduler"]
-    request = PrepareRequest(objects, (None,) * 4, 1, False, lambda obj, placement: obj, lambda obj: False)
+    valid = torch.utils.data.DataLoader([{"input_ids": torch.zeros(9, dtype=torch.long)}] * 6, batch_size=5)
+    objects = (model, optimizer, loader, scheduler, valid)
+    assert [_kind(o) for o in objects] == ["model", "optimizer", "dataloader", "scheduler", "dataloader"]
+    request = PrepareRequest(objects, (None,) * 5, 1, False, lambda obj, placement: obj, lambda obj: False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         strategy._fill_arguments(
@@ -146,10 +147,16 @@ def test_strategy_reads_one_prepare_call_into_the_arguments():
             request,
         )
     args = plugin.megatron_lm_default_args
+    # is_train_batch_min (default True): the smaller of the two loaders' batch sizes.
     assert (args["micro_batch_size"], args["data_parallel_size"], args["global_batch_size"]) == (3, 2, 12)
     assert (args["num_layers"], args["hidden_size"], args["seq_length"]) == (3, 32, 9)
     assert (args["optimizer"], args["lr"], args["sgd_momentum"]) == ("sgd", 0.5, 0.8)
     assert args["bf16"] and args["train_iters"] == 10 and args["lr_warmup_iters"] == 2  # steps per dp rank
+    with pytest.raises(ValueError, match="pipeline_model_parallel_split_rank"):
+        mconfig.check_supported(margs.build_args({"pipeline_model_parallel_split_rank": 2}))
+    with pytest.raises(ValueError, match="use_custom_fsdp"):
+        mconfig.check_supported(margs.build_args({"use_custom_fsdp": True}))
+    mconfig.check_supported(margs.build_args(args))
     step_lr = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     with pytest.raises(ValueError, match="MegatronLMDummyScheduler"):
         strategy._fill_arguments(

@@ -14,13 +14,34 @@ from typing import Any
 
 import torch
 
-__all__ = ["ddp_config", "optimizer_config", "scheduler_steps", "transformer_config"]
+__all__ = ["check_supported", "ddp_config", "optimizer_config", "scheduler_steps", "transformer_config"]
 
 # Megatron-LM argument name -> TransformerConfig field, where they differ.
 _RENAMED = {
     "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
     "num_experts": "num_moe_experts",
 }
+
+
+def check_supported(args: SimpleNamespace) -> None:
+    """Refuse the Megatron-LM options this engine cannot honour over megatron-core.
+
+    Raises:
+        ValueError: ``pipeline_model_parallel_split_rank`` (megatron-core 0.16 has no encoder/decoder
+            split rank) or ``use_custom_fsdp`` (Megatron's own FSDP is not driven by accelerando); the
+            message names what to use instead.
+    """
+    if getattr(args, "pipeline_model_parallel_split_rank", None) is not None:
+        raise ValueError(
+            "MegatronLMPlugin(pipeline_model_parallel_split_rank=...) splits encoder and decoder stages, which "
+            "megatron-core 0.16 no longer supports: leave it unset (T5 runs with pp_degree=1)"
+        )
+    if getattr(args, "use_custom_fsdp", False):
+        raise ValueError(
+            "MegatronLMPlugin(use_custom_fsdp=True) asks for Megatron's own FSDP, which accelerando does not drive: "
+            "use Megatron's distributed optimizer (use_distributed_optimizer=True) or "
+            "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...)) without Megatron-LM"
+        )
 
 
 def _params_dtype(args: SimpleNamespace) -> torch.dtype:

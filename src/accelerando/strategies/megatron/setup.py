@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from accelerando.strategies.megatron.args import build_args, get_args, set_args
+from accelerando.strategies.megatron.config import check_supported
 from accelerando.strategies.megatron.requirements import require_cuda, require_megatron_core
 
 __all__ = [
@@ -142,8 +143,9 @@ def initialize(
 
     Raises:
         MegatronLMUnavailableError: megatron-core or CUDA is missing.
-        RuntimeError: no Megatron-LM plugin, or torch.distributed not initialised.
-        ValueError: the process count does not split into the parallel degrees.
+        RuntimeError: no Megatron-LM plugin, or several processes without a process group.
+        ValueError: the process count does not split into the parallel degrees, or an option
+            megatron-core cannot honour (see ``config.check_supported``).
     """
     require_megatron_core("megatron_lm.initialize")
     require_cuda("megatron_lm.initialize")
@@ -152,6 +154,7 @@ def initialize(
     args = build_args(
         {**_extra_defaults(extra_args_provider), **plugin.megatron_lm_default_args}, args_defaults
     )
+    check_supported(args)
     set_args(args)
     init_model_parallel(args)
     finish_mpu_init()

@@ -157,7 +157,12 @@ class MegatronStrategy(Strategy):
             micro_batch_size = int(loader.dataset_args.get("micro_batch_size", 1))
         elif loader is not None:
             batch_data = next(iter(loader))
-            micro_batch_size = int(loader.batch_size)
+            sizes = [
+                int(getattr(o, "batch_size", 0) or 0) for o in request.objects if _kind(o) == "dataloader"
+            ]
+            sizes = [size for size in sizes if size] or [1]
+            # Several loaders: the plugin's is_train_batch_min picks the smallest or the largest batch.
+            micro_batch_size = min(sizes) if plugin.is_train_batch_min else max(sizes)
             if request.split_batches:
                 micro_batch_size //= int(self.state.num_processes)
         if micro_batch_size is not None:
