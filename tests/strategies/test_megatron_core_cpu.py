@@ -414,3 +414,14 @@ def test_prepare_builds_the_engine_up_to_cuda():
     assert out["handler"] == ("GPTTrainStep", "CausalLMOutputWithCrossAttentions")
     assert out["finalize"] == "finalize_model_grads" and out["registered"] == (1, 1, 1)
     assert out["core"] == "GPTModel"
+
+
+def test_gradient_accumulation_is_refused_for_micro_batches(monkeypatch):
+    from accelerando.strategies.base import PrepareRequest
+    from accelerando.strategies.megatron import strategy as mstrategy
+
+    monkeypatch.setattr(mstrategy, "require_megatron_and_cuda", lambda what: None)  # as on a GPU machine
+    state = types.SimpleNamespace(megatron_lm_plugin=None, num_processes=1, mixed_precision="no")
+    request = PrepareRequest((torch.nn.Linear(2, 2),), (None,), 4, False, lambda o, p: o, lambda o: False)
+    with pytest.raises(ValueError, match="num_micro_batches"):
+        mstrategy.MegatronStrategy(state, None).prepare_all(request)

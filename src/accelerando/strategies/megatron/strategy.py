@@ -75,9 +75,16 @@ class MegatronStrategy(Strategy):
         Raises:
             MegatronLMUnavailableError: megatron-core or CUDA is missing (nothing was touched).
             ValueError: several models, a second model after an engine was built, a scheduler that is
-                not a ``MegatronLMDummyScheduler``, or an optimizer Megatron-LM cannot rebuild.
+                not a ``MegatronLMDummyScheduler``, an optimizer Megatron-LM cannot rebuild, or
+                gradient accumulation (Megatron accumulates over ``num_micro_batches``).
         """
         require_megatron_and_cuda(_WHAT)
+        if request.gradient_accumulation_steps > 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={request.gradient_accumulation_steps} with Megatron-LM: the engine "
+                "accumulates over micro-batches itself; use MegatronLMPlugin(num_micro_batches=...) and "
+                "gradient_accumulation_steps=1"
+            )
         found: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": [], "dataloader": []}
         for index, obj in enumerate(request.objects):
             kind = _kind(obj)
