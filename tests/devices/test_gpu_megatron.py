@@ -92,10 +92,12 @@ def _by_hand(initial: dict, batches: list[dict]) -> dict:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
     ps.destroy_model_parallel()
     ps.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(1234)  # megatron-core initialises weights through its CUDA RNG tracker
     config = TransformerConfig(
         num_layers=2, hidden_size=64, num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0
     )
