@@ -1,0 +1,30 @@
+"""What ``accelerando launch --dry-run`` prints: the settings that differ from their defaults, then the plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["print_dry_run", "print_settings"]
+
+
+def print_settings(settings: Any) -> None:
+    """Print each setting whose value does not come from its default, with its source.
+
+    Args:
+        settings: resolved :class:`~accelerando.settings.Settings`.
+    """
+    print("Settings (value, source) that differ from the defaults:")
+    for name, value, source in settings.items():
+        if source != "default":
+            print(f"  {name} = {value!r}  [{source}]")
+
+
+def print_dry_run(settings: Any, plan: Any) -> None:
+    """Print the non-default settings, then the plan's topology, command and environment.
+
+    Args:
+        settings: resolved :class:`~accelerando.settings.Settings`.
+        plan: the :class:`~accelerando.launchers.plan.LaunchPlan` made from them.
+    """
+    print_settings(settings)
+    print(plan.describe())

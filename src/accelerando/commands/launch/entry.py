@@ -1,0 +1,100 @@
+"""The entry points of ``accelerando launch``: the CLI subcommand, ``python -m``, and :func:`run`.
+
+:func:`run` checks the parsed arguments, then emits a job (``--emit``), prints the plan
+(``--dry-run``) or hands the plan to :func:`accelerando.launchers.runner.run`. Usage and configuration
+errors are printed and answered with exit status 2; nothing raises to the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from accelerando.commands.launch.dry_run import print_dry_run
+from accelerando.commands.launch.emit import emit
+from accelerando.commands.launch.flags import refused_message
+from accelerando.commands.launch.parser import (
+    DESCRIPTION,
+    CustomHelpFormatter,
+    build_parser,
+    parse,
+    unknown_flags_message,
+)
+from accelerando.commands.launch.resolution import plan_for
+
+__all__ = ["add_parser", "main", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``accelerando launch`` on the CLI's subparsers.
+
+    Args:
+        subparsers: the object returned by ``ArgumentParser.add_subparsers()``.
+
+    Returns:
+        The new subparser.
+    """
+    parser = subparsers.add_parser(
+        "launch", help="Launch a script.", description=DESCRIPTION, formatter_class=CustomHelpFormatter
+    )
+    build_parser(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _usage_error(args: argparse.Namespace) -> str:
+    """The message for a missing script, unknown flags or refused flags in ``args``; ``""`` if none."""
+    if not args.training_script:
+        return "accelerando launch: no script given. Fix: `accelerando launch [flags] script.py [args]`."
+    extra = list(getattr(args, "unknown_args", []) or [])
+    if extra:
+        return unknown_flags_message(extra)
+    return refused_message(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``accelerando launch`` with parsed arguments.
+
+    Args:
+        args: from :func:`~accelerando.commands.launch.parser.build_parser`, plus ``unknown_args``:
+            launcher-position flags we do not know (an error naming them and the closest known flags).
+
+    Returns:
+        The exit status (the script's, or 2 for a configuration error or an unknown flag).
+    """
+    error = _usage_error(args)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    try:
+        emitted = emit(args)
+        if emitted is not None:
+            return emitted
+        settings, plan = plan_for(args)
+    except (ValueError, KeyError) as err:
+        print(f"accelerando launch: {err.args[0] if err.args else err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print_dry_run(settings, plan)
+        return 0
+    if not args.quiet:
+        for note in plan.notes:
+            print(f"accelerando launch: {note}", file=sys.stderr)
+    from accelerando.launchers.runner import run as run_plan
+
+    return run_plan(plan, quiet=args.quiet)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m accelerando.commands.launch`` and the ``accelerando-launch`` script.
+
+    Args:
+        argv: arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
+    parser = build_parser()
+    return run(parse(parser, sys.argv[1:] if argv is None else argv))

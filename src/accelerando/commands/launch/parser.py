@@ -1,0 +1,209 @@
+"""The argument parser of ``accelerando launch``, generated from the settings table.
+
+:func:`build_parser` adds the launcher's own options, one flag per setting that has one (grouped by
+the setting's group, with its choices, default and variables in the help), and the reference's
+compatibility flags (hidden from ``--help``). :func:`parse` splits the launcher's flags from the target
+before parsing, so the script's own flags are never taken for the launcher's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from accelerando.commands.launch.flags import (
+    COMPAT_SWITCHES,
+    COMPAT_VALUE_FLAGS,
+    REFUSED_FLAGS,
+    split_unknown,
+)
+from accelerando.commands.spellings import (
+    SpellingParser,
+    add_dash_spellings,
+    canonical_key,
+    other_spelling,
+)
+from accelerando.settings.fields import FIELDS, MACHINE_RANGE, Field, quote_value
+
+__all__ = ["DESCRIPTION", "CustomHelpFormatter", "build_parser", "parse", "unknown_flags_message"]
+
+#: The description of ``accelerando launch`` in ``--help``.
+DESCRIPTION = (
+    "Start a training script in one or many processes. Precedence of every setting: an argument in "
+    "the script's code > a flag here > an environment variable > the config file > the default."
+)
+_DRY_RUN_HELP = "Print the resolved settings, topology, command and environment; start nothing."
+_GROUP_TITLES = {
+    "core": "Training",
+    "launch": "Hardware and resources",
+    "dynamo": "torch.compile (dynamo)",
+    "fsdp": "FSDP (used with --use_fsdp)",
+    "deepspeed": "DeepSpeed (used with --use_deepspeed)",
+    "megatron": "Megatron-LM (used with --use_megatron_lm)",
+    "parallelism": "N-d parallelism (ParallelismConfig; used with --use_fsdp or --use_deepspeed)",
+    "fp8": "FP8 (used with --mixed_precision fp8)",
+    "mpirun": "mpirun (multi-CPU jobs)",
+    "emit": "Job files for cluster schedulers (--emit)",
+}
+# Value names in --help for settings whose kind alone does not say what they take.
+_METAVARS = {"num_machines": "N|MIN:MAX"}
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """``--help`` text that lists each flag once and leaves out flags kept only for compatibility.
+
+    A flag registered under both spellings shows its underscore one; a flag whose help is
+    ``argparse.SUPPRESS`` is not listed; a section left without any flag is not printed.
+    """
+
+    def add_argument(self, action: argparse.Action) -> None:
+        """Add ``action`` to the help, under one spelling, unless its help is suppressed."""
+        if action.help is argparse.SUPPRESS:
+            return
+        names = action.option_strings
+        shown = [o for o in names if not (o.startswith("--") and "-" in o[2:] and other_spelling(o) in names)]
+        if shown != names:
+            import copy
+
+            action = copy.copy(action)
+            action.option_strings = shown
+        super().add_argument(action)
+
+    def end_section(self) -> None:
+        """Close the current section; one that holds no flag is dropped with its heading."""
+        section = self._current_section
+        super().end_section()
+        parent = self._current_section
+        if not section.items and parent.items and parent.items[-1][1] == (section,):
+            parent.items.pop()
+
+
+def _help(field: Field) -> str:
+    text = field.help
+    if field.choices and field.choices is not MACHINE_RANGE:  # the range's spelling is in its help
+        text += " Choices: " + ", ".join(field.choices) + "."
+    if field.default is not None:
+        text += f" Default: {field.default}."
+    env = ", ".join(field.env_names)
+    return f"{text} Env: {env}."
+
+
+def _add_own_options(parser: argparse.ArgumentParser) -> None:
+    own = parser.add_argument_group("Launcher")
+    own.add_argument(
+        "--config_file", default=None, help="Config file to use (default: see `accelerando env`)."
+    )
+    own.add_argument("-m", "--module", action="store_true", help="Run the target as `python -m target`.")
+    own.add_argument("--no_python", action="store_true", help="Run the target directly, not through Python.")
+    own.add_argument("-q", "--quiet", action="store_true", help="Show only the script's own output.")
+    own.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help=_DRY_RUN_HELP)
+    own.add_argument("--role", default=None, help="Elastic agent role name for the processes.")
+    own.add_argument(
+        "-t", "--tee", default=None, help="Copy stdout/stderr to log files (0-3, or rank:value)."
+    )
+    own.add_argument("--log_dir", default=None, help="Folder for the elastic agent's per-process logs.")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    groups: dict[str, Any] = {}
+    for field in FIELDS:
+        if field.cli is None:
+            continue
+        group = groups.get(field.group)
+        if group is None:
+            group = groups[field.group] = parser.add_argument_group(
+                _GROUP_TITLES.get(field.group, field.group)
+            )
+        if field.switch:
+            group.add_argument(
+                field.cli, dest=field.name, action="store_const", const=True, help=_help(field)
+            )
+        else:
+            metavar = _METAVARS.get(field.name, field.kind.upper())
+            group.add_argument(field.cli, dest=field.name, metavar=metavar, help=_help(field))
+
+
+def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
+    compat = parser.add_argument_group("Accepted for compatibility (passed to the script as ACCELERATE_*)")
+    for name in COMPAT_VALUE_FLAGS:
+        compat.add_argument("--" + name, dest="compat_" + name, help=argparse.SUPPRESS)
+    for name in COMPAT_SWITCHES:
+        compat.add_argument(
+            "--" + name, dest="compat_" + name, action="store_const", const="true", help=argparse.SUPPRESS
+        )
+    for flag, (takes_value, _why) in REFUSED_FLAGS.items():
+        dest = "refused_" + flag[2:]
+        if takes_value:
+            compat.add_argument(flag, dest=dest, help=argparse.SUPPRESS)
+        else:
+            compat.add_argument(flag, dest=dest, action="store_const", const=True, help=argparse.SUPPRESS)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Add every launch flag to ``parser`` (or a new one) and return it.
+
+    Args:
+        parser: an existing (sub)parser, or ``None`` to create ``accelerando launch``'s parser.
+
+    Returns:
+        The parser; each setting flag stores the raw string (or ``True`` for a switch) under the
+        setting's name and defaults to ``None`` ("not given"). Every multi-word flag also takes its
+        dash spelling (``--num-processes``); ``--help`` lists the underscore one.
+    """
+    if parser is None:
+        parser = SpellingParser(
+            "accelerando launch", description=DESCRIPTION, formatter_class=CustomHelpFormatter
+        )
+    _add_own_options(parser)
+    _add_setting_flags(parser)
+    _add_compat_flags(parser)
+    parser.add_argument("training_script", nargs="?", help="The script, module or program to run.")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Its arguments, untouched.")
+    return add_dash_spellings(parser)
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse launch arguments; unknown launcher flags are kept in ``unknown_args``.
+
+    Args:
+        parser: a parser made by :func:`build_parser`.
+        argv: the arguments after ``launch``.
+
+    Returns:
+        The namespace.
+    """
+    head, tail = split_unknown(argv)
+    args, unknown = parser.parse_known_args(head)
+    if tail:
+        args.training_script, args.training_script_args = tail[0], tail[1:]
+    args.unknown_args = unknown
+    return args
+
+
+def unknown_flags_message(flags: Sequence[str]) -> str:
+    """The error for launcher-position flags the launcher does not know, with the likeliest meant ones.
+
+    Args:
+        flags: the unknown flags, as typed.
+
+    Returns:
+        One message naming each flag (with ``did you mean`` where a known flag is close) and the fix.
+    """
+    import difflib
+
+    # Matched spelling-independently (a dash typo finds the underscore flag); the listed spelling is shown.
+    known: dict[str, str] = {}
+    for action in build_parser()._actions:
+        for option in action.option_strings:
+            known.setdefault(canonical_key(option), option)
+    named = []
+    for flag in flags:
+        close = difflib.get_close_matches(canonical_key(flag[:200]), list(known), n=1, cutoff=0.75)
+        shown = flag if len(flag) <= 40 else quote_value(flag)
+        named.append(f"{shown} (did you mean {known[close[0]]}?)" if close else shown)
+    return (
+        f"accelerando launch: unknown flag{'s' if len(flags) > 1 else ''} {', '.join(named)}. Launcher flags go "
+        "before the script and the script's own flags after it: `accelerando launch [launcher flags] "
+        "script.py [script flags]`; `accelerando launch --help` lists the launcher flags."
+    )
