@@ -11,7 +11,9 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl torchao==VERSION
 # Transformer Engine cannot travel (its CUDA wheels are far over the 64 MiB a call carries, and its
 # PyTorch extension builds from source) and MS-AMP is not on PyPI (built from github.com/Azure/MS-AMP):
-# without them their tests are skipped, each naming what it needs.
+# without them their tests are skipped, each naming what it needs. megatron-core (issue #17's engine)
+# is small and travels the same way (same pip download line, megatron-core==0.16.1); its tests skip
+# without it.
 set -uo pipefail
 out="${OUT:-/tmp/device_check}"
 mkdir -p "$out"
@@ -26,12 +28,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl 2>&1 | tee "$out/wheels.log" && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-python3 -c "import importlib.util as u; print('fp8 packages:', {n: u.find_spec(n) is not None for n in ('torchao', 'transformer_engine', 'msamp')})" \
+python3 -c "import importlib.util as u; print('fp8 packages:', {n: u.find_spec(n) is not None for n in ('torchao', 'transformer_engine', 'msamp', 'megatron')})" \
   2>&1 | tee -a "$out/machine.txt"
 # GPU checks of #4 (prefetch), #7 (device memory, NVML, allocator snapshot, real OOM), #8 (fp16; FSDP
 # fp16 needs 2 GPUs), #18 (torchao native FP8, Transformer Engine and MS-AMP, each against the library
-# by hand), then the placement tests again with CUDA present.
-timeout 270 python3 -m pytest -q -rs --timeout 200 tests/devices/test_gpu.py tests/data_loader/test_data_placement.py \
+# by hand), #17 (the Megatron-LM engine over megatron-core against megatron-core by hand), then the placement tests again with CUDA present.
+timeout 330 python3 -m pytest -q -rs --timeout 200 tests/devices/test_gpu.py tests/devices/test_gpu_megatron.py tests/data_loader/test_data_placement.py \
   2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
 # The monitor's overhead with CUDA counters and NVML sensors being read (issue #7's figure).
