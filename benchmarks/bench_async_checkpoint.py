@@ -8,7 +8,9 @@ optimizer step waiting for the background copy of the parameters) or the backgro
 CPU or memory bandwidth from it. The loop is long enough for the background commit to end inside it
 (the script says so; otherwise part of the background work would not be counted).
 
-Variants, interleaved in each repeat, medians reported:
+Variants, interleaved in each repeat; reported: the median of the paired differences, the best
+(shortest) loop of each variant minus the best loop without a save (the least disturbed by other
+load on the machine), and the median time the training thread was blocked:
 - ``sync``: ``save_state()``;
 - ``async``: ``save_state(async_save=True)`` (the parameters are copied in the background while the
   next forward/backward runs; the next optimizer step waits for that copy);
@@ -111,6 +113,7 @@ def main() -> None:
         }
         for save in variants.values():  # warm-up: allocator, host buffers, files
             _loop(model, optimizer, accelerator, batch, 2, save)
+        loops: dict[str, list[float]] = {name: [] for name in variants}
         extra: dict[str, list[float]] = {name: [] for name in variants}
         blocked: dict[str, list[float]] = {name: [] for name in variants}
         late: dict[str, int] = dict.fromkeys(variants, 0)
@@ -122,6 +125,7 @@ def main() -> None:
                 if base is None:
                     base = elapsed
                     bases.append(base)
+                loops[name].append(elapsed)
                 extra[name].append(elapsed - base)  # paired with this repeat's loop without a save
                 blocked[name].append(held)
                 late[name] += not done
@@ -133,15 +137,18 @@ def main() -> None:
         f"loop without a save: {statistics.median(bases):.2f} s (median; each: {[round(b, 2) for b in bases]})"
     )
     sync = statistics.median(extra["sync"])
+    sync_best = min(loops["sync"]) - min(bases)
+    sync_blocked = statistics.median(blocked["sync"])
     for name in list(variants)[1:]:
-        stall = statistics.median(extra[name])
-        ratio = f" = {stall / sync:.1%} of the synchronous save" if name != "sync" else ""
+        stall, best = statistics.median(extra[name]), min(loops[name]) - min(bases)
+        held = statistics.median(blocked[name])
         note = f"; commit still running at the loop's end in {late[name]} loop(s)" if late[name] else ""
         print(
-            f"{name:>18}: stall {stall * 1000:6.0f} ms{ratio} (median extra loop time; each: "
-            f"{[round(x * 1000) for x in extra[name]]}); training thread blocked "
-            f"{statistics.median(blocked[name]) * 1000:.0f} ms{note}"
+            f"{name:>18}: extra loop time {stall * 1000:6.0f} ms median of pairs ({stall / sync:.1%} of sync), "
+            f"{best * 1000:6.0f} ms best loop minus best loop ({best / sync_best:.1%} of sync); training "
+            f"thread blocked {held * 1000:.0f} ms ({held / sync_blocked:.1%} of sync){note}"
         )
+        print(f"{'':>20}pairs (ms): {[round(x * 1000) for x in extra[name]]}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -64,6 +65,11 @@ _PENDING: weakref.WeakKeyDictionary[Any, AsyncSaveHandle] = weakref.WeakKeyDicti
 # Every handle not yet waited for, for the wait at interpreter exit.
 _UNWAITED: set[AsyncSaveHandle] = set()
 _UNWAITED_LOCK = threading.Lock()
+# CPU priority (nice value) of the background thread once its copy is done: writing, hashing and
+# syncing then yield the CPU to the training (Linux only, where a nice value is per thread; the
+# helper threads it starts inherit it). The copy itself runs at the training's priority, since an
+# optimizer step may be waiting for it. 0 keeps the training's priority.
+BACKGROUND_NICE = 10
 # The background's gloo process group and the default group it was made for (made once, collectively).
 _GROUPS: dict[str, tuple[Any, Any]] = {}
 
@@ -457,6 +463,19 @@ def _exchange_on(group: Any) -> Callable[[Any, int], list[Any]]:
     return exchange
 
 
+def _lower_priority() -> None:
+    """Give this (background) thread the nice value ``BACKGROUND_NICE`` (Linux; best effort)."""
+    if BACKGROUND_NICE <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        if current < BACKGROUND_NICE:
+            os.setpriority(os.PRIO_PROCESS, thread, BACKGROUND_NICE)
+    except OSError:  # a sandbox may refuse it: the write just keeps the training's priority
+        logger.debug("could not lower the background save's priority", exc_info=True)
+
+
 def _background_writer(
     snapshot: _Snapshot | None,
     failure: BaseException | None,
@@ -477,6 +496,7 @@ def _background_writer(
                 snapshot.finish()
             except Exception as err:  # noqa: BLE001 - told to every process just below
                 error = err
+        _lower_priority()
         failed = [rank for rank, bad in enumerate(exchange(error is not None, num_processes)) if bad]
         if error is not None:
             raise error
