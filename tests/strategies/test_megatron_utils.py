@@ -170,11 +170,16 @@ def test_bert_and_t5_train_steps():
         "labels": torch.tensor([[-100, 6, -100]]),
         "next_sentence_label": torch.tensor([1]),
     }
-    output, loss_fn = bert.forward_step(
-        iter([batch]), lambda *a, **k: (torch.tensor([[9.0, 2.0, 9.0]]), None)
-    )
+    seen = {}
+
+    def bert_model(*args, **kwargs):
+        seen.update(kwargs)
+        return torch.tensor([[9.0, 2.0, 9.0]]), None
+
+    output, loss_fn = bert.forward_step(iter([batch]), bert_model)
     loss, logged = loss_fn(output)
     assert loss.item() == pytest.approx(2.0) and set(logged) == {"lm loss"}
+    assert seen["tokentype_ids"].tolist() == [[0, 0, 0]]  # binary head without token_type_ids: one segment
     sop = torch.tensor([[0.0, 0.0]])
     loss, logged = loss_fn((torch.tensor([[9.0, 2.0, 9.0]]), sop))
     assert loss.item() == pytest.approx(2.0 + torch.log(torch.tensor(2.0)).item(), rel=1e-5)

@@ -470,6 +470,9 @@ class BertTrainStep(AbstractTrainStep):
             tokens, types, sentence_order, loss_mask, labels, padding_mask = self.get_batch(data_iterator)
             if not bert_binary_head:
                 types = None
+            elif types is None:
+                # A model with a binary head has token-type embeddings and needs ids (one segment: all 0).
+                types = torch.zeros_like(tokens)
             if pretraining_flag:
                 output = model(tokens, padding_mask, tokentype_ids=types, lm_labels=labels)
                 return output, partial(self.loss_func, loss_mask, sentence_order)
