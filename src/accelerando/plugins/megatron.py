@@ -1,7 +1,8 @@
 """MegatronLMPlugin: the Megatron-LM settings and the Megatron-LM arguments they stand for.
 
-Training through megatron-core needs CUDA GPUs; building an Accelerator with this plugin on a machine
-without them fails clearly in the connector's strategy lookup.
+Training through megatron-core needs CUDA GPUs: an Accelerator with this plugin builds, and its
+``prepare`` builds the Megatron-LM engine, or, without megatron-core or CUDA, refuses naming the
+torch-native alternatives (``ParallelismConfig(tp_size=...)``, ``PipelineParallelPlugin``).
 """
 
 from __future__ import annotations
