@@ -241,13 +241,15 @@ def step_peak_bytes(step: Callable[[], Any]) -> int:
     return int(max(totals, default=0))
 
 
-def timed(step: Callable[[], Any]) -> float:
-    """Seconds one ``step()`` takes on the slowest rank (barriers before and after)."""
+def timed(step: Callable[[], Any]) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of one ``step()``: wall on the slowest rank (barriers before and after),
+    and this process's CPU time (all its threads), which waiting for a busy core does not inflate."""
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     step()
+    cpu = time.process_time() - cpu
     dist.barrier()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu
 
 
 def median_ms(times: list[float]) -> float:

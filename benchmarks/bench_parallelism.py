@@ -13,7 +13,10 @@ with a transformers-style ``tp_plan``) on the same global batches, in three mode
   same split; the whole batch in ``--microbatches`` micro-batches.
 
 Within a mode the Accelerator and the hand-written step alternate (their order flips every round),
-so the ratio of their median step times is measured under the same machine load. Modes run one
+so the ratio of their median step times is measured under the same machine load; "paired" is the
+median over rounds of the Accelerator's step time over the hand-written one's; the CPU-time ratio
+(each rank's process CPU time summed over the timed steps) is the steadiest figure on a busy
+machine, where wall time mostly measures waiting for a core. Modes run one
 after the other, so comparing step times across modes is fairer on a quiet machine.
 
 Memory, per process (rank 0 / rank 1), what is measured:
@@ -25,7 +28,7 @@ Memory, per process (rank 0 / rank 1), what is measured:
   start of the step); activations, gradients, communication buffers. Parameters and optimizer
   state that exist before the step are not in it; "peak" = held params + optimizer + step peak.
 
-    torchrun --nproc_per_node 2 benchmarks/bench_parallelism.py [--steps 10] [--warmup 2]
+    torchrun --nproc_per_node 2 benchmarks/bench_parallelism.py [--steps 20] [--warmup 2]
         [--hidden 256] [--layers 4] [--seq 64] [--batch 8] [--vocab 1024] [--schedule GPipe]
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -170,7 +174,7 @@ def _pp(args: argparse.Namespace) -> dict[str, tuple[Step, Callable[[], dict[str
 
 
 def _run_mode(args: argparse.Namespace, variants: dict, data: list) -> dict[str, Any]:
-    times: dict[str, list[float]] = {name: [] for name in variants}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     names = list(variants)
     for i, (ids, target) in enumerate(data):
         for name in names if i % 2 else reversed(names):
@@ -182,8 +186,17 @@ def _run_mode(args: argparse.Namespace, variants: dict, data: list) -> dict[str,
     for name, (step, held) in variants.items():
         # zero_grad(set_to_none) ran: gradients are allocated inside the step and so are in step_peak
         peak = C.step_peak_bytes(lambda s=step: s(*data[0]))
-        out[name] = {"ms": C.median_ms(times[name]), "step_peak": peak, "held": held()}
+        out[name] = {
+            "ms": C.median_ms([w for w, _ in times[name]]),
+            "cpu_ms": C.median_ms([c for _, c in times[name]]),
+            "step_peak": peak,
+            "held": held(),
+        }
+    accel, hand = times["accelerator"], times["hand"]
     out["ratio"] = out["accelerator"]["ms"] / out["hand"]["ms"]
+    # each round's Accelerator step over the hand-written step of the same round: load drifts cancel
+    out["paired"] = statistics.median(a[0] / h[0] for a, h in zip(accel, hand, strict=True))
+    out["cpu_ratio"] = sum(c for _, c in accel) / sum(c for _, c in hand)
     return out
 
 
@@ -210,9 +223,9 @@ def _mib(n: int) -> str:
 def _table(args: argparse.Namespace, per_rank: list[dict[str, Any]]) -> str:
     world = len(per_rank)
     rows = [
-        "| mode | variant | step ms (median) | Accelerator / hand | params MiB held (trained) | optimizer MiB | "
+        "| mode | variant | step ms (median) | Accelerator / hand: wall (paired) | Accelerator / hand: CPU time | params MiB held (trained) | optimizer MiB | "
         "step peak MiB | peak MiB (params + optimizer + step peak) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     labels = {
         "DDP": "DDP",
@@ -228,9 +241,12 @@ def _table(args: argparse.Namespace, per_rank: list[dict[str, Any]]) -> str:
             def per(f: Callable[[dict], int], cells: list = cells) -> str:
                 return " / ".join(_mib(f(c)) for c in cells)
 
-            ratio = " / ".join(f"{per_rank[r][mode]['ratio']:.3f}" for r in range(world))
+            # the barriers make every rank time the same steps: rank 0's ratios stand for all
+            wall = f"{per_rank[0][mode]['ratio']:.3f} (paired {per_rank[0][mode]['paired']:.3f})"
+            cpu = " / ".join(f"{per_rank[r][mode]['cpu_ratio']:.3f}" for r in range(world))
             rows.append(
-                f"| {labels[mode]} | {variant} | {cells[0]['ms']:.1f} | {ratio if variant == 'accelerator' else ''} | "
+                f"| {labels[mode]} | {variant} | {cells[0]['ms']:.1f} | {wall if variant == 'accelerator' else ''} | "
+                f"{cpu if variant == 'accelerator' else ''} | "
                 f"{per(lambda c: c['held']['params'])} ({per(lambda c: c['held']['trained'])}) | "
                 f"{per(lambda c: c['held']['optimizer'])} | {per(lambda c: c['step_peak'])} | "
                 f"{per(lambda c: c['held']['params'] + c['held']['optimizer'] + c['step_peak'])} |"
@@ -242,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (relaunching under torchrun when needed); rank 0 prints a markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="processes when the script launches itself")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -270,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"processes={dist.get_world_size()} hidden={args.hidden} layers={args.layers} heads={args.heads} "
                 f"vocab={args.vocab} seq={args.seq} batch={args.batch} steps={args.steps} warmup={args.warmup} "
-                f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; memory cells are rank 0 / rank 1, "
-                "ratios per rank"
+                f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; per-rank cells are rank 0 / rank 1"
             )
             print(_table(args, gathered), flush=True)
     finally:
