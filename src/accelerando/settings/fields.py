@@ -12,6 +12,7 @@ This module must stay importable without torch: the command line uses it before 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,13 @@ class Field:
         in_config: whether a config file may set it (False: environment or code only).
         ref_bool: how the reference's launcher spells true and false in its variable (``env[0]``);
             the launcher writes the same text so scripts comparing strings keep working.
+        parser: reads this field's text values (environment, flag, quoted config value) in place of
+            the kind's own reading: text -> value, raising ``ValueError`` whose message says what is
+            wrong with the text (the resolver adds the setting, its source and the fix). A number it
+            returns is still held to ``minimum``/``maximum``; typed values (an int from code or
+            YAML) are read by the kind as usual. ``None``: the kind reads text too.
+        parser_accepts: what ``parser`` reads besides the kind's own values, as shown in messages
+            and help (``"'MIN:MAX'"``); only with a ``parser``.
     """
 
     name: str
@@ -91,10 +99,14 @@ class Field:
     our_env: str = ""
     ref_bool: tuple[str, str] = ("true", "false")
     in_config: bool = True
+    parser: Callable[[str], Any] | None = None
+    parser_accepts: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"Field {self.name!r}: kind {self.kind!r} is not one of {_KINDS}.")
+        if self.parser_accepts and self.parser is None:
+            raise ValueError(f"Field {self.name!r}: parser_accepts describes a parser; give the parser too.")
         if not self.our_env:
             object.__setattr__(self, "our_env", ENV_PREFIX + self.name.upper())
         if not self.in_config:
@@ -114,6 +126,10 @@ class Field:
 
     def describe_allowed(self) -> str:
         """Human-readable description of the values this field accepts."""
+        text = self._describe_kind()
+        return f"{text} or {self.parser_accepts}" if self.parser_accepts else text
+
+    def _describe_kind(self) -> str:
         if self.kind == "choice":
             return "one of " + ", ".join(repr(c) for c in self.choices or ())
         if self.kind == "bool":
@@ -134,26 +150,36 @@ class Field:
         return "a string"
 
 
-class _MachineRangeSpelling(tuple):  # type: ignore[type-arg]
-    """The ``MIN:MAX`` spelling ``num_machines`` accepts besides an integer.
+# Two integers joined by a colon, spaces allowed around each (the numbers are checked by the launch plan).
+_MACHINE_RANGE_SHAPE = re.compile(r"\s*-?\d+\s*:\s*-?\d+\s*")
 
-    Stands in the field's ``choices``: the resolver returns a value "in" the choices as written, so
-    ``num_machines`` resolves to an ``int`` for a plain number and to the text ``"MIN:MAX"`` for a range.
-    Only the shape is checked here; :func:`machine_range` reads the numbers and the launch plan checks
-    them (MIN <= MAX, MIN >= 1) with messages naming the setting's source.
+
+def parse_num_machines(text: str) -> int | str:
+    """Read ``num_machines`` from text: a machine count, or ``MIN:MAX`` for an elastic range.
+
+    Only the shape of a range is checked here; :func:`machine_range` reads its numbers and the launch
+    plan checks them (MIN <= MAX, MIN >= 1) with messages naming the setting's source.
+
+    Args:
+        text: the value as written (``"2"``, ``"1:4"``, ``" 2 : 4 "``).
+
+    Returns:
+        An ``int`` for a count (the resolver then checks it is at least 1); the range's text without
+        surrounding spaces (``"2 : 4"``) for a range, which launchers read with :func:`machine_range`.
+
+    Raises:
+        ValueError: the text is neither an integer nor two integers joined by a colon.
     """
-
-    _SHAPE = re.compile(r"\s*-?\d+\s*:\s*-?\d+\s*")
-
-    def __new__(cls) -> _MachineRangeSpelling:
-        return super().__new__(cls, ("MIN:MAX",))
-
-    def __contains__(self, text: object) -> bool:
-        return isinstance(text, str) and self._SHAPE.fullmatch(text) is not None
-
-
-#: The ``choices`` of ``num_machines``: any ``MIN:MAX`` text (see :func:`machine_range`).
-MACHINE_RANGE = _MachineRangeSpelling()
+    stripped = text.strip()
+    if _MACHINE_RANGE_SHAPE.fullmatch(stripped):
+        return stripped
+    try:
+        return int(stripped)
+    except ValueError:
+        reason = (
+            "a range needs two whole numbers joined by one colon" if ":" in stripped else "not a whole number"
+        )
+        raise ValueError(reason) from None
 
 
 def machine_range(value: int | str | None) -> tuple[int, int]:
@@ -173,7 +199,7 @@ def machine_range(value: int | str | None) -> tuple[int, int]:
         return 1, 1
     if isinstance(value, int) and not isinstance(value, bool):
         return value, value
-    if isinstance(value, str) and value in MACHINE_RANGE:
+    if isinstance(value, str) and _MACHINE_RANGE_SHAPE.fullmatch(value):
         low, high = value.split(":")
         return int(low), int(high)
     if isinstance(value, str) and value.strip().isdigit():
@@ -357,7 +383,8 @@ FIELDS: tuple[Field, ...] = (
     # --- launch topology: written by the launcher, informational inside a process ---------------
     _core("num_processes", "int", None, group="launch", minimum=1,
           help="Total number of processes to start (all machines).", env=("ACCELERATE_NUM_PROCESSES",)),
-    _core("num_machines", "int", None, group="launch", minimum=1, choices=MACHINE_RANGE,
+    _core("num_machines", "int", None, group="launch", minimum=1,
+          parser=parse_num_machines, parser_accepts="'MIN:MAX'",
           help="Number of machines, or MIN:MAX for an elastic job that runs with MIN to MAX machines "
                "(c10d rendezvous; quote it in YAML: \"1:4\")."),
     _core("machine_rank", "int", None, group="launch", minimum=0, help="Rank of this machine (0-based)."),

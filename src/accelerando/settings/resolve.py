@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple
@@ -78,7 +78,7 @@ class Sourced(NamedTuple):
 Layer = Mapping[str, Sourced]
 
 
-def _bad(field: Field, raw: Any, source: str) -> ValueError:
+def _bad(field: Field, raw: Any, source: str, reason: str = "") -> ValueError:
     where = source if source != "code" else "code (an argument)"
     fix = f"Fix: set {field.name!r} to {field.describe_allowed()}"
     if source.startswith("env:"):
@@ -87,7 +87,7 @@ def _bad(field: Field, raw: Any, source: str) -> ValueError:
         fix += f" in {source[7:]}"
     return ValueError(
         f"Invalid value {quote_value(raw)} for setting {field.name!r} (from {where}): "
-        f"expected {field.describe_allowed()}. {fix}."
+        f"{reason + '; ' if reason else ''}expected {field.describe_allowed()}. {fix}."
     )
 
 
@@ -120,6 +120,10 @@ def _parse_number(field: Field, raw: Any, source: str) -> int | float | str:
             number = float(raw)
     except (TypeError, ValueError, OverflowError):
         raise _bad(field, raw, source) from None
+    return _check_bounds(field, number, raw, source)
+
+
+def _check_bounds(field: Field, number: int | float, raw: Any, source: str) -> int | float:
     if not math.isfinite(number):  # nan passes every comparison below
         raise _bad(field, raw, source)
     if field.minimum is not None and number < field.minimum:
@@ -127,6 +131,17 @@ def _parse_number(field: Field, raw: Any, source: str) -> int | float | str:
     if field.maximum is not None and number > field.maximum:
         raise _bad(field, raw, source)
     return number
+
+
+def _parse_text(field: Field, parser: Callable[[str], Any], raw: str, source: str) -> Any:
+    """Read ``raw`` with the field's own parser; a number it returns is still held to the bounds."""
+    try:
+        value = parser(raw)
+    except ValueError as err:
+        raise _bad(field, raw, source, str(err)) from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _check_bounds(field, value, raw, source)
+    return value
 
 
 def _parse_choice(field: Field, raw: Any, source: str) -> str:
@@ -151,15 +166,18 @@ def parse_value(field: Field | str, raw: Any, source: str = "code") -> Any:
         source: label of where ``raw`` came from, used in the error message.
 
     Returns:
-        The value in the field's type (``None`` stays ``None``).
+        The value in the field's type, or for text what the field's own ``parser`` returns (e.g.
+        ``num_machines``: ``"1:4"`` stays text); ``None`` stays ``None``.
 
     Raises:
         ValueError: when ``raw`` is not allowed; the message names the setting, its source and the
-            allowed values.
+            allowed values (and the field parser's reason, when it refused the text).
     """
     fld = get_field(field) if isinstance(field, str) else field
     if raw is None:
         return None
+    if fld.parser is not None and isinstance(raw, str):
+        return _parse_text(fld, fld.parser, raw, source)
     if fld.kind == "bool":
         return _parse_bool(fld, raw, source)
     if fld.kind in ("int", "float"):

@@ -24,7 +24,7 @@ from accelerando.commands.spellings import (
     canonical_key,
     other_spelling,
 )
-from accelerando.settings.fields import FIELDS, MACHINE_RANGE, Field, quote_value
+from accelerando.settings.fields import FIELDS, Field, quote_value
 
 __all__ = ["DESCRIPTION", "CustomHelpFormatter", "build_parser", "parse", "unknown_flags_message"]
 
@@ -81,7 +81,7 @@ class CustomHelpFormatter(argparse.HelpFormatter):
 
 def _help(field: Field) -> str:
     text = field.help
-    if field.choices and field.choices is not MACHINE_RANGE:  # the range's spelling is in its help
+    if field.choices:
         text += " Choices: " + ", ".join(field.choices) + "."
     if field.default is not None:
         text += f" Default: {field.default}."
