@@ -186,3 +186,33 @@ def test_gradients_of_an_unfinished_cycle_are_copied_before_the_next_backward(tm
         acc.gradient_state._set_sync_gradients(True)
     assert any(name.startswith("gradients") or "grad" in name for name in _checksums(folder))
     assert _checksums(folder) == _checksums(synchronous)
+
+
+_EXIT_SCRIPT = """
+import sys, time, torch
+import accelerando.checkpointing.async_save as A
+from accelerando import Accelerator
+from accelerando.utils import ProjectConfiguration
+
+finish = A._Snapshot.finish
+def slow(self):
+    time.sleep(1.0)  # still copying when the script ends
+    finish(self)
+A._Snapshot.finish = slow
+acc = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=sys.argv[1], automatic_checkpoint_naming=True))
+model, opt = acc.prepare(torch.nn.Linear(4, 2), torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1))
+acc.save_state(async_save=True)
+print("returned", flush=True)
+"""
+
+
+def test_the_end_of_the_process_waits_for_a_pending_save(tmp_path):
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "returned" in done.stdout
+    assert latest_checkpoint(str(tmp_path)).endswith("checkpoint_0")
+    assert read_manifest(latest_checkpoint(str(tmp_path))).files

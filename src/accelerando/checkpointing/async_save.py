@@ -148,7 +148,6 @@ def wait_pending(owner: Any) -> None:
         handle.result()
 
 
-@atexit.register
 def _wait_all_at_exit() -> None:
     with _UNWAITED_LOCK:
         handles = list(_UNWAITED)
@@ -157,6 +156,29 @@ def _wait_all_at_exit() -> None:
             handle.result()
         except BaseException as err:  # noqa: BLE001 - the process is ending: say it, do not mask the exit
             logger.error("asynchronous checkpoint %s was not committed: %s", handle.path, err)
+
+
+_EXIT_HOOKED: list[bool] = []
+
+
+def _hook_exit() -> None:
+    """Make the end of the process wait for pending saves, early enough for them to finish.
+
+    ``concurrent.futures`` refuses new work once the interpreter starts shutting down (its own hook
+    in ``threading``'s shutdown, which runs before ``atexit``), and the background write hashes files
+    on such a pool: so the wait is hooked there too, after it (hooks run newest first). The ``atexit``
+    hook is registered again each time so that it runs before the process group's teardown.
+    """
+    if not _EXIT_HOOKED:
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            try:
+                register(_wait_all_at_exit)
+            except RuntimeError:  # already shutting down
+                pass
+        _EXIT_HOOKED.append(True)
+    atexit.unregister(_wait_all_at_exit)
+    atexit.register(_wait_all_at_exit)
 
 
 # ---------------------------------------------------------------------------------- the snapshot
@@ -542,6 +564,7 @@ def save_state_async(
             background write (the folder, the lock).
     """
     set_active_accelerator(target.owner)
+    _hook_exit()
     group = _background_group(target)
     exchange = _exchange_on(group)
     stack = ExitStack()  # an explicit folder's save lock: held until the background commit is done
