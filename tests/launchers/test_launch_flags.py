@@ -7,6 +7,7 @@ and the reference's module functions (``launch_command``, ``simple_launcher``).
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -198,11 +199,15 @@ sys.exit(int(sys.argv[2]))
 
 
 def test_reference_module_functions_run_a_real_launch_with_install_as_accelerate(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, request
 ) -> None:
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
     monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    # The launcher runs in this process and exports the launch's environment into it (it is the agent
+    # process): restore it afterwards, or later tests would read this launch's settings.
+    environ_before = dict(os.environ)
+    request.addfinalizer(lambda: (os.environ.clear(), os.environ.update(environ_before)))
     # Another test of the same session may have imported the real package (transformers does).
     real_before = sys.modules.get("accelerate")
     parser = launch.launch_command_parser()
