@@ -23,6 +23,16 @@ machine than the loop difference.
 
 Run: ``python benchmarks/bench_async_checkpoint.py [--mb 300] [--steps 10] [--batch 4] [--repeats 5]
 [--threads N]``.
+
+Measured (2026-12-01, 2 shared CPU cores, load 2-4 from other jobs, torch 2.13 CPU; default flags,
+``--repeats 7``): a 10-step loop without a save takes 2.55 s; the synchronous save adds 805 ms
+(median of pairs; it blocks the training thread 754 ms). ``async_save=True`` blocks the training
+thread 8 ms (1.1% of the synchronous save) and adds 366 ms to the loop (median of pairs, 45%; the
+four undisturbed pairs: 333, 238, 366, -93 ms against 925, 805, 669, 459 ms) or 43 ms best loop
+minus best loop (7.2%). What remains is the background copy and write competing with a CPU-bound,
+memory-bandwidth-bound training for the same two cores and memory; the training thread itself
+no longer waits. Without overlap (``overlap_snapshot=False``) the training thread is blocked 83 ms
+(11%).
 """
 
 from __future__ import annotations
