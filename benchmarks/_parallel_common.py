@@ -27,6 +27,7 @@ __all__ = [
     "hand_pipeline_stage",
     "hand_tp_plan",
     "median_ms",
+    "pipeline_params_held",
     "step_peak_bytes",
     "timed",
 ]
@@ -181,6 +182,18 @@ def hand_pipeline_stage(
     return pipe.build_stage(stage_index, torch.device("cpu"), group=group)
 
 
+def pipeline_params_held(stage: Any) -> list[torch.nn.Parameter]:
+    """Every parameter a traced ``PipelineStage`` keeps alive, not only its own stage's.
+
+    A stage built by ``pipe.build_stage`` keeps ``pipe_info.graph``, whose owning module is the
+    whole split model: the other stages' parameters stay allocated in this process too.
+    """
+    graph = getattr(getattr(stage, "pipe_info", None), "graph", None)
+    whole = getattr(graph, "owning_module", None)
+    own = list(stage.submod.parameters())
+    return own + list(whole.parameters()) if isinstance(whole, torch.nn.Module) else own
+
+
 def fresh_accelerator(**kwargs: Any) -> Any:
     """An ``Accelerator(cpu=True, **kwargs)`` after clearing the process-wide state of the previous one."""
     from accelerando import Accelerator
@@ -222,7 +235,8 @@ def step_peak_bytes(step: Callable[[], Any]) -> int:
 
     Read from torch's profiler (``profile_memory=True``): its running "Total Allocated" counts the
     CPU allocator's allocations and frees made while profiling, starting from 0, so tensors that
-    existed before the call (parameters, optimizer state) are not in it. Every rank must call this
+    existed before the call (parameters, optimizer state) are not in it, and frees of such tensors
+    during the call are not subtracted (so the figure is an upper bound). Every rank must call this
     together when ``step`` runs collectives.
     """
     from torch.profiler import ProfilerActivity, profile

@@ -21,7 +21,8 @@ after the other, so comparing step times across modes is fairer on a quiet machi
 
 Memory, per process (rank 0 / rank 1), what is measured:
 
-- held: bytes of the parameters the process keeps (local shards of DTensors), their gradients and
+- held: bytes of the parameters the process keeps alive (local shards of DTensors; for a traced
+  pipeline stage, the whole split model it references), "trained" those with optimizer state, and
   the optimizer's state, after a step (exact; not RSS, which is noisy and process-lifetime);
 - step peak: the peak of tensor bytes allocated during one extra training step and still live at
   that moment (torch profiler, ``profile_memory=True``: the CPU allocator's running total from the
@@ -169,7 +170,8 @@ def _pp(args: argparse.Namespace) -> dict[str, tuple[Step, Callable[[], dict[str
 
     return {
         "accelerator": (accel_step, lambda: C.bytes_held(model.parameters(), opt.optimizer)),
-        "hand": (hand_step, lambda: C.bytes_held(params, hand_opt)),
+        # the traced stage keeps the whole split model alive (see pipeline_params_held)
+        "hand": (hand_step, lambda: C.bytes_held(C.pipeline_params_held(stage), hand_opt)),
     }
 
 
