@@ -32,7 +32,9 @@ four undisturbed pairs: 333, 238, 366, -93 ms against 925, 805, 669, 459 ms) or 
 minus best loop (7.2%). What remains is the background copy and write competing with a CPU-bound,
 memory-bandwidth-bound training for the same two cores and memory; the training thread itself
 no longer waits. Without overlap (``overlap_snapshot=False``) the training thread is blocked 83 ms
-(11%).
+(11%). With ``--threads 1`` (the training leaves a core to the background, as a GPU training leaves
+the host CPU mostly idle; loop 4.02 s): synchronous +747 ms (blocked 869 ms), asynchronous +26 ms
+median of pairs (3.5%; blocked 6 ms, 0.7%), without overlap +68 ms (9.1%; blocked 123 ms).
 """
 
 from __future__ import annotations
