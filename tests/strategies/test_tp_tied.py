@@ -39,7 +39,7 @@ class _TiedToy(torch.nn.Module):
 
 # ----------------------------------------------------------------------------- unit tests
 def test_find_ties_lists_each_shared_parameter_once_in_module_order() -> None:
-    from accelerando.strategies.composable.ties import find_ties
+    from accelerando.strategies.ties import find_ties
 
     toy = _TiedToy({})
     assert find_ties(toy) == [["embed.weight", "head.weight"]]
@@ -47,7 +47,7 @@ def test_find_ties_lists_each_shared_parameter_once_in_module_order() -> None:
 
 
 def test_fsdp_units_holding_part_of_a_tie_are_left_to_the_enclosing_unit() -> None:
-    from accelerando.strategies.composable.ties import units_keeping_ties
+    from accelerando.strategies.ties import units_keeping_ties
 
     inner = torch.nn.Linear(4, 4)
     model = torch.nn.Sequential(torch.nn.Embedding(4, 4), torch.nn.Sequential(inner), torch.nn.Linear(4, 4))
@@ -59,7 +59,7 @@ def test_fsdp_units_holding_part_of_a_tie_are_left_to_the_enclosing_unit() -> No
 
 
 def test_check_ties_refuses_a_split_and_a_whole_half_naming_both_and_the_fix() -> None:
-    from accelerando.strategies.composable.ties import check_ties
+    from accelerando.strategies.ties import check_ties
 
     toy = _TiedToy({})
     assert check_ties(toy, [["embed.weight", "head.weight"]]) == []  # still one object: nothing to do
@@ -71,7 +71,7 @@ def test_check_ties_refuses_a_split_and_a_whole_half_naming_both_and_the_fix() -
 
 
 def test_tied_state_dict_entries_are_shared_and_filled() -> None:
-    from accelerando.strategies.composable.ties import fill_tied_entries, share_tied_entries
+    from accelerando.strategies.ties import fill_tied_entries, share_tied_entries
 
     ties = [["a", "b", "c"]]
     gathered = {"a": torch.ones(2), "b": torch.ones(2), "c": torch.ones(2), "d": torch.zeros(1)}
@@ -339,3 +339,45 @@ def test_fsdp2_x_tp_2x2_tied_llama(tmp_path) -> None:
     second = run_distributed(_tied_worker, 4, str(tmp_path), sizes, 1, timeout=1200)
     _check(first, second)
     assert first[0]["applied"][1].startswith("2. FSDP2"), first[0]["applied"]
+
+
+_FSDP_TIED_PROBE = """
+import os, torch, torch.distributed as dist
+from torch import nn
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import fully_shard
+from accelerando.strategies.fsdp.state import full_model_state_dict
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+model = Tied()
+fully_shard(model)
+state = full_model_state_dict(model)
+print("SHARED", state["embed.weight"] is state["head.weight"], sorted(state))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_full_state_dict_keeps_a_tie_as_one_tensor() -> None:
+    """FSDP's gathered full state dict holds one tensor for both names of a tied weight (written once)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PORT": str(port), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _FSDP_TIED_PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SHARED True" in out.stdout, out.stdout

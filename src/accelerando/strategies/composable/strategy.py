@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import accelerando.strategies.composable.grads as G
-import accelerando.strategies.composable.ties as T
+import accelerando.strategies.ties as T
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.composable.checks import check_heads
 from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style

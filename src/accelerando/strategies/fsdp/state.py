@@ -104,7 +104,27 @@ def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(model, options=_gather_options(model))
-    return state if dist.get_rank() == 0 else {}
+    if dist.get_rank() != 0:
+        return {}
+    return _share_tied_entries(model, state)
+
+
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _share_tied_entries(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """Names of one tied parameter share one tensor in the gathered dict, so writers store it once."""
+    from accelerando.strategies.ties import find_ties, share_tied_entries
+
+    ties = []
+    for group in find_ties(model):
+        clean = []
+        for name in group:
+            for prefix in _WRAPPER_PREFIXES:
+                name = name.replace(prefix, "")
+            clean.append(name)
+        ties.append(clean)
+    return share_tied_entries(state, ties)
 
 
 def load_full_model_state_dict(
