@@ -29,6 +29,9 @@ class ProjectConfiguration:
         async_save: ``save_state()`` copies the state to host memory and writes and commits it in a
             background thread, returning a handle whose ``result()`` waits for the commit (see
             :mod:`accelerando.checkpointing.async_save`); ``save_state(async_save=...)`` overrides it.
+            Parameters and optimizer state are copied in the background too, the prepared optimizers'
+            next ``step()`` waiting for that copy: until then change parameters only through them, or
+            pass ``save_state(async_save=True, overlap_snapshot=False)`` to copy everything first.
 
     Raises:
         ValueError: If ``total_limit`` is not a positive integer or ``iteration`` is negative.
