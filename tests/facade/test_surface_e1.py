@@ -296,8 +296,12 @@ def test_fsdp_plugin_offload_and_precision_checks() -> None:
     checked.validate_mixed_precision_policy()
     checked.validate_cpu_offload()
     assert checked.activation_checkpointing_offload is False
-    assert FullyShardedDataParallelPlugin(activation_checkpointing_offload=True).activation_checkpointing_offload
-    both = FullyShardedDataParallelPlugin(activation_checkpointing=True, activation_checkpointing_offload=True)
+    assert FullyShardedDataParallelPlugin(
+        activation_checkpointing_offload=True
+    ).activation_checkpointing_offload
+    both = FullyShardedDataParallelPlugin(
+        activation_checkpointing=True, activation_checkpointing_offload=True
+    )
     assert both.activation_checkpointing and both.activation_checkpointing_offload  # recompute, inputs on CPU
 
 
