@@ -74,7 +74,7 @@ def render_cli_reference() -> str:
         and help line.
     """
     from accelerando.commands.cli import HELP, SUBCOMMANDS
-    from accelerando.commands.launch import _GROUP_TITLES
+    from accelerando.commands.launch.parser import _GROUP_TITLES
     from accelerando.settings.fields import FIELDS, GROUPS
 
     out: list[str] = [
