@@ -80,14 +80,18 @@ def write_fake_msamp(folder: Path) -> Path:
 @pytest.fixture
 def fake_msamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The ``msamp`` test double importable for the test; forgotten afterwards."""
+    from accelerando.utils import imports
+
     monkeypatch.syspath_prepend(str(write_fake_msamp(tmp_path / "fake")))
     for name in ("msamp", "msamp.deepspeed"):
         sys.modules.pop(name, None)
+    imports.is_package_available.cache_clear()  # an earlier test may have cached "msamp: absent"
     import msamp
 
     yield msamp
     for name in ("msamp", "msamp.deepspeed"):
         sys.modules.pop(name, None)
+    imports.is_package_available.cache_clear()
 
 
 @pytest.fixture
