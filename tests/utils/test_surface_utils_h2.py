@@ -321,10 +321,10 @@ def test_map_pytorch_optim_to_deepspeed_builds_cpu_optimizers():
     pytest.importorskip("deepspeed")
     model = nn.Linear(4, 4)
     adamw = map_pytorch_optim_to_deepspeed(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
-    assert type(adamw).__name__ == "DeepSpeedCPUAdam" and adamw.adamw_mode
+    assert type(adamw).__name__ == "DeepSpeedCPUAdam" and adamw.adam_w_mode
     assert adamw.param_groups[0]["lr"] == 0.01 and adamw.param_groups[0]["params"][0] is model.weight
     adam = map_pytorch_optim_to_deepspeed(torch.optim.Adam(model.parameters()))
-    assert not adam.adamw_mode
+    assert not adam.adam_w_mode
     adagrad = map_pytorch_optim_to_deepspeed(torch.optim.Adagrad(model.parameters(), lr=0.5))
     assert type(adagrad).__name__ == "DeepSpeedCPUAdagrad"
     with pytest.warns(UserWarning, match="SGD"):
