@@ -33,24 +33,31 @@ def _position_embedding_type(args: SimpleNamespace, default: str = "learned_abso
     return "rope" if getattr(args, "use_rotary_position_embeddings", False) else default
 
 
+def _common_model_kwargs(args: SimpleNamespace, config: Any, pre: bool, post: bool) -> dict[str, Any]:
+    """The constructor arguments megatron-core's GPT, BERT and T5 models share."""
+    vocab, length = _vocab_and_length(args)
+    return {
+        "config": config,
+        "vocab_size": vocab,
+        "max_sequence_length": length,
+        "pre_process": pre,
+        "post_process": post,
+        "parallel_output": True,
+        "share_embeddings_and_output_weights": True,
+        "position_embedding_type": _position_embedding_type(args),
+    }
+
+
 def _gpt(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: int | None) -> Any:
     from megatron.core.models.gpt import GPTModel  # type: ignore[import-not-found]
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-not-found]
 
-    vocab, length = _vocab_and_length(args)
     spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization=config.normalization)
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        vocab_size=vocab,
-        max_sequence_length=length,
-        pre_process=pre,
-        post_process=post,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not getattr(args, "untie_embeddings_and_output_weights", False),
-        position_embedding_type=_position_embedding_type(args),
-        vp_stage=vp_stage,
+    kwargs = _common_model_kwargs(args, config, pre, post)
+    kwargs["share_embeddings_and_output_weights"] = not getattr(
+        args, "untie_embeddings_and_output_weights", False
     )
+    return GPTModel(transformer_layer_spec=spec, vp_stage=vp_stage, **kwargs)
 
 
 def _bert(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: int | None) -> Any:
@@ -62,20 +69,12 @@ def _bert(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: i
             "megatron-core has no BERT sequence-classification model; for a classification head pass your own "
             "builder as MegatronLMPlugin(custom_model_provider_function=...)"
         )
-    vocab, length = _vocab_and_length(args)
     return BertModel(
-        config=config,
         num_tokentypes=2 if args.bert_binary_head else 0,
         transformer_layer_spec=bert_layer_local_spec,
-        vocab_size=vocab,
-        max_sequence_length=length,
-        pre_process=pre,
-        post_process=post,
-        parallel_output=True,
-        share_embeddings_and_output_weights=True,
-        position_embedding_type=_position_embedding_type(args),
         add_binary_head=bool(args.bert_binary_head),
         vp_stage=vp_stage,
+        **_common_model_kwargs(args, config, pre, post),
     )
 
 
@@ -88,7 +87,6 @@ def _t5(
         TransformerBlockSubmodules,
     )
 
-    vocab, length = _vocab_and_length(args)
     layers = int(config.num_layers)
     # The local block specs of megatron-core 0.16 put Transformer Engine's norm at the end of each
     # block; the plain torch norm keeps T5 free of Transformer Engine like GPT and BERT.
@@ -99,19 +97,12 @@ def _t5(
         [t5_spec.decoder_model_with_local_spec()] * layers, layer_norm=t5_spec.LNImpl
     )
     return T5Model(
-        config=config,
         encoder_config=config,
         transformer_encoder_layer_spec=encoder,
         transformer_decoder_layer_spec=decoder,
-        vocab_size=vocab,
-        max_sequence_length=length,
-        pre_process=pre,
-        post_process=post,
-        parallel_output=True,
-        share_embeddings_and_output_weights=True,
-        position_embedding_type=_position_embedding_type(args),
         add_encoder=add_encoder,
         add_decoder=add_decoder,
+        **_common_model_kwargs(args, config, pre, post),
     )
 
 

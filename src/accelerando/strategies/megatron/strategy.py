@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -33,6 +33,15 @@ def _kind(obj: Any) -> str | None:
     if isinstance(obj, MegatronLMDummyScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer")):
         return "scheduler"
     return None
+
+
+def _refuse_alone(method: str, what_together: str) -> NoReturn:
+    """Refuse preparing one object on its own: Megatron-LM builds them in one ``prepare`` call."""
+    require_megatron_and_cuda(_WHAT)
+    raise ValueError(
+        f"Megatron-LM builds {what_together}: call accelerator.prepare(model, optimizer, scheduler, dataloader) "
+        f"instead of {method}"
+    )
 
 
 class MegatronStrategy(Strategy):
@@ -199,11 +208,7 @@ class MegatronStrategy(Strategy):
             MegatronLMUnavailableError: megatron-core or CUDA is missing.
             ValueError: with both present (use ``accelerator.prepare(model, optimizer, ...)``).
         """
-        require_megatron_and_cuda(_WHAT)
-        raise ValueError(
-            "Megatron-LM builds its model, optimizer and schedule together: call "
-            "accelerator.prepare(model, optimizer, scheduler, dataloader) instead of prepare_model"
-        )
+        _refuse_alone("prepare_model", "its model, optimizer and schedule together")
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
         """Refuse: see :meth:`prepare_model`.
@@ -212,11 +217,7 @@ class MegatronStrategy(Strategy):
             MegatronLMUnavailableError: megatron-core or CUDA is missing.
             ValueError: with both present (use ``accelerator.prepare(model, optimizer, ...)``).
         """
-        require_megatron_and_cuda(_WHAT)
-        raise ValueError(
-            "Megatron-LM builds its optimizer with the model: call accelerator.prepare(model, optimizer, ...) "
-            "instead of prepare_optimizer"
-        )
+        _refuse_alone("prepare_optimizer", "its optimizer with the model")
 
     # ------------------------------------------------------------------ training
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from accelerando.settings import environment_setting
+from accelerando.utils.constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 
 __all__ = ["PrepareForLaunch"]
 
@@ -16,23 +17,7 @@ __all__ = ["PrepareForLaunch"]
 logger = logging.getLogger("accelerando.utils.launch")
 
 # Distributed types whose forked processes need LOCAL_RANK / RANK (every multi-process type but XLA).
-_RANKED_TYPES = frozenset(
-    {
-        "MULTI_GPU",
-        "MULTI_NPU",
-        "MULTI_MLU",
-        "MULTI_SDAA",
-        "MULTI_MUSA",
-        "MULTI_XPU",
-        "MULTI_CPU",
-        "MULTI_HPU",
-        "MULTI_NEURON",
-        "DEEPSPEED",
-        "FSDP",
-        "MEGATRON_LM",
-        "TP",
-    }
-)
+_RANKED_TYPES = frozenset(TORCH_DISTRIBUTED_OPERATION_TYPES)
 
 
 class PrepareForLaunch:
