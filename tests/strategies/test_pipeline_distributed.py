@@ -9,26 +9,11 @@ compares.
 from __future__ import annotations
 
 import torch
+from parallel_support import Stack
 
 from accelerando.test_utils import run_distributed
 
 STEPS = 3
-
-
-class Stack(torch.nn.Module):
-    """Four Linear/GELU blocks and a head: the model the pipeline cuts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(
-            [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4)]
-        )
-        self.head = torch.nn.Linear(16, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
 
 
 def _register() -> None:

@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from parallel_support import Stack
 
 from accelerando.strategies.pipeline.data_parallel import pipeline_data_parallel_sizes
 
@@ -65,20 +66,6 @@ def test_layout_refusals_name_the_numbers_and_the_fix():
 
 
 # ---------------------------------------------------------------------------- 4 processes
-class Stack(torch.nn.Module):
-    """Four Linear/GELU blocks and a head: the model the pipeline cuts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(
-            [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4)]
-        )
-        self.head = torch.nn.Linear(16, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
 
 
 def _dataset(n: int, seed: int) -> torch.utils.data.TensorDataset:

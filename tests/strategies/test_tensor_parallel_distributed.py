@@ -11,52 +11,22 @@ import os
 
 import pytest
 import torch
+from parallel_support import VOCAB
+from parallel_support import fresh_accelerator as _fresh
+from parallel_support import sgd_optimizer as _optimizer
+from parallel_support import tiny_llama as _llama
 
 from accelerando.test_utils import run_distributed
 
 pytest.importorskip("transformers")
 
-VOCAB = 128
 STEPS = 10  # optimizer steps
 ACCUM = 2  # micro-batches per optimizer step
 RESUME_AT = 4  # optimizer steps before save_state
 
 
-def _llama(seed: int = 0) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
-
-
-def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    # SGD with momentum: linear in the gradients, so float rounding in the split matmuls stays at
-    # rounding size (Adam divides by tiny second moments and turns rounding noise into 1e-4 steps).
-    # foreach=True: its kernels take mixed DTensor / plain parameter lists only through the strategy.
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True)
-
-
 def _dataset(n: int, seq: int = 8) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, seq), generator=torch.Generator().manual_seed(1))
-
-
-def _fresh(**kwargs):
-    from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(**kwargs)
 
 
 def _reference(data: torch.Tensor, global_batch: int, steps: int) -> tuple[list[float], list[float], dict]:

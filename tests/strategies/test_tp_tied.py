@@ -13,10 +13,12 @@ import os
 
 import pytest
 import torch
+from parallel_support import VOCAB, tiny_llama
+from parallel_support import fresh_accelerator as _fresh
+from parallel_support import sgd_optimizer as _optimizer
 
 from accelerando.test_utils import run_distributed
 
-VOCAB = 128
 STEPS = 6  # optimizer steps
 ACCUM = 2  # micro-batches per optimizer step
 RESUME_AT = 3  # optimizer steps before save_state
@@ -122,34 +124,7 @@ def test_shared_fsdp2_sync_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ----------------------------------------------------------------------------- 2 processes
 def _llama(seed: int = 0) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
-
-
-def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    # SGD with momentum: linear in the gradients, so split-matmul rounding stays at rounding size.
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True)
-
-
-def _fresh(**kwargs):
-    from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(**kwargs)
+    return tiny_llama(seed, tied=True)
 
 
 def _reference(data: torch.Tensor, batch: int) -> tuple[list[float], dict]:
