@@ -486,11 +486,11 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
     @property
     def torch_device_mesh(self) -> Any:
         """The device mesh of a parallelism config (or of the pipeline strategy), or None."""
-        return self._data_mesh()
+        return self.state.device_mesh
 
     def _mesh_rank(self, dim: str) -> int:
         """This process's rank along a mesh dimension (raw or flattened); 0 when the mesh lacks it."""
-        mesh = self._data_mesh()
+        mesh = self.state.device_mesh
         if mesh is None:
             return 0
         try:
@@ -519,7 +519,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
 
         With a mesh it is the rank on the flattened ``dp`` dimension (replicas x shards).
         """
-        if self._data_mesh() is None:
+        if self.state.device_mesh is None:
             return self.process_index
         return self._mesh_rank("dp")
 

@@ -356,6 +356,9 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
         if previous is not None:
             rt.activate(previous)
         raise
-    runtime = dataclasses.replace(draft, strategy=strategy)
+    # A strategy that lays the processes out itself (the pipeline's ("dp_replicate", "pp") mesh) makes the
+    # runtime's mesh: data sharding, gather_for_metrics and the rank properties read it from there.
+    mesh = draft.mesh if draft.mesh is not None else getattr(strategy, "data_mesh", None)
+    runtime = dataclasses.replace(draft, strategy=strategy, mesh=mesh)
     rt.activate(runtime)
     return runtime

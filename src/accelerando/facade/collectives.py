@@ -43,12 +43,6 @@ class CollectivesMixin:
     state: Any
     gradient_state: Any
 
-    def _data_mesh(self) -> Any:
-        """The mesh that says which ranks read the same batches: the strategy's own (pipeline), else the state's."""
-        return getattr(getattr(self, "_strategy", None), "data_mesh", None) or getattr(
-            self.state, "device_mesh", None
-        )
-
     # ------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
         """Concatenate ``tensor`` (or a nested structure of tensors) from every process along dim 0.
@@ -73,7 +67,7 @@ class CollectivesMixin:
         from accelerando.utils.operations import gather, gather_object, recursively_apply
 
         use_object = use_gather_object or not _all_tensors(input_data)
-        copies, first_copy = _batch_copies(self._data_mesh())
+        copies, first_copy = _batch_copies(self.state.device_mesh)
         if copies > 1 and not first_copy:
             input_data = [] if use_object else recursively_apply(lambda t: t[:0], input_data)
         if use_object:

@@ -241,15 +241,15 @@ class PreparingMixin:
 
     def _data_parallel_processes(self) -> int:
         """How many processes read different batches (all of them without a ParallelismConfig)."""
-        strategy_mesh = getattr(self._strategy, "data_mesh", None)
-        if strategy_mesh is not None:
-            from accelerando.data_loader.prepare import _data_parallel_layout
-
-            return _data_parallel_layout(self.num_processes, 0, strategy_mesh)[0]
-        config = self.state.parallelism_config
-        if config is None or self.state.device_mesh is None:
+        mesh = self.state.device_mesh
+        if mesh is None:
             return self.num_processes
-        return int(config.data_parallel_size)
+        config = self.state.parallelism_config
+        if config is not None:
+            return int(config.data_parallel_size)
+        from accelerando.data_loader.prepare import _data_parallel_layout
+
+        return _data_parallel_layout(self.num_processes, 0, mesh)[0]  # a strategy's own mesh (pipeline)
 
     def prepare_data_loader(
         self,
@@ -281,9 +281,8 @@ class PreparingMixin:
             non_blocking=cfg.non_blocking,
             use_stateful_dataloader=cfg.use_stateful_dataloader,
             # With tensor/context/pipeline axes, the ranks that differ only along them read the same
-            # batches (a pipeline strategy has its own "pp" mesh: every stage sees the same batch).
-            torch_device_mesh=getattr(self._strategy, "data_mesh", None)
-            or getattr(self.state, "device_mesh", None),
+            # batches (every stage of a pipeline sees the same batch).
+            torch_device_mesh=self.state.device_mesh,
         )
         self._dataloaders.append(prepared)
         return prepared
