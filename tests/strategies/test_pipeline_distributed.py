@@ -16,13 +16,6 @@ from accelerando.test_utils import run_distributed
 STEPS = 3
 
 
-def _register() -> None:
-    # Until accelerando.strategies.STRATEGIES lists the pipeline strategy itself.
-    from accelerando.strategies import STRATEGIES
-
-    STRATEGIES.setdefault("pipeline", "accelerando.strategies.pipeline:PipelineStrategy")
-
-
 def _fresh(**kwargs):
     from accelerando import Accelerator
     from accelerando.state import AcceleratorState, GradientState
@@ -168,7 +161,6 @@ def _pippy_gpt2() -> float | None:
 
 
 def _worker() -> dict:
-    _register()
     result = {
         "gpipe": _pipeline_run("GPipe", 2, 1, None, ["layers.2"]),
         "1f1b_accum_clip": _pipeline_run("1F1B", 4, 2, 0.5, "auto"),
