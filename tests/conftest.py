@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 
@@ -15,3 +20,53 @@ def fresh_state():
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def _deepspeed_extensions_folder() -> Path:
+    """The tests' own torch-extensions folder (never the user's), kept between runs on one machine."""
+    configured = os.environ.get("ACCELERANDO_TEST_TORCH_EXTENSIONS_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "accelerando" / "test-torch-extensions"
+
+
+@pytest.fixture(scope="session")
+def deepspeed_cpu_op(request: pytest.FixtureRequest) -> Path:
+    """Build DeepSpeed's CPU shared-memory communication op once, before any DeepSpeed process starts.
+
+    Every process of a CPU DeepSpeed run loads this op; unbuilt, each one compiles it (about 2 minutes
+    on 2 cores), concurrently, and a multi-process test times out waiting. The build goes to a private
+    folder (``ACCELERANDO_TEST_TORCH_EXTENSIONS_DIR``, default ``~/.cache/accelerando/test-torch-extensions``),
+    exported as ``TORCH_EXTENSIONS_DIR`` for every process the tests start. Returns that folder.
+
+    Fails the requesting test (with the compiler's last output lines and the fix) when the build fails.
+    """
+    pytest.importorskip("deepspeed")
+    folder = _deepspeed_extensions_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not any(folder.rglob("*.so")):
+        reporter.write_line(
+            f"building DeepSpeed's CPU communication op once into {folder} (about 2 minutes on 2 cores)"
+        )
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()",
+        ],
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if build.returncode != 0:
+        tail = "\n".join((build.stdout + build.stderr).splitlines()[-15:])
+        pytest.fail(
+            f"could not build DeepSpeed's CPU communication op into {folder} (exit {build.returncode}); "
+            f"a C++ compiler and Python headers are needed (Debian: apt-get install g++ python3-dev):\n{tail}",
+            pytrace=False,
+        )
+    return folder

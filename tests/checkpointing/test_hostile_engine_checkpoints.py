@@ -116,6 +116,7 @@ def _per_rank(tmp: str) -> dict[str, Any]:
 
 
 @pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)")
+@pytest.mark.usefixtures("deepspeed_cpu_op")
 def test_deepspeed_engine_files_are_read_weights_only(tmp_path) -> None:
     from accelerando.test_utils import run_distributed
 

@@ -53,6 +53,7 @@ def _check(results: list[dict], steps: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.usefixtures("deepspeed_cpu_op")
 def test_trainer_deepspeed_zero_on_cpu(scenario: Scenario, tmp_path: Path, stage: int) -> None:
     xfail_if_trainer_cannot_import()
     pytest.importorskip("deepspeed")

@@ -361,6 +361,7 @@ print("TRAINED", type(model).__name__, next(model.parameters()).dtype)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("deepspeed_cpu_op")
 def test_deepspeed_engine_is_built_by_msamp_deepspeed(tmp_path: Path) -> None:
     """One real DeepSpeed process on CPU; its engine comes from the msamp test double's initialize."""
     import socket

@@ -15,9 +15,10 @@ import pytest
 
 from accelerando.utils.imports import is_deepspeed_available
 
-pytestmark = pytest.mark.skipif(
-    not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)"
-)
+pytestmark = [
+    pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)"),
+    pytest.mark.usefixtures("deepspeed_cpu_op"),
+]
 
 ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore::FutureWarning"}
 MICRO, STEPS, LR = 4, 10, 0.05

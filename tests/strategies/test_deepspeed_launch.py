@@ -18,6 +18,7 @@ from accelerando.utils.imports import is_deepspeed_available, is_package_availab
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed"),
+    pytest.mark.usefixtures("deepspeed_cpu_op"),
 ]
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DS_ACCELERATOR": "cpu"}

@@ -12,9 +12,12 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,7 +44,9 @@ def _rank_main(
     env: Mapping[str, str],
     args: tuple,
     results: Any,
+    stack_file: str,
 ) -> None:
+    _dump_stack_on_request(stack_file)
     os.environ.update(
         {
             "RANK": str(rank),
@@ -72,6 +77,45 @@ def _rank_main(
             pass
 
 
+_STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
+
+
+def _dump_stack_on_request(stack_file: str) -> None:
+    """Make this process write every thread's Python stack to ``stack_file`` when the parent asks."""
+    if _STACK_SIGNAL is None:
+        return
+    import faulthandler
+
+    # Kept open for the life of the process: faulthandler writes to the descriptor from a signal handler.
+    handle = open(stack_file, "w")  # noqa: SIM115
+    faulthandler.register(_STACK_SIGNAL, file=handle, all_threads=True)
+
+
+def _stacks_of_hung_ranks(procs: Sequence[Any], stack_files: Sequence[str], done: set[int]) -> str:
+    """Ask every rank still running for its Python stacks; return them, innermost frames first."""
+    if _STACK_SIGNAL is None:
+        return ""
+    waiting = [rank for rank, proc in enumerate(procs) if rank not in done and proc.is_alive()]
+    for rank in waiting:
+        try:
+            os.kill(procs[rank].pid, _STACK_SIGNAL)
+        except OSError:
+            pass
+    time.sleep(1.0)
+    parts = []
+    for rank in waiting:
+        try:
+            with open(stack_files[rank]) as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            lines = []
+        # faulthandler lists the current thread first and each stack innermost frame first; the first
+        # frames say what the rank was waiting in.
+        shown = "\n".join(lines[:14]) if lines else "(no stack: the process did not answer)"
+        parts.append(f"--- rank {rank} was waiting in:\n{shown}")
+    return "\n".join(parts)
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -98,8 +142,13 @@ def run_distributed(
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = get_free_port()
+    stack_dir = tempfile.TemporaryDirectory(prefix="run_distributed_stacks_")
+    stack_files = [os.path.join(stack_dir.name, f"rank{rank}.txt") for rank in range(world_size)]
     procs = [
-        ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, dict(env or {}), args, results))
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, port, dict(env or {}), args, results, stack_files[rank]),
+        )
         for rank in range(world_size)
     ]
     for proc in procs:
@@ -115,8 +164,10 @@ def run_distributed(
             except queue.Empty as exc:
                 if failures:
                     break
+                waiting = sorted(set(range(world_size)) - set(outcome))
                 raise DistributedTestError(
-                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}"
+                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}, still running: {waiting}\n"
+                    + _stacks_of_hung_ranks(procs, stack_files, set(outcome))
                 ) from exc
             if ok:
                 outcome[rank] = pickle.loads(value)
@@ -131,6 +182,7 @@ def run_distributed(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        stack_dir.cleanup()
     return [outcome[rank] for rank in range(world_size)]
 
 
