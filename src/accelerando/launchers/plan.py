@@ -52,6 +52,7 @@ __all__ = [
     "INSTALL_ENV",
     "automatic_layout",
     "machine_counts",
+    "oversubscription_warning",
     "rendezvous_backend",
     "RANGE_RDZV_BACKEND",
 ]
@@ -844,6 +845,8 @@ def build(
         argv = [machine.python, "-m", _ELASTIC_MODULE, *agent_options, *agent]
     else:
         argv = _target_argv(target, machine.python)
+    if mode == "elastic":  # the processes start on this machine (mpirun and DeepSpeed's runner: on the hosts)
+        notes += oversubscription_warning(settings, machine, per_node, machines)
     if settings.install_as_accelerate:
         env[INSTALL_ENV] = "true"
     return LaunchPlan(
@@ -858,6 +861,39 @@ def build(
         hang_timeout_s=float(settings.hang_timeout or 0),
         min_machines=low if low != machines else None,
     )
+
+
+def oversubscription_warning(
+    settings: Settings, machine: MachineInfo, per_node: int, machines: int = 1
+) -> list[str]:
+    """A warning when more CPU processes start on this machine than it has CPU cores to run them.
+
+    Each process then shares a core with others (oversubscription): the job runs slower than with
+    fewer processes, and collectives wait on the slowest. Counted with the cores this process may run
+    on (``os.sched_getaffinity`` where available, see :func:`~accelerando.settings.machine.detect_machine`).
+
+    Args:
+        settings: the launcher's resolved settings.
+        machine: the machine the processes start on.
+        per_node: processes started on this machine.
+        machines: machines in the job (the suggested ``--num_processes`` counts all of them).
+
+    Returns:
+        One ``warning: ...`` line naming both numbers and the fix, or nothing (GPU processes, or
+        enough cores).
+    """
+    on_cpu = settings.cpu or machine.gpu_count == 0
+    if not on_cpu or str(settings.distributed_type or "").upper() in ("XLA", "TPU"):
+        return []
+    cores = max(machine.cpu_count, 1)
+    if per_node <= cores:
+        return []
+    fewer = cores * machines
+    return [
+        f"warning: {per_node} CPU processes on the {cores} CPU core(s) this machine lets them use: they "
+        f"oversubscribe the cores, so the job runs slower than with {cores}. Fix: pass --num_processes "
+        f"{fewer} (or fewer), each with OMP_NUM_THREADS=1 (the launcher's default when it is not set)"
+    ]
 
 
 def _range_note(settings: Settings, low: int, high: int) -> str:
