@@ -1,7 +1,8 @@
 """Precision plugins: how forward, backward and optimizer steps treat numbers.
 
 ``build_precision`` is the one place a precision name becomes an object; FP8 lives in its own
-module and is imported only when requested.
+module and is imported only when requested. A precision this hardware only emulates (slower than
+float32) is reported once per process by :func:`accelerando.precision.advice.warn_if_emulated`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def build_precision(
 
     ``loss_scaling=False`` keeps autocast but no GradScaler (for engines that scale the loss
     themselves, e.g. DeepSpeed). For fp8, ``handlers`` (kwargs-handler class -> instance) and
-    ``settings`` choose the backend (see :func:`accelerando.precision.fp8.choose_fp8_backend`).
+    ``settings`` choose the backend (see :func:`accelerando.precision.fp8.choose_fp8_backend`). A
+    precision emulated on this hardware logs one warning per process naming the faster choice.
 
     Raises:
         ValueError: an unknown name, or a mode the device cannot run (with the fix).
@@ -37,17 +39,23 @@ def build_precision(
     """
     import torch
 
+    from accelerando.precision.advice import warn_if_emulated
+
     if mixed_precision == "no":
         return Precision()
     if mixed_precision in ("fp16", "bf16"):
         from accelerando.precision.amp import AMPPrecision
 
         dtype = torch.float16 if mixed_precision == "fp16" else torch.bfloat16
-        return AMPPrecision(dtype, device_type, scaler_kwargs, static_scale, autocast_kwargs, loss_scaling)
+        amp = AMPPrecision(dtype, device_type, scaler_kwargs, static_scale, autocast_kwargs, loss_scaling)
+        warn_if_emulated(mixed_precision, device_type)
+        return amp
     if mixed_precision == "fp8":
         from accelerando.precision.fp8 import build_fp8_precision
 
-        return build_fp8_precision(device_type, handlers, settings)
+        fp8 = build_fp8_precision(device_type, handlers, settings)
+        warn_if_emulated(mixed_precision, device_type, getattr(fp8, "backend_name", None))
+        return fp8
     raise ValueError(
         f"unknown mixed_precision {mixed_precision!r}; choose one of 'no', 'fp16', 'bf16', 'fp8'"
     )

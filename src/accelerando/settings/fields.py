@@ -316,7 +316,11 @@ _OFFLOAD = ("none", "cpu", "nvme", "auto")
 # fmt: off
 FIELDS: tuple[Field, ...] = (
     # --- core: read by every process -------------------------------------------------------------
-    _core("mixed_precision", "choice", "no", help="Numeric precision of the training step.",
+    _core("mixed_precision", "choice", "no",
+          help="Numeric precision of the training step: no (float32), bf16, fp16 (with loss scaling) or "
+               "fp8. Each runs on CPU and GPU; where the hardware only emulates it (fp16 and fp8 on most "
+               "CPUs, bf16 on CPUs without bf16 kernels or GPUs before Ampere) it is slower than float32 "
+               "and the run warns once.",
           choices=tuple(PrecisionType.list()), env=("ACCELERATE_MIXED_PRECISION",)),
     _core("gradient_accumulation_steps", "int", 1, minimum=1,
           help="Number of batches whose gradients are summed before an optimizer step.",

@@ -125,7 +125,11 @@ def default_command_parser(
         "--mixed_precision",
         choices=["no", "fp16", "bf16", "fp8"],
         default="no",
-        help="Mixed precision to write (default: no). bf16 needs an Ampere or newer GPU, fp8 a Hopper one.",
+        help=(
+            "Mixed precision to write (default: no). Each runs on CPU and GPU; natively: bf16 on GPUs "
+            "from Ampere and CPUs with bf16 kernels (AVX512/AMX, Arm bf16), fp16 on GPUs, fp8 on GPUs of "
+            "compute capability 8.9+. Elsewhere they are emulated, slower than no, and a run warns once."
+        ),
     )
     sub.set_defaults(func=default_config_command, config_command="default")
     return sub

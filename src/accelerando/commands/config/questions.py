@@ -37,6 +37,24 @@ _GROUP_QUESTIONS: dict[str, tuple[tuple[str, str, str, Any], ...]] = {
 }
 
 
+# What each precision does where the run will train, shown beside the choice (the facts of the
+# precision table in docs/guides/mixed-precision.md; a run on emulating hardware also warns once).
+_PRECISION_NOTES: dict[bool, dict[str, str]] = {
+    True: {  # CPU
+        "no": "float32; the fastest on most CPUs",
+        "fp8": "emulated by torchao on CPU: slower than no",
+        "fp16": "emulated on most CPUs: slower than no",
+        "bf16": "fast only on CPUs with bf16 kernels (AVX512/AMX, Arm bf16)",
+    },
+    False: {  # GPU
+        "no": "float32",
+        "fp8": "native on GPUs of compute capability 8.9+, emulated below",
+        "fp16": "native, with loss scaling",
+        "bf16": "native on GPUs from Ampere (8.0+), emulated below",
+    },
+}
+
+
 class _Cancelled(Exception):
     """The user pressed Ctrl-C or Ctrl-D."""
 
@@ -72,6 +90,17 @@ def _ask_choice(name: str, message: str, default: str | None = None) -> str:
 
     choices = list(get_field(name).choices or ())
     return _answer(questionary.select(message, choices=choices, default=default or choices[0]))
+
+
+def _ask_precision(cpu: bool) -> str:
+    import questionary
+
+    notes = _PRECISION_NOTES[cpu]
+    choices = [
+        questionary.Choice(f"{name} ({notes[name]})" if name in notes else name, value=name)
+        for name in get_field("mixed_precision").choices or ()
+    ]
+    return _answer(questionary.select("Mixed precision?", choices=choices, default=choices[0]))
 
 
 def _ask_topology(values: dict[str, Any], kind: DistributedKind, gpus: int) -> None:
@@ -141,7 +170,7 @@ def ask_questions(gpu_count: int | None = None) -> dict[str, Any] | None:
         values["debug"] = _answer(
             questionary.confirm("Check collective operations (debug mode)?", default=False)
         )
-        values["mixed_precision"] = _ask_choice("mixed_precision", "Mixed precision?", "no")
+        values["mixed_precision"] = _ask_precision(bool(values.get("cpu")))
     except (_Cancelled, KeyboardInterrupt):
         return None
     return values
