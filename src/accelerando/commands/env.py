@@ -30,21 +30,54 @@ _OPTIONAL = ("torch", "numpy", "safetensors", "transformers", "deepspeed", "torc
              "bitsandbytes", "tensorboard", "wandb", "mlflow", "questionary")  # fmt: skip
 
 
+def _installed_version(name: str, by_import: dict[str, list[str]] | None) -> str:
+    """The version of the package imported as ``name``, found without importing it.
+
+    The distribution of the same name wins; else the distribution that provides the import name
+    (``mlflow`` from ``mlflow-skinny``, named in the answer); else ``"installed (version unknown)"``
+    when the module can be found at all.
+    """
+    from importlib import metadata, util
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        pass
+    for dist in (by_import or {}).get(name, ()):
+        try:
+            return f"{metadata.version(dist)} ({dist})"
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        found = util.find_spec(name) is not None  # finds the top-level module; runs none of its code
+    except (ImportError, ValueError):
+        found = False
+    return "installed (version unknown)" if found else "not installed"
+
+
 def collect_versions() -> dict[str, str]:
     """Return the versions of Python, accelerando and the packages it can use, without importing them.
 
+    A package counts as installed when its import name can be found, whatever its distribution is
+    called: ``mlflow`` provided by ``mlflow-skinny`` reads ``"3.1.0 (mlflow-skinny)"``.
+
     Returns:
-        Name -> version, ``"not installed"`` for a missing package.
+        Import name -> version, ``"not installed"`` for a missing package.
     """
     import platform
     from importlib import metadata
 
     versions = {"python": platform.python_version(), "platform": platform.platform()}
+    by_import: dict[str, list[str]] | None = None
     for name in ("accelerando", *_OPTIONAL):
         try:
             versions[name] = metadata.version(name)
+            continue
         except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
+            pass
+        if by_import is None:  # read every distribution's top-level names once, only when needed
+            by_import = dict(metadata.packages_distributions())
+        versions[name] = _installed_version(name, by_import)
     return versions
 
 
@@ -144,9 +177,15 @@ def env_command(args: argparse.Namespace) -> int:
     if note:
         print(f"  {note}")
     print("Settings in effect (value [source]):")
-    for name, value, source in settings.items():
-        if getattr(args, "all", False) or source != "default":
-            print(f"  {name}: {value!r} [{source}]")
+    shown = [
+        (name, value, source)
+        for name, value, source in settings.items()
+        if getattr(args, "all", False) or source != "default"
+    ]
+    for name, value, source in shown:
+        print(f"  {name}: {value!r} [{source}]")
+    if not shown:
+        print("  none (every setting at its default; --all lists them)")
     if settings.parallelism == "auto":
         _print_layout(settings)
     return 0
