@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,11 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _printed_command(out: str) -> list[str]:
+    # The line is the reference's: words joined by spaces, the --command value unquoted.
     line = next(line for line in out.splitlines() if line.startswith("Running "))
-    return shlex.split(line[len("Running ") :])
+    head, rest = line[len("Running ") :].split(" --command ", 1)
+    steps, worker = rest.rsplit(" --worker ", 1)
+    return [*head.split(" "), "--command", steps, "--worker", worker]
 
 
 def test_debug_prints_the_gcloud_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +95,9 @@ def test_runs_gcloud_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert main(["tpu-config", "--tpu_name", "p", "--tpu_zone", "z", "--command", "echo hi"]) == 0
     assert record.read_text().splitlines()[-4:] == ["--command", "cd /usr/share; echo hi", "--worker", "all"]
     assert "Successfully" in capsys.readouterr().out
+
+
+def test_debug_line_is_the_references(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tpu-config", "--tpu_name", "t", "--tpu_zone", "z", "--command", "ls", "--debug"]) == 0
+    out = capsys.readouterr().out
+    assert "Running gcloud compute tpus tpu-vm ssh t --zone z --command cd /usr/share; ls --worker all" in out

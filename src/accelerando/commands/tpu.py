@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -160,7 +159,8 @@ def tpu_command_launcher(args: argparse.Namespace) -> int:
         args: parsed arguments of :func:`tpu_command_parser`.
 
     Returns:
-        0 on success (or after printing with ``--debug``); 2 for missing options or a bad config
+        0 on success (or after printing ``Running gcloud ...`` with ``--debug``: the words
+        joined by spaces, as the reference prints them); 2 for missing options or a bad config
         file; 1 when gcloud is not installed; otherwise gcloud's exit status.
     """
     try:
@@ -169,7 +169,8 @@ def tpu_command_launcher(args: argparse.Namespace) -> int:
         print(f"accelerando tpu-config: {err}", file=sys.stderr)
         return 2
     if args.debug:
-        print(f"Running {shlex.join(command)}")
+        # The reference's wording: the words joined by spaces, unquoted (a log line, not a shell line).
+        print(f"Running {' '.join(command)}")
         return 0
     if shutil.which(command[0]) is None:
         print(
