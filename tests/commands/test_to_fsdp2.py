@@ -9,7 +9,13 @@ import pytest
 import yaml
 
 from accelerando.commands.cli import main
-from accelerando.commands.to_fsdp2 import ConversionStatus, convert_config_to_fsdp2, load_config
+from accelerando.commands.to_fsdp2 import (
+    ConversionStatus,
+    convert_config_to_fsdp2,
+    load_config,
+    to_fsdp2_command,
+    to_fsdp2_command_parser,
+)
 from accelerando.settings.configfile import load_config_layer
 
 FSDP1 = """\
@@ -80,7 +86,28 @@ def test_output_rules_and_dash_spelling(fsdp1: Path, tmp_path: Path, capsys) -> 
     assert main(["to-fsdp2", "--config-file", str(fsdp1), "--overwrite"]) == 0  # in place
     assert yaml.safe_load(fsdp1.read_text())["fsdp_config"]["fsdp_version"] == 2
     assert main(["to-fsdp2", "--config_file", str(tmp_path / "missing.yaml"), "--overwrite"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "not found" in capsys.readouterr().err
+
+
+def test_function_raises_the_reference_exceptions(fsdp1: Path, tmp_path: Path, caplog) -> None:
+    parser = to_fsdp2_command_parser()
+    with pytest.raises(FileNotFoundError, match="not found"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "missing.yaml")]))
+    with pytest.raises(ValueError, match="--output_file must be provided"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(fsdp1)]))
+    taken = tmp_path / "taken.yaml"
+    taken.write_text("x: 1\n")
+    with pytest.raises(FileExistsError, match="already exists"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(fsdp1), "--output_file", str(taken)]))
+    out = tmp_path / "out.yaml"
+    assert to_fsdp2_command(parser.parse_args(["--config_file", str(fsdp1), "--output_file", str(out)])) == 0
+    # The version is written and read back as the integer 2 (the reference's config classes read it so).
+    from accelerando.commands.config.config_args import load_config_from_file
+
+    assert load_config_from_file(str(out)).fsdp_config["fsdp_version"] == 2
+    with caplog.at_level(logging.WARNING):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(out), "--overwrite"]))
+    assert "Config already specifies FSDP2, skipping conversion..." in caplog.text
 
 
 def test_convert_function_edge_cases() -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "convert_config_to_fsdp2",
     "load_config",
     "main",
+    "run",
     "to_fsdp2_command",
     "to_fsdp2_command_parser",
 ]
@@ -88,9 +90,7 @@ def load_config(config_file: str) -> dict[str, Any]:
     from accelerando.settings.configfile import read_config_file
 
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(
-            f"Config file {config_file!r} does not exist. Fix: check the --config_file path."
-        )
+        raise FileNotFoundError(f"Config file `{config_file}` not found. Fix: check the --config_file path.")
     return read_config_file(config_file)
 
 
@@ -114,7 +114,7 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
         logger.info("The config has no fsdp_config section; nothing to convert.")
         return config
     if str(fsdp.get("fsdp_version", 1)) == "2":
-        logger.warning("The config already uses FSDP2 (fsdp_version: 2); nothing to convert.")
+        logger.warning("Config already specifies FSDP2, skipping conversion...")
         return config
     converted: dict[str, Any] = {}
     for key, value in fsdp.items():
@@ -162,39 +162,58 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def to_fsdp2_command(args: argparse.Namespace) -> int:
-    """Convert ``args.config_file`` and write the result.
+    """Convert ``args.config_file`` and write the result, raising on a missing or protected file.
 
     Args:
         args: parsed arguments (``config_file``, ``output_file``, ``overwrite``).
 
     Returns:
-        0 when written, 2 when a file is missing or would be replaced without ``--overwrite``.
+        0 once the converted config is written.
+
+    Raises:
+        FileNotFoundError: ``config_file`` does not exist.
+        ValueError: neither ``output_file`` nor ``overwrite`` is given, or the file cannot be read or
+            holds an unknown FSDP1 sharding strategy.
+        FileExistsError: ``output_file`` exists and ``overwrite`` is not set.
     """
     from accelerando.settings.configfile import write_config_file
 
-    output = args.output_file
-    if output is None and not args.overwrite:
-        print(
-            "accelerando to-fsdp2: no --output_file given. Fix: pass --output_file NEW.yaml, or --overwrite "
-            "to convert the file in place.",
-            file=sys.stderr,
+    if not Path(args.config_file).exists():
+        raise FileNotFoundError(
+            f"Config file `{args.config_file}` not found. Fix: check the --config_file path."
         )
-        return 2
-    output = output or args.config_file
-    if os.path.exists(output) and not args.overwrite:
-        print(
-            f"accelerando to-fsdp2: {output} already exists. Fix: pass --overwrite or another --output_file.",
-            file=sys.stderr,
+    if args.output_file is None and not args.overwrite:
+        raise ValueError(
+            "If --overwrite is not set, --output_file must be provided. Fix: pass --output_file NEW.yaml, or "
+            "--overwrite to convert the file in place."
         )
-        return 2
-    try:
-        converted = convert_config_to_fsdp2(load_config(args.config_file))
-    except (FileNotFoundError, ValueError) as err:
-        print(f"accelerando to-fsdp2: {err}", file=sys.stderr)
-        return 2
+    output = args.output_file or args.config_file
+    if args.output_file is not None and Path(output).exists() and not args.overwrite:
+        raise FileExistsError(
+            f"Output file `{output}` already exists and --overwrite is not set. Fix: pass --overwrite or "
+            "another --output_file."
+        )
+    converted = convert_config_to_fsdp2(load_config(args.config_file))
     write_config_file(converted, output)
     print(f"FSDP2 config written to {output}")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``accelerando to-fsdp2``: :func:`to_fsdp2_command`, with a failure printed as one line.
+
+    Args:
+        args: parsed arguments of :func:`to_fsdp2_command_parser`.
+
+    Returns:
+        0 when written; 2 when a file is missing, would be replaced without ``--overwrite``, or
+        cannot be converted (the line says which and the fix).
+    """
+    try:
+        return to_fsdp2_command(args)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"accelerando to-fsdp2: {err}", file=sys.stderr)
+        return 2
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -206,7 +225,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    return to_fsdp2_command_parser(subparsers)
+    parser = to_fsdp2_command_parser(subparsers)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    return to_fsdp2_command(to_fsdp2_command_parser().parse_args(argv))
+    return run(to_fsdp2_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

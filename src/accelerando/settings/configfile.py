@@ -309,7 +309,14 @@ def migrate_config(data: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in _flatten(data).items():
         key = _RENAMED.get(key, key)
         field = CONFIG_KEYS.get(key)
-        if field is not None and field.kind == "choice" and value is not None:
+        # Only another spelling of a choice is rewritten; a value already one of them keeps its type
+        # (fsdp_version: 2 stays the integer the reference writes and reads back).
+        if (
+            field is not None
+            and field.kind == "choice"
+            and value is not None
+            and str(value) not in field.choices
+        ):
             try:
                 value = parse_value(field, value, "config")
             except ValueError:
