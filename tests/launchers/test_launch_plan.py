@@ -7,7 +7,7 @@ import os
 import pytest
 
 from accelerando.commands import launch
-from accelerando.launchers.plan import Command, build, export_env
+from accelerando.launchers.plan import Command, build, check_files, export_env
 from accelerando.settings import Sourced, resolve, resolve_runtime_settings
 from accelerando.settings.machine import MachineInfo
 
@@ -137,7 +137,6 @@ def test_module_and_no_python_targets():
         ({"num_machines": 2, "machine_rank": 2, "main_process_ip": "h"}, CPU_BOX, ["machine_rank", "0 to 1"]),
         ({"num_machines": 2}, CPU_BOX, ["main_process_ip", "num_machines"]),
         ({"zero_stage": 4}, CPU_BOX, ["zero_stage", "0, 1, 2 or 3"]),
-        ({"deepspeed_config_file": "/nonexistent/ds.json"}, CPU_BOX, ["deepspeed_config_file", "existing"]),
         ({"offload_param_device": "nvme"}, CPU_BOX, ["offload_param_device", "offload_param_nvme_path"]),
     ],
 )
@@ -147,6 +146,13 @@ def test_impossible_combinations_are_rejected_with_the_fix(values, machine, need
     for needle in needles:
         assert needle in str(info.value)
     assert "Fix" in str(info.value)
+
+
+def test_a_deepspeed_config_file_is_checked_before_starting_and_only_for_deepspeed():
+    plan_for(deepspeed_config_file="/nonexistent/ds.json")  # planning (e.g. on another machine) is fine
+    check_files(cli(deepspeed_config_file="/nonexistent/ds.json"))  # not a DeepSpeed launch: unused
+    with pytest.raises(ValueError, match="deepspeed_config_file.*existing"):
+        check_files(cli(use_deepspeed=True, deepspeed_config_file="/nonexistent/ds.json"))
 
 
 def test_dry_run_prints_topology_command_and_environment(capsys, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from accelerando.launchers.mpirun import MpiRun, detect_mpirun, flavour_of, mpirun_argv
-from accelerando.launchers.plan import Command, build
+from accelerando.launchers.plan import Command, build, check_files
 from accelerando.settings import Sourced, resolve
 from accelerando.settings.machine import MachineInfo
 
@@ -44,7 +44,7 @@ def test_options_per_implementation() -> None:
     ]
     assert "--allow-run-as-root" in mpirun_argv(OPEN_MPI, "hosts", 4, 2, as_root=True)
     hydra = mpirun_argv(MpiRun("mpirun", "mpich"), "hosts", 4, 2, forward=["A"], as_root=True)
-    assert hydra == ["mpirun", "-f", "hosts", "-n", "4", "-ppn", "2"]
+    assert hydra == ["mpirun", "-f", "hosts", "-ppn", "2", "-n", "4"]
 
 
 def test_missing_or_unknown_mpirun_is_a_clear_error() -> None:
@@ -84,7 +84,6 @@ def test_plan_of_an_mpirun_job(tmp_path: Path) -> None:
         ({"multi_gpu": True}, "multi-CPU job through mpirun, but GPUs"),
         ({"max_restarts": 1}, "mpirun cannot restart"),
         ({"rdzv_backend": "c10d"}, "rdzv_backend"),
-        ({"mpirun_hostfile": "/no/such/hostfile"}, "is not a file"),
     ],
 )
 def test_mpirun_refuses_what_it_cannot_do(tmp_path: Path, values: dict, message: str) -> None:
@@ -151,3 +150,11 @@ def test_a_real_two_process_mpirun_job(tmp_path: Path) -> None:
 def test_an_mpirun_job_forms_one_process_group(tmp_path: Path) -> None:
     reports = _mpirun_job(tmp_path, "group")
     assert {(r["sum"], r["type"]) for r in reports} == {(3.0, "MULTI_CPU")}
+
+
+def test_a_missing_hostfile_is_refused_before_starting_not_when_planning() -> None:
+    settings = _settings(num_processes=2, mpirun_hostfile="/no/such/hostfile")
+    plan = build(settings, Command("t.py"), CPU_BOX, mpirun=lambda: OPEN_MPI)  # planned elsewhere: fine
+    assert plan.mode == "mpirun"
+    with pytest.raises(ValueError, match="is not a file"):
+        check_files(settings)

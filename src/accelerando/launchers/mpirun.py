@@ -7,7 +7,7 @@ implementation, so the installed one is recognised from ``mpirun --version``:
 
 * Open MPI: ``mpirun --hostfile FILE -np TOTAL --npernode PER_HOST`` (with ``-x NAME`` for every
   variable the processes need, since Open MPI does not forward the environment to other hosts);
-* MPICH and Intel MPI (Hydra): ``mpirun -f FILE -n TOTAL -ppn PER_HOST`` (Hydra forwards the
+* MPICH and Intel MPI (Hydra): ``mpirun -f FILE -ppn PER_HOST -n TOTAL`` (Hydra forwards the
   environment itself).
 
 Only the standard library is used; nothing here starts the job (see
@@ -130,7 +130,8 @@ def mpirun_argv(
         ``[mpirun, options...]``.
     """
     if mpirun.flavour != "openmpi":
-        return [mpirun.path, "-f", hostfile, "-n", str(total), "-ppn", str(per_host)]
+        # The reference's order, so its users see (and its tests read) the same command line.
+        return [mpirun.path, "-f", hostfile, "-ppn", str(per_host), "-n", str(total)]
     argv = [mpirun.path, "--hostfile", hostfile, "-np", str(total), "--npernode", str(per_host)]
     root = as_root if as_root is not None else hasattr(os, "geteuid") and os.geteuid() == 0
     if root:

@@ -46,6 +46,7 @@ __all__ = [
     "LaunchPlan",
     "build",
     "check_command",
+    "check_files",
     "check_settings",
     "export_env",
     "reference_env",
@@ -346,24 +347,38 @@ def _check_mpirun(s: Settings, wants_gpu: bool) -> None:
             f"{where}: mpirun places every process itself; {_where(s, 'rdzv_backend')}={s.rdzv_backend!r} "
             "has no use there. Fix: drop --rdzv_backend, or drop --mpirun_hostfile."
         )
+
+
+def check_files(s: Settings) -> None:
+    """Check that the files a launch reads exist, just before its processes start.
+
+    Not part of :func:`check_settings`: a plan may be made (``--dry_run``, the reference's
+    ``_validate_launch_command``, its ``prepare_*`` helpers) where the files are not, and a
+    ``deepspeed_config_file`` left in a config file does not matter when DeepSpeed is not used.
+
+    Args:
+        s: the launcher's resolved settings.
+
+    Raises:
+        ValueError: the mpirun hostfile, or the DeepSpeed config file of a DeepSpeed launch, is not a
+            file; the message names the setting, where it came from and the fix.
+    """
     from pathlib import Path
 
-    if not Path(s.mpirun_hostfile).is_file():
+    if s.mpirun_hostfile and not Path(s.mpirun_hostfile).is_file():
         raise ValueError(
-            f"{where}={quote_value(s.mpirun_hostfile)} is not a file. Fix: give the path of an MPI hostfile "
-            "(one host per line, e.g. `node0 slots=4`)."
+            f"{_where(s, 'mpirun_hostfile')}={quote_value(s.mpirun_hostfile)} is not a file. Fix: give the path "
+            "of an MPI hostfile (one host per line, e.g. `node0 slots=4`)."
         )
-
-
-def _check_deepspeed_paths(s: Settings) -> None:
-    """Files the DeepSpeed settings name must be usable before N processes start and fail alike."""
-    from pathlib import Path
-
-    if s.deepspeed_config_file and not Path(s.deepspeed_config_file).is_file():
+    if s.use_deepspeed and s.deepspeed_config_file and not Path(s.deepspeed_config_file).is_file():
         raise ValueError(
             f"{_where(s, 'deepspeed_config_file')}={quote_value(s.deepspeed_config_file)} is not a file. "
             "Fix: give the path of an existing DeepSpeed JSON config."
         )
+
+
+def _check_deepspeed_paths(s: Settings) -> None:
+    """DeepSpeed settings that must come together (the files themselves: :func:`check_files`)."""
     for kind in ("optimizer", "param"):
         device, path = f"offload_{kind}_device", f"offload_{kind}_nvme_path"
         if s[device] == "nvme" and not s[path]:

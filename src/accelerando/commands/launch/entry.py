@@ -23,6 +23,7 @@ from accelerando.commands.launch.parser import (
     unknown_flags_message,
 )
 from accelerando.commands.launch.resolution import plan_for
+from accelerando.launchers.plan import check_files
 
 __all__ = ["add_parser", "main", "run"]
 
@@ -79,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(settings, plan)
         return 0
+    try:
+        check_files(settings)  # the files the processes read, only now: a plan may be made elsewhere
+    except ValueError as err:
+        print(f"accelerando launch: {err}", file=sys.stderr)
+        return 2
     if not args.quiet:
         for note in plan.notes:
             print(f"accelerando launch: {note}", file=sys.stderr)

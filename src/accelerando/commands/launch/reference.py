@@ -106,8 +106,10 @@ def _start(
             f"{who} starts {' or '.join(allowed)} launches, but these settings make a {plan.mode} launch of "
             f"{plan.num_processes} process(es). Fix: call launch_command(args), which picks the launcher."
         )
+    from accelerando.launchers.plan import check_files
     from accelerando.launchers.runner import run as run_plan
 
+    check_files(_settings)
     quiet = bool(getattr(args, "quiet", False))
     code = run_plan(plan, quiet=quiet)
     if code:
