@@ -524,7 +524,7 @@ FIELDS: tuple[Field, ...] = (
     # --- automatic layout (accelerando only; accelerando.parallelism_layout) -----------------------
     Field("parallelism", "choice", None, group="layout", cli="--parallelism", choices=("auto", "manual"),
           help="auto: choose tp / pp / dp_shard / dp_replicate from the model (--parallelism_model) and the "
-               "machine; the layout and its reasons are shown by --dry-run. manual: the sizes given."),
+               "machine; the layout and its reasons are shown by --dry_run. manual: the sizes given."),
     Field("parallelism_model", "str", None, group="layout", cli="--parallelism_model",
           help="transformers config.json (or its folder) of the model the automatic layout plans for."),
     Field("parallelism_batch_size", "int", None, group="layout", cli="--parallelism_batch_size", minimum=1,
