@@ -163,7 +163,7 @@ def test_execution_and_block_hooks_on_cpu():
 def test_layerwise_casting_stores_low_and_computes_high():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), SeeingLinear(4, 4))
-    attach_layerwise_casting_hooks(model, torch.bfloat16, torch.float32, skip_modules_pattern=r"^1$")
+    attach_layerwise_casting_hooks(model, torch.bfloat16, torch.float32, skip_modules_pattern=[r"^1$"])
     assert model[0].weight.dtype == torch.bfloat16 and model[1].weight.dtype == torch.float32
     out = model(torch.randn(2, 4))
     assert out.dtype == torch.float32 and model[2].seen == [("cpu", torch.float32)]
@@ -171,6 +171,36 @@ def test_layerwise_casting_stores_low_and_computes_high():
     assert isinstance(model[0]._hf_hook, LayerwiseCastingHook)
     with pytest.raises(TypeError, match="torch dtypes"):
         attach_layerwise_casting_hooks(model, "bf16", torch.float32)
+
+
+def test_layerwise_casting_hooks_only_linear_and_conv_layers_and_skips_subtrees():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+            self.norm = nn.LayerNorm(2)
+            self.conv = nn.Conv1d(2, 2, 1)
+            self.inner = nn.Sequential(nn.Linear(2, 2))
+
+    def hooked(model: nn.Module) -> list[str]:
+        return [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
+
+    model = nn.Sequential(Block(), nn.Embedding(3, 2), nn.Linear(2, 2))
+    attach_layerwise_casting_hooks(model, torch.float16, torch.float32)
+    # norms and embeddings keep their dtype; only linear and convolution layers are cast
+    assert hooked(model) == ["0.proj", "0.conv", "0.inner.0", "2"]
+    assert model[0].norm.weight.dtype == torch.float32 and model[1].weight.dtype == torch.float32
+    model = nn.Sequential(Block(), nn.Linear(2, 2))
+    attach_layerwise_casting_hooks(model, torch.float16, torch.float32, skip_modules_pattern=[r"^0$"])
+    assert hooked(model) == ["1"]  # a matching module is skipped with everything under it
+    model = nn.Sequential(Block(), nn.Linear(2, 2))
+    attach_layerwise_casting_hooks(model, torch.float16, torch.float32, skip_modules_classes=(nn.Sequential,))
+    assert hooked(model) == []  # the root itself is checked
+    model = nn.Sequential(Block(), nn.Linear(2, 2))
+    with pytest.warns(UserWarning, match="each of its characters"):
+        # a string is iterated as in the reference: "^" matches every name
+        attach_layerwise_casting_hooks(model, torch.float16, torch.float32, skip_modules_pattern=r"^1$")
+    assert hooked(model) == []
 
 
 def test_disk_offload_prefetches_the_next_module(tmp_path, monkeypatch):

@@ -179,9 +179,14 @@ def test_init_empty_weights_variants():
         embed = nn.Embedding(5, 3)
     assert model.w.device.type == "meta" and embed.weight.device.type == "meta"
     assert model.pos.device.type == "cpu" and model.pos.tolist() == [0, 1, 2, 3, 4]
+    register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
     with init_empty_weights(include_buffers=True):
+        # as in the reference: only ``torch.device("meta")`` is entered, registration is not patched,
+        # so a tensor created with an explicit device stays there
+        assert nn.Module.register_parameter is register_parameter
+        assert nn.Module.register_buffer is register_buffer
         model = Custom()
-    assert model.pos.device.type == "meta" and model.w.device.type == "meta"
+    assert model.pos.device.type == "meta" and model.w.device.type == "cpu"
     with init_on_device("cpu"):
         assert nn.Linear(2, 2).weight.device.type == "cpu"
     assert torch.empty(1).device.type == "cpu" and "normal_" not in torch.Tensor.__dict__

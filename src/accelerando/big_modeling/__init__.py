@@ -47,6 +47,7 @@ __all__ = list(_EXPORTS)
 # Names the old single-module ``big_modeling.py`` imported at module level, so code could import them
 # from here; they stay resolvable but are not part of ``__all__``.
 _IMPORTABLE: dict[str, str] = {
+    "_refuse_recurrent_layers_under_sequence_parallelism": "accelerando.big_modeling.model_info",
     "AlignDevicesHook": "accelerando.big_modeling.hooks",
     "CpuOffload": "accelerando.big_modeling.hooks",
     "UserCpuOffloadHook": "accelerando.big_modeling.hooks",

@@ -7,6 +7,7 @@ themselves live in :mod:`accelerando.big_modeling.hooks`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -245,38 +246,64 @@ def attach_layerwise_casting_hooks(
     skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
     non_blocking: bool = False,
 ) -> None:
-    """Store the weights of every leaf layer in ``storage_dtype`` and compute in ``compute_dtype``.
+    """Store the weights of every supported layer in ``storage_dtype`` and compute in ``compute_dtype``.
+
+    The model is walked from ``module`` down. A module whose qualified name (the root's is ``""``)
+    matches one of ``skip_modules_pattern`` (``re.search``), or that is an instance of
+    ``skip_modules_classes``, is left alone together with everything under it. A layer of one of
+    :data:`~accelerando.utils.constants.SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING` (linear and
+    convolution layers) gets a :class:`LayerwiseCastingHook` (its parameters and buffers are stored in
+    ``storage_dtype`` from now on) and its children are not visited; other modules, norms and
+    embeddings included, keep their dtype.
+
+    As in the reference, ``skip_modules_pattern`` is iterated: pass a list or tuple of expressions. A
+    plain string is read character by character (each character one expression).
 
     Args:
         module: the model.
-        storage_dtype: dtype between forwards.
-        compute_dtype: dtype during each layer's forward.
+        storage_dtype: dtype between forwards (e.g. ``torch.float8_e4m3fn``).
+        compute_dtype: dtype during each layer's forward (e.g. ``torch.bfloat16``).
         skip_modules_pattern: regular expressions; modules whose name matches one are left alone
-            (use it for precision-sensitive layers such as norms).
+            (use it for precision-sensitive layers).
         skip_modules_classes: module classes left alone.
         non_blocking: passed to the casts.
+
+    Warns:
+        UserWarning: ``skip_modules_pattern`` is a string of more than one character.
 
     Raises:
         TypeError: if a dtype is not a ``torch.dtype``.
     """
     import re
 
+    from accelerando.utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
     if not isinstance(storage_dtype, torch.dtype) or not isinstance(compute_dtype, torch.dtype):
         raise TypeError(
             "storage_dtype and compute_dtype must be torch dtypes, e.g. torch.float8_e4m3fn and torch.bfloat16."
         )
-    patterns = (
-        [skip_modules_pattern] if isinstance(skip_modules_pattern, str) else list(skip_modules_pattern or ())
-    )
-    compiled = [re.compile(pattern) for pattern in patterns]
+    if isinstance(skip_modules_pattern, str) and len(skip_modules_pattern) > 1:
+        warnings.warn(
+            f"skip_modules_pattern={skip_modules_pattern!r} is a string: as in the reference, each of its "
+            f"characters is used as one regular expression. Pass [{skip_modules_pattern!r}] to skip the "
+            "modules matching the whole expression.",
+            UserWarning,
+            stacklevel=2,
+        )
+    patterns = [re.compile(pattern) for pattern in (skip_modules_pattern or ())]
     classes = tuple(skip_modules_classes or ())
-    for name, sub in module.named_modules():
-        if any(p.search(name) for p in compiled) or (classes and isinstance(sub, classes)):
+    pending: list[tuple[str, nn.Module]] = [("", module)]
+    while pending:
+        name, sub = pending.pop()
+        if any(p.search(name) for p in patterns) or (classes and isinstance(sub, classes)):
             continue
-        if next(sub.children(), None) is None and sub._parameters:
+        if isinstance(sub, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
             add_hook_to_module(
                 sub, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True
             )
+            continue
+        children = [(f"{name}.{child}" if name else child, mod) for child, mod in sub.named_children()]
+        pending.extend(reversed(children))
 
 
 def _hooks_in_order(model: nn.Module) -> list[AlignDevicesHook]:

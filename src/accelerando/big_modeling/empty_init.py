@@ -53,10 +53,11 @@ def _skip_meta_initialisers() -> Iterator[None]:
 def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
     """Context manager in which new parameters (and optionally buffers) are created on ``device``.
 
-    With ``include_buffers=True`` every tensor factory defaults to ``device`` (as under
-    ``with torch.device(device)``), so nothing is ever allocated elsewhere. Without it, buffers
-    keep their real values (e.g. rotary frequencies computed in ``__init__``) and only parameters move.
-    Parameters created with an explicit other device are moved at registration either way.
+    With ``include_buffers=True`` the block runs under ``with torch.device(device)``: every tensor
+    factory without an explicit device allocates on ``device`` (parameters and buffers alike), and
+    ``nn.Module.register_parameter`` / ``register_buffer`` are left untouched, so a tensor created with
+    an explicit other device stays there. Without it, buffers keep their real values (e.g. rotary
+    frequencies computed in ``__init__``) and every parameter is moved to ``device`` when registered.
 
     Args:
         device: the device for new parameters (``"meta"`` allocates nothing).
@@ -73,7 +74,6 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
         include_buffers = environment_setting("init_include_buffers")
     include_buffers = bool(include_buffers)
     original_parameter = nn.Module.register_parameter
-    original_buffer = nn.Module.register_buffer
 
     def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original_parameter(module, name, param)
@@ -88,23 +88,16 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
                 else kind(data, moved.requires_grad)
             )
 
-    def register_buffer(
-        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
-    ) -> None:
-        if tensor is not None and tensor.device != device:
-            tensor = tensor.to(device)
-        original_buffer(module, name, tensor, persistent=persistent)
-
-    nn.Module.register_parameter = register_parameter
-    if include_buffers:
-        nn.Module.register_buffer = register_buffer
+    # Under ``torch.device(device)`` the factories already allocate there; the registration patch is
+    # only needed to move parameters while buffers stay where they were created.
+    if not include_buffers:
+        nn.Module.register_parameter = register_parameter
     skip = _skip_meta_initialisers() if device.type == "meta" else contextlib.nullcontext()
     try:
         with device if include_buffers else contextlib.nullcontext(), skip:
             yield
     finally:
         nn.Module.register_parameter = original_parameter
-        nn.Module.register_buffer = original_buffer
 
 
 def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager[None]:

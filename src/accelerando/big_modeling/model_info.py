@@ -7,7 +7,16 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["check_tied_parameters_in_config", "is_peft_model"]
+__all__ = [
+    "RECURRENT_LAYER_TYPES",
+    "_refuse_recurrent_layers_under_sequence_parallelism",
+    "check_tied_parameters_in_config",
+    "is_peft_model",
+]
+
+# ``config.layer_types`` values whose layers carry a state along the sequence inside the model's own
+# code (not through the attention interface sequence parallelism wraps).
+RECURRENT_LAYER_TYPES: frozenset[str] = frozenset({"linear_attention"})
 
 
 def _class_names(obj: Any) -> set[str]:
@@ -60,3 +69,34 @@ def is_peft_model(model: Any) -> bool:
         # peft imported partially, or only its submodule: fall back to the class names.
         return "PeftModel" in _class_names(model) and "peft" in sys.modules
     return isinstance(model, peft_model)
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """Refuse a model whose layers carry a recurrent state along the sequence, before sequence parallelism.
+
+    Sequence parallelism (Ulysses) gathers the whole sequence before attention, so ordinary attention
+    layers are unaffected by the sharding. Linear-attention layers are not: they keep a running state
+    along the sequence inside the model's own layer code, so every rank would restart that state from
+    zero and the gradients would be silently wrong. The layer kinds are read from the (text)
+    configuration's ``layer_types``; a model without one is accepted.
+
+    Args:
+        model: the model about to be prepared for sequence parallelism.
+
+    Raises:
+        ValueError: the configuration lists layer types in :data:`RECURRENT_LAYER_TYPES`.
+    """
+    config = getattr(model, "config", None)
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config):
+        config = get_text_config()
+    layer_types = getattr(config, "layer_types", None) or ()
+    refused = sorted({kind for kind in layer_types if kind in RECURRENT_LAYER_TYPES})
+    if refused:
+        raise ValueError(
+            f"Sequence parallelism does not support attention layers of type {refused} "
+            f"(model {type(model).__name__}). Those layers carry a recurrent state along the sequence and "
+            "bypass the attention interface, so sharding the sequence restarts the state on every rank and "
+            "produces wrong gradients without failing. Use a full-attention model, or disable sequence "
+            "parallelism."
+        )

@@ -11,6 +11,12 @@ strings alike, and the lists can name types (``TP``, ``MULTI_NEURON``) without i
 
 from __future__ import annotations
 
+import operator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # built on first read by ``__getattr__`` below
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING: tuple[type, ...]
+
 __all__ = [
     "BETA_CP_AVAILABLE_PYTORCH_VERSION",
     "BETA_SP_AVAILABLE_DEEPSPEED_VERSION",
@@ -44,8 +50,11 @@ __all__ = [
     "SAMPLER_NAME",
     "SCALER_NAME",
     "SCHEDULER_NAME",
+    "STR_OPERATION_TO_FUNC",
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
     "TORCH_DYNAMO_MODES",
+    "TORCH_LAUNCH_PARAMS",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
@@ -97,6 +106,32 @@ BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
 
 # --- launcher choices -------------------------------------------------------------------------------
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
+# The options of ``torchrun`` (``torch.distributed.run``) that a launch passes through to it.
+TORCH_LAUNCH_PARAMS = [
+    "nnodes",
+    "nproc_per_node",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "standalone",
+    "max_restarts",
+    "monitor_interval",
+    "start_method",
+    "role",
+    "module",
+    "m",
+    "no_python",
+    "run_path",
+    "log_dir",
+    "r",
+    "redirects",
+    "t",
+    "tee",
+    "node_rank",
+    "master_addr",
+    "master_port",
+]
 DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
 
 # --- distributed types ----------------------------------------------------------------------------
@@ -114,3 +149,49 @@ TORCH_DISTRIBUTED_OPERATION_TYPES = [
     "MULTI_HPU",
     "MULTI_NEURON",
 ]
+
+# --- version comparisons ----------------------------------------------------------------------------
+# The operator strings ``compare_versions`` / ``is_torch_version`` accept, and what each one does.
+STR_OPERATION_TO_FUNC = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    "<": operator.lt,
+}
+
+
+# --- torch layer classes (built on first read, so reading the other constants never imports torch) --
+def _supported_layers_for_upcasting() -> tuple[type, ...]:
+    from torch import nn
+
+    return (
+        nn.Conv1d,
+        nn.Conv2d,
+        nn.Conv3d,
+        nn.ConvTranspose1d,
+        nn.ConvTranspose2d,
+        nn.ConvTranspose3d,
+        nn.Linear,
+    )
+
+
+_LAZY = {"SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING": _supported_layers_for_upcasting}
+
+
+def __getattr__(name: str) -> Any:
+    """Build the constants that need torch on first read (PEP 562).
+
+    ``SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING``: the layer classes whose weights
+    :func:`~accelerando.big_modeling.attach_layerwise_casting_hooks` stores in a low-precision dtype.
+
+    Raises:
+        AttributeError: for any other missing name.
+    """
+    build = _LAZY.get(name)
+    if build is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = build()
+    globals()[name] = value
+    return value
