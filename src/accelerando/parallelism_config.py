@@ -376,32 +376,45 @@ class ParallelismConfig:
             )
 
     # ----------------------------------------------------------------- mesh
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]] | tuple[()]:
+        """``(dim names, shape)`` of the mesh over the enabled axes, outermost first; ``()`` when none is.
+
+        The order is ``dp_replicate, dp_shard, cp, sp, tp``: neighbouring ranks share the innermost axis,
+        so tensor parallelism (the chattiest) stays within a node.
+
+        Raises:
+            ValueError: a size is still ``"auto"`` (call :meth:`resolve_auto` first).
+        """
+        self._require_resolved()
+        dims = tuple(axis for axis in _MESH_ORDER if self._sizes[axis] > 1)
+        if not dims:
+            return ()
+        return dims, tuple(self._sizes[axis] for axis in dims)
+
     def build_device_mesh(self, device_type: str) -> DeviceMesh | None:
         """Create the ``DeviceMesh`` of the enabled axes (None when no axis is larger than 1).
 
         The mesh also holds the flattened dimensions ``dp``, ``dp_shard_cp`` and ``dp_cp`` when their
-        axes are enabled.
+        axes are enabled. The sizes are not checked against the job here (the mesh can be planned before
+        the processes exist): :meth:`validate` does that, and the connector calls it first.
 
         Raises:
-            ValueError: the sizes do not multiply to the job's process count.
+            ValueError: a size is still ``"auto"``.
         """
-        from accelerando.state import PartialState
-
-        self.validate(PartialState().num_processes)
-        dims = [axis for axis in _MESH_ORDER if self._sizes[axis] > 1]
-        if not dims:
+        mesh_layout = self._get_mesh()
+        if not mesh_layout:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        shape = tuple(self._sizes[axis] for axis in dims)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(dims))
+        dims, shape = mesh_layout
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=dims)
         for flat, names in (
             ("dp", self.dp_dim_names),
             ("dp_shard_cp", self.dp_shard_cp_dim_names),
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if names:
-                mesh[tuple(names)]._flatten(flat)
+                mesh[names]._flatten(flat)
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> DeviceMesh | None:

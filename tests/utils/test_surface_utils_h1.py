@@ -503,15 +503,19 @@ def test_parallel_configs(monkeypatch):
     with pytest.raises(ValueError, match="allgather"):
         TorchContextParallelConfig(cp_comm_strategy="ring")
     sp = DeepSpeedSequenceParallelConfig()
-    assert (sp.sp_seq_length, sp.sp_seq_length_is_variable, sp.sp_attn_implementation) == (None, True, "sdpa")
+    assert (sp.sp_seq_length, sp.sp_seq_length_is_variable, sp.sp_attn_implementation) == (None, True, None)
     with pytest.raises(ValueError, match="sp_seq_length"):
         DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False)
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH", "512")
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "false")
     fixed = DeepSpeedSequenceParallelConfig()
     assert (fixed.sp_seq_length, fixed.sp_seq_length_is_variable) == (512, False)
-    with pytest.raises(ValueError, match="flash_attention_2"):
+    with pytest.raises(ValueError, match="Invalid sp_attn_implementation: eager. Must be one of"):
         DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")
+    hub = DeepSpeedSequenceParallelConfig(sp_attn_implementation="kernels-community/flash-attn2")
+    assert hub.sp_attn_implementation == "kernels-community/flash-attn2"
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring. Must be one of"):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
 
 
 def test_parallelism_config_uses_the_handlers():

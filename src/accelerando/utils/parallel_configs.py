@@ -77,8 +77,7 @@ class TorchContextParallelConfig:
             self.cp_comm_strategy = environment_text(f"{_ENV_PREFIX}CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in _CP_COMM_STRATEGIES:
             raise ValueError(
-                f"TorchContextParallelConfig.cp_comm_strategy must be one of {list(_CP_COMM_STRATEGIES)}, "
-                f"got {self.cp_comm_strategy!r}."
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or 'alltoall'."
             )
 
 
@@ -94,9 +93,10 @@ class DeepSpeedSequenceParallelConfig:
             (``sp_seq_length_is_variable=False``). ``None`` reads ``PARALLELISM_CONFIG_SP_SEQ_LENGTH``.
         sp_seq_length_is_variable: batches may have different sequence lengths. ``None`` reads
             ``PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE``, else True.
-        sp_attn_implementation: the attention kernel the model uses: ``"sdpa"``, ``"flash_attention_2"``
-            or ``"flash_attention_3"``. ``None`` reads ``PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION``,
-            else ``"sdpa"``.
+        sp_attn_implementation: the attention kernel the model uses: ``"sdpa"``, ``"flash_attention_2"``,
+            ``"flash_attention_3"`` or a Hub-hosted flash-attention kernel (``"org/...flash-attn..."``, e.g.
+            ``"kernels-community/flash-attn2"``). ``None`` reads ``PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION``,
+            else stays ``None`` (the model's own choice).
 
     Raises:
         ValueError: an unknown attention implementation, a length below 1, or a fixed length that is
@@ -137,9 +137,15 @@ class DeepSpeedSequenceParallelConfig:
                 "sequence length). Fix: pass sp_seq_length, or leave sp_seq_length_is_variable=True."
             )
         if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = environment_text(f"{_ENV_PREFIX}SP_ATTN_IMPLEMENTATION", "sdpa")
-        if self.sp_attn_implementation not in _SP_ATTN_IMPLEMENTATIONS:
-            raise ValueError(
-                "DeepSpeedSequenceParallelConfig.sp_attn_implementation must be one of "
-                f"{list(_SP_ATTN_IMPLEMENTATIONS)}, got {self.sp_attn_implementation!r}."
-            )
+            self.sp_attn_implementation = environment_text(f"{_ENV_PREFIX}SP_ATTN_IMPLEMENTATION") or None
+        implementation = self.sp_attn_implementation
+        if implementation is not None and implementation not in _SP_ATTN_IMPLEMENTATIONS:
+            # A Hub-hosted flash-attention kernel is named "org/...flash-attn..."; anything else is a typo.
+            if not (
+                isinstance(implementation, str) and "/" in implementation and "flash-attn" in implementation
+            ):
+                raise ValueError(
+                    f"Invalid sp_attn_implementation: {implementation}. Must be one of "
+                    f"{sorted(_SP_ATTN_IMPLEMENTATIONS)} or a hub-hosted flash attention kernel "
+                    "(e.g. 'kernels-community/flash-attn2')."
+                )
