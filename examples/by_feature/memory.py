@@ -2,8 +2,8 @@
 
 ``find_executable_batch_size`` retries a function with other batch sizes when it runs out of memory.
 Here it wraps a one-step probe (forward and backward at that size), so the search costs a few steps
-rather than a few trainings: it halves after a failure, and with ``max_batch_size`` it doubles after a
-success, then bisects to the largest size that runs. ``accelerator.enable_memory_monitor`` samples the
+rather than a few trainings: it starts high and, after each failure, tries ``int(size * 0.9)`` until a
+size runs (the first success ends the search). ``accelerator.enable_memory_monitor`` samples the
 process's memory at every optimizer step, warns about steady growth, and at ``end_training`` writes
 ``memory_rank<k>.json`` (and a PNG timeline when matplotlib is installed) into the project folder.
 
@@ -40,8 +40,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--starting_batch_size", type=int, default=16)
-    parser.add_argument("--max_batch_size", type=int, default=256)
+    parser.add_argument("--starting_batch_size", type=int, default=64)
     parser.add_argument("--simulate_memory_for", type=int, default=0, help="largest batch that 'fits'")
     parser.add_argument("--project_dir", default="memory_output")
     parser.add_argument("--epochs", type=int, default=3)
@@ -67,9 +66,7 @@ def main() -> None:
         accelerator.backward(loss)
         return loss
 
-    @find_executable_batch_size(
-        starting_batch_size=args.starting_batch_size, max_batch_size=args.max_batch_size
-    )
+    @find_executable_batch_size(starting_batch_size=args.starting_batch_size)
     def probe(batch_size: int) -> None:
         inputs, labels = data[:batch_size]
         step(inputs.to(accelerator.device), labels.to(accelerator.device))

@@ -123,9 +123,9 @@ def test_allocator_snapshot_opens_as_a_memory_viz_pickle(tmp_path):
     assert report.modules and report.ops
 
 
-def test_find_executable_batch_size_finds_the_largest_size_on_real_cuda_oom():
-    """#7 item 5: real torch.OutOfMemoryError from the CUDA allocator; the size found is the largest
-    that fits (one more chunk does not), in O(log) tries."""
+def test_find_executable_batch_size_steps_down_on_real_cuda_oom():
+    """#7 item 5: real torch.OutOfMemoryError from the CUDA allocator; the reference's contract: sizes
+    step down by tenths from the start and the first size that fits ends the search (one success)."""
     from accelerando.utils.memory import find_executable_batch_size, release_memory
 
     free, _ = torch.cuda.mem_get_info()
@@ -139,12 +139,14 @@ def test_find_executable_batch_size_finds_the_largest_size_on_real_cuda_oom():
     finder = find_executable_batch_size(allocate, starting_batch_size=256)
     found = finder()
     assert found == finder.batch_size
-    assert len(finder.tries) <= 2 * math.ceil(math.log2(256)) + 1, finder.tries
+    sizes = [size for size, _ in finder.tries]
+    assert sizes[0] == 256 and all(b == int(a * 0.9) for a, b in zip(sizes, sizes[1:], strict=False))
+    assert [ok for _, ok in finder.tries] == [False] * (len(sizes) - 1) + [True]
     release_memory()
     allocate(found)  # fits
     release_memory()
     with pytest.raises(torch.OutOfMemoryError):
-        allocate(found + 1)
+        allocate(sizes[-2])  # the size tried before did not
     release_memory()
 
 

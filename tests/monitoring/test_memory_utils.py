@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import math
 import weakref
 
 import pytest
@@ -31,33 +30,47 @@ def _fails_above(threshold: int, calls: list[int], kind: str = "cpu"):
     return train
 
 
+def _reference_sequence(start: int, threshold: int) -> list[int]:
+    sizes = [start]
+    while sizes[-1] > threshold:
+        sizes.append(int(sizes[-1] * 0.9))
+    return sizes
+
+
+# Each failed try collects garbage (as the reference does), which takes a while in a big process: few tries.
 @pytest.mark.parametrize(
-    ("threshold", "kind"),
-    [(1, "cpu"), (3, "cuda"), (37, "cpu"), (64, "cuda"), (65, "cpu"), (127, "cuda"), (128, "cpu")],
+    ("start", "threshold", "kind"),
+    [(8, 1, "cpu"), (8, 3, "cuda"), (128, 100, "cpu"), (128, 115, "cuda"), (128, 128, "cpu")],
 )
-def test_finds_exact_threshold_from_above_in_log_tries(threshold: int, kind: str) -> None:
+def test_steps_down_by_tenths_and_stops_at_first_success(start: int, threshold: int, kind: str) -> None:
     calls: list[int] = []
-    finder = find_executable_batch_size(_fails_above(threshold, calls, kind), starting_batch_size=128)
-    assert finder(scale=1) == threshold
-    assert finder.batch_size == threshold
-    assert str(finder) == str(threshold)
-    # halving to the first success, then bisecting: at most 2 * log2(start) + 1 tries
-    assert len(calls) <= 2 * math.ceil(math.log2(128)) + 1
-    assert [size for size, _ in finder.tries] == calls
-    assert max(size for size, ok in finder.tries if ok) == threshold
+    finder = find_executable_batch_size(_fails_above(threshold, calls, kind), starting_batch_size=start)
+    result = finder(scale=1)
+    # The reference's sequence (128, 115, 103, ...); the first size that runs ends the search.
+    assert calls == _reference_sequence(start, threshold)
+    assert result == calls[-1] == finder.batch_size
+    assert str(finder) == str(result)
+    assert finder.tries == [(size, False) for size in calls[:-1]] + [(calls[-1], True)]
 
 
-@pytest.mark.parametrize("threshold", [9, 1000])
-def test_grows_from_below_when_max_batch_size_given(threshold: int) -> None:
-    calls: list[int] = []
-    finder = find_executable_batch_size(
-        _fails_above(threshold, calls), starting_batch_size=8, max_batch_size=4096
-    )
-    assert finder() == threshold
-    assert len(calls) <= 2 * math.ceil(math.log2(4096)) + 1
+def test_function_completes_exactly_once() -> None:
+    """The wrapped function may be a whole training loop: after one success it is never run again."""
+    completed: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size: int) -> int:
+        if batch_size > 52:
+            raise RuntimeError("CPU out of memory.")
+        completed.append(batch_size)
+        return batch_size
+
+    assert train() == 51  # 64, 57, 51
+    assert completed == [51]
+    assert train() == 51  # a second call searches again from the start, and again completes once
+    assert completed == [51, 51]
 
 
-def test_start_below_threshold_without_max_keeps_reference_contract() -> None:
+def test_start_below_threshold_keeps_reference_contract() -> None:
     calls: list[int] = []
     finder = find_executable_batch_size(_fails_above(100, calls), starting_batch_size=16)
     assert finder() == 16
@@ -70,12 +83,12 @@ def test_decorator_form_passes_arguments() -> None:
     @find_executable_batch_size(starting_batch_size=64)
     def train(batch_size: int, a: int, b: int = 0) -> tuple[int, int, int]:
         calls.append(batch_size)
-        if batch_size > 20:
+        if batch_size > 52:
             _real_cpu_oom(batch_size)
         return batch_size, a, b
 
-    assert train(1, b=2) == (20, 1, 2)
-    assert train.batch_size == 20
+    assert train(1, b=2) == (51, 1, 2)  # 64, 57, 51
+    assert train.batch_size == 51
     assert train.__name__ == "train"
 
 
@@ -97,14 +110,18 @@ def test_reaching_zero_raises_clear_error() -> None:
     def train(batch_size: int) -> None:
         _real_cpu_oom(batch_size)
 
-    with pytest.raises(RuntimeError, match="no executable batch size found"):
-        find_executable_batch_size(train, 16)()
+    with pytest.raises(RuntimeError, match="No executable batch size found, reached zero."):
+        find_executable_batch_size(train, 3)()
+    with pytest.raises(RuntimeError, match="reached zero"):
+        find_executable_batch_size(train, 0)()
 
 
 def test_passing_batch_size_explicitly_is_a_type_error() -> None:
-    finder = find_executable_batch_size(lambda batch_size: batch_size, 8)
-    with pytest.raises(TypeError, match="batch size"):
-        finder(8)
+    def train(batch_size: int, arg1: str) -> None: ...
+
+    finder = find_executable_batch_size(train, 8)
+    with pytest.raises(TypeError, match=r"Batch size was passed into `train`.*`train\(arg1='hello'\)`"):
+        finder(8, "hello")
 
 
 def test_custom_reduce_fn_is_followed() -> None:
@@ -114,13 +131,24 @@ def test_custom_reduce_fn_is_followed() -> None:
     )
     assert finder() == 40
     assert calls == [100, 80, 60, 40]
+    # the reference's form: a policy without arguments, asked for the next size after each failure
+    sizes = iter([30, 10])
+    calls.clear()
+    finder = find_executable_batch_size(
+        _fails_above(20, calls), starting_batch_size=100, reduce_batch_size_fn=lambda: next(sizes)
+    )
+    assert finder() == 10
+    assert calls == [100, 30, 10]
 
 
 def test_invalid_arguments() -> None:
-    with pytest.raises(ValueError, match="starting_batch_size"):
-        find_executable_batch_size(lambda b: b, 0)
-    with pytest.raises(ValueError, match="max_batch_size"):
-        find_executable_batch_size(lambda b: b, 64, max_batch_size=8)
+    with pytest.raises(TypeError, match="starting_batch_size"):
+        find_executable_batch_size(lambda b: b, 1.5)
+    with pytest.raises(TypeError, match="callable"):
+        find_executable_batch_size(3)
+    finder = find_executable_batch_size(_fails_above(0, []), 64, reduce_batch_size_fn=lambda size: "half")
+    with pytest.raises(TypeError, match="must return an int"):
+        finder()
 
 
 def test_should_reduce_batch_size() -> None:
@@ -130,6 +158,7 @@ def test_should_reduce_batch_size() -> None:
         assert should_reduce_batch_size(exc)
     assert should_reduce_batch_size(torch.OutOfMemoryError("CUDA out of memory."))
     assert should_reduce_batch_size(RuntimeError("XPU out of memory. Tried"))
+    assert should_reduce_batch_size(RuntimeError("CPU out of memory."))
     assert should_reduce_batch_size(MemoryError())
     assert not should_reduce_batch_size(RuntimeError("shape mismatch"))
     assert not should_reduce_batch_size(ValueError("CUDA out of memory."))

@@ -1,11 +1,19 @@
-"""Out-of-memory helpers: find the largest batch size that fits, free memory, recognise OOM errors.
+"""Out-of-memory helpers: retry a function with smaller batch sizes, free memory, recognise OOM errors.
 
-:func:`find_executable_batch_size` keeps the reference's decorator contract (the wrapped function
-receives the batch size as its first argument and the wrapper returns the function's result), but
-searches differently: on an out-of-memory error it halves the size until one run succeeds, then
-bisects between the largest success and the smallest failure, so it ends on the largest size that
-runs in O(log n) tries instead of stepping down 10% at a time. The size found is kept on the
-wrapper (``.batch_size``) and logged.
+:func:`find_executable_batch_size` keeps the reference's contract, because libraries built on it
+(transformers' ``auto_find_batch_size``) wrap their whole training loop in it:
+
+- the wrapped function receives the batch size as its first argument; the wrapper returns its result;
+- on an out-of-memory error the size becomes ``int(size * 0.9)`` (128, 115, 103, 92, ...) and the
+  function is called again; any other error propagates unchanged;
+- the first call that returns ends the search, so the function *completes exactly once*: it is
+  never re-run after a success (no growing, no bisecting);
+- reaching zero raises ``RuntimeError("No executable batch size found, reached zero.")``.
+
+Other policies are opt-in through ``reduce_batch_size_fn`` (for example halving:
+``reduce_batch_size_fn=lambda size: size // 2``); they only choose the next, smaller size after a
+failure and never re-run after a success either. Beyond the reference, the wrapper keeps the size that
+ran (``.batch_size``) and the sizes tried (``.tries``), and logs the size it settled on.
 """
 
 from __future__ import annotations
@@ -24,17 +32,20 @@ __all__ = ["BatchSizeFinder", "find_executable_batch_size", "release_memory", "s
 
 logger = get_logger(__name__)
 
+#: The reference's step after an out-of-memory error: the next size is ``int(size * REDUCTION)``.
+REDUCTION = 0.9
+
 # Substrings of the RuntimeError messages each allocator raises when it runs out of memory.
+# " out of memory." covers "CPU/CUDA/XPU/NPU/HIP/HPU out of memory." and the like.
 _OOM_MESSAGES = (
-    "CUDA out of memory.",
+    " out of memory.",
     "CUDA error: out of memory",
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",  # cuDNN's answer to a too-large workspace request
     "DefaultCPUAllocator: can't allocate memory",
-    "XPU out of memory.",
-    "NPU out of memory.",
     "MPS backend out of memory",
-    "HIP out of memory.",
 )
+
+_REACHED_ZERO = "No executable batch size found, reached zero."
 
 
 def _empty_device_caches() -> None:
@@ -48,6 +59,11 @@ def _empty_device_caches() -> None:
             backend.empty_cache()
         except (RuntimeError, AttributeError):
             continue
+
+
+def _collect() -> None:
+    gc.collect()
+    _empty_device_caches()
 
 
 def release_memory(*objects: Any) -> list[None]:
@@ -68,16 +84,16 @@ def release_memory(*objects: Any) -> list[None]:
     for index in range(len(released)):
         released[index] = None
     del objects
-    gc.collect()
-    _empty_device_caches()
+    _collect()
     return released
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
     """Tell whether ``exception`` is an out-of-memory error that a smaller batch might avoid.
 
-    Recognises ``torch.OutOfMemoryError`` (CUDA and other accelerators), Python's ``MemoryError`` and
-    the out-of-memory ``RuntimeError`` messages of the CPU, CUDA, ROCm, XPU, NPU and MPS allocators.
+    Recognises the out-of-memory ``RuntimeError`` messages of the allocators (``"CPU out of memory."``,
+    ``"CUDA out of memory."``, XPU, NPU, HIP, MPS, cuDNN's workspace refusal, the CPU allocator's
+    ``"can't allocate memory"``), ``torch.OutOfMemoryError`` and Python's ``MemoryError``.
 
     Args:
         exception: the exception raised by a training or inference step.
@@ -97,11 +113,15 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     return False
 
 
-def _call_reduce_fn(reduce_fn: Callable[..., int], batch_size: int) -> int:
+def _reduce(batch_size: int, reduce_fn: Callable[..., int] | None) -> int:
+    """Return the size to try after ``batch_size`` ran out of memory."""
+    if reduce_fn is None:
+        return int(batch_size * REDUCTION)
+    # The reference calls the policy without arguments; ours may also take the size that failed.
     try:
         takes_argument = len(inspect.signature(reduce_fn).parameters) > 0
     except (TypeError, ValueError):
-        takes_argument = True
+        takes_argument = False
     new_size = reduce_fn(batch_size) if takes_argument else reduce_fn()
     if not isinstance(new_size, int) or isinstance(new_size, bool):
         raise TypeError(f"reduce_batch_size_fn must return an int batch size, got {new_size!r}.")
@@ -111,9 +131,12 @@ def _call_reduce_fn(reduce_fn: Callable[..., int], batch_size: int) -> int:
 class BatchSizeFinder:
     """The wrapper returned by :func:`find_executable_batch_size`; call it like the wrapped function.
 
+    Each call runs the search from ``starting_batch_size`` again and ends at the first success.
+
     Attributes:
-        batch_size: the largest batch size that ran in the last call (``None`` before any call).
-        tries: ``(batch_size, succeeded)`` for every attempt of the last call, in order.
+        batch_size: the batch size the last call completed with (``None`` before a successful call).
+        tries: ``(batch_size, succeeded)`` for every attempt of the last call, in order; only the last
+            entry can be a success.
     """
 
     def __init__(
@@ -121,17 +144,16 @@ class BatchSizeFinder:
         function: Callable[..., Any],
         starting_batch_size: int,
         reduce_batch_size_fn: Callable[..., int] | None,
-        max_batch_size: int | None,
     ) -> None:
         functools.update_wrapper(self, function)
         self.function = function
         self.starting_batch_size = starting_batch_size
         self.reduce_batch_size_fn = reduce_batch_size_fn
-        self.max_batch_size = max_batch_size
         self.batch_size: int | None = None
         self.tries: list[tuple[int, bool]] = []
 
     def _check_call(self, args: tuple) -> None:
+        """Refuse a call that passes the batch size itself (one positional argument too many)."""
         try:
             params = list(inspect.signature(self.function).parameters.values())
         except (TypeError, ValueError):
@@ -140,72 +162,50 @@ class BatchSizeFinder:
             return
         if len(params) < len(args) + 1:
             name = getattr(self.function, "__name__", "function")
+            shown = ", ".join(f"{p.name}={value!r}" for p, value in zip(params[1:], args[1:], strict=False))
             raise TypeError(
-                f"{name} received its batch size as an explicit argument, but find_executable_batch_size "
-                f"passes it: call `{name}({', '.join(f'arg{i}' for i in range(1, len(params)))})` without "
-                "the batch size."
+                f"Batch size was passed into `{name}` as the first argument when called. Remove this as "
+                f"the decorator already does so: `{name}({shown})`"
             )
 
-    def _attempt(self, batch_size: int, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        logger.info(f"find_executable_batch_size: trying batch size {batch_size}")
-        try:
-            result = self.function(batch_size, *args, **kwargs)
-        except Exception as exc:
-            if not should_reduce_batch_size(exc):
-                raise
-            logger.warning(f"find_executable_batch_size: batch size {batch_size} ran out of memory.")
-            failed = True
-        else:
-            failed = False
-        # Collect only after the except block has dropped the exception and its frames' tensors.
-        if failed:
-            gc.collect()
-            _empty_device_caches()
-            return False, None
-        return True, result
-
-    def _next_size(self, size: int, ok: bool, best: int | None, worst: int | None) -> int | None:
-        """Return the next batch size to try, or None when the search is over."""
-        if self.reduce_batch_size_fn is not None:
-            return None if ok else _call_reduce_fn(self.reduce_batch_size_fn, size)
-        if best is None:
-            return size // 2
-        if worst is None:
-            ceiling = self.max_batch_size
-            return None if ceiling is None or best >= ceiling else min(best * 2, ceiling)
-        return None if worst - best <= 1 else (best + worst) // 2
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the function with the largest batch size that fits and return its result.
+        """Run the function, retrying with smaller batch sizes after out-of-memory errors.
+
+        Returns:
+            The result of the first call that did not run out of memory.
 
         Raises:
-            TypeError: the caller passed the batch size too.
-            RuntimeError: even batch size 1 ran out of memory (no executable batch size).
+            TypeError: the caller passed the batch size too, or ``reduce_batch_size_fn`` returned a
+                non-int.
+            RuntimeError: the batch size reached zero (no executable batch size).
             Exception: any error that is not an out-of-memory error, unchanged.
         """
         self._check_call(args)
         self.tries = []
-        size: int | None = self.starting_batch_size
-        best: int | None = None
-        worst: int | None = None
-        result: Any = None
-        while size is not None:
-            if size <= 0:
+        self.batch_size = None
+        batch_size = self.starting_batch_size
+        _collect()  # start from a clean allocator, as the reference does
+        while True:
+            if batch_size <= 0:
                 raise RuntimeError(
-                    "find_executable_batch_size: no executable batch size found, reached zero "
-                    f"after trying {[s for s, _ in self.tries]}. Reduce the model or sequence size, "
-                    "or free memory held outside the function."
+                    f"{_REACHED_ZERO} Tried {[size for size, _ in self.tries]}: reduce the model or "
+                    "sequence size, or free memory held outside the function."
                 )
-            ok, outcome = self._attempt(size, args, kwargs)
-            self.tries.append((size, ok))
-            if ok and (best is None or size > best):
-                best, result = size, outcome
-            elif not ok and (worst is None or size < worst):
-                worst = size
-            size = self._next_size(size, ok, best, worst)
-        self.batch_size = best
-        logger.info(f"find_executable_batch_size: using batch size {best} ({len(self.tries)} tries)")
-        return result
+            try:
+                result = self.function(batch_size, *args, **kwargs)
+            except Exception as exc:
+                if not should_reduce_batch_size(exc):
+                    raise
+                logger.info(f"find_executable_batch_size: batch size {batch_size} ran out of memory.")
+                self.tries.append((batch_size, False))
+            else:
+                self.tries.append((batch_size, True))
+                self.batch_size = batch_size
+                logger.info(f"find_executable_batch_size: ran with batch size {batch_size}.")
+                return result
+            # Outside the except block: the exception and its frames' tensors are gone by now.
+            _collect()
+            batch_size = _reduce(batch_size, self.reduce_batch_size_fn)
 
     def __str__(self) -> str:
         return str(self.batch_size) if self.batch_size is not None else repr(self)
@@ -219,8 +219,6 @@ def find_executable_batch_size(
     function: Callable[..., Any] | None = None,
     starting_batch_size: int = 128,
     reduce_batch_size_fn: Callable[..., int] | None = None,
-    *,
-    max_batch_size: int | None = None,
 ) -> Any:
     """Retry a function with smaller batch sizes until it runs without running out of memory.
 
@@ -229,47 +227,38 @@ def find_executable_batch_size(
     first argument; call the wrapper without it. Build models and dataloaders inside the function so
     that each try starts clean.
 
-    Search: the first size is ``starting_batch_size``. On an out-of-memory error the size is halved
-    until a run succeeds; then it bisects between the largest success and the smallest failure and
-    ends on the largest size that runs. With ``max_batch_size``, a first success doubles the size
-    (up to that bound) before bisecting, so a too-small starting size is raised too. Every
-    successful try runs the function to completion; the result of the largest one is returned.
+    The first size is ``starting_batch_size``; after each out-of-memory error the next is
+    ``int(size * 0.9)``, or what ``reduce_batch_size_fn`` returns. The first call that returns ends
+    the search: the function completes exactly once, so it may be a whole training loop.
 
     Args:
         function: the function to wrap (omit when used as ``@find_executable_batch_size(...)``).
         starting_batch_size: the first batch size tried.
-        reduce_batch_size_fn: custom policy: called after each failure with the failed size (or with no
-            argument) and returns the next size to try; the search stops at the first success.
-        max_batch_size: allow growing above ``starting_batch_size`` up to this size.
+        reduce_batch_size_fn: the next size after an out-of-memory error, instead of ``int(size * 0.9)``.
+            Called without arguments (as in the reference) or, if it takes one, with the size that
+            failed, e.g. ``lambda size: size // 2`` to halve.
 
     Returns:
         A :class:`BatchSizeFinder` (or, without ``function``, a decorator producing one). Its
-        ``batch_size`` attribute holds the size found once it has been called.
+        ``batch_size`` attribute holds the size the last call completed with.
 
     Raises:
-        ValueError: a starting or maximum batch size that is not a positive int.
+        TypeError: ``function`` is not callable or ``starting_batch_size`` is not an int.
 
     Example:
         >>> @find_executable_batch_size(starting_batch_size=128)
         ... def train(batch_size, model_name):
         ...     ...
-        >>> train("tiny")  # runs with the largest batch size that fits; train.batch_size holds it
+        >>> train("tiny")  # runs once, with the first size that fits; train.batch_size holds it
     """
-    for label, value in (("starting_batch_size", starting_batch_size), ("max_batch_size", max_batch_size)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{label} must be a positive int, got {value!r}.")
-    if max_batch_size is not None and max_batch_size < starting_batch_size:
-        raise ValueError(
-            f"max_batch_size ({max_batch_size}) is below starting_batch_size ({starting_batch_size}); "
-            "raise it or leave it unset."
-        )
+    if not isinstance(starting_batch_size, int) or isinstance(starting_batch_size, bool):
+        raise TypeError(f"starting_batch_size must be an int, got {starting_batch_size!r}.")
     if function is None:
         return functools.partial(
             find_executable_batch_size,
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
-            max_batch_size=max_batch_size,
         )
     if not callable(function):
         raise TypeError(f"find_executable_batch_size needs a callable, got {type(function).__name__}.")
-    return BatchSizeFinder(function, starting_batch_size, reduce_batch_size_fn, max_batch_size)
+    return BatchSizeFinder(function, starting_batch_size, reduce_batch_size_fn)
