@@ -95,3 +95,16 @@ def test_trainer_matches_the_reference_accelerate(scenario: Scenario, tmp_path) 
     assert ours["losses_a"].keys() == reference["losses_a"].keys()
     for step, loss in ours["losses_a"].items():
         assert abs(loss - reference["losses_a"][step]) <= 1e-6, (step, loss, reference["losses_a"][step])
+
+
+def test_trainer_auto_find_batch_size_completes_the_loop_once(scenario: Scenario) -> None:
+    """``auto_find_batch_size=True`` wraps the whole training loop in find_executable_batch_size: after
+    out-of-memory errors at 8 and 7 samples it runs again at the reference's next sizes (int(size *
+    0.9)) and stops at the first that fits; the loop runs to completion exactly once."""
+    xfail_if_trainer_cannot_import()
+    (result,) = scenario(
+        "--auto_find_batch_size", "--batch", "8", "--oom_above", "6", "--steps", "3", "--no_eval"
+    )
+    check_common(result, steps=3)
+    assert result["loop_begins"] == [8, 7, 6]  # started at each size tried
+    assert result["loop_ends"] == [6]  # and completed once, with the size that fits

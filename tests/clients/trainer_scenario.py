@@ -13,7 +13,9 @@ transformers, then:
 
 ``--client trainer`` uses ``transformers.Trainer``; ``--client sft`` uses ``trl.SFTTrainer``;
 ``--lora`` wraps the model with a peft LoRA adapter; ``--deepspeed FILE`` / ``--fsdp SPEC`` pass
-the trainer's own options. ``--accelerate reference`` skips the stand-in (the real accelerate runs;
+the trainer's own options. ``--auto_find_batch_size`` sets ``TrainingArguments(auto_find_batch_size=True)``
+and ``--oom_above N`` makes every forward of a batch above N samples raise the out-of-memory error a
+GPU would; the result then records each start and completion of the training loop (a callback). ``--accelerate reference`` skips the stand-in (the real accelerate runs;
 used by the benchmark and the parity tests).
 """
 
@@ -47,6 +49,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fsdp", default=None, help="TrainingArguments.fsdp, e.g. 'full_shard auto_wrap'")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no_eval", action="store_true")
+    p.add_argument("--auto_find_batch_size", action="store_true")
+    p.add_argument("--oom_above", type=int, default=0, help="forwards of larger batches raise OOM")
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--layers", type=int, default=2)
     return p.parse_args(argv)
@@ -140,6 +144,7 @@ def _training_args(args: argparse.Namespace, out: str) -> Any:
         eval_strategy="no",
         dataloader_num_workers=0,
         disable_tqdm=True,
+        auto_find_batch_size=args.auto_find_batch_size,
     )
     if args.deepspeed:
         common["deepspeed"] = args.deepspeed
@@ -176,6 +181,30 @@ def _trainer(args: argparse.Namespace, out: str) -> Any:
         train_dataset=_Tokens(args.samples, 1),
         eval_dataset=_Tokens(16, 2),
     )
+
+
+def _watch_training_loop(trainer: Any, args: argparse.Namespace, seen: dict[str, list[int]]) -> None:
+    """Record each start (with its batch size) and end of the training loop; simulate OOM if asked."""
+    from transformers import TrainerCallback
+
+    class _LoopCounter(TrainerCallback):
+        def on_train_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            seen["begin"].append(state.train_batch_size)
+
+        def on_train_end(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            seen["end"].append(state.train_batch_size)
+
+    trainer.add_callback(_LoopCounter())
+    if not args.oom_above:
+        return
+    import torch
+
+    def _oom(_module: Any, inputs: tuple, kwargs: dict[str, Any]) -> None:
+        batch = kwargs.get("input_ids", inputs[0] if inputs else None)
+        if batch is not None and batch.shape[0] > args.oom_above:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. (simulated: a batch of {batch.shape[0]})")
+
+    trainer.model.register_forward_pre_hook(_oom, with_kwargs=True)
 
 
 def _final_weights(trainer: Any) -> dict[str, Any]:
@@ -236,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     dtypes: list[str] = []
     head = trainer.model.get_output_embeddings()
     handle = head.register_forward_hook(lambda _m, _i, o: dtypes.append(str(o.dtype)))
+    loop: dict[str, list[int]] = {"begin": [], "end": []}
+    _watch_training_loop(trainer, args, loop)
     start = time.perf_counter()
     train_out = trainer.train()
     result["train_seconds"] = time.perf_counter() - start
@@ -246,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         losses_a=_losses(trainer),
         head_output_dtypes=sorted(set(dtypes)),
         steps_per_second=train_out.metrics.get("train_steps_per_second"),
+        loop_begins=loop["begin"],
+        loop_ends=loop["end"],
     )
     if not args.no_eval:
         result["eval_a"] = trainer.evaluate()
