@@ -14,6 +14,7 @@ the same command with --resume continues from the newest complete one.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import torch
@@ -57,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--project_dir", default="quickstart_output")
+    parser.add_argument("--project_dir", default="examples_output/quickstart")
     parser.add_argument("--checkpoint_every", type=int, default=0, help="optimizer steps between checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     return parser.parse_args()
@@ -123,6 +124,8 @@ def main() -> None:
             f"epoch {epoch}: loss {loss.item():.4f} accuracy {correct / total:.3f} ({total} samples)"
         )
     accelerator.print(f"final accuracy: {correct / total:.3f}")
+    metrics = {"accuracy": correct / total, "eval_samples": total, "optimizer_steps": steps.value}
+    accelerator.print("METRICS " + json.dumps(metrics))
     accelerator.end_training()
 
 

@@ -56,7 +56,7 @@ def parse_args() -> argparse.Namespace:
         "--cpu_budget", default=None, help="RAM for weights, e.g. 20MB (default: 1/4 of them)"
     )
     parser.add_argument("--num_inputs", type=int, default=64)
-    parser.add_argument("--output_dir", default="big_model_output")
+    parser.add_argument("--output_dir", default="examples_output/big_model_inference")
     parser.add_argument("--tiny", action="store_true", help="a small model")
     return parser.parse_args()
 

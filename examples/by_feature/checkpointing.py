@@ -12,7 +12,9 @@ were already seen, and ``skip_first_batches`` skips them.
         --checkpointing_steps 4 --resume_from_checkpoint latest
 
 The second run ends with the same weights (``weights_checksum`` in its ``METRICS`` line) as a run
-that was never stopped.
+that was never stopped. ``--resume_from_checkpoint latest`` means "the newest checkpoint, if any": with
+none yet (a first run) it says so in one line and starts from the beginning, so one command both
+starts and continues a run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
 from accelerando import Accelerator
+from accelerando.checkpointing import latest_checkpoint
 from accelerando.utils import ProjectConfiguration, set_seed
 
 
@@ -54,11 +57,15 @@ class Progress:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--project_dir", default="checkpointing_output")
+    parser.add_argument("--project_dir", default="examples_output/checkpointing")
     parser.add_argument(
         "--checkpointing_steps", default="epoch", help="'epoch', or a number of optimizer steps"
     )
-    parser.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest'")
+    parser.add_argument(
+        "--resume_from_checkpoint",
+        default=None,
+        help="a checkpoint folder, or 'latest' (the newest one; none yet: start from the beginning)",
+    )
     parser.add_argument("--stop_after", type=int, default=0, help="exit after this many steps (a crash)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=16, help="per process")
@@ -91,8 +98,12 @@ def main() -> None:
     accelerator.register_for_checkpointing(progress_state)
 
     start_epoch, skip, resumed_from = 0, 0, None
-    if args.resume_from_checkpoint:
-        folder = None if args.resume_from_checkpoint == "latest" else args.resume_from_checkpoint
+    resume = args.resume_from_checkpoint
+    if resume == "latest" and latest_checkpoint(args.project_dir) is None:
+        accelerator.print(f"no checkpoint under {args.project_dir!r} yet: starting from the beginning")
+        resume = None
+    if resume:
+        folder = None if resume == "latest" else resume
         accelerator.load_state(folder)  # None: the newest complete checkpoint of the project
         point = accelerator.resume_point
         start_epoch, skip, resumed_from = (

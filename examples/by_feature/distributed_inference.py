@@ -32,7 +32,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num_inputs", type=int, default=1000)
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--output_dir", default="inference_output")
+    parser.add_argument("--output_dir", default="examples_output/distributed_inference")
     parser.add_argument("--tiny", action="store_true", help="few inputs")
     return parser.parse_args()
 

@@ -68,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--project_dir", default="fsdp_output")
+    parser.add_argument("--project_dir", default="examples_output/fsdp_with_peak_mem_tracking")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="a narrow model, small data")
     return parser.parse_args()

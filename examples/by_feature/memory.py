@@ -42,7 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--starting_batch_size", type=int, default=64)
     parser.add_argument("--simulate_memory_for", type=int, default=0, help="largest batch that 'fits'")
-    parser.add_argument("--project_dir", default="memory_output")
+    parser.add_argument("--project_dir", default="examples_output/memory")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="small data: a few seconds on a CPU")

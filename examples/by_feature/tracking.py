@@ -6,7 +6,7 @@ averages a value over the processes first); ``end_training`` closes the runs. Wi
 installed tracker is used.
 
     accelerando launch --cpu --num_processes 2 examples/by_feature/tracking.py --tiny
-    tensorboard --logdir tracking_output
+    tensorboard --logdir examples_output/tracking
 
 The last line printed is ``METRICS {...}``: final loss and accuracy, and the event files written.
 """
@@ -39,7 +39,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--with", dest="log_with", default="tensorboard", help="a tracker name, or 'all'")
-    parser.add_argument("--project_dir", default="tracking_output")
+    parser.add_argument("--project_dir", default="examples_output/tracking")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=16, help="per process")
     parser.add_argument("--lr", type=float, default=0.05)
