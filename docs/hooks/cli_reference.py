@@ -30,16 +30,14 @@ def _default(field: Any) -> str:
     return f"`{field.default}`"
 
 
-def _flag(field: Any) -> str:
+def _term(field: Any) -> str:
+    """The definition-list term: the flag with its value (or the setting, when it has no flag)."""
+    from accelerando.commands.launch.parser import _METAVARS
+
     if field.cli is None:
-        return "(none)"
-    flag = field.cli
-    spellings = [flag]
-    body = flag[2:]
-    if "_" in body:
-        spellings.append("--" + body.replace("_", "-"))
-    value = "" if field.switch else f" {field.kind.upper()}"
-    return "<br>".join(_code(s + value) for s in spellings)
+        return f'`{field.name}` <span class="cli-note">no flag: environment, config file or code</span> {{ .cli-term }}'
+    value = "" if field.switch else " " + _METAVARS.get(field.name, field.kind.upper())
+    return f"`{field.cli}{value}` {{ .cli-term }}"
 
 
 def _allowed(field: Any) -> str:
@@ -47,6 +45,27 @@ def _allowed(field: Any) -> str:
     if field.aliases:
         text += "; also " + ", ".join(f"{k!r} = {v!r}" for k, v in field.aliases.items())
     return text
+
+
+def _definition(field: Any) -> list[str]:
+    """One setting as a definition-list entry: what it does, then where it can be set.
+
+    ``.cli-term`` / ``.cli-where`` (``docs/stylesheets/cli.css``) keep names in code unbroken. The
+    setting's own name is shown only where it differs from its flag.
+    """
+    env = ", ".join(_code(name) for name in field.env_names)
+    keys = ", ".join(_code(k) for k in field.config_keys) or "none (environment or code only)"
+    name = f" · **setting** `{field.name}`" if field.cli not in (None, f"--{field.name}") else ""
+    return [
+        _term(field),
+        f":   {field.help}",
+        "",
+        f"    **Default** {_default(field)} · **values** {_allowed(field)}{name}  ",
+        f"    **Environment** {env}  ",
+        f"    **Config key** {keys}",
+        "    { .cli-where }",
+        "",
+    ]
 
 
 def _launcher_options() -> list[tuple[str, str]]:
@@ -69,9 +88,10 @@ def render_cli_reference() -> str:
     """Render the command-line reference page as Markdown.
 
     Returns:
-        The page: the subcommands, the launcher's own options, then one table per settings group
-        with every flag spelling, environment variable, config-file key, default, allowed values
-        and help line.
+        The page: the subcommands, the launcher's own options, then one section per settings group
+        with one definition-list entry per setting (its flag, what it does, its default and allowed
+        values, its environment variables and config-file keys). Definition lists rather than wide
+        tables, so that long names never wrap mid-word and nothing is cut on a laptop screen.
     """
     from accelerando.commands.cli import HELP, SUBCOMMANDS
     from accelerando.commands.launch.parser import _GROUP_TITLES
@@ -92,7 +112,7 @@ def render_cli_reference() -> str:
     out += [f"| `accelerando {name}` | {_cell(HELP.get(name, ''))} |" for name in SUBCOMMANDS]
     out += [
         "",
-        "Each multi-word flag takes both spellings, `--num_processes` and `--num-processes`.",
+        "`accelerando <command> --help` lists a command's own options.",
         "",
         "## Launcher options",
         "",
@@ -106,28 +126,20 @@ def render_cli_reference() -> str:
         "",
         "## Settings",
         "",
-        "Every setting below resolves with the precedence *argument in code > launcher flag > "
+        "Each setting is a flag of `accelerando launch`, an environment variable and (mostly) a "
+        "config-file key. They resolve with the precedence *argument in code > launcher flag > "
         "environment variable > config file > default* "
         "(see [Settings and where they come from](../concepts/settings.md)). "
-        "The environment column lists the variables in the order they are read: ours first, "
-        "then the reference's names.",
+        "Environment variables are listed in the order they are read: ours first, then the "
+        "reference's names. Each multi-word flag takes both spellings, `--num_processes` and "
+        "`--num-processes`.",
         "",
     ]
     for group in GROUPS:
         fields = [f for f in FIELDS if f.group == group]
         out += [f"### {_GROUP_TITLES.get(group, group.capitalize())}", ""]
-        out += [
-            "| setting | flag | environment | config key | default | allowed | help |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
         for f in fields:
-            env = "<br>".join(_code(name) for name in f.env_names)
-            keys = "<br>".join(_code(k) for k in f.config_keys) or "(environment / code only)"
-            out.append(
-                f"| `{f.name}` | {_flag(f)} | {env} | {keys} | {_default(f)} | "
-                f"{_cell(_allowed(f))} | {_cell(f.help)} |"
-            )
-        out.append("")
+            out += _definition(f)
     return "\n".join(out) + "\n"
 
 
