@@ -93,6 +93,13 @@ class TorchDynamoPlugin(KwargsHandler):
             kwargs["options"] = self.options
         return kwargs
 
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a dict, the backend as ``torch.compile`` spells it (``"inductor"``)."""
+        out = super().to_dict()
+        if out.get("backend") is not None:
+            out["backend"] = str(getattr(out["backend"], "value", out["backend"])).lower()
+        return out
+
     def to_kwargs(self) -> dict[str, Any]:
         """The changed fields that ``torch.compile`` accepts (``use_regional_compilation`` removed)."""
         kwargs = super().to_kwargs()

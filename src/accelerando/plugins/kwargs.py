@@ -37,8 +37,16 @@ class KwargsHandler:
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
-        """Only the fields whose value differs from the dataclass default."""
-        default = type(self)().to_dict()
+        """Only the fields whose value differs from the default.
+
+        The default is the handler built with no argument and no environment: a value a field took
+        from an ``ACCELERATE_*`` variable (or a launcher's setting) counts as changed, like one given
+        in code.
+        """
+        from accelerando.settings import environment_hidden
+
+        with environment_hidden():
+            default = type(self)().to_dict()
         return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
 
 

@@ -18,6 +18,8 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple
@@ -46,6 +48,7 @@ __all__ = [
     "resolve_runtime_settings",
     "process_settings",
     "forget_process_settings",
+    "environment_hidden",
 ]
 
 logger = logging.getLogger("accelerando.settings")
@@ -345,7 +348,7 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, Sourced]:
     Returns:
         A layer for :func:`resolve`, labelled ``env:<VAR>`` per value.
     """
-    env = os.environ if environ is None else environ
+    env = _environ() if environ is None else environ
     launcher_sources = _launcher_sources(env)
     echoed = _echoed_defaults(env)
     layer: dict[str, Sourced] = {}
@@ -382,6 +385,34 @@ def _echoed_defaults(env: Mapping[str, str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
+_ENVIRONMENT_HIDDEN: ContextVar[bool] = ContextVar("accelerando_environment_hidden", default=False)
+
+
+@contextmanager
+def environment_hidden() -> Iterator[None]:
+    """Within the block, every reader of this package sees an empty process environment.
+
+    ``os.environ`` itself is left alone (other threads keep seeing it): only
+    :func:`process_settings`, :func:`environment_value`, :func:`environment_setting` and
+    :func:`environment_text` answer as if no variable were set. Used to build an object "with nothing
+    given", e.g. the defaults a kwargs handler compares itself with in ``to_kwargs()``.
+
+    Example:
+        >>> with environment_hidden():
+        ...     process_settings().source("mixed_precision")
+        'default'
+    """
+    token = _ENVIRONMENT_HIDDEN.set(True)
+    try:
+        yield
+    finally:
+        _ENVIRONMENT_HIDDEN.reset(token)
+
+
+def _environ() -> Mapping[str, str]:
+    return {} if _ENVIRONMENT_HIDDEN.get() else os.environ
+
+
 def environment_value(name: str) -> Any:
     """One setting as the environment gives it, read through the table (no whole resolution).
 
@@ -398,7 +429,8 @@ def environment_value(name: str) -> Any:
         KeyError: an unknown setting name.
     """
     field = get_field(name)
-    found = _first_variable(field, os.environ, _echoed_defaults(os.environ))
+    env = _environ()
+    found = _first_variable(field, env, _echoed_defaults(env))
     return None if found is None else parse_value(field, found[1], "env:" + found[0])
 
 
@@ -417,7 +449,7 @@ def environment_text(name: str, default: str | None = None) -> str | None:
     Returns:
         The variable's text, or ``default``.
     """
-    return os.environ.get(name, default)
+    return _environ().get(name, default)
 
 
 def environment_setting(name: str) -> Any:
@@ -511,6 +543,8 @@ def process_settings() -> Settings:
     Raises:
         ValueError: when an environment value is not allowed (the message names the variable and fix).
     """
+    if _ENVIRONMENT_HIDDEN.get():
+        return resolve([env_layer({})], warn_sources=())
     fingerprint = _environment_fingerprint(os.environ)
     if _process_cache.get("fingerprint") != fingerprint:
         _process_cache["settings"] = resolve([env_layer(os.environ)], warn_sources=())
