@@ -158,7 +158,7 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path, fork_child: bool) -> None
 
 def _other_process_lock(path: str) -> int:
     """Lock ``path`` through a separate open file, as another process would (flock sees no difference)."""
-    return lock._acquire(path, 0.0, "test", "0" * 32)
+    return lock._acquire_project(path, 0.0, "test", "0" * 32)
 
 
 def test_accelerators_of_one_process_share_the_lock_until_both_are_released(tmp_path) -> None:
@@ -180,6 +180,33 @@ def test_accelerators_of_one_process_share_the_lock_until_both_are_released(tmp_
     gc.collect()  # a freed Accelerator gives its share up
     assert not lock.holds(path)
     os.close(_other_process_lock(path))
+
+
+def test_the_project_lock_leaves_no_file_in_the_project(tmp_path) -> None:
+    """The lock is on the checkpoints folder itself: listing the project or its checkpoints shows
+    only checkpoints, while the lock still refuses another process."""
+    project = str(tmp_path / "project")
+    accelerator, _, _ = worker.build(project, run=1)
+    try:
+        accelerator.save_state()
+        assert os.listdir(project) == ["checkpoints"]
+        assert os.listdir(os.path.join(project, "checkpoints")) == ["checkpoint_0"]
+        with pytest.raises(CheckpointLockedError, match=f"pid {os.getpid()} on host"):
+            _other_process_lock(lock.project_lock_path(project))
+    finally:
+        lock.release(accelerator)
+
+
+def test_project_lock_falls_back_to_a_file_where_folders_cannot_be_locked(tmp_path, monkeypatch) -> None:
+    monkeypatch.delattr(os, "O_DIRECTORY")
+    project = str(tmp_path / "project")
+    fd = _other_process_lock(lock.project_lock_path(project))
+    try:
+        assert os.path.isfile(os.path.join(project, lock.PROJECT_LOCK_NAME))
+        with pytest.raises(CheckpointLockedError, match=f"pid {os.getpid()} on host"):
+            _other_process_lock(lock.project_lock_path(project))
+    finally:
+        os.close(fd)
 
 
 def test_refusal_and_wait_in_one_process(tmp_path, monkeypatch) -> None:

@@ -210,8 +210,8 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="twice|two"):
         Accelerator(kwargs_handlers=[GradScalerKwargs(), GradScalerKwargs()])
     acc = Accelerator()
-    with pytest.raises(TypeError, match="state_dict"):
-        acc.register_for_checkpointing(object())
+    with pytest.raises(ValueError, match="Item at index 1, `object`"):
+        acc.register_for_checkpointing(torch.nn.Linear(1, 1), object())
 
 
 def test_code_argument_beats_launcher_environment(monkeypatch, caplog):

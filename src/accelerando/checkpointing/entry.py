@@ -30,9 +30,9 @@ def save_state(
     Save hooks (``register_save_state_pre_hook``) receive the hidden staging folder as their
     ``output_dir``; whatever they write there is verified and committed with the rest.
 
-    One run writes into a project folder at a time: the first automatically named save takes the
-    project's lock (``<project_dir>/.checkpoints.lock``) and holds it until the process ends or the
-    Accelerator is freed; a save of another process into the same project is refused, or waits.
+    One run writes into a project folder at a time: the first automatically named save locks the
+    ``<project_dir>/checkpoints`` folder itself (no lock file) and holds the lock until the process ends
+    or the Accelerator is freed; a save of another process into the same project is refused, or waits.
 
     Args:
         target: what to save (the Accelerator's :class:`~accelerando.checkpointing.target.CheckpointTarget`).

@@ -1,22 +1,26 @@
-"""One writer per checkpoint folder: exclusive locks on small lock files.
+"""One writer per checkpoint folder: exclusive locks.
 
 Two kinds, both exclusive between processes and both released by the operating system when the holding
 process dies (``kill -9`` included), so a crashed run never blocks the next one:
 
-- the project lock (:func:`hold`), ``<project_dir>/.checkpoints.lock``: taken by a run at its first
-  automatically named save and held until the process exits or every ``Accelerator`` that took it is
-  freed. Accelerators of one process share it (they do not save concurrently); another process
+- the project lock (:func:`hold`), on the project's ``checkpoints`` folder itself: taken by a run at its
+  first automatically named save and held until the process exits or every ``Accelerator`` that took it
+  is freed. Accelerators of one process share it (they do not save concurrently); another process
   that tries to save into the same project folder is refused (:class:`CheckpointLockedError`) or
-  waits, if asked to.
+  waits, if asked to. Locking the folder (``flock`` on a descriptor of the directory) leaves no file
+  anywhere, so ``os.listdir`` of the project folder or of ``checkpoints`` shows only what the user and
+  the reference expect. Where a directory cannot be locked (Windows; some network file systems) the
+  lock falls back to a file beside the folder, ``<project_dir>/.checkpoints.lock``, which stays there.
 - the save lock (:func:`save_lock`), ``<parent>/.<name>.lock``: held for the length of one save into an
   explicit folder, so two processes never stage or commit the same folder at once; its file is
   removed again when the save ends.
 
-The lock file holds the holder's pid, host and start time, which the refusal quotes.
+A lock file holds the holder's pid, host and start time, which the refusal quotes; for a locked folder
+the refusal names the holder's pid from the kernel's lock table (``/proc/locks``) where there is one.
 
-Why ``flock`` on a file of our own rather than POSIX record locks (``lockf``): a record lock is dropped
-when *any* descriptor of the file is closed by its process, so a user copying the project folder in the
-same process would silently release it. ``flock`` locks belong to the open file, which a forked child
+Why ``flock`` rather than POSIX record locks (``lockf``): a record lock is dropped when *any*
+descriptor of the file is closed by its process, so a user copying the project folder in the same
+process would silently release it. ``flock`` locks belong to the open file, which a forked child
 shares; after a fork the child closes its copy (``os.register_at_fork``), so the lock stays with the
 parent and dies with it, and descriptors are not inherited across ``exec``.
 """
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.checkpointing.project import CHECKPOINTS_FOLDER
 
 __all__ = [
     "PROJECT_LOCK_NAME",
@@ -65,7 +70,7 @@ class CheckpointLockedError(CheckpointError):
     """Another process is writing checkpoints into the same folder; the message names it and the fix.
 
     Attributes:
-        lock_file: the lock file held by the other process.
+        lock_file: what the other process locked (the ``checkpoints`` folder, or a lock file).
         folder: the folder it protects.
     """
 
@@ -90,8 +95,12 @@ def check_wait(value: Any) -> float:
 
 
 def project_lock_path(project_dir: str | os.PathLike) -> str:
-    """The project lock file of ``project_dir``."""
-    return os.path.join(os.path.abspath(os.fspath(project_dir)), PROJECT_LOCK_NAME)
+    """What the project lock of ``project_dir`` locks: its ``checkpoints`` folder (created if needed).
+
+    Where that folder cannot be locked, :func:`_acquire` locks the file ``<project_dir>/.checkpoints.lock``
+    instead (:data:`PROJECT_LOCK_NAME`).
+    """
+    return os.path.join(os.path.abspath(os.fspath(project_dir)), CHECKPOINTS_FOLDER)
 
 
 # ----------------------------------------------------------------------------------- the mechanism
@@ -118,6 +127,8 @@ def _try_lock(fd: int) -> bool:
 
 def _describe_holder(path: str) -> str:
     """What the lock file says about its holder ("pid 12 on host h since ..."), or a neutral phrase."""
+    if os.path.isdir(path):
+        return _describe_folder_holder(path)
     try:
         with open(path, encoding="utf-8") as handle:
             info = json.loads(handle.read(4096))
@@ -125,6 +136,74 @@ def _describe_holder(path: str) -> str:
         return f"pid {int(info['pid'])} on host {str(info['host'])[:64]!r}, since {since}"
     except (OSError, ValueError, KeyError, TypeError):  # being written, or left by another tool
         return "a process that left no details"
+
+
+def _describe_folder_holder(path: str) -> str:
+    """The pid holding an ``flock`` on the folder ``path``, from Linux's ``/proc/locks``, or a neutral phrase.
+
+    Its lines read ``1: FLOCK  ADVISORY  WRITE <pid> <major hex>:<minor hex>:<inode> 0 EOF``.
+    """
+    try:
+        info = os.stat(path)
+        with open("/proc/locks", encoding="ascii") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return "a process that left no details"
+    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and "FLOCK" in fields and "->" not in fields and fields[5] == wanted:
+            return f"pid {fields[4]} on host {socket.gethostname()[:64]!r}"
+    return "a process that left no details"
+
+
+def _acquire_folder(path: str, wait: float, what: str) -> int | None:
+    """Exclusively lock the folder ``path`` (created if needed), waiting up to ``wait`` seconds.
+
+    Returns:
+        The locked descriptor, or None where folders cannot be locked (Windows cannot open them; some
+        network file systems refuse ``flock`` on a descriptor not open for writing): the caller then
+        locks a file instead.
+
+    Raises:
+        CheckpointLockedError: If another process still holds it after ``wait`` seconds.
+    """
+    flag = getattr(os, "O_DIRECTORY", None)
+    if flag is None:
+        return None
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | flag)
+    deadline = time.monotonic() + wait
+    pause = _POLL_S[0]
+    try:
+        while not _try_lock(fd):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise refusal(path, wait, what)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _POLL_S[1])
+    except CheckpointLockedError:
+        os.close(fd)
+        raise
+    except OSError:  # this file system does not lock folders
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _acquire_project(path: str, wait: float, what: str, run: str) -> int:
+    """Take the project lock on the ``checkpoints`` folder ``path``, or on the fallback file beside it.
+
+    Raises:
+        CheckpointLockedError: If another process still holds it after ``wait`` seconds.
+    """
+    fd = _acquire_folder(path, wait, what)
+    if fd is not None:
+        return fd
+    return _acquire(os.path.join(os.path.dirname(path), PROJECT_LOCK_NAME), wait, what, run)
 
 
 def _write_holder(fd: int, run: str) -> None:
@@ -187,7 +266,7 @@ def refusal(path: str, waited: float, what: str) -> CheckpointLockedError:
     waited_text = f" (still held after waiting {waited:g} s)" if waited > 0 else ""
     return CheckpointLockedError(
         f"Cannot save into {what!r}: another process is writing checkpoints there{waited_text}: "
-        f"{_describe_holder(path)} (lock file {path!r}). Two runs saving into one folder would overwrite "
+        f"{_describe_holder(path)} ({'locked folder' if os.path.isdir(path) else 'lock file'} {path!r}). Two runs saving into one folder would overwrite "
         "and delete each other's checkpoints. Give this run its own project_dir (or output_dir), stop the "
         "other run, or wait for it with save_state(wait_for_lock=<seconds>).",
         lock_file=path,
@@ -227,7 +306,7 @@ def hold(owner: Any, path: str, wait: float, what: str, run: str) -> None:
 
     Args:
         owner: the object whose lifetime bounds the lock (the Accelerator).
-        path: the lock file (:func:`project_lock_path`).
+        path: the project's ``checkpoints`` folder (:func:`project_lock_path`).
         wait: seconds to wait for another process's lock.
         what: the folder the lock protects, for the error message.
         run: a token naming this run, recorded in the lock file.
@@ -243,7 +322,7 @@ def hold(owner: Any, path: str, wait: float, what: str, run: str) -> None:
             return
         held = _HELD.get(path)
         if held is None:
-            held = _HELD[path] = _Held(_acquire(path, wait, what, run), run)
+            held = _HELD[path] = _Held(_acquire_project(path, wait, what, run), run)
         held.holders += 1
         owned[path] = weakref.finalize(owner, _drop, path)
 

@@ -207,7 +207,7 @@ def _claim(target: Any, stack: ExitStack, root: str | None, final_dir: str, wait
     """Committing process: lock, clean leftovers, pick the folder, create the staging folder."""
     run = _run(target)
     if root is not None:
-        lock.hold(target.owner, lock.project_lock_path(os.path.dirname(root)), wait, root, run.token)
+        lock.hold(target.owner, root, wait, root, run.token)  # root: the project's checkpoints folder
         atomic.remove_stale(root, "checkpoint_")  # ours alone to clean: we hold the lock
         final_dir = os.path.join(root, f"checkpoint_{_next_number(target, root, run)}")
     else:

@@ -72,19 +72,20 @@ class SavingMixin:
         """Add objects with ``state_dict()`` / ``load_state_dict()`` to what ``save_state`` saves.
 
         Raises:
-            TypeError: some objects lack those methods (all offenders are listed).
+            ValueError: some objects lack those methods; the message lists each offender as
+                ``Item at index <i>, `<type>```.
         """
         bad = [
-            f"item {i} ({type(o).__name__})"
+            f"\t- Item at index {i}, `{type(o).__name__}`"
             for i, o in enumerate(objects)
             if not (
                 callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))
             )
         ]
         if bad:
-            raise TypeError(
-                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-                f"these have not: {', '.join(bad)}"
+            raise ValueError(
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:\n" + "\n".join(bad)
             )
         self._custom_objects.extend(objects)
 
