@@ -88,7 +88,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._precision = precision
         self.gradient_state = GradientState()
         self.device_placement = device_placement
-        self._step_was_skipped = False
+        self._is_overflow = False
         self._accelerate_step_called = False
         # Optional callback after each real step (the memory monitor); None costs one check.
         self._after_step: Any = None
@@ -147,13 +147,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._snapshot_wait()  # an asynchronous save is still copying the parameters
         self._accelerate_step_called = True
         if self._precision is None:
-            self._step_was_skipped = False
+            self._is_overflow = False
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             if self._after_step is not None:
                 self._after_step()
             return result
         kwargs = {"closure": closure} if closure is not None else {}
-        self._step_was_skipped = not self._precision.optimizer_step(self.optimizer, **kwargs)
+        self._is_overflow = not self._precision.optimizer_step(self.optimizer, **kwargs)
         if self._after_step is not None:
             self._after_step()
         return None
@@ -175,12 +175,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped because of inf/nan gradients."""
-        return self._step_was_skipped
+        return self._is_overflow
 
     @property
     def is_overflow(self) -> bool:
         """Alias of ``step_was_skipped``."""
-        return self._step_was_skipped
+        return self._is_overflow
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("gradient_state", "_snapshot_wait")}

@@ -71,6 +71,17 @@ def test_worker_exception_surfaces_with_traceback_and_debug_launcher():
         debug_launcher(_fail_on_rank_one, num_processes=0)
 
 
+def _rank_times(factor: int) -> int:
+    return int(os.environ["RANK"]) * factor
+
+
+def test_debug_launcher_runs_a_partial():
+    """A functools.partial has no __name__, which the elastic agent reads; it runs all the same."""
+    import functools
+
+    assert debug_launcher(functools.partial(_rank_times, factor=10), num_processes=2) == [0, 10]
+
+
 NOTEBOOK_CELL = """\
 from accelerando import notebook_launcher
 

@@ -72,10 +72,28 @@ def _format_failure(err: Any) -> str:
     return f"Process {rank} of the launched function failed (exit code {failure.exitcode}):\n{body}"
 
 
+def _named(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Return a plain function calling ``function``, named after it (or its type) for the agent."""
+    target = getattr(function, "func", function)  # functools.partial keeps the real one in .func
+
+    def run(*args: Any) -> Any:
+        return function(*args)
+
+    run.__name__ = getattr(target, "__name__", type(target).__name__)
+    run.__qualname__ = run.__name__
+    return run
+
+
 def _launch(
     function: Callable[..., Any], args: tuple[Any, ...], nprocs: int, env: Mapping[str, str], **kw: Any
 ) -> list[Any]:
-    """Start ``nprocs`` forked processes through the elastic agent and return their results by rank."""
+    """Start ``nprocs`` forked processes through the elastic agent and return their results by rank.
+
+    The agent names its processes after ``function.__name__``, which a ``functools.partial`` or a
+    callable object lacks; such a function is run through a named wrapper (forked, so never pickled).
+    """
+    if not hasattr(function, "__name__"):
+        function = _named(function)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -129,7 +129,7 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         """No-op: the engine stepped in ``backward``; records whether it skipped on overflow."""
         if GradientState().sync_gradients:
             self._accelerate_step_called = True
-        self._step_was_skipped = bool(getattr(self.optimizer, "overflow", False))
+        self._is_overflow = bool(getattr(self.optimizer, "overflow", False))
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """A marker; the real state is in the engine checkpoint written by ``save_state``."""
