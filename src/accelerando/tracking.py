@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,27 +63,45 @@ _REDUCE_OPS = ("mean", "sum", "max", "min")
 
 
 @dataclass(frozen=True)
-class _Backend:
-    cls: type[GeneralTracker]
+class _Library:
+    """What a tracker needs installed: the pip package to suggest and how to tell it is there."""
+
     pip_package: str
     is_available: Callable[[], bool]
 
 
-_REGISTRY: dict[str, _Backend] = {
-    "tensorboard": _Backend(TensorBoardTracker, "tensorboard", imports.is_tensorboard_available),
-    "wandb": _Backend(WandBTracker, "wandb", imports.is_wandb_available),
-    "comet_ml": _Backend(CometMLTracker, "comet_ml", imports.is_comet_ml_available),
-    "aim": _Backend(AimTracker, "aim", imports.is_aim_available),
-    "mlflow": _Backend(MLflowTracker, "mlflow", imports.is_mlflow_available),
-    "clearml": _Backend(ClearMLTracker, "clearml", imports.is_clearml_available),
-    "dvclive": _Backend(DVCLiveTracker, "dvclive", imports.is_dvclive_available),
-    "swanlab": _Backend(SwanLabTracker, "swanlab", imports.is_swanlab_available),
-    "trackio": _Backend(TrackioTracker, "trackio", imports.is_trackio_available),
-    "neptune": _Backend(NeptuneTracker, "neptune", imports.is_neptune_available),
+#: Tracker name -> class, for every registered backend (built in or added by ``register_tracker_class``).
+#: The one table names resolve through: a class put here by hand is selectable too.
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandBTracker,
+    "comet_ml": CometMLTracker,
+    "aim": AimTracker,
+    "mlflow": MLflowTracker,
+    "clearml": ClearMLTracker,
+    "dvclive": DVCLiveTracker,
+    "swanlab": SwanLabTracker,
+    "trackio": TrackioTracker,
+    "neptune": NeptuneTracker,
 }
 
-#: Tracker name -> class, for every registered backend (built in or added by ``register_tracker_class``).
-LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {name: b.cls for name, b in _REGISTRY.items()}
+# Tracker name -> its library; a name without an entry needs nothing (always available).
+_LIBRARIES: dict[str, _Library] = {
+    "tensorboard": _Library("tensorboard", imports.is_tensorboard_available),
+    "wandb": _Library("wandb", imports.is_wandb_available),
+    "comet_ml": _Library("comet_ml", imports.is_comet_ml_available),
+    "aim": _Library("aim", imports.is_aim_available),
+    "mlflow": _Library("mlflow", imports.is_mlflow_available),
+    "clearml": _Library("clearml", imports.is_clearml_available),
+    "dvclive": _Library("dvclive", imports.is_dvclive_available),
+    "swanlab": _Library("swanlab", imports.is_swanlab_available),
+    "trackio": _Library("trackio", imports.is_trackio_available),
+    "neptune": _Library("neptune", imports.is_neptune_available),
+}
+
+
+def _library(name: str) -> _Library:
+    return _LIBRARIES.get(name) or _Library(name, lambda: True)
 
 
 def register_tracker_class(
@@ -92,10 +111,15 @@ def register_tracker_class(
 ) -> type[GeneralTracker]:
     """Make a tracker class selectable by its ``name`` in ``log_with`` (and by ``"all"``).
 
+    Register it before building the Accelerator that uses it. The Accelerator builds it with the
+    project name as first positional argument, its logging directory as second when
+    ``requires_logging_directory`` is True, and ``init_kwargs[name]`` as keyword arguments. Registering
+    a name that is already taken (a built-in tracker included) replaces it, with a ``UserWarning``.
     Usable as a class decorator.
 
     Args:
-        tracker_class: a :class:`GeneralTracker` subclass with a ``name``.
+        tracker_class: a :class:`GeneralTracker` subclass with a non-empty ``name`` and a
+            ``requires_logging_directory`` class attribute.
         pip_package: the package to suggest when its library is missing.
         is_available: tells whether its library is installed (default: always).
 
@@ -103,21 +127,38 @@ def register_tracker_class(
         ``tracker_class`` unchanged.
 
     Raises:
-        TypeError: ``cls`` is not a GeneralTracker subclass or has no ``name``.
+        ValueError: ``tracker_class`` is not a GeneralTracker subclass, has no non-empty ``name`` or no
+            ``requires_logging_directory``.
     """
     cls = tracker_class
-    if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)) or not isinstance(
-        getattr(cls, "name", None), str
-    ):
-        raise TypeError(f"register_tracker_class needs a GeneralTracker subclass with a `name`; got {cls!r}.")
-    _REGISTRY[cls.name] = _Backend(cls, pip_package or cls.name, is_available or (lambda: True))
-    LOGGER_TYPE_TO_CLASS[cls.name] = cls
+    if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)):
+        raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {cls!r}.")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"The tracker class to register must define a non-empty `name` attribute ({cls.__name__} has "
+            f"{name!r}): add e.g. `name = {cls.__name__.lower()!r}` to the class."
+        )
+    if not isinstance(getattr(cls, "requires_logging_directory", None), bool):
+        raise ValueError(
+            "The tracker class to register must define a `requires_logging_directory` class attribute. Set "
+            "it to `True` if the tracker needs a logging directory, or `False` otherwise."
+        )
+    if name in LOGGER_TYPE_TO_CLASS:
+        warnings.warn(
+            f"A tracker with the name {name!r} is already registered and will be overwritten by {cls!r}. "
+            "This is especially significant when shadowing a built-in tracker.",
+            UserWarning,
+            stacklevel=2,
+        )
+    _LIBRARIES[name] = _Library(pip_package or name, is_available or (lambda: True))
+    LOGGER_TYPE_TO_CLASS[name] = cls
     return cls
 
 
 def get_available_trackers() -> list[str]:
     """Return the names of registered trackers whose library is installed."""
-    return [name for name, backend in _REGISTRY.items() if backend.is_available()]
+    return [name for name in LOGGER_TYPE_TO_CLASS if _library(name).is_available()]
 
 
 def _as_list(log_with: Any) -> list[Any]:
@@ -134,27 +175,28 @@ def _as_list(log_with: Any) -> list[Any]:
 
 
 def _resolve_name(name: str, logging_dir: Any, explicit: bool) -> type[GeneralTracker] | None:
-    backend = _REGISTRY.get(name)
-    if backend is None:
-        raise ValueError(f"Unknown tracker {name!r}; choose from {sorted(_REGISTRY)} or 'all'.")
-    if not backend.is_available():
+    cls = LOGGER_TYPE_TO_CLASS.get(name)
+    if cls is None:
+        raise ValueError(f"Unknown tracker {name!r}; choose from {sorted(LOGGER_TYPE_TO_CLASS)} or 'all'.")
+    library = _library(name)
+    if not library.is_available():
         if not explicit:
             return None
         raise ImportError(
             f"The {name!r} tracker was requested but its library is not installed. "
-            f"Install it with `pip install {backend.pip_package}`, or remove {name!r} from log_with."
+            f"Install it with `pip install {library.pip_package}`, or remove {name!r} from log_with."
         )
-    if backend.cls.requires_logging_directory and logging_dir is None:
+    if cls.requires_logging_directory and logging_dir is None:
         if not explicit:
             logger.warning(
                 f"log_with='all': skipping {name!r}, which needs a logging directory (set project_dir)."
             )
             return None
         raise ValueError(
-            f"The {name!r} tracker writes files and needs a logging directory: pass "
-            f"Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)."
+            f"Logging with `{name}` requires a `logging_dir` to be passed in: pass "
+            "Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)."
         )
-    return backend.cls
+    return cls
 
 
 def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = None) -> list[Any]:
@@ -190,10 +232,10 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = 
         else:
             raise TypeError(
                 f"log_with entry {entry!r} is not a tracker name, LoggerType or GeneralTracker; "
-                f"use one of {sorted(_REGISTRY)} or a GeneralTracker subclass/instance."
+                f"use one of {sorted(LOGGER_TYPE_TO_CLASS)} or a GeneralTracker subclass/instance."
             )
     if wants_all:
-        for name in _REGISTRY:
+        for name in list(LOGGER_TYPE_TO_CLASS):
             cls = _resolve_name(name, logging_dir, explicit=False)
             if cls is not None:
                 chosen.append(cls)

@@ -97,28 +97,28 @@ def test_unknown_name_and_bad_types_are_clear_errors() -> None:
 
 
 def test_missing_library_names_the_pip_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = tracking._REGISTRY["swanlab"]
+    backend = tracking._LIBRARIES["swanlab"]
     monkeypatch.setitem(
-        tracking._REGISTRY, "swanlab", dataclasses.replace(backend, is_available=lambda: False)
+        tracking._LIBRARIES, "swanlab", dataclasses.replace(backend, is_available=lambda: False)
     )
     with pytest.raises(ImportError, match="pip install swanlab"):
         TrackingManager(LoggerType.SWANLAB)
 
 
 def test_file_tracker_without_directory_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = tracking._REGISTRY["tensorboard"]
+    backend = tracking._LIBRARIES["tensorboard"]
     monkeypatch.setitem(
-        tracking._REGISTRY, "tensorboard", dataclasses.replace(backend, is_available=lambda: True)
+        tracking._LIBRARIES, "tensorboard", dataclasses.replace(backend, is_available=lambda: True)
     )
     with pytest.raises(ValueError, match="project_dir"):
         TrackingManager("tensorboard", logging_dir=None)
 
 
 def test_all_selects_installed_backends_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, backend in list(tracking._REGISTRY.items()):
+    for name, backend in list(tracking._LIBRARIES.items()):
         keep = name in ("tensorboard", "mlflow")
         monkeypatch.setitem(
-            tracking._REGISTRY, name, dataclasses.replace(backend, is_available=lambda k=keep: k)
+            tracking._LIBRARIES, name, dataclasses.replace(backend, is_available=lambda k=keep: k)
         )
     chosen = filter_trackers(["all", RecordingTracker], "/tmp/logs")
     assert [c.name for c in chosen] == ["recording", "tensorboard", "mlflow"]

@@ -20,7 +20,7 @@ def test_metrics_params_and_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "proj", config={"lr": 0.5, "opt": {"name": "sgd"}}, init_kwargs={"dvclive": {"save_dvc_exp": False}}
     )
     for step in (0, 5, 10):
-        manager.log({"loss": 10.0 - step, "tag": "ignored"}, step=step)
+        manager.log({"loss": 10.0 - step, "tag": f"at-{step}", "skipped": {"a": 1}}, step=step)
     manager.finish()
 
     out = tmp_path / "dvclive"
@@ -33,3 +33,6 @@ def test_metrics_params_and_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (5, 5.0),
         (10, 0.0),
     ]
+    # strings are DVCLive metrics too (as in the reference); other values are skipped
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["tag"] == "at-10" and "skipped" not in metrics

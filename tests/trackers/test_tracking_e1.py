@@ -21,7 +21,7 @@ def test_register_tracker_class_by_keyword(monkeypatch: pytest.MonkeyPatch) -> N
     import accelerando.tracking as tracking
 
     # Registration is process-wide: work on copies so that log_with="all" elsewhere is unaffected.
-    monkeypatch.setattr(tracking, "_REGISTRY", dict(tracking._REGISTRY))
+    monkeypatch.setattr(tracking, "_LIBRARIES", dict(tracking._LIBRARIES))
     monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", dict(tracking.LOGGER_TYPE_TO_CLASS))
 
     class Recorder(GeneralTracker):
@@ -45,7 +45,7 @@ def test_register_tracker_class_by_keyword(monkeypatch: pytest.MonkeyPatch) -> N
     manager.init("proj")
     manager.log({"x": 1})
     assert manager.get_tracker("e1_recorder", unwrap=True) == [{"x": 1}]
-    with pytest.raises(TypeError, match="GeneralTracker subclass"):
+    with pytest.raises(ValueError, match="subclass of `GeneralTracker`"):
         register_tracker_class(tracker_class=object)  # type: ignore[arg-type]
 
 
@@ -125,3 +125,35 @@ def test_clearml_log_images_and_table_offline(tmp_path: Path, monkeypatch: pytes
     assert len(tables) == 1 and tables[0]["iter"] == 2
     plot = json.loads(tables[0]["plot_str"])
     assert plot["data"][0]["cells"]["values"] == [["a", "b"], [1, 2]]
+
+
+def test_register_tracker_class_refusals_and_overwrite_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accelerando.tracking as tracking
+
+    monkeypatch.setattr(tracking, "_LIBRARIES", dict(tracking._LIBRARIES))
+    monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", dict(tracking.LOGGER_TYPE_TO_CLASS))
+
+    class Nameless(GeneralTracker):
+        requires_logging_directory = False
+
+    class NoFlag(GeneralTracker):
+        name = "e1_no_flag"
+
+    with pytest.raises(ValueError, match="subclass of `GeneralTracker`"):
+        register_tracker_class(dict)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty `name`"):
+        register_tracker_class(Nameless)
+    with pytest.raises(ValueError, match="requires_logging_directory"):
+        register_tracker_class(NoFlag)
+
+    class Shadow(GeneralTracker):
+        name = "tensorboard"
+        requires_logging_directory = False
+
+    with pytest.warns(UserWarning, match="'tensorboard' is already registered"):
+        register_tracker_class(Shadow)
+    assert tracking.LOGGER_TYPE_TO_CLASS["tensorboard"] is Shadow
+    # the table is what names resolve through: restoring it undoes the registration
+    tracking.LOGGER_TYPE_TO_CLASS["tensorboard"] = tracking.TensorBoardTracker
+    with pytest.raises(ValueError, match="Logging with `tensorboard` requires a `logging_dir`"):
+        TrackingManager("tensorboard", logging_dir=None)

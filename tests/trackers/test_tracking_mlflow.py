@@ -61,10 +61,10 @@ def test_all_logs_to_both_installed_backends(tmp_path: Path, monkeypatch: pytest
 
     from accelerando import tracking
 
-    for name, backend in list(tracking._REGISTRY.items()):
+    for name, backend in list(tracking._LIBRARIES.items()):
         keep = name in ("tensorboard", "mlflow")  # the other libraries may be installed here too
         monkeypatch.setitem(
-            tracking._REGISTRY, name, dataclasses.replace(backend, is_available=lambda k=keep: k)
+            tracking._LIBRARIES, name, dataclasses.replace(backend, is_available=lambda k=keep: k)
         )
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
@@ -81,3 +81,44 @@ def test_all_logs_to_both_installed_backends(tmp_path: Path, monkeypatch: pytest
     events = EventAccumulator(str(tmp_path / "logs" / "exp"), size_guidance={"scalars": 0})
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+
+
+def test_reference_contract_env_active_run_long_params(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLFLOW_* variables win over arguments; ``active_run`` is the run; a tracking URI the user set is
+    kept when logging_dir is a folder; too long params are dropped without touching the caller's dict."""
+    import mlflow
+
+    from accelerando.tracking import MLflowTracker
+
+    for value, expected in (("off", False), ("Yes", True)):
+        monkeypatch.setenv("MLFLOW_NESTED_RUN", value)
+        assert MLflowTracker(nested_run=not expected).nested_run is expected
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", "maybe")
+    with pytest.raises(ValueError, match="MLFLOW_NESTED_RUN"):
+        MLflowTracker()
+    monkeypatch.delenv("MLFLOW_NESTED_RUN")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from_env")
+    monkeypatch.setenv("MLFLOW_TAGS", '{"team": "env"}')
+    tracker = MLflowTracker(experiment_name="from_arg", tags={"team": "arg"}, logging_dir=tmp_path / "folder")
+    assert tracker.experiment_name == "from_env" and tracker.tags == {"team": "env"}
+    assert tracker.active_run is None
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        tracker.start()
+        assert tracker.tracker is tracker.active_run and mlflow.get_tracking_uri() == uri
+        values = {"lr": 0.1, "long": "x" * 7000}
+        tracker.store_init_configuration(values)
+        assert values == {"lr": 0.1, "long": "x" * 7000}
+        run_id = tracker.active_run.info.run_id
+        tracker.finish()
+        tracker.finish()  # a second finish ends nothing
+        params = mlflow.get_run(run_id).data.params
+        assert params == {"lr": "0.1"}
+        assert mlflow.get_experiment(mlflow.get_run(run_id).info.experiment_id).name == "from_env"
+    finally:
+        mlflow.set_tracking_uri(None)  # back to unset (the default store)

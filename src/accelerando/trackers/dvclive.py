@@ -73,10 +73,10 @@ class DVCLiveTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log numbers with ``Live.log_metric`` at ``step`` and advance DVCLive's step.
+        """Log numbers and strings with ``Live.log_metric`` at ``step`` and advance DVCLive's step.
 
         Args:
-            values: name -> number.
+            values: name -> number or string (other values are skipped with a warning).
             step: the global step (DVCLive's own counter is used when ``None``).
             **kwargs: passed to ``Live.log_metric``.
         """
@@ -85,10 +85,12 @@ class DVCLiveTracker(GeneralTracker):
             live.step = step
         for key, raw in values.items():
             value = scalar_value(raw)
-            if isinstance(value, (int, float)):
+            if isinstance(value, (int, float, str)):
                 live.log_metric(key, value, **kwargs)
             else:
-                logger.warning_once(f"DVCLiveTracker: skipped {key!r}; DVCLive metrics must be numbers.")
+                logger.warning_once(
+                    f"DVCLiveTracker: skipped {key!r}; DVCLive metrics must be numbers or strings."
+                )
         live.next_step()
 
     @on_main_process

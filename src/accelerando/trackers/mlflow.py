@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerando.logging import get_logger
+from accelerando.settings import environment_text
 from accelerando.trackers.base import (
     GeneralTracker,
     flatten_config,
@@ -21,9 +22,34 @@ __all__ = ["MLflowTracker"]
 
 logger = get_logger(__name__)
 
-# MLflow accepts at most 100 params per batch call and bounds the length of each value.
+# MLflow accepts at most 100 params per batch call and bounds the length of each value
+# (mlflow.utils.validation.MAX_PARAM_VAL_LENGTH; this is its value where the import fails).
 _PARAMS_PER_BATCH = 100
 _MAX_PARAM_VALUE_LENGTH = 6000
+_TRUE = frozenset({"1", "true", "yes", "y", "on", "t"})
+_FALSE = frozenset({"0", "false", "no", "n", "off", "f"})
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    """A yes/no environment variable (``MLFLOW_NESTED_RUN``), else ``default``.
+
+    Raises:
+        ValueError: the variable is neither a true nor a false spelling.
+    """
+    text = environment_text(name)
+    if text is None:
+        return bool(default)
+    low = text.strip().lower()
+    if low in _TRUE or low in _FALSE:
+        return low in _TRUE
+    raise ValueError(f"invalid truth value {text!r} for {name}: use true/false, yes/no, on/off or 1/0.")
+
+
+def _max_param_length(mlflow: Any) -> int:
+    try:
+        return int(mlflow.utils.validation.MAX_PARAM_VAL_LENGTH)
+    except (AttributeError, TypeError, ValueError):
+        return _MAX_PARAM_VALUE_LENGTH
 
 
 def _is_uri(text: str) -> bool:
@@ -46,6 +72,24 @@ def _tracking_uri(logging_dir: str | os.PathLike[str]) -> str:
     return folder
 
 
+# The tracking URIs this module set; any other set URI is the user's choice.
+_URIS_SET_HERE: set[str] = set()
+
+
+def _use_store(mlflow: Any, logging_dir: str) -> None:
+    """Make ``logging_dir`` MLflow's store: always for a URI, for a folder unless the user chose one.
+
+    A tracking URI the user set (``mlflow.set_tracking_uri`` or ``MLFLOW_TRACKING_URI``) is kept when
+    ``logging_dir`` is a plain folder (the Accelerator may pass its project folder on its own).
+    """
+    users_choice = mlflow.is_tracking_uri_set() and mlflow.get_tracking_uri() not in _URIS_SET_HERE
+    if users_choice and not _is_uri(logging_dir):
+        logger.debug(f"MLflowTracker: keeping the tracking URI {mlflow.get_tracking_uri()!r}.")
+        return
+    mlflow.set_tracking_uri(_tracking_uri(logging_dir))
+    _URIS_SET_HERE.add(mlflow.get_tracking_uri())
+
+
 def _parse_tags(tags: dict[str, Any] | str | None) -> dict[str, Any] | None:
     """Tags as a dict; text is read as a JSON object.
 
@@ -66,15 +110,26 @@ def _parse_tags(tags: dict[str, Any] | str | None) -> dict[str, Any] | None:
 class MLflowTracker(GeneralTracker):
     """Log to an MLflow run.
 
+    The variables ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (a JSON object) and
+    ``MLFLOW_NESTED_RUN`` (true/false) take priority over the matching arguments, as in the reference.
+
     Args:
         experiment_name: the experiment (the Accelerator passes the project name).
-        logging_dir: tracking URI or folder (``sqlite:///runs.db``, ``./mlruns``, ``http://...``);
-            ``None`` keeps MLflow's own default / ``MLFLOW_TRACKING_URI``.
+        logging_dir: tracking URI or folder (``sqlite:///runs.db``, ``./mlruns``, ``http://...``). A
+            folder becomes the store unless a tracking URI is already set (``mlflow.set_tracking_uri``
+            or ``MLFLOW_TRACKING_URI``), which is then kept; ``None`` keeps MLflow's own default.
         run_id: resume this run instead of creating one.
         tags: tags set on the run (a dict, or a JSON object as text).
         nested_run: start the run nested in the active one.
         run_name: a display name for the run.
         description: a description shown in the UI.
+
+    Attributes:
+        active_run: the ``mlflow.ActiveRun`` once started (``None`` before, and off the main process).
+
+    Raises:
+        ValueError: ``MLFLOW_NESTED_RUN`` is not a yes/no value, or ``tags`` / ``MLFLOW_TAGS`` is not a
+            JSON object.
     """
 
     name = "mlflow"
@@ -86,18 +141,25 @@ class MLflowTracker(GeneralTracker):
         logging_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
         tags: dict[str, Any] | str | None = None,
-        nested_run: bool = False,
+        nested_run: bool | None = False,
         run_name: str | None = None,
         description: str | None = None,
     ) -> None:
         super().__init__()
-        self.experiment_name = experiment_name
+        self.experiment_name = environment_text("MLFLOW_EXPERIMENT_NAME") or experiment_name
         self.logging_dir = logging_dir
-        self.run_id = run_id
-        self.tags = _parse_tags(tags)
-        self.nested_run = nested_run
+        self.run_id = environment_text("MLFLOW_RUN_ID") or run_id
+        self.tags = _parse_tags(environment_text("MLFLOW_TAGS") or tags)
+        self.nested_run = _env_flag("MLFLOW_NESTED_RUN", bool(nested_run))
         self.run_name = run_name
         self.description = description
+        self.active_run: Any = None
+        self._ended = False
+
+    @property
+    def tracker(self) -> Any:
+        """The ``mlflow.ActiveRun`` (``None`` before ``start`` or off the main process)."""
+        return self.active_run
 
     @on_main_process
     def start(self) -> None:
@@ -107,11 +169,12 @@ class MLflowTracker(GeneralTracker):
         except ImportError as exc:
             raise missing_library_error(self.name, "mlflow") from exc
         if self.logging_dir is not None:
-            mlflow.set_tracking_uri(_tracking_uri(self.logging_dir))
+            _use_store(mlflow, os.fspath(self.logging_dir))
         experiment_id = None
         if self.experiment_name and self.run_id is None:
             experiment_id = self._experiment_id(mlflow)
-        self._tracker = mlflow.start_run(
+        self._ended = False
+        self.active_run = mlflow.start_run(
             run_id=self.run_id,
             experiment_id=experiment_id,
             run_name=self.run_name,
@@ -132,21 +195,23 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Log the configuration as run params (flattened to ``a/b`` keys, long values truncated).
+        """Log the configuration as run params (flattened to ``a/b`` keys); too long values are dropped.
 
         Args:
             values: the configuration.
         """
         import mlflow
 
+        limit = _max_param_length(mlflow)
         params = {}
-        for key, value in flatten_config(values).items():
+        for key, value in flatten_config(values).items():  # a new dict: the caller's stays as it is
             text = str(value)
-            if len(text) > _MAX_PARAM_VALUE_LENGTH:
+            if len(text) > limit:
                 logger.warning(
-                    f"MLflowTracker: param {key!r} is longer than MLflow allows; it was truncated."
+                    f"MLflowTracker: param {key!r} is {len(text)} characters long and MLflow accepts at "
+                    f"most {limit}; it was not logged (log it as an artifact instead)."
                 )
-                text = text[:_MAX_PARAM_VALUE_LENGTH]
+                continue
             params[key] = text
         items = list(params.items())
         for start in range(0, len(items), _PARAMS_PER_BATCH):
@@ -220,8 +285,9 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
-        """End the run."""
-        if self._tracker is not None:
+        """End the run; a second call does nothing (it would end whatever run is active then)."""
+        if self.active_run is not None and not self._ended:
             import mlflow
 
             mlflow.end_run()
+            self._ended = True
