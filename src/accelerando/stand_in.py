@@ -26,6 +26,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import sys
 import threading
@@ -184,6 +185,26 @@ def _real_accelerate_loaded() -> types.ModuleType | None:
     return module
 
 
+def _alias_loggers() -> None:
+    """Make the logger ``accelerate.X`` the logger ``accelerando.X``, as the module names are aliased.
+
+    Code written for the reference listens on its logger names (``logging.getLogger("accelerate.big_modeling")``,
+    ``assertLogs("accelerate.utils.environment")``); accelerando's modules log under their own names.
+    """
+    manager = logging.Logger.manager
+    if getattr(manager, "_accelerando_stand_in", False):
+        return
+    resolve = manager.getLogger
+
+    def get_logger(name: str) -> logging.Logger:
+        if name == STAND_IN_NAME or name.startswith(_PREFIX):
+            name = _TARGET + name[len(STAND_IN_NAME) :]
+        return resolve(name)
+
+    manager.getLogger = get_logger  # type: ignore[method-assign]
+    manager._accelerando_stand_in = True  # type: ignore[attr-defined]
+
+
 def is_installed_as_accelerate() -> bool:
     """Whether :func:`install_as_accelerate` has run in this process (never raises)."""
     return any(isinstance(finder, _StandInFinder) for finder in sys.meta_path)
@@ -215,5 +236,6 @@ def install_as_accelerate() -> None:
         if is_installed_as_accelerate():
             return
         sys.meta_path.insert(0, _StandInFinder())
+        _alias_loggers()
         # Names cached as "not found" (or found elsewhere) before the finder existed.
         importlib.invalidate_caches()

@@ -118,3 +118,27 @@ def test_accelerate_console_command_launches_scripts_on_the_stand_in(tmp_path) -
         """
     )
     assert "CHILD accelerando.stand_in 1.15.0 accelerando.accelerator" in out
+
+
+def test_reference_logger_names_are_accelerandos_loggers() -> None:
+    out = _ok(
+        """
+        import logging
+        from accelerando.stand_in import install_as_accelerate
+
+        install_as_accelerate()
+        assert logging.getLogger("accelerate.utils.environment") is logging.getLogger("accelerando.utils.environment")
+        assert logging.getLogger("accelerate") is logging.getLogger("accelerando")
+        assert logging.getLogger("accelerated").name == "accelerated"  # only the package's own names
+        from accelerate.utils import convert_dict_to_env_variables
+
+        seen = []
+        handler = logging.Handler()
+        handler.emit = seen.append
+        logging.getLogger("accelerate.utils.environment").addHandler(handler)
+        convert_dict_to_env_variables({"BAD": "<x"})
+        assert len(seen) == 1 and seen[0].levelno == logging.WARNING
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"

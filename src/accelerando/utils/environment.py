@@ -207,6 +207,9 @@ def _restore_launch_variables(before: dict[str, str]) -> None:
 
 
 def _purging(func: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(func, "_purges_launch_variables", False):
+        return func
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         before = {k: v for k, v in os.environ.items() if k.startswith(_PURGED_PREFIXES)}
@@ -215,7 +218,29 @@ def _purging(func: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _restore_launch_variables(before)
 
+    wrapper._purges_launch_variables = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _purge_test_methods(cls: type) -> None:
+    for name, member in list(vars(cls).items()):
+        if inspect.isfunction(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
+            setattr(cls, name, _purging(member))
+
+
+def _purge_class(cls: type) -> None:
+    """Wrap the test methods of ``cls`` and of every class later derived from it."""
+    _purge_test_methods(cls)
+    inherited = cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(subclass: type, **kwargs: Any) -> None:
+        if inherited is not None:
+            inherited.__get__(None, subclass)(**kwargs)
+        else:
+            super(cls, subclass).__init_subclass__(**kwargs)  # type: ignore[misc]
+        _purge_test_methods(subclass)
+
+    cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
 
 
 def purge_accelerate_environment(func_or_cls: T) -> T:
@@ -223,7 +248,8 @@ def purge_accelerate_environment(func_or_cls: T) -> T:
 
     Creating an ``Accelerator`` or a plugin may record settings in the environment; tests decorated
     with this see a clean environment afterwards. Applied to a class, every method whose name starts
-    with ``test`` (and ``setUp`` / ``tearDown``) is wrapped.
+    with ``test`` (and ``setUp`` / ``tearDown``) is wrapped, in the class and in every class derived
+    from it later.
 
     Args:
         func_or_cls: a function or a (test) class.
@@ -235,9 +261,7 @@ def purge_accelerate_environment(func_or_cls: T) -> T:
         TypeError: if given something that is neither a class nor a callable.
     """
     if inspect.isclass(func_or_cls):
-        for name, member in list(vars(func_or_cls).items()):
-            if inspect.isfunction(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
-                setattr(func_or_cls, name, _purging(member))
+        _purge_class(func_or_cls)
         return func_or_cls
     if callable(func_or_cls):
         return _purging(func_or_cls)  # type: ignore[return-value]
@@ -527,9 +551,9 @@ def check_os_kernel() -> None:
     if match is None:
         return
     if Version(match.group(0)) < Version(_MIN_KERNEL):
+        found = match.group(0)
+        # Formatted here: handlers and tests that read record.msg see the versions.
         logger.warning(
-            "Linux kernel %s is older than %s; processes can hang there. Upgrade the kernel to %s or later.",
-            match.group(0),
-            _MIN_KERNEL,
-            _MIN_KERNEL,
+            f"Linux kernel {found} is older than {_MIN_KERNEL}; processes can hang there. Upgrade the "
+            f"kernel to {_MIN_KERNEL} or later."
         )

@@ -191,10 +191,11 @@ def recursively_apply(
         if test_type(item):
             return func(item, *args, **kwargs)
         if error_on_other_type:
+            # The reference's wording, which callers match on.
             raise TypeError(
-                f"Cannot apply {getattr(func, '__name__', func)} to an object of type {type(item).__name__}: "
-                "only nested lists/tuples/dicts whose leaves are tensors are supported. Convert it to a "
-                "tensor first (or use gather_object / broadcast_object_list for arbitrary objects)."
+                f"Unsupported types ({type(item)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+                f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` "
+                "should be passed."
             )
         return item
 
@@ -371,11 +372,14 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
 
     Raises:
         ValueError: if ``data`` is empty.
-        TypeError: if a leaf is not a tensor.
+        TypeError: if a leaf is not a tensor (with two or more structures; one is returned as is).
     """
     if len(data) == 0:
         raise ValueError("concatenate needs at least one structure; got an empty list.")
     first = data[0]
+    if len(data) == 1:
+        # One batch has nothing to merge: it is returned as it is, whatever its leaves.
+        return first
     if isinstance(first, (tuple, list)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
@@ -771,16 +775,23 @@ def reduce(tensor: Any, reduction: str | None = "mean", scale: float = 1.0) -> A
     return recursively_apply(one, tensor, error_on_other_type=True)
 
 
-def _pad_one(tensor: torch.Tensor, dim: int, pad_index: int, pad_first: bool) -> torch.Tensor:
-    if tensor.is_nested:
-        import warnings
+def _warn_if_nested(tensor: torch.Tensor) -> bool:
+    """Warn (CannotPadNestedTensorWarning) and return True when ``tensor`` is nested (jagged)."""
+    if not tensor.is_nested:
+        return False
+    import warnings
 
-        warnings.warn(
-            "pad_across_processes cannot pad a nested (jagged) tensor: its sizes differ per component. "
-            "It is returned unpadded; pad its components (or convert with to_padded_tensor) first.",
-            CannotPadNestedTensorWarning,
-            stacklevel=4,
-        )
+    warnings.warn(
+        "pad_across_processes cannot pad a nested (jagged) tensor: its sizes differ per component. "
+        "It is returned unpadded; pad its components (or convert with to_padded_tensor) first.",
+        CannotPadNestedTensorWarning,
+        stacklevel=5,
+    )
+    return True
+
+
+def _pad_one(tensor: torch.Tensor, dim: int, pad_index: int, pad_first: bool) -> torch.Tensor:
+    if _warn_if_nested(tensor):
         return tensor
     if tensor.ndim == 0 or not -tensor.ndim <= dim < tensor.ndim:
         return tensor
@@ -819,6 +830,8 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         TypeError: if a leaf is not a tensor.
     """
     if _distributed() is None:
+        # Nothing to pad against; a nested tensor still gets its warning, as it would with peers.
+        recursively_apply(_warn_if_nested, tensor)
         return tensor
     return recursively_apply(
         _pad_one, tensor, dim=dim, pad_index=pad_index, pad_first=pad_first, error_on_other_type=True

@@ -402,6 +402,16 @@ def get_model_tp_size(model: torch.nn.Module) -> int | None:
         size = getattr(model, name, None)
         if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
             return size
+    # transformers >= 5 records the degree in the config's distributed_config (a dict after a JSON
+    # round trip) and leaves `model.tp_size` as a None stub.
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    size = (
+        distributed.get("tp_size")
+        if isinstance(distributed, Mapping)
+        else getattr(distributed, "tp_size", None)
+    )
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return size
     dtensor = _dtensor_class()
     if dtensor is None:
         return None

@@ -55,7 +55,11 @@ def _is_module_wrapper(module: Any) -> bool:
 def _remove_autocast_forward(model: torch.nn.Module) -> None:
     # Contract with accelerando.precision: when it wraps forward in autocast / fp32 conversion, it
     # stores the forward it replaced in `_accelerando_original_forward`.
+    # The reference's name for the same record, `_original_forward`, is honoured too: code written for
+    # it (and transformers) sets it before wrapping forward itself.
     original = model.__dict__.pop("_accelerando_original_forward", None)
+    if original is None:
+        original = model.__dict__.pop("_original_forward", None)
     if original is None:
         return
     if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is getattr(
