@@ -54,7 +54,9 @@ def test_every_launch_field_flag_takes_the_dash_spelling() -> None:
             argv = [field.cli.replace("_", "-")] + ([] if field.switch else ["7"])
             args = launch.parse(parser, [*argv, "train.py"])
             assert args.unknown_args == [], field.cli
-            assert getattr(args, field.name) == (True if field.switch else "7"), field.cli
+            # Numbers are parsed as numbers (the reference's parser types them too).
+            number = {"int": 7, "float": 7.0}.get(field.kind, "7")
+            assert getattr(args, field.name) == (True if field.switch else number), field.cli
 
 
 def test_launch_both_spellings_give_the_same_namespace_and_keep_script_flags() -> None:
@@ -68,14 +70,14 @@ def test_launch_both_spellings_give_the_same_namespace_and_keep_script_flags() -
     assert vars(underscore) == vars(dash)
     assert dash.training_script == "train.py"
     assert dash.training_script_args == script[1:]
-    assert (dash.num_processes, dash.mixed_precision, dash.config_file) == ("2", "bf16", "x.yaml")
+    assert (dash.num_processes, dash.mixed_precision, dash.config_file) == (2, "bf16", "x.yaml")
     equals = launch.parse(parser, ["--num-processes=2", "train.py"])
-    assert equals.num_processes == "2" and equals.unknown_args == []
+    assert equals.num_processes == 2 and equals.unknown_args == []
 
 
 def test_abbreviation_is_not_ambiguous_between_spellings() -> None:
     args = launch.parse(launch.build_parser(), ["--mixed-prec=bf16", "--num_proc=2", "train.py"])
-    assert (args.mixed_precision, args.num_processes, args.unknown_args) == ("bf16", "2", [])
+    assert (args.mixed_precision, args.num_processes, args.unknown_args) == ("bf16", 2, [])
 
 
 @pytest.mark.parametrize("typo", ["--num-proceses", "--num_proceses", "--num-proceses=2"])
@@ -87,7 +89,8 @@ def test_dash_typo_names_the_listed_flag(typo: str, capsys: pytest.CaptureFixtur
 
 def test_help_lists_each_flag_once_and_mentions_dashes() -> None:
     text = launch.build_parser().format_help()
-    assert "--num-processes" not in text and "--num_processes" in text
+    # The dash spelling appears once, in the note's example (as the reference's help has it once).
+    assert text.count("--num-processes") == 1 and "--num_processes" in text
     assert text.count(SPELLING_NOTE) == 1
     parser = build_parser()
     assert SPELLING_NOTE in parser.format_help()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from unittest.mock import patch
 
 import pytest
 
@@ -50,8 +51,8 @@ def test_simple_launcher_module_program_and_master(monkeypatch):
         _args(cpu=True, num_processes=4, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1")
     )
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
-    with pytest.raises(ValueError, match="mpirun"):
-        launch.prepare_simple_launcher_cmd_env(
+    with patch.object(launch, "which", return_value=None), pytest.raises(OSError, match="mpirun"):
+        launch.prepare_simple_launcher_cmd_env(  # the reference's OSError when there is no mpirun
             _args(cpu=True, num_processes=2, mpirun_hostfile="no-such-hostfile")
         )
     with pytest.raises(ValueError, match="--module and --no_python"):
@@ -75,7 +76,7 @@ def test_multi_process_env_sets_the_agent_options():
     )
     env = launch.prepare_multi_gpu_env(args)
     assert (args.nproc_per_node, args.nnodes, args.node_rank) == ("2", "1", 0)
-    assert (args.master_addr, args.master_port) == ("127.0.0.1", 29500)
+    assert (args.master_addr, args.master_port) == ("127.0.0.1", "29500")  # text, as the reference
     assert isinstance(args.max_restarts, int) and isinstance(args.monitor_interval, float)
     assert hasattr(args, "rdzv_id") and hasattr(args, "start_method")  # torchrun's other options
     assert env["ACCELERATE_USE_FSDP"] == "true"

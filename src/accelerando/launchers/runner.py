@@ -256,6 +256,7 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
         The exit status: the script's for one process; 0 when every process succeeded, else the
         exit code of the first process that failed; 2 when the rendezvous address or port of a
         multi-process launch cannot work (:mod:`accelerando.launchers.preflight`, checked first).
+        ``os.environ`` is the same afterwards as before.
     """
     if plan.mode == "elastic":  # a wrong address or a taken port fails here, not as a hang
         from accelerando.launchers.preflight import RendezvousError, check_plan
@@ -270,7 +271,15 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
     # One process, mpirun (one command that starts them all), or DeepSpeed's own runner; every other
     # plan goes to the elastic agent.
     direct = {"simple": _run_simple, "mpirun": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)
-    return direct(plan) if direct is not None else _run_elastic(plan, quiet)
+    # The processes inherit the plan's variables through our environment; it is put back afterwards, so
+    # a launch run from Python (launch_command, `accelerando test`) leaves the caller's as it was.
+    saved = os.environ.copy()
+    try:
+        return direct(plan) if direct is not None else _run_elastic(plan, quiet)
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 def write_deepspeed_env(env: dict[str, str] | Any, path: str) -> None:

@@ -10,11 +10,11 @@ One module per responsibility:
 - :mod:`.flags`: the flags that are not settings (own, compatibility, refused) and their spelling;
 - :mod:`.parser`: the argument parser, its ``--help`` formatting, and parsing;
 - :mod:`.resolution`: parsed arguments -> resolved settings -> launch plan;
-- :mod:`.dry_run` and :mod:`.emit`: ``--dry-run`` printing and ``--emit`` job files;
+- :mod:`.dry_run` and :mod:`.emit`: ``--dry_run`` printing and ``--emit`` job files;
 - :mod:`.entry`: :func:`run`, :func:`main` and the CLI registration;
 - :mod:`.reference`: the reference's module interface (``launch_command`` and the named launchers).
 
-No module here imports torch or yaml at import time: ``--help`` and ``--dry-run`` stay fast.
+No module here imports torch or yaml at import time: ``--help`` and ``--dry_run`` stay fast.
 Also runnable as ``python -m accelerando.commands.launch``.
 """
 

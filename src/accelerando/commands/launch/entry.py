@@ -1,7 +1,7 @@
 """The entry points of ``accelerando launch``: the CLI subcommand, ``python -m``, and :func:`run`.
 
 :func:`run` checks the parsed arguments, then emits a job (``--emit``), prints the plan
-(``--dry-run``) or hands the plan to :func:`accelerando.launchers.runner.run`. Usage and configuration
+(``--dry_run``) or hands the plan to :func:`accelerando.launchers.runner.run`. Usage and configuration
 errors are printed and answered with exit status 2; nothing raises to the user.
 """
 
@@ -16,7 +16,6 @@ from accelerando.commands.launch.dry_run import print_dry_run
 from accelerando.commands.launch.emit import emit
 from accelerando.commands.launch.flags import refused_message
 from accelerando.commands.launch.parser import (
-    DESCRIPTION,
     CustomHelpFormatter,
     build_parser,
     parse,
@@ -25,7 +24,7 @@ from accelerando.commands.launch.parser import (
 from accelerando.commands.launch.resolution import plan_for
 from accelerando.launchers.plan import check_files
 
-__all__ = ["add_parser", "main", "run"]
+__all__ = ["add_parser", "main", "run", "script_problem"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,9 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    parser = subparsers.add_parser(
-        "launch", help="Launch a script.", description=DESCRIPTION, formatter_class=CustomHelpFormatter
-    )
+    parser = subparsers.add_parser("launch", help="Launch a script.", formatter_class=CustomHelpFormatter)
     build_parser(parser)
     parser.set_defaults(func=run)
     return parser
@@ -55,6 +52,36 @@ def _usage_error(args: argparse.Namespace) -> str:
     return refused_message(args)
 
 
+def script_problem(args: argparse.Namespace, plan: Any = None) -> str:
+    """Why the script of ``args`` cannot be started on this machine, or ``""``.
+
+    Checked before any process starts, so a mistyped path is one line instead of one traceback per
+    process. A module (``-m``), a program (``--no_python``) and a job that DeepSpeed's runner starts
+    on other hosts are not checked here.
+
+    Args:
+        args: the parsed launch arguments (``training_script`` set).
+        plan: the launch plan, when built (its mode tells whether other hosts start the script).
+
+    Returns:
+        One sentence naming the path, what is wrong and the fix; ``""`` when the script can be read.
+    """
+    import os
+
+    if getattr(args, "module", False) or getattr(args, "no_python", False):
+        return ""
+    if plan is not None and plan.uses_backend_runner:
+        return ""
+    path = str(args.training_script)
+    if not os.path.exists(path):
+        return f"the script {path} does not exist. Fix: check the path (relative to {os.getcwd()})."
+    if not os.path.isfile(path):
+        return f"the script {path} is not a file. Fix: give the path of a Python script (or -m for a module)."
+    if not os.access(path, os.R_OK):
+        return f"the script {path} cannot be read (permission denied). Fix: `chmod +r {path}`."
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``accelerando launch`` with parsed arguments.
 
@@ -63,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
             launcher-position flags we do not know (an error naming them and the closest known flags).
 
     Returns:
-        The exit status (the script's, or 2 for a configuration error or an unknown flag).
+        The exit status (the script's, or 2 for a configuration error, an unknown flag, or a script
+        that does not exist or cannot be read: checked before any process starts).
     """
     error = _usage_error(args)
     if error:
@@ -80,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_dry_run(settings, plan)
         return 0
+    problem = script_problem(args, plan)
+    if problem:
+        print(f"accelerando launch: {problem}", file=sys.stderr)
+        return 2
     try:
         check_files(settings)  # the files the processes read, only now: a plan may be made elsewhere
     except ValueError as err:

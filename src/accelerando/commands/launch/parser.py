@@ -19,6 +19,7 @@ from accelerando.commands.launch.flags import (
     split_unknown,
 )
 from accelerando.commands.spellings import (
+    SPELLING_NOTE,
     SpellingParser,
     add_dash_spellings,
     canonical_key,
@@ -26,13 +27,30 @@ from accelerando.commands.spellings import (
 )
 from accelerando.settings.fields import FIELDS, Field, quote_value
 
-__all__ = ["DESCRIPTION", "CustomHelpFormatter", "build_parser", "parse", "unknown_flags_message"]
+__all__ = [
+    "DESCRIPTION",
+    "USAGE",
+    "CustomHelpFormatter",
+    "ParserDefault",
+    "build_parser",
+    "is_given",
+    "parse",
+    "unknown_flags_message",
+]
 
 #: The description of ``accelerando launch`` in ``--help``.
 DESCRIPTION = (
     "Start a training script in one or many processes. Precedence of every setting: an argument in "
     "the script's code > a flag here > an environment variable > the config file > the default."
 )
+#: The short synopsis ``--help`` and usage errors open with (every flag is listed below it).
+USAGE = """accelerando launch [options] script.py [script args]
+       accelerando launch [options] -m module [module args]
+
+most-used options: --num_processes N, --multi_gpu, --cpu, --mixed_precision {no,bf16,fp16,fp8},
+  --config_file FILE, --num_machines N, --use_fsdp, --use_deepspeed, --dry_run"""
+#: The last lines of ``--help``: the second spelling of every flag, once.
+EPILOG = f"{SPELLING_NOTE} E.g. --num-processes is --num_processes."
 _DRY_RUN_HELP = "Print the resolved settings, topology, command and environment; start nothing."
 _GROUP_TITLES = {
     "core": "Training",
@@ -89,6 +107,55 @@ def _help(field: Field) -> str:
     return f"{text} Env: {env}."
 
 
+class ParserDefault(str):
+    """A flag's value when it was not given, where code reads the flag before the settings resolve.
+
+    It reads as the reference's parser default (``"true"``) but is not taken for a given flag: the
+    config file and the environment still set the setting (see :func:`is_given`).
+    """
+
+    __slots__ = ()
+
+
+# The reference parser's defaults that code written for it reads straight from the namespace.
+_PARSER_DEFAULTS = {"fsdp_sync_module_states": ParserDefault("true")}
+
+
+def is_given(field: Field, value: Any) -> bool:
+    """Whether ``value``, read from a launch namespace for ``field``, was given on the command line.
+
+    Args:
+        field: the setting's row.
+        value: the namespace's value for it.
+
+    Returns:
+        False for ``None``, an absent switch (``False``) and a :class:`ParserDefault`; True otherwise.
+    """
+    if value is None or isinstance(value, ParserDefault):
+        return False
+    return not (field.switch and value is False)
+
+
+def _typed(field: Field) -> Any:
+    """The argparse ``type`` of a setting flag: a number as a number, anything else as typed.
+
+    Text that is not a number stays text, so the settings resolver reports it with the setting, the
+    flag and the fix (argparse's own message would say less).
+    """
+    if field.kind not in ("int", "float"):
+        return None
+    kind = int if field.kind == "int" else float
+
+    def convert(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            return text
+
+    convert.__name__ = field.kind
+    return convert
+
+
 def _add_own_options(parser: argparse.ArgumentParser) -> None:
     own = parser.add_argument_group("Launcher")
     own.add_argument(
@@ -97,7 +164,7 @@ def _add_own_options(parser: argparse.ArgumentParser) -> None:
     own.add_argument("-m", "--module", action="store_true", help="Run the target as `python -m target`.")
     own.add_argument("--no_python", action="store_true", help="Run the target directly, not through Python.")
     own.add_argument("-q", "--quiet", action="store_true", help="Show only the script's own output.")
-    own.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help=_DRY_RUN_HELP)
+    own.add_argument("--dry_run", action="store_true", help=_DRY_RUN_HELP)
     own.add_argument("--role", default=None, help="Elastic agent role name for the processes.")
     own.add_argument(
         "-t", "--tee", default=None, help="Copy stdout/stderr to log files (0-3, or rank:value)."
@@ -116,12 +183,17 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 _GROUP_TITLES.get(field.group, field.group)
             )
         if field.switch:
-            group.add_argument(
-                field.cli, dest=field.name, action="store_const", const=True, help=_help(field)
-            )
+            group.add_argument(field.cli, dest=field.name, action="store_true", help=_help(field))
         else:
             metavar = _METAVARS.get(field.name, field.kind.upper())
-            group.add_argument(field.cli, dest=field.name, metavar=metavar, help=_help(field))
+            group.add_argument(
+                field.cli,
+                dest=field.name,
+                metavar=metavar,
+                type=_typed(field),
+                default=_PARSER_DEFAULTS.get(field.name),
+                help=_help(field),
+            )
 
 
 def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
@@ -147,14 +219,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         parser: an existing (sub)parser, or ``None`` to create ``accelerando launch``'s parser.
 
     Returns:
-        The parser; each setting flag stores the raw string (or ``True`` for a switch) under the
-        setting's name and defaults to ``None`` ("not given"). Every multi-word flag also takes its
-        dash spelling (``--num-processes``); ``--help`` lists the underscore one.
+        The parser; each setting flag stores its value under the setting's name (a number as a
+        number, other values as typed; a switch ``True``), and ``None`` (a switch: ``False``) when not
+        given (:func:`is_given`). Every multi-word flag also takes its dash spelling
+        (``--num-processes``); ``--help`` lists the underscore one and opens with :data:`USAGE`.
     """
     if parser is None:
-        parser = SpellingParser(
-            "accelerando launch", description=DESCRIPTION, formatter_class=CustomHelpFormatter
-        )
+        parser = SpellingParser("accelerando launch", formatter_class=CustomHelpFormatter)
+    parser.usage, parser.description, parser.epilog = USAGE, DESCRIPTION, EPILOG
     _add_own_options(parser)
     _add_setting_flags(parser)
     _add_compat_flags(parser)

@@ -13,8 +13,9 @@ from typing import Any
 
 from accelerando.commands.launch.entry import run
 from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_message
-from accelerando.commands.launch.parser import DESCRIPTION, build_parser, unknown_flags_message
+from accelerando.commands.launch.parser import CustomHelpFormatter, build_parser, unknown_flags_message
 from accelerando.commands.launch.resolution import plan_for
+from accelerando.settings.fields import FIELDS
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -64,7 +65,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is None:
         parser = build_parser()
     else:
-        parser = subparsers.add_parser("launch", help="Launch a script.", description=DESCRIPTION)
+        parser = subparsers.add_parser("launch", help="Launch a script.", formatter_class=CustomHelpFormatter)
         build_parser(parser)
     parser.set_defaults(func=launch_command)
     return parser
@@ -77,7 +78,8 @@ def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespac
         args: a namespace from :func:`launch_command_parser`.
 
     Returns:
-        ``(args, settings, mixed_precision_from_config)``: the same namespace, the resolved
+        ``(args, settings, mixed_precision_from_config)``: the same namespace, filled with every
+        setting a config file, the environment or a flag gave (as the reference fills it), the resolved
         :class:`~accelerando.settings.Settings` (defaults < config file < environment < flags), and
         whether the mixed precision came from the config file.
 
@@ -91,8 +93,26 @@ def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespac
     refused = refused_message(args)
     if refused:
         raise ValueError(refused)
-    settings, _plan = plan_for(args)
+    from accelerando.launchers.mpirun import MpiRun
+
+    # Nothing starts here: where mpirun is (and which one) matters only to a launch.
+    settings, _plan = plan_for(args, find_mpirun=lambda: MpiRun("mpirun", "openmpi"))
+    _fill_namespace(args, settings)
     return args, settings, settings.source("mixed_precision").startswith("config:")
+
+
+def _fill_namespace(args: argparse.Namespace, settings: Any) -> None:
+    """Write into ``args`` every flag's setting that some layer (config file, environment, flag) gave.
+
+    As the reference's validation does, so code reading ``args`` afterwards sees the config file's
+    values; settings left at their defaults keep the namespace's value (``None``, ``False``).
+    """
+    for field in FIELDS:
+        if field.cli is None or settings.source(field.name) == "default":
+            continue
+        value = settings[field.name]
+        if value is not None:
+            setattr(args, field.name, value)
 
 
 def _start(
@@ -240,9 +260,14 @@ def launch_command(args: argparse.Namespace) -> None:
         args: a namespace from :func:`launch_command_parser` (``parser.parse_args(argv)``).
 
     Raises:
-        SystemExit: with the exit status, when it is not 0 (a failed process, or 2 for a usage or
-            configuration error, which is printed).
+        ValueError: an unknown or refused flag, a bad config file or value, or an impossible
+            combination, found before anything starts (see :func:`validate_launch_command`).
+        SystemExit: with the exit status, when it is not 0 (a failed process, or 2 for a script or
+            file that is missing, which is printed).
     """
+    import copy
+
+    validate_launch_command(copy.copy(args))  # raises, as the reference's launch_command does
     code = run(args)
     if code:
         raise SystemExit(code)

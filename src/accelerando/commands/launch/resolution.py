@@ -25,12 +25,13 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         Setting name -> :class:`~accelerando.settings.resolve.Sourced` (``cli:--flag``), given ones only.
     """
+    from accelerando.commands.launch.parser import is_given
     from accelerando.settings.resolve import Sourced
 
     layer = {}
     for field in FIELDS:
         value = getattr(args, field.name, None) if field.cli else None
-        if value is not None:
+        if is_given(field, value):
             layer[field.name] = Sourced(value, "cli:" + str(field.cli))
     return layer
 
@@ -80,12 +81,16 @@ def command_of(args: argparse.Namespace) -> Any:
     )
 
 
-def plan_for(args: argparse.Namespace, forced: dict[str, Any] | None = None) -> tuple[Any, Any]:
+def plan_for(
+    args: argparse.Namespace, forced: dict[str, Any] | None = None, *, find_mpirun: Any = None
+) -> tuple[Any, Any]:
     """Resolve the settings of ``args`` and plan the launch.
 
     Args:
         args: the parsed launch arguments (``training_script`` set).
         forced: settings a named launcher implies, on top of every other layer.
+        find_mpirun: finds ``mpirun`` for a ``mpirun_hostfile`` launch (default: look on ``PATH``);
+            validation passes one that does not look, since nothing starts then.
 
     Returns:
         ``(settings, plan)``: the resolved settings and the :class:`~accelerando.launchers.plan.LaunchPlan`,
@@ -105,6 +110,7 @@ def plan_for(args: argparse.Namespace, forced: dict[str, Any] | None = None) -> 
     agent_options = [
         f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k, None)
     ]
-    plan = build(settings, command, detect_machine(), agent_options=agent_options)
+    extra = {"mpirun": find_mpirun} if find_mpirun is not None else {}
+    plan = build(settings, command, detect_machine(), agent_options=agent_options, **extra)
     check_command(command, settings)
     return settings, replace(plan, env={**plan.env, **compat_env(args)}, notes=(*notes, *plan.notes))

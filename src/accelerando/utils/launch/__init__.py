@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
+from shutil import which
 from typing import Any
 
 from accelerando.settings.fields import FIELDS_BY_NAME
-from accelerando.settings.machine import MachineInfo, detect_machine
+from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 from accelerando.utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from accelerando.utils.environment import check_cuda_p2p_ib_support, get_current_device_type
 from accelerando.utils.launch.agent import set_agent_args as _set_agent_args
@@ -43,6 +45,7 @@ from accelerando.utils.launch.env import (
 from accelerando.utils.launch.env import setting_text as _text
 from accelerando.utils.launch.fork import PrepareForLaunch
 from accelerando.utils.launch.namespace import settings_from_args as _settings_from_args
+from accelerando.utils.launch.sagemaker import convert_nargs_to_dict as _convert_nargs_to_dict  # noqa: F401 (the reference's private name)
 from accelerando.utils.launch.sagemaker import prepare_sagemager_args_inputs
 
 __all__ = [
@@ -67,30 +70,52 @@ _DEFAULT_MAIN_PORT = 29500
 # --- namespace -> settings and plan ---------------------------------------------------------------
 
 
-def _command(args: argparse.Namespace) -> Any:
+def _command(args: argparse.Namespace, required: bool = True) -> Any:
     from accelerando.launchers.plan import Command
 
     script = getattr(args, "training_script", None)
-    if not script:
+    if not script and required:
         raise ValueError("The launch namespace has no training_script. Fix: set args.training_script.")
     return Command(
-        str(script),
+        str(script or "script.py"),  # only the agent's options are wanted when there is no script
         tuple(str(a) for a in getattr(args, "training_script_args", None) or ()),
         bool(getattr(args, "module", False)),
         bool(getattr(args, "no_python", False)),
     )
 
 
-def _plan(args: argparse.Namespace, settings: Any, machine: MachineInfo | None = None) -> Any:
+def _mpirun() -> Any:
+    """The ``mpirun`` on ``PATH`` and its kind, found through this module's ``which`` and ``subprocess``.
+
+    As the reference: ``mpirun`` is run by name, Open MPI is recognised from ``mpirun --version`` and
+    anything else is taken for MPICH / Intel MPI (Hydra options).
+
+    Raises:
+        OSError: there is no ``mpirun`` on ``PATH``.
+    """
+    from accelerando.launchers.mpirun import MpiRun
+
+    if not which("mpirun"):
+        raise OSError(
+            "mpirun or mpiexec were not found. Ensure that Intel MPI, Open MPI, or MVAPICH are installed. "
+            "Fix: install one (e.g. `apt-get install openmpi-bin`), or drop mpirun_hostfile."
+        )
+    version = subprocess.check_output(["mpirun", "--version"])
+    text = version.decode(errors="replace") if isinstance(version, bytes) else str(version)
+    return MpiRun("mpirun", "openmpi" if "open mpi" in text.lower() else "mpich")
+
+
+def _plan(
+    args: argparse.Namespace, settings: Any, machine: MachineInfo | None = None, required: bool = True
+) -> Any:
     from accelerando.launchers.plan import build
 
     port = getattr(args, "main_process_port", None)
-    return build(
-        settings,
-        _command(args),
-        machine or detect_machine(),
-        port=lambda: int(port) if port else _DEFAULT_MAIN_PORT,
+    # Port 0 asks for a free port (the reference's automatic choice); no port at all is 29500.
+    chosen = (
+        (lambda: int(port)) if port else (free_port if port is not None else (lambda: _DEFAULT_MAIN_PORT))
     )
+    return build(settings, _command(args, required), machine or detect_machine(), port=chosen, mpirun=_mpirun)
 
 
 def _reference_env(settings: Any) -> dict[str, str]:
@@ -138,13 +163,14 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
 
     Returns:
         ``(cmd, env)``: ``[python, script, *script_args]`` (``python -m module``, or the program alone
-        with ``no_python``; behind ``mpirun`` and its options with ``mpirun_hostfile``) and a copy of ``os.environ`` with the launch's variables added, among them
-        ``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU`` and, for several processes or machines,
-        ``MASTER_ADDR`` / ``MASTER_PORT``.
+        with ``no_python``; behind ``mpirun`` and its options with ``mpirun_hostfile``) and a copy of
+        ``os.environ`` with the launch's variables added, among them ``ACCELERATE_MIXED_PRECISION``,
+        ``ACCELERATE_USE_CPU``, ``KMP_AFFINITY`` / ``KMP_BLOCKTIME`` on CPU (unless already set) and,
+        for several processes or machines, ``MASTER_ADDR`` / ``MASTER_PORT``.
 
     Raises:
-        ValueError: for contradictory settings, a missing script, ``module`` with ``no_python``, or
-            ``mpirun_hostfile`` without a usable ``mpirun`` on ``PATH``.
+        ValueError: for contradictory settings, a missing script, or ``module`` with ``no_python``.
+        OSError: ``mpirun_hostfile`` is given but there is no ``mpirun`` on ``PATH``.
     """
     settings = _settings_from_args(args)
     command = _command(args)
@@ -173,6 +199,9 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
         env["MASTER_PORT"] = port
     if settings["num_cpu_threads_per_process"] is not None:
         env["OMP_NUM_THREADS"] = str(settings["num_cpu_threads_per_process"])
+    if settings["cpu"]:  # Intel OpenMP: pin threads and let them sleep soon, as the reference's CPU launch
+        env.setdefault("KMP_AFFINITY", "granularity=fine,compact,1,0")
+        env.setdefault("KMP_BLOCKTIME", "1")
     return cmd, env
 
 
@@ -197,9 +226,10 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         ValueError: for contradictory settings (e.g. GPUs asked for on a machine without any).
     """
     settings = _settings_from_args(args)
-    plan = _plan(args, settings)
+    plan = _plan(args, settings, required=False)
     if plan.mode != "elastic":
-        plan = _plan(args, _settings_from_args(args, max_restarts=max(1, settings["max_restarts"])))
+        restarts = max(1, settings["max_restarts"])
+        plan = _plan(args, _settings_from_args(args, max_restarts=restarts), required=False)
         plan = _with_restarts(plan, settings["max_restarts"])
     _set_agent_args(args, plan)
     env = _process_env(args, settings, plan)

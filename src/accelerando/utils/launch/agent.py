@@ -12,8 +12,7 @@ __all__ = ["set_agent_args", "with_restarts"]
 _AGENT_TYPES: dict[str, Callable[[str], Any]] = {
     "max_restarts": int,
     "monitor_interval": float,
-    "master_port": int,
-}
+}  # master_port stays text, as the reference stores it
 
 
 def set_agent_args(args: argparse.Namespace, plan: Any) -> None:
@@ -37,7 +36,9 @@ def set_agent_args(args: argparse.Namespace, plan: Any) -> None:
     # The agent's other options at their defaults, so that torch.distributed.run.run(args) works.
     from torch.distributed.run import get_args_parser
 
-    for key, value in vars(get_args_parser().parse_args([str(args.training_script)])).items():
+    for key, value in vars(
+        get_args_parser().parse_args([str(getattr(args, "training_script", None) or "script.py")])
+    ).items():
         if not hasattr(args, key):
             setattr(args, key, value)
 

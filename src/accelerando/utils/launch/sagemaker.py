@@ -12,7 +12,55 @@ from typing import Any
 from accelerando.utils.launch.env import setting_text, setup_fp8_env
 from accelerando.utils.other import merge_dicts
 
-__all__ = ["prepare_sagemager_args_inputs"]
+__all__ = ["convert_nargs_to_dict", "prepare_sagemager_args_inputs"]
+
+
+def _typed_value(text: str) -> Any:
+    """``"False"``/``"True"`` -> bool, then int, then float; anything else stays text (the reference's reading)."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Any]:
+    """Turn a script's ``--name value`` arguments into SageMaker hyperparameters, with typed values.
+
+    Each ``--name`` (or ``-name``; dashes inside become underscores) must be followed by its value:
+    ``"True"``/``"False"`` become booleans, numbers become ``int`` or ``float``, the rest stays text.
+
+    Args:
+        nargs: the script's arguments, e.g. ``["--epochs", "3", "--do_train", "False"]``.
+
+    Returns:
+        Name -> value, e.g. ``{"epochs": 3, "do_train": False}``.
+
+    Raises:
+        ValueError: a flag has no value (SageMaker cannot pass ``store_true``-style switches), or a
+            value has no flag before it.
+    """
+    items = list(nargs)
+    result: dict[str, Any] = {}
+    index = 0
+    while index < len(items):
+        token = items[index]
+        if not token.startswith("-"):
+            raise ValueError(
+                f"SageMaker passes script arguments as --name value pairs, but {token!r} has no name. "
+                f"Fix: write it as --name {token}."
+            )
+        if index + 1 >= len(items) or items[index + 1].startswith("-"):
+            raise ValueError(
+                f"SageMaker doesn't support argparse actions for `store_true` or `store_false`: {token} has no "
+                f"value. Please define explicit types. Fix: give it one ({token} True) and a type in the script."
+            )
+        result[token.lstrip("-").replace("-", "_")] = _typed_value(items[index + 1])
+        index += 2
+    return result
 
 
 def _hyperparameters(script_args: Sequence[str]) -> dict[str, Any]:
