@@ -357,6 +357,34 @@ def _inner_state(optimizer: Any) -> Any:
     return getattr(optimizer, "state", {})
 
 
+def _with_tied_aliases(module: Any, state: Any) -> Any:
+    """``state`` with the keys of tied weights that safetensors saved once filled in from their twin.
+
+    safetensors cannot store two names for one memory, so a model whose ``linear2.weight`` *is*
+    ``linear1.weight`` is saved with one of the names only. Each name the live ``module`` has and
+    ``state`` lacks takes the value saved under a name sharing its memory in ``module``; any other
+    missing key stays missing, so ``load_state_dict``'s strict check still reports it.
+    """
+    if not isinstance(state, dict) or not hasattr(module, "state_dict"):
+        return state
+    live = module.state_dict(keep_vars=True)
+    missing = [name for name in live if name not in state]
+    if not missing:
+        return state
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, tensor in live.items():
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" and tensor.numel():
+            where = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            groups.setdefault((*where, tuple(tensor.shape), tensor.stride()), []).append(name)
+    twins = {name: names for names in groups.values() if len(names) > 1 for name in names}
+    filled = dict(state)
+    for name in missing:
+        saved = next((twin for twin in twins.get(name, ()) if twin in state), None)
+        if saved is not None:
+            filled[name] = state[saved]
+    return filled
+
+
 def apply_state(
     loaded: LoadedState,
     models: Sequence[Any],
@@ -368,7 +396,8 @@ def apply_state(
 ) -> None:
     """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``)."""
     for model, state in zip(models, loaded.models, strict=True):
-        unwrap(model).load_state_dict(state, **load_model_func_kwargs)
+        module = unwrap(model)
+        module.load_state_dict(_with_tied_aliases(module, state), **load_model_func_kwargs)
     for optimizer, state in zip(optimizers, loaded.optimizers, strict=True):
         load_optimizer_state(optimizer, state)
     for scheduler, state in zip(schedulers, loaded.schedulers, strict=True):
