@@ -44,15 +44,20 @@ def test_clean_device_map_by_names_in_place():
     assert modeling.clean_device_map(full) == {"": "cpu"} and full == {"": "cpu"}
     mixed = {"embed": "cpu", "body.0": 0, "body.1": 0, "head": "cpu"}
     assert modeling.clean_device_map(mixed) == {"embed": "cpu", "body": 0, "head": "cpu"}
-    # module_name limits the merge to that subtree; other entries stay, order kept.
+    # module_name limits the merge to that subtree; other entries stay, the merged one goes last
+    # (as in the reference).
     nested = {"x": "cpu", "a.b.c": "cpu", "a.b.d": "cpu", "a.e": 1}
     assert list(modeling.clean_device_map(nested, module_name="a.b").items()) == [
         ("x", "cpu"),
-        ("a.b", "cpu"),
         ("a.e", 1),
+        ("a.b", "cpu"),
     ]
-    # "body.10" is not under "body.1".
-    assert modeling.clean_device_map({"body.1.w": 0, "body.10.w": "cpu"}) == {"body.1": 0, "body.10": "cpu"}
+    # "body.10" is not under "body.1"; a single entry is never renamed to its parent.
+    assert modeling.clean_device_map({"body.1.w": 0, "body.10.w": "cpu"}) == {
+        "body.1.w": 0,
+        "body.10.w": "cpu",
+    }
+    assert modeling.clean_device_map({"a.b": 0, "a.c": 0, "a.d.e": 1}) == {"a.b": 0, "a.c": 0, "a.d.e": 1}
     # The model form only merges a parent whose every part is mapped.
     partial = {"body.0": 0, "embed": "cpu", "head": "cpu"}
     assert modeling.clean_device_map(partial, model=Net()) == {"embed": "cpu", "body.0": 0, "head": "cpu"}

@@ -11,8 +11,15 @@ from __future__ import annotations
 from torch import nn
 
 from accelerando.big_modeling.budgets import convert_file_size_to_int
+from accelerando.big_modeling.sizes import get_module_leaves
 
-__all__ = ["fallback_allocate", "get_module_leaves", "get_module_size_with_ties"]
+__all__ = [
+    "fallback_allocate",
+    "get_module_leaves",
+    "get_module_size_with_ties",
+    "tied_partners",
+    "unit_parts",
+]
 
 Unit = tuple[str, nn.Module]
 
@@ -20,19 +27,6 @@ Unit = tuple[str, nn.Module]
 def _inside(name: str, unit: str) -> bool:
     """Whether tensor or module ``name`` is ``unit`` or lies under it."""
     return not unit or name == unit or name.startswith(f"{unit}.")
-
-
-def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
-    """Names in a size dict that have nothing under them (tensors, and modules without tensors).
-
-    Args:
-        module_sizes: name -> bytes, as returned by ``compute_module_sizes`` (``""`` is the model).
-
-    Returns:
-        The leaf names, in the dict's order (``""`` is never a leaf).
-    """
-    parents = {name.rpartition(".")[0] for name in module_sizes if "." in name}
-    return [name for name in module_sizes if name and name not in parents]
 
 
 def get_module_size_with_ties(
@@ -44,8 +38,10 @@ def get_module_size_with_ties(
     """Size of a unit together with the units holding the other names of its tied parameters.
 
     Tied parameters must share a device, so placing a unit means placing the (not yet placed) units
-    that hold its tied partners too. Each partner unit counts once, without the tied tensors themselves
-    (their storage is the one already counted in the unit).
+    that hold its tied partners too. For each name in ``tied_params``, the first unit of
+    ``modules_to_treat`` containing it is a partner; the partner's size is added minus the tied
+    tensor's own size (its storage is the one already counted in the unit). As in the reference, a
+    partner holding two of the names is listed, and counted, once per name.
 
     Args:
         tied_params: names of the tied partners outside the unit.
@@ -54,43 +50,65 @@ def get_module_size_with_ties(
         modules_to_treat: the units not placed yet; partners are looked up among them.
 
     Returns:
-        ``(total bytes, partner unit names, partner units)``; partners not among ``modules_to_treat``
-        (already placed) add nothing.
+        ``(total bytes, partner unit names, partner units)``; a name no unit of ``modules_to_treat``
+        holds (already placed) adds nothing.
     """
     total = module_size
     names: list[str] = []
     modules: list[nn.Module] = []
-    shared: dict[str, int] = {}
     for param in tied_params:
-        owner = next(((n, m) for n, m in modules_to_treat if _inside(param, n)), None)
+        owner = next(((n, m) for n, m in modules_to_treat if _inside(param, n) and n), None)
         if owner is None:
             continue
-        if owner[0] not in shared:
-            names.append(owner[0])
-            modules.append(owner[1])
-            shared[owner[0]] = 0
-        shared[owner[0]] += module_sizes.get(param, 0)
-    for name in names:
-        total += module_sizes.get(name, 0) - shared[name]
+        names.append(owner[0])
+        modules.append(owner[1])
+        total += module_sizes.get(owner[0], 0) - module_sizes.get(param, 0)
     return total, names, modules
 
 
-def _parts(module: nn.Module, name: str) -> list[tuple[str, object]]:
-    """A module's direct parameters then its children, with full names."""
+def unit_parts(module: object, name: str) -> list[tuple[str, object]]:
+    """What a unit splits into: a module's own parameters, then its children, with full names.
+
+    A module's own buffers are not parts (the reference splits this way). A tensor has no parts.
+
+    Args:
+        module: the unit (a module or a tensor).
+        name: its full name.
+
+    Returns:
+        ``(full name, part)`` pairs; empty for a tensor or a module without children.
+    """
+    if not isinstance(module, nn.Module):
+        return []
+    children = list(module.named_children())
+    if not children:
+        return []
     prefix = f"{name}." if name else ""
-    return [(prefix + n, p) for n, p in module.named_parameters(recurse=False)] + [
-        (prefix + n, c) for n, c in module.named_children()
+    own = list(module.named_parameters(recurse=False))
+    return [(prefix + n, p) for n, p in own] + [(prefix + n, c) for n, c in children]
+
+
+def tied_partners(name: str, tied_parameters: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """The tied groups that cross the boundary of unit ``name``, and their names outside it.
+
+    A name counts as inside the unit when ``name + "."`` occurs in ``tied + "."`` (the reference's
+    test, which also matches a unit name appearing deeper in a tensor's path).
+
+    Args:
+        name: the unit's full name.
+        tied_parameters: groups of tied parameter names.
+
+    Returns:
+        ``(groups, outside names)``.
+    """
+    marker = f"{name}."
+    groups = [
+        group
+        for group in tied_parameters
+        if any(marker in f"{k}." for k in group) and not all(marker in f"{k}." for k in group)
     ]
-
-
-def _partners(name: str, tied_parameters: list[list[str]]) -> list[str]:
-    """Names tied to something inside ``name`` but lying outside it."""
-    outside: list[str] = []
-    for group in tied_parameters:
-        inside = [_inside(p, name) for p in group]
-        if any(inside) and not all(inside):
-            outside.extend(p for p, is_in in zip(group, inside, strict=True) if not is_in)
-    return outside
+    outside = [p for group in groups for p in group if marker not in f"{p}."]
+    return groups, outside
 
 
 def fallback_allocate(
@@ -120,7 +138,7 @@ def fallback_allocate(
     """
     try:
         limit = convert_file_size_to_int(size_limit)
-    except ValueError:
+    except (ValueError, TypeError):
         return None, None, modules
     no_split = set(no_split_module_classes or ())
     tied = tied_parameters or []
@@ -128,23 +146,27 @@ def fallback_allocate(
     found: Unit | None = None
     while search:
         name, module = search.pop(0)
-        size, _, _ = get_module_size_with_ties(
-            _partners(name, tied), module_sizes.get(name, 0), module_sizes, search
-        )
+        _, outside = tied_partners(name, tied)
+        size, _, _ = get_module_size_with_ties(outside, module_sizes.get(name, 0), module_sizes, search)
         if size <= limit:
             found = (name, module)
             break
-        if isinstance(module, nn.Module) and type(module).__name__ not in no_split:
-            search = _parts(module, name) + search
+        if type(module).__name__ not in no_split:
+            search = unit_parts(module, name) + search
     if found is None:
         return None, None, modules
     target = found[0]
     remaining = list(modules)
     # Open every ancestor of the target that is a unit of the list, outermost first.
-    while not any(n == target for n, _ in remaining):
-        position = next(i for i, (n, _) in enumerate(remaining) if _inside(target, n))
-        parent_name, parent = remaining[position]
-        remaining[position : position + 1] = _parts(parent, parent_name)
+    for end in [i for i, char in enumerate(target) if char == "."]:
+        parent_name = target[:end]
+        position = next((i for i, (n, _) in enumerate(remaining) if n == parent_name), None)
+        if position is not None:
+            parent = remaining[position][1]
+            prefix = f"{parent_name}."
+            parts = [(prefix + n, p) for n, p in parent.named_parameters(recurse=False)]
+            parts += [(prefix + n, c) for n, c in parent.named_children()]
+            remaining[position : position + 1] = parts
     position = next(i for i, (n, _) in enumerate(remaining) if n == target)
     name, module = remaining.pop(position)
     return name, module, remaining

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 
 import torch
 from torch import nn
 
-from accelerando.big_modeling.sizes import compute_module_sizes, get_max_layer_size
+from accelerando.big_modeling.sizes import compute_module_sizes, get_module_leaves
 from accelerando.settings.fields import quote_value
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
 ]
 
 DeviceKey = int | str
+
+logger = logging.getLogger("accelerando.big_modeling.budgets")
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -244,10 +247,27 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
     return dict(sorted(budget.items(), key=lambda item: _device_order(item[0])))
 
 
+def _no_split_reserve(model: nn.Module, sizes: dict[str, int], no_split: list[str]) -> int:
+    """Size of the first module (in size-dict order) of each no-split class; the largest of them."""
+    found: dict[str, int] = {}
+    for name, size in sizes.items():
+        if name == "":
+            continue
+        target: object = model
+        for piece in name.split("."):
+            target = getattr(target, piece)
+        kind = type(target).__name__
+        if kind in no_split and kind not in found:
+            found[kind] = size
+        if set(found) == set(no_split):
+            break
+    return max(found.values()) if found else 0
+
+
 def get_balanced_memory(
     model: nn.Module,
     max_memory: dict[int | str, int | str] | None = None,
-    no_split_module_classes: list[str] | None = None,
+    no_split_module_classes: list[str] | set[str] | str | None = None,
     dtype: torch.dtype | str | None = None,
     special_dtypes: dict[str, torch.dtype | str] | None = None,
     low_zero: bool = False,
@@ -256,36 +276,61 @@ def get_balanced_memory(
     """Lower the accelerator budgets so a model spreads evenly over all accelerators.
 
     Without this, :func:`infer_auto_device_map` fills the first accelerator completely before using the
-    next one. Each accelerator but the last gets about ``model size / count`` plus room for the
-    largest layer; the last keeps its full budget so that rounding never pushes layers to the CPU.
+    next one. As in the reference: each accelerator but the last (by index) gets at most
+    ``model size // count`` plus a margin of 1.25 times the larger of the first no-split module's
+    size and the mean size of the innermost modules; the last keeps its budget so that rounding
+    never pushes layers to the CPU. With a single accelerator and no ``max_memory``, 90% of its free
+    memory is used, leaving room for activations.
 
     Args:
         model: the model (``meta`` is fine).
         max_memory: budgets per device; free memory is read when None.
-        no_split_module_classes: class names never split (their size sets the per-device slack).
+        no_split_module_classes: class names never split (their size sets the margin).
         dtype: count floating-point weights in this dtype.
         special_dtypes: per-tensor dtype overrides.
-        low_zero: give accelerator 0 as little as possible (it then only holds what must run first),
-            to leave it room for work such as ``generate``.
+        low_zero: give accelerator 0 as little as possible (only what the others can not hold), to
+            leave it room for work such as ``generate``.
         low_zero_memory: the same switch under its other documented name; wins when given.
 
     Returns:
         The balanced budgets, in the format of :func:`get_max_memory`.
+
+    Raises:
+        ValueError: for an unknown device or unreadable size in ``max_memory``.
     """
     low_zero = bool(low_zero if low_zero_memory is None else low_zero_memory)
-    budget = get_max_memory(max_memory)
-    accelerators = [key for key in budget if key not in ("cpu", "disk", "mps") and budget[key] > 0]
-    if len(accelerators) <= 1:
+    user_budget = max_memory is not None
+    budget: dict[DeviceKey, float] = get_max_memory(max_memory)
+    accelerators = sorted(key for key in budget if isinstance(key, int) and budget[key] > 0)
+    if not accelerators:
         return budget
+    if len(accelerators) == 1:
+        low_zero = False  # one accelerator can not be kept low
+        if not user_budget:
+            first = next(key for key in budget if isinstance(key, int))
+            budget[first] *= 0.9
+            logger.info(
+                f"We will use 90% of the memory on device {first} for storing the model, and 10% for the buffer "
+                "to avoid OOM. You can set `max_memory` in to a higher value to use more memory (at your own risk)."
+            )
     sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
-    sharing = len(accelerators) - (1 if low_zero else 0)
-    per_device = sizes[""] // max(sharing, 1)
-    max_layer, _ = get_max_layer_size(list(model.named_children()), sizes, no_split_module_classes)
-    # Slack: the largest unit that can not be split, plus 10% for rounding at unit boundaries.
-    per_device += max_layer + per_device // 10
-    for position, key in enumerate(accelerators[:-1]):
-        if low_zero and position == 0:
-            budget[key] = min(budget[key], max_layer)
-        else:
-            budget[key] = min(budget[key], per_device)
+    per_device = sizes[""] // (len(accelerators) - 1 if low_zero else len(accelerators))
+    if no_split_module_classes is None:
+        no_split_module_classes = []
+    elif isinstance(no_split_module_classes, (set, frozenset)):
+        no_split_module_classes = list(no_split_module_classes)
+    elif not isinstance(no_split_module_classes, (list, tuple)):
+        no_split_module_classes = [no_split_module_classes]
+    margin = _no_split_reserve(model, sizes, list(no_split_module_classes)) if no_split_module_classes else 0
+    # The leaves of the size dict are tensors; without them, the leaves are the innermost modules.
+    leaves = set(get_module_leaves(sizes))
+    module_sizes = {name: size for name, size in sizes.items() if name not in leaves}
+    leaves_of_modules = get_module_leaves(module_sizes)
+    mean = int(sum(module_sizes[name] for name in leaves_of_modules) / max(len(leaves_of_modules), 1))
+    per_device += int(1.25 * max(margin, mean))
+    for key in accelerators[:-1]:
+        budget[key] = min(budget.get(0, 0) if low_zero and key == 0 else per_device, budget[key])
+    if low_zero:
+        others = sum(budget.get(index, 0) for index in range(1, len(accelerators)))
+        budget[0] = min(max(0, module_sizes[""] - others), budget.get(0, 0))
     return budget

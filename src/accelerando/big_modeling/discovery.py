@@ -67,7 +67,9 @@ def _index_shards(index: Path) -> list[str]:
         raise ValueError(
             f"{index} is not a readable checkpoint index ({type(err).__name__}). {fix}"
         ) from None
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    # A transformers index holds ``{"metadata": ..., "weight_map": {...}}``; a bare ``{tensor: file}``
+    # mapping is accepted too, as the reference does.
+    weight_map = data.get("weight_map", data) if isinstance(data, dict) else None
     if not isinstance(weight_map, dict):
         raise ValueError(f"{index} has no 'weight_map' mapping. {fix}")
     for key, entry in weight_map.items():

@@ -173,14 +173,20 @@ class CheckpointLoader:
                 f"[{summarize_names(self.unexpected)}]. Fix the checkpoint or model configuration, or pass "
                 "strict=False."
             )
-        if missing or self.unexpected:
+        if self.unexpected:
+            logger.warning(
+                f"Some weights of the model checkpoint at {self.checkpoint} were not used when initializing "
+                f"{type(self.model).__name__}: {set(self.unexpected)}. This may or may not be an issue - make sure "
+                "that the checkpoint does not have unnecessary parameters, or that the model definition correctly "
+                "corresponds to the checkpoint."
+            )
+        if missing:
             empty = set(tensors_on_meta(self.model))
             still_empty = [name for name in missing if name in empty]
             logger.warning(
-                "Checkpoint %s loaded with missing keys [%s] and unexpected keys [%s].%s",
+                "Checkpoint %s loaded with missing keys [%s].%s",
                 self.checkpoint,
                 summarize_names(missing),
-                summarize_names(self.unexpected),
                 f" {len(still_empty)} missing tensor(s) hold no data (still on the meta device) and must be set "
                 "before the model runs."
                 if still_empty

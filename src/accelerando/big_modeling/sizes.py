@@ -19,6 +19,7 @@ __all__ = [
     "compute_module_total_buffer_size",
     "dtype_byte_size",
     "get_max_layer_size",
+    "get_module_leaves",
     "named_module_tensors",
     "parse_dtype",
     "sizes_of_modules",
@@ -84,19 +85,25 @@ def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | str | None:
 
 
 def dtype_byte_size(dtype: torch.dtype | str) -> float:
-    """Return the number of bytes one element of ``dtype`` takes (0.5 for 4-bit formats).
+    """Return the number of bytes one element of ``dtype`` takes.
+
+    ``torch.bool`` counts as one bit (``1 / 8``), as in the reference; sub-byte storage formats named
+    by string count their fraction (``"int4"``: 0.5, ``"int2"``: 0.25).
 
     Args:
         dtype: a ``torch.dtype`` or a name accepted by :func:`parse_dtype`.
 
     Returns:
-        Bytes per element, as a float because sub-byte formats exist.
+        Bytes per element (a float for sub-byte formats, else an int).
+
+    Raises:
+        ValueError: for an unknown dtype name (see :func:`parse_dtype`).
     """
     parsed = parse_dtype(dtype)
     if isinstance(parsed, str):
         return _STRING_DTYPE_BYTES[parsed]
     if parsed == torch.bool:
-        return 1.0
+        return 1 / 8
     return parsed.itemsize
 
 
@@ -132,19 +139,22 @@ def named_module_tensors(
             yield name, buffer
 
 
+_KEPT_DTYPE_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
+
+
 def _tensor_size(
     name: str,
     tensor: torch.Tensor,
     dtype: torch.dtype | str | None,
     special_dtypes: dict[str, torch.dtype | str] | None,
-) -> int:
+) -> float:
     if special_dtypes is not None and name in special_dtypes:
-        return int(tensor.numel() * dtype_byte_size(special_dtypes[name]))
-    own = tensor.dtype
-    if dtype is None or not own.is_floating_point:
+        return tensor.numel() * dtype_byte_size(special_dtypes[name])
+    own = dtype_byte_size(tensor.dtype)
+    if dtype is None or str(tensor.dtype).startswith(_KEPT_DTYPE_PREFIXES):
         # Integer and boolean tensors (token ids, masks, quantised storage) are never recast.
-        return tensor.numel() * (1 if own == torch.bool else own.itemsize)
-    return int(tensor.numel() * min(dtype_byte_size(dtype), own.itemsize))
+        return tensor.numel() * own
+    return tensor.numel() * min(dtype_byte_size(dtype), own)
 
 
 def walk_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -185,19 +195,39 @@ def compute_module_sizes(
 ) -> dict[str, int]:
     """Compute the size in bytes of every module (and every tensor) of a model.
 
-    A tensor shared by several modules (tied weights) is counted once, under its first name.
+    The parameters are counted first, then the buffers, each in ``named_parameters()`` /
+    ``named_buffers()`` order: a tensor shared by several modules (tied weights) counts once, under
+    its first name, and a module holding no tensor of its own is absent (the result is a
+    ``defaultdict(int)``, so it reads as 0). Each tensor's size is added to the tensor's name and to
+    every enclosing module's name, the whole model being ``""``. Sizes are floats when boolean tensors
+    (one bit per element) are involved.
 
     Args:
         model: the model; may live on the ``meta`` device.
         dtype: if given, floating-point tensors are counted as if cast to this dtype (never upcast:
-            a float16 weight stays 2 bytes per element when ``dtype`` is float32).
+            a float16 weight stays 2 bytes per element when ``dtype`` is float32); integer and boolean
+            tensors keep their size.
         special_dtypes: exact per-tensor dtypes that override ``dtype`` (tensor name -> dtype).
         buffers_only: count buffers only.
 
     Returns:
-        A ``defaultdict(int)`` mapping module and tensor names to bytes; ``""`` is the whole model.
+        A ``defaultdict(int)`` mapping module and tensor names to bytes.
+
+    Raises:
+        ValueError: for an unknown dtype name.
     """
-    return sizes_of_modules(walk_modules(model), dtype, special_dtypes, buffers_only)
+    dtype = parse_dtype(dtype)
+    sizes: defaultdict[str, int] = defaultdict(int)
+    tensors = model.named_buffers() if buffers_only else named_module_tensors(model, recurse=True)
+    for name, tensor in tensors:
+        size = _tensor_size(name, tensor, dtype, special_dtypes)
+        sizes[""] += size
+        end = name.find(".")
+        while end != -1:
+            sizes[name[:end]] += size
+            end = name.find(".", end + 1)
+        sizes[name] += size
+    return sizes
 
 
 def sizes_of_modules(
@@ -206,10 +236,10 @@ def sizes_of_modules(
     special_dtypes: dict[str, torch.dtype | str] | None = None,
     buffers_only: bool = False,
 ) -> dict[str, int]:
-    """:func:`compute_module_sizes` over modules already listed by :func:`walk_modules`.
+    """:func:`compute_module_sizes` of the root of a pre-order list from :func:`walk_modules`.
 
     Args:
-        modules: the pre-order ``(name, module)`` list.
+        modules: the pre-order ``(name, module)`` list (its first entry is the root).
         dtype: see :func:`compute_module_sizes`.
         special_dtypes: see :func:`compute_module_sizes`.
         buffers_only: see :func:`compute_module_sizes`.
@@ -217,26 +247,9 @@ def sizes_of_modules(
     Returns:
         Sizes by name, as :func:`compute_module_sizes` returns them.
     """
-    dtype = parse_dtype(dtype)
-    sizes: defaultdict[str, int] = defaultdict(int)
-    seen: set[int] = set()
-    for name, module in modules:
-        prefix = f"{name}." if name else ""
-        total = 0
-        groups = (module._buffers,) if buffers_only else (module._parameters, module._buffers)
-        for group in groups:
-            for tensor_name, tensor in group.items():
-                if tensor is None or id(tensor) in seen:
-                    continue
-                seen.add(id(tensor))
-                size = _tensor_size(prefix + tensor_name, tensor, dtype, special_dtypes)
-                sizes[prefix + tensor_name] = size
-                total += size
-        sizes[name] += total
-    # Children come after their parent in pre-order: walking backwards adds each total to its parent.
-    for name, _ in reversed(modules[1:]):
-        sizes[name.rpartition(".")[0]] += sizes[name]
-    return sizes
+    if not modules:
+        return defaultdict(int)
+    return compute_module_sizes(modules[0][1], dtype, special_dtypes, buffers_only)
 
 
 def compute_module_total_buffer_size(
@@ -308,3 +321,16 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     total = sizes.get("", 0)
     largest = get_max_layer_size(list(model.named_children()), sizes, no_split)
     return total, largest
+
+
+def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
+    """Names in a size dict that have nothing under them (tensors, and modules without tensors).
+
+    Args:
+        module_sizes: name -> bytes, as returned by ``compute_module_sizes`` (``""`` is the model).
+
+    Returns:
+        The leaf names, in the dict's order (``""`` is never a leaf).
+    """
+    parents = {name.rpartition(".")[0] for name in module_sizes if "." in name}
+    return [name for name in module_sizes if name and name not in parents]

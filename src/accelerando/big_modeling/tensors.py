@@ -167,12 +167,12 @@ def set_module_tensor_to_device(
         if old is None:
             return
         if old.device.type == "meta" and target.type != "meta":
-            raise ValueError(f"{tensor_name} is on the meta device: pass its `value` to move it to {target}.")
+            raise ValueError(f"{name} is on the meta device, we need a `value` to put in on {target}.")
         value = old
     elif old is not None and old.shape != value.shape and old.dtype not in (torch.uint8, torch.int8):
         raise ValueError(
-            f"Shape mismatch for {tensor_name!r}: the model expects {tuple(old.shape)} but the value has "
-            f"{tuple(value.shape)}; check that the checkpoint matches the model's configuration."
+            f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape {old.shape}), this '
+            "looks incorrect."
         )
     if tied_params_map is not None and value.device.type != "meta":
         cached = tied_params_map.get(value.data_ptr(), {}).get(target)
