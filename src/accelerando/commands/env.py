@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from shutil import which
 from typing import Any
 
 from accelerando.commands.config.config_args import default_config_file
@@ -146,33 +147,52 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    return env_command_parser(subparsers)
+    parser = env_command_parser(subparsers)
+    parser.set_defaults(func=run)
+    return parser
 
 
-def env_command(args: argparse.Namespace) -> int:
-    """Print the environment report.
+def env_command(args: argparse.Namespace) -> dict[str, Any]:
+    """Print the environment report and return its summary under the reference's keys.
 
     Args:
         args: the parsed arguments.
 
     Returns:
-        0, or 2 when the config file is invalid (the message says why).
+        The reference's summary (``"`Accelerate` version"``, ``"Platform"``, ``"`accelerate` bash
+        location"`` (``"Not found"`` when the command is not on ``PATH``), ``"Python version"``,
+        ``"PyTorch version"``, ``"System RAM"``, ``"`Accelerate` configs"``) with accelerando's values,
+        and ``"status"``: 0, or 2 when the config file is invalid (the message says why).
     """
     from accelerando.settings.configfile import ConfigError, find_config_file, load_config_layer
     from accelerando.settings.resolve import env_layer, resolve
 
+    versions = collect_versions()
     print("Versions:")
-    for name, installed in collect_versions().items():
+    for name, installed in versions.items():
         print(f"  {name}: {installed}")
     hardware = collect_hardware()
     print(f"Hardware:\n  CPUs: {hardware['cpus']}\n  RAM: {hardware['ram_gib']} GiB")
     print("  GPUs: " + ("none" if not hardware["gpus"] else "\n    " + "\n    ".join(hardware["gpus"])))
+    location = which("accelerando") or which("accelerate") or "Not found"
+    print(f"Command: {location}")
+    info: dict[str, Any] = {
+        "`Accelerate` version": versions.get("accelerando"),
+        "Platform": versions.get("platform"),
+        "`accelerate` bash location": location,
+        "Python version": versions.get("python"),
+        "PyTorch version": versions.get("torch"),
+        "System RAM": f"{hardware['ram_gib']:.2f} GB",
+        "`Accelerate` configs": "Not found",
+        "status": 0,
+    }
     try:
         path, note = find_config_file(args.config_file)
         settings = resolve([load_config_layer(path) if path else {}, env_layer()], warn_sources=())
     except (ConfigError, ValueError) as err:
         print(f"accelerando env: {err}", file=sys.stderr)
-        return 2
+        info["status"] = 2
+        return info
     print(f"Config file: {path or 'none (defaults)'}")
     if note:
         print(f"  {note}")
@@ -186,9 +206,13 @@ def env_command(args: argparse.Namespace) -> int:
         print(f"  {name}: {value!r} [{source}]")
     if not shown:
         print("  none (every setting at its default; --all lists them)")
+    if path:
+        info["`Accelerate` configs"] = {
+            name: value for name, value, source in shown if source.startswith("config:")
+        }
     if settings.parallelism == "auto":
         _print_layout(settings)
-    return 0
+    return info
 
 
 def _print_layout(settings: Any) -> None:
@@ -215,8 +239,12 @@ def _print_layout(settings: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Same as :func:`env_command`."""
-    return env_command(args)
+    """``accelerando env``: print the report (:func:`env_command`).
+
+    Returns:
+        0, or 2 when the config file is invalid.
+    """
+    return int(env_command(args)["status"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    return env_command(env_command_parser().parse_args(argv))
+    return run(env_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
