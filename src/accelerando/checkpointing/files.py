@@ -107,13 +107,25 @@ class UnsafeCheckpointError(CheckpointError):
     """
 
     def __init__(self, path: str, refused: str, hint: str = "") -> None:
-        self.path, self.refused = path, refused
+        self.path, self.refused, self.hint = path, refused, hint
         super().__init__(
             f"Refused to load {path!r}: it holds {refused}, which only full unpickling can rebuild, and "
             f"unpickling can run code hidden in the file. Checkpoint files are read with "
             f"weights_only=True.{hint} If you trust this checkpoint, pass {OPT_IN} to load_state "
             "(or load_accelerator_state / load_custom_state)."
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable with its message: torch.distributed.checkpoint sends a rank's error to the others.
+        return (_rebuild_unsafe, (type(self), self.path, self.refused, self.hint, self.args))
+
+
+def _rebuild_unsafe(
+    cls: type[UnsafeCheckpointError], path: str, refused: str, hint: str, args: tuple[Any, ...]
+) -> UnsafeCheckpointError:
+    error = cls(path, refused, hint)
+    error.args = args  # a message a caller reworded (merge_fsdp_weights) stays as it was
+    return error
 
 
 def weights_only_default() -> bool:
