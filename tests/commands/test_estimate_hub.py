@@ -81,6 +81,32 @@ def test_unknown_model_through_the_command_line(tmp_path: Path) -> None:
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 1
     assert "not in the local Hugging Face cache" in result.stderr and "HF_HUB_OFFLINE=1" in result.stderr
+    # One line, no traceback: the Hub cannot be reached, and what to pass instead.
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert "cannot be reached" in result.stderr and "local model folder or its config.json" in result.stderr
+
+
+def test_the_function_raises_the_references_oserror(offline_cache: Path) -> None:
+    with pytest.raises(OSError, match="Repo for model `somebrokenname`"):
+        estimate.estimate_command(_args("somebrokenname", "float32"))
+    from unittest.mock import patch
+
+    with patch.object(estimate, "verify_on_hub", return_value="gated"), pytest.raises(OSError, match="gated"):
+        estimate.estimate_command(_args("org/gated-model", "float32"))
+
+
+def test_verify_on_hub_turns_a_connection_error_into_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(estimate, "_hub_offline", lambda: False)
+
+    class ConnectError(Exception):  # what an HTTP client raises without network (not an OSError)
+        pass
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(hub, "model_info", unreachable)
+    assert estimate.verify_on_hub("bert-base-cased") == "repo"
 
 
 def test_table_training_usage_and_helpers() -> None:
@@ -99,6 +125,8 @@ def test_table_training_usage_and_helpers() -> None:
 
     assert estimate.add_timm_hub_prefix("org/m") == "hf-hub:org/m"
     assert estimate.add_timm_hub_prefix("hf-hub:org/m") == "hf-hub:org/m"
+    assert estimate.add_timm_hub_prefix("resnet50.a1_in1k") == "resnet50.a1_in1k"  # timm's own registry
+    assert estimate.add_timm_hub_prefix("local-dir:/m") == "local-dir:/m"
     assert estimate.check_has_model(RuntimeError("Unknown model (x)")) == "timm"
     assert (
         estimate.check_has_model(OSError("repo does not appear to have a file named config.json"))

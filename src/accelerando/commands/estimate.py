@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "EstimateError",
+    "ModelNotFoundError",
     "add_parser",
     "add_timm_hub_prefix",
     "check_has_model",
@@ -103,7 +105,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Returns:
         The new subparser.
     """
-    return estimate_command_parser(subparsers)
+    parser = estimate_command_parser(subparsers)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def _safetensors_files(path: str) -> list[str]:
@@ -180,16 +184,30 @@ class EstimateError(ValueError):
     """The model cannot be found or built; the message says where it was looked for and the fix."""
 
 
+class ModelNotFoundError(OSError, EstimateError):
+    """The model is not local, not cached, and the Hub does not give it (absent, gated or unreachable).
+
+    An ``OSError``, as the reference raises for a repository it cannot read, and an
+    :class:`EstimateError` (``ValueError``) for code written against accelerando's own error.
+    """
+
+
 def add_timm_hub_prefix(model_name: str) -> str:
-    """Return ``model_name`` with timm's ``hf-hub:`` prefix (added once), so timm reads it from the Hub.
+    """Return the name timm reads ``model_name`` under: a Hub repository id gets ``hf-hub:`` (once).
+
+    ``timm>=1.0.29`` needs the ``hf-hub:`` source prefix for Hub repositories (``org/name``); a bare
+    architecture name (``resnet50``, ``resnet50.a1_in1k``) comes from timm's own registry and a name that
+    already names its source (``hf-hub:...``, ``local-dir:...``) is kept as is.
 
     Args:
-        model_name: a Hub repository id, with or without the prefix.
+        model_name: an architecture name, a Hub repository id, or a name with a source prefix.
 
     Returns:
-        ``"hf-hub:" + model_name`` unless it already starts with ``hf-hub:``.
+        ``"hf-hub:" + model_name`` for a repository id, else ``model_name`` unchanged.
     """
-    return model_name if model_name.startswith("hf-hub:") else f"hf-hub:{model_name}"
+    if re.match(r"^[A-Za-z][\w-]*:", model_name) or "/" not in model_name:
+        return model_name
+    return f"hf-hub:{model_name}"
 
 
 def check_has_model(error: BaseException) -> str:
@@ -226,14 +244,14 @@ def verify_on_hub(repo: str, token: str | None = None) -> Any:
     Returns:
         The repository's ``ModelInfo``; ``"gated"`` when it is gated and this token may not read it;
         ``"repo"`` when it does not exist, the name is invalid, or the Hub cannot be reached
-        (including ``HF_HUB_OFFLINE=1``).
+        (``HF_HUB_OFFLINE=1``, no network: any error of the HTTP client).
 
     Raises:
         ImportError: huggingface_hub is not installed (the message gives the install command).
     """
     try:
         from huggingface_hub import model_info
-        from huggingface_hub.utils import GatedRepoError, HFValidationError
+        from huggingface_hub.utils import GatedRepoError
     except ImportError as err:
         raise ImportError(
             "Looking a model up on the Hub needs huggingface_hub: pip install huggingface_hub."
@@ -244,7 +262,7 @@ def verify_on_hub(repo: str, token: str | None = None) -> Any:
         return model_info(repo, token=token)
     except GatedRepoError:
         return "gated"
-    except (OSError, HFValidationError, ValueError):  # not found, bad name, or no network (OSError)
+    except Exception:  # noqa: BLE001 - not found, bad name, or the HTTP client's own connection errors
         return "repo"
 
 
@@ -268,21 +286,23 @@ def _library_from_config(folder: str) -> str:
     return "timm" if "architecture" in config and "model_type" not in config else "transformers"
 
 
-def _not_found(model_name: str, reason: str) -> EstimateError:
+def _not_found(model_name: str, reason: str) -> ModelNotFoundError:
+    """The one-line error for a Hub name that is neither cached nor given by the Hub."""
     import huggingface_hub.constants as hub_constants
 
-    where = (
-        "the Hub is off (HF_HUB_OFFLINE=1)"
-        if _hub_offline()
-        else "the Hub has no such model or could not be reached"
-    )
+    cache = f"it is not in the local Hugging Face cache ({hub_constants.HF_HUB_CACHE})"
     if reason == "gated":
-        where = "it is gated on the Hub and this account has no access"
-    return EstimateError(
-        f"Model {model_name!r} was not found: it is not in the local Hugging Face cache "
-        f"({hub_constants.HF_HUB_CACHE}) and {where}. Fix: check the name, connect to the network (or log "
-        "in with `hf auth login` for a gated or private model), download it first "
-        f"(`hf download {model_name} config.json`), or pass a local model folder."
+        why = "is gated on the Hub and this account has no access"
+        fix = "log in with `hf auth login` with an account that was granted access, or pass a local model folder"
+    elif _hub_offline():
+        why = "cannot be looked up: the Hub cannot be reached (HF_HUB_OFFLINE=1)"
+        fix = "pass a local model folder or its config.json, or unset HF_HUB_OFFLINE and connect"
+    else:
+        why = "does not exist on the Hub, or the Hub cannot be reached (no network?)"
+        fix = "check the name, or pass a local model folder or its config.json (no network needed)"
+    return ModelNotFoundError(
+        f"Repo for model `{model_name}` {why}, and {cache}. Fix: {fix}; "
+        f"`hf download {model_name} config.json` caches it for offline use."
     )
 
 
@@ -305,8 +325,10 @@ def create_empty_model(
         The empty model (a ``torch.nn.Module`` whose parameters are on ``meta``).
 
     Raises:
-        EstimateError: the model is neither local, cached, nor reachable on the Hub; the Hub names no
-            library and none was given; or the library is not transformers or timm.
+        ModelNotFoundError: an ``OSError`` (as the reference raises): the model is neither local nor
+            cached, and the Hub does not give it (absent, gated, or the Hub cannot be reached).
+        EstimateError: the Hub names no library and none was given, or the library is not
+            transformers or timm.
         ImportError: the library that builds the model is not installed.
     """
     source = model_name
@@ -491,13 +513,15 @@ def estimate_command(args: argparse.Namespace) -> int:
         args: parsed arguments (``model_name``, ``dtypes``, ``library_name``, ``trust_remote_code``).
 
     Returns:
-        0 on success, 1 when the model cannot be found or built (the reason is printed to stderr).
+        0 once the table is printed.
+
+    Raises:
+        ModelNotFoundError: (an ``OSError``) the model is not local or cached and the Hub does not
+            give it (absent, gated, or unreachable: offline or no network).
+        EstimateError: the model cannot be built (no library known, or a path without a model).
+        ImportError: transformers or timm is needed and not installed.
     """
-    try:
-        data = gather_data(args)
-    except (ValueError, ImportError, OSError) as error:
-        print(f"estimate-memory: {error}", file=sys.stderr)
-        return 1
+    data = gather_data(args)
     rows = []
     for dtype, largest, total, training in data:
         peak = max(training.values())
@@ -508,8 +532,16 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Same as :func:`estimate_command`."""
-    return estimate_command(args)
+    """``accelerando estimate-memory``: :func:`estimate_command`, a failure printed as one line.
+
+    Returns:
+        0 on success, 1 when the model cannot be found or built (the reason and the fix on stderr).
+    """
+    try:
+        return estimate_command(args)
+    except (ValueError, ImportError, OSError) as error:
+        print(f"estimate-memory: {error}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -521,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    return estimate_command(estimate_command_parser().parse_args(argv))
+    return run(estimate_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
