@@ -52,6 +52,12 @@ def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max_shard_size", default="10GB", help="Largest output file before splitting (default 10GB)."
     )
+    parser.add_argument(
+        "--trust_checkpoint",
+        action="store_true",
+        help="Unpickle the checkpoint's non-tensor items fully, which runs any code the files hold "
+        "(only for checkpoints you trust; by default they are read as plain data only).",
+    )
     parser.set_defaults(func=merge_command)
     return parser
 
@@ -75,8 +81,10 @@ def merge_command(args: argparse.Namespace) -> int:
         args: parsed arguments of ``merge-weights``.
 
     Returns:
-        0 on success, 1 when the folder is not a sharded checkpoint.
+        0 on success, 1 when the folder is not a sharded checkpoint, is damaged, or holds items only
+        full unpickling can read (without ``--trust_checkpoint``).
     """
+    from accelerando.checkpointing.manifest import CheckpointError
     from accelerando.utils.fsdp import merge_fsdp_weights
 
     try:
@@ -86,8 +94,9 @@ def merge_command(args: argparse.Namespace) -> int:
             safe_serialization=not args.unsafe_serialization,
             remove_checkpoint_dir=args.remove_checkpoint_dir,
             max_shard_size=args.max_shard_size,
+            load_kwargs={"weights_only": False} if getattr(args, "trust_checkpoint", False) else None,
         )
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CheckpointError) as err:
         print(f"accelerando merge-weights: {err}", file=sys.stderr)
         return 1
     print(f"Merged weights written to {out}")

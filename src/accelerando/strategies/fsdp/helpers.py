@@ -78,36 +78,24 @@ def load_sharded_checkpoint(checkpoint_dir: str) -> dict[str, torch.Tensor]:
     Returns:
         ``name -> tensor`` (a top-level ``"model"`` entry is unwrapped).
 
+    Non-tensor items and the metadata are read weights-only (plain data); run it inside
+    ``accelerando.checkpointing.files.unpickling(False)`` to unpickle them fully (trusted folders only).
+
     Raises:
         FileNotFoundError: the folder has no DCP metadata.
+        UnsafeCheckpointError: an item or the metadata needs full unpickling (could run code).
+        CheckpointError: the folder is damaged (a shard file missing, not a regular file, unreadable).
     """
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(
             f"{checkpoint_dir!r} is not a sharded checkpoint (no .metadata file); pass the "
             "pytorch_model_fsdp_<i> folder inside a save_state checkpoint"
         )
-    import torch.distributed.checkpoint as dcp
+    from accelerando.strategies.fsdp.state import load_shards
 
     state: dict[str, Any] = {}
-    try:
-        # The planner that fills an empty dict with whatever the checkpoint holds; public
-        # ``dcp.load`` returns early on an empty dict, so the loader dcp_to_torch_save uses is called.
-        from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
-    except ImportError:  # a torch without the private loader: go through a temporary torch.save file
-        import tempfile
-
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(checkpoint_dir, os.path.join(tmp, "full.pt"))
-            state = torch.load(os.path.join(tmp, "full.pt"), weights_only=True)
-    else:
-        _load_state_dict(
-            state,
-            storage_reader=dcp.FileSystemReader(checkpoint_dir),
-            planner=_EmptyStateDictLoadPlanner(),
-            no_dist=True,
-        )
+    # torch's own reader and planner would unpickle the metadata and the non-tensor items fully.
+    load_shards(state, checkpoint_dir, everything=True)
     if set(state) == {"model"} and isinstance(state["model"], dict):
         state = state["model"]
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -119,6 +107,7 @@ def merge_fsdp_weights(
     safe_serialization: bool = True,
     remove_checkpoint_dir: bool = False,
     max_shard_size: int | str = "10GB",
+    load_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """Merge a sharded FSDP checkpoint into full weights (``model.safetensors`` or ``pytorch_model.bin``).
 
@@ -131,16 +120,33 @@ def merge_fsdp_weights(
         safe_serialization: safetensors (True) or ``torch.save``.
         remove_checkpoint_dir: delete ``checkpoint_dir`` after a successful merge.
         max_shard_size: largest file size before splitting (bytes or "10GB").
+        load_kwargs: ``{"weights_only": False}`` unpickles the checkpoint's non-tensor items fully,
+            which runs any code a hostile checkpoint holds: only for checkpoints you trust (the same
+            opt-in as ``load_state``). By default they are read as plain data only.
 
     Returns:
         ``output_path``.
 
     Raises:
         FileNotFoundError: ``checkpoint_dir`` is not a sharded checkpoint.
+        UnsafeCheckpointError: an item needs full unpickling and ``load_kwargs`` does not opt in.
+        CheckpointError: the folder is damaged.
     """
+    from accelerando.checkpointing import files as F
     from accelerando.model_io import write_model_weights
 
-    state_dict = load_sharded_checkpoint(checkpoint_dir)
+    weights_only = bool((load_kwargs or {}).get("weights_only", True))
+    try:
+        with F.unpickling(weights_only):
+            state_dict = load_sharded_checkpoint(checkpoint_dir)
+    except F.UnsafeCheckpointError as err:
+        err.args = (
+            f"Refused to merge {checkpoint_dir!r}: {err.path!r} holds {err.refused}, which only full "
+            "unpickling can rebuild, and unpickling can run code hidden in the file. If you trust this "
+            f"checkpoint, pass {F.OPT_IN} to merge_fsdp_weights (accelerando merge-weights "
+            "--trust_checkpoint).",
+        )
+        raise
     os.makedirs(output_path, exist_ok=True)
     write_model_weights(state_dict, output_path, max_shard_size, safe_serialization)
     logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, output_path)

@@ -27,8 +27,10 @@ __all__ = [
     "load_full_optimizer_state_dict",
     "load_sharded_model",
     "load_sharded_optimizer",
+    "load_shards",
     "save_sharded_model",
     "save_sharded_optimizer",
+    "safe_load_planner",
 ]
 
 # Folder names inside a checkpoint, as the reference names them (merge-weights takes the first).
@@ -211,26 +213,38 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise _RefusedGlobal(f"{module}.{name}"[:80])
 
 
+# A DCP ``.metadata`` larger than this is not read (it lists every tensor's chunks: megabytes at most).
+MAX_METADATA_BYTES = 2**30
+
+
 def _shard_reader(folder: str) -> Any:
     """DCP's file reader for ``folder``, with its metadata read here first, without running code from it.
 
     DCP reads ``.metadata`` with a plain ``pickle.load`` and wraps every error it meets; here it is
     read before DCP starts, through an allowlist (full unpickling only on the caller's opt-in,
     ``load_kwargs={"weights_only": False}``), and every shard file it names must be a plain name inside
-    ``folder``; the reader hands DCP that metadata.
+    ``folder`` naming a regular file (no link, FIFO or device, which could hang the read); the reader
+    hands DCP that metadata. Pair it with :func:`safe_load_planner`, which reads the shards' non-tensor
+    items without full unpickling.
 
     Raises:
         UnsafeCheckpointError: If the metadata names anything else (the message names the file).
-        CheckpointError: If it names a shard file outside the folder.
+        CheckpointError: If it names a shard file outside the folder or one that is not a regular
+            file, or the metadata itself is not a regular file of a sane size.
     """
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
+    from accelerando import safe_files
     from accelerando.checkpointing import files as F
     from accelerando.checkpointing.manifest import CheckpointError, check_name
 
     path = os.path.join(folder, ".metadata")
-    with open(path, "rb") as handle:
+    try:
+        handle = safe_files.open_regular(path, MAX_METADATA_BYTES, follow=False)
+    except (safe_files.NotRegularFileError, safe_files.FileTooLargeError) as err:
+        raise CheckpointError(f"Checkpoint shards {folder!r} are damaged: {err}.") from None
+    with handle:
         try:
             unpickler = _MetadataUnpickler(handle) if F.weights_only_default() else pickle.Unpickler(handle)
             metadata = unpickler.load()
@@ -238,9 +252,14 @@ def _shard_reader(folder: str) -> Any:
             raise F.UnsafeCheckpointError(path, err.name) from None
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         try:
-            check_name(getattr(info, "relative_path", None))
-        except ValueError as err:
+            name = check_name(getattr(info, "relative_path", None))
+            safe_files.check_regular(os.path.join(folder, name), follow=False)
+        except (ValueError, safe_files.NotRegularFileError) as err:
             raise CheckpointError(f"Checkpoint shards {folder!r} are damaged: {path!r} lists {err}") from None
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"Checkpoint shards {folder!r} are damaged: {path!r} lists {name!r}, which is missing"
+            ) from None
 
     class Reader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -252,16 +271,132 @@ def _shard_reader(folder: str) -> Any:
     return Reader(folder)
 
 
+def _load_byte_item(folder: str, planner: Any, read_item: Any, value: Any) -> Any:
+    """One non-tensor item of a DCP checkpoint, read with ``torch.load(weights_only=True)``.
+
+    Full unpickling only inside the caller's opt-in (``load_kwargs={"weights_only": False}``).
+
+    Raises:
+        UnsafeCheckpointError: If the item needs full unpickling (names the shard file and the type).
+        CheckpointError: If the item cannot be read at all (damaged).
+    """
+    from accelerando.checkpointing import files as F
+    from accelerando.checkpointing.manifest import CheckpointError
+    from accelerando.utils.serialization import refused_type
+
+    storage = getattr(getattr(planner, "metadata", None), "storage_data", None) or {}
+    info = storage.get(read_item.storage_index)
+    path = os.path.join(folder, str(getattr(info, "relative_path", "?")))
+    weights_only = F.weights_only_default()
+    try:
+        return torch.load(value, map_location="cpu", weights_only=weights_only)
+    except pickle.UnpicklingError as err:
+        refused = refused_type(err) if weights_only else None
+        if refused is None:
+            raise CheckpointError(
+                f"Checkpoint shards {folder!r} are damaged: item {read_item.dest_index.fqn!r} of {path!r} "
+                f"cannot be read ({str(err)[:200]})."
+            ) from None
+        raise F.UnsafeCheckpointError(path, refused) from None
+    except (EOFError, RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        raise CheckpointError(
+            f"Checkpoint shards {folder!r} are damaged: item {read_item.dest_index.fqn!r} of {path!r} "
+            f"cannot be read ({type(err).__name__}: {str(err)[:200]})."
+        ) from None
+
+
+def safe_load_planner(folder: str, empty: bool = False) -> Any:
+    """A DCP load planner that reads non-tensor items without running code from the checkpoint.
+
+    torch's ``DefaultLoadPlanner.load_bytes`` reads each non-tensor item (an optimizer's ``lr``,
+    ``betas``, any Python value) with ``torch.load(weights_only=False)``: full unpickling, so a shard
+    file whose ``.metadata`` points an item at a planted pickle runs its code. This planner reads them
+    with ``weights_only=True`` instead (plain data only); full unpickling only inside the caller's
+    opt-in. Tensors are read by the storage reader, weights-only already.
+
+    Args:
+        folder: The DCP folder (named in errors).
+        empty: The planner that fills an empty dict with whatever the checkpoint holds (torch's
+            ``_EmptyStateDictLoadPlanner``, for merging shards in one process) instead of the default.
+
+    Returns:
+        The planner, for ``dcp.load(..., planner=...)``.
+    """
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    base: type = DefaultLoadPlanner
+    if empty:
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+        base = _EmptyStateDictLoadPlanner
+
+    class SafeLoadPlanner(base):  # type: ignore[misc, valid-type]
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            loaded = _load_byte_item(folder, self, read_item, value)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return SafeLoadPlanner()
+
+
+def load_shards(state: dict[str, Any], folder: str, everything: bool = False) -> None:
+    """``dcp.load`` of ``folder`` into ``state`` in place, reading nothing that could run code.
+
+    Args:
+        state: The state dict to fill (its tensors are the template), or an empty dict with
+            ``everything=True``.
+        everything: Fill the empty ``state`` with whatever the folder holds, in this process alone
+            (no process group; for merging shards).
+
+    The metadata goes through :func:`_shard_reader`, the non-tensor items through
+    :func:`safe_load_planner`. DCP wraps what a process raised while reading in a
+    ``CheckpointException``; our own refusals are taken back out of it, so the caller sees the same
+    :class:`UnsafeCheckpointError` (or ``CheckpointError``) as for any other file.
+
+    Raises:
+        UnsafeCheckpointError: If an item or the metadata needs full unpickling and the caller did
+            not opt in (``load_kwargs={"weights_only": False}``).
+        CheckpointError: If the folder is damaged.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from accelerando.checkpointing.manifest import CheckpointError
+
+    try:
+        if everything:
+            # Public ``dcp.load`` returns early on an empty dict: the loader dcp_to_torch_save uses.
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+            _load_state_dict(
+                state,
+                storage_reader=_shard_reader(folder),
+                planner=safe_load_planner(folder, empty=True),
+                no_dist=True,
+            )
+        else:
+            dcp.load(state, storage_reader=_shard_reader(folder), planner=safe_load_planner(folder))
+    except CheckpointException as err:
+        for failure in (getattr(err, "failures", None) or {}).values():
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(cause, CheckpointError):
+                raise cause from None
+        raise
+
+
 def load_sharded_model(model: torch.nn.Module, input_dir: str, index: int) -> bool:
     """Load a folder written by :func:`save_sharded_model`; False when the checkpoint has none."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     folder = _folder(input_dir, MODEL_SHARDS_NAME, index)
     if not os.path.isdir(folder):
         return False
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, storage_reader=_shard_reader(folder))
+    load_shards(state, folder)
     set_model_state_dict(model, state["model"])
     return True
 
@@ -283,7 +418,6 @@ def load_sharded_optimizer(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, input_dir: str, index: int
 ) -> bool:
     """Load a folder written by :func:`save_sharded_optimizer`; False when the checkpoint has none."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     folder = _folder(input_dir, OPTIMIZER_SHARDS_NAME, index)
@@ -291,6 +425,6 @@ def load_sharded_optimizer(
         return False
     # The template holds initialised (empty) state for every parameter, so DCP knows every shape.
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, storage_reader=_shard_reader(folder))
+    load_shards(state, folder)
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return True
