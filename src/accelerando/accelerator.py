@@ -51,6 +51,10 @@ from accelerando.utils.constants import (  # noqa: F401
     WEIGHTS_PATTERN_NAME,
 )
 
+# Looked up in this module when a quantized model is prepared (as in the reference, whose tests patch
+# ``accelerate.accelerator.is_bitsandbytes_multi_backend_available``).
+from accelerando.utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
+
 __all__ = ["Accelerator"]
 
 logger = logging.getLogger(__name__)
@@ -775,6 +779,23 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
             if device_map is not None and len(set(device_map.values())) > 1:
                 return True
         return False
+
+    def _refuse_quantized_offload(self, model: torch.nn.Module) -> None:
+        """Refuse to train an 8-bit / 4-bit model with parts offloaded to the CPU or disk.
+
+        Raises:
+            ValueError: the model was loaded in 8 or 4 bits and its ``hf_device_map`` places modules on
+                ``"disk"``, or on ``"cpu"`` without a bitsandbytes build that runs on the CPU.
+        """
+        if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
+            return
+        places = {str(place) for place in (getattr(model, "hf_device_map", None) or {}).values()}
+        if "disk" in places or ("cpu" in places and not is_bitsandbytes_multi_backend_available()):
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk "
+                "offload. If you want train the 8-bit or 4-bit model in CPU, please install bitsandbytes with "
+                "multi-backend, see https://huggingface.co/docs/bitsandbytes/main/en/installation#multi-backend"
+            )
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop references to every prepared object, collect garbage and empty device caches.

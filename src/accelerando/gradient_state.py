@@ -27,6 +27,9 @@ class GradientState:
         adjust_scheduler: whether the scheduler accounts for accumulation.
         sync_with_dataloader: force a sync at the end of each dataloader.
         sync_each_batch: all-reduce on every micro-batch (saves memory, costs communication).
+        plugin_kwargs: the accumulation plugin's fields that differ from its defaults
+            (``GradientAccumulationPlugin.to_kwargs()``), always with the current ``num_steps``;
+            empty before any Accelerator.
     """
 
     _shared_state: dict[str, Any] = {}
@@ -42,11 +45,15 @@ class GradientState:
             self._sync_with_dataloader = True
             self.sync_each_batch = False
             self._is_xla_gradients_synced = False
+            # What the accumulation plugin was given beyond its defaults (the reference's dict;
+            # transformers' Trainer reads ``plugin_kwargs.get("sync_each_batch")``).
+            self.plugin_kwargs: dict[str, Any] = {}
             self._initialized = True
         if gradient_accumulation_plugin is not None:
             self._configure(gradient_accumulation_plugin)
 
     def _configure(self, plugin: Any) -> None:
+        self.plugin_kwargs = plugin.to_kwargs()
         self.num_steps = int(plugin.num_steps)
         self._adjust_scheduler = bool(plugin.adjust_scheduler)
         self._sync_with_dataloader = bool(plugin.sync_with_dataloader)
@@ -62,6 +69,7 @@ class GradientState:
         if isinstance(value, bool) or int(value) < 1:
             raise ValueError(f"gradient accumulation steps must be an integer >= 1, got {value!r}")
         self._num_steps = int(value)
+        self.plugin_kwargs["num_steps"] = self._num_steps
 
     @property
     def adjust_scheduler(self) -> bool:
@@ -118,16 +126,6 @@ class GradientState:
     def in_dataloader(self) -> bool:
         """Whether a prepared dataloader is being iterated."""
         return self.active_dataloader is not None
-
-    @property
-    def plugin_kwargs(self) -> dict[str, Any]:
-        """The accumulation settings as keyword arguments."""
-        return {
-            "num_steps": self.num_steps,
-            "adjust_scheduler": self.adjust_scheduler,
-            "sync_with_dataloader": self.sync_with_dataloader,
-            "sync_each_batch": self.sync_each_batch,
-        }
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients

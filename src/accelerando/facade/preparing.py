@@ -38,6 +38,7 @@ class PreparingMixin:
     split_batches: bool
     distributed_type: Any
     verify_device_map: Callable[[torch.nn.Module], bool]
+    _refuse_quantized_offload: Callable[[torch.nn.Module], None]
 
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
@@ -72,6 +73,7 @@ class PreparingMixin:
         if prepared is not None:
             self._register_prepared(prepared)
             grouped = prepared.objects
+            _mark_prepared(grouped)
             self._resume_if_asked()
             return grouped[0] if len(grouped) == 1 else tuple(grouped)
         result = list(args)
@@ -80,6 +82,7 @@ class PreparingMixin:
             for i, obj in enumerate(args):
                 if self._kind_of(obj) == kind:
                     result[i] = self._prepare_one(obj, device_placement[i])
+        _mark_prepared(result)
         self._resume_if_asked()
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -160,6 +163,7 @@ class PreparingMixin:
         if any(model is m for m in self._models):
             return model
         self._refuse_spread_model(model)
+        self._refuse_quantized_offload(model)
         if device_placement is None:
             device_placement = self.device_placement
         if any(getattr(m, "hf_device_map", None) is not None for m in model.modules()):
@@ -292,3 +296,17 @@ class PreparingMixin:
         from accelerando.data_loader import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
+
+
+def _mark_prepared(objects: Any) -> None:
+    """Flag each prepared model, optimizer, dataloader and scheduler as the reference does.
+
+    Code written for the reference (and transformers) reads ``obj._is_accelerate_prepared``; other
+    objects passed through ``prepare`` (None, lists...) are left alone.
+    """
+    for obj in objects:
+        if obj is not None and PreparingMixin._kind_of(obj) is not None:
+            try:
+                obj._is_accelerate_prepared = True
+            except AttributeError:  # an object without an instance dict (slots): nothing to flag
+                pass

@@ -9,13 +9,28 @@ import torch
 
 import accelerando.runtime as runtime
 from accelerando.enums import DistributedType
-from accelerando.settings import environment_text
-from accelerando.state.partial import PartialState
-from accelerando.state.shared import view_is_read_only
+from accelerando.state.partial import _STATE_KEYS, PartialState
+from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
 
 __all__ = ["AcceleratorState", "get_active_deepspeed_plugin", "select_deepspeed_plugin"]
 
-_TRUE = ("1", "true", "yes", "on", "y")
+# Present in the shared dict from construction until ``_reset_state()``: whether the view is live.
+_LIVE_KEY = "active_deepspeed_plugin_name"
+# The reference's keys of what the Accelerator decided (plus the process facts, _STATE_KEYS): after a
+# reset, reading one of these names says that the state was reset.
+_DECISION_KEYS = frozenset(
+    {
+        "_mixed_precision",
+        "deepspeed_plugins",
+        "device_mesh",
+        "distributed_type",
+        "dynamo_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "parallelism_config",
+        "torch_tp_plugin",
+    }
+)
 
 
 class AcceleratorState:
@@ -75,9 +90,10 @@ class AcceleratorState:
                 f"AcceleratorState() takes no settings ({', '.join(sorted(kwargs))}); pass them to Accelerator(...)"
             )
         self.__dict__ = self._shared_state
-        self._shared_state.setdefault("active_deepspeed_plugin_name", None)
-        if runtime.current_process() is None:
-            PartialState(cpu=cpu, **(pg_kwargs or {}))
+        self._shared_state.setdefault(_LIVE_KEY, None)
+        # Always constructed (cheap once the process exists): it also fills PartialState's shared dict
+        # when the Accelerator's connector started the process.
+        PartialState(cpu=cpu, **(pg_kwargs or {}))
         given = {
             "mixed_precision": mixed_precision,
             "dynamo_plugin": dynamo_plugin,
@@ -115,7 +131,18 @@ class AcceleratorState:
 
     @property
     def _partial(self) -> PartialState:
+        self._require_live()
         return PartialState()
+
+    def _require_live(self) -> None:
+        # After ``_reset_state()`` the view is empty until constructed again; the AttributeError makes
+        # Python ask ``__getattr__``, which names the attribute asked for.
+        if _LIVE_KEY not in self._shared_state:
+            raise AttributeError("_reset_state")
+
+    def _runtime(self) -> runtime.Runtime | None:
+        self._require_live()
+        return runtime.current()
 
     @property
     def initialized(self) -> bool:
@@ -125,13 +152,13 @@ class AcceleratorState:
     @property
     def mixed_precision(self) -> str:
         """The mixed-precision mode in effect (``"no"`` before any Accelerator)."""
-        current = runtime.current()
+        current = self._runtime()
         return "no" if current is None else current.settings.mixed_precision
 
     @property
     def distributed_type(self) -> DistributedType:
         """How processes cooperate, as the Accelerator decided (the process's type before one)."""
-        current = runtime.current()
+        current = self._runtime()
         return self._partial.distributed_type if current is None else current.distributed_type
 
     @property
@@ -167,12 +194,11 @@ class AcceleratorState:
     @property
     def device_mesh(self) -> Any:
         """The DeviceMesh built from the ParallelismConfig (None without one)."""
-        current = runtime.current()
+        current = self._runtime()
         return None if current is None else current.mesh
 
-    @staticmethod
-    def _plugin(name: str) -> Any:
-        current = runtime.current()
+    def _plugin(self, name: str) -> Any:
+        current = self._runtime()
         return None if current is None else getattr(current.plugins, name)
 
     @property
@@ -216,7 +242,8 @@ class AcceleratorState:
     @property
     def fork_launched(self) -> bool:
         """Whether the processes were started by forking (the notebook launcher sets ``FORK_LAUNCHED``)."""
-        return (environment_text("FORK_LAUNCHED") or "0").strip().lower() in _TRUE
+        self._require_live()
+        return fork_launched()
 
     @property
     def is_fsdp2(self) -> bool:
@@ -265,14 +292,28 @@ class AcceleratorState:
         return plugins[name]
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not found normally: defer to the process state.
+        # Only reached for attributes not found normally (or whose property raised AttributeError):
+        # the process facts come from PartialState; after a reset the error says the state was reset.
+        owner = type(self).__name__
         if name.startswith("__"):
             raise AttributeError(name)
-        return getattr(PartialState(), name)
+        if _LIVE_KEY not in self._shared_state:
+            known = name in _STATE_KEYS or name in _DECISION_KEYS
+            raise missing_attribute(owner, name, after_reset=known)
+        try:
+            return getattr(PartialState(), name)
+        except AttributeError as error:
+            if "_reset_state()" in str(error):
+                raise
+            raise missing_attribute(owner, name, after_reset=False) from None
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = False) -> None:
-        """Forget the Accelerator's decisions (and the process state when asked)."""
+        """Forget the Accelerator's decisions (and the process state when asked).
+
+        Until the next ``AcceleratorState()`` or ``Accelerator()``, reading the state's attributes from
+        an existing instance (``accelerator.state``) raises ``AttributeError`` saying so.
+        """
         cls._shared_state.clear()
         runtime.forget(keep_process=not reset_partial_state)
         if reset_partial_state:

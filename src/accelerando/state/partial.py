@@ -18,7 +18,7 @@ import accelerando.runtime as runtime
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.environments import ClusterEnvironment
-from accelerando.state.shared import view_is_read_only
+from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
 
 __all__ = ["PartialState", "process_filter"]
 
@@ -44,6 +44,10 @@ class PartialState:
         RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
     """
 
+    # The shared dict also holds a snapshot of the process's facts under the reference's keys
+    # (``_STATE_KEYS``): code outside (transformers' ``TrainingArguments(use_configured_state=True)``)
+    # reads ``PartialState._shared_state`` to learn whether a state exists. The properties below read
+    # the process context itself; the snapshot never drives a decision.
     _shared_state: dict[str, Any] = {}
     _view_names = frozenset(
         {
@@ -62,13 +66,39 @@ class PartialState:
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
-        if runtime.current_process() is not None:
-            return
-        from accelerando.settings import resolve_runtime_settings
+        if runtime.current_process() is None:
+            from accelerando.settings import resolve_runtime_settings
 
-        settings = resolve_runtime_settings({"cpu": True if cpu else None})
-        options = {k: kwargs[k] for k in ("backend", "timeout") if kwargs.get(k) is not None}
-        runtime.start_process(settings, options)
+            settings = resolve_runtime_settings({"cpu": True if cpu else None})
+            options = {k: kwargs[k] for k in ("backend", "timeout") if kwargs.get(k) is not None}
+            runtime.start_process(settings, options)
+            self._shared_state["_cpu"] = bool(settings.cpu)
+        if "device" not in self._shared_state:
+            self._publish(cpu)
+
+    def _publish(self, cpu: bool) -> None:
+        """Write the process's facts into the shared dict under the reference's keys (see above)."""
+        context = runtime.current_process()
+        assert context is not None
+        current = runtime.current()
+        if "_cpu" not in self._shared_state:
+            self._shared_state["_cpu"] = bool(cpu) or bool(current is not None and current.settings.cpu)
+        self._shared_state.update(
+            backend=context.backend,
+            device=context.device,
+            debug=context.debug,
+            distributed_type=context.distributed_type,
+            num_processes=context.num_processes,
+            process_index=context.process_index,
+            local_process_index=context.local_process_index,
+            fork_launched=fork_launched(),
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached when normal lookup fails, including when a property below raised AttributeError
+        # because the state was reset (``_reset_state()``) and not created again.
+        after_reset = runtime.current_process() is None and (name in _STATE_KEYS or name in self._view_names)
+        raise missing_attribute(type(self).__name__, name, after_reset=after_reset)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._view_names:
@@ -78,10 +108,9 @@ class PartialState:
     @property
     def _process(self) -> runtime.ProcessContext:
         context = runtime.current_process()
-        if context is None:  # the state was reset (tests): detect again, as a first construction would
-            PartialState()
-            context = runtime.current_process()
-        assert context is not None
+        if context is None:
+            # The state was reset and not created again: ``__getattr__`` names the attribute asked for.
+            raise AttributeError("_process")
         return context
 
     @property
@@ -295,7 +324,11 @@ class PartialState:
 
     @classmethod
     def _reset_state(cls) -> None:
-        """Forget the process state (tests). Does not destroy the process group."""
+        """Forget the process state (tests). Does not destroy the process group.
+
+        Until the next ``PartialState()`` or ``Accelerator()``, reading the state's attributes from an
+        existing instance raises ``AttributeError`` saying so.
+        """
         cls._shared_state.clear()
         runtime.forget(keep_process=False)
 
@@ -305,6 +338,22 @@ class PartialState:
             f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
             f"Device: {self.device}\n"
         )
+
+
+# The reference's keys of the process facts in ``PartialState._shared_state``.
+_STATE_KEYS = frozenset(
+    {
+        "_cpu",
+        "backend",
+        "device",
+        "debug",
+        "distributed_type",
+        "num_processes",
+        "process_index",
+        "local_process_index",
+        "fork_launched",
+    }
+)
 
 
 def process_filter(function: F, predicate: Callable[[], bool]) -> F:

@@ -7,7 +7,16 @@ from typing import Any
 
 import accelerando.runtime as runtime
 
-__all__ = ["ThreadLocalSharedDict", "do_nothing", "is_initialized", "view_is_read_only"]
+__all__ = [
+    "ThreadLocalSharedDict",
+    "do_nothing",
+    "fork_launched",
+    "is_initialized",
+    "missing_attribute",
+    "view_is_read_only",
+]
+
+_TRUE = ("1", "true", "yes", "on", "y")
 
 
 class ThreadLocalSharedDict(threading.local):
@@ -40,6 +49,30 @@ def do_nothing(*args: Any, **kwargs: Any) -> None:
 def is_initialized() -> bool:
     """Whether the process state (``PartialState``) exists in this process."""
     return runtime.current_process() is not None
+
+
+def fork_launched() -> bool:
+    """Whether the processes were started by forking (the notebook launcher sets ``FORK_LAUNCHED``)."""
+    from accelerando.settings import environment_text
+
+    return (environment_text("FORK_LAUNCHED") or "0").strip().lower() in _TRUE
+
+
+def missing_attribute(owner: str, name: str, *, after_reset: bool) -> AttributeError:
+    """The error for an attribute a state view cannot give.
+
+    Args:
+        owner: the view's class name (``"PartialState"``, ``"AcceleratorState"``).
+        name: the attribute asked for.
+        after_reset: the attribute is one of the state's and the state was reset (``_reset_state()``)
+            without being created again: the message says so, and how to fix it.
+    """
+    if after_reset:
+        return AttributeError(
+            f"`{owner}` object has no attribute `{name}`. This happens if `{owner}._reset_state()` was "
+            "called and an `Accelerator` or `PartialState` was not reinitialized."
+        )
+    return AttributeError(f"'{owner}' object has no attribute '{name}'")
 
 
 def view_is_read_only(owner: str, name: str) -> AttributeError:
