@@ -165,7 +165,15 @@ def torch_load(
     Raises:
         UnsafeCheckpointError: If the file holds a type ``weights_only`` loading refuses (the message
             names the file, the type and the opt-in).
+        CheckpointError: If ``path`` is not a regular file (a FIFO, a device such as ``/dev/zero`` or a
+            folder would hang or fail the reader).
     """
+    from accelerando.safe_files import NotRegularFileError, check_regular
+
+    try:
+        check_regular(path)
+    except NotRegularFileError as err:
+        raise CheckpointError(f"Cannot load {err}; the checkpoint is damaged.") from None
     weights_only = _WEIGHTS_ONLY.get() if weights_only is None else bool(weights_only)
     extra = dict(_LOAD_OPTIONS.get() or {})
     if "mmap" in extra:  # the caller's explicit choice, for every file (torch refuses legacy files)
@@ -205,11 +213,26 @@ def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization
 
 
 def load_model_weights(path: str, map_location: Any = None) -> dict[str, Any]:
-    """Read one model's weights written by :func:`save_model_weights` (``.bin``: see :func:`torch_load`)."""
+    """Read one model's weights written by :func:`save_model_weights` (``.bin``: see :func:`torch_load`).
+
+    Raises:
+        CheckpointError: If a ``.safetensors`` file is not a regular file or is damaged (its header
+            length too large, its header unreadable); the message names the file.
+        UnsafeCheckpointError: See :func:`torch_load`.
+    """
     if path.endswith(".safetensors"):
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(path, device="cpu" if map_location is None else str(map_location))
+        from accelerando.checkpointing.foreign import check_file_header
+
+        check_file_header(path)  # a regular file with a sane header, named in any refusal
+        try:
+            return load_file(path, device="cpu" if map_location is None else str(map_location))
+        except SafetensorError as err:
+            raise CheckpointError(
+                f"{path!r} is not a readable safetensors file ({str(err)[:200]})."
+            ) from None
     return torch_load(path, map_location=map_location if map_location is not None else "cpu")
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from accelerando.checkpointing.manifest import CheckpointError
 
 __all__ = [
+    "check_file_header",
     "check_reference_files",
     "is_reference_checkpoint",
     "read_reference_rng",
@@ -38,17 +39,31 @@ _MAX_RNG_PICKLE = 2**20
 _MAX_SAFETENSORS_HEADER = 100_000_000
 
 
+# A random-states archive is a few KiB (a CUDA machine's adds a state per device); one far bigger is
+# not scanned.
+_MAX_RNG_FILE = 64 * 2**20
+
+
 def _rng_file_is_reference(path: str) -> bool:
-    """Whether a random-states archive holds the reference's keys (its pickle is scanned, not run)."""
+    """Whether a random-states archive holds the reference's keys (its pickle is scanned, not run).
+
+    The file is opened without following a link and without blocking, and scanned only when it is a
+    regular file of a sane size: a FIFO or a link to ``/dev/zero`` in its place would otherwise hang
+    the scan (and with it ``latest_checkpoint`` and automatic resume).
+    """
     import zipfile
 
+    from accelerando.safe_files import open_regular
+
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_regular(path, _MAX_RNG_FILE, follow=False) as handle, zipfile.ZipFile(handle) as archive:
             for info in archive.infolist():
                 if info.filename.endswith("/data.pkl") and info.file_size <= _MAX_RNG_PICKLE:
-                    return b"torch_manual_seed" in archive.read(info)
-    except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
-        # An unreadable file: let the layout decide, so that the damage is reported by name.
+                    with archive.open(info) as member:
+                        return b"torch_manual_seed" in member.read(_MAX_RNG_PICKLE + 1)
+    except (OSError, zipfile.BadZipFile, RuntimeError, ValueError, EOFError):
+        # Unreadable, or not a regular file: let the layout decide, so that loading reports the
+        # damage by name (the folder scan refuses links and special files before anything is read).
         return True
     return False
 
@@ -66,7 +81,14 @@ def is_reference_checkpoint(present: dict[str, int] | list[str], folder: str | N
 
 
 def _check_header(path: str, name: str, size: int) -> None:
-    with open(path, "rb") as handle:
+    from accelerando.safe_files import open_regular
+
+    try:
+        handle = open_regular(path, follow=False)
+    except OSError as err:  # a link, a special file, or gone since the folder was scanned
+        raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
         head = handle.read(8)
         if name.endswith(".safetensors"):
             if len(head) < 8:
@@ -74,7 +96,12 @@ def _check_header(path: str, name: str, size: int) -> None:
                     f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
                 )
             (length,) = struct.unpack("<Q", head)
-            if length > min(size - 8, _MAX_SAFETENSORS_HEADER):
+            if length > _MAX_SAFETENSORS_HEADER:
+                raise CheckpointError(
+                    f"{path!r} has a safetensors header length ({length}) above the format's limit "
+                    f"({_MAX_SAFETENSORS_HEADER}): header too large; the file is damaged."
+                )
+            if length > size - 8:
                 raise CheckpointError(
                     f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
                 )
@@ -89,6 +116,19 @@ def _check_header(path: str, name: str, size: int) -> None:
                 f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
                 "was not written by save_state."
             )
+
+
+def check_file_header(path: str) -> None:
+    """Check one checkpoint file's header as its name says (safetensors JSON header, or a torch zip).
+
+    The file must be a regular file (not a link, FIFO or device) and is read only as far as its
+    header (at most ``_MAX_SAFETENSORS_HEADER`` bytes).
+
+    Raises:
+        CheckpointError: Naming the file, when it is not a regular file or its header is wrong
+            (e.g. a safetensors header length of 2**62: "header too large").
+    """
+    _check_header(path, os.path.basename(path), 0)
 
 
 def check_reference_files(folder: str, present: dict[str, int]) -> None:

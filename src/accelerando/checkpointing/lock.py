@@ -129,9 +129,10 @@ def _describe_holder(path: str) -> str:
     """What the lock file says about its holder ("pid 12 on host h since ..."), or a neutral phrase."""
     if os.path.isdir(path):
         return _describe_folder_holder(path)
+    from accelerando.safe_files import read_regular
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            info = json.loads(handle.read(4096))
+        info = json.loads(read_regular(path, 4096, follow=False).decode("utf-8"))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
         return f"pid {int(info['pid'])} on host {str(info['host'])[:64]!r}, since {since}"
     except (OSError, ValueError, KeyError, TypeError):  # being written, or left by another tool
@@ -167,12 +168,24 @@ def _acquire_folder(path: str, wait: float, what: str) -> int | None:
 
     Raises:
         CheckpointLockedError: If another process still holds it after ``wait`` seconds.
+        CheckpointError: If ``path`` exists and is not a folder.
     """
     flag = getattr(os, "O_DIRECTORY", None)
     if flag is None:
         return None
-    os.makedirs(path, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY | flag)
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | flag | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (FileExistsError, NotADirectoryError):
+        from accelerando.safe_files import describe_mode
+
+        try:
+            words = describe_mode(os.lstat(path).st_mode)
+        except OSError:
+            words = "not a folder"
+        raise CheckpointError(
+            f"Cannot save into {what!r}: {path!r} is {words}, not a folder. Move it away and save again."
+        ) from None
     deadline = time.monotonic() + wait
     pause = _POLL_S[0]
     try:
@@ -232,17 +245,47 @@ def _same_file(fd: int, path: str) -> bool:
     return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
 
 
+def _open_lock_file(path: str, what: str) -> int:
+    """Open (creating it if needed) the lock file ``path`` for writing, never through a link.
+
+    ``O_NOFOLLOW`` and a non-blocking open, then ``fstat`` on the descriptor: a symbolic link, a
+    folder, a FIFO or a device at ``path`` is refused, so that no other file is ever truncated or
+    overwritten with lock data and no open hangs.
+
+    Raises:
+        CheckpointError: One line naming the lock file, what it is and the fix, when it is not a
+            regular file or cannot be opened for writing (immutable, read-only, permission denied).
+    """
+    from accelerando.safe_files import NotRegularFileError, open_regular_fd
+
+    try:
+        return open_regular_fd(path, os.O_RDWR | os.O_CREAT, 0o644, follow=False)
+    except NotRegularFileError as err:
+        raise CheckpointError(
+            f"Cannot save into {what!r}: its lock file {path!r} is {err.what}, not a regular file "
+            "(links are never followed, so that no other file is overwritten). Remove it and save again."
+        ) from None
+    except OSError as err:
+        raise CheckpointError(
+            f"Cannot save into {what!r}: its lock file {path!r} cannot be opened for writing "
+            f"({err.strerror or err}; is it immutable or read-only, or the folder not writable?). "
+            "Fix its permissions (or remove it) and save again."
+        ) from None
+
+
 def _acquire(path: str, wait: float, what: str, run: str) -> int:
     """Open and exclusively lock ``path``, waiting up to ``wait`` seconds; return the descriptor.
 
     Raises:
         CheckpointLockedError: If another process still holds it after ``wait`` seconds.
+        CheckpointError: If ``path`` is a link, a folder or another special file, or cannot be opened
+            for writing (see :func:`_open_lock_file`).
     """
     deadline = time.monotonic() + wait
     pause = _POLL_S[0]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(path, what)
         try:
             locked = _try_lock(fd)
             if locked and _same_file(fd, path):
@@ -389,6 +432,7 @@ def save_lock(final_dir: str, wait: float, run: str) -> Iterator[None]:
 
     Raises:
         CheckpointLockedError: If another process is saving into the same folder (after ``wait`` s).
+        CheckpointError: If the lock file is a link or a special file, or cannot be opened for writing.
     """
     parent, name = os.path.split(os.path.abspath(final_dir))
     path = os.path.join(parent, f".{name}.lock")

@@ -110,13 +110,14 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
         obvious (the reference project's file was used), else ``""``.
 
     Raises:
-        ConfigError: when ``explicit`` names a file that does not exist.
+        ConfigError: when ``explicit`` names a file that does not exist or is not a regular file
+            (a directory, a device, a FIFO: the message says which).
     """
     if explicit is not None:
         path = Path(explicit).expanduser()
         if not path.is_file():
             raise ConfigError(
-                f"Config file {str(path)!r} does not exist. Fix: check the path given to --config_file, "
+                f"Config file {str(path)!r} {_what_is(path)}. Fix: check the path given to --config_file, "
                 "or create one with `accelerando config`."
             )
         return path, ""
@@ -169,11 +170,44 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+# A config file is a few KiB; one above this is refused before it is read.
+MAX_CONFIG_BYTES = 64 * 2**20
+
+
+def _what_is(path: Path) -> str:
+    """Why ``path`` cannot be a config file, as the end of a sentence ("does not exist", "is a directory")."""
+    from accelerando.safe_files import describe_mode
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as err:
+        return f"cannot be looked at ({err.strerror or err})"
+    words = describe_mode(mode)
+    return f"is {words}" if words == "a directory" else f"is {words}, not a regular file"
+
+
 def _read_text(path: Path) -> str:
-    """The file's text; a binary or unreadable file is a :class:`ConfigError` saying what it is."""
+    """The file's text; a binary, special, huge or unreadable file is a :class:`ConfigError` saying what it is.
+
+    The file is opened without blocking and checked to be a regular file (a FIFO or ``/dev/zero``
+    named as a config file would otherwise hang the reader), and read no further than
+    :data:`MAX_CONFIG_BYTES`.
+    """
+    from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+
     fix = "Fix: pass a YAML or JSON config file (create one with `accelerando config`)."
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_CONFIG_BYTES)
+    except NotRegularFileError as err:
+        what = err.what if err.what == "a directory" else f"{err.what}, not a regular file"
+        raise ConfigError(f"Config file {str(path)!r} is {what}. {fix}") from None
+    except FileTooLargeError as err:
+        raise ConfigError(
+            f"Config file {str(path)!r} is {err.size} bytes, more than the {MAX_CONFIG_BYTES} bytes a config "
+            f"file may have. {fix}"
+        ) from None
     except OSError as err:
         raise ConfigError(f"Config file {str(path)!r} cannot be read: {err.strerror or err}. {fix}") from None
     try:
