@@ -273,7 +273,7 @@ def compute_module_total_buffer_size(
 
 
 def get_max_layer_size(
-    modules: list[tuple[str, nn.Module]],
+    modules: list[tuple[str, nn.Module | torch.Tensor]],
     module_sizes: dict[str, int],
     no_split_module_classes: list[str] | None,
 ) -> tuple[int, list[str]]:
@@ -285,7 +285,8 @@ def get_max_layer_size(
         no_split_module_classes: class names whose instances are kept whole.
 
     Returns:
-        ``(size, names)``: the largest size and every unit name that has it.
+        ``(size, names)``: the largest size and every unit name that has it (as in the reference, units
+        of size 0 are listed while nothing larger was found).
     """
     no_split = set(no_split_module_classes or ())
     max_size = 0
@@ -293,12 +294,15 @@ def get_max_layer_size(
     stack = list(reversed(modules))
     while stack:
         name, module = stack.pop()
-        children = [(key, child) for key, child in module._modules.items() if child is not None]
+        children = list(module.named_children()) if isinstance(module, nn.Module) else []
         if not children or type(module).__name__ in no_split:
-            size = module_sizes.get(name, 0)
+            try:
+                size = module_sizes[name]  # a defaultdict records the name, as the reference's does
+            except KeyError:
+                size = 0
             if size > max_size:
                 max_size, names = size, [name]
-            elif size == max_size and size > 0:
+            elif size == max_size:
                 names.append(name)
         else:
             prefix = f"{name}." if name else ""
@@ -319,7 +323,13 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     sizes = compute_module_sizes(model)
     no_split = list(getattr(model, "_no_split_modules", None) or [])
     total = sizes.get("", 0)
-    largest = get_max_layer_size(list(model.named_children()), sizes, no_split)
+    # The root's own tensors are units too, as in the reference.
+    units = [
+        *model.named_parameters(recurse=False),
+        *model.named_children(),
+        *model.named_buffers(recurse=False),
+    ]
+    largest = get_max_layer_size(units, sizes, no_split)
     return total, largest
 
 
