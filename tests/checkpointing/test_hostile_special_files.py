@@ -272,3 +272,23 @@ def test_safetensors_header_too_large_names_the_file(tmp_path) -> None:
         load_model_weights(path)
     message = str(info.value)
     assert path in message and "header too large" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_other_readers_refuse_special_files_without_hanging(tmp_path) -> None:
+    from accelerando.big_modeling.offload import read_safetensors_header
+    from accelerando.checkpointing.digest import file_digest
+    from accelerando.plugins.deepspeed import load_config
+    from accelerando.utils.deepspeed import HfDeepSpeedConfig
+
+    fifo = str(tmp_path / "ds_config.json")
+    os.mkfifo(fifo)
+    for path, words in ((fifo, "FIFO"), ("/dev/zero", "character device")):
+        with pytest.raises(ValueError, match=words):
+            bounded(lambda p=path: load_config(p), fifo)
+        with pytest.raises(ValueError, match=words):
+            bounded(lambda p=path: HfDeepSpeedConfig(p), fifo)
+        with pytest.raises(ValueError, match=words):
+            bounded(lambda p=path: read_safetensors_header(p), fifo)
+        with pytest.raises(OSError, match=words):
+            bounded(lambda p=path: file_digest(p), fifo)

@@ -89,7 +89,13 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
     Raises:
         ValueError: if the file is not a valid safetensors file (the message names it).
     """
-    with open(path, "rb") as handle:
+    from accelerando.safe_files import NotRegularFileError, open_regular
+
+    try:
+        handle = open_regular(path)  # a FIFO or a device would hang the read
+    except NotRegularFileError as err:
+        raise _bad_safetensors(path, f"it is {err.what}, not a regular file") from None
+    with handle:
         size = os.fstat(handle.fileno()).st_size
         raw = handle.read(8)
         if len(raw) != 8:

@@ -128,7 +128,10 @@ class _OpenFile:
     """One file being hashed: its descriptor, size and (when the file system allows) memory map."""
 
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
+        from accelerando.safe_files import open_regular_fd
+
+        # Non-blocking open and fstat: a FIFO or a device in a checkpoint is refused, never read.
+        self.fd = open_regular_fd(path)
         self.size = os.fstat(self.fd).st_size
         self.map: mmap.mmap | None = None
         if self.size:

@@ -55,6 +55,10 @@ _RENAMED_SETTINGS = {
 
 
 # --------------------------------------------------------------------------- config dictionaries
+# A DeepSpeed config is a few KiB; a file above this is refused before it is read.
+MAX_CONFIG_BYTES = 64 * 2**20
+
+
 def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
     """Return a private copy of a DeepSpeed config given as a JSON file path or a mapping.
 
@@ -65,22 +69,32 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
         A deep copy the caller may edit.
 
     Raises:
-        ValueError: the file does not exist or is not valid JSON.
+        ValueError: the file does not exist, is not a regular file (a folder, FIFO, device: the message
+            says which), is above ``MAX_CONFIG_BYTES`` or is not valid JSON.
         TypeError: ``config`` is neither a path nor a mapping.
     """
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
-        if not os.path.isfile(path):
+        from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+
+        try:
+            raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO or /dev/zero would hang a plain read
+        except FileNotFoundError:
             raise ValueError(
                 f"DeepSpeed config file {path!r} does not exist; pass an existing JSON file or a dict"
-            )
-        with open(path, encoding="utf-8") as handle:
-            try:
-                return json.load(handle)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"DeepSpeed config file {path!r} is not valid JSON: {exc}") from exc
+            ) from None
+        except (NotRegularFileError, FileTooLargeError) as exc:
+            raise ValueError(f"DeepSpeed config file: {exc}; pass a JSON file or a dict") from None
+        except OSError as exc:
+            raise ValueError(
+                f"DeepSpeed config file {path!r} cannot be read: {exc.strerror or exc}"
+            ) from None
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"DeepSpeed config file {path!r} is not valid JSON: {exc}") from exc
     raise TypeError(f"a DeepSpeed config must be a JSON file path or a dict, got {type(config).__name__}")
 
 

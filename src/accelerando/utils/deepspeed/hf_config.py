@@ -30,11 +30,16 @@ def _read_config(config_file_or_dict: Any) -> dict[str, Any]:
         isinstance(config_file_or_dict, str) and os.path.exists(config_file_or_dict)
     ):
         path = os.fspath(config_file_or_dict)
-        with open(path, encoding="utf-8") as handle:
-            try:
-                loaded = json.load(handle)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"DeepSpeed config file {path!r} is not valid JSON: {error}") from error
+        from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+
+        try:
+            raw = read_regular(path, 64 * 2**20)  # a FIFO or /dev/zero would hang a plain read
+        except (NotRegularFileError, FileTooLargeError) as error:
+            raise ValueError(f"DeepSpeed config file: {error}; pass a JSON file or a dict") from None
+        try:
+            loaded = json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"DeepSpeed config file {path!r} is not valid JSON: {error}") from error
         if not isinstance(loaded, dict):
             raise ValueError(
                 f"DeepSpeed config file {path!r} holds a JSON {type(loaded).__name__}, not an object"
