@@ -144,6 +144,18 @@ def run_case(library: str, seed: int) -> dict:
     balanced_args = dict(
         max_memory=kwargs["max_memory"], no_split_module_classes=kwargs["no_split_module_classes"]
     )
+    no_split = kwargs["no_split_module_classes"]
+    no_split = [no_split] if isinstance(no_split, str) else no_split
+    answers["max_layer"] = _answer(
+        lambda: dict(
+            enumerate(
+                modeling.get_max_layer_size(
+                    list(model.named_children()), modeling.compute_module_sizes(model), no_split
+                )
+            )  # fmt: skip
+        )
+    )
+    answers["maximum_sizes"] = _answer(lambda: dict(enumerate(modeling.calculate_maximum_sizes(model))))
     answers["balanced"] = _answer(lambda: modeling.get_balanced_memory(model, **balanced_args))
     answers["balanced_low_zero"] = _answer(
         lambda: modeling.get_balanced_memory(model, low_zero=True, **balanced_args)

@@ -49,7 +49,7 @@ def test_device_maps_and_budgets_match_the_reference():
     assert len(reference) == len(ours) == SEEDS[1] - SEEDS[0]
     compared, differences = 0, []
     for theirs, mine in zip(reference, ours, strict=True):
-        for what in ("sizes", "map", "balanced", "balanced_low_zero"):
+        for what in ("sizes", "map", "max_layer", "maximum_sizes", "balanced", "balanced_low_zero"):
             if "raised" in theirs[what]:
                 continue
             compared += 1
@@ -58,4 +58,4 @@ def test_device_maps_and_budgets_match_the_reference():
                     f"seed {theirs['seed']} {what}: reference {theirs[what]} != ours {mine[what]}"
                 )
     assert not differences, "\n".join(differences[:5])
-    assert compared > 0.9 * 4 * len(reference)
+    assert compared > 0.9 * 6 * len(reference)
