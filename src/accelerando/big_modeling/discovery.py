@@ -13,6 +13,8 @@ __all__ = ["checkpoint_files"]
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _DEFAULT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 _DEFAULT_SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
+# An index lists one line per tensor: megabytes for the largest models; far bigger is not read.
+_MAX_INDEX_BYTES = 256 * 2**20
 
 
 def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
@@ -35,9 +37,13 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
     if path.is_file():
         return [str(path)]
     if not path.is_dir():
-        raise ValueError(
-            f"Checkpoint {str(checkpoint)!r} does not exist; pass a weights file, an index or a folder."
-        )
+        from accelerando.safe_files import describe_mode
+
+        try:
+            what = f"is {describe_mode(path.stat().st_mode)}, not a regular file or a folder"
+        except OSError:
+            what = "does not exist"
+        raise ValueError(f"Checkpoint {str(checkpoint)!r} {what}; pass a weights file, an index or a folder.")
     for name in (*_DEFAULT_INDEX_NAMES, *_DEFAULT_SINGLE_NAMES):
         if (path / name).is_file():
             return checkpoint_files(path / name)
@@ -60,9 +66,11 @@ def _index_shards(index: Path) -> list[str]:
     checkpoint, and an entry such as ``../../x`` or ``/etc/x`` must not make us read elsewhere.
     """
     fix = "Fix: re-save the checkpoint, or pass a sharded checkpoint's *.index.json file."
+    from accelerando.safe_files import read_regular
+
     try:
-        with open(index, encoding="utf-8") as handle:
-            data = json.load(handle)
+        # A regular file only (a FIFO or a device would hang the read), of a bounded size.
+        data = json.loads(read_regular(index, _MAX_INDEX_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as err:
         raise ValueError(
             f"{index} is not a readable checkpoint index ({type(err).__name__}). {fix}"
