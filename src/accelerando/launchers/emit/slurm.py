@@ -14,19 +14,41 @@ checkpoint before they end.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
-from accelerando.launchers.emit.spec import JobSpec, value_text
+from accelerando.launchers.emit.spec import JobSpec, check_line, check_word, value_text
 from accelerando.settings.fields import Field
 
-__all__ = ["REQUEUE_SIGNAL", "SIGNAL_LEAD_SECONDS", "render_sbatch", "setting_flags"]
+__all__ = ["REQUEUE_SIGNAL", "SIGNAL_LEAD_SECONDS", "directive_value", "render_sbatch", "setting_flags"]
 
 #: The signal SLURM sends the batch shell before the time limit, and how many seconds before.
 REQUEUE_SIGNAL = "USR1"
 SIGNAL_LEAD_SECONDS = 90
 # A port every task of a job agrees on without talking, different for jobs that share a node.
 _PORT_FROM_JOB_ID = "$((15000 + SLURM_JOB_ID % 20000))"
+# What sbatch reads as is in a directive's value; anything else is written quoted.
+_PLAIN_DIRECTIVE = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
+
+
+def directive_value(text: str) -> str:
+    """Spell ``text`` so that sbatch reads it back whole from an ``#SBATCH --option=VALUE`` line.
+
+    sbatch splits a directive at blanks outside quotes, ends it at an unescaped ``#`` (older
+    versions: even inside quotes) and takes ``\\`` as an escape, in or out of quotes; so the value is
+    put in double quotes with ``\\``, ``"``, ``'`` and ``#`` escaped. The caller refuses control
+    characters first (:func:`~accelerando.launchers.emit.spec.check_line`): a line cannot carry them.
+
+    Args:
+        text: the value, without control characters.
+
+    Returns:
+        ``text`` itself when it has only letters, digits and ``_./:@%+=,-``, else its quoted spelling.
+    """
+    if _PLAIN_DIRECTIVE.fullmatch(text):
+        return text
+    return '"' + re.sub(r"([\\\"'#])", r"\\\1", text) + '"'
 
 
 def setting_flags(carried: tuple[tuple[Field, object], ...]) -> tuple[list[str], dict[str, str]]:
@@ -38,10 +60,14 @@ def setting_flags(carried: tuple[tuple[Field, object], ...]) -> tuple[list[str],
     Returns:
         ``(flags, env)``: a switch set to true is its flag alone; a switch set to false, or a setting
         without a flag, becomes a variable.
+
+    Raises:
+        ValueError: a value holds a NUL byte or is not UTF-8 (no command line can carry it).
     """
     flags: list[str] = []
     env: dict[str, str] = {}
     for field, value in carried:
+        check_word(value_text(value), f"the value of {field.name}")
         if field.cli is None or (field.switch and value is not True):
             env[field.our_env] = value_text(value)
         elif field.switch:
@@ -52,10 +78,16 @@ def setting_flags(carried: tuple[tuple[Field, object], ...]) -> tuple[list[str],
 
 
 def _launch_line(spec: JobSpec, flags: list[str]) -> str:
-    """The command each task runs; ``$VAR`` parts are read in the task (SLURM_NODEID differs per node)."""
+    """The command each task runs; ``$VAR`` parts are read in the task (SLURM_NODEID differs per node).
+
+    Every value from the user goes through :func:`shlex.quote` twice: once for the task's ``bash -c``,
+    once (the whole line) for the batch script, so that it arrives byte for byte, newlines included.
+    """
     machines = f"{spec.min_machines}:$SLURM_NNODES" if spec.machine_range else "$SLURM_NNODES"
     given = any(field.name == "rdzv_backend" for field, _value in spec.carried)  # then among the flags
-    rendezvous = f"--rdzv_backend {spec.rdzv_backend} " if spec.machine_range and not given else ""
+    rendezvous = (
+        f"--rdzv_backend {shlex.quote(spec.rdzv_backend)} " if spec.machine_range and not given else ""
+    )
     per_task = (
         f'exec accelerando launch --num_machines "{machines}" {rendezvous}--machine_rank "$SLURM_NODEID" '
         '--main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" '
@@ -63,6 +95,9 @@ def _launch_line(spec: JobSpec, flags: list[str]) -> str:
     )
     command = spec.command
     target = ["-m"] if command.module else ["--no_python"] if command.no_python else []
+    check_word(command.target, "the script")
+    for arg in command.args:
+        check_word(arg, "the script argument")
     rest = shlex.join([*flags, *target, command.target, *command.args])
     return shlex.quote(f"{per_task} {rest}")
 
@@ -76,12 +111,23 @@ def render_sbatch(spec: JobSpec, workdir: str | None = None) -> str:
             a relative script path given to ``accelerando launch`` is found.
 
     Returns:
-        The script's text (bash, starting with ``#!/bin/bash``).
+        The script's text (bash, starting with ``#!/bin/bash``). Values from the user or the
+        environment are quoted for sbatch (directives) or bash (the commands).
+
+    Raises:
+        ValueError: the folder or the job name holds a control character (an ``#SBATCH`` line cannot
+            carry one: a newline would start a line bash runs), or a value holds a NUL byte.
     """
     flags, env = setting_flags(spec.carried)
-    folder = workdir or str(Path.cwd())
+    folder = check_line(
+        workdir or str(Path.cwd()), "--emit slurm: the working directory", "an #SBATCH --chdir line",
+        "emit the job from a folder whose path has no control characters (rename the folder, or move the "
+        "job's files to one)",
+    )  # fmt: skip
+    name = check_line(spec.name, "--emit slurm: the job name", "an #SBATCH --job-name line",
+                      "rename the script without control characters")  # fmt: skip
     sbatch = [
-        f"--job-name={spec.name}",
+        f"--job-name={directive_value(name)}",
         f"--nodes={spec.min_machines}-{spec.num_machines}"
         if spec.machine_range
         else f"--nodes={spec.num_machines}",
@@ -95,7 +141,7 @@ def render_sbatch(spec: JobSpec, workdir: str | None = None) -> str:
         "--requeue",
         f"--signal=B:{REQUEUE_SIGNAL}@{SIGNAL_LEAD_SECONDS}",
         "--open-mode=append",
-        f"--chdir={folder}",
+        f"--chdir={directive_value(folder)}",
     ]
     port = str(spec.main_port) if spec.main_port else _PORT_FROM_JOB_ID
     # In a range, the step goes on without a node that failed (the others re-form the job without it).

@@ -13,7 +13,7 @@ from accelerando.settings.machine import MachineInfo
 from accelerando.settings.resolve import Settings
 from accelerando.strategies import distributed_kind
 
-__all__ = ["JobSpec", "TOPOLOGY_SETTINGS", "job_spec", "value_text"]
+__all__ = ["JobSpec", "TOPOLOGY_SETTINGS", "check_line", "check_word", "job_spec", "value_text"]
 
 #: Settings a job sets per machine from the scheduler (or that only steer the writing): not carried.
 TOPOLOGY_SETTINGS = frozenset(
@@ -96,6 +96,69 @@ def value_text(value: Any) -> str:
     if isinstance(value, tuple):
         return ",".join(str(item) for item in value)
     return str(value)
+
+
+# C0 controls and DEL: a line-based format (an #SBATCH directive, a name) cannot carry them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _control_name(char: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL byte"}
+    return names.get(char, f"the control character {char!r}")
+
+
+def check_word(value: str, what: str) -> str:
+    """Refuse a value that no process can receive: a NUL byte (argv and environ end strings there) or text
+    that is not UTF-8 (a name from undecodable bytes, which the job file cannot be written with).
+
+    Args:
+        value: a script argument, a setting's value, a path.
+        what: how the user knows the value (``"the script argument 'x'"``), for the message.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        ValueError: one line naming the value and the fix.
+    """
+    if "\x00" in value:
+        raise ValueError(
+            f"{what} {value!r} contains a NUL byte, which no command line or environment variable can carry. "
+            "Fix: remove it."
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{what} {value!r} is not UTF-8 text (it came from undecodable bytes), which a job file cannot hold. "
+            "Fix: rename it with UTF-8 characters."
+        ) from None
+    return value
+
+
+def check_line(value: str, what: str, carrier: str, fix: str) -> str:
+    """Refuse a value with a control character (newline, CR, NUL, any other C0, DEL) where ``carrier`` is a
+    one-line field that cannot hold one; a newline there would start a line of its own in the job file.
+
+    Args:
+        value: the value to write.
+        what: how the user knows the value (``"the working directory"``), for the message.
+        carrier: where it goes (``"an #SBATCH line"``).
+        fix: what the user can do, as a sentence without its final period.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        ValueError: one line naming the value, the character and the fix.
+    """
+    check_word(value, what)
+    found = _CONTROL.search(value)
+    if found is not None:
+        raise ValueError(
+            f"{what} {value!r} contains {_control_name(found.group())}, which {carrier} cannot carry. Fix: {fix}."
+        )
+    return value
 
 
 def _job_name(command: Command) -> str:
