@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from typing import Any
 
@@ -49,6 +50,39 @@ _DEEPSPEED_SAFE_TYPES = (
     ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
 )
+
+
+def _refuse_full_unpickling(engine: Any, folder: str) -> None:
+    """Refuse, without the caller's opt-in, a DeepSpeed load that DeepSpeed would unpickle fully itself.
+
+    Two such loads cannot be made weights-only from outside DeepSpeed: a checkpoint engine whose
+    ``load`` is not a plain ``torch.load`` of a path (Nebula, DataStates, ...), and a universal
+    checkpoint (``"checkpoint": {"load_universal": true}``), whose per-parameter files DeepSpeed reads
+    with ``torch.load(weights_only=False)``.
+
+    Raises:
+        UnsafeCheckpointError: Naming the folder, what DeepSpeed would unpickle and the opt-in.
+    """
+    from accelerando.checkpointing import files as F
+
+    if not F.weights_only_default():
+        return
+    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+    name = type(checkpoint_engine).__name__
+    universal = getattr(engine, "load_universal_checkpoint", None)
+    if checkpoint_engine is not None and name not in _PLAIN_LOAD_ENGINES:
+        what = f"DeepSpeed's {name} checkpoint engine, which unpickles every file fully"
+    elif callable(universal) and universal():
+        what = "a DeepSpeed universal checkpoint, whose files DeepSpeed unpickles fully (load_hp_checkpoint_state)"
+    else:
+        return
+    error = F.UnsafeCheckpointError(folder, what)
+    error.args = (
+        f"Refused to load {folder!r} through {what}: unpickling can run code hidden in the files, and "
+        f"accelerando cannot make that read weights-only. If you trust this checkpoint, pass {F.OPT_IN} "
+        "to load_state.",
+    )
+    raise error
 
 
 @contextlib.contextmanager
@@ -363,16 +397,19 @@ class DeepSpeedStrategy(Strategy):
         ``TorchCheckpointEngine``, the fast and the decoupled one) their ``load`` is replaced, for this
         call, by accelerando's weights-only reader, which also accepts the few DeepSpeed types its
         checkpoints hold (``_DEEPSPEED_SAFE_TYPES``); ``load_kwargs={"weights_only": False}`` opts out
-        as for the other files. Where DeepSpeed reads files itself, it still unpickles them fully:
-        other checkpoint engines (e.g. DataStates), universal checkpoints (``load_universal``) and
-        ZeRO-3's ``load_hp_checkpoint_state``; load such checkpoints only from sources you trust.
+        as for the other files. Where DeepSpeed reads files itself it would still unpickle them fully
+        (other checkpoint engines, e.g. Nebula or DataStates, and universal checkpoints, whose
+        ``load_hp_checkpoint_state`` reads every parameter's file): such loads are refused unless the
+        caller opts in with ``load_kwargs={"weights_only": False}``.
 
         Raises:
             FileNotFoundError: the folder has no engine checkpoint for this model.
-            UnsafeCheckpointError: an engine file holds a type weights-only loading refuses.
+            UnsafeCheckpointError: an engine file holds a type weights-only loading refuses, or the
+                load would go through DeepSpeed's full unpickling (see above) without the opt-in.
         """
         if not _is_engine(model):
             return False
+        _refuse_full_unpickling(model, os.path.join(input_dir, self._tag(index)))
         with _weights_only_engine_loads(model):
             path, _ = model.load_checkpoint(
                 input_dir, tag=self._tag(index), load_optimizer_states=True, load_lr_scheduler_states=True
