@@ -168,9 +168,10 @@ def data_parallel_type(device_backend: type[DeviceBackend], num_processes: int) 
 def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = None) -> ProcessContext:
     """Detect the cluster environment and device and start the process group; once per process.
 
-    A second call returns the context the first one made (the process group exists once), so a
-    later ``Accelerator(cpu=True)`` in a process already placed on a GPU keeps the first placement,
-    as every ``PartialState`` view does.
+    A second call returns the context the first one made (the process group exists once); asking
+    for the CPU then, in a process already placed on an accelerator, is refused (as the reference
+    does): the placement cannot change without ``_reset_state()``. The opposite order (CPU first,
+    then ``cpu=False``) keeps the CPU silently, since ``cpu=False`` is the default.
 
     Args:
         settings: resolved settings (``cpu``, ``debug`` and ``enable_cpu_affinity`` are read).
@@ -182,11 +183,13 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
 
     Raises:
         ValueError: an explicit process-group backend the device cannot use; an unknown
-            ``ACCELERATE_TORCH_DEVICE``; a SageMaker job or TPU pod (not supported).
+            ``ACCELERATE_TORCH_DEVICE``; a SageMaker job or TPU pod (not supported); ``cpu`` asked
+            for in a process already placed on an accelerator.
         RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
     """
     existing = current_process()
     if existing is not None:
+        refuse_cpu_switch(existing, bool(settings.cpu))
         return existing
     from accelerando.environments import detect_environment
     from accelerando.settings import environment_setting
@@ -313,6 +316,21 @@ def _install_rich_tracebacks() -> None:
 # The process's records. Module globals on purpose: one process, one of each; tests reset them
 # through ``forget``.
 _registry: dict[str, Any] = {"process": None, "runtime": None, "accelerator": None}
+
+
+def refuse_cpu_switch(context: ProcessContext, cpu: bool) -> None:
+    """Refuse a request for the CPU once the process computes on an accelerator.
+
+    Raises:
+        ValueError: ``cpu`` is True and ``context.device`` is not the CPU.
+    """
+    if cpu and context.device.type != "cpu":
+        raise ValueError(
+            f"this process already computes on {context.device} (the first Accelerator or PartialState "
+            "placed it), so cpu=True cannot be honoured now: pass cpu=True to the first one (or set "
+            "ACCELERATE_USE_CPU=1 before it), or call AcceleratorState._reset_state(reset_partial_state=True) "
+            "first"
+        )
 
 
 def current_process() -> ProcessContext | None:

@@ -119,3 +119,21 @@ def test_quantized_model_with_cpu_offload_is_refused(monkeypatch: pytest.MonkeyP
         accelerator.prepare_model(model)
     monkeypatch.setattr(module, "is_bitsandbytes_multi_backend_available", lambda: True)
     assert accelerator.prepare_model(model) is not None
+
+
+@pytest.mark.usefixtures("fresh_state")
+def test_cpu_cannot_be_asked_for_once_placed_on_an_accelerator() -> None:
+    import dataclasses
+
+    import accelerando.runtime as runtime
+    from accelerando.settings import resolve_runtime_settings
+
+    context = PartialState()._process
+    runtime.set_process(dataclasses.replace(context, device=torch.device("cuda", 0)))
+    with pytest.raises(ValueError, match="cpu=True cannot be honoured"):
+        PartialState(cpu=True)
+    with pytest.raises(ValueError, match="cpu=True cannot be honoured"):
+        runtime.start_process(resolve_runtime_settings({"cpu": True}))
+    assert PartialState().device.type == "cuda"  # cpu=False (the default) keeps the placement
+    runtime.set_process(context)
+    assert PartialState(cpu=True).device.type == "cpu"

@@ -40,7 +40,8 @@ class PartialState:
             defaults; the Accelerator passes them from ``InitProcessGroupKwargs``.
 
     Raises:
-        ValueError: an explicit backend that the device family cannot use.
+        ValueError: an explicit backend that the device family cannot use; ``cpu=True`` once the
+            process computes on an accelerator (the placement is fixed until ``_reset_state()``).
         RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
     """
 
@@ -66,7 +67,10 @@ class PartialState:
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
-        if runtime.current_process() is None:
+        existing = runtime.current_process()
+        if existing is not None:
+            runtime.refuse_cpu_switch(existing, cpu)
+        else:
             from accelerando.settings import resolve_runtime_settings
 
             settings = resolve_runtime_settings({"cpu": True if cpu else None})
