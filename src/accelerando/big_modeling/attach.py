@@ -183,7 +183,9 @@ def _attach_block(
     module, devices, offload, weights_map, offload_buffers, name, skip_keys, preload, tied
 ) -> None:
     is_root = name == ""
-    if name in devices and not offload.get(name, False):
+    # A name with a device but no offload entry is not a block (the reference's rule): dispatch_model
+    # gives the root its main device this way, for the root hook below.
+    if name in devices and name in offload and not offload[name]:
         hook = AlignDevicesHook(devices[name], offload_buffers=offload_buffers, io_same_device=is_root,
                                 place_submodules=True, skip_keys=skip_keys, tied_params_map=tied)  # fmt: skip
         add_hook_to_module(module, hook)
@@ -191,7 +193,7 @@ def _attach_block(
             for child in module.children():
                 add_hook_to_module(child, AlignDevicesHook(devices[name], skip_keys=skip_keys), append=True)
         return
-    if name in devices:
+    if name in devices and name in offload:
         attach_align_device_hook(
             module, devices[name], True, weights_map, offload_buffers, name, skip_keys, preload, tied
         )

@@ -315,6 +315,8 @@ def dispatch_model(
         name: main_device if device in ("cpu", "disk") else device for name, device in device_map.items()
     }
     offload = {name: name in cpu_modules or name in disk_modules for name in device_map}
+    # The root hook moves inputs to the main device and outputs back (the reference's root hook).
+    execution.setdefault("", main_device)
     tied_map = {}
     for group in find_tied_parameters(model):
         for name in group:
