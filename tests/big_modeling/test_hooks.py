@@ -226,3 +226,17 @@ def test_disk_offload_prefetches_the_next_module(tmp_path, monkeypatch):
     torch.testing.assert_close(model(x), expected)
     assert len(threads) == 2 and all(name.startswith("accelerando-prefetch") for name in threads)
     assert all(hook._prefetched is None for hook in hooks)
+
+
+def test_dispatch_model_root_hook_runs_on_the_main_device(tmp_path):
+    from accelerando.big_modeling import dispatch_model
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    x = torch.randn(1, 2)
+    expected = model(x)
+    dispatch_model(model, {"0": "cpu", "1": "disk"}, offload_dir=tmp_path)
+    root = model._hf_hook
+    # As in the reference: one root hook, moving inputs to the main device and outputs back.
+    assert isinstance(root, AlignDevicesHook) and root.io_same_device and not root.offload
+    assert str(root.execution_device) == "cpu"
+    torch.testing.assert_close(model(x), expected)
