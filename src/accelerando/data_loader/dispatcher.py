@@ -117,6 +117,11 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             return None
         return size if self.split_batches else size * _world()[0]
 
+    def _compute_remainder(self) -> int:
+        """-1 as an iteration starts: the main process counts the real samples of the last step and
+        sends that count with it (as the reference library's dispatcher does, map-style data too)."""
+        return -1
+
     def __iter__(self) -> Iterator[Any]:
         start = self._start_epoch()
         self.begin()
@@ -178,38 +183,60 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         return iterator
 
     def _steps(self, start: int, processes: int) -> Iterator[list[_Message]]:
-        """Main process: group base batches into steps and cut each into per-process messages."""
+        """Main process: group base batches into steps and cut each into per-process messages.
+
+        One group is read ahead, so the step given out last is marked as such (``end_of_dataloader``
+        and ``remainder`` are known while it is used), also when ``drop_last`` drops the short group
+        that follows it.
+        """
         per_step = 1 if self.split_batches else processes
         base = self._base_batches(start, processes)
         state: dict[str, Any] = {"first": None, "size": None}
         group = [batch for _, batch in zip(range(per_step), base, strict=False)]
+        sizes = [batch_size_of(batch) for batch in group]
+        if sizes:
+            state["size"] = sizes[0]
         while group:
             upcoming = [batch for _, batch in zip(range(per_step), base, strict=False)]
-            yield self._cut(group, not upcoming, per_step, processes, state)
-            group = upcoming
+            upcoming_sizes = [batch_size_of(batch) for batch in upcoming]
+            if upcoming and self._drop_last and not self._regular(upcoming_sizes, per_step, processes, state):
+                upcoming = []  # the short tail is dropped: this step is the last one
+            yield self._cut(group, sizes, not upcoming, per_step, processes, state)
+            group, sizes = upcoming, upcoming_sizes
+
+    def _regular(self, sizes: list[int | None], per_step: int, processes: int, state: dict[str, Any]) -> bool:
+        """Whether a step of batches of ``sizes`` is a full one (cut evenly, no padding needed)."""
+        regular = len(sizes) == per_step and all(s == state["size"] for s in sizes)
+        if regular and self.split_batches and (sizes[0] or 0) % processes != 0:
+            return False
+        return regular
 
     def _cut(
-        self, group: list[Any], is_last: bool, per_step: int, processes: int, state: dict[str, Any]
+        self,
+        group: list[Any],
+        sizes: list[int | None],
+        is_last: bool,
+        per_step: int,
+        processes: int,
+        state: dict[str, Any],
     ) -> list[_Message]:
-        sizes = [batch_size_of(batch) for batch in group]
-        if state["size"] is None:
-            state["size"] = sizes[0]
-        regular = len(group) == per_step and all(s == state["size"] for s in sizes)
+        regular = self._regular(sizes, per_step, processes, state)
         # One concatenation per step only where a step is cut across batches: with split_batches a
         # step is one batch already, and a regular step of whole batches is passed on as it is.
         whole = group[0] if len(group) == 1 else None
         if state["first"] is None:
             state["first"] = whole if whole is not None else concat_batches(group)
-        if regular and self.split_batches and (sizes[0] or 0) % processes != 0:
-            regular = False
+        # The last step tells every process how many of its samples are real (all of a full step).
+        remainder = sum(s or 0 for s in sizes) if is_last else -1
         if regular and not self.split_batches:
-            return [(is_last, -1, batch) for batch in group]
+            return [(is_last, remainder, batch) for batch in group]
         if whole is None:
             whole = concat_batches(group)
         if regular:
             width = (sizes[0] or 0) // processes
             return [
-                (is_last, -1, self._slice(whole, i * width, (i + 1) * width, i)) for i in range(processes)
+                (is_last, remainder, self._slice(whole, i * width, (i + 1) * width, i))
+                for i in range(processes)
             ]
         if self._drop_last:
             return [(True, -1, None)] * processes
@@ -218,12 +245,11 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
     def _cut_last(self, whole: Any, processes: int, first: Any) -> list[_Message]:
         real = batch_size_of(whole) or 0
         width = math.ceil(real / processes)
-        remainder = -1
         if self.even_batches and width * processes > real:
             copies = math.ceil((width * processes - real) / max(batch_size_of(first) or 1, 1))
             padding = slice_batch(concat_batches([first] * copies), slice(0, width * processes - real))
             whole = concat_batches([whole, padding])
-            remainder = real
+        remainder = real
         messages: list[_Message] = []
         for i in range(processes):
             lo, hi = i * width, min((i + 1) * width, batch_size_of(whole) or 0)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from accelerando.data_loader.adapter import DataLoaderStateMixin, get_sampler, set_sampler
+from accelerando.data_loader.batches import batch_size_of
 from accelerando.data_loader.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -272,21 +273,38 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         return None
 
     def _compute_remainder(self) -> int:
-        sampler = self._shard()
-        if sampler is not None:
-            found = sampler.remainder
-            if found != -1 or sampler.total_length is not None:
-                return found
-            gbs = sampler.global_batch_size
-            if sampler.num_processes == 1 or not gbs or sampler.drop_last or not sampler.even_batches:
-                return -1
-            return _length_remainder(self.dataset, gbs)
+        """``remainder`` as an iteration starts: the dataset's length modulo the global batch size.
+
+        Known in advance for map-style data (whatever the number of processes or ``even_batches``),
+        as the reference library does: 0 when the length divides evenly, -1 with ``drop_last`` or when
+        the length or the global batch size is unknown. Iterable data learns it at its last batch
+        (see ``_last_remainder``).
+        """
+        if self._shard() is None or self.drop_last:
+            return -1
+        size = self.total_batch_size
+        if not size:
+            return -1
+        try:
+            return self.total_dataset_length % size
+        except TypeError:
+            return -1
+
+    def _last_remainder(self, last_batch: Any) -> int:
+        """``remainder`` once the last batch of iterable data is given out: the real samples in the
+        final global batch (a full global batch when nothing was left over or the rest was dropped).
+
+        Args:
+            last_batch: The batch about to be given out (its size is the answer on one process).
+        """
         dataset = self.dataset
         if isinstance(dataset, IterableDatasetShard):
-            if dataset.drop_last or not dataset.even_batches or dataset.num_processes == 1:
-                return -1
-            return _length_remainder(dataset.dataset, dataset.global_batch_size)
-        return -1
+            # Counted by the dataset in this process; with workers it ran in a worker's copy.
+            return dataset.last_remainder
+        if self.batch_size is None:
+            return -1
+        size = batch_size_of(last_batch)
+        return -1 if size is None else int(size)
 
     @property
     def total_batch_size(self) -> int | None:
@@ -404,14 +422,6 @@ def _from_torchdata_state(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
             stacklevel=3,
         )
     return {"epoch": progress.epoch, "position": int(state.get("_num_yielded") or 0)}
-
-
-def _length_remainder(dataset: Any, global_batch_size: int) -> int:
-    try:
-        extra = len(dataset) % global_batch_size
-    except TypeError:
-        return -1
-    return extra if extra else -1
 
 
 def _collective_device() -> torch.device:

@@ -422,6 +422,11 @@ class IterableDatasetShard(IterableDataset):
         split_batches: Treat ``batch_size`` as the global batch size.
         even_batches: Pad the final global batch with samples from the start of the stream.
 
+    Attributes:
+        last_remainder: After an iteration in this process, the number of real samples in the last
+            global batch given out (the global batch size when the stream ended on a full batch or
+            its short tail was dropped); -1 before any.
+
     Raises:
         ValueError: On an index out of range or a ``batch_size`` the processes cannot split.
     """
@@ -552,13 +557,14 @@ class IterableDatasetShard(IterableDataset):
                     self._first = current
                 # Counted before yielding: a state saved after this slice must include the batch.
                 self._batches += 1
+                self.last_remainder = gbs
                 if (self._batches - 1) % workers == worker:
                     yield from current[lo:hi]
                 current = []
         if not current or self.drop_last or self._batches % workers != worker:
             return
+        self.last_remainder = len(current)
         if self.even_batches and self.num_processes > 1:
-            self.last_remainder = len(current)
             padding = _cycle_to(self._first or current, gbs - len(current))
             current = current + [like_sample(sample, current[0]) for sample in padding]
         yield from current[lo:hi]

@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from accelerando.data_loader.batches import resolve_send_to_device
 from accelerando.data_loader.progress import PreparedLoaderMixin
-from accelerando.data_loader.samplers import BatchSamplerShard, IterableDatasetShard, _consume
+from accelerando.data_loader.samplers import BatchSamplerShard, _consume
 
 __all__ = ["DataLoaderShard"]
 
@@ -279,6 +279,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         """
         progress = self._progress
         prefetch = transfer if isinstance(transfer, _CudaPrefetch) else None
+        # Map-style data knew its remainder when the iteration began; iterable data learns it here.
+        iterable = self._shard() is None
         current = next(iterator, _END)
         if current is not _END and transfer is not None:
             current = transfer(current)
@@ -289,8 +291,8 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             if upcoming is _END:
                 self.end_of_dataloader = True
                 progress.exhausted = True
-                if isinstance(self.dataset, IterableDatasetShard) and self.dataset.last_remainder > 0:
-                    self.remainder = self.dataset.last_remainder
+                if iterable:
+                    self.remainder = self._last_remainder(current[0] if prefetch is not None else current)
             elif transfer is not None:
                 upcoming = transfer(upcoming)
             position += 1

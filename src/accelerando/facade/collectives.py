@@ -59,8 +59,11 @@ class CollectivesMixin:
 
         Works for tensors in any nesting and, through ``gather_object``, for other picklable objects
         (then a flat list comes back). On the last batch of a prepared dataloader whose dataset did
-        not divide evenly, only the first ``remainder`` gathered samples are real; the rest are
-        dropped so the result has exactly ``len(dataset)`` items over the epoch, in dataset order.
+        not divide evenly, only the first ``GradientState().remainder`` gathered samples are real;
+        the rest are dropped so the result has exactly ``len(dataset)`` items over the epoch, in
+        dataset order. This holds on one process too: a value repeated to the full batch size on
+        the last, short batch (as ``transformers.Trainer`` does with the loss) is cut to the real
+        count.
         With a device mesh, ranks that differ only along tensor/context axes read the same batches:
         only the first of them contributes, so no sample is counted twice.
         """
@@ -80,7 +83,7 @@ class CollectivesMixin:
         if not gs.end_of_dataloader:
             return data
         remainder = gs.remainder
-        if remainder < 0:
+        if remainder <= 0:  # unknown (-1), or the data divided evenly (0): nothing was added
             return data
         if use_object:
             return data[:remainder]
