@@ -207,3 +207,65 @@ def test_planted_dcp_item_runs_nothing_and_clean_checkpoint_loads_bitwise(tmp_pa
     assert "--trust_checkpoint" in merged["merge"], merged
     assert not merged["merge_ran"]
     assert merged["trusted_ran"], "the opt-in should unpickle fully (the planted item is read)"
+
+
+def test_dcp_loads_driven_by_other_libraries_are_weights_only(tmp_path) -> None:
+    """megatron-core drives DCP with torch's own DefaultLoadPlanner and FileSystemReader: within
+    ``weights_only_dcp_reads`` (which its load runs in) a planted item and a planted ``.metadata`` run
+    nothing; a clean folder loads bitwise; the opt-in unpickles fully."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from accelerando.checkpointing.files import UnsafeCheckpointError, unpickling
+    from accelerando.strategies.fsdp.state import weights_only_dcp_reads
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    folder = str(tmp_path / "iter_0000001")
+
+    def load() -> dict[str, Any]:
+        state = {
+            "model": {k: torch.zeros_like(v) for k, v in saved["model"].items()},
+            "optimizer": {
+                "state": {
+                    i: {k: torch.zeros_like(v) for k, v in s.items()}
+                    for i, s in saved["optimizer"]["state"].items()
+                },
+                "param_groups": [dict(g, lr=0.0) for g in saved["optimizer"]["param_groups"]],
+            },
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no process group
+            with weights_only_dcp_reads(folder):
+                dcp.load(state, checkpoint_id=folder)  # torch's own planner and reader
+        return state
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(saved, checkpoint_id=folder)
+    clean = load()
+    assert all(torch.equal(clean["model"][k], v) for k, v in saved["model"].items())
+    assert clean["optimizer"]["param_groups"][0]["lr"] == 0.01
+    canary = str(tmp_path / "canary")
+    plant(folder, canary)
+    with pytest.raises(BaseException) as info:  # DCP wraps it: CheckpointException (a BaseException)
+        load()
+    assert "UnsafeCheckpointError" in repr(info.value) or isinstance(info.value, UnsafeCheckpointError), (
+        info.value
+    )
+    assert "system" in str(info.value)
+    assert not os.path.exists(canary)
+    with unpickling(False):  # the caller's opt-in: torch's full unpickling, the payload runs
+        load()
+    assert os.path.exists(canary)
+    os.remove(canary)
+    with open(os.path.join(folder, ".metadata"), "wb") as handle:
+        pickle.dump(Payload(canary), handle)
+    with pytest.raises(BaseException) as info:
+        load()
+    assert "system" in str(info.value) and not os.path.exists(canary), info.value

@@ -6,8 +6,11 @@ handled the same way and keys are the plain module names (no wrapper prefixes).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,6 +34,7 @@ __all__ = [
     "save_sharded_model",
     "save_sharded_optimizer",
     "safe_load_planner",
+    "weights_only_dcp_reads",
 ]
 
 # Folder names inside a checkpoint, as the reference names them (merge-weights takes the first).
@@ -217,6 +221,29 @@ class _MetadataUnpickler(pickle.Unpickler):
 MAX_METADATA_BYTES = 2**30
 
 
+def _read_metadata(path: str) -> Any:
+    """A DCP ``.metadata`` file, unpickled through the allowlist (fully only inside the opt-in).
+
+    Raises:
+        UnsafeCheckpointError: If it names anything but DCP metadata types.
+        CheckpointError: If it is not a regular file (link, FIFO, device) or is above ``MAX_METADATA_BYTES``.
+    """
+    from accelerando import safe_files
+    from accelerando.checkpointing import files as F
+    from accelerando.checkpointing.manifest import CheckpointError
+
+    try:
+        handle = safe_files.open_regular(path, MAX_METADATA_BYTES, follow=False)
+    except (safe_files.NotRegularFileError, safe_files.FileTooLargeError) as err:
+        raise CheckpointError(f"Checkpoint shards are damaged: {err}.") from None
+    with handle:
+        try:
+            unpickler = _MetadataUnpickler(handle) if F.weights_only_default() else pickle.Unpickler(handle)
+            return unpickler.load()
+        except _RefusedGlobal as err:
+            raise F.UnsafeCheckpointError(path, err.name) from None
+
+
 def _shard_reader(folder: str) -> Any:
     """DCP's file reader for ``folder``, with its metadata read here first, without running code from it.
 
@@ -236,20 +263,10 @@ def _shard_reader(folder: str) -> Any:
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     from accelerando import safe_files
-    from accelerando.checkpointing import files as F
     from accelerando.checkpointing.manifest import CheckpointError, check_name
 
     path = os.path.join(folder, ".metadata")
-    try:
-        handle = safe_files.open_regular(path, MAX_METADATA_BYTES, follow=False)
-    except (safe_files.NotRegularFileError, safe_files.FileTooLargeError) as err:
-        raise CheckpointError(f"Checkpoint shards {folder!r} are damaged: {err}.") from None
-    with handle:
-        try:
-            unpickler = _MetadataUnpickler(handle) if F.weights_only_default() else pickle.Unpickler(handle)
-            metadata = unpickler.load()
-        except _RefusedGlobal as err:
-            raise F.UnsafeCheckpointError(path, err.name) from None
+    metadata = _read_metadata(path)
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         try:
             name = check_name(getattr(info, "relative_path", None))
@@ -289,7 +306,9 @@ def _load_byte_item(folder: str, planner: Any, read_item: Any, value: Any) -> An
     path = os.path.join(folder, str(getattr(info, "relative_path", "?")))
     weights_only = F.weights_only_default()
     try:
-        return torch.load(value, map_location="cpu", weights_only=weights_only)
+        # io.BytesIO: a plain byte container (Transformer Engine's extra state in Megatron checkpoints).
+        with torch.serialization.safe_globals([io.BytesIO]):
+            return torch.load(value, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as err:
         refused = refused_type(err) if weights_only else None
         if refused is None:
@@ -341,6 +360,62 @@ def safe_load_planner(folder: str, empty: bool = False) -> Any:
                 self.state_dict[read_item.dest_index.fqn] = loaded
 
     return SafeLoadPlanner()
+
+
+@contextlib.contextmanager
+def weights_only_dcp_reads(folder: str) -> Iterator[None]:
+    """Within the block, every DCP read in this process is weights-only, whoever drives it.
+
+    For libraries that run ``torch.distributed.checkpoint`` loads themselves with torch's own
+    classes (megatron-core's ``dist_checkpointing.load``: ``MCoreLoadPlanner`` inherits
+    ``DefaultLoadPlanner.load_bytes``, its readers ``FileSystemReader.read_metadata``), those two
+    methods are replaced on the classes for the length of the block: ``.metadata`` is read through
+    the DCP allowlist and non-tensor items with ``torch.load(weights_only=True)``. Nothing changes
+    inside the caller's opt-in (``load_kwargs={"weights_only": False}``). The replacement is
+    process-wide while it lasts: another thread's DCP load in that window is read weights-only too.
+
+    Args:
+        folder: The checkpoint folder, named in refusals.
+
+    Raises:
+        UnsafeCheckpointError: (from the block) If an item or the metadata needs full unpickling.
+    """
+    from accelerando.checkpointing import files as F
+
+    if not F.weights_only_default():
+        yield
+        return
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
+        loaded = _load_byte_item(folder, self, read_item, value)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+    def read_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        where = getattr(self, "_get_metadata_path", None)  # torch >= 2.7; before: <path>/.metadata
+        path = os.fspath(
+            where(kwargs.get("rank")) if where else os.path.join(os.fspath(self.path), ".metadata")
+        )
+        metadata = _read_metadata(path)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    saved = (DefaultLoadPlanner.load_bytes, FileSystemReader.read_metadata)
+    DefaultLoadPlanner.load_bytes = load_bytes  # type: ignore[method-assign]
+    FileSystemReader.read_metadata = read_metadata  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DefaultLoadPlanner.load_bytes, FileSystemReader.read_metadata = saved  # type: ignore[method-assign]
 
 
 def load_shards(state: dict[str, Any], folder: str, everything: bool = False) -> None:

@@ -368,6 +368,9 @@ class MegatronEngine(torch.nn.Module):
 
         Raises:
             FileNotFoundError: ``input_dir`` holds no Megatron-LM checkpoint.
+            UnsafeCheckpointError: a file needs full unpickling and the caller did not opt in
+                (``load_kwargs={"weights_only": False}``); its ``.metadata`` and non-tensor items are
+                read weights-only.
         """
         from megatron.core import dist_checkpointing  # type: ignore[import-not-found]
         from megatron.core.utils import unwrap_model  # type: ignore[import-not-found]
@@ -378,8 +381,13 @@ class MegatronEngine(torch.nn.Module):
         with open(tracker, encoding="utf-8") as handle:
             iteration = int(handle.read().strip())
         source = os.path.join(input_dir, f"iter_{iteration:07d}")
+        from accelerando.strategies.fsdp.state import weights_only_dcp_reads
+
         args = get_args()
-        state = dist_checkpointing.load(self._sharded_state_dict(is_loading=True), source)
+        # megatron-core drives torch.distributed.checkpoint with torch's own planner and reader,
+        # which would unpickle the .metadata and every non-tensor item fully: weights-only here.
+        with weights_only_dcp_reads(source):
+            state = dist_checkpointing.load(self._sharded_state_dict(is_loading=True), source)
         for index, chunk in enumerate(unwrap_model(list(self.module))):
             chunk.load_state_dict(state["model" if len(self.module) == 1 else f"model{index}"], strict=True)
         if args.no_load_optim:
