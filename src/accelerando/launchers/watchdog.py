@@ -5,14 +5,26 @@ writes into a run folder the launcher made: ``rank<N>.pid`` (pid and main-thread
 ``rank<N>.stack`` (its threads' stacks, dumped on SIGUSR1) and ``rank<N>.failure.json`` (an uncaught
 exception with a nanosecond time stamp). :class:`RunFolder` reads them.
 
-:class:`Watchdog` is a thread of the launcher. A process "makes progress" while it uses CPU time
-(``/proc/<pid>/stat``): a process waiting in a gloo collective, a barrier, or a ``sleep`` uses none.
-When no live process has made progress for ``timeout_s`` seconds (every process is waiting, or the
-only ones left wait for peers that finished), the job cannot end by itself: the watchdog asks each
-live process for its stacks, names those not waiting in a collective as the ones that did not
-arrive (with where they were), and kills every live process; the agent then ends the job. A GPU
-collective that hangs spins a CPU thread: that case is left to the process group's own timeout
-(NCCL's watchdog), which ends the process with an error the summary names.
+:class:`Watchdog` is a thread of the launcher. What it measures is progress of the job, not CPU
+use: a process waiting in a collective (gloo, a barrier, a rendezvous) sits in one call until every
+peer has joined, and uses no CPU there, so "process R used no CPU for ``timeout_s`` seconds and its
+stack is in ``torch.distributed``" means that collective has not completed for ``timeout_s`` seconds,
+whatever the other processes do meanwhile. Two cases stop the job:
+
+- a process waited in a collective for ``timeout_s`` while others kept running elsewhere (a rank
+  spinning in a loop of its own, or stuck in a long computation): those others did not arrive;
+- no live process used CPU for ``timeout_s`` (every process waits, sleeps, or waits for peers that
+  finished): the job cannot end by itself.
+
+The watchdog then asks each live process for its stacks (SIGUSR1: faulthandler writes them from the
+signal handler, so a process spinning in pure Python answers too), names those not waiting in a
+collective as the ones that did not arrive (with where they were), and kills every live process; the
+agent then ends the job. Nothing runs in the processes for this (no per-step counter, no collective):
+the watchdog reads ``/proc/<pid>/stat`` and, only for a process idle for ``timeout_s``, asks for its
+stacks once (microseconds of the process's time). :class:`ProgressMonitor` holds the decision, apart
+from the processes it watches. A GPU collective that hangs spins a CPU thread: that case is left to
+the process group's own timeout (NCCL's watchdog), which ends the process with an error the summary
+names.
 """
 
 from __future__ import annotations
@@ -29,7 +41,15 @@ from typing import Any
 
 from accelerando.launchers._child import SHIM_FILES
 
-__all__ = ["HangReport", "RunFolder", "Watchdog", "main_thread_stack"]
+__all__ = [
+    "HangReport",
+    "ProgressMonitor",
+    "RunFolder",
+    "Verdict",
+    "Watchdog",
+    "is_waiting",
+    "main_thread_stack",
+]
 
 # Frames of a main thread that is waiting for its peers rather than stuck on its own.
 _WAITING_MARKERS = (
@@ -40,6 +60,7 @@ _WAITING_MARKERS = (
 )
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _STACK_WAIT_S = 2.0  # how long a process is given to write its stacks after SIGUSR1
+_STACK_SETTLE_S = 0.1  # then how long its dump is given to be written whole
 
 
 class RunFolder:
@@ -72,12 +93,21 @@ class RunFolder:
                 found[rank] = record
         return found
 
-    def stack(self, rank: int) -> str:
-        """What ``rank`` wrote on SIGUSR1 ("" when nothing)."""
+    def stack(self, rank: int, offset: int = 0) -> str:
+        """What ``rank`` wrote on SIGUSR1 from byte ``offset`` on ("" when nothing): each dump is appended."""
         try:
-            return (self.path / f"rank{rank}.stack").read_text(encoding="utf-8", errors="replace")
+            with open(self.path / f"rank{rank}.stack", "rb") as handle:
+                handle.seek(offset)
+                return handle.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
+
+    def stack_size(self, rank: int) -> int:
+        """Bytes ``rank`` has written on SIGUSR1 so far (where its next dump starts)."""
+        try:
+            return (self.path / f"rank{rank}.stack").stat().st_size
+        except OSError:
+            return 0
 
 
 def main_thread_stack(dump: str, main_ident: int) -> list[str]:
@@ -99,6 +129,11 @@ def _is_shim_frame(line: str) -> bool:
     """Whether a faulthandler frame line is the launch shim's or runpy's (they start every stack)."""
     name = line.split('"')[1] if line.count('"') >= 2 else ""
     return name in SHIM_FILES
+
+
+def is_waiting(frames: list[str]) -> bool:
+    """Whether main-thread ``frames`` are waiting for peers (in torch.distributed, DDP, autograd's wait)."""
+    return any(marker in frame for frame in frames for marker in _WAITING_MARKERS)
 
 
 def _caller(frames: list[str]) -> str:
@@ -129,20 +164,31 @@ class HangReport:
         stuck: ``rank -> main-thread frames`` of the processes that did not arrive.
         waiting: ``rank -> main-thread frames`` of those waiting for them in a collective.
         finished: ranks that had already exited.
+        waited: ranks found waiting in a collective for ``timeout_s`` while the stuck ones kept
+            running; empty when no process made progress at all.
     """
 
     timeout_s: float
     stuck: dict[int, list[str]] = field(default_factory=dict)
     waiting: dict[int, list[str]] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
+    waited: list[int] = field(default_factory=list)
 
     def describe(self) -> str:
         """The message the launcher prints: who did not arrive, where each was, and the fix."""
         names = ", ".join(str(r) for r in sorted(self.stuck))
-        lines = [
-            f"accelerando launch: no process made progress for {self.timeout_s:g} s (hang_timeout): "
-            f"process(es) {names} did not arrive."
-        ]
+        if self.waited:
+            waiters = ", ".join(str(r) for r in sorted(self.waited))
+            head = (
+                f"accelerando launch: process(es) {waiters} waited in a collective for {self.timeout_s:g} s "
+                f"(hang_timeout): process(es) {names} did not arrive."
+            )
+        else:
+            head = (
+                f"accelerando launch: no process made progress for {self.timeout_s:g} s (hang_timeout): "
+                f"process(es) {names} did not arrive."
+            )
+        lines = [head]
         for rank, frames in sorted(self.stuck.items()):
             where = frames[0] if frames else "(no stack: the process did not answer SIGUSR1)"
             lines.append(f"  process {rank} was at {where}")
@@ -153,18 +199,75 @@ class HangReport:
             lines.append(f"  process(es) {', '.join(map(str, sorted(self.finished)))} had already exited.")
         lines.append(
             "Every process was stopped. Fix: find why the process(es) above stopped (a missing collective "
-            "call on some ranks, a deadlock, input that never came); if the work is just slow without "
-            "using CPU, raise --hang_timeout (0 disables the watchdog)."
+            "call on some ranks, a loop that never ends, a deadlock, input that never came); if the work "
+            "is just slow (one process working alone while the others wait, e.g. preprocessing under "
+            "main_process_first), raise --hang_timeout (0 disables the watchdog)."
         )
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What :meth:`ProgressMonitor.observe` concluded.
+
+    Attributes:
+        kind: ``"idle"``: no live process used CPU for the timeout (the job cannot go on);
+            ``"suspect"``: these processes used none for the timeout while others ran, so the
+            watchdog looks at their stacks (waiting in a collective: a hang).
+        ranks: the processes idle for the timeout.
+    """
+
+    kind: str
+    ranks: frozenset[int]
+
+
+class ProgressMonitor:
+    """Per-process idle clocks, fed with CPU readings; says when the watchdog must look at stacks.
+
+    A process's clock restarts when it has used ``threshold_s`` CPU seconds since the clock's last
+    start, and every clock restarts when a process starts or ends (that is progress of the job).
+
+    Args:
+        timeout_s: seconds a process may stay idle before it is suspect.
+        threshold_s: CPU seconds below which a process counts as idle (an idle process's noise).
+    """
+
+    def __init__(self, timeout_s: float, threshold_s: float):
+        self.timeout_s = timeout_s
+        self.threshold_s = threshold_s
+        self._clocks: dict[int, tuple[float, float]] = {}  # rank -> (CPU at its start, its start)
+
+    def observe(self, now: float, cpu: dict[int, float]) -> Verdict | None:
+        """Take one reading: ``rank -> CPU seconds`` of every live process at ``now`` (monotonic).
+
+        Returns:
+            ``None`` while nothing is due, else the :class:`Verdict`.
+        """
+        if set(cpu) != set(self._clocks):
+            self._clocks = {rank: (used, now) for rank, used in cpu.items()}
+            return None
+        for rank, used in cpu.items():
+            if used - self._clocks[rank][0] >= self.threshold_s:
+                self._clocks[rank] = (used, now)
+        idle = frozenset(r for r, (_, start) in self._clocks.items() if now - start >= self.timeout_s)
+        if not idle:
+            return None
+        return Verdict("idle" if idle == set(cpu) else "suspect", idle)
+
+    def excuse(self, ranks: frozenset[int] | set[int], now: float) -> None:
+        """Restart the clocks of ``ranks`` (their stacks showed them idle on their own, not waiting)."""
+        for rank in ranks:
+            if rank in self._clocks:
+                self._clocks[rank] = (self._clocks[rank][0], now)
+
+
 class Watchdog(threading.Thread):
-    """Stop a launch whose processes all stopped making progress (see the module docstring).
+    """Stop a launch whose processes stopped making progress (see the module docstring).
 
     Args:
         folder: the launch's run folder.
-        timeout_s: seconds without CPU progress before the job is stopped.
+        timeout_s: seconds a collective may wait for its peers (or the whole job may sit idle)
+            before the job is stopped.
         poll_s: seconds between looks at the processes; defaults to a tenth of the timeout (0.2-5 s).
     """
 
@@ -175,45 +278,68 @@ class Watchdog(threading.Thread):
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.2, timeout_s / 10))
         self.report: HangReport | None = None
         self._stop_event = threading.Event()
-        self._threshold_s = max(0.05, 0.001 * timeout_s)  # CPU below this is an idle process's noise
+        # CPU below this is an idle process's noise
+        self.monitor = ProgressMonitor(timeout_s, max(0.05, 0.001 * timeout_s))
 
     def stop(self) -> None:
         """End the thread (the launch is over)."""
         self._stop_event.set()
 
     def run(self) -> None:  # noqa: D102 - threading.Thread's contract
-        reference: dict[int, float] = {}
-        since = time.monotonic()
         while not self._stop_event.wait(self.poll_s):
+            processes = self.folder.processes()
             live = {}
-            for rank, (pid, _) in self.folder.processes().items():
+            for rank, (pid, _) in processes.items():
                 seen = _cpu_and_state(pid)
                 if seen is not None:
                     live[rank] = seen[0]
-            moved = set(live) != set(reference) or any(
-                cpu - reference[rank] >= self._threshold_s for rank, cpu in live.items()
-            )
-            if moved or not live:
-                reference, since = live, time.monotonic()
-            elif time.monotonic() - since >= self.timeout_s:
-                self.report = self._stop_job(set(live))
+            verdict = self.monitor.observe(time.monotonic(), live)
+            if verdict is None:
+                continue
+            if verdict.kind == "idle":
+                self.report = self._stop_job(processes, set(live), self._stacks(processes, set(live)))
                 return
+            # Only the idle ones are asked first: a busy process is not interrupted unless it is stuck.
+            stacks = self._stacks(processes, set(verdict.ranks))
+            waited = sorted(rank for rank in verdict.ranks if is_waiting(stacks[rank]))
+            if not waited:
+                self.monitor.excuse(verdict.ranks, time.monotonic())
+                continue
+            stacks.update(self._stacks(processes, set(live) - set(verdict.ranks)))
+            self.report = self._stop_job(processes, set(live), stacks, waited)
+            return
 
-    def _stop_job(self, live: set[int]) -> HangReport:
-        processes = self.folder.processes()
-        asked = [rank for rank in live if processes[rank][1]]
+    def _stacks(self, processes: dict[int, tuple[int, int]], ranks: set[int]) -> dict[int, list[str]]:
+        """Ask ``ranks`` for their stacks (SIGUSR1) and return each one's main-thread frames."""
+        asked = {rank: self.folder.stack_size(rank) for rank in ranks if processes[rank][1]}
         for rank in asked:
             _signal(processes[rank][0], signal.SIGUSR1)
         deadline = time.monotonic() + _STACK_WAIT_S
-        while time.monotonic() < deadline and not all(self.folder.stack(r) for r in asked):
+        while time.monotonic() < deadline and not all(
+            self.folder.stack_size(r) > at for r, at in asked.items()
+        ):
             time.sleep(0.05)
-        report = HangReport(self.timeout_s, finished=sorted(set(processes) - live))
+        time.sleep(_STACK_SETTLE_S)  # a dump is written in pieces: let the last one end
+        return {
+            rank: main_thread_stack(self.folder.stack(rank, asked.get(rank, 0)), processes[rank][1])
+            if rank in asked
+            else []
+            for rank in ranks
+        }
+
+    def _stop_job(
+        self,
+        processes: dict[int, tuple[int, int]],
+        live: set[int],
+        stacks: dict[int, list[str]],
+        waited: list[int] | None = None,
+    ) -> HangReport:
+        report = HangReport(self.timeout_s, finished=sorted(set(processes) - live), waited=waited or [])
         for rank in sorted(live):
-            frames = main_thread_stack(self.folder.stack(rank), processes[rank][1])
-            waiting = any(marker in frame for frame in frames for marker in _WAITING_MARKERS)
-            (report.waiting if waiting else report.stuck)[rank] = frames
+            frames = stacks.get(rank, [])
+            (report.waiting if is_waiting(frames) else report.stuck)[rank] = frames
         if not report.stuck:  # all wait for one another (mismatched collectives): name them all
-            report.stuck, report.waiting = report.waiting, {}
+            report.stuck, report.waiting, report.waited = report.waiting, {}, []
         for rank in live:
             _signal(processes[rank][0], signal.SIGKILL, group=True)
         return report

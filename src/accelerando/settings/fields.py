@@ -414,8 +414,8 @@ FIELDS: tuple[Field, ...] = (
     _core("monitor_interval", "float", 0.1, group="launch", minimum=0,
           help="Seconds between checks of the processes' state."),
     _core("hang_timeout", "float", 1200.0, group="launch", minimum=0,
-          help="Seconds without progress (no process using CPU) before the launcher stops the job "
-               "and names the processes that did not arrive; 0 disables."),
+          help="Seconds a collective may wait for its peers (or the job sit idle) before the launcher stops "
+               "the job and names the processes that did not arrive; 0 disables."),
     # --- job files: `accelerando launch --emit slurm|kubernetes` writes a job instead of starting one ---
     _core("emit", "choice", None, group="emit", choices=("slurm", "kubernetes"), export=False, in_config=False,
           help="Write a job for a cluster scheduler from these settings instead of launching: an sbatch "
