@@ -898,7 +898,7 @@ def oversubscription_warning(
         enough cores).
     """
     on_cpu = settings.cpu or machine.gpu_count == 0
-    if not on_cpu or str(settings.distributed_type or "").upper() in ("XLA", "TPU"):
+    if not on_cpu:
         return []
     cores = max(machine.cpu_count, 1)
     if per_node <= cores:
