@@ -224,7 +224,7 @@ def load_model_weights(path: str, map_location: Any = None) -> dict[str, Any]:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from accelerando.checkpointing.foreign import check_file_header
+        from accelerando.checkpointing.headers import check_file_header
 
         check_file_header(path)  # a regular file with a sane header, named in any refusal
         try:

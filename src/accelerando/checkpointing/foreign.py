@@ -10,12 +10,11 @@ object (``sampler.bin``) cannot be read that way and is skipped with a warning.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
 from typing import Any
 
+from accelerando.checkpointing.headers import _check_header, check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
 
 __all__ = [
@@ -32,11 +31,8 @@ _LAYOUT = re.compile(
     r"|sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin|scaler\.pt|random_states_\d+\.pkl"
     r"|custom_checkpoint_\d+\.pkl)"
 )
-_ZIP_MAGIC = b"PK\x03\x04"
 # A random-states pickle is a few KiB; one far bigger is not scanned.
 _MAX_RNG_PICKLE = 2**20
-# A safetensors header above this is not a real one (the format's own reader limit is 100 MB).
-_MAX_SAFETENSORS_HEADER = 100_000_000
 
 
 # A random-states archive is a few KiB (a CUDA machine's adds a state per device); one far bigger is
@@ -78,57 +74,6 @@ def is_reference_checkpoint(present: dict[str, int] | list[str], folder: str | N
     if not names:
         return False
     return folder is None or _rng_file_is_reference(os.path.join(folder, names[0]))
-
-
-def _check_header(path: str, name: str, size: int) -> None:
-    from accelerando.safe_files import open_regular
-
-    try:
-        handle = open_regular(path, follow=False)
-    except OSError as err:  # a link, a special file, or gone since the folder was scanned
-        raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        head = handle.read(8)
-        if name.endswith(".safetensors"):
-            if len(head) < 8:
-                raise CheckpointError(
-                    f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
-                )
-            (length,) = struct.unpack("<Q", head)
-            if length > _MAX_SAFETENSORS_HEADER:
-                raise CheckpointError(
-                    f"{path!r} has a safetensors header length ({length}) above the format's limit "
-                    f"({_MAX_SAFETENSORS_HEADER}): header too large; the file is damaged."
-                )
-            if length > size - 8:
-                raise CheckpointError(
-                    f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
-                )
-            try:
-                json.loads(handle.read(length))
-            except ValueError:
-                raise CheckpointError(
-                    f"{path!r} has an unreadable safetensors header; the checkpoint is damaged."
-                ) from None
-        elif not head.startswith(_ZIP_MAGIC):
-            raise CheckpointError(
-                f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
-                "was not written by save_state."
-            )
-
-
-def check_file_header(path: str) -> None:
-    """Check one checkpoint file's header as its name says (safetensors JSON header, or a torch zip).
-
-    The file must be a regular file (not a link, FIFO or device) and is read only as far as its
-    header (at most ``_MAX_SAFETENSORS_HEADER`` bytes).
-
-    Raises:
-        CheckpointError: Naming the file, when it is not a regular file or its header is wrong
-            (e.g. a safetensors header length of 2**62: "header too large").
-    """
-    _check_header(path, os.path.basename(path), 0)
 
 
 def check_reference_files(folder: str, present: dict[str, int]) -> None:

@@ -1,0 +1,70 @@
+"""Header checks of checkpoint files: a safetensors JSON header, or a ``torch.save`` zip archive.
+
+Shared by the loader of weights (:mod:`~accelerando.checkpointing.files`) and the recogniser of the
+reference's folders (:mod:`~accelerando.checkpointing.foreign`); it imports neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from accelerando.checkpointing.manifest import CheckpointError
+
+__all__ = ["check_file_header"]
+
+_ZIP_MAGIC = b"PK\x03\x04"
+# A safetensors header above this is not a real one (the format's own reader limit is 100 MB).
+_MAX_SAFETENSORS_HEADER = 100_000_000
+
+
+def _check_header(path: str, name: str, size: int) -> None:
+    from accelerando.safe_files import open_regular
+
+    try:
+        handle = open_regular(path, follow=False)
+    except OSError as err:  # a link, a special file, or gone since the folder was scanned
+        raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(8)
+        if name.endswith(".safetensors"):
+            if len(head) < 8:
+                raise CheckpointError(
+                    f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
+                )
+            (length,) = struct.unpack("<Q", head)
+            if length > _MAX_SAFETENSORS_HEADER:
+                raise CheckpointError(
+                    f"{path!r} has a safetensors header length ({length}) above the format's limit "
+                    f"({_MAX_SAFETENSORS_HEADER}): header too large; the file is damaged."
+                )
+            if length > size - 8:
+                raise CheckpointError(
+                    f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
+                )
+            try:
+                json.loads(handle.read(length))
+            except ValueError:
+                raise CheckpointError(
+                    f"{path!r} has an unreadable safetensors header; the checkpoint is damaged."
+                ) from None
+        elif not head.startswith(_ZIP_MAGIC):
+            raise CheckpointError(
+                f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
+                "was not written by save_state."
+            )
+
+
+def check_file_header(path: str) -> None:
+    """Check one checkpoint file's header as its name says (safetensors JSON header, or a torch zip).
+
+    The file must be a regular file (not a link, FIFO or device) and is read only as far as its
+    header (at most ``_MAX_SAFETENSORS_HEADER`` bytes).
+
+    Raises:
+        CheckpointError: Naming the file, when it is not a regular file or its header is wrong
+            (e.g. a safetensors header length of 2**62: "header too large").
+    """
+    _check_header(path, os.path.basename(path), 0)
