@@ -16,7 +16,8 @@ transformers, then:
 the trainer's own options. ``--auto_find_batch_size`` sets ``TrainingArguments(auto_find_batch_size=True)``
 and ``--oom_above N`` makes every forward of a batch above N samples raise the out-of-memory error a
 GPU would; the result then records each start and completion of the training loop (a callback). ``--accelerate reference`` skips the stand-in (the real accelerate runs;
-used by the benchmark and the parity tests).
+used by the benchmark and the parity tests). ``--eval_only`` evaluates the freshly built (seeded)
+model on ``--eval_samples`` rows with ``--eval_batch`` per device, and stops there.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fsdp", default=None, help="TrainingArguments.fsdp, e.g. 'full_shard auto_wrap'")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no_eval", action="store_true")
+    p.add_argument("--eval_only", action="store_true", help="evaluate the untrained model, nothing else")
+    p.add_argument("--eval_samples", type=int, default=16)
+    p.add_argument("--eval_batch", type=int, default=None, help="per-device eval batch (default --batch)")
     p.add_argument("--auto_find_batch_size", action="store_true")
     p.add_argument("--oom_above", type=int, default=0, help="forwards of larger batches raise OOM")
     p.add_argument("--hidden", type=int, default=32)
@@ -128,7 +132,7 @@ def _training_args(args: argparse.Namespace, out: str) -> Any:
     common: dict[str, Any] = dict(
         output_dir=out,
         per_device_train_batch_size=args.batch,
-        per_device_eval_batch_size=args.batch,
+        per_device_eval_batch_size=args.eval_batch or args.batch,
         gradient_accumulation_steps=args.grad_accum,
         max_steps=args.steps,
         save_steps=args.save_every,
@@ -170,7 +174,7 @@ def _trainer(args: argparse.Namespace, out: str) -> Any:
             model=model,
             args=training_args,
             train_dataset=_text_dataset(args.samples, 1),
-            eval_dataset=_text_dataset(16, 2),
+            eval_dataset=_text_dataset(args.eval_samples, 2),
             processing_class=_tokenizer(),
         )
     from transformers import Trainer
@@ -179,7 +183,7 @@ def _trainer(args: argparse.Namespace, out: str) -> Any:
         model=model,
         args=training_args,
         train_dataset=_Tokens(args.samples, 1),
-        eval_dataset=_Tokens(16, 2),
+        eval_dataset=_Tokens(args.eval_samples, 2),
     )
 
 
@@ -262,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         gradient_accumulation_steps=acc.gradient_accumulation_steps,
         distributed_type=str(acc.distributed_type),
     )
+    if args.eval_only:
+        result["eval_a"] = trainer.evaluate()
+        with open(os.path.join(args.out, f"result-rank{rank}.json"), "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+        return 0
     dtypes: list[str] = []
     head = trainer.model.get_output_embeddings()
     handle = head.register_forward_hook(lambda _m, _i, o: dtypes.append(str(o.dtype)))
