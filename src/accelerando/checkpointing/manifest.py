@@ -181,9 +181,10 @@ def read_manifest(folder: str) -> Manifest:
     if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MANIFEST_BYTES:
         raise _damaged(folder, f"{MANIFEST_NAME} is not a regular file of at most {MAX_MANIFEST_BYTES} bytes")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as handle:
-            return Manifest.from_json(handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8"))
+        from accelerando.safe_files import read_regular
+
+        # Checked again on the open descriptor (non-blocking, no link): a FIFO swapped in never blocks.
+        return Manifest.from_json(read_regular(path, MAX_MANIFEST_BYTES, follow=False).decode("utf-8"))
     except Exception as err:  # noqa: BLE001 - whatever the reason, an unparsable manifest means damage
         reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         raise _damaged(folder, f"{path!r} cannot be parsed ({reason[:200]})") from err
