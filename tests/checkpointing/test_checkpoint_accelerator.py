@@ -215,18 +215,9 @@ def test_hooks_change_what_is_saved(tmp_path) -> None:
 
 def test_unfinished_accumulation_gradients_are_saved(tmp_path) -> None:
     accelerator, model, optimizer, scheduler = _setup(tmp_path, automatic=False)
-    accelerator.gradient_state._configure(
-        type(
-            "P",
-            (),
-            {
-                "num_steps": 2,
-                "adjust_scheduler": True,
-                "sync_with_dataloader": True,
-                "sync_each_batch": False,
-            },
-        )
-    )
+    from accelerando.utils import GradientAccumulationPlugin
+
+    accelerator.gradient_state._configure(GradientAccumulationPlugin(num_steps=2))
     with accelerator.accumulate(model):
         accelerator.backward(model(torch.ones(2, 4)).sum())
     grads = [p.grad.clone() for p in model.parameters()]
