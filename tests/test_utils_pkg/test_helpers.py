@@ -199,3 +199,16 @@ def test_mocked_dataloaders_from_local_csv(tmp_path):
     batch = next(iter(evaluation))
     assert batch["input_ids"].shape == (4, 16) and set(batch["labels"].tolist()) == {0, 1}
     assert sum(len(b["labels"]) for b in train) == 6
+
+
+def test_check_scripts_are_modules_of_the_package():
+    """``from accelerate.test_utils import test_sync`` as in the reference: the scripts, as modules."""
+    import accelerando.test_utils as test_utils
+    from accelerando.test_utils import test_ops, test_script, test_sync
+
+    for module in (test_ops, test_script, test_sync):
+        assert module.__name__.startswith("accelerando.test_utils.scripts.")
+        assert callable(module.main)
+    assert {"test_ops", "test_script", "test_sync"} <= set(test_utils.__all__)
+    with pytest.raises(AttributeError):
+        test_utils.test_nothing_such  # noqa: B018

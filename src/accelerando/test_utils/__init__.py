@@ -14,6 +14,9 @@ Importing this package loads nothing until a name is used (no pytest, no transfo
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from accelerando._lazy import lazy_getattr
 
 _TESTING = "accelerando.test_utils.testing"
@@ -112,6 +115,23 @@ _EXPORTS = {
     "execute_subprocess": _DISTRIBUTED,
 }
 
-__all__ = list(_EXPORTS)
+#: The check scripts the reference re-exports as modules (``from accelerate.test_utils import test_sync``;
+#: ``debug_launcher(test_sync.main)``).
+_SCRIPTS = ("test_ops", "test_script", "test_sync")
 
-__getattr__ = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)
+__all__ = [*_EXPORTS, *_SCRIPTS]
+
+_names = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve an exported name, a check-script module or a submodule on first use.
+
+    Raises:
+        AttributeError: for a name this package does not offer.
+    """
+    if name in _SCRIPTS:
+        module = importlib.import_module(f"{__name__}.scripts.{name}")
+        globals()[name] = module
+        return module
+    return _names(name)
