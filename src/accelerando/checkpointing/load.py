@@ -37,7 +37,7 @@ from accelerando.checkpointing.state_io import (
 )
 from accelerando.runtime import set_active_accelerator
 
-__all__ = ["load_state"]
+__all__ = ["load_state", "restore_custom_objects"]
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +180,48 @@ def _load_custom(target: Any, folder: str, index: int, name: str, present: dict[
             "Python data (numbers, strings, lists, dicts) loads without the opt-in."
         )
         raise F.UnsafeCheckpointError(path, err.refused, hint) from None
+
+
+def restore_custom_objects(target: Any, folder: str | os.PathLike, start: int) -> None:
+    """Restore the registered objects from index ``start`` on from ``folder``'s custom-state files.
+
+    For objects registered after ``folder`` was loaded (``auto_resume`` loads in the first ``prepare()``,
+    scripts often call ``register_for_checkpointing`` after it): the ``i``-th registered object reads
+    ``custom_checkpoint_<i>.pkl``, the same index rule ``save_state`` writes by. The files are checked as
+    ``load_state`` checks them (listed in the manifest, checksums per the ``verify_checksums`` setting,
+    links refused) and read with ``weights_only=True``.
+
+    Raises:
+        FileNotFoundError: If ``folder`` has no file for one of the objects (it was saved with fewer
+            registered objects); the message says how to order the calls.
+        CheckpointError: If a file is damaged or not listed by the manifest.
+        UnsafeCheckpointError: If a file needs full unpickling (no opt-in on this path).
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    objects = list(target.custom_objects)
+    customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(start, len(objects))]
+    if not customs:
+        return
+    if os.path.lexists(os.path.join(folder, atomic.MANIFEST_NAME)):
+        manifest, present = inspect_checkpoint(folder)
+    else:
+        manifest, present = None, scan_folder(folder, recursive=False)  # links refused
+    missing = [name for name in customs if name not in present]
+    if missing:
+        raise FileNotFoundError(
+            f"auto_resume resumed from {folder!r}, which has no {missing[0]!r}: the object registered now "
+            f"(register_for_checkpointing index {start + customs.index(missing[0])}) was not saved in it. "
+            "Register the same objects in the same order as the run that saved it, or call "
+            "accelerator.load_state() yourself after registering."
+        )
+    if manifest is not None:
+        require_listed(folder, manifest, customs)
+        if _default_verification(target):
+            atomic.verify_checksums(folder, manifest, customs)
+    states = [_load_custom(target, folder, start + k, name, present) for k, name in enumerate(customs)]
+    for obj, custom in zip(objects[start:], states, strict=True):
+        obj.load_state_dict(custom)
+    logger.info("Restored %d late-registered object(s) from %s", len(states), folder)
 
 
 def _attempt(target: Any, folder: str, kwargs: dict[str, Any]) -> Any:

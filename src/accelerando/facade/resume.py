@@ -6,7 +6,9 @@ are skipped as ``load_state()`` does) and makes each prepared dataloader start i
 where the checkpoint's run stood: the epoch (``len``-independent, the loader's own epoch counter) and
 the batches already given out in it. Prepare every object in that first call (the usual
 ``model, optimizer, dataloader, scheduler = accelerator.prepare(...)``); a script's own epoch loop
-starts at ``accelerator.resume_point.epoch`` (``resume_point`` is None on a fresh start).
+starts at ``accelerator.resume_point.epoch`` (``resume_point`` is None on a fresh start). Objects
+registered with ``register_for_checkpointing`` after that ``prepare()`` are restored when registered,
+from the same checkpoint (the i-th registered object from ``custom_checkpoint_<i>.pkl``).
 
 With ``accelerando launch --max_restarts N`` a run whose worker died restarts from its last
 checkpoint and, saving every k steps, ends with the same weights as an uninterrupted run.
@@ -45,6 +47,8 @@ def resume_on_prepare(accelerator: Any) -> str | None:
         return None
     accelerator.load_state()
     point = accelerator.resume_point
+    # Objects registered later (register_for_checkpointing after prepare) are restored from here too.
+    accelerator._auto_resumed_from = point.checkpoint
     for loader, (_, position) in zip(accelerator._dataloaders, point.dataloaders, strict=False):
         resume_at = getattr(loader, "resume_at", None)  # every prepared loader has it
         if resume_at is not None:

@@ -71,9 +71,16 @@ class SavingMixin:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Add objects with ``state_dict()`` / ``load_state_dict()`` to what ``save_state`` saves.
 
+        With ``auto_resume``, objects registered after the first ``prepare()`` (which resumed) are
+        restored right away from the checkpoint it resumed from: the ``i``-th registered object from its
+        ``custom_checkpoint_<i>.pkl``, as ``load_state`` would have.
+
         Raises:
             ValueError: some objects lack those methods; the message lists each offender as
                 ``Item at index <i>, `<type>```.
+            FileNotFoundError: after an automatic resume, the checkpoint has no state for a newly
+                registered object (it was saved with fewer objects); the message says how to order calls.
+            CheckpointError: after an automatic resume, that state's file is damaged or unsafe.
         """
         bad = [
             f"\t- Item at index {i}, `{type(o).__name__}`"
@@ -87,7 +94,13 @@ class SavingMixin:
                 "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
                 "The following inputs are invalid:\n" + "\n".join(bad)
             )
+        start = len(self._custom_objects)
         self._custom_objects.extend(objects)
+        resumed_from = getattr(self, "_auto_resumed_from", None)
+        if resumed_from is not None:  # auto_resume already loaded: restore the late ones from there too
+            from accelerando.checkpointing.load import restore_custom_objects
+
+            restore_custom_objects(self._checkpoint_target, resumed_from, start)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Register ``hook(models, weights, output_dir)`` to run before ``save_state`` writes models.
