@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelerando.launchers.limits import check_process_count, clip
 from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
 from accelerando.settings.fields import (
     FIELDS,
@@ -161,9 +162,9 @@ class LaunchPlan:
             topology = f"Topology: {self.num_processes} process(es) on {self.num_machines} machine(s)"
         lines = [
             f"{topology}; this machine (rank {self.machine_rank}) starts {self.nproc_per_node} ({self.mode} launch)",
-            "Command: " + shlex.join(self.argv),
+            "Command: " + shlex.join(clip(arg) for arg in self.argv),  # each value bounded (limits.clip)
             "Environment:",
-            *(f"  {key}={value}" for key, value in sorted(self.env.items())),
+            *(f"  {key}={clip(value)}" for key, value in sorted(self.env.items())),
         ]
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -805,6 +806,7 @@ def build(
     total, machines, notes = _topology(settings, machine)
     low = machine_counts(settings)[0]
     per_node = total // machines
+    check_process_count(per_node, f"{_where(settings, 'num_processes')}={total}")
     if low != machines:
         notes.append(_range_note(settings, low, machines))
     env = _process_env(settings, machine, total, per_node)

@@ -10,13 +10,17 @@ __all__ = ["print_dry_run", "print_settings"]
 def print_settings(settings: Any) -> None:
     """Print each setting whose value does not come from its default, with its source.
 
+    A value longer than :data:`~accelerando.launchers.limits.ECHO_LIMIT` characters is cut, with its size.
+
     Args:
         settings: resolved :class:`~accelerando.settings.Settings`.
     """
+    from accelerando.launchers.limits import clip
+
     print("Settings (value, source) that differ from the defaults:")
     for name, value, source in settings.items():
         if source != "default":
-            print(f"  {name} = {value!r}  [{source}]")
+            print(f"  {name} = {clip(repr(value))}  [{source}]")  # a huge value is cut: "... (N bytes)"
 
 
 def print_dry_run(settings: Any, plan: Any) -> None:

@@ -22,6 +22,7 @@ from accelerando.commands.launch.parser import (
     unknown_flags_message,
 )
 from accelerando.commands.launch.resolution import plan_for
+from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
 
 __all__ = ["add_parser", "main", "run", "script_problem"]
@@ -90,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
             launcher-position flags we do not know (an error naming them and the closest known flags).
 
     Returns:
-        The exit status (the script's, or 2 for a configuration error, an unknown flag, or a script
-        that does not exist or cannot be read: checked before any process starts).
+        The exit status (the script's, or 2 for a configuration error, an unknown flag, a script
+        that does not exist or cannot be read, or a command line or environment too large for the
+        operating system to start: checked before any process starts).
     """
     error = _usage_error(args)
     if error:
@@ -114,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         check_files(settings)  # the files the processes read, only now: a plan may be made elsewhere
+        check_exec_size(plan.argv, plan.env, names=_carried_settings(settings, plan.env))
     except ValueError as err:
         print(f"accelerando launch: {err}", file=sys.stderr)
         return 2
@@ -123,6 +126,18 @@ def run(args: argparse.Namespace) -> int:
     from accelerando.launchers.runner import run as run_plan
 
     return run_plan(plan, quiet=args.quiet)
+
+
+def _carried_settings(settings: Any, env: Any) -> dict[str, str]:
+    """For each variable of ``env`` that carries a setting: ``"setting <name>, from <source>"``."""
+    from accelerando.settings.fields import FIELDS
+
+    names: dict[str, str] = {}
+    for field in FIELDS:
+        for variable in (field.our_env, field.reference_env):
+            if variable and variable in env:
+                names[variable] = f"setting {field.name}, from {settings.source(field.name)}"
+    return names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
