@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader
 
-__all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "get_sampler", "set_sampler"]
+__all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "get_sampler", "set_sampler", "with_stateful_base"]
 
 
 def get_sampler(dataloader: Any) -> Any:
@@ -51,6 +51,48 @@ def set_sampler(dataloader: Any, sampler: Any) -> None:
         inner.sampler = sampler
 
 
+_STATEFUL_VARIANTS: dict[type, type] = {}
+
+
+def with_stateful_base(cls: type) -> type:
+    """Return ``cls`` combined with torchdata's ``StatefulDataLoader`` when torchdata is installed.
+
+    The combination passes ``isinstance(loader, StatefulDataLoader)`` checks (as with the reference
+    library); iteration and ``state_dict`` stay ours, and iterable data resumes through torchdata's
+    state instead of reading through. Without torchdata, ``cls`` itself is returned.
+
+    Args:
+        cls: ``DataLoaderShard``, ``DataLoaderDispatcher`` or ``SkipDataLoader`` (a variant is
+            returned as it is).
+
+    Returns:
+        The class to instantiate.
+    """
+    from accelerando.utils.imports import is_torchdata_stateful_dataloader_available
+
+    if not is_torchdata_stateful_dataloader_available():
+        return cls
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    if issubclass(cls, StatefulDataLoader):
+        return cls
+    if cls not in _STATEFUL_VARIANTS:
+        namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
+        _STATEFUL_VARIANTS[cls] = type(cls.__name__, (cls, StatefulDataLoader), namespace)
+    return _STATEFUL_VARIANTS[cls]
+
+
+class _SelfAsBase:
+    """``loader.base_dataloader``: the loader itself (a prepared loader is the ``DataLoader``, or the
+    torchdata ``StatefulDataLoader``, it would wrap). Read on the class, it is missing, as with the
+    reference library, whose loaders set it per instance."""
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            raise AttributeError("base_dataloader is set on each loader, not on its class")
+        return instance
+
+
 class DataLoaderStateMixin:
     """Tells ``GradientState`` which loader is running and whether its last batch was given out.
 
@@ -62,6 +104,21 @@ class DataLoaderStateMixin:
 
     end_of_dataloader: bool = False
     remainder: int = -1
+    base_dataloader = _SelfAsBase()
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        """With ``use_stateful_dataloader=True``, build the class combined with torchdata's
+        ``StatefulDataLoader`` (see ``with_stateful_base``), so ``isinstance`` checks against it hold."""
+        if use_stateful_dataloader:
+            cls = with_stateful_base(cls)
+        return super().__new__(cls)
+
+    @property
+    def gradient_state(self) -> Any:
+        """The process's ``GradientState`` (a view of the shared state; holding it keeps nothing alive)."""
+        from accelerando.gradient_state import GradientState
+
+        return GradientState()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -257,8 +257,8 @@ def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int
         )
     if size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True needs a batch size divisible by the number of processes, got batch size "
-            f"{size} for {num_processes} processes; use a multiple of {num_processes} (e.g. "
+            f"split_batches=True needs a batch size that is a round multiple of the number of processes, got "
+            f"batch size {size} for {num_processes} processes; use a multiple of {num_processes} (e.g. "
             f"{size - size % num_processes or num_processes}) or set split_batches=False."
         )
 
@@ -384,12 +384,16 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     Args:
         dataset: The dataset.
         skip_batches: Batches to drop at the start of every iteration.
+        use_stateful_dataloader: Build it on torchdata's ``StatefulDataLoader`` (when installed).
         **kwargs: Everything ``torch.utils.data.DataLoader`` accepts.
     """
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self.skip_batches = int(skip_batches)
+        self.use_stateful_dataloader = bool(use_stateful_dataloader)
 
     def __iter__(self) -> Iterator[Any]:
         self.begin()

@@ -173,19 +173,22 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._progress.epoch = int(value)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch: forwarded to the sampler (or batch sampler) and to the dataset.
+        """Select the epoch: forwarded to the sampler and the batch sampler(s) that take it, else the dataset.
 
         Args:
             epoch: The epoch number; seeded samplers draw their order from it.
         """
         self._progress.epoch = int(epoch)
-        for target in (_find_sampler(self.batch_sampler), self.batch_sampler):
-            if target is not None and hasattr(target, "set_epoch"):
+        batch_sampler = self.batch_sampler
+        # A user's batch sampler is kept inside this library's BatchSamplerShard: reach it too.
+        wrapped = batch_sampler.batch_sampler if isinstance(batch_sampler, BatchSamplerShard) else None
+        reached: list[Any] = []
+        for target in (_find_sampler(batch_sampler), batch_sampler, wrapped):
+            if target is not None and hasattr(target, "set_epoch") and all(t is not target for t in reached):
                 target.set_epoch(epoch)
-                break
-        else:
-            if hasattr(self.dataset, "set_epoch"):
-                self.dataset.set_epoch(epoch)
+                reached.append(target)
+        if not reached and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
 
     def _sync_seed(self) -> None:
         sampler = _find_sampler(self.batch_sampler)

@@ -278,9 +278,9 @@ class BatchSamplerShard(BatchSampler):
                 )
             if self.batch_size % self.num_processes != 0:
                 raise ValueError(
-                    f"split_batches=True needs a batch size divisible by the number of processes, got "
-                    f"batch size {self.batch_size} for {self.num_processes} processes; use a batch size "
-                    f"that is a multiple of {self.num_processes} or set split_batches=False."
+                    f"split_batches=True needs a batch size that is a round multiple of the number of "
+                    f"processes, got batch size {self.batch_size} for {self.num_processes} processes; use a "
+                    f"batch size that is a multiple of {self.num_processes} or set split_batches=False."
                 )
 
     @property
@@ -444,8 +444,8 @@ class IterableDatasetShard(IterableDataset):
         _check_process(num_processes, process_index)
         if split_batches and batch_size % num_processes != 0:
             raise ValueError(
-                f"split_batches=True needs a batch size divisible by the number of processes, got "
-                f"{batch_size} for {num_processes} processes; use a multiple of {num_processes}."
+                f"split_batches=True needs a batch size that is a round multiple of the number of "
+                f"processes, got {batch_size} for {num_processes} processes; use a multiple of {num_processes}."
             )
         self.dataset = dataset
         self.batch_size = int(batch_size)

@@ -8,11 +8,12 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from accelerando.data_loader.adapter import with_stateful_base
 from accelerando.data_loader.batches import resolve_send_to_device
 from accelerando.data_loader.progress import PreparedLoaderMixin
 from accelerando.data_loader.samplers import BatchSamplerShard, _consume
 
-__all__ = ["DataLoaderShard"]
+__all__ = ["DataLoaderShard", "with_stateful_base"]
 
 _END = object()
 
@@ -80,34 +81,6 @@ def _record_stream(batch: Any, stream: Any) -> None:
     elif isinstance(batch, (list, tuple)):
         for value in batch:
             _record_stream(value, stream)
-
-
-_STATEFUL_VARIANTS: dict[type, type] = {}
-
-
-def with_stateful_base(cls: type) -> type:
-    """Return ``cls`` combined with torchdata's ``StatefulDataLoader`` when torchdata is installed.
-
-    The combination passes ``isinstance(loader, StatefulDataLoader)`` checks (as with the reference
-    library); iteration and ``state_dict`` stay ours, and iterable data resumes through torchdata's
-    state instead of reading through. Without torchdata, ``cls`` itself is returned.
-
-    Args:
-        cls: ``DataLoaderShard`` or ``DataLoaderDispatcher``.
-
-    Returns:
-        The class to instantiate.
-    """
-    from accelerando.utils.imports import is_torchdata_stateful_dataloader_available
-
-    if not is_torchdata_stateful_dataloader_available():
-        return cls
-    if cls not in _STATEFUL_VARIANTS:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
-        namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
-        _STATEFUL_VARIANTS[cls] = type(cls.__name__, (cls, StatefulDataLoader), namespace)
-    return _STATEFUL_VARIANTS[cls]
 
 
 def _stateful_base(cls: type) -> Any:
