@@ -12,6 +12,8 @@ Contract (who calls what):
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
 
 __all__ = ["GradientState"]
@@ -38,8 +40,9 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self._shared_state.get("_initialized", False):
             self.sync_gradients = True
-            self._active_dataloader: Any | None = None
-            self._dataloader_references: list[Any | None] = [None]
+            # Weak references: a loader dropped mid-iteration (its last reference gone) is freed at once,
+            # as with the reference library, rather than kept alive by this process-wide state.
+            self._dataloader_references_ref: list[Any] = [None]
             self._num_steps = 1
             self._adjust_scheduler = True
             self._sync_with_dataloader = True
@@ -82,6 +85,11 @@ class GradientState:
         return self._sync_with_dataloader
 
     @property
+    def _active_dataloader(self) -> Any | None:
+        ref = self._dataloader_references_ref[-1]
+        return None if ref is None else ref()
+
+    @property
     def active_dataloader(self) -> Any | None:
         """The prepared dataloader being iterated (the innermost one when loops nest), or None."""
         return self._active_dataloader
@@ -89,7 +97,7 @@ class GradientState:
     @property
     def dataloader_references(self) -> list[Any | None]:
         """The prepared dataloaders being iterated, outermost first, after a leading None."""
-        return self._dataloader_references
+        return [None if ref is None else ref() for ref in self._dataloader_references_ref]
 
     @property
     def is_xla_gradients_synced(self) -> bool:
@@ -131,16 +139,18 @@ class GradientState:
         self.sync_gradients = sync_gradients
 
     def _add_dataloader(self, dataloader: Any) -> None:
-        self._active_dataloader = dataloader
-        self._dataloader_references.append(dataloader)
+        try:
+            ref: Any = weakref.ref(dataloader)
+        except TypeError:  # an object without weak-reference support is held as it is
+            ref = functools.partial(_identity, dataloader)
+        self._dataloader_references_ref.append(ref)
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        refs = self._dataloader_references
-        for i in range(len(refs) - 1, -1, -1):
-            if refs[i] is dataloader:
+        refs = self._dataloader_references_ref
+        for i in range(len(refs) - 1, 0, -1):
+            if refs[i]() is dataloader:
                 del refs[i]
                 break
-        self._active_dataloader = refs[-1] if refs else None
 
     @classmethod
     def _reset_state(cls) -> None:
@@ -152,3 +162,7 @@ class GradientState:
             f"GradientState(sync_gradients={self.sync_gradients}, num_steps={self.num_steps}, "
             f"end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
         )
+
+
+def _identity(value: Any) -> Any:
+    return value

@@ -46,3 +46,40 @@ def test_set_epoch_reaches_a_custom_batch_sampler() -> None:
     loader = DataLoaderShard(list(range(16)), batch_sampler=batch_sampler)
     loader.set_epoch(3)
     assert batch_sampler.epoch == 3
+
+
+def test_a_dropped_accelerator_and_loader_are_freed_mid_iteration(fresh_state: None) -> None:
+    """No reference cycle or process-wide strong reference keeps them alive (no gc pass needed)."""
+    import gc
+    import weakref
+
+    from accelerando import Accelerator
+
+    gc.disable()
+    try:
+        accelerator = Accelerator(cpu=True)
+        loader = accelerator.prepare_data_loader(DataLoader(list(range(16)), batch_size=4))
+        iterator = iter(loader)
+        assert next(iterator).tolist() == [0, 1, 2, 3]
+        assert accelerator.gradient_state.active_dataloader is loader
+        refs = weakref.ref(accelerator), weakref.ref(loader)
+        del accelerator, loader, iterator
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(
+    ("shards", "rank", "expected"), [(2, 1, [[6, 7, 8, 9], [10, 11]]), (3, 1, [[8, 9, 10, 11]])]
+)
+def test_a_streaming_dataset_with_a_shard_per_process_reads_its_own_shards(shards, rank, expected) -> None:
+    """Observed on the reference library: contiguous runs of file shards per process, no sample-level split."""
+    datasets = pytest.importorskip("datasets")
+    from accelerando.data_loader import IterableDatasetShard, prepare_data_loader
+
+    data = datasets.Dataset.from_dict({"x": list(range(12))}).to_iterable_dataset(num_shards=shards)
+    loader = prepare_data_loader(
+        DataLoader(data, batch_size=4), num_processes=2, process_index=rank, dispatch_batches=False
+    )
+    assert not isinstance(loader.dataset, IterableDatasetShard)
+    assert [batch["x"].tolist() for batch in loader] == expected

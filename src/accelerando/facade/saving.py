@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -177,8 +178,22 @@ class AcceleratorCheckpointTarget:
     """
 
     def __init__(self, accelerator: Any) -> None:
-        self.owner = accelerator
+        # Weak: the Accelerator holds this target, so a strong link back would keep both alive
+        # after the user drops the Accelerator (until a garbage collection).
+        self._owner = weakref.ref(accelerator)
         self.warned_shared_fs = False
+
+    @property
+    def owner(self) -> Any:
+        """The Accelerator this target reads.
+
+        Raises:
+            ReferenceError: the Accelerator no longer exists.
+        """
+        owner = self._owner()
+        if owner is None:
+            raise ReferenceError("The Accelerator of this checkpoint target no longer exists.")
+        return owner
 
     models = property(lambda self: list(self.owner._models), doc="The prepared models.")
     optimizers = property(lambda self: list(self.owner._optimizers), doc="The prepared optimizers.")
