@@ -274,6 +274,14 @@ def _sampling_kwargs(
     return {"batch_size": None, "sampler": dataloader.sampler}
 
 
+def _has_shards_for(dataset: Any, num_processes: int) -> bool:
+    """Whether ``dataset`` is a Hugging Face ``IterableDataset`` with at least one shard per process."""
+    if type(dataset).__module__.split(".")[0] != "datasets":
+        return False
+    shards = getattr(dataset, "n_shards", None)
+    return isinstance(shards, int) and shards >= num_processes
+
+
 def _splits_by_worker(dataset: Any) -> bool:
     """Whether the dataset already gives each loader worker its own part (Hugging Face datasets do)."""
     if getattr(dataset, "splits_by_worker", False):
@@ -287,6 +295,11 @@ def _shard_iterable(
     dataset, size = dataloader.dataset, dataloader.batch_size
     if num_processes == 1:
         return {"dataset": dataset, "batch_size": size, "drop_last": dataloader.drop_last}
+    if not split_batches and _has_shards_for(dataset, num_processes):
+        # A Hugging Face streaming dataset with a file shard (or more) per process: each process reads
+        # only its own contiguous run of shards, as the reference library does.
+        own = dataset.shard(num_shards=num_processes, index=process_index)
+        return {"dataset": own, "batch_size": size, "drop_last": dataloader.drop_last}
     shard = IterableDatasetShard(
         dataset,
         batch_size=size or 1,
