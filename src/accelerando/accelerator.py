@@ -637,7 +637,8 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
 
     def _do_sync(self) -> None:
         gs = self.gradient_state
-        loader = gs._active_dataloader
+        ref = gs._active_dataloader_ref  # a weak reference (calling it is no Python-level call)
+        loader = ref() if ref is not None else None
         if gs._sync_with_dataloader and loader is not None and loader.end_of_dataloader:
             self.step = 0
             gs.sync_gradients = True

@@ -43,6 +43,8 @@ class GradientState:
             # Weak references: a loader dropped mid-iteration (its last reference gone) is freed at once,
             # as with the reference library, rather than kept alive by this process-wide state.
             self._dataloader_references_ref: list[Any] = [None]
+            # The innermost one's reference, kept apart for the training step (one lookup, no call).
+            self._active_dataloader_ref: Any = None
             self._num_steps = 1
             self._adjust_scheduler = True
             self._sync_with_dataloader = True
@@ -86,7 +88,7 @@ class GradientState:
 
     @property
     def _active_dataloader(self) -> Any | None:
-        ref = self._dataloader_references_ref[-1]
+        ref = self._active_dataloader_ref
         return None if ref is None else ref()
 
     @property
@@ -144,6 +146,7 @@ class GradientState:
         except TypeError:  # an object without weak-reference support is held as it is
             ref = functools.partial(_identity, dataloader)
         self._dataloader_references_ref.append(ref)
+        self._active_dataloader_ref = ref
 
     def _remove_dataloader(self, dataloader: Any) -> None:
         refs = self._dataloader_references_ref
@@ -151,6 +154,7 @@ class GradientState:
             if refs[i]() is dataloader:
                 del refs[i]
                 break
+        self._active_dataloader_ref = refs[-1]
 
     @classmethod
     def _reset_state(cls) -> None:
