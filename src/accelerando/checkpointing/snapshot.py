@@ -57,6 +57,10 @@ class _Buffers:
 _BUFFERS: weakref.WeakKeyDictionary[Any, _Buffers] = weakref.WeakKeyDictionary()
 
 
+#: Memo entry holding the source storages of a snapshot's copies (see :func:`snapshot_tree`).
+_SOURCES = "sources"
+
+
 def _storage_key(tensor: torch.Tensor) -> tuple[torch.device, int] | None:
     """``(device, storage address)`` of a plain strided tensor, or None (sparse, DTensor, ...)."""
     try:
@@ -74,7 +78,8 @@ def snapshot_tree(
     """A copy of ``tree`` in host memory: every tensor's storage copied once, containers rebuilt.
 
     Tensors sharing a storage share its copy, with their offsets and strides kept, so serialising the
-    copy gives the same bytes as serialising ``tree``. ``buffers`` supplies reusable host memory.
+    copy gives the same bytes as serialising ``tree``. The memo holds each copied source storage (under
+    ``"sources"``) so that no address is reused, and so mistaken for another tensor's, while it is in use. ``buffers`` supplies reusable host memory.
     With ``copy_if``, only the tensors it accepts are copied; the others are kept as they are (the
     overlapped snapshot copies parameters and optimizer state in a second pass).
     """
@@ -95,6 +100,10 @@ def snapshot_tree(
             else:
                 copied = storage.cpu() if storage.device.type != "cpu" else storage.clone()
             memo[key] = copied
+            # The memo is keyed by address: a temporary (a generator's get_state(), a state_dict's fresh
+            # tensor) freed after its copy would let the next tensor of the snapshot reuse that address
+            # and be handed the temporary's copy. Holding the source keeps every address unique.
+            memo.setdefault(_SOURCES, []).append(storage)
         out = torch.empty(0, dtype=tree.dtype)
         out.set_(copied, tree.storage_offset(), tree.size(), tree.stride())
         if isinstance(tree, torch.nn.Parameter):
@@ -223,6 +232,9 @@ class _Snapshot:
         self.custom = [_Stateful(snapshot_tree(o.state_dict(), self._memo)) for o in target.custom_objects]
         self.process_index, self.step = int(target.state.process_index), int(target.step)
         self.rng_payload = {"step": self.step, "rng": snapshot_tree(capture_rng_states(), self._memo)}
+        # The foreground copies are done: release the temporaries they came from (the live parameters and
+        # optimizer state copied by finish() were alive throughout, so no recorded address is theirs).
+        self._memo.pop(_SOURCES, None)
         if overlap:
             self._hold(target.optimizers)
         else:
