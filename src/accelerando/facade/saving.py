@@ -183,6 +183,18 @@ class AcceleratorCheckpointTarget:
         self._owner = weakref.ref(accelerator)
         self.warned_shared_fs = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A weak reference cannot be pickled: the Accelerator travels (once, through pickle's memo)
+        # as a strong reference and becomes weak again on unpickling.
+        state = dict(self.__dict__)
+        state["_owner"] = self._owner()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        owner = state.pop("_owner")
+        self.__dict__.update(state)
+        self._owner = (lambda: None) if owner is None else weakref.ref(owner)
+
     @property
     def owner(self) -> Any:
         """The Accelerator this target reads.
