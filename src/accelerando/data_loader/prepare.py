@@ -410,18 +410,42 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self.begin()
+        # With torchdata underneath, the state as of the batch given out (before the one read ahead to
+        # see the end), so that a resume continues right after it, as torchdata's own loader does.
+        stateful = callable(getattr(super(), "state_dict", None))
         try:
             iterator = super().__iter__()
             _consume(iterator, self.skip_batches)
             current = next(iterator, _END)
             while current is not _END:
+                given_out = super().state_dict() if stateful else None
                 upcoming = next(iterator, _END)
                 if upcoming is _END:
                     self.end_of_dataloader = True
+                self._state_given_out = given_out
                 yield current
                 current = upcoming
+            self._state_given_out = None
         finally:
             self.end()
+
+    def state_dict(self) -> dict[str, Any]:
+        """torchdata's loader state as of the last batch given out (``use_stateful_dataloader`` only).
+
+        Raises:
+            AttributeError: The loader was built without ``use_stateful_dataloader`` (no state).
+        """
+        held = self.__dict__.get("_state_given_out")
+        return held if held is not None else super().state_dict()  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a torchdata loader state (``use_stateful_dataloader`` only).
+
+        Raises:
+            AttributeError: The loader was built without ``use_stateful_dataloader``.
+        """
+        self._state_given_out = None
+        super().load_state_dict(state_dict)  # type: ignore[misc]
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)

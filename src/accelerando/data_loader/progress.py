@@ -250,15 +250,19 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self.remainder = self._compute_remainder()
         GradientState()._add_dataloader(self)
 
-    def end(self, completed: bool = True) -> None:  # type: ignore[override]
+    def end(self, completed: bool | None = None) -> None:  # type: ignore[override]
         """Unregister from ``GradientState``; move to the next epoch when the epoch was completed.
 
         Args:
-            completed: Whether every batch of the epoch was produced (False after a ``break``).
+            completed: Whether every batch of the epoch was produced (False after a ``break``). Unset
+                (a user calling ``end()`` inside the loop, as with the reference library): whether the
+                last batch was given out, so a state saved afterwards still resumes mid-epoch.
         """
         from accelerando.gradient_state import GradientState
 
         GradientState()._remove_dataloader(self)
+        if completed is None:
+            completed = self._progress.in_epoch and self._progress.exhausted
         if completed:
             progress = self._progress
             progress.epoch += 1
