@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ratchet import listed_tests, passed_tests
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO.parent / "shared" / "conformance" / "run.sh"
