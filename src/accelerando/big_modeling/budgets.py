@@ -43,6 +43,15 @@ _INDEXED_FAMILIES = ("cuda", "xpu", "npu", "mlu", "sdaa", "musa", "hpu")
 _SIZE_FORMS = "an int of bytes or a string such as '10GiB' or '500MB'"
 
 
+def as_class_name_list(no_split_module_classes: object) -> list:
+    """``no_split_module_classes`` as given to the placement functions (None, one name, a set, a list) as a list."""
+    if no_split_module_classes is None:
+        return []
+    if isinstance(no_split_module_classes, (set, frozenset, list, tuple)):
+        return list(no_split_module_classes)
+    return [no_split_module_classes]
+
+
 def convert_file_size_to_int(size: int | float | str) -> int:
     """Convert a size given as bytes or as a string with a unit to a number of bytes.
 
@@ -315,12 +324,7 @@ def get_balanced_memory(
             )
     sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
     per_device = sizes[""] // (len(accelerators) - 1 if low_zero else len(accelerators))
-    if no_split_module_classes is None:
-        no_split_module_classes = []
-    elif isinstance(no_split_module_classes, (set, frozenset)):
-        no_split_module_classes = list(no_split_module_classes)
-    elif not isinstance(no_split_module_classes, (list, tuple)):
-        no_split_module_classes = [no_split_module_classes]
+    no_split_module_classes = as_class_name_list(no_split_module_classes)
     margin = _no_split_reserve(model, sizes, list(no_split_module_classes)) if no_split_module_classes else 0
     # The leaves of the size dict are tensors; without them, the leaves are the innermost modules.
     leaves = set(get_module_leaves(sizes))

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from accelerando.big_modeling.allocation import fallback_allocate, tied_partners, unit_parts
-from accelerando.big_modeling.budgets import DeviceKey, get_max_memory
+from accelerando.big_modeling.budgets import DeviceKey, as_class_name_list, get_max_memory
 from accelerando.big_modeling.model_info import check_tied_parameters_in_config
 from accelerando.big_modeling.sizes import compute_module_sizes, compute_module_total_buffer_size
 from accelerando.big_modeling.tensors import find_tied_parameters
@@ -468,12 +468,7 @@ def infer_auto_device_map(
         ValueError: for an unknown device or unreadable size in ``max_memory``.
     """
     budget = get_max_memory(max_memory)
-    if no_split_module_classes is None:
-        no_split_module_classes = []
-    elif isinstance(no_split_module_classes, (set, frozenset)):
-        no_split_module_classes = list(no_split_module_classes)
-    elif not isinstance(no_split_module_classes, (list, tuple)):
-        no_split_module_classes = [no_split_module_classes]
+    no_split_module_classes = as_class_name_list(no_split_module_classes)
     # The cyclic garbage collector scans the whole heap (the model's objects included) each time it
     # runs, which would slow this pass down on large models; nothing here creates cycles.
     collecting = gc.isenabled()
