@@ -1,4 +1,4 @@
-"""Follow-up requests on the Accelerator facade: join_uneven_inputs, bypass_device_map, use_parallelism_config."""
+"""The Accelerator facade: join_uneven_inputs, bypass_device_map, use_parallelism_config."""
 
 from __future__ import annotations
 

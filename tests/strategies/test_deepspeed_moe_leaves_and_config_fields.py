@@ -1,4 +1,4 @@
-"""DeepSpeed follow-ups: ACCELERATE_CONFIG_DS_FIELDS refusals and MoE leaf modules under ZeRO-3."""
+"""DeepSpeed: ACCELERATE_CONFIG_DS_FIELDS refusals and MoE leaf modules under ZeRO-3."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FSDP follow-ups: activation_checkpointing_offload applied (1 process and 2 gloo processes, FSDP2),
+"""FSDP: activation_checkpointing_offload applied (1 process and 2 gloo processes, FSDP2),
 and the device choice of RAM-efficient loading under a bare ``OffloadPolicy()``."""
 
 from __future__ import annotations
