@@ -1,7 +1,7 @@
 """save/load_fsdp_model and save/load_fsdp_optimizer choose their format from the plugin's state_dict_type.
 
 Only the choice and the refusals are checked here (one process, no process group); the round trips
-run in two real processes in test_surface_utils_h2_fsdp.py.
+run in two real processes in test_utils_fsdp_save_load_distributed.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Behaviour of the reference names added to utils.modeling, .offload, .operations, .deepspeed and
-.fsdp_utils (single process; the distributed FSDP save/load round trip is in the _fsdp file)."""
+.fsdp_utils (single process; the distributed FSDP save/load round trip is in test_utils_fsdp_save_load_distributed.py)."""
 
 from __future__ import annotations
 

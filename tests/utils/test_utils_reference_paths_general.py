@@ -63,7 +63,7 @@ def test_constants_match_the_surface_file_values():
 
 
 def test_other_modules_reexport_the_same_constants():
-    from accelerando.utils import random as rnd
+    from accelerando.common import random as rnd
 
     assert other.FSDP_PYTORCH_VERSION is constants.FSDP_PYTORCH_VERSION
     assert rnd.CUDA_DISTRIBUTED_TYPES is constants.CUDA_DISTRIBUTED_TYPES
@@ -417,7 +417,7 @@ def test_tqdm_module_and_function_are_both_callable():
 
 
 def test_install_xla(monkeypatch):
-    from accelerando.utils import torch_xla
+    from accelerando.common import torch_xla
 
     for key in [k for k in __import__("os").environ if k.startswith(("COLAB_", "KAGGLE_"))]:
         monkeypatch.delenv(key)
@@ -449,7 +449,7 @@ def test_dataclasses_reexports_the_project_classes():
     from accelerando.plugins.deepspeed import DeepSpeedPlugin
     from accelerando.plugins.kwargs import DistributedDataParallelKwargs
     from accelerando.utils import dataclasses as dc
-    from accelerando.utils.operations import TensorInformation
+    from accelerando.common.operations import TensorInformation
 
     assert dc.DeepSpeedPlugin is DeepSpeedPlugin
     assert dc.DistributedDataParallelKwargs is DistributedDataParallelKwargs
