@@ -5,21 +5,34 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from suite_support import isolate_settings_environment, reset_accelerator_state
+
+# Worker processes started by a test import the shared helpers too, from whatever folder the test is in.
+_TESTS_FOLDER = str(Path(__file__).resolve().parent)
+if _TESTS_FOLDER not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS_FOLDER, os.environ.get("PYTHONPATH")) if p)
+
 
 @pytest.fixture
-def fresh_state():
-    """Forget every Accelerator/process state before and after the test (the Borg states persist)."""
-    from accelerando.state import AcceleratorState, GradientState
+def fresh_state() -> Iterator[None]:
+    """Forget every Accelerator/process state before and after the test (the Borg states persist).
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    The one fixture that resets state; a worker process calls ``suite_support.reset_accelerator_state``.
+    """
+    reset_accelerator_state()
     yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
+
+
+@pytest.fixture
+def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ACCELERATE*/ACCELERANDO*/FSDP_*/PET_* variable from the machine, caches inside ``tmp_path``."""
+    isolate_settings_environment(monkeypatch, tmp_path)
 
 
 def _deepspeed_extensions_folder() -> Path:

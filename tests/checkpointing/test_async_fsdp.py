@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.slow  # three 2-process launches
 
@@ -24,11 +25,9 @@ VERSIONS = (2, 1)  # FSDP2, FSDP1
 
 def _setup(root: str, version: int):
     from accelerando import Accelerator, FullyShardedDataParallelPlugin
-    from accelerando.state import AcceleratorState, GradientState
     from accelerando.utils import ProjectConfiguration
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=version,
         state_dict_type="SHARDED_STATE_DICT",

@@ -23,7 +23,7 @@ from accelerando.checkpointing import (
 )
 from accelerando.checkpointing.atomic import MANIFEST_NAME
 from accelerando.plugins.project import ProjectConfiguration
-from accelerando.state import AcceleratorState
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 
@@ -156,7 +156,7 @@ def test_load_state_without_checkpoints_or_folder(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="No complete checkpoint"):
         accelerator.load_state()
     assert latest_checkpoint(str(tmp_path)) is None
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerator_state()
     accelerator, *_ = _setup(tmp_path, automatic=False)
     with pytest.raises(ValueError, match="output_dir"):
         accelerator.save_state()

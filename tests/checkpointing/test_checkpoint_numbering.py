@@ -12,14 +12,14 @@ import torch
 from accelerando import Accelerator
 from accelerando.checkpointing import list_checkpoints, lock, verify_checkpoint
 from accelerando.plugins.project import ProjectConfiguration
-from accelerando.state import AcceleratorState
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 
 
 def _run(project: str, total_limit: int | None = 2):
     """A fresh Accelerator (as a restarted process would build it) with a model."""
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerator_state()
     config = ProjectConfiguration(
         project_dir=project, automatic_checkpoint_naming=True, total_limit=total_limit
     )

@@ -19,8 +19,8 @@ import torch
 
 from accelerando.checkpointing import atomic, lock
 from accelerando.checkpointing.lock import CheckpointLockedError
-from accelerando.state import AcceleratorState
 from accelerando.test_utils import get_free_port
+from suite_support import reset_accelerator_state
 
 sys.path.insert(0, os.path.dirname(__file__))
 import concurrent_worker as worker  # noqa: E402
@@ -44,7 +44,7 @@ def _check_remaining(project: str, run: int) -> list[int]:
     found = atomic.list_checkpoints(root)
     for _, path in found:
         atomic.verify_checkpoint(path, checksums=True)
-        AcceleratorState._reset_state(reset_partial_state=True)
+        reset_accelerator_state()
         accelerator, model, mark = worker.build(project, run=0)
         accelerator.load_state(path)
         values = {float(v) for p in model.parameters() for v in p.detach().flatten()}
@@ -165,7 +165,7 @@ def test_accelerators_of_one_process_share_the_lock_until_both_are_released(tmp_
     project = str(tmp_path / "project")
     first, _, _ = worker.build(project, run=1)
     first.save_state()
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerator_state()
     second, _, _ = worker.build(project, run=2)
     second.load_state()
     assert os.path.basename(second.save_state()) == "checkpoint_1"  # same process: no refusal

@@ -34,7 +34,7 @@ from accelerando.checkpointing.digest import file_digest
 from accelerando.checkpointing.files import UnsafeCheckpointError
 from accelerando.checkpointing.manifest import MANIFEST_NAME
 from accelerando.plugins.project import ProjectConfiguration
-from accelerando.state import AcceleratorState, GradientState
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 
@@ -91,8 +91,7 @@ def _fill(model: Any, value: float) -> None:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> str:
     """A project with checkpoint_0 (weights 0.0, counter 10) and checkpoint_1 (weights 1.0, counter 11)."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     project = str(tmp_path_factory.mktemp("template") / "project")
     accelerator, model, optimizer, scheduler, loader, counter = _accelerator(project)
     for value in (0.0, 1.0):
@@ -105,8 +104,7 @@ def template(tmp_path_factory) -> str:
         _fill(model, value)
         counter.count = 10 + int(value)
         accelerator.save_state()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     return project
 
 
@@ -332,8 +330,7 @@ class Holder:
 
 
 def _fresh_accelerator(project: str) -> tuple[Any, Holder]:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     accelerator = _accelerator(project)[0]  # registers a Counter first: the holder is object 1
     holder = Holder()
     accelerator.register_for_checkpointing(holder)
@@ -617,7 +614,7 @@ def test_a_damaged_pickle_is_damage_not_a_refusal(tmp_path) -> None:
 
 
 def test_public_load_never_falls_back(tmp_path) -> None:
-    from accelerando.utils.serialization import load
+    from accelerando.common.serialization import load
 
     path = str(tmp_path / "x.bin")
     torch.save({"x": Payload(str(tmp_path / "canary"))}, path)

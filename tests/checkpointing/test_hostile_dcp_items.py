@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 ITEM = "optimizer.param_groups.0.lr"
@@ -79,10 +80,8 @@ def plant(shards: str, canary: str, item: str = ITEM) -> None:
 
 def _setup() -> tuple[Any, Any, Any]:
     from accelerando import Accelerator, FullyShardedDataParallelPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
     accelerator = Accelerator(fsdp_plugin=plugin)
     torch.manual_seed(0)

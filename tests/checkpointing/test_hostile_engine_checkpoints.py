@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from accelerando.utils.imports import is_deepspeed_available
+from accelerando.common.imports import is_deepspeed_available
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.skipif(
     not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)"
@@ -38,10 +39,8 @@ def _engine(stage: int) -> tuple[Any, ...]:
     import torch
 
     from accelerando import Accelerator, DeepSpeedPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 1))

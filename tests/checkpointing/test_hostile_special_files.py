@@ -33,7 +33,7 @@ from accelerando.checkpointing import lock as L
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.plugins.project import ProjectConfiguration
 from accelerando.settings.configfile import ConfigError, find_config_file, read_config_file
-from accelerando.state import AcceleratorState, GradientState
+from suite_support import reset_accelerator_state
 
 BOUND_S = 10.0  # far above what a regular-file check takes; a hang never ends
 
@@ -62,8 +62,7 @@ def bounded(call: Callable[[], Any], fifo: str | None = None, bound: float = BOU
 
 
 def _fresh(project: str, **kwargs: Any) -> Accelerator:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
     return Accelerator(cpu=True, project_config=config, **kwargs)
 
@@ -82,8 +81,7 @@ def project(tmp_path) -> str:
     accelerator.prepare(*_objects())
     accelerator.save_state()
     yield root
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
 
 
 def _plant(project: str, kind: str) -> str:
@@ -142,8 +140,7 @@ def test_save_lock_link_is_refused_and_its_target_unchanged(tmp_path) -> None:
     victim, content = _victim(tmp_path)
     out = str(tmp_path / "out")
     os.symlink(victim, str(tmp_path / ".out.lock"))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     accelerator = Accelerator(cpu=True)  # an explicit folder: the per-save lock
     accelerator.prepare(*_objects())
     with pytest.raises(CheckpointError) as info:

@@ -17,6 +17,8 @@ import warnings
 import pytest
 import torch
 
+from suite_support import reset_accelerator_state
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import reference_train  # noqa: E402
@@ -38,9 +40,8 @@ def _reference_run(project: str, save_at: tuple[int, int], safe: bool) -> dict[s
 def _resume_here(project: str, save_at: tuple[int, int]) -> tuple[dict[str, torch.Tensor], list[str]]:
     import accelerando
     import accelerando.utils as utils
-    from accelerando.state import AcceleratorState
 
-    AcceleratorState._reset_state(True)
+    reset_accelerator_state()
     model, optimizer, scheduler, loader = reference_train.build(accelerando, utils)
     config = utils.ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
     accelerator = accelerando.Accelerator(cpu=True, project_config=config)
@@ -89,9 +90,8 @@ def _fake_reference_folder(folder) -> None:
 def test_hostile_reference_rng_file_is_refused(tmp_path) -> None:
     from accelerando import Accelerator
     from accelerando.checkpointing import UnsafeCheckpointError
-    from accelerando.state import AcceleratorState
 
-    AcceleratorState._reset_state(True)
+    reset_accelerator_state()
     folder = tmp_path / "ckpt"
     _fake_reference_folder(folder)
     torch.save(
@@ -110,9 +110,8 @@ def test_hostile_reference_rng_file_is_refused(tmp_path) -> None:
 def test_damaged_reference_files_are_named(tmp_path) -> None:
     from accelerando import Accelerator
     from accelerando.checkpointing import CheckpointError
-    from accelerando.state import AcceleratorState
 
-    AcceleratorState._reset_state(True)
+    reset_accelerator_state()
     folder = tmp_path / "ckpt"
     _fake_reference_folder(folder)
     (folder / "random_states_0.pkl").write_bytes(b"not a zip archive")
@@ -129,9 +128,8 @@ def test_damaged_reference_files_are_named(tmp_path) -> None:
 def test_folder_without_manifest_or_reference_layout_is_still_refused(tmp_path) -> None:
     from accelerando import Accelerator
     from accelerando.checkpointing import CheckpointError
-    from accelerando.state import AcceleratorState
 
-    AcceleratorState._reset_state(True)
+    reset_accelerator_state()
     folder = tmp_path / "ckpt"
     _fake_reference_folder(folder)
     with pytest.raises(CheckpointError, match="checkpoint_manifest.json"):

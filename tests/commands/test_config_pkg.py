@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -42,12 +41,8 @@ use_cpu: false
 
 
 @pytest.fixture(autouse=True)
-def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith(("ACCELERATE", "ACCELERANDO")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def clean_env(isolated_env: None) -> None:
+    """No settings variable from the machine (see the root conftest)."""
 
 
 def test_reference_file_loads_round_trips_and_stays_launchable(tmp_path: Path) -> None:

@@ -17,12 +17,8 @@ from accelerando.utils import launch as launch_utils
 
 
 @pytest.fixture(autouse=True)
-def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith(("ACCELERATE", "ACCELERANDO")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def clean_env(isolated_env: None) -> None:
+    """No settings variable from the machine (see the root conftest)."""
 
 
 def test_flags_are_typed_and_switches_default_to_false() -> None:

@@ -11,12 +11,8 @@ from accelerando.commands.cli import main
 
 
 @pytest.fixture(autouse=True)
-def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith(("ACCELERATE", "ACCELERANDO")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def clean_env(isolated_env: None) -> None:
+    """No settings variable from the machine (see the root conftest)."""
 
 
 def _printed_command(out: str) -> list[str]:

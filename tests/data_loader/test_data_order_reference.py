@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 needs_reference = pytest.mark.skipif(
     importlib.util.find_spec("accelerate") is None, reason="the reference accelerate package is not installed"
@@ -91,12 +92,11 @@ def _plain_order(length: int, batch_size: int, drop_last: bool, epochs: int, see
 )
 def test_one_process_order_is_plain_pytorch(length: int, batch_size: int, drop_last: bool, seed: int) -> None:
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState
     from accelerando.utils import set_seed
 
     if drop_last and length < batch_size:
         return  # an empty loader: nothing to compare
-    AcceleratorState._reset_state(True)
+    reset_accelerator_state()
     accelerator = Accelerator(cpu=True)
     set_seed(seed)
     loader = accelerator.prepare(

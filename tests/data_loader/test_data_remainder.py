@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 BATCH = 8
 
@@ -34,11 +35,9 @@ class Stream(IterableDataset):
 def _walk(n: int, kind: str, drop_last: bool = False, **config: Any) -> dict[str, list]:
     """Iterate a prepared loader over ``n`` samples; per step: remainder, end flag, gathered sizes."""
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
     from accelerando.utils import DataLoaderConfiguration
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config))
     data = TensorDataset(torch.arange(n).float()) if kind == "map" else Stream(n)
     loader = acc.prepare(DataLoader(data, batch_size=BATCH, drop_last=drop_last))

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 EPOCHS = 2
 LENGTH = 10
@@ -97,9 +98,8 @@ def resume_everywhere(stateful: bool, per_epoch: int) -> list[tuple[tuple[int, i
 
 @pytest.mark.parametrize("stateful", [False, True], ids=["default", "stateful"])
 def test_resume_one_process(stateful: bool) -> None:
-    from accelerando.state import AcceleratorState
 
-    AcceleratorState._reset_state(True)
+    reset_accelerator_state()
     for position, skip_zero, difference in resume_everywhere(stateful, LENGTH // BATCH):
         assert difference == 0.0, f"save after {position}, skip_first_batches(…, 0)={skip_zero}: {difference}"
 

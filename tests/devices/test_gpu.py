@@ -15,6 +15,8 @@ import pickle
 import pytest
 import torch
 
+from suite_support import reset_accelerator_state
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 GIB = 1 << 30
@@ -78,8 +80,8 @@ def test_prefetch_copies_the_next_batch_on_a_side_stream_before_the_current_one_
 
 def test_memory_monitor_reads_cuda_counters_and_nvml_sensors(tmp_path):
     """#7 item 3: device allocated / reserved / peak follow a 1 GiB allocation; NVML sensors are read."""
+    from accelerando.common.imports import is_pynvml_available
     from accelerando.monitoring import MemoryMonitor
-    from accelerando.utils.imports import is_pynvml_available
 
     torch.cuda.init()
     monitor = MemoryMonitor(window=3, output_dir=tmp_path, nvml_every=1, plot=False).start()
@@ -153,11 +155,9 @@ def test_find_executable_batch_size_steps_down_on_real_cuda_oom():
 def test_fp16_autocast_and_loss_scaling_on_cuda_match_fp32_and_skip_an_inf_step():
     """#2 / #8: fp16 on CUDA goes through autocast and the GradScaler; an injected inf skips the step."""
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
 
     def run(precision: str, inject_inf_at: int | None = None):
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
+        reset_accelerator_state(partial=False)
         accelerator = Accelerator(mixed_precision=precision)
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
@@ -198,12 +198,10 @@ def test_fsdp_fp16_on_two_gpus_matches_fp32():
 
 def _fsdp_fp16_worker() -> dict:
     from accelerando import Accelerator, FullyShardedDataParallelPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
     out = {}
     for precision in ("no", "fp16"):
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
+        reset_accelerator_state(partial=False)
         plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1
         )
@@ -230,7 +228,7 @@ def _fsdp_fp16_worker() -> dict:
 
 
 def _fp8_gpu() -> bool:
-    from accelerando.utils.environment import check_cuda_fp8_capability
+    from accelerando.common.environment import check_cuda_fp8_capability
 
     return check_cuda_fp8_capability()
 
@@ -289,8 +287,8 @@ def test_torchao_fp8_runs_natively_and_equals_torchao_by_hand(fresh_state):
 def test_transformer_engine_fp8_or_clear_error(fresh_state):
     """#18 item 3: fp8_backend te swaps layers for TE ones and trains; without the package, the error names 'ao'."""
     from accelerando import Accelerator
+    from accelerando.common.imports import is_transformer_engine_available
     from accelerando.plugins.kwargs import TERecipeKwargs
-    from accelerando.utils.imports import is_transformer_engine_available
     from accelerando.utils.transformer_engine import has_transformer_engine_layers
 
     if not is_transformer_engine_available():
@@ -359,7 +357,7 @@ def test_transformer_engine_fp8_equals_te_by_hand(fresh_state):
 
 
 def _has_msamp() -> bool:
-    from accelerando.utils.imports import is_msamp_available
+    from accelerando.common.imports import is_msamp_available
 
     return is_msamp_available()
 

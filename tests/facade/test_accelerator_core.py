@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator, GradScalerKwargs
-from accelerando.state import AcceleratorState, PartialState
+from accelerando.state import PartialState
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 
@@ -320,4 +321,4 @@ def test_get_state_dict_reads_offloaded_weights(tmp_path):
         assert set(state) == set(expected)
         for key, value in expected.items():
             assert torch.equal(state[key], value), (offload, key)
-        AcceleratorState._reset_state(reset_partial_state=True)
+        reset_accelerator_state()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from accelerando import Accelerator
-from accelerando.state import AcceleratorState, GradientState
+from suite_support import reset_accelerator_state
 
 
 def _calls_in_accelerando(work: Callable[[], None]) -> list[str]:
@@ -36,15 +36,13 @@ def _calls_in_accelerando(work: Callable[[], None]) -> list[str]:
 
 @pytest.fixture
 def prepared():  # type: ignore[no-untyped-def]
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     acc = Accelerator(gradient_accumulation_steps=2, cpu=True)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
     yield acc, model, opt
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
 
 
 def test_accumulate_enter_exit_is_a_handful_of_calls(prepared) -> None:  # type: ignore[no-untyped-def]

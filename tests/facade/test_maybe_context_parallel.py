@@ -8,16 +8,14 @@ from unittest import mock
 import pytest
 
 from accelerando import Accelerator
-from accelerando.state import AcceleratorState, GradientState
+from suite_support import reset_accelerator_state
 
 
 @pytest.fixture
 def accelerator():
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     yield Accelerator(cpu=True)
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
 
 
 def test_without_context_parallelism_the_block_just_runs(accelerator) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from accelerando.launchers.plan import Command, build, check_settings, machine_c
 from accelerando.settings import Sourced, resolve, resolve_runtime_settings
 from accelerando.settings.fields import machine_range
 from accelerando.settings.machine import MachineInfo
+from accelerando.test_utils.distributed import get_free_port
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=8, python="py")
 TRAIN = Command("train.py")
@@ -36,12 +36,8 @@ RDZV_CONF = (
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_", "PET_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def clean_env(isolated_env: None) -> None:
+    """No settings variable from the machine (see the root conftest)."""
 
 
 def settings_of(**values):
@@ -306,12 +302,6 @@ if acc.is_main_process:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "PET_"))}
     env.update(ACCELERANDO_CONFIG_FILE=str(tmp_path / "none.yaml"), OMP_NUM_THREADS="1",
@@ -356,7 +346,7 @@ def _finish(machines: list[subprocess.Popen], timeout: float = 400) -> list[str]
 @pytest.mark.slow
 def test_one_machine_of_a_1_to_2_range_trains_alone_after_the_last_call(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    machine = _machine(tmp_path, _free_port(), None, str(tmp_path / "probe.py"), str(tmp_path))
+    machine = _machine(tmp_path, get_free_port(), None, str(tmp_path / "probe.py"), str(tmp_path))
     (output,) = _finish([machine])
     assert machine.returncode == 0, output
     report = json.loads((tmp_path / "rank0.json").read_text())
@@ -367,7 +357,7 @@ def test_one_machine_of_a_1_to_2_range_trains_alone_after_the_last_call(tmp_path
 @pytest.mark.slow
 def test_two_machines_of_a_1_to_2_range_form_one_group_of_two(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    port = _free_port()
+    port = get_free_port()
     # Machine 1 first: it waits for machine 0's store (is_host=false), so both join the same round.
     machines = [_machine(tmp_path, port, 1, str(tmp_path / "probe.py"), str(tmp_path))]
     machines.insert(0, _machine(tmp_path, port, 0, str(tmp_path / "probe.py"), str(tmp_path)))
@@ -384,7 +374,7 @@ def test_a_killed_machine_leaves_the_other_to_resume_alone_from_the_last_checkpo
     script, project, out = tmp_path / "train.py", tmp_path / "project", tmp_path / "out"
     script.write_text(TRAIN_SCRIPT)
     out.mkdir()
-    port = _free_port()
+    port = get_free_port()
     flags = ("--max_restarts", "1", "--auto_resume")
     args = (str(script), str(project), str(out), "16")
     machine1 = _machine(tmp_path, port, 1, *args, flags=flags)

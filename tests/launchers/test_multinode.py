@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from accelerando.test_utils.distributed import get_free_port
 
 PROBE = """
 import json, os, sys
@@ -36,12 +37,6 @@ with open(os.path.join(sys.argv[1], f"rank{accelerator.process_index}.json"), "w
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _reports(folder: Path) -> list[dict]:
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -49,7 +44,7 @@ def _reports(folder: Path) -> list[dict]:
 @pytest.mark.slow
 def test_two_machines_on_loopback_form_one_process_group(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    port = str(_free_port())
+    port = str(get_free_port())
     env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml"), "OMP_NUM_THREADS": "1"}
     machines = [
         subprocess.Popen(
@@ -101,7 +96,7 @@ def test_ranks_started_by_plain_mpirun_are_detected(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml"), "OMP_NUM_THREADS": "1"}
     # MPI does not say where rank 0 is: MASTER_ADDR/MASTER_PORT (exported to every rank) do.
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(get_free_port()))
     as_root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     done = subprocess.run(
         ["mpirun", *as_root, "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",

@@ -14,6 +14,7 @@ import pytest
 
 import accelerando.launchers.preflight as preflight
 from accelerando.launchers.preflight import Rendezvous, RendezvousError, check_rendezvous, rendezvous_of
+from accelerando.test_utils.distributed import get_free_port
 
 
 @pytest.fixture
@@ -23,12 +24,6 @@ def taken_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield holder.getsockname()[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_the_rendezvous_is_read_from_the_agent_arguments() -> None:
@@ -56,7 +51,7 @@ def test_a_taken_port_on_machine_0_names_the_port_and_the_fix(taken_port: int) -
         check_rendezvous(Rendezvous("127.0.0.1", taken_port, machine_rank=0, num_machines=2))
     # The other machines only connect to it: a taken port there is machine 0 listening.
     assert check_rendezvous(Rendezvous("127.0.0.1", taken_port, machine_rank=1, num_machines=2)) == []
-    assert check_rendezvous(Rendezvous("127.0.0.1", _free_port(), machine_rank=0, num_machines=2)) == []
+    assert check_rendezvous(Rendezvous("127.0.0.1", get_free_port(), machine_rank=0, num_machines=2)) == []
 
 
 def test_an_unresolvable_host_names_the_host_and_the_fix() -> None:
@@ -101,7 +96,7 @@ def test_a_dynamic_backend_only_warns_about_a_name_not_resolvable_yet() -> None:
 
 
 def test_machine_0_on_an_address_of_another_machine_is_a_warning() -> None:
-    rdzv = Rendezvous("machine-zero", _free_port(), machine_rank=0, num_machines=2)
+    rdzv = Rendezvous("machine-zero", get_free_port(), machine_rank=0, num_machines=2)
     (warning,) = check_rendezvous(rdzv, resolve=lambda host, timeout: ["192.0.2.7"])
     assert "192.0.2.7" in warning and "--machine_rank" in warning
 

@@ -8,6 +8,8 @@ import logging
 import pytest
 import torch
 
+from suite_support import reset_accelerator_state
+
 pytest.importorskip("torchao")
 
 from _fp8_common import batches, by_hand, loss_of, make_model, train  # noqa: E402
@@ -17,10 +19,8 @@ STEPS = 10
 
 def _fresh(**kwargs):
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     return Accelerator(**kwargs)
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 pytest.importorskip("torchao")
 
@@ -15,10 +16,8 @@ STEPS = 10
 
 def _fresh(**kwargs):
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     return Accelerator(**kwargs)
 
 

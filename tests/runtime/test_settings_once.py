@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from suite_support import reset_accelerator_state
+
 
 @pytest.fixture
 def count_resolutions(monkeypatch, fresh_state):
@@ -32,7 +34,6 @@ def test_one_resolution_per_accelerator_with_plugins(monkeypatch, count_resoluti
     from accelerando.plugins.deepspeed import DeepSpeedPlugin
     from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
     from accelerando.plugins.megatron import MegatronLMPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
     monkeypatch.setenv("ACCELERANDO_MIXED_PRECISION", "bf16")
     monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP")
@@ -45,8 +46,7 @@ def test_one_resolution_per_accelerator_with_plugins(monkeypatch, count_resoluti
     assert accelerator.settings.source("mixed_precision") == "env:ACCELERANDO_MIXED_PRECISION"
 
     # A changed environment is read again, once, for the next Accelerator and its plugins.
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerator_state()
     monkeypatch.setenv("ACCELERANDO_MIXED_PRECISION", "no")
     FullyShardedDataParallelPlugin()
     DeepSpeedPlugin()

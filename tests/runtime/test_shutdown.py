@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from accelerando.test_utils.distributed import get_free_port
 
 TRAIN = """\
 import os, signal, sys
@@ -85,12 +86,6 @@ def _launcher() -> list[str]:
     return [found] if found else [sys.executable, "-m", "accelerando"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def env(tmp_path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO"))}
@@ -112,7 +107,7 @@ def _launch(
 def _plain_pair(tmp_path: Path, env: dict[str, str], mode: str, bound_s: float) -> list[tuple[int, str]]:
     script = tmp_path / "plain.py"
     script.write_text(PLAIN)
-    port = str(_free_port())
+    port = str(get_free_port())
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), mode, str(rank), port, str(bound_s)],

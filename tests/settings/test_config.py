@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
@@ -52,12 +51,8 @@ use_cpu: true
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def clean_env(isolated_env: None) -> None:
+    """No settings variable from the machine (see the root conftest)."""
 
 
 def write(tmp_path, text, name="c.yaml"):

@@ -18,12 +18,7 @@ MAX_MESSAGE = 1_000  # no message here needs more characters than this
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def clean_env(isolated_env, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('ran')\n")
 

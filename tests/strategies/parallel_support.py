@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from suite_support import fresh_accelerator as fresh_accelerator  # re-exported for the workers
+from suite_support import tiny_llama as tiny_llama
+
 VOCAB = 128
-
-
-def tiny_llama(seed: int = 0, tied: bool = False) -> torch.nn.Module:
-    """A 2-layer Llama from a config (no download); ``tied`` shares the embedding with the LM head."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=tied,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
 
 
 def sgd_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -34,16 +17,6 @@ def sgd_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     its kernels take mixed DTensor / plain parameter lists only through the strategy.
     """
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True)
-
-
-def fresh_accelerator(**kwargs: Any) -> Any:
-    """An Accelerator built after resetting the process's shared state (one per test phase)."""
-    from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(**kwargs)
 
 
 class Stack(torch.nn.Module):

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando.test_utils import run_distributed
+from suite_support import fresh_accelerator
 
 N, MICRO = 48, 4
 
@@ -24,18 +25,9 @@ def _problem(seed: int = 0):
     return model, x, y
 
 
-def _fresh_accelerator(**kwargs):
-    from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(**kwargs)
-
-
 def _train_prepared(steps: int):
     model, x, y = _problem()
-    acc = _fresh_accelerator(gradient_accumulation_steps=steps)
+    acc = fresh_accelerator(gradient_accumulation_steps=steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, dl = acc.prepare(model, opt, DataLoader(TensorDataset(x, y), batch_size=MICRO))
     norms = []
@@ -70,7 +62,7 @@ def _count_allreduces(steps: int) -> tuple[int, int]:
     from accelerando import DistributedDataParallelKwargs
 
     model, x, y = _problem()
-    acc = _fresh_accelerator(
+    acc = fresh_accelerator(
         gradient_accumulation_steps=steps, kwargs_handlers=[DistributedDataParallelKwargs()]
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -99,7 +91,7 @@ def _fp16_skip_agreement():
     import torch.distributed as dist
 
     model, x, y = _problem()
-    acc = _fresh_accelerator(mixed_precision="fp16")
+    acc = fresh_accelerator(mixed_precision="fp16")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
     acc.backward(nn.functional.mse_loss(model(x), y))
@@ -122,7 +114,7 @@ def _gather_for_metrics_lengths():
                 if not even and 0 < length % (batch * world) <= batch * (world - 1):
                     continue  # a process would get no sample at all in the last batch
                 cfg = DataLoaderConfiguration(split_batches=split, even_batches=even)
-                acc = _fresh_accelerator(dataloader_config=cfg)
+                acc = fresh_accelerator(dataloader_config=cfg)
                 data = torch.arange(length)
                 dl = acc.prepare(
                     DataLoader(TensorDataset(data), batch_size=batch * world if split else batch)
@@ -145,7 +137,7 @@ def _join_and_trigger():
     from accelerando import DataLoaderConfiguration
 
     model, x, y = _problem()
-    acc = _fresh_accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
+    acc = fresh_accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     # 5 batches of 4 over 2 processes: rank 0 gets 3, rank 1 gets 2; Join keeps rank 0 from hanging.
     model, opt, dl = acc.prepare(model, opt, DataLoader(TensorDataset(x[:20], y[:20]), batch_size=MICRO))

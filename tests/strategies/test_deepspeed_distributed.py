@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from accelerando.utils.imports import is_deepspeed_available
+from accelerando.common.imports import is_deepspeed_available
+from suite_support import fresh_accelerator
 
 pytestmark = [
     pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)"),
@@ -74,15 +75,6 @@ def _reference(
     return losses, norms, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _fresh_accelerator(**kwargs: Any) -> Any:
-    from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(**kwargs)
-
-
 def _train(
     acc: Any, model: Any, opt: Any, gas: int, steps: int, start: int = 0
 ) -> tuple[list[float], list[float]]:
@@ -112,7 +104,7 @@ def _stage_run(stage: int, gas: int, extra: dict[str, Any] | None = None) -> dic
     from accelerando import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1e9, **(extra or {}))
-    acc = _fresh_accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=gas)
+    acc = fresh_accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=gas)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     model, opt, _ = acc.prepare(model, opt, _loader())
@@ -128,7 +120,7 @@ def _bf16_run() -> dict[str, Any]:
 
     from accelerando import DeepSpeedPlugin
 
-    acc = _fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), mixed_precision="bf16")
+    acc = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), mixed_precision="bf16")
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     model, opt, _ = acc.prepare(model, opt, _loader())
@@ -180,7 +172,7 @@ def _config_run(config: dict[str, Any], from_config: bool, gas: int) -> dict[str
     from accelerando import DeepSpeedPlugin
     from accelerando.utils import DummyOptim
 
-    acc = _fresh_accelerator(
+    acc = fresh_accelerator(
         deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), gradient_accumulation_steps=gas
     )
     model = _model()
@@ -208,7 +200,7 @@ def _dummy_scheduler_run() -> dict[str, Any]:
             "warmup_type": "linear",
         },
     }
-    acc = _fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    acc = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
     model = _model()
     opt = DummyOptim(model.parameters(), lr=LR, weight_decay=0.01)
     sched = DummyScheduler(opt, warmup_num_steps=4)
@@ -238,7 +230,7 @@ def _two_plugins(tmp: str) -> dict[str, Any]:
         "student": DeepSpeedPlugin(zero_stage=2),
         "teacher": DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, hf_ds_config=None),
     }
-    acc = _fresh_accelerator(deepspeed_plugins=plugins)
+    acc = fresh_accelerator(deepspeed_plugins=plugins)
     out: dict[str, Any] = {"first_active": get_active_deepspeed_plugin(acc.state) is plugins["student"]}
     student = _model()
     opt = torch.optim.SGD(student.parameters(), lr=LR)
@@ -270,7 +262,7 @@ def _checkpoint_run(tmp: str, phase: str) -> dict[str, Any]:
 
     from accelerando import DeepSpeedPlugin
 
-    acc = _fresh_accelerator(
+    acc = fresh_accelerator(
         deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0), gradient_accumulation_steps=2
     )
     torch.manual_seed(123 if phase == "resume" else 0)

@@ -20,6 +20,7 @@ from accelerando.strategies.fsdp.auto import (
 )
 from accelerando.strategies.fsdp.helpers import merge_fsdp_weights
 from accelerando.utils.fsdp import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
+from suite_support import reset_accelerator_state
 
 MB = 10**6
 
@@ -304,13 +305,10 @@ def test_fsdp_with_one_process_is_a_clear_error():
 
 def test_accelerator_with_fsdp_plugin_in_one_process_is_a_clear_error():
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     try:
         with pytest.raises(ValueError, match="only one"):
             Accelerator(fsdp_plugin=Plugin(), cpu=True)
     finally:
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
+        reset_accelerator_state(partial=False)

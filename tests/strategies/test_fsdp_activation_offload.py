@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 
 class Block(nn.Module):
@@ -98,7 +99,6 @@ def test_ram_efficient_loading_device_follows_the_offload_policy(
 # ------------------------------------------------------------------------------ two processes
 def _fsdp_worker() -> dict[str, list]:
     from accelerando import Accelerator, FullyShardedDataParallelPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
     out: dict[str, list] = {}
     for name, kwargs in {
@@ -106,8 +106,7 @@ def _fsdp_worker() -> dict[str, list]:
         "offload": {"activation_checkpointing_offload": True},
         "both": {"activation_checkpointing": True, "activation_checkpointing_offload": True},
     }.items():
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
+        reset_accelerator_state(partial=False)
         plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, transformer_cls_names_to_wrap=["Block"], **kwargs
         )

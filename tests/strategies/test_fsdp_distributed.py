@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 pytest.importorskip("transformers")
 
@@ -39,10 +40,8 @@ def _llama(seed: int = 0) -> torch.nn.Module:
 
 def _fresh(**kwargs):
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     return Accelerator(**kwargs)
 
 

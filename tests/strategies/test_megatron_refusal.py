@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from accelerando.utils.megatron_lm import MegatronLMUnavailableError
+from suite_support import reset_accelerator_state
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
@@ -16,13 +17,10 @@ pytestmark = pytest.mark.skipif(
 def accelerator():
     from accelerando import Accelerator
     from accelerando.plugins.megatron import MegatronLMPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     yield Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin(tp_degree=2))
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
 
 
 def _check_message(message: str) -> None:

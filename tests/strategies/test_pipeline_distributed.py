@@ -12,16 +12,15 @@ import torch
 from parallel_support import Stack
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 STEPS = 3
 
 
 def _fresh(**kwargs):
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     return Accelerator(**kwargs)
 
 

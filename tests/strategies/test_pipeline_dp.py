@@ -17,6 +17,7 @@ import torch
 from parallel_support import Stack
 
 from accelerando.strategies.pipeline.data_parallel import pipeline_data_parallel_sizes
+from suite_support import reset_accelerator_state
 
 STEPS = 10  # optimizer steps
 ACCUM = 2
@@ -112,10 +113,8 @@ def _accelerator(replicas_from_config: bool):
     """pp=2 x dp=2 from ``PipelineParallelPlugin(pp_size=2)``, or from ``ParallelismConfig(dp_replicate_size=2)``."""
     from accelerando import Accelerator, ParallelismConfig
     from accelerando.plugins.pipeline import PipelineParallelPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     plugin = PipelineParallelPlugin(
         split_points=["layers.2"],
         schedule="1F1B",

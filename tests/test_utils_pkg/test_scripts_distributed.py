@@ -11,6 +11,7 @@ import traceback
 import pytest
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 # One spawn of two processes running ~10 checks: about a minute on a shared CPU.
 pytestmark = pytest.mark.slow
@@ -18,7 +19,6 @@ pytestmark = pytest.mark.slow
 
 def _run_all_checks() -> dict[str, str | None]:
     from accelerando import Accelerator
-    from accelerando.state import AcceleratorState, GradientState
     from accelerando.test_utils.scripts import test_distributed_data_loop, test_ops, test_sync
 
     outcome: dict[str, str | None] = {}
@@ -35,8 +35,7 @@ def _run_all_checks() -> dict[str, str | None]:
         (test_sync, {"gradient_accumulation_steps": 2}),
         (test_distributed_data_loop, {}),
     ):
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
+        reset_accelerator_state(partial=False)
         accelerator = Accelerator(**options)
         for name in script.__all__:
             if name.startswith("check_"):

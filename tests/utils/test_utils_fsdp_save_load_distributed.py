@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
+from suite_support import reset_accelerator_state
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -22,10 +23,8 @@ def _model(seed: int) -> torch.nn.Module:
 
 def _prepared(kind: str, seed: int):
     from accelerando import Accelerator, FullyShardedDataParallelPlugin
-    from accelerando.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
+    reset_accelerator_state(partial=False)
     plugin = FullyShardedDataParallelPlugin(
         state_dict_type=kind, auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1
     )

@@ -1,0 +1,74 @@
+"""Helpers shared by the whole test suite (and the worker processes the tests start).
+
+The root ``conftest.py`` puts this folder on ``PYTHONPATH`` so a worker process started from any test
+folder imports the same helpers. Fixtures built on them live in the root ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+    import torch
+
+    from accelerando import Accelerator
+
+# Environment variables that change what an Accelerator or a launch does.
+SETTINGS_ENV_PREFIXES = ("ACCELERATE", "ACCELERANDO", "FSDP_", "PET_")
+
+
+def reset_accelerator_state(*, partial: bool = True) -> None:
+    """Forget the process's shared Accelerator and gradient state (the Borg states persist between tests).
+
+    ``partial=False`` keeps the process state (rank, world size, process group): inside a worker of a
+    distributed test, to build a second Accelerator on the same group.
+    """
+    from accelerando.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=partial)
+    GradientState._reset_state()
+
+
+def fresh_accelerator(**kwargs: object) -> Accelerator:
+    """An Accelerator built after forgetting the shared state (keeps the process group of a worker)."""
+    from accelerando import Accelerator
+
+    reset_accelerator_state(partial=False)
+    return Accelerator(**kwargs)  # type: ignore[arg-type]
+
+
+def isolate_settings_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Remove every settings variable from the environment and point the caches into ``tmp_path``.
+
+    A config file or variable on the developer's machine then cannot change what a test sees.
+    """
+    for key in list(os.environ):
+        if key.startswith(SETTINGS_ENV_PREFIXES):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+def tiny_llama(
+    seed: int = 0, *, tied: bool = False, vocab_size: int = 128, layers: int = 2
+) -> torch.nn.Module:
+    """A small Llama built from a config (no download); ``tied`` shares the embedding with the LM head."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
