@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from accelerando.gradient_state import GradientState
 
@@ -95,26 +96,32 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if device_placement and device is not None and device.type != "cpu":
             _move_state_to(optimizer, device)
 
+    @override
     @property
     def state(self) -> Any:  # type: ignore[override]
         return self.optimizer.state
 
+    @override
     @state.setter
     def state(self, value: Any) -> None:
         self.optimizer.state = value
 
+    @override
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return self.optimizer.param_groups
 
+    @override
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
         self.optimizer.param_groups = value
 
+    @override
     @property
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
         return self.optimizer.defaults
 
+    @override
     @defaults.setter
     def defaults(self, value: dict[str, Any]) -> None:
         self.optimizer.defaults = value

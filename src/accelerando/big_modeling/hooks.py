@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from accelerando.big_modeling.sizes import named_module_tensors
 from accelerando.big_modeling.tensors import set_module_tensor_to_device, to_torch_device
@@ -119,21 +120,25 @@ class SequentialHook(ModelHook):
     def __init__(self, *hooks: ModelHook) -> None:
         self.hooks = list(hooks)
 
+    @override
     def init_hook(self, module: nn.Module) -> nn.Module:
         for hook in self.hooks:
             module = hook.init_hook(module)
         return module
 
+    @override
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
+    @override
     def post_forward(self, module: nn.Module, output: Any) -> Any:
         for hook in self.hooks:
             output = hook.post_forward(module, output)
         return output
 
+    @override
     def detach_hook(self, module: nn.Module) -> nn.Module:
         for hook in self.hooks:
             module = hook.detach_hook(module)
@@ -304,6 +309,7 @@ class AlignDevicesHook(ModelHook):
             f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})"
         )
 
+    @override
     def init_hook(self, module: nn.Module) -> nn.Module:
         recurse = self.place_submodules
         if not self.offload:
@@ -347,6 +353,7 @@ class AlignDevicesHook(ModelHook):
         if self.offload and self._prefetched is None and self.offloaded_names:
             self._prefetched = _pool().submit(self._load)
 
+    @override
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         if self.io_same_device:
             self.input_device = _first_device([args, kwargs])
@@ -370,6 +377,7 @@ class AlignDevicesHook(ModelHook):
             kwargs, device, skip_keys=self.skip_keys
         )
 
+    @override
     def post_forward(self, module: nn.Module, output: Any) -> Any:
         if self.offload:
             for name in self.offloaded_names:
@@ -381,6 +389,7 @@ class AlignDevicesHook(ModelHook):
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output
 
+    @override
     def detach_hook(self, module: nn.Module) -> nn.Module:
         if self.offload:
             for name in self.offloaded_names:
@@ -411,9 +420,11 @@ class CpuOffload(ModelHook):
             execution_device = "cuda:0" if torch.cuda.is_available() else "cpu"
         self.execution_device = to_torch_device(execution_device)
 
+    @override
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to("cpu")
 
+    @override
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         if self.prev_module_hook is not None:
             self.prev_module_hook.offload()
@@ -458,13 +469,16 @@ class LayerwiseCastingHook(ModelHook):
         self.compute_dtype = compute_dtype
         self.non_blocking = non_blocking
 
+    @override
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
+    @override
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
+    @override
     def post_forward(self, module: nn.Module, output: Any) -> Any:
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output

@@ -51,6 +51,11 @@ RESUME_POINTS: weakref.WeakKeyDictionary[Any, ResumePoint] = weakref.WeakKeyDict
 
 
 def checkpoints_dir(target: Any) -> str:
+    """The ``checkpoints`` folder of the project (automatic checkpoint naming).
+
+    Raises:
+        ValueError: If no project folder is configured (the message names the two ways to give one).
+    """
     project_dir = target.project_configuration.project_dir
     if project_dir is None:
         raise ValueError(

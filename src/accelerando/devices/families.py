@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from accelerando.devices.base import DeviceBackend
 
@@ -16,42 +17,52 @@ class CPUBackend(DeviceBackend):
     data_parallel_type = "MULTI_CPU"
     dist_backend = "gloo"
 
+    @override
     @classmethod
     def is_available(cls) -> bool:
         return True
 
+    @override
     @classmethod
     def device_count(cls) -> int:
         return 1
 
+    @override
     @classmethod
     def device(cls, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
 
+    @override
     @classmethod
     def set_device(cls, device: torch.device) -> None:
         return None
 
+    @override
     @classmethod
     def get_rng_state(cls) -> torch.Tensor | None:
         return torch.get_rng_state()
 
+    @override
     @classmethod
     def set_rng_state(cls, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
+    @override
     @classmethod
     def empty_cache(cls) -> None:
         return None
 
+    @override
     @classmethod
     def synchronize(cls) -> None:
         return None
 
+    @override
     @classmethod
     def memory_stats(cls) -> dict[str, int]:
         return {}
 
+    @override
     @classmethod
     def total_memory(cls, index: int = 0) -> int | None:
         import psutil
@@ -77,15 +88,18 @@ class MPSBackend(DeviceBackend):
     dist_backend = "gloo"
     rng_type = "mps"
 
+    @override
     @classmethod
     def is_available(cls) -> bool:
         mps = getattr(torch.backends, "mps", None)
         return bool(mps is not None and mps.is_available() and mps.is_built())
 
+    @override
     @classmethod
     def device_count(cls) -> int:
         return 1 if cls.is_available() else 0
 
+    @override
     @classmethod
     def device(cls, local_rank: int = 0) -> torch.device:
         return torch.device("mps")

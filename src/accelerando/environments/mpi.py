@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from accelerando.environments.base import ClusterEnvironment, env_int
 
 __all__ = ["MPIEnvironment"]
@@ -29,22 +31,27 @@ class MPIEnvironment(ClusterEnvironment):
 
     name = "mpi"
 
+    @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return any(environ.get(k) for k in _SIZE) and any(environ.get(k) for k in _RANK)
 
+    @override
     @property
     def world_size(self) -> int:
         return env_int(self._environ, *_SIZE, default=1) or 1
 
+    @override
     @property
     def rank(self) -> int:
         return env_int(self._environ, *_RANK, default=0) or 0
 
+    @override
     @property
     def local_world_size(self) -> int:
         return env_int(self._environ, *_LOCAL_SIZE, default=self.world_size) or self.world_size
 
+    @override
     @property
     def local_rank(self) -> int:
         value = env_int(self._environ, *_LOCAL_RANK)

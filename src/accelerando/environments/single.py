@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from accelerando.environments.base import ClusterEnvironment
 
 __all__ = ["SingleProcessEnvironment"]
@@ -14,18 +16,22 @@ class SingleProcessEnvironment(ClusterEnvironment):
 
     name = "single"
 
+    @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return True
 
+    @override
     @property
     def world_size(self) -> int:
         return 1
 
+    @override
     @property
     def rank(self) -> int:
         return 0
 
+    @override
     @property
     def local_rank(self) -> int:
         return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from accelerando.environments.base import ClusterEnvironment, env_int
 
 __all__ = ["SLURMEnvironment", "first_host"]
@@ -32,6 +34,7 @@ class SLURMEnvironment(ClusterEnvironment):
 
     name = "slurm"
 
+    @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
         # An interactive allocation (salloc / a batch script's shell) sets SLURM_NTASKS too, but only
@@ -40,29 +43,35 @@ class SLURMEnvironment(ClusterEnvironment):
             environ.get("SLURM_PROCID") and environ.get("SLURM_NTASKS") and environ.get("SLURM_STEP_ID")
         )
 
+    @override
     @property
     def world_size(self) -> int:
         return env_int(self._environ, "SLURM_NTASKS", default=1) or 1
 
+    @override
     @property
     def rank(self) -> int:
         return env_int(self._environ, "SLURM_PROCID", default=0) or 0
 
+    @override
     @property
     def local_rank(self) -> int:
         return env_int(self._environ, "SLURM_LOCALID", default=0) or 0
 
+    @override
     @property
     def local_world_size(self) -> int:
         raw = self._environ.get("SLURM_TASKS_PER_NODE", "")
         match = re.match(r"^(\d+)", raw)
         return int(match.group(1)) if match else self.world_size
 
+    @override
     @property
     def node_rank(self) -> int:
         value = env_int(self._environ, "SLURM_NODEID")
         return value if value is not None else super().node_rank
 
+    @override
     @property
     def main_address(self) -> str:
         if self._environ.get("MASTER_ADDR"):
@@ -70,6 +79,7 @@ class SLURMEnvironment(ClusterEnvironment):
         nodelist = self._environ.get("SLURM_JOB_NODELIST") or self._environ.get("SLURM_NODELIST")
         return first_host(nodelist) if nodelist else "127.0.0.1"
 
+    @override
     @property
     def main_port(self) -> int:
         explicit = env_int(self._environ, "MASTER_PORT")

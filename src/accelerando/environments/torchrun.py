@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from accelerando.environments.base import ClusterEnvironment, env_int
 
 __all__ = ["TorchElasticEnvironment"]
@@ -14,26 +16,32 @@ class TorchElasticEnvironment(ClusterEnvironment):
 
     name = "torchrun"
 
+    @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return all(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
+    @override
     @property
     def world_size(self) -> int:
         return env_int(self._environ, "WORLD_SIZE", default=1) or 1
 
+    @override
     @property
     def rank(self) -> int:
         return env_int(self._environ, "RANK", default=0) or 0
 
+    @override
     @property
     def local_rank(self) -> int:
         return env_int(self._environ, "LOCAL_RANK", default=0) or 0
 
+    @override
     @property
     def local_world_size(self) -> int:
         return env_int(self._environ, "LOCAL_WORLD_SIZE", default=self.world_size) or self.world_size
 
+    @override
     @property
     def node_rank(self) -> int:
         group = env_int(self._environ, "GROUP_RANK", "NODE_RANK")

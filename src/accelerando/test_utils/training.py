@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 __all__ = [
     "RegressionDataset",
@@ -71,6 +72,7 @@ class RegressionModel4XPU(RegressionModel):
         self.a = nn.Parameter(torch.tensor([float(a), float(a)]))
         self.b = nn.Parameter(torch.tensor([float(b), float(b)]))
 
+    @override
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         out = x * self.a[0] + self.b[0]
         return (out, out) if self.double_output else out

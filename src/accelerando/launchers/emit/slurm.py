@@ -33,11 +33,11 @@ _PLAIN_DIRECTIVE = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
 
 
 def directive_value(text: str) -> str:
-    """Spell ``text`` so that sbatch reads it back whole from an ``#SBATCH --option=VALUE`` line.
+    r"""Spell ``text`` so that sbatch reads it back whole from an ``#SBATCH --option=VALUE`` line.
 
     sbatch splits a directive at blanks outside quotes, ends it at an unescaped ``#`` (older
-    versions: even inside quotes) and takes ``\\`` as an escape, in or out of quotes; so the value is
-    put in double quotes with ``\\``, ``"``, ``'`` and ``#`` escaped. The caller refuses control
+    versions: even inside quotes) and takes ``\`` as an escape, in or out of quotes; so the value is
+    put in double quotes with ``\``, ``"``, ``'`` and ``#`` escaped. The caller refuses control
     characters first (:func:`~accelerando.launchers.emit.spec.check_line`): a line cannot carry them.
 
     Args:
