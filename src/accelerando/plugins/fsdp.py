@@ -228,22 +228,13 @@ class FullyShardedDataParallelPlugin:
         if self.sharding_strategy is not None:
             self.sharding_strategy = _choice("sharding_strategy", self.sharding_strategy, SHARDING_STRATEGIES)
         if isinstance(self.reshard_after_forward, str):
-            text = self.reshard_after_forward.strip()
-            if text.lower() in ("true", "false", "1", "0", "yes", "no"):
-                self.reshard_after_forward = _bool("reshard_after_forward", text)
-            else:
-                self.sharding_strategy = _choice("reshard_after_forward", text, SHARDING_STRATEGIES)
-                self.reshard_after_forward = None
+            self._normalise_reshard_text(self.reshard_after_forward.strip())
         if self.backward_prefetch is not None:
             self.backward_prefetch = _choice("backward_prefetch", self.backward_prefetch, _PREFETCH)
         if isinstance(self.auto_wrap_policy, str) or self.auto_wrap_policy is None:
             self.auto_wrap_policy = self._default_wrap_policy()
         self.state_dict_type = _choice("state_dict_type", self.state_dict_type, STATE_DICT_TYPES)
-        if isinstance(self.transformer_cls_names_to_wrap, str):
-            names = self.transformer_cls_names_to_wrap.split(",")
-            self.transformer_cls_names_to_wrap = [n.strip() for n in names if n.strip()]
-        elif self.transformer_cls_names_to_wrap is not None:
-            self.transformer_cls_names_to_wrap = list(self.transformer_cls_names_to_wrap)
+        self.transformer_cls_names_to_wrap = _name_list(self.transformer_cls_names_to_wrap)
         for attr in ("forward_prefetch", "sync_module_states", "use_orig_params", "activation_checkpointing"):
             setattr(self, attr, _bool(attr, getattr(self, attr)))
         self.cpu_ram_efficient_loading = _bool("cpu_ram_efficient_loading", self.cpu_ram_efficient_loading)
@@ -255,6 +246,14 @@ class FullyShardedDataParallelPlugin:
         self.min_num_params = int(self.min_num_params)
         if self.min_num_params < 0:
             raise ValueError(f"min_num_params={self.min_num_params} must be >= 0")
+
+    def _normalise_reshard_text(self, text: str) -> None:
+        """``reshard_after_forward`` from text: a boolean, or (as FSDP2 configs write it) a strategy name."""
+        if text.lower() in ("true", "false", "1", "0", "yes", "no"):
+            self.reshard_after_forward = _bool("reshard_after_forward", text)
+        else:
+            self.sharding_strategy = _choice("reshard_after_forward", text, SHARDING_STRATEGIES)
+            self.reshard_after_forward = None
 
     def _default_wrap_policy(self) -> str:
         policy = self.auto_wrap_policy
@@ -517,3 +516,12 @@ def _fsdp_object_kind(value: Any, fsdp1: tuple[str, ...], fsdp2: tuple[str, ...]
         if cls.__name__ in fsdp1:
             return 1
     return None
+
+
+def _name_list(names: str | Iterable[str] | None) -> list[str] | None:
+    """Layer class names from a comma-separated string or any iterable; None stays None."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return [n.strip() for n in names.split(",") if n.strip()]
+    return list(names)

@@ -177,6 +177,16 @@ def _mp_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
     )
 
 
+def _offload_policy(plugin: FullyShardedDataParallelPlugin, device: torch.device) -> Any:
+    """The ``offload_policy`` for ``fully_shard``: the plugin's policy object, or one built from its flag."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    offload = plugin.cpu_offload
+    if isinstance(offload, OffloadPolicy):
+        return offload
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+
+
 def fsdp2_wrap(
     plugin: FullyShardedDataParallelPlugin,
     model: torch.nn.Module,
@@ -186,7 +196,7 @@ def fsdp2_wrap(
     is_main: bool,
 ) -> torch.nn.Module:
     """Shard ``model`` in place with ``fully_shard`` (steps 1-5 of the module docstring); return it."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from accelerando.strategies.fsdp.state import (
         broadcast_buffers,
@@ -212,10 +222,7 @@ def fsdp2_wrap(
             offload=bool(plugin.activation_checkpointing_offload),
         )
     ignored = {p for m in ignored_modules(plugin, model) for p in m.parameters()}
-    offload = plugin.cpu_offload
-    offload_policy = offload if isinstance(offload, OffloadPolicy) else None
-    if offload_policy is None:
-        offload_policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+    offload_policy = _offload_policy(plugin, device)
     # A bare OffloadPolicy() is truthy yet means "no offload": ask the policy, not the field.
     params_on_cpu = isinstance(offload_policy, CPUOffloadPolicy)
     kwargs = {
