@@ -56,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "write_basic_config": "accelerando.commands.config",
     "convert_bytes": "accelerando.utils.other",
     "PipelineParallelPlugin": "accelerando.plugins.pipeline",
+    "FaultTolerancePlugin": "accelerando.plugins.fault_tolerance",
     "is_rich_available": "accelerando.utils.imports",
     "install_as_accelerate": "accelerando.stand_in",
 }

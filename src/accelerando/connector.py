@@ -86,6 +86,7 @@ def decide(
     device_name: str = "cpu",
     pipeline_requested: bool = False,
     parallelism: Any = None,
+    fault_tolerance_requested: bool = False,
 ) -> Decision:
     """Choose the distributed type and strategy (step 5).
 
@@ -106,6 +107,12 @@ def decide(
             f"distributed_type=MULTI_GPU (from {requested_type_source}) but this machine has no usable GPU "
             f"(device detected: {device_name}); launch with --cpu / distributed_type: MULTI_CPU, "
             "or run on a GPU machine"
+        )
+    if fault_tolerance_requested:
+        return _fault_tolerant_decision(
+            process_type,
+            deepspeed_requested or fsdp_requested or megatron_requested or pipeline_requested,
+            parallelism,
         )
     if pipeline_requested:
         return _pipeline_decision(
@@ -193,6 +200,31 @@ def _pipeline_decision(process_type: DistributedType, num_processes: int, other_
     return Decision(process_type, "pipeline", f"a PipelineParallelPlugin over {num_processes} processes")
 
 
+def _fault_tolerant_decision(
+    process_type: DistributedType, other_backend: bool, parallelism: Any
+) -> Decision:
+    """Step 5 for ``--fault_tolerance`` / a ``FaultTolerancePlugin``: torchft data parallelism across groups.
+
+    A ParallelismConfig may only describe the replica axis (``dp_replicate_size``, the replica groups).
+
+    Raises:
+        ValueError: another backend was requested too, or the ParallelismConfig shards or splits the model.
+    """
+    if other_backend:
+        raise ValueError(
+            "fault tolerance (--fault_tolerance or a FaultTolerancePlugin) and DeepSpeed / FSDP / Megatron-LM / "
+            "pipeline parallelism were both requested; fault tolerance here is torchft's data parallelism across "
+            "replica groups, on its own: drop one of them"
+        )
+    if parallelism is not None and not parallelism.replicate_axis_only:
+        raise ValueError(
+            f"fault tolerance replicates the whole model across replica groups, and {parallelism!r} also shards or "
+            "splits it inside a group (HSDP / tensor parallelism with torchft is not supported yet): keep only "
+            "dp_replicate_size (the number of replica groups)"
+        )
+    return Decision(process_type, "fault_tolerant", "fault tolerance (torchft) across replica groups")
+
+
 # ----------------------------------------------------------------------------------- step 0
 def resolve_settings(code: Mapping[str, Any] | None = None) -> Settings:
     """Resolve an Accelerator's settings: defaults < environment (once per process) < code.
@@ -246,7 +278,14 @@ def _strategy_rule(settings: Settings, plugins: rt.Plugins, process: rt.ProcessC
         device_name=process.device.type,
         pipeline_requested=_pipeline_requested(plugins),
         parallelism=plugins.parallelism_config,
+        fault_tolerance_requested=_fault_tolerance_requested(settings, plugins),
     )
+
+
+def _fault_tolerance_requested(settings: Settings, plugins: rt.Plugins) -> bool:
+    from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
+
+    return bool(settings.fault_tolerance) or plugins.handler(FaultTolerancePlugin) is not None
 
 
 def _pipeline_requested(plugins: rt.Plugins) -> bool:
@@ -325,7 +364,9 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     plugins = _fold_tensor_parallel_plugin(plugins, process.num_processes)
     # With a PipelineParallelPlugin the pipeline strategy builds its (dp_replicate, pp) mesh and checks the
     # ParallelismConfig against it itself.
-    mesh = None if _pipeline_requested(plugins) else _build_mesh(plugins.parallelism_config, process)
+    # With fault tolerance the replicate axis is the replica groups, each its own job: no mesh inside a group.
+    own_layout = _pipeline_requested(plugins) or _fault_tolerance_requested(settings, plugins)
+    mesh = None if own_layout else _build_mesh(plugins.parallelism_config, process)
     decision = _strategy_rule(settings, plugins, process)
     plugins = _default_backend_plugins(decision, plugins)
     plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))

@@ -290,6 +290,13 @@ def _fp8(name: str, kind: str, help: str, *, keys: tuple[str, ...] = (), **kw: A
     )
 
 
+def _ft(name: str, kind: str, default: Any = None, **kw: Any) -> Field:
+    """A fault-tolerance setting: ``--<name>``, ``ACCELERANDO_<NAME>``, config key ``fault_tolerance_config.<name>``."""
+    kw.setdefault("cli", "--" + name)
+    kw.setdefault("config_keys", ("fault_tolerance_config." + name,))
+    return Field(name, kind, default, group="fault_tolerance", **kw)
+
+
 def _reference_only(name: str, kind: str, env: str, help: str, **kw: Any) -> Field:
     """A setting the reference reads from its environment only (no flag, no config key)."""
     return Field(name, kind, kw.pop("default", None), env=(env,), cli=None, in_config=False, help=help, **kw)
@@ -416,6 +423,25 @@ FIELDS: tuple[Field, ...] = (
     _core("hang_timeout", "float", 1200.0, group="launch", minimum=0,
           help="Seconds a collective may wait for its peers (or the job sit idle) before the launcher stops "
                "the job and names the processes that did not arrive; 0 disables."),
+    # --- fault tolerance (torchft): replica groups that train on while one of them restarts ---------
+    _ft("fault_tolerance", "bool", False, switch=True,
+        help="Per-step fault tolerance with torchft: the launch starts --ft_replica_groups copies of the job "
+             "(each of --num_processes processes) coordinated by a lighthouse; a group that fails restarts "
+             "(up to --max_restarts) and recovers its weights from a live group while the others keep "
+             "training. Needs the torchft extra."),
+    _ft("ft_lighthouse", "str", None, env=("TORCHFT_LIGHTHOUSE",),
+        help="Address of a running torchft lighthouse (http://host:port); unset: the launch starts one "
+             "on this machine."),
+    _ft("ft_replica_groups", "int", None, minimum=1,
+        help="Replica groups the launch starts on this machine (default 2)."),
+    _ft("ft_min_replicas", "int", None, minimum=1,
+        help="Replica groups that must take part in a step for it to be committed (default 1)."),
+    _ft("ft_timeout", "float", None, minimum=0,
+        help="Seconds a fault-tolerant all-reduce, commit or weight transfer may wait (default 60)."),
+    _ft("ft_heartbeat_timeout", "float", None, minimum=0,
+        help="Seconds without a heartbeat after which the lighthouse drops a replica group (default 5)."),
+    _ft("ft_replica_id", "int", None, minimum=0, cli=None, in_config=False,
+        help="This process's replica group (written by the launch for each group)."),
     # --- job files: `accelerando launch --emit slurm|kubernetes` writes a job instead of starting one ---
     _core("emit", "choice", None, group="emit", choices=("slurm", "kubernetes"), export=False, in_config=False,
           help="Write a job for a cluster scheduler from these settings instead of launching: an sbatch "

@@ -36,6 +36,7 @@ STRATEGIES: dict[str, str] = {
     "megatron": "accelerando.strategies.megatron:MegatronStrategy",
     "composable": "accelerando.strategies.composable:ComposableStrategy",
     "pipeline": "accelerando.strategies.pipeline:PipelineStrategy",
+    "fault_tolerant": "accelerando.strategies.fault_tolerance:FaultTolerantStrategy",
 }
 
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         print_dry_run(settings, plan)
-        return 0
+        return _describe_fault_tolerant(args, settings, plan)
     problem = script_problem(args, plan)
     if problem:
         print(f"accelerando launch: {problem}", file=sys.stderr)
@@ -123,6 +123,43 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for note in plan.notes:
             print(f"accelerando launch: {note}", file=sys.stderr)
+    return _run_plan(args, settings, plan)
+
+
+def _fault_tolerant_plan(args: argparse.Namespace, settings: Any, plan: Any) -> Any:
+    """The replica groups of a ``--fault_tolerance`` launch (group 0 runs ``plan``; each has its own port).
+
+    Raises:
+        ValueError: the settings cannot run as replica groups (the message names the fix).
+    """
+    from accelerando.launchers.ft import build as build_fault_tolerant
+
+    return build_fault_tolerant(settings, plan, lambda: plan_for(args)[1])
+
+
+def _describe_fault_tolerant(args: argparse.Namespace, settings: Any, plan: Any) -> int:
+    """For ``--dry_run``: print the replica groups of a ``--fault_tolerance`` launch; the exit status."""
+    if not settings.fault_tolerance:
+        return 0
+    try:
+        print(_fault_tolerant_plan(args, settings, plan).describe())
+    except ValueError as err:
+        print(f"accelerando launch: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
+    """Start the processes of ``plan``: one job, or one per replica group with ``--fault_tolerance``."""
+    if settings.fault_tolerance:
+        from accelerando.launchers.ft import run as run_fault_tolerant
+
+        try:
+            fault_tolerant = _fault_tolerant_plan(args, settings, plan)
+        except ValueError as err:
+            print(f"accelerando launch: {err}", file=sys.stderr)
+            return 2
+        return run_fault_tolerant(fault_tolerant, quiet=args.quiet)
     from accelerando.launchers.runner import run as run_plan
 
     return run_plan(plan, quiet=args.quiet)

@@ -63,6 +63,7 @@ _GROUP_TITLES = {
     "fp8": "FP8 (used with --mixed_precision fp8)",
     "mpirun": "mpirun (multi-CPU jobs)",
     "emit": "Job files for cluster schedulers (--emit)",
+    "fault_tolerance": "Fault tolerance (torchft; used with --fault_tolerance)",
 }
 # Value names in --help for settings whose kind alone does not say what they take.
 _METAVARS = {"num_machines": "N|MIN:MAX"}

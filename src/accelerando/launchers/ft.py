@@ -1,0 +1,243 @@
+"""Fault-tolerant launches: a torchft lighthouse and one job per replica group, each restarted on failure.
+
+``accelerando launch --fault_tolerance --ft_replica_groups N`` comes here (from
+:mod:`accelerando.commands.launch.entry`). :func:`build` is pure: it turns the settings and one launch
+plan per group (each with its own rendezvous port) into a :class:`FaultTolerantPlan`. :func:`run` starts
+the lighthouse on this machine unless ``--ft_lighthouse`` names one, starts every group, and restarts a
+group that fails (up to ``--max_restarts`` times each) while the others keep running: the restarted
+group recovers the weights from a live one through torchft, not from a checkpoint.
+
+Exit status: 0 when every group finished with 0; otherwise the status of the first group that failed
+for good (out of restarts). torchft (and torch) are imported only to start the lighthouse.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from accelerando.launchers._child import set_parent_death_signal
+from accelerando.launchers.plan import LaunchPlan
+from accelerando.settings.fields import FIELDS_BY_NAME
+from accelerando.settings.resolve import Settings
+
+__all__ = ["DEFAULT_REPLICA_GROUPS", "FaultTolerantPlan", "ReplicaGroup", "build", "run"]
+
+#: Replica groups started when ``--ft_replica_groups`` is not given.
+DEFAULT_REPLICA_GROUPS = 2
+#: Seconds without a heartbeat after which the lighthouse drops a group, when not given (torchft's).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+_REPLICA_ID_ENV = FIELDS_BY_NAME["ft_replica_id"].our_env
+_LIGHTHOUSE_ENV = FIELDS_BY_NAME["ft_lighthouse"].our_env
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """One replica group: its number and its own launch (the environment names the group).
+
+    Attributes:
+        replica_id: the group's number, 0-based.
+        plan: the group's launch plan (one process: ``simple``; several: ``elastic``).
+    """
+
+    replica_id: int
+    plan: LaunchPlan
+
+
+@dataclass(frozen=True)
+class FaultTolerantPlan:
+    """Everything a fault-tolerant launch starts.
+
+    Attributes:
+        groups: the replica groups, in order.
+        lighthouse: the address of a running lighthouse, or None to start one here.
+        min_replicas: groups that must take part in a step (the lighthouse's ``min_replicas``).
+        heartbeat_timeout_s: seconds without a heartbeat after which the lighthouse drops a group.
+        max_restarts: restarts allowed to each group before the launch fails.
+        monitor_interval_s: seconds between checks of the groups' processes.
+        notes: sentences to show the user.
+    """
+
+    groups: tuple[ReplicaGroup, ...]
+    lighthouse: str | None
+    min_replicas: int
+    heartbeat_timeout_s: float
+    max_restarts: int
+    monitor_interval_s: float = 0.1
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        """A human-readable summary (what ``--dry_run`` adds for a fault-tolerant launch)."""
+        where = self.lighthouse or "started on this machine"
+        lines = [
+            f"Fault tolerance: {len(self.groups)} replica group(s), lighthouse {where}, min_replicas "
+            f"{self.min_replicas}, heartbeat timeout {self.heartbeat_timeout_s:g} s, up to {self.max_restarts} "
+            "restart(s) per group"
+        ]
+        lines += [f"Group {g.replica_id}: {g.plan.describe().splitlines()[1]}" for g in self.groups]
+        return "\n".join(lines)
+
+
+def build(
+    settings: Settings, first_plan: LaunchPlan, next_plan: Callable[[], LaunchPlan]
+) -> FaultTolerantPlan:
+    """Plan a fault-tolerant launch (pure: nothing starts).
+
+    Args:
+        settings: the launch's resolved settings (``fault_tolerance`` set).
+        first_plan: the launch plan already built for these settings (group 0's).
+        next_plan: builds another plan for the same settings, with its own rendezvous port (groups 1..N-1).
+
+    Returns:
+        The plan: each group's launch with ``ACCELERANDO_FT_REPLICA_ID`` (and the lighthouse address when
+        one was given) in its environment.
+
+    Raises:
+        ValueError: a launch on several machines (each machine would start its own groups and lighthouse:
+            give --ft_lighthouse and launch each machine's groups with --num_machines 1), or
+            ft_min_replicas larger than the number of groups.
+    """
+    count = settings.ft_replica_groups or DEFAULT_REPLICA_GROUPS
+    min_replicas = settings.ft_min_replicas or 1
+    if first_plan.num_machines != 1:
+        raise ValueError(
+            f"--fault_tolerance runs each replica group as its own job on this machine, and this launch spans "
+            f"{first_plan.num_machines} machines; launch the groups of each machine with --num_machines 1 and a "
+            "shared --ft_lighthouse http://host:port"
+        )
+    if min_replicas > count and settings.ft_lighthouse is None:
+        raise ValueError(
+            f"ft_min_replicas={min_replicas} (from {settings.source('ft_min_replicas')}) exceeds the "
+            f"{count} replica group(s) of this launch, so no step could ever be committed; lower it or raise "
+            "--ft_replica_groups"
+        )
+    plans = [first_plan, *(next_plan() for _ in range(count - 1))]
+    extra = {_LIGHTHOUSE_ENV: settings.ft_lighthouse} if settings.ft_lighthouse else {}
+    groups = tuple(
+        ReplicaGroup(i, replace(plan, env={**plan.env, **extra, _REPLICA_ID_ENV: str(i)}))
+        for i, plan in enumerate(plans)
+    )
+    return FaultTolerantPlan(
+        groups=groups,
+        lighthouse=settings.ft_lighthouse,
+        min_replicas=min_replicas,
+        heartbeat_timeout_s=(
+            settings.ft_heartbeat_timeout
+            if settings.ft_heartbeat_timeout is not None
+            else DEFAULT_HEARTBEAT_TIMEOUT_S
+        ),
+        max_restarts=settings.max_restarts or 0,
+        monitor_interval_s=settings.monitor_interval or 0.1,
+    )
+
+
+class _Lighthouse:
+    """The torchft lighthouse this launch started (None of it when an address was given)."""
+
+    def __init__(self, plan: FaultTolerantPlan) -> None:
+        self.server: Any = None
+        self.address = plan.lighthouse
+        if self.address is None:
+            from torchft._torchft import LighthouseServer
+
+            timeout_ms = max(1, int(plan.heartbeat_timeout_s * 1000))
+            self.server = LighthouseServer(
+                bind="[::]:0",
+                min_replicas=plan.min_replicas,
+                join_timeout_ms=timeout_ms,
+                heartbeat_timeout_ms=timeout_ms,
+            )
+            self.address = str(self.server.address())
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server = None
+
+
+def _start(group: ReplicaGroup, extra_env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start one replica group's launch; it dies with this launcher (Linux's parent-death signal)."""
+    launcher = os.getpid()
+
+    def _in_child() -> None:
+        set_parent_death_signal(launcher)
+
+    env = {**os.environ, **group.plan.env, **extra_env}
+    linux = sys.platform.startswith("linux")
+    return subprocess.Popen(list(group.plan.argv), env=env, preexec_fn=_in_child if linux else None)
+
+
+def _say(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"accelerando launch: {message}", file=sys.stderr, flush=True)
+
+
+def _status_text(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    return f"exited with status {code}"
+
+
+def _supervise(plan: FaultTolerantPlan, extra_env: Mapping[str, str], quiet: bool) -> int:
+    """Run every group to its end, restarting failed ones; the launch's exit status."""
+    running = {g.replica_id: _start(g, extra_env) for g in plan.groups}
+    restarts = dict.fromkeys(running, 0)
+    failed: int | None = None
+    while running:
+        time.sleep(plan.monitor_interval_s)
+        for replica_id, process in list(running.items()):
+            code = process.poll()
+            if code is None:
+                continue
+            del running[replica_id]
+            if code == 0:
+                continue
+            if restarts[replica_id] < plan.max_restarts and failed is None:
+                restarts[replica_id] += 1
+                _say(
+                    f"replica group {replica_id} {_status_text(code)}; restarting it ({restarts[replica_id]} of "
+                    f"{plan.max_restarts}) while the other groups train on",
+                    quiet,
+                )
+                running[replica_id] = _start(plan.groups[replica_id], extra_env)
+                continue
+            _say(f"replica group {replica_id} {_status_text(code)}, no restart left (--max_restarts)", quiet)
+            failed = failed if failed is not None else (128 - code if code < 0 else code)
+    return failed or 0
+
+
+def run(plan: FaultTolerantPlan, quiet: bool = False) -> int:
+    """Start the lighthouse (unless given) and every replica group; restart groups that fail.
+
+    Args:
+        plan: from :func:`build`.
+        quiet: print nothing of the launcher's own (restarts, the lighthouse address).
+
+    Returns:
+        0 when every group finished with 0, else the exit status of the first group out of restarts
+        (128 + N for a group killed by signal N); 130 after Ctrl-C.
+
+    Raises:
+        ImportError: a lighthouse must be started and torchft is not installed (the message names the extra).
+    """
+    try:
+        lighthouse = _Lighthouse(plan)
+    except ImportError as err:
+        raise ImportError(
+            f"--fault_tolerance starts a torchft lighthouse, and torchft cannot be imported ({err}); install it "
+            "with `pip install 'accelerando[torchft]'` or give --ft_lighthouse"
+        ) from err
+    assert lighthouse.address is not None
+    _say(f"fault tolerance: {len(plan.groups)} replica group(s), lighthouse {lighthouse.address}", quiet)
+    try:
+        return _supervise(plan, {_LIGHTHOUSE_ENV: lighthouse.address}, quiet)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        lighthouse.close()
