@@ -257,6 +257,7 @@ def save_state_async(
     safe_serialization: bool,
     wait_for_lock: float,
     overlap: bool = True,
+    durable: bool = True,
 ) -> AsyncSaveHandle:
     """Start an asynchronous ``save_state``; return once the state is copied (or being copied) to host memory.
 
@@ -277,6 +278,7 @@ def save_state_async(
         safe_serialization: weights as safetensors.
         wait_for_lock: seconds to wait for another run's lock on the folder.
         overlap: copy parameters and optimizer state in the background (see above).
+        durable: flush the files and renames to disk (False: a scratch save, see ``save_state``).
 
     Returns:
         The handle; ``result()`` waits for the commit and returns the folder (raising the save's error).
@@ -291,7 +293,7 @@ def save_state_async(
     exchange = _exchange_on(group)
     stack = ExitStack()  # an explicit folder's save lock: held until the background commit is done
     try:
-        plan = sync._plan_everywhere(target, stack, output_dir, wait_for_lock)
+        plan = sync._plan_everywhere(target, stack, output_dir, wait_for_lock, durable)
     except BaseException:
         stack.close()
         raise

@@ -13,6 +13,11 @@ Contract for callers (``accelerando.checkpointing.state_io``, ``save`` and ``loa
 1. ``prepare_staging(final_dir)`` on the committing process, then a barrier;
 2. every process writes its files into the staging folder and calls ``describe_files`` on them;
 3. the committing process calls ``commit(staging, final_dir, manifest)`` after a barrier.
+
+``durable=False`` (a scratch save, the ``checkpoint_durable`` setting) keeps every step but the
+``fsync`` calls: the rename is still atomic and the manifest still describes every file, so a crashed
+*process* never leaves a folder that looks complete and is not; a crashed *machine* (power loss,
+kernel panic) may, because the data can still be in the page cache when the rename reaches the disk.
 """
 
 from __future__ import annotations
@@ -103,8 +108,9 @@ class FileDescriber:
     ``close()`` (idempotent) releases everything after a failure.
     """
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, durable: bool = True) -> None:
         self._folder = folder
+        self._durable = durable  # False: hash only, no fsync (a scratch save)
         self._names: list[str] = []
         self._digests = PendingDigests()
         self._paths: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -114,10 +120,11 @@ class FileDescriber:
     def add(self, name: str) -> None:
         """Start flushing and hashing ``name`` (relative to the folder); raises if it cannot be opened."""
         path = os.path.join(self._folder, name)
-        if self._flusher is None:
+        if self._flusher is None and self._durable:
             self._flusher = threading.Thread(target=self._flush_loop, name="accelerando-fsync", daemon=True)
             self._flusher.start()
-        self._paths.put(path)
+        if self._durable:
+            self._paths.put(path)
         self._names.append(name)
         self._digests.add(path)
 
@@ -156,13 +163,15 @@ class FileDescriber:
         self._digests.close()
 
 
-def describe_files(folder: str, names: Iterable[str]) -> dict[str, FileEntry]:
+def describe_files(folder: str, names: Iterable[str], durable: bool = True) -> dict[str, FileEntry]:
     """Make the named files (relative to ``folder``) durable and return their manifest entries.
+
+    ``durable=False`` describes them without flushing them to disk (a scratch save).
 
     Raises:
         OSError: If a file is missing or cannot be flushed or read.
     """
-    describer = FileDescriber(folder)
+    describer = FileDescriber(folder, durable)
     try:
         for name in names:
             describer.add(name)
@@ -186,14 +195,18 @@ def staging_path(final_dir: str, run: str | None = None) -> str:
     return os.path.join(parent, f".{name}.{run}{_PARTIAL_SUFFIX}")
 
 
-def discard(path: str) -> None:
-    """Delete a folder crash-safely: rename it to a hidden trash name first, then remove it."""
+def discard(path: str, durable: bool = True) -> None:
+    """Delete a folder crash-safely: rename it to a hidden trash name first, then remove it.
+
+    ``durable=False`` skips the flush of the parent folder after the rename (a scratch save).
+    """
     if not os.path.lexists(path):
         return
     parent, name = os.path.split(os.path.abspath(path))
     trash = os.path.join(parent, f".{name.lstrip('.')}{_TRASH_MARK}{uuid.uuid4().hex[:8]}")
     os.rename(path, trash)
-    fsync_dir(parent)
+    if durable:
+        fsync_dir(parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -261,31 +274,38 @@ def _exchange(a: str, b: str) -> bool:
     return result == 0
 
 
-def commit(staging: str, final_dir: str, manifest: Manifest) -> None:
+def commit(staging: str, final_dir: str, manifest: Manifest, durable: bool = True) -> None:
     """Write the manifest into ``staging`` and make it visible as ``final_dir`` atomically.
 
     An existing ``final_dir`` is replaced: swapped atomically where the kernel allows it, otherwise
     moved to the trash just before the rename (a crash in between leaves the old checkpoint in the
     trash and the new one staged, both complete; ``load_state()`` then falls back to older ones).
+    ``durable=False`` makes the same renames without any ``fsync`` (see the module's docstring).
     """
+    sync_dir = fsync_dir if durable else _no_sync
     final_dir = os.path.abspath(final_dir)
     parent = os.path.dirname(final_dir)
     manifest_path = os.path.join(staging, MANIFEST_NAME)
     tmp_manifest = manifest_path + ".tmp"
     with open(tmp_manifest, "w", encoding="utf-8") as handle:
         handle.write(manifest.to_json())
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp_manifest, manifest_path)
-    fsync_dir(staging)
+    sync_dir(staging)
     if os.path.lexists(final_dir):
         if _exchange(staging, final_dir):
-            fsync_dir(parent)
-            discard(staging)  # now holds the previous checkpoint
+            sync_dir(parent)
+            discard(staging, durable)  # now holds the previous checkpoint
             return
-        discard(final_dir)
+        discard(final_dir, durable)
     os.rename(staging, final_dir)
-    fsync_dir(parent)
+    sync_dir(parent)
+
+
+def _no_sync(_: str) -> None:
+    """Stand-in for :func:`fsync_dir` in a scratch save."""
 
 
 def _is_real_checkpoint(path: str) -> bool:
@@ -314,7 +334,9 @@ def list_checkpoints(checkpoints_dir: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def rotate(checkpoints_dir: str, total_limit: int | None, uncounted: Iterable[str] = ()) -> list[str]:
+def rotate(
+    checkpoints_dir: str, total_limit: int | None, uncounted: Iterable[str] = (), durable: bool = True
+) -> list[str]:
     """Delete the oldest complete checkpoints so that at most ``total_limit`` remain.
 
     Call only after the newest checkpoint was committed, and only from the process that holds the
@@ -325,6 +347,7 @@ def rotate(checkpoints_dir: str, total_limit: int | None, uncounted: Iterable[st
         total_limit: how many to keep (None: keep all).
         uncounted: checkpoints that do not count toward the limit (those a resumed run skipped as
             damaged): each stays until it is older than the oldest checkpoint kept, then goes too.
+        durable: flush each deletion's rename to disk (False in a scratch save).
 
     Returns:
         The deleted paths, oldest first.
@@ -343,7 +366,7 @@ def rotate(checkpoints_dir: str, total_limit: int | None, uncounted: Iterable[st
         and (os.path.abspath(path) not in skipped or (oldest_kept is not None and number < oldest_kept))
     ]
     for path in doomed:
-        discard(path)
+        discard(path, durable)
     return doomed
 
 

@@ -48,8 +48,14 @@ def save_state(
             :func:`accelerando.checkpointing.async_save.save_state_async`), ``overlap_snapshot`` (default
             True: with ``async_save``, the parameters and optimizer state are copied while the training
             goes on and the prepared optimizers' next ``step()`` waits for that copy; until then change
-            the parameters only through them. False copies everything before returning); the rest are accepted for API
-            compatibility (engine-specific save options). A pending asynchronous save is waited for first.
+            the parameters only through them. False copies everything before returning), ``durable``
+            (default: the ``checkpoint_durable`` setting, True unless ``ACCELERANDO_CHECKPOINT_DURABLE=0``,
+            ``--checkpoint_durable false`` or the config key ``checkpoint_durable: false`` says otherwise:
+            every file, the manifest and the renames are flushed to disk with ``fsync`` before
+            ``save_state`` returns. False is a scratch save: the same atomic rename and manifest, without
+            any ``fsync``, so a crashed process never leaves a half-written checkpoint that looks complete,
+            but power loss may); the rest are accepted for API compatibility (engine-specific save
+            options). A pending asynchronous save is waited for first.
 
     Returns:
         The committed checkpoint folder; with ``async_save`` an
@@ -58,6 +64,7 @@ def save_state(
     Raises:
         ValueError: If no folder can be determined, ``iteration`` was set to an existing checkpoint's
             number, or ``wait_for_lock`` is negative.
+        TypeError: If ``overlap_snapshot`` or ``durable`` is not True or False.
         CheckpointLockedError: If another process is saving into the folder (every process raises it).
         OSError: ``ENOSPC`` if the disk is full (nothing is committed, earlier checkpoints are untouched).
         CheckpointError: If a process failed to write its files (nothing is committed).
@@ -68,11 +75,29 @@ def save_state(
     overlap = save_model_func_kwargs.pop("overlap_snapshot", True)
     if not isinstance(overlap, bool):
         raise TypeError(f"save_state(overlap_snapshot=...) takes True or False, not {overlap!r}")
+    durable = _durable(target, save_model_func_kwargs.pop("durable", None))
     wait = _wait_for_lock(target, save_model_func_kwargs)
     del save_model_func_kwargs
     wait_pending(target.owner)  # one save at a time: the previous asynchronous one commits first
     if async_save:
         return save_state_async(  # type: ignore[return-value]
-            target, output_dir, safe_serialization, wait, overlap=overlap
+            target, output_dir, safe_serialization, wait, overlap=overlap, durable=durable
         )
-    return save_state_sync(target, output_dir, safe_serialization, wait)
+    return save_state_sync(target, output_dir, safe_serialization, wait, durable)
+
+
+def _durable(target: Any, value: object) -> bool:
+    """``save_state(durable=...)``, else the ``checkpoint_durable`` setting, else True.
+
+    Raises:
+        TypeError: If the keyword is given and is not True or False.
+    """
+    if value is None:
+        value = getattr(target.settings, "checkpoint_durable", None)
+        return True if value is None else bool(value)
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"save_state(durable=...) takes True or False, not {value!r}; durable=False skips the fsync "
+            "calls (a scratch checkpoint, lost on power loss), True (the default) flushes every file."
+        )
+    return value

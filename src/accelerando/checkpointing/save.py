@@ -81,6 +81,7 @@ class _Plan:
     checkpoints_dir: str | None  # with automatic naming
     committer: bool
     each_node: bool
+    durable: bool = True  # False: a scratch save, without fsync (the checkpoint_durable setting)
 
 
 # ------------------------------------------------------------------------------ errors, everywhere
@@ -256,9 +257,16 @@ def _claim_in_slices(
 
 
 def _plan_everywhere(
-    target: Any, stack: ExitStack, output_dir: str | os.PathLike | None, wait: float
+    target: Any,
+    stack: ExitStack,
+    output_dir: str | os.PathLike | None,
+    wait: float,
+    durable: bool = True,
 ) -> _Plan:
-    """Step 1 on every process: the committers claim the folder; everyone learns the outcome."""
+    """Step 1 on every process: the committers claim the folder; everyone learns the outcome.
+
+    ``durable``: whether the save flushes its files and renames to disk (see :class:`_Plan`).
+    """
     state = target.state
     root, final_dir = _requested_dir(target, output_dir)
     each_node = save_on_each_node(target, final_dir)
@@ -284,7 +292,7 @@ def _plan_everywhere(
         state.wait_for_everyone()
     if output_dir is not None and root is not None and os.path.abspath(output_dir) != final_dir:
         logger.warning("automatic_checkpoint_naming is on: saving to %s instead of %s", final_dir, output_dir)
-    return _Plan(final_dir, staging, root, committer, each_node)
+    return _Plan(final_dir, staging, root, committer, each_node, durable)
 
 
 def _requested_dir(target: Any, output_dir: str | os.PathLike | None) -> tuple[str | None, str]:
@@ -375,13 +383,13 @@ def _commit_staged(target: Any, plan: _Plan, results: list[Any]) -> int:
     # Files written by save hooks belong to the checkpoint too.
     extra = []
     for root, _, filenames in os.walk(staging):
-        if root != staging:
+        if root != staging and plan.durable:
             atomic.fsync_dir(root)  # a hook's sub-folder: make its entries durable too
         for filename in filenames:
             rel = os.path.relpath(os.path.join(root, filename), staging)
             if rel not in entries and rel != atomic.MANIFEST_NAME:
                 extra.append(rel)
-    entries.update(atomic.describe_files(staging, extra))
+    entries.update(atomic.describe_files(staging, extra, plan.durable))
     from accelerando.version import __version__
 
     manifest = atomic.Manifest(
@@ -390,7 +398,7 @@ def _commit_staged(target: Any, plan: _Plan, results: list[Any]) -> int:
         library_version=__version__,
         extra={"step": int(target.step), "iteration": iteration},
     )
-    atomic.commit(staging, final_dir, manifest)
+    atomic.commit(staging, final_dir, manifest, plan.durable)
     return sum(entry.size for entry in entries.values())
 
 
@@ -422,7 +430,8 @@ def _write_everywhere(
     staging = plan.staging
     error: BaseException | None = None
     described: dict[str, atomic.FileEntry] = {}
-    describer = atomic.FileDescriber(staging)  # flushes and hashes each file while the next is written
+    # Flushes (durable saves) and hashes each file while the next is written.
+    describer = atomic.FileDescriber(staging, plan.durable)
     try:
         if write is None:
             _write_process_files(target, staging, safe_serialization, plan.each_node, describer.add)
@@ -460,7 +469,7 @@ def _commit_everywhere(
             error = _translated(err, target, plan.final_dir, plan.staging)
             atomic.discard(plan.staging)
         if error is None and plan.checkpoints_dir is not None:
-            _rotate(target, plan.checkpoints_dir)
+            _rotate(target, plan.checkpoints_dir, plan.durable)
     verdicts = exchange((state.process_index, _report(error)), state.num_processes)
     failed = [(rank, report) for rank, report in verdicts if report is not None]
     if failed:
@@ -468,10 +477,10 @@ def _commit_everywhere(
     return size
 
 
-def _rotate(target: Any, root: str) -> None:
+def _rotate(target: Any, root: str, durable: bool = True) -> None:
     """Delete checkpoints beyond ``total_limit``; a failure leaves extra ones behind, with a warning."""
     try:
-        atomic.rotate(root, target.project_configuration.total_limit, _run(target).skipped)
+        atomic.rotate(root, target.project_configuration.total_limit, _run(target).skipped, durable)
     except OSError as err:
         warnings.warn(
             f"Could not delete old checkpoints in {root!r} ({err}); delete them by hand.", stacklevel=4
@@ -479,16 +488,22 @@ def _rotate(target: Any, root: str) -> None:
 
 
 def save_state_sync(
-    target: Any, output_dir: str | os.PathLike | None, safe_serialization: bool, wait: float | None
+    target: Any,
+    output_dir: str | os.PathLike | None,
+    safe_serialization: bool,
+    wait: float | None,
+    durable: bool = True,
 ) -> str:
     """Write and commit one checkpoint in the calling thread (see :func:`accelerando.checkpointing.save_state`).
+
+    ``durable=False``: a scratch save, every step but the ``fsync`` calls (the ``checkpoint_durable`` setting).
 
     Returns:
         The committed checkpoint folder.
     """
     set_active_accelerator(target.owner)
     with ExitStack() as stack:  # an explicit folder's save lock, until the commit is done
-        plan = _plan_everywhere(target, stack, output_dir, wait)
+        plan = _plan_everywhere(target, stack, output_dir, wait, durable)
         results = _write_everywhere(target, plan, safe_serialization)
         size = _commit_everywhere(target, plan, results)
     number = _number(plan.final_dir)

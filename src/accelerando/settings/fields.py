@@ -355,6 +355,9 @@ FIELDS: tuple[Field, ...] = (
           help="load_state compares every file it reads with the checkpoint's checksums (sizes always)."),
     _core("checkpoint_lock_wait", "float", None, cli=None, minimum=0,
           help="Seconds save_state waits for another run's lock on the project folder (unset: refuse at once)."),
+    _core("checkpoint_durable", "bool", True,
+          help="save_state flushes every file and rename to disk (fsync) before returning; false: scratch "
+               "checkpoints, still atomic against a crashed process but not against power loss."),
     _core("auto_resume", "bool", False, switch=True,
           help="The first prepare() loads the newest complete checkpoint of the project folder (automatic "
                "checkpoint naming) and the prepared dataloaders skip to their saved position; implies "
