@@ -51,6 +51,7 @@ OPTIONAL = [
     "torchdata",
     "bitsandbytes",
     "rich",
+    "ray",
 ]
 
 

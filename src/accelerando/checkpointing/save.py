@@ -44,6 +44,7 @@ from accelerando.checkpointing.project import (
     owns_loading,
 )
 from accelerando.checkpointing.public import save_custom_state
+from accelerando.checkpointing.ray_report import report_to_ray
 from accelerando.checkpointing.state_io import (
     capture_gradients,
     write_state_files,
@@ -511,6 +512,7 @@ def save_state_sync(
         _run(target).last_saved = number
         target.project_configuration.iteration = number + 1
     _report_to_trackers(target, plan.final_dir, size)
+    report_to_ray(target, plan.final_dir)  # every process: Ray Train's report is a barrier
     return plan.final_dir
 
 

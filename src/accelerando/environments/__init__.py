@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from accelerando.environments.base import ClusterEnvironment
 from accelerando.environments.mpi import MPIEnvironment
+from accelerando.environments.ray import RayTrainEnvironment
 from accelerando.environments.single import SingleProcessEnvironment
 from accelerando.environments.slurm import SLURMEnvironment
 from accelerando.environments.torchrun import TorchElasticEnvironment
@@ -19,14 +20,17 @@ __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
     "MPIEnvironment",
+    "RayTrainEnvironment",
     "SLURMEnvironment",
     "SingleProcessEnvironment",
     "TorchElasticEnvironment",
     "detect_environment",
 ]
 
-# Order matters: torchrun inside a SLURM/MPI allocation sets its own variables and must win.
+# Order matters: torchrun inside a SLURM/MPI allocation sets its own variables and must win; a Ray Train
+# worker also carries torchrun's variables (Ray exports them) but its context is the authority.
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    RayTrainEnvironment,
     TorchElasticEnvironment,
     MPIEnvironment,
     SLURMEnvironment,

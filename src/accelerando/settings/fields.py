@@ -446,13 +446,20 @@ FIELDS: tuple[Field, ...] = (
     _ft("ft_replica_id", "int", None, minimum=0, cli=None, in_config=False,
         help="This process's replica group (written by the launch for each group)."),
     # --- job files: `accelerando launch --emit slurm|kubernetes` writes a job instead of starting one ---
-    _core("emit", "choice", None, group="emit", choices=("slurm", "kubernetes"), export=False, in_config=False,
+    _core("emit", "choice", None, group="emit", choices=("slurm", "kubernetes", "ray"), export=False,
+          in_config=False,
           help="Write a job for a cluster scheduler from these settings instead of launching: an sbatch "
-               "script (slurm) or a Kubeflow PyTorchJob manifest (kubernetes)."),
+               "script (slurm), a Kubeflow PyTorchJob manifest (kubernetes) or a Ray job's entrypoint "
+               "script (ray, submitted with `ray job submit`)."),
     _core("emit_to", "str", None, group="emit", export=False, in_config=False,
           help="File to write the --emit job to (default: print it)."),
     _core("emit_image", "str", None, group="emit", export=False, in_config=False,
           help="Container image of an --emit kubernetes job; it must have accelerando and the script."),
+    # --- Ray: `accelerando launch --ray [ADDRESS]` runs the processes as workers of a Ray cluster ----
+    _core("ray", "str", None, group="ray", export=False,
+          help="Run the processes as workers on a Ray cluster: ADDRESS (host:port, ray://host:port, 'auto': "
+               "a running cluster, 'local': a new one), or alone ('default') for ray.init()'s own choice: "
+               "RAY_ADDRESS, else the cluster last started on this machine, else a new local one."),
     # --- torch.compile ----------------------------------------------------------------------------
     _dynamo("dynamo_backend", "choice", "NO", "Backend passed to torch.compile ('no' = do not compile).",
             choices=tuple(DynamoBackend.list())),

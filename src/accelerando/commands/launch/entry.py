@@ -123,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for note in plan.notes:
             print(f"accelerando launch: {note}", file=sys.stderr)
+    if settings.ray is not None:
+        return _run_on_ray(settings, plan, args)
     return _run_plan(args, settings, plan)
 
 
@@ -163,6 +165,31 @@ def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
     from accelerando.launchers.runner import run as run_plan
 
     return run_plan(plan, quiet=args.quiet)
+
+
+def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
+    """Run the plan's processes on the Ray cluster of ``--ray``; exit 2 when Ray is missing or unreachable."""
+    from accelerando.commands.launch.resolution import command_of
+    from accelerando.launchers.ray import run_on_ray
+
+    try:
+        return run_on_ray(settings, plan, command_of(args), quiet=args.quiet)
+    except ModuleNotFoundError as err:
+        if err.name != "ray":
+            raise
+        print(
+            f"accelerando launch: --ray ({settings.source('ray')}) needs Ray, which is not installed. "
+            'Fix: pip install "accelerando[ray]".',
+            file=sys.stderr,
+        )
+        return 2
+    except ConnectionError as err:
+        print(
+            f"accelerando launch: cannot reach the Ray cluster {settings.ray!r} ({settings.source('ray')}): "
+            f"{err}. Fix: start it (`ray start --head`) or give its address (--ray HOST:PORT).",
+            file=sys.stderr,
+        )
+        return 2
 
 
 def _carried_settings(settings: Any, env: Any) -> dict[str, str]:

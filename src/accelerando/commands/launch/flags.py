@@ -80,8 +80,23 @@ def split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         token = argv[i]
         if not token.startswith("-"):
             break
+        if token == "--ray":  # its value may be left out: `--ray script.py` runs script.py
+            i += 2 if i + 1 < len(argv) and is_ray_address(argv[i + 1]) else 1
+            continue
         i += 2 if token in value_options else 1
     return list(argv[:i]), list(argv[i:])
+
+
+def is_ray_address(token: str) -> bool:
+    """Whether ``token``, after ``--ray``, is the cluster's address rather than the script.
+
+    Args:
+        token: the word after ``--ray``.
+
+    Returns:
+        True for ``auto``, ``local``, ``default`` and anything with a colon (``host:port``, ``ray://host:port``).
+    """
+    return token in ("auto", "local", "default") or ":" in token
 
 
 def compat_env(args: argparse.Namespace) -> dict[str, str]:

@@ -64,9 +64,12 @@ _GROUP_TITLES = {
     "mpirun": "mpirun (multi-CPU jobs)",
     "emit": "Job files for cluster schedulers (--emit)",
     "fault_tolerance": "Fault tolerance (torchft; used with --fault_tolerance)",
+    "ray": "Ray cluster (--ray)",
 }
 # Value names in --help for settings whose kind alone does not say what they take.
-_METAVARS = {"num_machines": "N|MIN:MAX"}
+_METAVARS = {"num_machines": "N|MIN:MAX", "ray": "ADDRESS"}
+# Flags whose value may be left out, with the value they then take (see flags.split_unknown).
+_OPTIONAL_VALUES = {"ray": "default"}
 
 
 class CustomHelpFormatter(argparse.HelpFormatter):
@@ -187,6 +190,11 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(field.cli, dest=field.name, action="store_true", help=_help(field))
         else:
             metavar = _METAVARS.get(field.name, field.kind.upper())
+            optional = (
+                {"nargs": "?", "const": _OPTIONAL_VALUES[field.name]}
+                if field.name in _OPTIONAL_VALUES
+                else {}
+            )
             group.add_argument(
                 field.cli,
                 dest=field.name,
@@ -194,6 +202,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 type=_typed(field),
                 default=_PARSER_DEFAULTS.get(field.name),
                 help=_help(field),
+                **optional,
             )
 
 

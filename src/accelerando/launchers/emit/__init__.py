@@ -1,10 +1,11 @@
 """Job files for cluster schedulers, written from the settings of a launch.
 
-``accelerando launch --emit slurm|kubernetes [flags] script.py`` resolves its settings as a launch
+``accelerando launch --emit slurm|kubernetes|ray [flags] script.py`` resolves its settings as a launch
 does (defaults < config file < environment < flags) and, instead of starting processes, writes a job
 that starts them on a cluster: an sbatch script (:mod:`.slurm`) or a Kubeflow ``PyTorchJob``
-manifest (:mod:`.kubernetes`). Both run one ``accelerando launch`` per machine, which starts that
-machine's processes; the machine's rank and the rendezvous address come from the scheduler when the
+manifest (:mod:`.kubernetes`); or a Ray job's entrypoint (:mod:`.ray`, one ``accelerando launch
+--ray`` on the head node, which places every process on the cluster). The first two run one
+``accelerando launch`` per machine, which starts that machine's processes; the machine's rank and the rendezvous address come from the scheduler when the
 job runs, every other setting some layer set is carried in the job (as flags or ``ACCELERANDO_*``
 variables, which win over a config file), so the cluster needs no copy of the config file.
 
@@ -23,18 +24,19 @@ from accelerando.settings.resolve import Settings
 __all__ = ["EMIT_FORMATS", "JobSpec", "TOPOLOGY_SETTINGS", "emit_job", "job_spec", "value_text", "write_job"]
 
 #: The formats ``--emit`` knows.
-EMIT_FORMATS = ("slurm", "kubernetes")
+EMIT_FORMATS = ("slurm", "kubernetes", "ray")
 
 
 def emit_job(settings: Settings, command: Command) -> str:
     """Render the job ``settings.emit`` names for a launch of ``command``.
 
     Args:
-        settings: the launcher's resolved settings; ``emit`` is ``"slurm"`` or ``"kubernetes"``.
+        settings: the launcher's resolved settings; ``emit`` is ``"slurm"``, ``"kubernetes"`` or ``"ray"``.
         command: what each process runs.
 
     Returns:
-        The job file's text: an sbatch script, or a ``PyTorchJob`` manifest in YAML.
+        The job file's text: an sbatch script, a ``PyTorchJob`` manifest in YAML, or a Ray job's
+        entrypoint script.
 
     Raises:
         ValueError: an unknown format, impossible settings, or (kubernetes) no ``--emit_image``.
@@ -48,6 +50,10 @@ def emit_job(settings: Settings, command: Command) -> str:
         from accelerando.launchers.emit.kubernetes import render_manifest
 
         return render_manifest(spec, settings.emit_image)
+    if settings.emit == "ray":
+        from accelerando.launchers.emit.ray import render_ray_job
+
+        return render_ray_job(spec)
     raise ValueError(
         f"--emit {settings.emit!r} is not a job format. Fix: use one of {', '.join(EMIT_FORMATS)}."
     )
