@@ -1,0 +1,133 @@
+"""Lay a model out for one candidate, by the steps our strategies take.
+
+The order is :class:`~accelerando.strategies.composable.ComposableStrategy`'s ``prepare_model``: tensor
+parallelism on the ``tp`` axis first (the model's transformers ``tp_plan`` turned into torch styles by
+the strategy's own :mod:`~accelerando.strategies.composable.plan` functions, ties re-pointed by
+:mod:`~accelerando.strategies.ties`), then activation checkpointing of the model's no-split layers
+(:func:`~accelerando.strategies.fsdp.wrap.apply_activation_checkpointing`), then FSDP2 ``fully_shard``
+of each layer and the root on the data axes. DDP is torch's ``DistributedDataParallel``, as
+:class:`~accelerando.strategies.ddp.DDPStrategy` wraps it (real process groups only: DDP's reducer
+cannot run on the fake process group, so the simulator steps the plain model and adds DDP's gradient
+buckets and all-reduce by formula).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accelerando.planning.spec import Candidate, TrainingShape
+
+__all__ = ["apply_layout", "build_mesh", "layer_units", "tp_plan_available"]
+
+
+def build_mesh(candidate: Candidate) -> Any:
+    """The ``(dp_replicate, dp_shard, tp)`` CPU device mesh of ``candidate`` on the current process group.
+
+    Built outside any fake-tensor mode (the mesh reads its rank layout as real numbers).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        "cpu",
+        (candidate.dp_replicate, candidate.dp_shard, candidate.tp),
+        mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
+    )
+
+
+def layer_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated layers (its ``_no_split_modules``), less those holding part of a tied weight."""
+    import accelerando.strategies.ties as ties
+
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    kept, _dropped = ties.units_keeping_ties(model, units)
+    return kept
+
+
+def tp_plan_available(model: torch.nn.Module) -> bool:
+    """True when the model declares a tensor-parallel plan (transformers ``tp_plan``)."""
+    from accelerando.strategies.composable.plan import module_plan
+
+    return bool(module_plan(model))
+
+
+def _apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    import accelerando.strategies.ties as ties
+    from accelerando.strategies.composable.checks import check_heads
+    from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
+
+    check_heads(model, tp_mesh.size())
+    resolved = resolve_plan(model, module_plan(model))
+    styles = {}
+    for name, style in resolved.items():
+        parallel = to_parallel_style(style, model.get_submodule(name), name)
+        if parallel is not None:
+            styles[name] = parallel
+    tied = ties.find_ties(model)
+    parallelize_module(model, tp_mesh, styles, src_data_rank=None)
+    ties.retie(model, ties.check_ties(model, tied, resolved))
+
+
+def _real_mesh_arithmetic() -> Any:
+    """Leave the fake-tensor mode while FSDP2 combines the data and ``tp`` meshes.
+
+    The combined mesh computes its coordinates with tensor ops that a fake tensor cannot answer; the
+    parameters stay fake (fake tensors carry their mode), and what FSDP2 allocates from them too.
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def apply_layout(
+    model: torch.nn.Module, candidate: Candidate, shape: TrainingShape, mesh: Any, wrap_ddp: bool
+) -> torch.nn.Module:
+    """Lay ``model`` out as ``candidate`` says and return the model to train.
+
+    Args:
+        model: the freshly built model (fake or real tensors).
+        candidate: ``zero_stage`` 2 / 3 shard with FSDP2 (``reshard_after_forward`` False / True);
+            ``tp > 1`` splits first; stage 0 is data parallel (DDP).
+        shape: activation checkpointing and mixed precision come from here.
+        mesh: :func:`build_mesh`'s mesh (None for DDP).
+        wrap_ddp: wrap a stage-0 model in ``DistributedDataParallel`` (real process groups only).
+
+    Raises:
+        ValueError: ``tp > 1`` on a model without a tensor-parallel plan, or a degree its heads refuse.
+    """
+    from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing
+
+    if candidate.tp > 1:
+        if not tp_plan_available(model):
+            raise ValueError(
+                f"{type(model).__name__} declares no tensor-parallel plan (tp_plan); drop the fsdp2_tp layouts"
+            )
+        _apply_tensor_parallel(model, mesh["tp"])
+    units = layer_units(model)
+    if shape.activation_checkpointing:
+        units = apply_activation_checkpointing(model, units)
+    if candidate.zero_stage >= 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dims = ("dp_replicate", "dp_shard") if candidate.dp_replicate > 1 else ("dp_shard",)
+        data_mesh = mesh[dims] if len(dims) > 1 else mesh[dims[0]]
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if shape.mixed_precision == "bf16"
+            else MixedPrecisionPolicy()
+        )
+        options = {"mesh": data_mesh, "reshard_after_forward": candidate.zero_stage == 3, "mp_policy": policy}
+        with _real_mesh_arithmetic():
+            for unit in units:
+                fully_shard(unit, **options)
+            fully_shard(model, **options)
+        return model
+    if wrap_ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    return model
