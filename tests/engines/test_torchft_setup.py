@@ -35,7 +35,12 @@ def test_launch_plan_starts_one_job_per_replica_group(tmp_path: Path) -> None:
     assert [g.replica_id for g in plan.groups] == [0, 1, 2]
     assert [g.plan.env["ACCELERANDO_FT_REPLICA_ID"] for g in plan.groups] == ["0", "1", "2"]
     assert all(g.plan.env["ACCELERANDO_FAULT_TOLERANCE"] in ("1", "true", "True") for g in plan.groups)
-    assert (plan.lighthouse, plan.max_restarts, plan.heartbeat_timeout_s, plan.min_replicas) == (None, 2, 1.5, 1)
+    assert (plan.lighthouse, plan.max_restarts, plan.heartbeat_timeout_s, plan.min_replicas) == (
+        None,
+        2,
+        1.5,
+        1,
+    )
     assert "3 replica group(s), lighthouse started on this machine" in plan.describe()
 
 
@@ -120,5 +125,38 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torchft"))
 
 
 def test_import_and_help_load_no_torchft() -> None:
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, check=True
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def _group(replica_id: int, code: str) -> ft.ReplicaGroup:
+    from accelerando.launchers.plan import LaunchPlan
+
+    plan = LaunchPlan("simple", (sys.executable, "-c", code), {}, 1, 1, 1, 0)
+    return ft.ReplicaGroup(replica_id, plan)
+
+
+# Appends an "x" to the file, then exits with FIRST_EXIT the first time and 0 afterwards.
+_COUNTS_STARTS = (
+    "import os, sys; p = {path!r}; first = not os.path.exists(p); open(p, 'a').write('x'); "
+    "sys.exit({first_exit} if first else 0)"
+)
+
+
+def test_a_failed_group_restarts_alone_and_the_launch_succeeds(tmp_path: Path) -> None:
+    steady, flaky = tmp_path / "steady", tmp_path / "flaky"
+    groups = (
+        _group(0, _COUNTS_STARTS.format(path=str(steady), first_exit=0)),
+        _group(1, _COUNTS_STARTS.format(path=str(flaky), first_exit=3)),
+    )
+    plan = ft.FaultTolerantPlan(groups, "http://given:1", 1, 1.0, max_restarts=1, monitor_interval_s=0.01)
+    assert ft.run(plan, quiet=True) == 0
+    assert (steady.read_text(), flaky.read_text()) == ("x", "xx")  # group 0 started once, group 1 twice
+
+
+def test_a_group_out_of_restarts_fails_the_launch_with_its_status(tmp_path: Path) -> None:
+    groups = (_group(0, "pass"), _group(1, "import sys; sys.exit(5)"))
+    plan = ft.FaultTolerantPlan(groups, "http://given:1", 1, 1.0, max_restarts=1, monitor_interval_s=0.01)
+    assert ft.run(plan, quiet=True) == 5
