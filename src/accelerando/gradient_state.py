@@ -16,6 +16,8 @@ import functools
 import weakref
 from typing import Any
 
+from accelerando.settings import environment_setting
+
 __all__ = ["GradientState"]
 
 
@@ -107,8 +109,6 @@ class GradientState:
 
         Only the XLA path writes it; elsewhere it stays False.
         """
-        from accelerando.settings import environment_setting
-
         return bool(environment_setting("use_fsdp")) or self._is_xla_gradients_synced
 
     @is_xla_gradients_synced.setter

@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Any, NamedTuple
 
+from accelerando.settings.resolve import environment_value
+
 __all__ = ["MultiProcessAdapter", "get_logger"]
 
 
@@ -149,7 +151,6 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 def _level_from_settings() -> str | None:
     # The ``log_level`` setting (ACCELERANDO_LOG_LEVEL, or the reference's ACCELERATE_LOG_LEVEL), read
     # on its own: loggers are made at import time, before any settings are resolved.
-    from accelerando.settings.resolve import environment_value
 
     return environment_value("log_level")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from accelerando.gradient_state import GradientState
+from accelerando.state import PartialState
 
 __all__ = ["AcceleratedScheduler"]
 
@@ -41,8 +42,6 @@ class AcceleratedScheduler:
         self.split_batches = split_batches
         self.gradient_state = GradientState()
         if num_processes is None:
-            from accelerando.state import PartialState
-
             num_processes = PartialState().num_processes
         self.num_processes = num_processes
 

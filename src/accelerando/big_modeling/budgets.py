@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from accelerando.big_modeling.sizes import compute_module_sizes, get_module_leaves
+from accelerando.devices.detect import backend_for
 from accelerando.settings.fields import quote_value
 
 __all__ = [
@@ -141,7 +142,6 @@ _VISIBLE: dict[int | str | torch.device, DeviceKey] = {}
 
 
 def _visible_count(family: str) -> int:
-    from accelerando.devices.detect import backend_for
 
     try:
         return backend_for(family).device_count()

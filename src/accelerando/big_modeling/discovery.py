@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from accelerando.safe_files import describe_mode, read_regular
 from accelerando.settings.fields import quote_value
 
 __all__ = ["checkpoint_files"]
@@ -37,8 +38,6 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
     if path.is_file():
         return [str(path)]
     if not path.is_dir():
-        from accelerando.safe_files import describe_mode
-
         try:
             what = f"is {describe_mode(path.stat().st_mode)}, not a regular file or a folder"
         except OSError:
@@ -66,7 +65,6 @@ def _index_shards(index: Path) -> list[str]:
     checkpoint, and an entry such as ``../../x`` or ``/etc/x`` must not make us read elsewhere.
     """
     fix = "Fix: re-save the checkpoint, or pass a sharded checkpoint's *.index.json file."
-    from accelerando.safe_files import read_regular
 
     try:
         # A regular file only (a FIFO or a device would hang the read), of a bounded size.

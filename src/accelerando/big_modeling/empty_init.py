@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accelerando.settings import environment_setting
+
 __all__ = ["init_empty_weights", "init_on_device"]
 
 
@@ -69,8 +71,6 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
     """
     device = torch.device(device)
     if include_buffers is None:
-        from accelerando.settings import environment_setting
-
         include_buffers = environment_setting("init_include_buffers")
     include_buffers = bool(include_buffers)
     original_parameter = nn.Module.register_parameter

@@ -14,8 +14,10 @@ import os
 import re
 from typing import Any
 
+from accelerando.checkpointing.files import torch_load
 from accelerando.checkpointing.headers import _check_header, check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.safe_files import open_regular
 
 __all__ = [
     "check_file_header",
@@ -48,8 +50,6 @@ def _rng_file_is_reference(path: str) -> bool:
     the scan (and with it ``latest_checkpoint`` and automatic resume).
     """
     import zipfile
-
-    from accelerando.safe_files import open_regular
 
     try:
         with open_regular(path, _MAX_RNG_FILE, follow=False) as handle, zipfile.ZipFile(handle) as archive:
@@ -119,8 +119,6 @@ def read_reference_rng(path: str) -> dict[str, Any]:
         CheckpointError: If it is not a dict of generator states.
     """
     import torch
-
-    from accelerando.checkpointing.files import torch_load
 
     with torch.serialization.safe_globals(_numpy_allowlist()):
         payload = torch_load(path)

@@ -11,6 +11,7 @@ import os
 import struct
 
 from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.safe_files import open_regular
 
 __all__ = ["check_file_header"]
 
@@ -20,7 +21,6 @@ _MAX_SAFETENSORS_HEADER = 100_000_000
 
 
 def _check_header(path: str, name: str, size: int) -> None:
-    from accelerando.safe_files import open_regular
 
     try:
         handle = open_regular(path, follow=False)

@@ -42,6 +42,7 @@ from typing import Any
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.checkpointing.project import CHECKPOINTS_FOLDER
+from accelerando.safe_files import NotRegularFileError, open_regular_fd, read_regular
 
 __all__ = [
     "PROJECT_LOCK_NAME",
@@ -129,7 +130,6 @@ def _describe_holder(path: str) -> str:
     """What the lock file says about its holder ("pid 12 on host h since ..."), or a neutral phrase."""
     if os.path.isdir(path):
         return _describe_folder_holder(path)
-    from accelerando.safe_files import read_regular
 
     try:
         info = json.loads(read_regular(path, 4096, follow=False).decode("utf-8"))
@@ -256,8 +256,6 @@ def _open_lock_file(path: str, what: str) -> int:
         CheckpointError: One line naming the lock file, what it is and the fix, when it is not a
             regular file or cannot be opened for writing (immutable, read-only, permission denied).
     """
-    from accelerando.safe_files import NotRegularFileError, open_regular_fd
-
     try:
         return open_regular_fd(path, os.O_RDWR | os.O_CREAT, 0o644, follow=False)
     except NotRegularFileError as err:

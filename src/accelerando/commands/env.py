@@ -13,6 +13,13 @@ from shutil import which
 from typing import Any
 
 from accelerando.commands.config.config_args import default_config_file
+from accelerando.commands.utils import CustomArgumentParser
+from accelerando.devices import CUDABackend
+from accelerando.launchers.plan import automatic_layout
+from accelerando.settings.configfile import ConfigError, find_config_file, load_config_layer
+from accelerando.settings.fields import machine_range
+from accelerando.settings.machine import detect_machine
+from accelerando.settings.resolve import env_layer, resolve
 from accelerando.version import __version__ as version
 
 __all__ = [
@@ -85,8 +92,6 @@ def collect_versions() -> dict[str, str]:
 def _gpus() -> list[str]:
     import torch
 
-    from accelerando.devices import CUDABackend
-
     rows = []
     for index in range(CUDABackend.device_count()):
         props = torch.cuda.get_device_properties(index)
@@ -127,8 +132,6 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("env", help=help_text, description=help_text)
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser("accelerando env", description=help_text)
     parser.add_argument(
         "--config_file", default=None, help="Config file to inspect (default: the default one)."
@@ -164,9 +167,6 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
         ``"PyTorch version"``, ``"System RAM"``, ``"`Accelerate` configs"``) with accelerando's values,
         and ``"status"``: 0, or 2 when the config file is invalid (the message says why).
     """
-    from accelerando.settings.configfile import ConfigError, find_config_file, load_config_layer
-    from accelerando.settings.resolve import env_layer, resolve
-
     versions = collect_versions()
     print("Versions:")
     for name, installed in versions.items():
@@ -217,11 +217,7 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_layout(settings: Any) -> None:
     """The automatic parallel layout of these settings (``parallelism: auto``), with its reasons."""
-    from accelerando.launchers.plan import automatic_layout
-    from accelerando.settings.machine import detect_machine
-
     machine = detect_machine()
-    from accelerando.settings.fields import machine_range
 
     machines = machine_range(settings.num_machines)[1]
     processes = settings.num_processes or max(machine.gpu_count, 1) * machines

@@ -16,6 +16,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from accelerando.big_modeling.empty_init import init_empty_weights
+from accelerando.big_modeling.offload import read_safetensors_header
+from accelerando.big_modeling.sizes import calculate_maximum_sizes
+from accelerando.commands.utils import CustomArgumentParser
+
 __all__ = [
     "EstimateError",
     "ModelNotFoundError",
@@ -67,8 +72,6 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("estimate-memory", help=_DESCRIPTION, description=_DESCRIPTION)
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser("accelerando estimate-memory", description=_DESCRIPTION)
     parser.add_argument(
         "model_name",
@@ -127,7 +130,6 @@ def _from_headers(files: list[str]) -> tuple[int, int, str]:
     """Count elements from safetensors headers: ``(total elements, largest layer elements, its name)``."""
     total = 0
     layers: dict[str, int] = {}
-    from accelerando.big_modeling.offload import read_safetensors_header
 
     for path in files:
         header, _ = read_safetensors_header(path)  # checked against the file size: crafted files refused
@@ -147,8 +149,6 @@ def _from_config(path: str, trust_remote_code: bool) -> tuple[int, int, str]:
 
 def _count_model(model: Any) -> tuple[int, int, str]:
     """Count the elements of a (meta) model: ``(total, largest layer, largest layer's name)``."""
-    from accelerando.big_modeling.sizes import calculate_maximum_sizes
-
     total_bytes, (largest_bytes, names) = calculate_maximum_sizes(model)
     # Count elements: the empty model is float32 unless the config says otherwise.
     first = next(iter(model.parameters()), None)
@@ -350,7 +350,6 @@ def create_empty_model(
     elif library_name is None:
         has_config = os.path.isfile(os.path.join(model_name, "config.json"))
         library_name = _library_from_config(model_name) if has_config else "transformers"
-    from accelerando.big_modeling.empty_init import init_empty_weights
 
     if library_name == "transformers":
         try:

@@ -10,6 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.commands.utils import CustomArgumentParser
+from accelerando.utils.fsdp import merge_fsdp_weights
+
 __all__ = ["add_parser", "main", "merge_command", "merge_command_parser", "run"]
 
 _DESCRIPTION = (
@@ -34,8 +38,6 @@ def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
             description=_DESCRIPTION,
         )
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser("accelerando merge-weights", description=_DESCRIPTION)
     parser.add_argument(
         "checkpoint_directory", help="The sharded folder, e.g. checkpoint/pytorch_model_fsdp_0."
@@ -84,9 +86,6 @@ def merge_command(args: argparse.Namespace) -> int:
         0 on success, 1 when the folder is not a sharded checkpoint, is damaged, or holds items only
         full unpickling can read (without ``--trust_checkpoint``).
     """
-    from accelerando.checkpointing.manifest import CheckpointError
-    from accelerando.utils.fsdp import merge_fsdp_weights
-
     try:
         out = merge_fsdp_weights(
             args.checkpoint_directory,

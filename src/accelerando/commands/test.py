@@ -11,6 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from accelerando.commands import launch
+from accelerando.commands.utils import CustomArgumentParser
+from accelerando.test_utils.scripts import script_path
+
 __all__ = ["add_parser", "main", "run", "test_command", "test_command_parser"]
 
 _HELP = "Check that training works with the current configuration."
@@ -28,8 +32,6 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("test", help=_HELP, description=_HELP)
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser("accelerando test", description=_HELP)
     parser.add_argument("--config_file", default=None, help="Config file to test (default: the default one).")
     parser.set_defaults(func=test_command)
@@ -57,9 +59,6 @@ def test_command(args: argparse.Namespace) -> int:
     Returns:
         0 when every check passed, else the launch's exit status.
     """
-    from accelerando.commands import launch
-    from accelerando.test_utils.scripts import script_path
-
     flags = ["--config_file", args.config_file] if args.config_file else []
     launch_args = launch.parse(launch.build_parser(), [*flags, str(script_path())])
     status = launch.run(launch_args)

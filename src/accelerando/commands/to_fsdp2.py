@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from accelerando.commands.utils import CustomArgumentParser
+from accelerando.settings.configfile import read_config_file, write_config_file
+
 __all__ = [
     "ConversionStatus",
     "convert_config_to_fsdp2",
@@ -87,8 +90,6 @@ def load_config(config_file: str) -> dict[str, Any]:
         FileNotFoundError: the file does not exist.
         ValueError: the file cannot be parsed (``ConfigError``).
     """
-    from accelerando.settings.configfile import read_config_file
-
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"Config file `{config_file}` not found. Fix: check the --config_file path.")
     return read_config_file(config_file)
@@ -143,8 +144,6 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("to-fsdp2", help=_DESCRIPTION, description=_DESCRIPTION)
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser("accelerando to-fsdp2", description=_DESCRIPTION)
     parser.add_argument("--config_file", required=True, help="The FSDP1 config file to convert.")
     parser.add_argument(
@@ -176,8 +175,6 @@ def to_fsdp2_command(args: argparse.Namespace) -> int:
             holds an unknown FSDP1 sharding strategy.
         FileExistsError: ``output_file`` exists and ``overwrite`` is not set.
     """
-    from accelerando.settings.configfile import write_config_file
-
     if not Path(args.config_file).exists():
         raise FileNotFoundError(
             f"Config file `{args.config_file}` not found. Fix: check the --config_file path."

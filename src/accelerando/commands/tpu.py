@@ -18,7 +18,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from accelerando.commands.config.config_args import default_config_file
+from accelerando.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
+from accelerando.commands.utils import CustomArgumentParser
+from accelerando.settings.configfile import find_config_file
 
 __all__ = [
     "add_parser",
@@ -50,8 +52,6 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("tpu-config", help=_DESCRIPTION, description=_DESCRIPTION)
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser("accelerando tpu-config", description=_DESCRIPTION)
     config = parser.add_argument_group("Config", "Options that default to the config file's values.")
     config.add_argument("--config_file", default=None, help="Config file to read defaults from.")
@@ -92,12 +92,10 @@ def _install_requirement(version: str) -> str:
 
 
 def _fill_from_config(args: argparse.Namespace) -> None:
-    from accelerando.settings.configfile import find_config_file
 
     path, _ = find_config_file(args.config_file)
     if path is None:
         return
-    from accelerando.commands.config.config_args import ClusterConfig, load_config_from_file
 
     defaults = load_config_from_file(str(path))
     if not isinstance(defaults, ClusterConfig):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from accelerando.devices.families import CUDABackend
+
 __all__ = ["set_numa_affinity"]
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,6 @@ def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> 
         ValueError: if ``local_process_index`` is negative.
     """
     import importlib.util
-
-    from accelerando.devices.families import CUDABackend
 
     if local_process_index < 0:
         raise ValueError(f"local_process_index must be >= 0, got {local_process_index}.")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelerando.parallelism_config import ParallelismConfig
+from accelerando.settings import environment_setting
+
 __all__ = ["default_parallelism_config"]
 
 
@@ -20,10 +23,8 @@ def default_parallelism_config(parallelism_config: Any) -> Any:
     """
     if parallelism_config is not None:
         return parallelism_config
-    from accelerando.settings import environment_setting
 
     if not environment_setting("use_parallelism_config"):
         return None
-    from accelerando.parallelism_config import ParallelismConfig
 
     return ParallelismConfig()

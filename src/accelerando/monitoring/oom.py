@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from accelerando.devices import DEVICE_BACKENDS
 from accelerando.logging import get_logger
 
 __all__ = ["BatchSizeFinder", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"]
@@ -49,7 +50,6 @@ _REACHED_ZERO = "No executable batch size found, reached zero."
 
 
 def _empty_device_caches() -> None:
-    from accelerando.devices import DEVICE_BACKENDS
 
     for backend in DEVICE_BACKENDS:
         # An uninitialised CUDA runtime holds no cache; touching it would only initialise it.

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.settings import fill_unset
 
 __all__ = ["FaultTolerancePlugin", "TorchFTPlugin"]
 
@@ -49,7 +50,6 @@ class FaultTolerancePlugin(KwargsHandler):
     init_sync: bool = True
 
     def __post_init__(self) -> None:
-        from accelerando.settings import fill_unset
 
         fill_unset(self, "fault_tolerance", prefix="ft_")
         if self.min_replicas is not None and (

@@ -12,6 +12,7 @@ from typing import Any
 
 from accelerando.plugins.kwargs import KwargsHandler
 from accelerando.settings import fill_unset
+from accelerando.utils.megatron_parsers import parse_model_config
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -151,8 +152,6 @@ class MegatronLMPlugin(KwargsHandler):
         Raises:
             ValueError: no parser for the model's family (see ``accelerando.utils.megatron_parsers``).
         """
-        from accelerando.utils.megatron_parsers import parse_model_config
-
         parse_model_config(self, model, batch_data)
 
     def set_mixed_precision(self, mixed_precision: str) -> None:

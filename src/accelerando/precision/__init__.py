@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from accelerando.precision.advice import warn_if_emulated
 from accelerando.precision.base import Precision
 
 __all__ = ["Precision", "build_precision"]
@@ -38,8 +39,6 @@ def build_precision(
         RuntimeError: fp8 with a backend that cannot run here (the message names "ao", which runs).
     """
     import torch
-
-    from accelerando.precision.advice import warn_if_emulated
 
     if mixed_precision == "no":
         return Precision()

@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
+from accelerando.state import AcceleratorState, PartialState
+
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager"]
 
 
 def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.GradScaler:
     """Return a ``torch.amp.GradScaler`` for the current device (kwargs as ``GradScalerKwargs``)."""
-    from accelerando.state import PartialState
-
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 
@@ -21,8 +21,6 @@ def get_mixed_precision_context_manager(
     native_amp: bool = False, autocast_kwargs: Any = None
 ) -> contextlib.AbstractContextManager:
     """Return the autocast context for the active Accelerator's mixed precision (a no-op for "no")."""
-    from accelerando.state import AcceleratorState, PartialState
-
     state = AcceleratorState()
     precision = state.mixed_precision if native_amp else "no"
     if precision not in ("fp16", "bf16"):

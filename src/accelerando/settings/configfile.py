@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accelerando.settings.fields import FIELDS, Field, quote_value
+from accelerando.safe_files import FileTooLargeError, NotRegularFileError, describe_mode, read_regular
+from accelerando.settings.fields import FIELDS, Field, get_field, quote_value
 from accelerando.settings.resolve import Sourced, parse_value
 
 __all__ = [
@@ -176,8 +177,6 @@ MAX_CONFIG_BYTES = 64 * 2**20
 
 def _what_is(path: Path) -> str:
     """Why ``path`` cannot be a config file, as the end of a sentence ("does not exist", "is a directory")."""
-    from accelerando.safe_files import describe_mode
-
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -195,8 +194,6 @@ def _read_text(path: Path) -> str:
     named as a config file would otherwise hang the reader), and read no further than
     :data:`MAX_CONFIG_BYTES`.
     """
-    from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
-
     fix = "Fix: pass a YAML or JSON config file (create one with `accelerando config`)."
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)
@@ -376,8 +373,6 @@ def settings_to_config(values: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         KeyError: for an unknown setting name.
     """
-    from accelerando.settings.fields import get_field
-
     out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
     for name, value in values.items():
         if value is None:

@@ -18,6 +18,7 @@ import accelerando.runtime as runtime
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.environments import ClusterEnvironment
+from accelerando.settings import resolve_runtime_settings
 from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
 
 __all__ = ["PartialState", "process_filter"]
@@ -71,8 +72,6 @@ class PartialState:
         if existing is not None:
             runtime.refuse_cpu_switch(existing, cpu)
         else:
-            from accelerando.settings import resolve_runtime_settings
-
             settings = resolve_runtime_settings({"cpu": True if cpu else None})
             options = {k: kwargs[k] for k in ("backend", "timeout") if kwargs.get(k) is not None}
             runtime.start_process(settings, options)

@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import accelerando.runtime as runtime
+from accelerando.settings import environment_text
 
 __all__ = [
     "ThreadLocalSharedDict",
@@ -53,8 +54,6 @@ def is_initialized() -> bool:
 
 def fork_launched() -> bool:
     """Whether the processes were started by forking (the notebook launcher sets ``FORK_LAUNCHED``)."""
-    from accelerando.settings import environment_text
-
     return (environment_text("FORK_LAUNCHED") or "0").strip().lower() in _TRUE
 
 

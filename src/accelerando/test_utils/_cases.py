@@ -8,6 +8,8 @@ import unittest
 from pathlib import Path
 from typing import Any
 
+from accelerando.state import AcceleratorState, PartialState
+
 __all__ = ["AccelerateTestCase", "MockingTestCase", "TempDirTestCase"]
 
 
@@ -21,7 +23,6 @@ class AccelerateTestCase(unittest.TestCase):
     def tearDown(self) -> None:
         """Reset ``AcceleratorState`` and ``PartialState`` after the test."""
         super().tearDown()
-        from accelerando.state import AcceleratorState, PartialState
 
         AcceleratorState._reset_state(reset_partial_state=True)
         PartialState._reset_state()

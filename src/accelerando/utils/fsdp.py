@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from accelerando.state import PartialState
+from accelerando.strategies.fsdp import state
 from accelerando.strategies.fsdp.auto import (
     ShardingChoice,
     choose_sharding_strategy,
@@ -29,6 +31,8 @@ from accelerando.strategies.fsdp.helpers import (
     load_sharded_checkpoint,
     merge_fsdp_weights,
 )
+from accelerando.strategies.fsdp.strategy import _clean
+from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing, wrap_units
 
 __all__ = [
     "ShardingChoice",
@@ -158,7 +162,6 @@ def _plain_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 def _strategy_state() -> Any:
     # Imported at call time: it pulls in torch.distributed.checkpoint, which only checkpointing needs.
-    from accelerando.strategies.fsdp import state
 
     return state
 
@@ -452,8 +455,6 @@ def fsdp2_canonicalize_names(named_params: dict) -> dict:
     Returns:
         A new dict with cleaned names, same values and order.
     """
-    from accelerando.strategies.fsdp.strategy import _clean
-
     return {_clean(name): value for name, value in named_params.items()}
 
 
@@ -492,8 +493,6 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
     Returns:
         The scaler.
     """
-    from accelerando.state import PartialState
-
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 
@@ -510,8 +509,6 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: Any, model: torch.nn.Module) ->
     Raises:
         ValueError: a configured layer class name matches nothing in the model.
     """
-    from accelerando.strategies.fsdp.wrap import wrap_units
-
     if fsdp2_plugin.auto_wrap_policy in (None, "NO_WRAP"):
         return None
     units = {id(unit) for unit in wrap_units(fsdp2_plugin, model)}
@@ -538,8 +535,6 @@ def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     Raises:
         ValueError: the accelerator has no FSDP plugin.
     """
-    from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing, wrap_units
-
     plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
     if plugin is None:
         raise ValueError("fsdp2_apply_ac needs an Accelerator configured with an FSDP plugin.")

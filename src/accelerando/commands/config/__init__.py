@@ -25,7 +25,9 @@ from accelerando.commands.config.default import (
     default_config_command,
     write_basic_config,
 )
+from accelerando.commands.config.questions import ask_questions as ask
 from accelerando.commands.config.update import update_command_parser, update_config_command
+from accelerando.commands.spellings import add_dash_spellings
 
 __all__ = [
     "add_parser",
@@ -105,8 +107,6 @@ def ask_questions() -> dict[str, Any] | None:
     Returns:
         Setting name -> value, or ``None`` when the user cancelled.
     """
-    from accelerando.commands.config.questions import ask_questions as ask
-
     return ask()
 
 
@@ -119,7 +119,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    from accelerando.commands.spellings import add_dash_spellings
-
     parser = add_dash_spellings(get_config_parser())
     return run(parser.parse_args(sys.argv[1:] if argv is None else argv))

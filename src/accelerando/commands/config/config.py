@@ -20,6 +20,7 @@ from accelerando.commands.config.config_args import (
     default_yaml_config_file,
 )
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
+from accelerando.commands.utils import CustomArgumentParser
 from accelerando.settings.configfile import ConfigError, config_to_layer, default_config_path
 
 __all__ = [
@@ -70,8 +71,6 @@ def config_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
             formatter_class=SubcommandHelpFormatter,
         )  # fmt: skip
     else:
-        from accelerando.commands.utils import CustomArgumentParser
-
         parser = CustomArgumentParser(
             "accelerando config", description=description, formatter_class=SubcommandHelpFormatter
         )

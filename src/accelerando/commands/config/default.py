@@ -18,6 +18,8 @@ from accelerando.settings.configfile import (
     settings_to_config,
     write_config_file,
 )
+from accelerando.settings.machine import visible_gpu_count
+from accelerando.settings.resolve import parse_value
 
 __all__ = [
     "basic_config_values",
@@ -45,9 +47,6 @@ def basic_config_values(mixed_precision: str = "no", gpu_count: int | None = Non
     Raises:
         ValueError: for an unknown ``mixed_precision``.
     """
-    from accelerando.settings.machine import visible_gpu_count
-    from accelerando.settings.resolve import parse_value
-
     precision = parse_value("mixed_precision", mixed_precision, "write_basic_config(mixed_precision=...)")
     gpus = visible_gpu_count() if gpu_count is None else gpu_count
     return {

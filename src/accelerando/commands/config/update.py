@@ -15,7 +15,7 @@ from typing import Any
 
 from accelerando.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
-from accelerando.settings.configfile import ConfigError, config_to_layer
+from accelerando.settings.configfile import ConfigError, config_to_layer, default_config_path
 
 __all__ = [
     "default_config_file",
@@ -43,8 +43,6 @@ def update_config(args: argparse.Namespace) -> str:
     """
     config_file = getattr(args, "config_file", None)
     if config_file is None:
-        from accelerando.settings.configfile import default_config_path
-
         config_file = str(default_config_path())
         if not Path(config_file).is_file():
             raise FileNotFoundError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelerando.launchers.limits import clip
+
 __all__ = ["print_dry_run", "print_settings"]
 
 
@@ -15,8 +17,6 @@ def print_settings(settings: Any) -> None:
     Args:
         settings: resolved :class:`~accelerando.settings.Settings`.
     """
-    from accelerando.launchers.limits import clip
-
     print("Settings (value, source) that differ from the defaults:")
     for name, value, source in settings.items():
         if source != "default":

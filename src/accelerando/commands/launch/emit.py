@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from accelerando.commands.launch.resolution import command_of, resolve_launch_settings
+from accelerando.launchers.emit import emit_job, write_job
 
 __all__ = ["emit"]
 
@@ -27,7 +28,6 @@ def emit(args: argparse.Namespace) -> int | None:
     settings, _notes = resolve_launch_settings(args)
     if not settings.emit:
         return None
-    from accelerando.launchers.emit import emit_job, write_job
 
     text = emit_job(settings, command_of(args))
     try:

@@ -11,7 +11,12 @@ import argparse
 from typing import Any
 
 from accelerando.commands.launch.flags import compat_env
+from accelerando.commands.launch.parser import is_given
+from accelerando.launchers.plan import Command, build, check_command
+from accelerando.settings.configfile import find_config_file, load_config_layer
 from accelerando.settings.fields import FIELDS
+from accelerando.settings.machine import detect_machine
+from accelerando.settings.resolve import Sourced, env_layer, resolve
 
 __all__ = ["cli_layer", "command_of", "plan_for", "resolve_launch_settings"]
 
@@ -25,9 +30,6 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         Setting name -> :class:`~accelerando.settings.resolve.Sourced` (``cli:--flag``), given ones only.
     """
-    from accelerando.commands.launch.parser import is_given
-    from accelerando.settings.resolve import Sourced
-
     layer = {}
     for field in FIELDS:
         value = getattr(args, field.name, None) if field.cli else None
@@ -52,9 +54,6 @@ def resolve_launch_settings(
         ValueError: a bad config file (:class:`~accelerando.settings.configfile.ConfigError`) or a
             bad value from any layer; the message names the source and the fix.
     """
-    from accelerando.settings.configfile import find_config_file, load_config_layer
-    from accelerando.settings.resolve import Sourced, env_layer, resolve
-
     path, note = find_config_file(getattr(args, "config_file", None))
     notes = [note] if note else []
     config = load_config_layer(path) if path is not None else {}
@@ -71,8 +70,6 @@ def command_of(args: argparse.Namespace) -> Any:
     Returns:
         The command: target, its arguments, and whether it is a module or a program run directly.
     """
-    from accelerando.launchers.plan import Command
-
     return Command(
         args.training_script,
         tuple(getattr(args, "training_script_args", None) or ()),
@@ -101,9 +98,6 @@ def plan_for(
         KeyError: a setting the planner needs is missing (the message names it).
     """
     from dataclasses import replace
-
-    from accelerando.launchers.plan import build, check_command
-    from accelerando.settings.machine import detect_machine
 
     settings, notes = resolve_launch_settings(args, forced)
     command = command_of(args)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+import accelerando.runtime as rt
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.fault_tolerance.manager import ManagerHandle, start_manager
 
@@ -34,8 +35,6 @@ def _plugin(runtime: Runtime) -> FaultTolerancePlugin:
 
     plugins = getattr(runtime, "plugins", None)
     if plugins is None:  # built from the state view: the runtime being built is the active one
-        import accelerando.runtime as rt
-
         current = rt.current()
         plugins = current.plugins if current is not None else None
     found = plugins.handler(FaultTolerancePlugin) if plugins is not None else None

@@ -13,6 +13,11 @@ from typing import Any
 
 import torch
 
+from accelerando.checkpointing import files as F
+from accelerando.model_io import write_model_weights
+from accelerando.strategies.fsdp.state import broadcast_full_state_dict, load_shards
+from accelerando.strategies.fsdp.strategy import FSDPStrategy
+
 __all__ = [
     "fsdp2_load_full_state_dict",
     "fsdp2_prepare_model",
@@ -39,8 +44,6 @@ def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Mo
     Raises:
         ValueError: the accelerator does not use FSDP2.
     """
-    from accelerando.strategies.fsdp.strategy import FSDPStrategy
-
     strategy = getattr(accelerator, "_strategy", None)
     if not isinstance(strategy, FSDPStrategy) or strategy.plugin.fsdp_version != 2:
         raise ValueError("fsdp2_prepare_model needs an Accelerator configured for FSDP2 (fsdp_version=2)")
@@ -61,8 +64,6 @@ def fsdp2_load_full_state_dict(
         full_sd: the full state dict (meaningful on rank 0).
         cpu_offload: keep the loaded shards in CPU memory.
     """
-    from accelerando.strategies.fsdp.state import broadcast_full_state_dict
-
     del accelerator  # the process group is the default one
     broadcast_full_state_dict(model, full_sd, cpu_offload=cpu_offload)
 
@@ -91,7 +92,6 @@ def load_sharded_checkpoint(checkpoint_dir: str) -> dict[str, torch.Tensor]:
             f"{checkpoint_dir!r} is not a sharded checkpoint (no .metadata file); pass the "
             "pytorch_model_fsdp_<i> folder inside a save_state checkpoint"
         )
-    from accelerando.strategies.fsdp.state import load_shards
 
     state: dict[str, Any] = {}
     # torch's own reader and planner would unpickle the metadata and the non-tensor items fully.
@@ -132,9 +132,6 @@ def merge_fsdp_weights(
         UnsafeCheckpointError: an item needs full unpickling and ``load_kwargs`` does not opt in.
         CheckpointError: the folder is damaged.
     """
-    from accelerando.checkpointing import files as F
-    from accelerando.model_io import write_model_weights
-
     weights_only = bool((load_kwargs or {}).get("weights_only", True))
     try:
         with F.unpickling(weights_only):

@@ -21,6 +21,11 @@ from typing import Any
 import torch
 
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
+from accelerando.strategies.fsdp.state import (
+    broadcast_buffers,
+    broadcast_full_state_dict,
+    broadcast_params,
+)
 
 __all__ = [
     "activation_wrapper_fn",
@@ -197,12 +202,6 @@ def fsdp2_wrap(
 ) -> torch.nn.Module:
     """Shard ``model`` in place with ``fully_shard`` (steps 1-5 of the module docstring); return it."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    from accelerando.strategies.fsdp.state import (
-        broadcast_buffers,
-        broadcast_full_state_dict,
-        broadcast_params,
-    )
 
     units = wrap_units(plugin, model)  # 1
     efficient = plugin.cpu_ram_efficient_loading

@@ -18,6 +18,7 @@ import torch
 
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
+from accelerando.strategies.fsdp.state import weights_only_dcp_reads
 from accelerando.strategies.megatron.args import get_args
 from accelerando.strategies.megatron.board import TrainingBoard
 from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
@@ -381,7 +382,6 @@ class MegatronEngine(torch.nn.Module):
         with open(tracker, encoding="utf-8") as handle:
             iteration = int(handle.read().strip())
         source = os.path.join(input_dir, f"iter_{iteration:07d}")
-        from accelerando.strategies.fsdp.state import weights_only_dcp_reads
 
         args = get_args()
         # megatron-core drives torch.distributed.checkpoint with torch's own planner and reader,

@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+
 __all__ = ["HfDeepSpeedConfig"]
 
 # Offload targets that move ZeRO state off the accelerator.
@@ -30,7 +32,6 @@ def _read_config(config_file_or_dict: Any) -> dict[str, Any]:
         isinstance(config_file_or_dict, str) and os.path.exists(config_file_or_dict)
     ):
         path = os.fspath(config_file_or_dict)
-        from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
 
         try:
             raw = read_regular(path, 64 * 2**20)  # a FIFO or /dev/zero would hang a plain read

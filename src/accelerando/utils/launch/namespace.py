@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from accelerando.settings.fields import FIELDS_BY_NAME
+from accelerando.settings.resolve import Sourced, resolve
 
 __all__ = ["settings_from_args"]
 
@@ -15,8 +16,6 @@ _ATTRIBUTE_ALIASES = {"use_cpu": "cpu"}
 
 def settings_from_args(args: argparse.Namespace, **forced: Any) -> Any:
     """Resolve the settings a launch namespace gives (plus ``forced`` values), checked as the CLI checks them."""
-    from accelerando.settings.resolve import Sourced, resolve
-
     given = vars(args)
     layer: dict[str, Any] = {}
     for attribute, value in given.items():
