@@ -109,9 +109,14 @@ def decide(
             "or run on a GPU machine"
         )
     if fault_tolerance_requested:
+        # FSDP with fault tolerance is HSDP: FSDP2 inside each replica group, torchft across groups.
+        sharded = fsdp_requested and parallelism is not None and parallelism.dp_shard_enabled
         return _fault_tolerant_decision(
             process_type,
-            deepspeed_requested or fsdp_requested or megatron_requested or pipeline_requested,
+            deepspeed_requested
+            or (fsdp_requested and not sharded)
+            or megatron_requested
+            or pipeline_requested,
             parallelism,
         )
     if pipeline_requested:
@@ -205,22 +210,27 @@ def _fault_tolerant_decision(
 ) -> Decision:
     """Step 5 for ``--fault_tolerance`` / a ``FaultTolerancePlugin``: torchft data parallelism across groups.
 
-    A ParallelismConfig may only describe the replica axis (``dp_replicate_size``, the replica groups).
+    A ParallelismConfig may describe the replica axis (``dp_replicate_size``, the replica groups) and
+    FSDP2 sharding inside a group (``dp_shard_size``: HSDP); nothing else.
 
     Raises:
-        ValueError: another backend was requested too, or the ParallelismConfig shards or splits the model.
+        ValueError: another backend was requested too (FSDP only with ``dp_shard_size``), or the
+            ParallelismConfig splits the model (tensor / context / sequence parallelism).
     """
     if other_backend:
         raise ValueError(
             "fault tolerance (--fault_tolerance or a FaultTolerancePlugin) and DeepSpeed / FSDP / Megatron-LM / "
             "pipeline parallelism were both requested; fault tolerance here is torchft's data parallelism across "
-            "replica groups, on its own: drop one of them"
+            "replica groups, on its own, or HSDP (--use_fsdp --fsdp_version 2 with --parallelism_config_dp_shard_size "
+            "= processes per group): drop the other backend"
         )
-    if parallelism is not None and not parallelism.replicate_axis_only:
+    if parallelism is not None and (
+        parallelism.tp_enabled or parallelism.cp_enabled or parallelism.sp_enabled
+    ):
         raise ValueError(
-            f"fault tolerance replicates the whole model across replica groups, and {parallelism!r} also shards or "
-            "splits it inside a group (HSDP / tensor parallelism with torchft is not supported yet): keep only "
-            "dp_replicate_size (the number of replica groups)"
+            f"fault tolerance replicates the model across replica groups (and may shard it inside a group with "
+            f"dp_shard_size), and {parallelism!r} also splits it (tensor / context / sequence parallelism, not "
+            "supported with torchft yet): keep only dp_replicate_size and dp_shard_size"
         )
     return Decision(process_type, "fault_tolerant", "fault tolerance (torchft) across replica groups")
 

@@ -291,17 +291,6 @@ class ParallelismConfig:
         return self.dp_replicate_size > 1
 
     @property
-    def replicate_axis_only(self) -> bool:
-        """Whether no axis but ``dp_replicate`` is larger than 1.
-
-        With fault tolerance (torchft) the replicate axis is the set of replica groups, each its own job:
-        the processes of one group then form no mesh of their own, and ``dp_replicate_size`` is the number
-        of groups (see :mod:`accelerando.strategies.fault_tolerance`).
-        """
-        self._require_resolved()
-        return all(size == 1 for axis, size in self._sizes.items() if axis != "dp_replicate")
-
-    @property
     def dp_shard_enabled(self) -> bool:
         """Whether parameters are sharded over a dp_shard axis."""
         return self.dp_shard_size > 1

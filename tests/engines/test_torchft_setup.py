@@ -77,10 +77,15 @@ def test_connector_picks_the_fault_tolerant_strategy_and_refuses_mixtures() -> N
     decision = _decide()
     assert (decision.strategy_name, decision.distributed_type) == ("fault_tolerant", DistributedType.NO)
     assert _decide(parallelism=ParallelismConfig(dp_replicate_size=2)).strategy_name == "fault_tolerant"
-    with pytest.raises(ValueError, match="drop one of them"):
+    with pytest.raises(ValueError, match="drop the other backend"):
         _decide(deepspeed_requested=True)
-    with pytest.raises(ValueError, match="keep only dp_replicate_size"):
-        _decide(parallelism=ParallelismConfig(dp_shard_size=2))
+    with pytest.raises(ValueError, match="drop the other backend"):
+        _decide(fsdp_requested=True)  # FSDP without dp_shard_size: not HSDP
+    hsdp = _decide(fsdp_requested=True, parallelism=ParallelismConfig(dp_shard_size=2))
+    assert hsdp.strategy_name == "fault_tolerant"
+    assert _decide(parallelism=ParallelismConfig(dp_shard_size=2)).strategy_name == "fault_tolerant"  # HSDP
+    with pytest.raises(ValueError, match="keep only dp_replicate_size and dp_shard_size"):
+        _decide(parallelism=ParallelismConfig(dp_shard_size=2, tp_size=2))
 
 
 @pytest.mark.usefixtures("isolated_env")

@@ -22,16 +22,24 @@ MAX_STEPS = 100_000
 
 
 def launch(
-    out_dir: Path, *, step_sleep: float, heartbeat_timeout: float = 1.0, max_restarts: int = 1
+    out_dir: Path,
+    *,
+    step_sleep: float,
+    heartbeat_timeout: float = 1.0,
+    max_restarts: int = 1,
+    processes: int = 1,
 ) -> subprocess.Popen[str]:
-    """Start ``accelerando launch --fault_tolerance`` with 2 replica groups of 1 process each (CPU, gloo).
+    """Start ``accelerando launch --fault_tolerance`` with 2 replica groups on CPU (gloo).
 
-    The launcher's output goes to ``out_dir/launch.log``.
+    Each group has ``processes`` processes; more than one shard the model with FSDP2 inside the group
+    (HSDP). The launcher's output goes to ``out_dir/launch.log``.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "TORCHFT"))}
     env.update(OMP_NUM_THREADS="1", RUST_LOG="warn")
     argv = [
-        sys.executable, "-m", "accelerando.commands.launch", "--cpu", "--num_processes", "1",
+        sys.executable, "-m", "accelerando.commands.launch", "--cpu", "--num_processes", str(processes),
+        *(("--use_fsdp", "--fsdp_version", "2", "--parallelism_config_dp_shard_size", str(processes))
+          if processes > 1 else ()),
         "--fault_tolerance", "--ft_replica_groups", "2", "--ft_heartbeat_timeout", str(heartbeat_timeout),
         "--ft_timeout", "20", "--max_restarts", str(max_restarts),
         str(TRAIN_SCRIPT), str(out_dir), str(MAX_STEPS), str(step_sleep),
@@ -40,9 +48,9 @@ def launch(
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def read_log(out_dir: Path, replica: int) -> list[dict[str, Any]]:
-    """The JSON lines group ``replica`` wrote so far (a line being written is skipped)."""
-    path = out_dir / f"group{replica}.jsonl"
+def read_log(out_dir: Path, replica: int, rank: int = 0) -> list[dict[str, Any]]:
+    """The JSON lines process ``rank`` of group ``replica`` wrote so far (a line being written is skipped)."""
+    path = out_dir / (f"group{replica}.jsonl" if rank == 0 else f"group{replica}.rank{rank}.jsonl")
     if not path.exists():
         return []
     records = []
@@ -104,14 +112,15 @@ class KilledRun:
 
 
 def run_and_kill(
-    out_dir: Path, kill_step: int, *, step_sleep: float = 0.05, steps_after: int = 10
+    out_dir: Path, kill_step: int, *, step_sleep: float = 0.05, steps_after: int = 10, processes: int = 1
 ) -> KilledRun:
-    """Launch 2 groups, SIGKILL group 1 once it committed ``kill_step`` steps, let it recover, stop both.
+    """Launch 2 groups, SIGKILL group 1 (its rank 0) once it committed ``kill_step`` steps, let it recover.
 
     Both groups stop ``steps_after`` steps after group 1 trained again (``stop_at``). Raises AssertionError
-    when the launch fails or a phase does not come within its time limit.
+    when the launch fails or a phase does not come within its time limit. The result compares the rank-0
+    processes; :func:`measure` compares another rank.
     """
-    launcher = launch(out_dir, step_sleep=step_sleep)
+    launcher = launch(out_dir, step_sleep=step_sleep, processes=processes)
     try:
         at_kill = lambda: any(r["step"] >= kill_step for r in steps_of(read_log(out_dir, 1)))  # noqa: E731
         wait_until(at_kill, launcher, 300, f"group 1 committed {kill_step} steps")
@@ -131,12 +140,13 @@ def run_and_kill(
     if launcher.returncode != 0:
         log = (out_dir / "launch.log").read_text()[-4000:]
         raise AssertionError(f"the launch failed with status {launcher.returncode}:\n{log}")
-    return _measure(out_dir, killed_at, kill_time)
+    return measure(out_dir, killed_at, kill_time)
 
 
-def _measure(out_dir: Path, kill_step: int, kill_time: float) -> KilledRun:
-    survivor = [r for r in steps_of(read_log(out_dir, 0)) if r["committed"]]
-    returned = steps_of(read_log(out_dir, 1), attempt=1)
+def measure(out_dir: Path, kill_step: int, kill_time: float, rank: int = 0) -> KilledRun:
+    """Read the logs of process ``rank`` of both groups after a run of :func:`run_and_kill`."""
+    survivor = [r for r in steps_of(read_log(out_dir, 0, rank)) if r["committed"]]
+    returned = steps_of(read_log(out_dir, 1, rank), attempt=1)
     first_back = returned[0]
     down = [r for r in survivor if kill_time < r["t"] < first_back["t"]]
     times = [kill_time, *(r["t"] for r in survivor if r["t"] > kill_time)]

@@ -9,7 +9,7 @@ process (with its pid), then one ``step`` line per step (the committed step coun
 was committed, the time, and a SHA-256 of the weights). Every start seeds the model differently, so a
 restarted group holds the live groups' weights only if it recovered them from a peer. The batch of a step
 depends only on the step number and the group, so a recovered group trains on what it would have.
-At the end the group writes its weights to ``OUT_DIR/final<replica>.pt``. The script reads no checkpoint.
+At the end the group writes its weights to ``OUT_DIR/final<replica>.pt``. The script reads no checkpoint. Under HSDP each process of a group logs and hashes its own shards.
 """
 
 from __future__ import annotations
@@ -21,14 +21,20 @@ import sys
 import time
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from accelerando import Accelerator
 from accelerando.strategies.fault_tolerance import current_step
 
 
+def _local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This process's weights: the whole model, or its shards under HSDP."""
+    return {k: v.to_local() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+
+
 def _weights_hash(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(_local_state(model).items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -46,7 +52,9 @@ def main() -> None:
     out_dir, total_steps, step_sleep = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     accelerator = Accelerator()
     replica = accelerator.runtime.strategy.plugin.replica_id
-    log_path = os.path.join(out_dir, f"group{replica}.jsonl")
+    # Rank 0 of a group writes group<r>.jsonl / final<r>.pt; rank k > 0 (HSDP) adds ".rank<k>".
+    tag = f"{replica}" if accelerator.process_index == 0 else f"{replica}.rank{accelerator.process_index}"
+    log_path = os.path.join(out_dir, f"group{tag}.jsonl")
     starts = 0
     if os.path.exists(log_path):
         with open(log_path) as log:
@@ -74,7 +82,7 @@ def main() -> None:
             record = {"event": "step", "step": committed, "committed": committed > step, "t": time.time()}
             log.write(json.dumps({**record, "hash": _weights_hash(plain)}) + "\n")
             time.sleep(step_sleep)
-    torch.save(plain.state_dict(), os.path.join(out_dir, f"final{replica}.pt"))
+    torch.save(_local_state(plain), os.path.join(out_dir, f"final{tag}.pt"))
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ import torch
 
 import accelerando.runtime as rt
 from accelerando.strategies.base import Strategy
+from accelerando.strategies.fault_tolerance.hsdp import LocalShardState, group_mesh, shard_within_group
 from accelerando.strategies.fault_tolerance.manager import ManagerHandle, start_manager
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torchft import Manager
 
     from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
@@ -50,9 +52,13 @@ class FaultTolerantStrategy(Strategy):
     The distributed type is the replica group's own (``NO`` for a group of one process): collectives of
     the Accelerator (``gather``, ``reduce``, ...) stay inside the group; only gradients cross groups.
 
+    A replica group of several processes runs HSDP: a ``ParallelismConfig(dp_shard_size=N)`` with N the
+    group's process count shards each model with FSDP2 inside the group, and torchft averages the
+    gradient shards across groups (:mod:`accelerando.strategies.fault_tolerance.hsdp`).
+
     Raises:
-        NotImplementedError: a replica group of several processes (torchft's DDP averages across groups
-            only, so the processes of one group would drift apart; run one process per group).
+        NotImplementedError: a replica group of several processes without ``dp_shard_size`` equal to its
+            process count (torchft's DDP averages across groups only: the group's processes would drift).
         ValueError: no lighthouse address or replica id is known (launch with ``--fault_tolerance``).
     """
 
@@ -64,15 +70,24 @@ class FaultTolerantStrategy(Strategy):
         super().__init__(runtime, precision, **options)
         self.distributed_type = runtime.distributed_type
         group_size = int(runtime.num_processes)
-        if group_size != 1:
+        config = getattr(runtime, "parallelism_config", None) or getattr(
+            getattr(runtime, "plugins", None), "parallelism_config", None
+        )
+        shards = config.dp_shard_size if config is not None else 1
+        if group_size != 1 and shards != group_size:
             raise NotImplementedError(
-                f"fault tolerance runs one process per replica group here, and this group has {group_size}: "
-                "torchft's DDP averages gradients across groups only. Launch with --num_processes 1 and more "
-                "--ft_replica_groups"
+                f"this replica group has {group_size} processes and ParallelismConfig(dp_shard_size={shards}): "
+                "under fault tolerance the processes of a group must shard the model (HSDP, dp_shard_size = "
+                f"{group_size}: --use_fsdp --fsdp_version 2 --parallelism_config_dp_shard_size {group_size}); "
+                "or launch with --num_processes 1 and more --ft_replica_groups"
             )
         self.plugin = _plugin(runtime)
         self._handle: ManagerHandle = start_manager(self.plugin, int(runtime.process_index), group_size)
         self._registered = 0
+        #: The group's ("dp_shard",) mesh when the group shards its models (HSDP), else None.
+        self.shard_mesh: DeviceMesh | None = None
+        if group_size > 1:
+            self.shard_mesh = group_mesh(runtime.device.type, group_size)
 
     @property
     def manager(self) -> Manager:
@@ -83,6 +98,10 @@ class FaultTolerantStrategy(Strategy):
         """Register ``target``'s state with the manager: what a recovering group copies from a live one."""
         key = f"{kind}_{self._registered}"
         self._registered += 1
+        if self.shard_mesh is not None:
+            shards = LocalShardState(target)
+            self.manager.register_state_dict_fn(key, shards.load_state_dict, shards.state_dict)
+            return
         self.manager.register_state_dict_fn(key, target.load_state_dict, target.state_dict)
 
     def prepare_model(
@@ -90,11 +109,15 @@ class FaultTolerantStrategy(Strategy):
     ) -> torch.nn.Module:
         """Move ``model`` to the device, register its weights for recovery, wrap it in torchft's DDP.
 
-        A model with nothing to train (or prepared for evaluation) is only moved and registered.
+        In a sharding group (HSDP) the model is sharded with FSDP2 instead, then registered. A model with
+        nothing to train (or prepared for evaluation) is only moved and registered.
         """
         model = super().prepare_model(model, device_placement, evaluation_mode)
+        trains = not evaluation_mode and any(p.requires_grad for p in model.parameters())
+        if self.shard_mesh is not None and trains:
+            model = shard_within_group(model, self.manager, self.shard_mesh)
         self._register("model", model)
-        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
+        if not trains or self.shard_mesh is not None:
             return model
         from torchft import DistributedDataParallel
 
