@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -470,6 +470,7 @@ def choose_layout(
     training: bool = True,
     activation_checkpointing: bool = False,
     headroom: float = 0.10,
+    simulator: Callable[[int, int, int, int], int | None] | None = None,
 ) -> Layout:
     """Choose tp / pp / dp_shard / dp_replicate for a model on a machine: the least model parallelism that fits.
 
@@ -485,6 +486,10 @@ def choose_layout(
         activation_checkpointing: layers keep only their input for the backward pass.
         headroom: fraction of each device's memory left out of the budget (CUDA context, fragmentation,
             logits).
+        simulator: ``(tp, pp, dp_shard, dp_replicate) -> peak bytes per device``, or None for a layout it
+            cannot simulate; when given, its peak replaces the formula's estimate for the layouts it
+            answers (``accelerando.planning.auto.layout_simulator`` builds one that runs a training
+            step on fake tensors), and each reason line says which of the two decided.
 
     Returns:
         The :class:`Layout`, whose ``reason`` lists the facts, the memory terms, the degrees excluded
@@ -528,11 +533,19 @@ def choose_layout(
             if tp > 1 and dp_shard == 1 and data > 1:
                 continue  # tensor parallelism over pure replication: refused by ParallelismConfig
             need = _estimate(facts, costs, tp, pp, dp_shard)
+            simulated = simulator(tp, pp, dp_shard, data // dp_shard) if simulator is not None else None
+            if simulated is not None:
+                need = float(simulated)
             if best is None or need < best[0]:
                 best = (need, (tp, pp, dp_shard))
             if need <= budget:
-                reason.append(_why(tp, pp, dp_shard, data // dp_shard, need, budget, facts, machine))
+                how = _source_note(simulator is not None, simulated is not None)
+                reason.append(_why(tp, pp, dp_shard, data // dp_shard, need, budget, facts, machine) + how)
                 return Layout(tp, pp, dp_shard, data // dp_shard, int(need), budget, reason)
+            if simulated is not None:
+                reason.append(
+                    f"tp={tp} pp={pp} dp_shard={dp_shard}: simulated peak {_gib(need)} per device > {_gib(budget)}"
+                )
         smallest = _estimate(facts, costs, tp, pp, data) if data > 1 or tp == pp == 1 else None
         if smallest is not None:
             reason.append(
@@ -549,6 +562,13 @@ def choose_layout(
         "with more memory, CPU offload of the optimizer state "
         "(FSDP/DeepSpeed offload), a smaller micro-batch or sequence, or activation checkpointing"
     )
+
+
+def _source_note(asked: bool, simulated: bool) -> str:
+    """What decided the fit, when a simulator was given: its peak, or the formula (a layout it cannot run)."""
+    if not asked:
+        return ""
+    return " [simulated peak]" if simulated else " [formula estimate: the simulator does not run this layout]"
 
 
 def _why(

@@ -659,12 +659,18 @@ def automatic_layout(settings: Settings, machine: MachineInfo, num_processes: in
     else:
         memory = _detected_device_memory(on_gpu, per_node)
     shape = pl.MachineShape(num_machines, per_node, memory, "cuda" if on_gpu else "cpu")
+    options = {
+        "batch_size": settings.parallelism_batch_size or 1,
+        "seq_length": settings.parallelism_seq_length or 2048,
+        "mixed_precision": settings.mixed_precision or "no",
+    }
+    simulator = None
+    if settings.parallelism_simulate:
+        from accelerando.planning.auto import layout_simulator
+
+        simulator = layout_simulator(settings.parallelism_model, **options)
     return pl.choose_layout(
-        pl.model_facts_from_config(settings.parallelism_model),
-        shape,
-        batch_size=settings.parallelism_batch_size or 1,
-        seq_length=settings.parallelism_seq_length or 2048,
-        mixed_precision=settings.mixed_precision or "no",
+        pl.model_facts_from_config(settings.parallelism_model), shape, simulator=simulator, **options
     )
 
 

@@ -239,7 +239,7 @@ def _throughput(estimate: LayoutEstimate, shape: TrainingShape) -> float:
 
 def _reasons(result: Plan) -> list[str]:
     gib = 1024**3
-    budget = f"{result.cluster.budget / gib:.1f} GiB usable per device"
+    budget = f"{result.cluster.budget / gib:.3g} GiB usable per device"
     chosen = result.chosen
     if chosen is None:
         smallest = min(result.estimates, key=lambda e: e.memory.peak) if result.estimates else None
@@ -255,11 +255,11 @@ def _reasons(result: Plan) -> list[str]:
     rate = _throughput(chosen, result.shape)
     lines = [
         f"chosen {chosen.candidate.name} ({chosen.candidate.describe()}): peak "
-        f"{chosen.memory.peak / gib:.2f} GiB <= {budget}, highest estimated throughput of the layouts that fit "
+        f"{chosen.memory.peak / gib:.3g} GiB <= {budget}, highest estimated throughput of the layouts that fit "
         f"({rate:,.0f} tokens/s, {chosen.method})"
     ]
     lines += [
-        f"{e.candidate.name} does not fit: peak {e.memory.peak / gib:.2f} GiB > {budget}"
+        f"{e.candidate.name} does not fit: peak {e.memory.peak / gib:.3g} GiB > {budget}"
         for e in result.estimates
         if not e.fits
     ]

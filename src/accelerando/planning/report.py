@@ -13,8 +13,10 @@ __all__ = ["format_table", "launch_config", "plan_to_json", "write_config", "wri
 _GIB = 1024**3
 
 
-def _gib(value: float) -> str:
-    return f"{value / _GIB:.2f}"
+def _unit(plan: Plan) -> tuple[str, int]:
+    """GiB, or MiB when every peak is under 1 GiB (tiny models)."""
+    largest = max((e.memory.peak for e in plan.estimates), default=0)
+    return ("GiB", _GIB) if largest >= _GIB else ("MiB", 1024**2)
 
 
 def _comms(estimate: LayoutEstimate) -> str:
@@ -31,11 +33,12 @@ def format_table(plan: Plan) -> str:
     c, s = plan.cluster, plan.shape
     head = [
         f"SIMULATION (fake tensors, fake process group; no device was used): {plan.model} on "
-        f"{c.num_machines} x {c.gpus_per_machine} devices of {c.device_memory / _GIB:.0f} GiB "
-        f"({c.budget / _GIB:.1f} GiB usable), micro-batch {s.micro_batch} x {s.seq_length} tokens, "
+        f"{c.num_machines} x {c.gpus_per_machine} devices of {c.device_memory / _GIB:.3g} GiB "
+        f"({c.budget / _GIB:.3g} GiB usable), micro-batch {s.micro_batch} x {s.seq_length} tokens, "
         f"precision {s.mixed_precision}, {s.optimizer}, activation checkpointing "
         f"{'on' if s.activation_checkpointing else 'off'}"
     ]
+    unit, scale = _unit(plan)
     columns = ["layout", "degrees", *CATEGORIES, "peak", "fits", "step s", "method"]
     rows = [columns]
     for e in plan.estimates:
@@ -43,8 +46,8 @@ def format_table(plan: Plan) -> str:
             [
                 e.candidate.name,
                 e.candidate.describe(),
-                *[_gib(getattr(e.memory, k)) for k in CATEGORIES],
-                _gib(e.memory.peak),
+                *[f"{getattr(e.memory, k) / scale:.2f}" for k in CATEGORIES],
+                f"{e.memory.peak / scale:.2f}",
                 "yes" if e.fits else "no",
                 f"{e.step_seconds:.3g}",
                 e.method,
@@ -57,7 +60,10 @@ def format_table(plan: Plan) -> str:
     ]
     comms = ["", "bytes per collective per step, one rank:"]
     comms += [f"  {e.candidate.name}: {_comms(e)}" for e in plan.estimates]
-    tail = ["", "memory columns in GiB per rank at its peak; step s = compute + communication (no overlap)"]
+    tail = [
+        "",
+        f"memory columns in {unit} per rank at its peak; step s = compute + communication (no overlap)",
+    ]
     tail += [*plan.reasons, *[f"skipped {line}" for line in plan.skipped]]
     return "\n".join([*head, "", *lines, *comms, *tail])
 

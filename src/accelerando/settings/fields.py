@@ -569,6 +569,9 @@ FIELDS: tuple[Field, ...] = (
           help="Tokens per sample the automatic layout plans for (default 2048)."),
     Field("parallelism_device_memory", "str", None, group="layout", cli="--parallelism_device_memory",
           help="Memory of one device for the automatic layout, e.g. 80GB (default: detected)."),
+    Field("parallelism_simulate", "bool", None, group="layout", cli="--parallelism_simulate", switch=True,
+          help="Check the automatic layout's memory by simulating a training step (fake tensors, "
+               "accelerando.planning) instead of the formula alone; slower (seconds per layout tried)."),
     # --- FP8 (used with mixed_precision fp8) ------------------------------------------------------
     _fp8("fp8_backend", "choice", "FP8 backend: ao (torchao), te (Transformer Engine), msamp (MS-AMP).",
          choices=("ao", "te", "msamp")),
