@@ -165,3 +165,18 @@ def test_a_group_out_of_restarts_fails_the_launch_with_its_status(tmp_path: Path
     groups = (_group(0, "pass"), _group(1, "import sys; sys.exit(5)"))
     plan = ft.FaultTolerantPlan(groups, "http://given:1", 1, 1.0, max_restarts=1, monitor_interval_s=0.01)
     assert ft.run(plan, quiet=True) == 5
+
+
+@pytest.mark.usefixtures("isolated_env")
+def test_config_file_section_sets_fault_tolerance(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "fault_tolerance_config:\n  fault_tolerance: true\n  ft_replica_groups: 3\n  ft_min_replicas: 2\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    args = parse(build_parser(), ["--config_file", str(config), str(script)])
+    settings, first = plan_for(args)
+    assert settings.fault_tolerance and settings.source("ft_replica_groups").startswith("config:")
+    plan = ft.build(settings, first, lambda: plan_for(args)[1])
+    assert (len(plan.groups), plan.min_replicas) == (3, 2)
