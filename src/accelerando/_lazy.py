@@ -57,3 +57,19 @@ def lazy_getattr(
         return module
 
     return __getattr__
+
+
+def lazy_dir(names: list[str]) -> Callable[[], list[str]]:
+    """Build a module-level ``__dir__`` listing a lazily resolved namespace's public names.
+
+    Args:
+        names: the namespace's ``__all__``.
+
+    Returns:
+        A function suitable as the module's ``__dir__``; it returns the names sorted.
+    """
+
+    def __dir__() -> list[str]:
+        return sorted(names)
+
+    return __dir__

@@ -17,6 +17,26 @@ from typing import Any
 import torch
 
 import accelerando.connector as connector
+
+# The reference's accelerate.accelerator module exposes these constants; scripts import them from it.
+from accelerando.common.constants import (  # noqa: F401
+    DTENSOR_PYTORCH_VERSION,
+    FSDP2_PYTORCH_VERSION,
+    FSDP_PYTORCH_VERSION,
+    MODEL_NAME,
+    PROFILE_PATTERN_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SCALER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
+
+# Looked up in this module when a quantized model is prepared (as in the reference, whose tests patch
+# ``accelerate.accelerator.is_bitsandbytes_multi_backend_available``).
+from accelerando.common.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 from accelerando.facade.collectives import CollectivesMixin
 from accelerando.facade.observing import ObservingMixin
 from accelerando.facade.parallelism_settings import default_parallelism_config
@@ -34,26 +54,6 @@ from accelerando.plugins.kwargs import (
 from accelerando.runtime import Plugins, set_active_accelerator
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
-
-# The reference's accelerate.accelerator module exposes these constants; scripts import them from it.
-from accelerando.utils.constants import (  # noqa: F401
-    DTENSOR_PYTORCH_VERSION,
-    FSDP2_PYTORCH_VERSION,
-    FSDP_PYTORCH_VERSION,
-    MODEL_NAME,
-    PROFILE_PATTERN_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    SAFE_WEIGHTS_PATTERN_NAME,
-    SCALER_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-    WEIGHTS_PATTERN_NAME,
-)
-
-# Looked up in this module when a quantized model is prepared (as in the reference, whose tests patch
-# ``accelerate.accelerator.is_bitsandbytes_multi_backend_available``).
-from accelerando.utils.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 
 __all__ = ["Accelerator"]
 
@@ -468,7 +468,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
     @property
     def fp8_backend(self) -> Any:
         """The FP8 backend in use, an ``FP8BackendType`` (AO, TE or MSAMP; NO unless mixed_precision is fp8)."""
-        from accelerando.utils.dataclasses import FP8BackendType
+        from accelerando.enums import FP8BackendType
 
         return getattr(self._precision, "fp8_backend", FP8BackendType.NO)
 

@@ -18,6 +18,9 @@ __all__ = [
     "RNGType",
     "SageMakerDistributedType",
     "CustomDtype",
+    "EnumWithContains",
+    "BaseEnum",
+    "FP8BackendType",
 ]
 
 
@@ -147,3 +150,38 @@ class CustomDtype(_StrEnum):
     FP8 = "fp8"
     INT4 = "int4"
     INT2 = "int2"
+
+
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass whose ``in`` also accepts values: ``"fp16" in PrecisionType`` is True.
+
+    Anything that is neither a member nor a member's value answers False instead of raising.
+    """
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+
+class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
+    """Base of string enums: members equal their value, ``str()`` gives it, ``in`` accepts values."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """Return every value of the enum as a plain string."""
+        return [member.value for member in cls]
+
+
+class FP8BackendType(BaseEnum):
+    """The libraries FP8 training can run on (``NO``: no FP8)."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"

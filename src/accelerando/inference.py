@@ -44,7 +44,7 @@ def generate_device_map(
 
     capacities = None
     if max_memory:
-        from accelerando.utils.modeling import convert_file_size_to_int
+        from accelerando.big_modeling.budgets import convert_file_size_to_int
 
         capacities = {
             int(k): float(convert_file_size_to_int(v) if isinstance(v, str) else v)

@@ -40,7 +40,7 @@ _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 #: The sequence-parallel implementation (DeepSpeed Ulysses), the only ``sp_backend``.
 SP_BACKEND_DEEPSPEED = "deepspeed"
 _BACKENDS = {"cp": ("torch",), "sp": (SP_BACKEND_DEEPSPEED,)}
-# Handler class (from accelerando.utils.parallel_configs) created for an axis larger than 1 when none was given.
+# Handler class (from accelerando.plugins.parallel_configs) created for an axis larger than 1 when none was given.
 _HANDLER_CLASSES = {
     "tp": "TorchTensorParallelConfig",
     "cp": "TorchContextParallelConfig",
@@ -67,8 +67,8 @@ def _env_int(axis: str) -> int | str:
 
 
 def _default_handler(axis: str) -> Any:
-    """A default instance of the axis's option class (``accelerando.utils.parallel_configs``)."""
-    from accelerando.utils import parallel_configs
+    """A default instance of the axis's option class (``accelerando.plugins.parallel_configs``)."""
+    from accelerando.plugins import parallel_configs
 
     return getattr(parallel_configs, _HANDLER_CLASSES[axis])()
 

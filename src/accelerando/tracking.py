@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from accelerando.common import imports
 from accelerando.enums import LoggerType
 from accelerando.logging import _process_view, get_logger
 from accelerando.trackers.aim import AimTracker
@@ -35,7 +36,6 @@ from accelerando.trackers.swanlab import SwanLabTracker
 from accelerando.trackers.tensorboard import TensorBoardTracker
 from accelerando.trackers.trackio import TrackioTracker
 from accelerando.trackers.wandb import WandBTracker
-from accelerando.utils import imports
 
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",

@@ -263,8 +263,8 @@ def test_estimate_memory_from_transformers_config(tmp_path):
 def test_library_progress_helper_and_shard_layout_needs_dtensors(tmp_path):
     import torch
 
+    from accelerando.common.progress import progress
     from accelerando.utils.modeling import load_checkpoint_in_model
-    from accelerando.utils.progress import progress
 
     items = list(range(5))
     wrapped = progress(items, desc="x")

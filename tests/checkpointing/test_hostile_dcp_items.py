@@ -171,8 +171,8 @@ def _per_rank(root: str) -> dict[str, Any]:
 
 def _merge_checks(root: str) -> dict[str, Any]:
     from accelerando.checkpointing.files import UnsafeCheckpointError
+    from accelerando.strategies.fsdp.checkpoint import merge_fsdp_weights
     from accelerando.strategies.fsdp.state import OPTIMIZER_SHARDS_NAME
-    from accelerando.utils.fsdp import merge_fsdp_weights
 
     out: dict[str, Any] = {}
     shards = os.path.join(root, "hostile", f"{OPTIMIZER_SHARDS_NAME}_0")

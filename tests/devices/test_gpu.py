@@ -264,7 +264,7 @@ def test_torchao_fp8_runs_natively_and_equals_torchao_by_hand(fresh_state):
 
     from accelerando import Accelerator
     from accelerando.plugins.kwargs import AORecipeKwargs
-    from accelerando.utils.ao import default_module_filter
+    from accelerando.precision.fp8.torchao import default_module_filter
 
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
     assert accelerator._precision.emulated is False
@@ -289,7 +289,7 @@ def test_transformer_engine_fp8_or_clear_error(fresh_state):
     from accelerando import Accelerator
     from accelerando.common.imports import is_transformer_engine_available
     from accelerando.plugins.kwargs import TERecipeKwargs
-    from accelerando.utils.transformer_engine import has_transformer_engine_layers
+    from accelerando.precision.fp8.transformer_engine import has_transformer_engine_layers
 
     if not is_transformer_engine_available():
         with pytest.raises(RuntimeError, match="'ao'"):

@@ -97,8 +97,8 @@ def test_unknown_backend_two_recipes_wrong_types(fresh_state, monkeypatch):
 
 
 def test_no_backend_installed(fresh_state, monkeypatch):
+    from accelerando.common import imports
     from accelerando.precision.fp8 import choose_fp8_backend
-    from accelerando.utils import imports
 
     monkeypatch.setattr(imports, "is_torchao_available", lambda: False)
     with pytest.raises(RuntimeError, match="pip install torchao"):
@@ -106,13 +106,13 @@ def test_no_backend_installed(fresh_state, monkeypatch):
 
 
 def test_transformer_engine_helpers_without_it_name_ao():
-    from accelerando.utils import fp8, transformer_engine
+    from accelerando.precision.fp8 import transformer_engine
 
     model = torch.nn.Linear(16, 16)
-    assert fp8.has_transformer_engine_layers(model) is False
+    assert transformer_engine.has_transformer_engine_layers(model) is False
     for call in (
-        lambda: fp8.convert_model(model),
-        lambda: fp8.apply_fp8_autowrap(model, None),
+        lambda: transformer_engine.convert_model(model),
+        lambda: transformer_engine.apply_fp8_autowrap(model, None),
         lambda: transformer_engine.contextual_fp8_autocast(model.forward, None),
     ):
         with pytest.raises(ImportError, match="AORecipeKwargs"):

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from accelerando.precision import fp8_choice
+from accelerando.precision.fp8 import choice as fp8_choice
 
 # --------------------------------------------------------------------------------- test doubles
 FAKE_MSAMP_INIT = '''\
@@ -80,7 +80,7 @@ def write_fake_msamp(folder: Path) -> Path:
 @pytest.fixture
 def fake_msamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The ``msamp`` test double importable for the test; forgotten afterwards."""
-    from accelerando.utils import imports
+    from accelerando.common import imports
 
     monkeypatch.syspath_prepend(str(write_fake_msamp(tmp_path / "fake")))
     for name in ("msamp", "msamp.deepspeed"):
@@ -204,7 +204,7 @@ def test_deepspeed_plugin_enable_msamp_makes_the_engine_convert(
     """DeepSpeedPlugin(enable_msamp=True) alone: its block is used and no precision converts the model."""
     from accelerando import DeepSpeedPlugin
     from accelerando.precision import Precision
-    from accelerando.precision.fp8_ao import AOPrecision
+    from accelerando.precision.fp8.ao import AOPrecision
     from accelerando.strategies.deepspeed.msamp import converts_in_engine
 
     plugin = DeepSpeedPlugin(zero_stage=1, enable_msamp=True, msamp_opt_level="O1")
@@ -230,8 +230,8 @@ def test_no_block_without_msamp(fresh_state: Any) -> None:
 def test_engine_initializer_is_msamp_deepspeed_when_enabled(
     fake_msamp: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from accelerando.common import imports
     from accelerando.strategies.deepspeed import msamp as ds_msamp
-    from accelerando.utils import imports
 
     config = {"msamp": {"enabled": True, "opt_level": "O2"}}
     import msamp.deepspeed
@@ -334,7 +334,7 @@ def test_accelerator_prepare_calls_msamp_initialize(
 DS_SCRIPT = """
 import torch
 
-import accelerando.precision.fp8_choice as choice
+import accelerando.precision.fp8.choice as choice
 # Test double for "a CUDA GPU and MS-AMP are here": msamp (the stand-in on sys.path) passes the check.
 choice.fp8_backend_problem = lambda backend, device: None
 

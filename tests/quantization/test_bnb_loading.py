@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from accelerando.big_modeling import init_empty_weights
-from accelerando.utils import bnb as bnb_utils
-from accelerando.utils.bnb import (
+from accelerando.big_modeling import quantization as bnb_utils
+from accelerando.big_modeling.quantization import (
     BnbQuantizationConfig,
     get_keys_to_not_convert,
     get_parameter_device,
@@ -190,7 +190,7 @@ def test_loaded_model_is_quantized_in_place(checkpoint, caplog) -> None:
     _, x, y, reference = checkpoint
     model = TinyNet().eval()
     model.load_state_dict(reference.state_dict())
-    with caplog.at_level(logging.WARNING, logger="accelerando.utils.bnb"):
+    with caplog.at_level(logging.WARNING, logger="accelerando.big_modeling.quantization"):
         model = load_and_quantize_model(
             model, BnbQuantizationConfig(load_in_8bit=True), device_map={"": "cpu"}
         )

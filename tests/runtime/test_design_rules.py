@@ -17,12 +17,11 @@ ENVIRON_ALLOWED = {
     "environments",  # cluster environments read rank / world size
     "devices",  # device visibility variables
     "launchers",  # the only writers of child-process environments
-    "utils/launch",  # the reference's launch helpers: they build child-process environments too
-    "utils/torch_xla.py",  # tells a Colab / Kaggle host by its variables (install_xla only)
+    "common/torch_xla.py",  # tells a Colab / Kaggle host by its variables (install_xla only)
     "commands/tpu.py",  # hands the environment to the gcloud command it runs
     "commands/config/config_args.py",  # where the reference keeps its config file (HF_HOME)
-    "utils/environment.py",  # patch_environment & co. exist to edit os.environ
-    "utils/fsdp.py",  # the reference API toggles FSDP RAM-efficient loading through an env var
+    "common/environment.py",  # patch_environment & co. exist to edit os.environ
+    "strategies/fsdp/checkpoint.py",  # the reference API toggles FSDP RAM-efficient loading through an env var
     "logging.py",  # the log level must be readable before any state exists
     "test_utils",  # sets torchrun-style variables inside spawned test processes
 }

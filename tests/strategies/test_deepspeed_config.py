@@ -262,7 +262,7 @@ def test_zero_init_config_drops_unresolved_auto() -> None:
 
 
 def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import accelerando.utils.imports as imports
+    import accelerando.common.imports as imports
     from accelerando.strategies.deepspeed import import_deepspeed
 
     monkeypatch.setattr(imports, "is_deepspeed_available", lambda: False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from accelerando.utils.imports import is_deepspeed_available, is_package_available
+from accelerando.common.imports import is_deepspeed_available, is_package_available
 
 pytestmark = [
     pytest.mark.slow,

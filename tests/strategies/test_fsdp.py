@@ -18,8 +18,11 @@ from accelerando.strategies.fsdp.auto import (
     choose_sharding_strategy,
     estimate_sharding_memory,
 )
+from accelerando.strategies.fsdp.checkpoint import (
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
 from accelerando.strategies.fsdp.helpers import merge_fsdp_weights
-from accelerando.utils.fsdp import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
 from suite_support import reset_accelerator_state
 
 MB = 10**6
@@ -281,7 +284,7 @@ def test_merge_command_module_does_not_import_torch():
 
 # ----------------------------------------------------------------------- switches and errors
 def test_ram_efficient_loading_switches(monkeypatch):
-    from accelerando.utils.fsdp import _RAM_EFFICIENT_VARS
+    from accelerando.strategies.fsdp.checkpoint import _RAM_EFFICIENT_VARS
 
     # setenv (not delenv of an absent name) registers a restore, so nothing leaks to later tests.
     for name in (*_RAM_EFFICIENT_VARS, "ACCELERATE_USE_FSDP", "ACCELERANDO_USE_FSDP"):

@@ -201,7 +201,7 @@ def test_network_arguments_from_a_transformers_config():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from accelerando.plugins.megatron import MegatronLMPlugin
-    from accelerando.utils.megatron_parsers import parse_model_config
+    from accelerando.plugins.megatron_parsers import parse_model_config
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=100))
     plugin = MegatronLMPlugin()

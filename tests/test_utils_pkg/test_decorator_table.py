@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from accelerando.common import imports
 from accelerando.test_utils import testing
-from accelerando.utils import imports
 
 
 def _test() -> None:

@@ -6,8 +6,8 @@ import unittest
 
 import pytest
 
+from accelerando.common import imports
 from accelerando.test_utils import testing
-from accelerando.utils import imports
 
 
 def _skipped(decorated: object) -> bool:

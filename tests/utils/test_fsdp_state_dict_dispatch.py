@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accelerando.utils import fsdp
+from accelerando.strategies.fsdp import checkpoint as fsdp
 
 
 def _model() -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""The package checks generated from accelerando.utils.imports' table behave like written functions."""
+"""The package checks generated from accelerando.common.imports' table behave like written functions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from accelerando.utils import imports
+from accelerando.common import imports
 
 _GENERATED = [check.name for check in imports._PACKAGE_CHECKS]
 
@@ -21,7 +21,7 @@ def test_every_row_is_a_public_documented_function():
         function = getattr(imports, name)
         assert name in imports.__all__
         assert function.__name__ == function.__qualname__ == name
-        assert function.__module__ == "accelerando.utils.imports"
+        assert function.__module__ == "accelerando.common.imports"
         assert function.__doc__ and function.__doc__.startswith("Tell whether ")
         assert pickle.loads(pickle.dumps(function)) is function
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accelerando.utils import megatron_parsers as mp
+from accelerando.plugins import megatron_parsers as mp
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,11 +1,11 @@
-"""accelerando.utils.serialization: save / load / clean_state_dict_for_safetensors."""
+"""accelerando.common.serialization: save / load / clean_state_dict_for_safetensors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from accelerando.utils.serialization import clean_state_dict_for_safetensors, load, save
+from accelerando.common.serialization import clean_state_dict_for_safetensors, load, save
 
 
 def test_clean_drops_shared_tensors_and_makes_contiguous() -> None:

@@ -2,8 +2,8 @@
 
 import torch
 
-from accelerando.utils.other import compile_regions
-from accelerando.utils.unwrap import unwrap_model
+from accelerando.common.other import compile_regions
+from accelerando.common.unwrap import unwrap_model
 
 
 def test_unwrap_model_returns_the_original_of_a_regionally_compiled_model() -> None:

@@ -22,6 +22,7 @@ def _collectives_per_rank() -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from accelerando.common.operations import wait_for_everyone
     from accelerando.state import PartialState
     from accelerando.utils import (
         broadcast,
@@ -32,7 +33,6 @@ def _collectives_per_rank() -> dict[str, Any]:
         reduce,
         synchronize_rng_states,
     )
-    from accelerando.utils.operations import wait_for_everyone
 
     state = PartialState()
     rank = state.process_index

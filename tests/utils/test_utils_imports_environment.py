@@ -1,4 +1,4 @@
-"""Availability checks (accelerando.utils.imports) and environment helpers (accelerando.utils.environment)."""
+"""Availability checks (accelerando.common.imports) and environment helpers (accelerando.common.environment)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import unittest
 import pytest
 import torch
 
-from accelerando.utils import imports
-from accelerando.utils.environment import (
+from accelerando.common import imports
+from accelerando.common.environment import (
     clear_environment,
     get_int_from_env,
     parse_flag_from_env,

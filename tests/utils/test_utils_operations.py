@@ -1,4 +1,4 @@
-"""Single-process behaviour of accelerando.utils.operations (collectives are identities here)."""
+"""Single-process behaviour of accelerando.common.operations (collectives are identities here)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from accelerando.common.operations import TensorInformation
 from accelerando.utils import (
     broadcast,
     broadcast_object_list,
@@ -29,7 +30,6 @@ from accelerando.utils import (
     slice_tensors,
     wait_for_everyone,
 )
-from accelerando.utils.operations import TensorInformation
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

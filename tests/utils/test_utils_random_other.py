@@ -1,4 +1,4 @@
-"""RNG helpers (accelerando.utils.random) and small helpers (accelerando.utils.other)."""
+"""RNG helpers (accelerando.common.random) and small helpers (accelerando.common.other)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from accelerando.common.random import get_rng_states, set_rng_states
 from accelerando.enums import RNGType
 from accelerando.utils import (
     convert_bytes,
@@ -20,7 +21,6 @@ from accelerando.utils import (
     synchronize_rng_state,
     synchronize_rng_states,
 )
-from accelerando.utils.random import get_rng_states, set_rng_states
 
 
 def _draw() -> tuple:

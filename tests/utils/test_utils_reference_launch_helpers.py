@@ -1,4 +1,4 @@
-"""The reference's launch helpers (accelerando.utils.launch): commands and environments they prepare."""
+"""The reference's launch helpers (accelerando.launchers.reference): commands and environments they prepare."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from unittest.mock import patch
 
 import pytest
 
+from accelerando.launchers import reference as launch
 from accelerando.settings.machine import MachineInfo
-from accelerando.utils import launch
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from accelerando.utils import constants, environment, imports, other
+from accelerando.common import constants, environment, imports, other
 
 # --- constants ------------------------------------------------------------------------------------
 
@@ -305,7 +305,7 @@ def test_torch_safe_globals_allow_loading_numpy_rng_state(tmp_path):
 
 
 def test_reexports_are_the_project_functions():
-    from accelerando.utils import operations, serialization
+    from accelerando.common import operations, serialization
 
     assert other.save is serialization.save and other.load is serialization.load
     assert other.clean_state_dict_for_safetensors is serialization.clean_state_dict_for_safetensors
@@ -389,8 +389,10 @@ def test_dtensor_helpers_on_plain_models():
 
 
 def test_get_module_children_bottom_up():
+    from accelerando.utils.other import get_module_children_bottom_up
+
     net = _Net()
-    modules = other.get_module_children_bottom_up(net)
+    modules = get_module_children_bottom_up(net)
     assert modules[-1] is net and modules[0] is not net
 
 
@@ -398,7 +400,7 @@ def test_get_module_children_bottom_up():
 
 
 def test_clear_device_cache_collects_garbage(monkeypatch):
-    from accelerando.utils import memory
+    from accelerando.common import memory
 
     collected = []
     monkeypatch.setattr(memory.gc, "collect", lambda: collected.append(1))
@@ -446,10 +448,10 @@ def test_install_xla(monkeypatch):
 
 
 def test_dataclasses_reexports_the_project_classes():
+    from accelerando.common.operations import TensorInformation
     from accelerando.plugins.deepspeed import DeepSpeedPlugin
     from accelerando.plugins.kwargs import DistributedDataParallelKwargs
     from accelerando.utils import dataclasses as dc
-    from accelerando.common.operations import TensorInformation
 
     assert dc.DeepSpeedPlugin is DeepSpeedPlugin
     assert dc.DistributedDataParallelKwargs is DistributedDataParallelKwargs
@@ -520,7 +522,7 @@ def test_parallel_configs(monkeypatch):
 
 def test_parallelism_config_uses_the_handlers():
     from accelerando.parallelism_config import ParallelismConfig
-    from accelerando.utils.parallel_configs import TorchContextParallelConfig
+    from accelerando.plugins.parallel_configs import TorchContextParallelConfig
 
     handler = TorchContextParallelConfig(cp_comm_strategy="alltoall")
     config = ParallelismConfig(dp_shard_size=2, cp_size=2, cp_handler=handler)
@@ -530,7 +532,7 @@ def test_parallelism_config_uses_the_handlers():
 def test_megatron_parsers():
     from types import SimpleNamespace
 
-    from accelerando.utils import megatron_parsers as mp
+    from accelerando.plugins import megatron_parsers as mp
 
     plugin = SimpleNamespace(
         seq_length=None, encoder_seq_length=None, decoder_seq_length=None, return_logits=True

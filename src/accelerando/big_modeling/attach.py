@@ -253,7 +253,7 @@ def attach_layerwise_casting_hooks(
     The model is walked from ``module`` down. A module whose qualified name (the root's is ``""``)
     matches one of ``skip_modules_pattern`` (``re.search``), or that is an instance of
     ``skip_modules_classes``, is left alone together with everything under it. A layer of one of
-    :data:`~accelerando.utils.constants.SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING` (linear and
+    :data:`~accelerando.common.constants.SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING` (linear and
     convolution layers) gets a :class:`LayerwiseCastingHook` (its parameters and buffers are stored in
     ``storage_dtype`` from now on) and its children are not visited; other modules, norms and
     embeddings included, keep their dtype.
@@ -278,7 +278,7 @@ def attach_layerwise_casting_hooks(
     """
     import re
 
-    from accelerando.utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+    from accelerando.common.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
     if not isinstance(storage_dtype, torch.dtype) or not isinstance(compute_dtype, torch.dtype):
         raise TypeError(

@@ -107,7 +107,7 @@ def load_checkpoint_in_model(
 
         broadcast_checkpoint(loader, lambda: checkpoint_files(checkpoint), iter_checkpoint_file)
     else:
-        from accelerando.utils.progress import progress
+        from accelerando.common.progress import progress
 
         for path in progress(checkpoint_files(checkpoint), desc="Loading checkpoint shards"):
             for name, tensor, source in iter_checkpoint_file(path, loader.resolve):

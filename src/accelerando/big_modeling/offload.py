@@ -270,7 +270,7 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, tor
         The index that was written.
     """
     index: dict = {}
-    from accelerando.utils.progress import progress
+    from accelerando.common.progress import progress
 
     for name, tensor in progress(
         state_dict.items(), desc="Offloading weights to disk", total=len(state_dict)

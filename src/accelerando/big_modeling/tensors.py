@@ -187,7 +187,7 @@ def set_module_tensor_to_device(
         tied_params_map[value.data_ptr()][target] = new
     _store(owner, name, is_buffer, old, new)
     if clear_cache and target.type not in ("cpu", "meta"):
-        from accelerando.utils.memory import clear_device_cache
+        from accelerando.common.memory import clear_device_cache
 
         clear_device_cache()
 

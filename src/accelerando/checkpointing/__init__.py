@@ -49,7 +49,7 @@ from accelerando.checkpointing.public import (
     save_accelerator_state,
     save_custom_state,
 )
-from accelerando.utils.constants import (
+from accelerando.common.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,

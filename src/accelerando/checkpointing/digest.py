@@ -242,11 +242,11 @@ class PendingDigests:
         total = sum(handle.size for handle in self._opened)
         if desc is None or total < PROGRESS_MIN_BYTES:
             return None
-        from accelerando.utils.imports import is_tqdm_available
+        from accelerando.common.imports import is_tqdm_available
 
         if not is_tqdm_available():
             return None
-        from accelerando.utils.progress import tqdm
+        from accelerando.common.progress import tqdm
 
         return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
 

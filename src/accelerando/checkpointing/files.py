@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from accelerando.checkpointing.manifest import CheckpointError
-from accelerando.utils.constants import (
+from accelerando.common.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -36,7 +36,7 @@ from accelerando.utils.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
-from accelerando.utils.serialization import refused_type
+from accelerando.common.serialization import refused_type
 
 __all__ = [
     "MODEL_NAME",
@@ -204,7 +204,7 @@ def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization
     if safe_serialization:
         from safetensors.torch import save_file
 
-        from accelerando.utils.serialization import clean_state_dict_for_safetensors
+        from accelerando.common.serialization import clean_state_dict_for_safetensors
 
         cleaned = clean_state_dict_for_safetensors(state_dict)
         save_file({k: v.detach() for k, v in cleaned.items()}, path, metadata={"format": "pt"})

@@ -282,7 +282,7 @@ def save_custom_state(
     target, folder_form = _custom_target(path, index)
     state = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
     if folder_form:
-        from accelerando.utils.serialization import _should_write
+        from accelerando.common.serialization import _should_write
 
         writes = _should_write(save_on_each_node)
     else:

@@ -1,6 +1,6 @@
 """Capture and restore every random number generator of this process, in a weights-only-safe form.
 
-``accelerando.utils.random.get_rng_states`` / ``set_rng_states`` are used when that module provides
+``accelerando.common.random.get_rng_states`` / ``set_rng_states`` are used when that module provides
 them; otherwise the generators are captured here: Python ``random``, NumPy's global generator,
 torch's CPU generator and each initialised accelerator's generators (CUDA, XPU, MPS, NPU, ...).
 """
@@ -48,9 +48,9 @@ def _from_plain(value: Any) -> Any:
 
 
 def _shared_helpers() -> tuple[Any, Any] | None:
-    """The RNG helpers of ``accelerando.utils.random`` if that module provides them."""
+    """The RNG helpers of ``accelerando.common.random`` if that module provides them."""
     try:
-        from accelerando.utils import random as shared
+        from accelerando.common import random as shared
     except ImportError:
         return None
     get = getattr(shared, "get_rng_states", None)
@@ -126,7 +126,7 @@ def restore_rng_states(payload: dict[str, Any]) -> None:
         helpers = _shared_helpers()
         if helpers is None:
             raise ValueError(
-                "These random states were captured with accelerando.utils.random.get_rng_states, which "
+                "These random states were captured with accelerando.common.random.get_rng_states, which "
                 "this installation lacks; load the checkpoint with the accelerando version that wrote it."
             )
         helpers[1](states)

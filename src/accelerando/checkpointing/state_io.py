@@ -17,7 +17,7 @@ import torch
 
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
-from accelerando.utils.unwrap import unwrap_model
+from accelerando.common.unwrap import unwrap_model
 
 __all__ = [
     "LoadedState",
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 def unwrap(model: Any) -> Any:
     """The user's module inside every wrapper (DDP, FSDP, DeepSpeed, ``torch.compile``).
 
-    The one unwrapping every strategy uses (:func:`accelerando.utils.unwrap.unwrap_model`), with
+    The one unwrapping every strategy uses (:func:`accelerando.common.unwrap.unwrap_model`), with
     compilation removed too: checkpoints hold the plain module's parameter names.
     """
     return unwrap_model(model, keep_torch_compile=False)
@@ -93,7 +93,7 @@ def write_state_files(
     Returns:
         The names (relative to ``output_dir``) of the files this process wrote.
     """
-    from accelerando.utils.serialization import _should_write
+    from accelerando.common.serialization import _should_write
 
     written: list[str] = []
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.utils.fsdp import merge_fsdp_weights
+from accelerando.strategies.fsdp.checkpoint import merge_fsdp_weights
 
 __all__ = ["add_parser", "main", "merge_command", "merge_command_parser", "run"]
 

@@ -68,7 +68,7 @@ def with_stateful_base(cls: type) -> type:
     Returns:
         The class to instantiate.
     """
-    from accelerando.utils.imports import is_torchdata_stateful_dataloader_available
+    from accelerando.common.imports import is_torchdata_stateful_dataloader_available
 
     if not is_torchdata_stateful_dataloader_available():
         return cls
@@ -165,7 +165,7 @@ class DataLoaderAdapter:
     ) -> None:
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
         if self.use_stateful_dataloader:
-            from accelerando.utils.imports import is_torchdata_stateful_dataloader_available
+            from accelerando.common.imports import is_torchdata_stateful_dataloader_available
 
             if not is_torchdata_stateful_dataloader_available():
                 raise ImportError(

@@ -185,9 +185,9 @@ def _fallback_send_to_device(batch: Any, device: torch.device, non_blocking: boo
 
 
 def resolve_send_to_device() -> Callable[..., Any]:
-    """Return ``accelerando.utils.operations.send_to_device``, or a local equivalent before it exists."""
+    """Return ``accelerando.common.operations.send_to_device``, or a local equivalent before it exists."""
     try:
-        from accelerando.utils.operations import send_to_device
+        from accelerando.common.operations import send_to_device
     except ImportError:
         return _fallback_send_to_device
     return send_to_device

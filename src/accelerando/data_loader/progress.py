@@ -217,7 +217,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             # Every process must shuffle alike for the shards to partition the data.
             types.append("generator")
         if types and _distributed():
-            from accelerando.utils.random import synchronize_rng_states
+            from accelerando.common.random import synchronize_rng_states
 
             synchronize_rng_states(types, generator=generator)
         self._progress.generator_synced = True

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from accelerando.utils.operations import recursively_apply
+from accelerando.common.operations import recursively_apply
 
 __all__ = ["scatter_parts", "wait_all"]
 

@@ -50,7 +50,7 @@ class CollectivesMixin:
         Raises:
             ValueError: shapes differ across processes (use ``pad_across_processes`` first).
         """
-        from accelerando.utils.operations import gather
+        from accelerando.common.operations import gather
 
         return gather(tensor)
 
@@ -67,7 +67,7 @@ class CollectivesMixin:
         With a device mesh, ranks that differ only along tensor/context axes read the same batches:
         only the first of them contributes, so no sample is counted twice.
         """
-        from accelerando.utils.operations import gather, gather_object, recursively_apply
+        from accelerando.common.operations import gather, gather_object, recursively_apply
 
         use_object = use_gather_object or not _all_tensors(input_data)
         copies, first_copy = _batch_copies(self.state.device_mesh)
@@ -91,7 +91,7 @@ class CollectivesMixin:
 
     def _gather_ragged(self, data: Any) -> Any:
         """Gather tensors whose first dimension differs across processes (uneven last batches)."""
-        from accelerando.utils.operations import (
+        from accelerando.common.operations import (
             find_batch_size,
             gather,
             pad_across_processes,
@@ -110,7 +110,7 @@ class CollectivesMixin:
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""
-        from accelerando.utils.operations import reduce
+        from accelerando.common.operations import reduce
 
         return reduce(tensor, reduction, scale)
 
@@ -118,7 +118,7 @@ class CollectivesMixin:
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered."""
-        from accelerando.utils.operations import pad_across_processes
+        from accelerando.common.operations import pad_across_processes
 
         return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 

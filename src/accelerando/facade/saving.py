@@ -34,7 +34,7 @@ class SavingMixin:
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``)."""
-        from accelerando.utils.serialization import save
+        from accelerando.common.serialization import save
 
         save(
             obj,

@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from accelerando.common.environment import patch_environment
 from accelerando.settings.machine import detect_machine
 from accelerando.settings.resolve import parse_value
-from accelerando.utils.environment import patch_environment
 
 __all__ = [
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",

@@ -297,7 +297,7 @@ class MemoryMonitor:
 
 
 def _plot_timeline(records: list[dict[str, Any]], path: str) -> str | None:
-    from accelerando.utils.imports import is_matplotlib_available
+    from accelerando.common.imports import is_matplotlib_available
 
     if not is_matplotlib_available():
         logger.warning(

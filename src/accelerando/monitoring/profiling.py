@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from accelerando.common.constants import PROFILE_PATTERN_NAME
 from accelerando.logging import get_logger
-from accelerando.utils.constants import PROFILE_PATTERN_NAME
 
 __all__ = ["MemoryProfileReport", "build_profiler", "profile_context", "profile_memory_step"]
 

@@ -95,7 +95,7 @@ class DeviceMemoryReader:
             self._open_nvml(torch)
 
     def _open_nvml(self, torch: Any) -> None:
-        from accelerando.utils.imports import is_pynvml_available
+        from accelerando.common.imports import is_pynvml_available
 
         if not is_pynvml_available():
             return

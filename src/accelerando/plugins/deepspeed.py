@@ -151,7 +151,7 @@ def import_deepspeed(device_type: str | None = None) -> Any:
     Raises:
         ImportError: DeepSpeed is not installed; the message names the pip extra.
     """
-    from accelerando.utils.imports import is_deepspeed_available
+    from accelerando.common.imports import is_deepspeed_available
 
     if not is_deepspeed_available():
         raise ImportError(
@@ -219,7 +219,7 @@ def _as_hf_config(config: Any) -> Any:
         ValueError: a missing or invalid file, or a string that is neither a file nor base64 JSON.
         TypeError: ``config`` is none of these.
     """
-    from accelerando.utils.deepspeed.hf_config import HfDeepSpeedConfig
+    from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
 
     if isinstance(config, HfDeepSpeedConfig):
         return config
@@ -404,7 +404,7 @@ class DeepSpeedPlugin:
             self.zero3_init_flag = False
 
     def _check_msamp(self) -> None:
-        from accelerando.utils.imports import is_package_available
+        from accelerando.common.imports import is_package_available
 
         if not is_package_available("msamp"):
             raise ValueError(
@@ -575,7 +575,7 @@ class DeepSpeedPlugin:
         keeps the object alive while it is the active one. A no-op without ``transformers`` or
         without ``zero3_init_flag`` at stage 3; a logged warning when ``transformers`` refuses.
         """
-        from accelerando.utils.imports import is_package_available
+        from accelerando.common.imports import is_package_available
 
         self._hf_config = None
         if not self.is_zero3_init_enabled() or not is_package_available("transformers"):

@@ -36,7 +36,7 @@ class TorchDynamoPlugin(KwargsHandler):
         fullgraph: refuse graph breaks. dynamic: dynamic shapes. options: backend options.
         disable: compile nothing.
         use_regional_compilation: compile each repeated block (transformer layer) once, through
-            ``accelerando.utils.other.compile_regions``, instead of the whole model: much shorter
+            ``accelerando.common.other.compile_regions``, instead of the whole model: much shorter
             compile time, same outputs.
 
     Raises:
@@ -122,7 +122,7 @@ class TorchDynamoPlugin(KwargsHandler):
         """
         import torch
 
-        from accelerando.utils import other
+        from accelerando.common import other
 
         if not self.enabled or other.is_compiled_module(model) or other.has_compiled_regions(model):
             return model

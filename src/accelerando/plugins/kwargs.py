@@ -446,7 +446,7 @@ class AORecipeKwargs(KwargsHandler):
                     "Float8LinearConfig(pad_inner_dim=True)",
                 )
             return
-        from accelerando.utils.imports import is_torchao_available
+        from accelerando.common.imports import is_torchao_available
 
         if is_torchao_available():
             from torchao.float8 import Float8LinearConfig

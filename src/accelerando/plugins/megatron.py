@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.megatron_parsers import parse_model_config
 from accelerando.settings import fill_unset
-from accelerando.utils.megatron_parsers import parse_model_config
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -150,7 +150,7 @@ class MegatronLMPlugin(KwargsHandler):
         """Fill the architecture arguments (layers, hidden size, heads, vocabulary, lengths) from ``model.config``.
 
         Raises:
-            ValueError: no parser for the model's family (see ``accelerando.utils.megatron_parsers``).
+            ValueError: no parser for the model's family (see ``accelerando.plugins.megatron_parsers``).
         """
         parse_model_config(self, model, batch_data)
 

@@ -66,7 +66,7 @@ class AMPPrecision(Precision):
         """
         if getattr(model, "_accelerando_original_forward", None) is not None:
             return model
-        from accelerando.utils.operations import convert_to_fp32
+        from accelerando.common.operations import convert_to_fp32
 
         original = model.forward
         device_type, dtype, kwargs = self.device_type, self.dtype, self.autocast_kwargs

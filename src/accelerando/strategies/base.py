@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from accelerando.common.unwrap import unwrap_model
 from accelerando.enums import DistributedType
-from accelerando.utils.unwrap import unwrap_model
 
 __all__ = ["PrepareRequest", "Prepared", "Strategy"]
 
@@ -129,7 +129,7 @@ class Strategy:
     ) -> torch.nn.Module:
         """Return the user's module inside whatever ``prepare`` wrapped it in.
 
-        One implementation for every strategy (:func:`accelerando.utils.unwrap.unwrap_model`):
+        One implementation for every strategy (:func:`accelerando.common.unwrap.unwrap_model`):
         DDP / FSDP1 / DeepSpeed engine wrappers and ``torch.compile`` are removed; FSDP2 models are
         their own module.
 
@@ -179,7 +179,7 @@ class Strategy:
         state = module.state_dict()
         if not any(t.device.type == "meta" for t in state.values() if isinstance(t, torch.Tensor)):
             return state
-        from accelerando.utils.modeling import align_module_device, has_offloaded_params
+        from accelerando.big_modeling.hooks import align_module_device, has_offloaded_params
 
         for prefix, sub in module.named_modules():
             if not has_offloaded_params(sub):

@@ -1,7 +1,7 @@
 """Which device family tests run on here, how many devices it has, and what is installed.
 
 Hardware questions never initialise a device runtime (the answers come from ``accelerando.devices``
-and ``accelerando.utils.imports``), so importing the test helpers keeps a later ``fork`` possible.
+and ``accelerando.common.imports``), so importing the test helpers keeps a later ``fork`` possible.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from accelerando.utils import imports
+from accelerando.common import imports
 
 __all__ = ["available", "family_count", "get_backend"]
 
@@ -19,7 +19,7 @@ _PLUGIN_FAMILIES = ("mlu", "musa", "sdaa", "neuron")
 
 
 def available(check: str, *modules: str) -> bool:
-    """Answer ``accelerando.utils.imports.<check>()``; without such a check, whether ``modules`` import.
+    """Answer ``accelerando.common.imports.<check>()``; without such a check, whether ``modules`` import.
 
     Args:
         check: the name of an ``is_*_available`` function.

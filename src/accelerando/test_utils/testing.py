@@ -26,17 +26,17 @@ from typing import Any, TypeVar
 
 import torch
 
-from accelerando.test_utils._backend import available, family_count, get_backend
-from accelerando.test_utils._cases import AccelerateTestCase, MockingTestCase, TempDirTestCase
-from accelerando.test_utils._subprocess import SubprocessCallException, execute_subprocess_async, run_command
-from accelerando.utils import imports
-from accelerando.utils.constants import (
+from accelerando.common import imports
+from accelerando.common.constants import (
     BETA_TP_AVAILABLE_PYTORCH_VERSION,
     BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
     FSDP2_PYTORCH_VERSION,
     FSDP_PYTORCH_VERSION,
 )
-from accelerando.utils.environment import parse_flag_from_env
+from accelerando.common.environment import parse_flag_from_env
+from accelerando.test_utils._backend import available, family_count, get_backend
+from accelerando.test_utils._cases import AccelerateTestCase, MockingTestCase, TempDirTestCase
+from accelerando.test_utils._subprocess import SubprocessCallException, execute_subprocess_async, run_command
 
 T = TypeVar("T")
 
@@ -336,8 +336,8 @@ def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     Raises:
         RuntimeError: the processes' tensors differ in shape (the gather cannot line them up).
     """
+    from accelerando.common.operations import gather
     from accelerando.state import AcceleratorState
-    from accelerando.utils.operations import gather
 
     state = AcceleratorState()
     local = tensor[None].clone().to(state.device)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from accelerando.common.imports import is_package_available
 from accelerando.logging import get_logger
 from accelerando.settings import environment_text
 from accelerando.trackers.base import (
@@ -16,7 +17,6 @@ from accelerando.trackers.base import (
     on_main_process,
     scalar_value,
 )
-from accelerando.utils.imports import is_package_available
 
 __all__ = ["MLflowTracker"]
 

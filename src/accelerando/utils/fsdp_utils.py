@@ -1,14 +1,14 @@
 """FSDP helpers at the reference's ``accelerate.utils.fsdp_utils`` path (re-exports only).
 
-They are defined in :mod:`accelerando.utils.fsdp` (and, for sharding and merging, in
+They are defined in :mod:`accelerando.strategies.fsdp.checkpoint` (and, for sharding and merging, in
 :mod:`accelerando.strategies.fsdp`); the checkpoint file names come from
-:mod:`accelerando.utils.constants`.
+:mod:`accelerando.common.constants`.
 """
 
 from __future__ import annotations
 
-from accelerando.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from accelerando.utils.fsdp import (
+from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from accelerando.strategies.fsdp.checkpoint import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,

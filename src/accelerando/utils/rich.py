@@ -1,7 +1,6 @@
-"""Importing this module makes uncaught exceptions print as rich tracebacks (the rich package).
+"""The reference's import path ``accelerate.utils.rich``: importing it installs rich tracebacks.
 
-The reference's ``accelerate.utils.rich`` path. A launched process imports it at start when
-``ACCELERATE_ENABLE_RICH`` is true; ``import accelerando`` never does.
+The work is done by :mod:`accelerando.common.rich_traceback`, imported here.
 
 Raises:
     ModuleNotFoundError: on import, when rich is not installed (``pip install rich``).
@@ -9,18 +8,6 @@ Raises:
 
 from __future__ import annotations
 
-from accelerando.utils.imports import is_rich_available
+import accelerando.common.rich_traceback  # noqa: F401 (importing it installs the tracebacks)
 
 __all__: list[str] = []
-
-if not is_rich_available():
-    raise ModuleNotFoundError("accelerando.utils.rich needs the rich package: pip install rich")
-
-
-def _install() -> None:
-    from rich.traceback import install
-
-    install(show_locals=False)
-
-
-_install()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from accelerando.commands.config.config_args import ClusterConfig
 from accelerando.commands.config.config_utils import DYNAMO_BACKENDS
-from accelerando.utils.constants import (
+from accelerando.common.constants import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     FSDP2_STATE_DICT_TYPE,
     FSDP_AUTO_WRAP_POLICY,

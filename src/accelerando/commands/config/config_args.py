@@ -20,6 +20,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from accelerando.common.constants import (
+    SAGEMAKER_PYTHON_VERSION,
+    SAGEMAKER_PYTORCH_VERSION,
+    SAGEMAKER_TRANSFORMERS_VERSION,
+)
 from accelerando.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
 from accelerando.settings.configfile import (
     CONFIG_KEYS,
@@ -29,11 +34,6 @@ from accelerando.settings.configfile import (
     find_config_file,
     migrate_config,
     read_config_file,
-)
-from accelerando.utils.constants import (
-    SAGEMAKER_PYTHON_VERSION,
-    SAGEMAKER_PYTORCH_VERSION,
-    SAGEMAKER_TRANSFORMERS_VERSION,
 )
 
 __all__ = [

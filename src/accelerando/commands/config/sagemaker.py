@@ -11,7 +11,7 @@ from typing import Any
 
 from accelerando.commands.config.config_args import SageMakerConfig
 from accelerando.commands.config.config_utils import DYNAMO_BACKENDS
-from accelerando.utils.constants import SAGEMAKER_PARALLEL_EC2_INSTANCES, TORCH_DYNAMO_MODES
+from accelerando.common.constants import SAGEMAKER_PARALLEL_EC2_INSTANCES, TORCH_DYNAMO_MODES
 
 __all__ = ["DYNAMO_BACKENDS", "SAGEMAKER_PARALLEL_EC2_INSTANCES", "TORCH_DYNAMO_MODES", "get_sagemaker_input"]
 

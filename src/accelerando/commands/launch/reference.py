@@ -203,8 +203,8 @@ def tpu_launcher(args: argparse.Namespace) -> None:
         )
     import torch_xla.distributed.xla_multiprocessing as xmp  # type: ignore[import-not-found]
 
-    from accelerando.utils.environment import patch_environment
-    from accelerando.utils.launch import PrepareForLaunch
+    from accelerando.common.environment import patch_environment
+    from accelerando.launchers.reference import PrepareForLaunch
 
     settings, plan = plan_for(args)
     name = getattr(args, "main_training_function", None) or settings.main_training_function

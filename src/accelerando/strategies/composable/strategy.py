@@ -171,7 +171,7 @@ class ComposableStrategy(Strategy):
     def _apply_tensor_parallel(self, model: torch.nn.Module, label: str) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        from accelerando.utils.other import get_model_tp_size
+        from accelerando.common.other import get_model_tp_size
 
         tp_size = self.config.tp_size
         existing = get_model_tp_size(model)

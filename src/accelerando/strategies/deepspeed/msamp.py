@@ -99,7 +99,7 @@ def apply_msamp_block(config: dict[str, Any], opt_level: str | None, mixed_preci
 def _merge_block(config: dict[str, Any], opt_level: str) -> None:
     block = config.get("msamp")
     if not isinstance(block, dict) or not block:
-        from accelerando.precision.fp8_gpu import msamp_deepspeed_config
+        from accelerando.precision.fp8.gpu import msamp_deepspeed_config
 
         config.update(msamp_deepspeed_config({}, opt_level))
         return
@@ -127,7 +127,7 @@ def engine_initializer(config: dict[str, Any]) -> Callable[..., Any]:
     deepspeed = import_deepspeed()
     if not msamp_enabled(config):
         return deepspeed.initialize
-    from accelerando.utils.imports import is_msamp_available
+    from accelerando.common.imports import is_msamp_available
 
     if not is_msamp_available():
         raise ImportError(

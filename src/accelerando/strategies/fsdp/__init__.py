@@ -2,7 +2,7 @@
 
 ``strategy.py`` holds the strategy, ``wrap.py`` how models are sharded, ``state.py`` their full and
 sharded state dicts, ``auto.py`` the automatic sharding choice, ``helpers.py`` the public helpers
-(``fsdp2_prepare_model``, ``merge_fsdp_weights``, ...) re-exported at ``accelerando.utils.fsdp``.
+(``fsdp2_prepare_model``, ``merge_fsdp_weights``, ...) re-exported at ``accelerando.strategies.fsdp.checkpoint``.
 """
 
 from __future__ import annotations

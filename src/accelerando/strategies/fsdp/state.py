@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accelerando.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 
 __all__ = [
     "MODEL_SHARDS_NAME",
@@ -299,7 +299,7 @@ def _load_byte_item(folder: str, planner: Any, read_item: Any, value: Any) -> An
     """
     from accelerando.checkpointing import files as F
     from accelerando.checkpointing.manifest import CheckpointError
-    from accelerando.utils.serialization import refused_type
+    from accelerando.common.serialization import refused_type
 
     storage = getattr(getattr(planner, "metadata", None), "storage_data", None) or {}
     info = storage.get(read_item.storage_index)

@@ -76,7 +76,7 @@ def transformer_config(args: SimpleNamespace, *, use_cpu_initialization: bool | 
     if missing:
         raise ValueError(
             f"The Megatron-LM arguments lack {missing}: prepare a transformers model whose family has a parser "
-            "(accelerando.utils.megatron_parsers) or set them in MegatronLMPlugin(other_megatron_args={...})"
+            "(accelerando.plugins.megatron_parsers) or set them in MegatronLMPlugin(other_megatron_args={...})"
         )
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     values: dict[str, Any] = {}

@@ -31,7 +31,7 @@ class MegatronLMUnavailableError(ImportError, RuntimeError, ValueError):
 
 def megatron_core_missing() -> bool:
     """True when ``megatron.core`` cannot be imported."""
-    from accelerando.utils.imports import is_megatron_lm_available
+    from accelerando.common.imports import is_megatron_lm_available
 
     return not is_megatron_lm_available()
 

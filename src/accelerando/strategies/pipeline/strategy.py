@@ -10,12 +10,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelerando.common.constants import OPTIMIZER_NAME
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.pipeline.data_parallel import build_pipeline_mesh, pipeline_data_parallel_sizes
 from accelerando.strategies.pipeline.model import PipelineModel
 from accelerando.strategies.pipeline.split import balanced_split_points, validate_split_points
 from accelerando.strategies.pipeline.stage import PipelineLayout
-from accelerando.utils.constants import OPTIMIZER_NAME
 
 __all__ = ["PipelineStrategy", "merge_stage_optimizer_states"]
 

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator
+from accelerando.common.operations import gather_object
 from accelerando.test_utils.training import RegressionModel
-from accelerando.utils.operations import gather_object
 
 __all__ = [
     "check_even_batches",

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from accelerando.state import PartialState
-from accelerando.utils.operations import (
+from accelerando.common.operations import (
     broadcast,
     broadcast_object_list,
     gather,
@@ -17,6 +16,7 @@ from accelerando.utils.operations import (
     pad_across_processes,
     reduce,
 )
+from accelerando.state import PartialState
 
 __all__ = [
     "check_broadcast",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from accelerando import Accelerator
+from accelerando.common.operations import gather
 from accelerando.test_utils.testing import are_the_same_tensors
 from accelerando.test_utils.training import RegressionModel
-from accelerando.utils.operations import gather
 
 __all__ = ["check_accumulate", "check_no_sync", "main"]
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from accelerando.utils.launch.env import setting_text, setup_fp8_env
-from accelerando.utils.other import merge_dicts
+from accelerando.common.other import merge_dicts
+from accelerando.launchers.reference.env import setting_text, setup_fp8_env
 
 __all__ = ["convert_nargs_to_dict", "prepare_sagemager_args_inputs"]
 

@@ -1,13 +1,13 @@
-"""DeepSpeed names at the reference's ``accelerate.utils.deepspeed`` path.
+"""DeepSpeed names at the reference's ``accelerate.utils.deepspeed`` path (re-exports only).
 
-The strategy's pieces live in :mod:`accelerando.strategies.deepspeed` (and the config-dict helpers
-with the plugin, :mod:`accelerando.plugins.deepspeed`) and are re-exported here; the queryable config
-object :class:`HfDeepSpeedConfig` (``hf_config``) and :func:`map_pytorch_optim_to_deepspeed`
-(``optim_map``) are defined in this package. Importing this module does not import ``deepspeed``.
+The strategy's pieces live in :mod:`accelerando.strategies.deepspeed`; the queryable config object
+:class:`HfDeepSpeedConfig` lives with the plugin (:mod:`accelerando.plugins.hf_deepspeed_config`).
+Importing this module does not import ``deepspeed``.
 """
 
 from __future__ import annotations
 
+from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
 from accelerando.strategies.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
 from accelerando.strategies.deepspeed.config import (
     auto_keys,
@@ -17,6 +17,7 @@ from accelerando.strategies.deepspeed.config import (
     require_no_auto,
     set_value,
 )
+from accelerando.strategies.deepspeed.optim_map import map_pytorch_optim_to_deepspeed
 from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin, select_deepspeed_plugin
 from accelerando.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
@@ -25,8 +26,6 @@ from accelerando.strategies.deepspeed.wrappers import (
     DummyOptim,
     DummyScheduler,
 )
-from accelerando.utils.deepspeed.hf_config import HfDeepSpeedConfig
-from accelerando.utils.deepspeed.optim_map import map_pytorch_optim_to_deepspeed
 
 __all__ = [
     "DeepSpeedEngineWrapper",

@@ -33,7 +33,7 @@ def fp8_backend_problem(backend: str, device_type: str) -> str | None:
         backend: "ao", "te" or "msamp".
         device_type: the torch device type the model trains on.
     """
-    from accelerando.utils import imports
+    from accelerando.common import imports
 
     if backend == "ao":
         if not imports.is_torchao_available():
@@ -45,7 +45,7 @@ def fp8_backend_problem(backend: str, device_type: str) -> str | None:
     if device_type != "cuda":
         missing.append(f"a CUDA GPU (this run uses {device_type!r})")
     elif backend == "te":
-        from accelerando.utils.environment import check_cuda_fp8_capability
+        from accelerando.common.environment import check_cuda_fp8_capability
 
         if not check_cuda_fp8_capability():
             missing.append("a GPU with FP8 support (compute capability 8.9 or newer)")

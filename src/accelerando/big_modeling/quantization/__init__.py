@@ -1,4 +1,4 @@
-"""Quantised loading with bitsandbytes: the reference's ``accelerate.utils.bnb``.
+"""Quantised loading with bitsandbytes (the reference's ``accelerate.utils.bnb`` re-exports it).
 
 Flow of :func:`load_and_quantize_model` for a model built under ``init_empty_weights``:
 
@@ -20,7 +20,7 @@ The Linear layers of a loaded CPU model are quantised in place on CPU (no GPU ro
 
 The package is split by responsibility; each module imports only the ones listed before it:
 
-- ``config``: :class:`BnbQuantizationConfig`;
+- :mod:`accelerando.plugins.bnb`: :class:`BnbQuantizationConfig` (the options);
 - ``layers``: inspect a model, swap its Linear layers for bnb layers, quantise loaded weights;
 - ``device_map``: :func:`get_quantized_model_device_map`;
 - ``offload``: :func:`quantize_and_offload_8bit` and the views that feed offloaded weights back.
@@ -40,9 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from accelerando.utils.bnb.config import BnbQuantizationConfig
-from accelerando.utils.bnb.device_map import get_quantized_model_device_map
-from accelerando.utils.bnb.layers import (
+from accelerando.big_modeling.quantization.device_map import get_quantized_model_device_map
+from accelerando.big_modeling.quantization.layers import (
     cast_unquantized,
     get_keys_to_not_convert,
     get_parameter_device,
@@ -50,13 +49,14 @@ from accelerando.utils.bnb.layers import (
     quantize_loaded,
     replace_linear_layers,
 )
-from accelerando.utils.bnb.offload import (
+from accelerando.big_modeling.quantization.offload import (
     offload_8bit_disk_weights,
     packed_meta_4bit,
     quantize_and_offload_8bit,
     wrap_offload_hooks,
 )
-from accelerando.utils.imports import is_4bit_bnb_available, is_8bit_bnb_available, is_bnb_available
+from accelerando.common.imports import is_4bit_bnb_available, is_8bit_bnb_available, is_bnb_available
+from accelerando.plugins.bnb import BnbQuantizationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ def load_and_quantize_model(
         )
     runs_on = {_device_type(value) for value in values if value != "disk"} or {"cpu"}
     _check_runs(config, runs_on)
-    from accelerando.utils.modeling import load_checkpoint_in_model
+    from accelerando.big_modeling.loading import load_checkpoint_in_model
 
     load_checkpoint_in_model(
         model,

@@ -7,13 +7,15 @@ import logging
 import torch
 from torch import nn
 
-from accelerando.utils.bnb.config import BnbQuantizationConfig
-from accelerando.utils.bnb.layers import bnb_layers, skipped, strip_tensor_suffix
+from accelerando.big_modeling.budgets import get_balanced_memory
+from accelerando.big_modeling.device_map import infer_auto_device_map
+from accelerando.big_modeling.quantization.layers import bnb_layers, skipped, strip_tensor_suffix
+from accelerando.plugins.bnb import BnbQuantizationConfig
 
 __all__ = ["AUTO_MAPS", "get_quantized_model_device_map"]
 
 # the loader's logger: messages keep the name they had before the split
-logger = logging.getLogger("accelerando.utils.bnb")
+logger = logging.getLogger("accelerando.big_modeling.quantization")
 
 AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
@@ -66,7 +68,6 @@ def get_quantized_model_device_map(
         return device_map
     if not isinstance(device_map, str) or device_map not in AUTO_MAPS:
         raise ValueError(f"device_map must be a dict or one of {list(AUTO_MAPS)}, got {device_map!r}")
-    from accelerando.utils.modeling import get_balanced_memory, infer_auto_device_map
 
     special = _special_dtypes(model, bnb_quantization_config)
     target = bnb_quantization_config.target_dtype

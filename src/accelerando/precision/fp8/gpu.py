@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from accelerando.precision.fp8_base import FP8Precision
+from accelerando.precision.fp8.base import FP8Precision
 
 __all__ = ["MSAMPPrecision", "TEPrecision", "msamp_deepspeed_config"]
 
@@ -33,7 +33,7 @@ class TEPrecision(FP8Precision):
         Raises:
             ImportError: Transformer Engine is not installed.
         """
-        from accelerando.utils.transformer_engine import (
+        from accelerando.precision.fp8.transformer_engine import (
             apply_fp8_autowrap,
             convert_model,
             has_transformer_engine_layers,
@@ -72,7 +72,7 @@ class MSAMPPrecision(FP8Precision):
         Raises:
             ImportError: MS-AMP is not installed.
         """
-        from accelerando.utils.imports import is_msamp_available
+        from accelerando.common.imports import is_msamp_available
 
         if not is_msamp_available():
             raise ImportError(

@@ -14,8 +14,10 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from accelerando.utils.bnb.config import BnbQuantizationConfig
-from accelerando.utils.bnb.layers import bnb_layers, is_quantized
+from accelerando.big_modeling.offload import OffloadedWeightsLoader, offload_weight, save_offload_index
+from accelerando.big_modeling.quantization.layers import bnb_layers, is_quantized
+from accelerando.big_modeling.tensors import set_module_tensor_to_device
+from accelerando.plugins.bnb import BnbQuantizationConfig
 
 __all__ = [
     "offload_8bit_disk_weights",
@@ -52,9 +54,6 @@ def quantize_and_offload_8bit(
     Returns:
         The updated index.
     """
-    from accelerando.utils.modeling import set_module_tensor_to_device
-    from accelerando.utils.offload import offload_weight
-
     if param_name.endswith("weight") and (fp16_statistics is not None or param.is_floating_point()):
         if fp16_statistics is None:
             import bitsandbytes as bnb
@@ -178,8 +177,6 @@ def offload_8bit_disk_weights(
     model: nn.Module, config: BnbQuantizationConfig, offload_folder: str | os.PathLike
 ) -> None:
     """Replace the full-precision disk copies of 8-bit weights by int8 rows + scales."""
-    from accelerando.utils.offload import OffloadedWeightsLoader, save_offload_index
-
     index = _read_index(offload_folder)
     if not index:
         return

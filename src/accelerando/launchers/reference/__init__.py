@@ -30,23 +30,23 @@ import sys
 from shutil import which
 from typing import Any
 
-from accelerando.settings.fields import FIELDS_BY_NAME
-from accelerando.settings.machine import MachineInfo, detect_machine, free_port
-from accelerando.utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS
-from accelerando.utils.environment import check_cuda_p2p_ib_support, get_current_device_type
-from accelerando.utils.launch.agent import set_agent_args as _set_agent_args
-from accelerando.utils.launch.agent import with_restarts as _with_restarts
-from accelerando.utils.launch.env import (
+from accelerando.common.constants import DEEPSPEED_MULTINODE_LAUNCHERS
+from accelerando.common.environment import check_cuda_p2p_ib_support, get_current_device_type
+from accelerando.launchers.reference.agent import set_agent_args as _set_agent_args
+from accelerando.launchers.reference.agent import with_restarts as _with_restarts
+from accelerando.launchers.reference.env import (
     env_var_path_add,
     prepare_extend_env_parallelism_config,
     prepare_tpu,
     setup_fp8_env,
 )
-from accelerando.utils.launch.env import setting_text as _text
-from accelerando.utils.launch.fork import PrepareForLaunch
-from accelerando.utils.launch.namespace import settings_from_args as _settings_from_args
-from accelerando.utils.launch.sagemaker import convert_nargs_to_dict as _convert_nargs_to_dict  # noqa: F401 (the reference's private name)
-from accelerando.utils.launch.sagemaker import prepare_sagemager_args_inputs
+from accelerando.launchers.reference.env import setting_text as _text
+from accelerando.launchers.reference.fork import PrepareForLaunch
+from accelerando.launchers.reference.namespace import settings_from_args as _settings_from_args
+from accelerando.launchers.reference.sagemaker import convert_nargs_to_dict as _convert_nargs_to_dict  # noqa: F401 (the reference's private name)
+from accelerando.launchers.reference.sagemaker import prepare_sagemager_args_inputs
+from accelerando.settings.fields import FIELDS_BY_NAME
+from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -260,7 +260,7 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict
         ``(cmd, env)``: the command line that starts the job and a copy of ``os.environ`` with the
         launch's variables (``ACCELERATE_USE_DEEPSPEED=true``, ``ACCELERATE_DEEPSPEED_ZERO_STAGE``, the
         offload options, ``ACCELERATE_DEEPSPEED_CONFIG_FILE``, ...). For DeepSpeed's runner, write the
-        environment to ``.deepspeed_env`` (:func:`~accelerando.utils.environment.convert_dict_to_env_variables`)
+        environment to ``.deepspeed_env`` (:func:`~accelerando.common.environment.convert_dict_to_env_variables`)
         so the other hosts get it.
 
     Raises:

@@ -1,7 +1,7 @@
 """Inspect a model, turn its Linear layers into bitsandbytes layers, and quantise loaded weights.
 
 bitsandbytes itself is imported inside the functions that use it: importing this module needs torch
-only. The public wrapper :func:`accelerando.utils.bnb.replace_with_bnb_layers` checks that
+only. The public wrapper :func:`accelerando.big_modeling.quantization.replace_with_bnb_layers` checks that
 bitsandbytes can run the config's mode before calling :func:`replace_linear_layers`.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from accelerando.utils.bnb.config import BnbQuantizationConfig
-from accelerando.utils.imports import is_bnb_available
+from accelerando.common.imports import is_bnb_available
+from accelerando.plugins.bnb import BnbQuantizationConfig
 
 __all__ = [
     "bnb_layers",
@@ -60,7 +60,7 @@ def get_keys_to_not_convert(model: nn.Module) -> list[str]:
     Returns:
         Module names (``".weight"`` / ``".bias"`` removed), tied ones first.
     """
-    from accelerando.utils.modeling import find_tied_parameters
+    from accelerando.big_modeling.tensors import find_tied_parameters
 
     tied = [name for group in find_tied_parameters(model) for name in group]
     prefix = getattr(model, "base_model_prefix", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from accelerando.precision.base import Precision
-from accelerando.precision.fp8_choice import choose_fp8_backend
+from accelerando.precision.fp8.choice import choose_fp8_backend
 
 __all__ = ["FP8Precision"]
 
@@ -22,7 +22,7 @@ class FP8Precision(Precision):
     backend_name = ""
 
     def __init__(self, device_type: str, recipe: Any) -> None:
-        from accelerando.utils.dataclasses import FP8BackendType
+        from accelerando.enums import FP8BackendType
 
         self.device_type = device_type
         self.recipe = recipe

@@ -8,13 +8,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from accelerando.common.constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 from accelerando.settings import environment_setting
-from accelerando.utils.constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 
 __all__ = ["PrepareForLaunch"]
 
 # the launch helpers' logger: messages keep the name they had before the split
-logger = logging.getLogger("accelerando.utils.launch")
+logger = logging.getLogger("accelerando.launchers.reference")
 
 # Distributed types whose forked processes need LOCAL_RANK / RANK (every multi-process type but XLA).
 _RANKED_TYPES = frozenset(TORCH_DISTRIBUTED_OPERATION_TYPES)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
+from accelerando.common.imports import is_tqdm_available
 from accelerando.logging import _process_view
-from accelerando.utils.imports import is_tqdm_available
 
-__all__ = ["tqdm", "progress"]
+__all__ = ["CallableProgressModule", "tqdm", "progress"]
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
@@ -57,3 +58,16 @@ def progress(iterable: Any, desc: str, total: int | None = None, min_items: int 
     if not is_tqdm_available() or (total is not None and total < min_items):
         return iterable
     return tqdm(iterable, desc=desc, total=total, leave=False)
+
+
+class CallableProgressModule(types.ModuleType):
+    """A module that, called, builds a progress bar: the class of ``accelerando.utils.tqdm``.
+
+    In the reference, ``accelerate.utils.tqdm`` names the function although a submodule has the same
+    name; giving the module this class makes ``accelerando.utils.tqdm(range(3))`` work whichever of
+    the two a lookup finds first.
+    """
+
+    def __call__(self, *args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+        """Build a progress bar, as ``accelerando.utils.tqdm(...)`` does."""
+        return tqdm(*args, main_process_only=main_process_only, **kwargs)

@@ -14,8 +14,11 @@ from typing import Any
 
 from accelerando.logging import get_logger
 from accelerando.precision.base import Precision
-from accelerando.precision.fp8_base import FP8Precision
-from accelerando.precision.fp8_choice import _NAMES, choose_fp8_backend, fp8_backend_problem
+from accelerando.precision.fp8.ao import AOPrecision
+from accelerando.precision.fp8.base import FP8Precision
+from accelerando.precision.fp8.choice import _NAMES, choose_fp8_backend, fp8_backend_problem
+from accelerando.precision.fp8.gpu import MSAMPPrecision, TEPrecision
+from accelerando.settings import process_settings
 
 __all__ = ["FP8Precision", "build_fp8_precision", "choose_fp8_backend", "fp8_backend_problem"]
 
@@ -37,18 +40,12 @@ def build_fp8_precision(
         ValueError / RuntimeError: as :func:`choose_fp8_backend`.
     """
     if settings is None:
-        from accelerando.settings import process_settings
-
         settings = process_settings()
     backend, recipe, reason = choose_fp8_backend(handlers, settings, device_type)
     logger.info(f"FP8 training with {_NAMES[backend]} ({reason})", main_process_only=True)
     if backend == "ao":
-        from accelerando.precision.fp8_ao import AOPrecision
-
         precision: FP8Precision = AOPrecision(device_type, recipe)
     else:
-        from accelerando.precision.fp8_gpu import MSAMPPrecision, TEPrecision
-
         precision = (TEPrecision if backend == "te" else MSAMPPrecision)(device_type, recipe)
     precision._handlers_given = handlers is not None
     precision._settings = settings

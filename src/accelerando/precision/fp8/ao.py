@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from accelerando.logging import get_logger
-from accelerando.precision.fp8_base import FP8Precision
+from accelerando.precision.fp8.base import FP8Precision
 
 __all__ = ["AOPrecision"]
 
@@ -36,7 +36,7 @@ def _is_fsdp2() -> bool:
 def _native_fp8(device_type: str) -> bool:
     if device_type != "cuda":
         return False
-    from accelerando.utils.environment import check_cuda_fp8_capability
+    from accelerando.common.environment import check_cuda_fp8_capability
 
     return check_cuda_fp8_capability()
 
@@ -61,7 +61,7 @@ class AOPrecision(FP8Precision):
 
     def effective_config(self, fsdp2: bool) -> Any:
         """The ``Float8LinearConfig`` used: the recipe's, emulated without FP8 hardware, all-gather only under FSDP2."""
-        from accelerando.utils.ao import float8_config_for
+        from accelerando.precision.fp8.torchao import float8_config_for
 
         recipe = self.resolve_recipe()
         config = recipe.config
@@ -84,7 +84,7 @@ class AOPrecision(FP8Precision):
         Raises:
             ImportError: torchao is not installed.
         """
-        from accelerando.utils.ao import convert_model_to_fp8_ao, has_ao_layers
+        from accelerando.precision.fp8.torchao import convert_model_to_fp8_ao, has_ao_layers
 
         fsdp2 = _is_fsdp2()
         config = self.effective_config(fsdp2)
