@@ -35,7 +35,7 @@ def launch(
     (HSDP). The launcher's output goes to ``out_dir/launch.log``.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "TORCHFT"))}
-    env.update(OMP_NUM_THREADS="1", RUST_LOG="warn")
+    env.update(OMP_NUM_THREADS="1")
     argv = [
         sys.executable, "-m", "accelerando.commands.launch", "--cpu", "--num_processes", str(processes),
         *(("--use_fsdp", "--fsdp_version", "2", "--parallelism_config_dp_shard_size", str(processes))

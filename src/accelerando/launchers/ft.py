@@ -33,6 +33,9 @@ __all__ = ["DEFAULT_REPLICA_GROUPS", "FaultTolerantPlan", "ReplicaGroup", "build
 DEFAULT_REPLICA_GROUPS = 2
 #: Seconds without a heartbeat after which the lighthouse drops a group, when not given (torchft's).
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+#: torchft's Rust side logs every quorum and commit at INFO (about 20 lines a step); the launch keeps
+#: warnings and errors unless RUST_LOG is set.
+_TORCHFT_LOG_LEVEL = {"RUST_LOG": "warn"}
 _REPLICA_ID_ENV = FIELDS_BY_NAME["ft_replica_id"].our_env
 _LIGHTHOUSE_ENV = FIELDS_BY_NAME["ft_lighthouse"].our_env
 
@@ -226,6 +229,8 @@ def run(plan: FaultTolerantPlan, quiet: bool = False) -> int:
     Raises:
         ImportError: a lighthouse must be started and torchft is not installed (the message names the extra).
     """
+    log_level = {} if "RUST_LOG" in os.environ else _TORCHFT_LOG_LEVEL
+    os.environ.update(log_level)  # the lighthouse logs from this process
     try:
         lighthouse = _Lighthouse(plan)
     except ImportError as err:
@@ -236,7 +241,7 @@ def run(plan: FaultTolerantPlan, quiet: bool = False) -> int:
     assert lighthouse.address is not None
     _say(f"fault tolerance: {len(plan.groups)} replica group(s), lighthouse {lighthouse.address}", quiet)
     try:
-        return _supervise(plan, {_LIGHTHOUSE_ENV: lighthouse.address}, quiet)
+        return _supervise(plan, {**log_level, _LIGHTHOUSE_ENV: lighthouse.address}, quiet)
     except KeyboardInterrupt:
         return 130
     finally:
