@@ -11,7 +11,8 @@ declare the type they report. :func:`build` reads top to bottom:
 4. device mesh, from a ``ParallelismConfig`` (where tensor / pipeline / context parallelism plug in);
 5. strategy rule (an explicit backend wins, else several processes mean DDP, else one device);
 6. precision (fp32 / AMP fp16 with a loss scaler / bf16 / fp8);
-7. instantiate the strategy and activate the Runtime, so ``AcceleratorState()`` views it.
+7. instantiate: the Runtime record, whose strategy is built last from the finished record and the
+   precision (strategies read no global state), then activate it, so ``AcceleratorState()`` views it.
 
 Settings are resolved once per ``Accelerator`` by :func:`resolve_settings` (the environment part
 once per process); plugins read the same process settings through ``settings.fill_unset``.
@@ -22,12 +23,31 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import accelerando.runtime as rt
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
-from accelerando.settings import Settings
+from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
+from accelerando.plugins.kwargs import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+)
+from accelerando.plugins.pipeline import PipelineParallelPlugin
+from accelerando.precision import build_precision
+from accelerando.settings import Settings, resolve_runtime_settings
+from accelerando.strategies import strategy_class
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from accelerando.parallelism_config import ParallelismConfig
+    from accelerando.plugins.deepspeed import DeepSpeedPlugin
+    from accelerando.plugins.dynamo import TorchDynamoPlugin
+    from accelerando.precision.base import Precision
+    from accelerando.strategies.base import Strategy
 
 __all__ = [
     "Decision",
@@ -85,7 +105,7 @@ def decide(
     requested_type_source: str = "default",
     device_name: str = "cpu",
     pipeline_requested: bool = False,
-    parallelism: Any = None,
+    parallelism: ParallelismConfig | None = None,
     fault_tolerance_requested: bool = False,
 ) -> Decision:
     """Choose the distributed type and strategy (step 5).
@@ -140,7 +160,7 @@ def decide(
 
 
 def _composable_decision(
-    parallelism: Any,
+    parallelism: ParallelismConfig | None,
     process_type: DistributedType,
     deepspeed_requested: bool,
     fsdp_requested: bool,
@@ -206,7 +226,7 @@ def _pipeline_decision(process_type: DistributedType, num_processes: int, other_
 
 
 def _fault_tolerant_decision(
-    process_type: DistributedType, other_backend: bool, parallelism: Any
+    process_type: DistributedType, other_backend: bool, parallelism: ParallelismConfig | None
 ) -> Decision:
     """Step 5 for ``--fault_tolerance`` / a ``FaultTolerancePlugin``: torchft data parallelism across groups.
 
@@ -236,19 +256,19 @@ def _fault_tolerant_decision(
 
 
 # ----------------------------------------------------------------------------------- step 0
-def resolve_settings(code: Mapping[str, Any] | None = None) -> Settings:
+def resolve_settings(code: Mapping[str, object] | None = None) -> Settings:
     """Resolve an Accelerator's settings: defaults < environment (once per process) < code.
 
     Raises:
         ValueError: a value that is not allowed (the message names the setting, its source and the fix).
     """
-    from accelerando.settings import resolve_runtime_settings
-
     return resolve_runtime_settings(code=code)
 
 
 # ------------------------------------------------------------------------------------ step 4
-def _build_mesh(parallelism_config: Any, process: rt.ProcessContext) -> Any:
+def _build_mesh(
+    parallelism_config: ParallelismConfig | None, process: rt.ProcessContext
+) -> DeviceMesh | None:
     """Step 4: the ``DeviceMesh`` of a ParallelismConfig (None without one or without an active axis)."""
     if parallelism_config is None:
         return None
@@ -263,7 +283,10 @@ def _build_mesh(parallelism_config: Any, process: rt.ProcessContext) -> Any:
 
 
 # ------------------------------------------------------------------------------------ step 5
-def normalise_deepspeed_plugins(deepspeed_plugin: Any, deepspeed_plugins: Any) -> dict[str, Any] | None:
+def normalise_deepspeed_plugins(
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    deepspeed_plugins: dict[str, DeepSpeedPlugin] | None,
+) -> dict[str, DeepSpeedPlugin] | None:
     """One ``name -> DeepSpeedPlugin`` dict from the two ways of passing them (or None).
 
     Raises:
@@ -293,13 +316,11 @@ def _strategy_rule(settings: Settings, plugins: rt.Plugins, process: rt.ProcessC
 
 
 def _fault_tolerance_requested(settings: Settings, plugins: rt.Plugins) -> bool:
-    from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
 
     return bool(settings.fault_tolerance) or plugins.handler(FaultTolerancePlugin) is not None
 
 
 def _pipeline_requested(plugins: rt.Plugins) -> bool:
-    from accelerando.plugins.pipeline import PipelineParallelPlugin
 
     return plugins.handler(PipelineParallelPlugin) is not None
 
@@ -318,16 +339,17 @@ def _default_backend_plugins(decision: Decision, plugins: rt.Plugins) -> rt.Plug
 
 
 # ------------------------------------------------------------------------------------ step 6
-def _build_precision(settings: Settings, plugins: rt.Plugins, device_type: str, loss_scaling: bool) -> Any:
-    from accelerando.plugins.kwargs import AutocastKwargs, GradScalerKwargs
-    from accelerando.precision import build_precision
+def _build_precision(
+    settings: Settings, plugins: rt.Plugins, device_type: str, loss_scaling: bool
+) -> Precision:
 
     scaler = plugins.handler(GradScalerKwargs)
     autocast = plugins.handler(AutocastKwargs)
+    scaler_kwargs: dict[str, Any] = scaler.scaler_kwargs() if scaler is not None else {}
     return build_precision(
         settings.mixed_precision,
         device_type,
-        scaler.scaler_kwargs() if scaler is not None else {},
+        scaler_kwargs,
         bool(scaler.static_scale) if scaler is not None else False,
         autocast.to_kwargs() if autocast is not None else None,
         loss_scaling=loss_scaling,
@@ -336,7 +358,7 @@ def _build_precision(settings: Settings, plugins: rt.Plugins, device_type: str, 
     )
 
 
-def _dynamo_plugin(settings: Settings, plugin: Any) -> Any:
+def _dynamo_plugin(settings: Settings, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:
     if plugin is not None:
         return plugin
     from accelerando.plugins.dynamo import TorchDynamoPlugin
@@ -353,6 +375,10 @@ def _dynamo_plugin(settings: Settings, plugin: Any) -> Any:
 def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     """Turn resolved settings and the user's plugins into the process's Runtime (steps 1-7).
 
+    The Runtime is built whole before anything sees it: every decided field first, then the
+    strategy, which receives the record and the precision by constructor (it reads no global
+    state); only the finished record is activated.
+
     Args:
         settings: from :func:`resolve_settings`.
         plugins: the plugins and kwargs handlers given in code (``deepspeed`` already normalised by
@@ -365,15 +391,12 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
         ValueError: contradictory requests or a bad mesh, naming where each value came from.
         NotImplementedError: a backend or precision this version cannot run.
     """
-    from accelerando.plugins.kwargs import DistributedDataParallelKwargs, InitProcessGroupKwargs
-    from accelerando.strategies import strategy_class
-
     init_handler = plugins.handler(InitProcessGroupKwargs)
     # 1-3. cluster environment, device, process group: once per process, shared by later Accelerators
     process = rt.start_process(settings, init_handler.to_kwargs() if init_handler is not None else {})
     plugins = _fold_tensor_parallel_plugin(plugins, process.num_processes)
-    # With a PipelineParallelPlugin the pipeline strategy builds its (dp_replicate, pp) mesh and checks the
-    # ParallelismConfig against it itself.
+    # 4. the mesh of a ParallelismConfig; with a PipelineParallelPlugin the pipeline strategy lays the
+    # processes out itself (step 5) and checks the ParallelismConfig against its layout.
     # With fault tolerance the replicate axis is the replica groups, each its own job: no mesh inside a group.
     own_layout = _pipeline_requested(plugins) or _fault_tolerance_requested(settings, plugins)
     mesh = None if own_layout else _build_mesh(plugins.parallelism_config, process)
@@ -381,35 +404,29 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     plugins = _default_backend_plugins(decision, plugins)
     plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
     strategy_cls = strategy_class(decision.strategy_name)
-    # A strategy whose engine scales the loss itself (DeepSpeed) keeps autocast but gets no scaler.
+    if mesh is None:
+        # A strategy that lays the processes out itself (the pipeline's ("dp_replicate", "pp") mesh) makes
+        # the runtime's mesh: data sharding, gather_for_metrics and the rank properties read it there.
+        mesh = strategy_cls.own_mesh(plugins, process)
+    # 6. A strategy whose engine scales the loss itself (DeepSpeed) keeps autocast but gets no scaler.
     precision = _build_precision(
         settings, plugins, process.device.type, loss_scaling=not strategy_cls.manages_precision
     )
-    draft = rt.Runtime(
+    ddp_kwargs = plugins.handler(DistributedDataParallelKwargs)
+
+    def make_strategy(runtime: rt.Runtime) -> Strategy:
+        return strategy_cls(runtime, precision, ddp_kwargs=ddp_kwargs)
+
+    # 7. instantiate: the strategy is built from the otherwise complete record, then the record is activated
+    runtime = rt.Runtime(
         settings=settings,
         process=process,
         mesh=mesh,
         distributed_type=decision.distributed_type,
-        strategy=None,
         precision=precision,
         plugins=plugins,
         reason=decision.reason,
+        make_strategy=make_strategy,
     )
-    previous = rt.current()
-    rt.activate(draft)  # 7. strategies read the state views while they are built
-    try:
-        from accelerando.state import AcceleratorState
-
-        strategy = strategy_cls(
-            AcceleratorState(), precision, ddp_kwargs=plugins.handler(DistributedDataParallelKwargs)
-        )
-    except BaseException:
-        if previous is not None:
-            rt.activate(previous)
-        raise
-    # A strategy that lays the processes out itself (the pipeline's ("dp_replicate", "pp") mesh) makes the
-    # runtime's mesh: data sharding, gather_for_metrics and the rank properties read it from there.
-    mesh = draft.mesh if draft.mesh is not None else getattr(strategy, "data_mesh", None)
-    runtime = dataclasses.replace(draft, strategy=strategy, mesh=mesh)
     rt.activate(runtime)
     return runtime

@@ -8,7 +8,13 @@ notebook launcher's child before it builds one):
   or ``Accelerator()``) and owns the process group's life: :func:`accelerando.process_group.start`
   registers the ordered teardown at exit.
 - :class:`Runtime` adds what an ``Accelerator()`` decided: resolved settings, the device mesh, the
-  distributed type, the strategy, the precision and the backend plugins.
+  distributed type, the precision, the backend plugins and, built last from all of these, the
+  strategy.
+
+The precision and the strategy are classes of layers above this one, so the Runtime names them by
+the contracts the layers below use (:class:`PrecisionContract`, :class:`StrategyContract`);
+``accelerando.precision.base.Precision`` and ``accelerando.strategies.base.Strategy`` satisfy them
+(the connector, which builds the Runtime from them, is type-checked against these protocols).
 
 Who writes what: only :mod:`accelerando.connector` builds these records and calls :func:`activate`;
 ``PartialState`` / ``AcceleratorState`` are read-only views over them; the facade registers itself
@@ -18,24 +24,35 @@ the folder-only checkpoint functions).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+from accelerando.devices import backend_for, detect_device_backend
+from accelerando.environments import detect_environment
+from accelerando.settings import environment_setting
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
     from accelerando.devices import DeviceBackend
     from accelerando.enums import DistributedType
     from accelerando.environments import ClusterEnvironment
+    from accelerando.process_group import ProcessGroupHandle
     from accelerando.settings import Settings
+
+HandlerT = TypeVar("HandlerT")
 
 __all__ = [
     "Plugins",
+    "PrecisionContract",
     "ProcessContext",
     "Runtime",
+    "StrategyContract",
     "activate",
     "active_accelerator",
     "current",
@@ -65,7 +82,7 @@ class ProcessContext:
     device_backend: type[DeviceBackend]
     device: torch.device
     distributed_type: DistributedType
-    process_group: Any = None
+    process_group: ProcessGroupHandle | None = None
     debug: bool = False
 
     @property
@@ -114,36 +131,222 @@ class Plugins:
     torch_tp: Any = None
     parallelism_config: Any = None
     dynamo: Any = None
-    handlers: dict[type, Any] = field(default_factory=dict)
+    handlers: dict[type, object] = field(default_factory=dict[type, object])
 
-    def handler(self, kind: type) -> Any:
-        """The kwargs handler of class ``kind`` given in code, or None."""
-        return self.handlers.get(kind)
+    def handler(self, kind: type[HandlerT]) -> HandlerT | None:
+        """The kwargs handler of class ``kind`` given in code, or None.
+
+        Raises:
+            TypeError: the handler recorded under ``kind`` is not a ``kind`` (a wrongly built record).
+        """
+        found = self.handlers.get(kind)
+        if found is None:
+            return None
+        if not isinstance(found, kind):
+            raise TypeError(f"the handler recorded for {kind.__name__} is a {type(found).__name__}")
+        return found
+
+
+class PrecisionContract(Protocol):
+    """What the layers below the precision package use of a precision (``precision.base.Precision``).
+
+    Contract, in the order the Accelerator calls it: ``convert_module(model)`` once per model in
+    ``prepare``; ``autocast()`` around user code on request; ``backward(loss)`` per micro-batch;
+    ``unscale_(optimizer)`` before clipping; ``optimizer_step(optimizer)`` on sync steps (False =
+    skipped by the loss scaler); ``state_dict()`` / ``load_state_dict()`` for checkpoints.
+    """
+
+    # The loss scaler (a ``torch.amp.GradScaler``) or None; its type depends on the device family.
+    scaler: Any
+
+    @property
+    def name(self) -> str:
+        """The mode: ``"no"``, ``"fp16"``, ``"bf16"``, ``"fp8"``."""
+        ...
+
+    def prepare_objects(
+        self,
+        objects: Sequence[Any],
+        placement: Sequence[bool],
+        device: torch.device | None,
+        is_prepared: Callable[[Any], bool],
+    ) -> list[Any]:
+        """Convert the objects of one ``prepare`` call that must change together (MS-AMP)."""
+        ...
+
+    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Prepare ``model`` for this precision."""
+        ...
+
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Context manager running its block in this precision."""
+        ...
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` (scaled when a loss scaler is in use)."""
+        ...
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the loss scale."""
+        ...
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        """Step ``optimizer``; False when the loss scaler skipped the step."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loss scaler's state for checkpoints ({} without one)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        ...
+
+
+class StrategyContract(Protocol):
+    """What the layers below the strategies use of a strategy (``strategies.base.Strategy``).
+
+    The full contract, with the calling order, is on ``Strategy``; this protocol names the members
+    the Runtime promises. Records of the strategy layer (``PrepareRequest``, ``Prepared``) are
+    typed there; here they pass as ``Any``.
+    """
+
+    name: ClassVar[str]
+    manages_precision: ClassVar[bool]
+    divides_loss_for_accumulation: ClassVar[bool]
+    plain_data_parallel: ClassVar[bool]
+    loads_own_checkpoints: ClassVar[bool]
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """What ``accelerator.distributed_type`` reports for this strategy."""
+        ...
+
+    def prepare_all(self, request: Any) -> Any:
+        """Prepare every object of one ``prepare`` call at once (a ``Prepared``), or None."""
+        ...
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Wrap ``model`` the strategy's way and return what the training loop calls."""
+        ...
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Return the optimizer the strategy steps."""
+        ...
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """The user's module inside what ``prepare`` wrapped it in."""
+        ...
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate ``loss``."""
+        ...
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Context in which backward passes do not communicate."""
+        ...
+
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Context forcing the next backward to synchronise."""
+        ...
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the gradient norm; return the total norm before clipping."""
+        ...
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp every gradient element into ``[-clip_value, clip_value]``."""
+        ...
+
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict of ``model``."""
+        ...
+
+    def load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> Any:
+        """Load a full state dict into ``model``."""
+        ...
+
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
+        """Write ``model``'s checkpoint the strategy's own way; False = checkpointing's default."""
+        ...
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Load what ``save_model_checkpoint`` wrote; False = checkpointing's default."""
+        ...
+
+    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+        """Write an optimizer's state the strategy's own way; False = checkpointing's default."""
+        ...
+
+    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+        """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
+        ...
+
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
+        """Context letting processes with fewer batches finish."""
+        ...
+
+    def context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Context sharding ``buffers`` along their sequence dims over the ``cp`` mesh axis."""
+        ...
+
+    def sequence_parallel_dataloader(self, dataloader: Any, model: torch.nn.Module) -> Any:
+        """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice."""
+        ...
 
 
 @dataclass(frozen=True)
 class Runtime:
     """What the connector built for one ``Accelerator``: frozen once built.
 
+    Built in one expression, in dependency order: every decided field first, then the strategy,
+    made by ``make_strategy`` from the finished record (its constructor reads every field but
+    ``strategy``, which does not exist until it returns). Nothing else sees the record before it
+    is complete: the connector activates it afterwards. ``dataclasses.replace`` refuses to copy it
+    (``make_strategy`` is required), so a strategy is never rebuilt by accident.
+
     Attributes:
         settings: the resolved settings, with the source of every value.
         process: the :class:`ProcessContext` (cluster, device, process group).
-        mesh: the ``DeviceMesh`` built from ``plugins.parallelism_config`` (None without one).
+        mesh: the ``DeviceMesh`` of the job (from ``plugins.parallelism_config``, or the layout the
+            chosen strategy makes itself, e.g. the pipeline's); None without one.
         distributed_type: what ``accelerator.distributed_type`` reports.
-        strategy: the strategy instance (how models are wrapped, how processes talk).
         precision: the precision instance (autocast, loss scaling).
         plugins: the :class:`Plugins` in effect.
         reason: why the connector chose this strategy (shown by ``--dry-run`` / debugging).
+        strategy: the strategy instance (how models are wrapped, how processes talk).
     """
 
     settings: Settings
     process: ProcessContext
-    mesh: Any
+    mesh: DeviceMesh | None
     distributed_type: DistributedType
-    strategy: Any
-    precision: Any
+    precision: PrecisionContract
     plugins: Plugins
-    reason: str = ""
+    reason: str
+    make_strategy: InitVar[Callable[[Runtime], StrategyContract]]
+    strategy: StrategyContract = field(init=False, compare=False)
+
+    def __post_init__(self, make_strategy: Callable[[Runtime], StrategyContract]) -> None:
+        # Frozen: the one write, from inside the constructor, of the field that needs the record.
+        object.__setattr__(self, "strategy", make_strategy(self))
 
     @property
     def cluster(self) -> ClusterEnvironment:
@@ -154,6 +357,41 @@ class Runtime:
     def device(self) -> torch.device:
         """The device this process computes on."""
         return self.process.device
+
+    @property
+    def device_backend(self) -> type[DeviceBackend]:
+        """The hardware family of this process's device."""
+        return self.process.device_backend
+
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes in the job."""
+        return self.process.num_processes
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of machines in the job."""
+        return self.process.num_nodes
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process."""
+        return self.process.process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the process of global rank 0."""
+        return self.process.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the first process on its machine."""
+        return self.process.local_process_index == 0
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed-precision mode in effect (``"no"``, ``"fp16"``, ``"bf16"``, ``"fp8"``)."""
+        return str(self.settings.mixed_precision or "no")
 
 
 def data_parallel_type(device_backend: type[DeviceBackend], num_processes: int) -> DistributedType:
@@ -191,8 +429,6 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
     if existing is not None:
         refuse_cpu_switch(existing, bool(settings.cpu))
         return existing
-    from accelerando.environments import detect_environment
-    from accelerando.settings import environment_setting
 
     _refuse_unsupported_places()
     _install_rich_tracebacks()
@@ -239,8 +475,6 @@ def _refuse_unsupported_places() -> None:
     Raises:
         ValueError: ``ACCELERATE_USE_SAGEMAKER`` or ``ACCELERATE_IN_TPU_POD`` is true.
     """
-    from accelerando.settings import environment_setting
-
     for name, variable, what in (
         ("use_sagemaker", "ACCELERATE_USE_SAGEMAKER", "an Amazon SageMaker job"),
         ("in_tpu_pod", "ACCELERATE_IN_TPU_POD", "a TPU pod"),
@@ -264,9 +498,6 @@ def _process_device(cpu: bool, local_rank: int) -> tuple[type[DeviceBackend], to
             supported here.
     """
     import torch
-
-    from accelerando.devices import backend_for, detect_device_backend
-    from accelerando.settings import environment_setting
 
     wanted = environment_setting("torch_device")
     if not wanted:
@@ -292,8 +523,6 @@ def _process_device(cpu: bool, local_rank: int) -> tuple[type[DeviceBackend], to
 
 def _install_rich_tracebacks() -> None:
     """With ``ACCELERATE_ENABLE_RICH`` true, show uncaught exceptions with rich (warns without rich)."""
-    from accelerando.settings import environment_setting
-
     if not environment_setting("enable_rich"):
         return
     import importlib.util
@@ -313,9 +542,18 @@ def _install_rich_tracebacks() -> None:
     install(show_locals=False)
 
 
-# The process's records. Module globals on purpose: one process, one of each; tests reset them
-# through ``forget``.
-_registry: dict[str, Any] = {"process": None, "runtime": None, "accelerator": None}
+@dataclass
+class _Registry:
+    """The process's records. One module global on purpose: one process, one of each; tests reset it
+    through ``forget``.
+    """
+
+    process: ProcessContext | None = None
+    runtime: Runtime | None = None
+    accelerator: weakref.ref[Any] | None = None
+
+
+_registry = _Registry()
 
 
 def refuse_cpu_switch(context: ProcessContext, cpu: bool) -> None:
@@ -335,32 +573,35 @@ def refuse_cpu_switch(context: ProcessContext, cpu: bool) -> None:
 
 def current_process() -> ProcessContext | None:
     """The process context, or None before the first ``PartialState()`` / ``Accelerator()``."""
-    return _registry["process"]
+    return _registry.process
 
 
 def set_process(context: ProcessContext) -> None:
     """Record the process context (the connector calls this once per process)."""
-    _registry["process"] = context
+    _registry.process = context
 
 
 def current() -> Runtime | None:
     """The Runtime of the newest ``Accelerator`` of this process, or None."""
-    return _registry["runtime"]
+    return _registry.runtime
 
 
 def activate(runtime: Runtime) -> None:
     """Make ``runtime`` the one the state views read (the connector calls this after building it)."""
-    _registry["runtime"] = runtime
+    _registry.runtime = runtime
 
 
-def set_active_accelerator(accelerator: Any) -> None:
+def set_active_accelerator(accelerator: object) -> None:
     """Record ``accelerator`` as this process's active one (weakly: it may still be collected)."""
-    _registry["accelerator"] = weakref.ref(accelerator)
+    _registry.accelerator = weakref.ref(accelerator)
 
 
 def active_accelerator() -> Any:
-    """The newest live ``Accelerator`` of this process, or None."""
-    ref = _registry["accelerator"]
+    """The newest live ``Accelerator`` of this process, or None.
+
+    Typed ``Any``: the ``Accelerator`` class lives in the facade, layers above this registry.
+    """
+    ref = _registry.accelerator
     return ref() if ref is not None else None
 
 
@@ -370,7 +611,7 @@ def forget(*, keep_process: bool = True) -> None:
     Used by the state views' ``_reset_state`` (tests, notebooks). The process group itself is not
     torn down here: its teardown runs at exit, or through ``PartialState().destroy_process_group()``.
     """
-    _registry["runtime"] = None
-    _registry["accelerator"] = None
+    _registry.runtime = None
+    _registry.accelerator = None
     if not keep_process:
-        _registry["process"] = None
+        _registry.process = None

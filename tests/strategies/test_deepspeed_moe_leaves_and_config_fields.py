@@ -96,10 +96,18 @@ def test_build_engine_marks_moe_leaves_before_initialize(monkeypatch: pytest.Mon
 
     plugin = DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="TinyExpertLayer")
     monkeypatch.setattr(deepspeed, "initialize", fake_initialize)
-    monkeypatch.setattr(ds_strategy, "get_active_deepspeed_plugin", lambda state: plugin)
     strategy = object.__new__(ds_strategy.DeepSpeedStrategy)
-    strategy.state = type(
-        "S", (), {"num_processes": 1, "mixed_precision": "no", "device": torch.device("cpu"), "num_nodes": 1}
+    strategy.runtime = type(
+        "R",
+        (),
+        {
+            "num_processes": 1,
+            "mixed_precision": "no",
+            "device": torch.device("cpu"),
+            "device_backend": None,
+            "num_nodes": 1,
+            "plugins": type("P", (), {"deepspeed": {"default": plugin}})(),
+        },
     )()
     strategy._batch_sizes = [2]
     strategy.auto_choice = None

@@ -303,7 +303,7 @@ def test_fsdp_with_one_process_is_a_clear_error():
     from accelerando.strategies.fsdp import FSDPStrategy
 
     with pytest.raises(ValueError, match=r"only one.*--num_processes 2"):
-        FSDPStrategy(SimpleNamespace(num_processes=1, fsdp_plugin=None), precision=None)
+        FSDPStrategy(SimpleNamespace(num_processes=1, plugins=SimpleNamespace(fsdp=None)), precision=None)
 
 
 def test_accelerator_with_fsdp_plugin_in_one_process_is_a_clear_error():

@@ -129,8 +129,10 @@ def test_strategy_reads_one_prepare_call_into_the_arguments():
     from accelerando.utils.megatron_lm import MegatronLMDummyScheduler
 
     plugin = MegatronLMPlugin(tp_degree=2, num_micro_batches=2)
-    state = types.SimpleNamespace(megatron_lm_plugin=plugin, num_processes=4, mixed_precision="bf16")
-    strategy = MegatronStrategy(state, None)
+    runtime = types.SimpleNamespace(
+        plugins=types.SimpleNamespace(megatron_lm=plugin), num_processes=4, mixed_precision="bf16"
+    )
+    strategy = MegatronStrategy(runtime, None)
     model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=100, n_positions=16))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.8)
     loader = torch.utils.data.DataLoader([{"input_ids": torch.zeros(9, dtype=torch.long)}] * 6, batch_size=3)
@@ -421,7 +423,9 @@ def test_gradient_accumulation_is_refused_for_micro_batches(monkeypatch):
     from accelerando.strategies.megatron import strategy as mstrategy
 
     monkeypatch.setattr(mstrategy, "require_megatron_and_cuda", lambda what: None)  # as on a GPU machine
-    state = types.SimpleNamespace(megatron_lm_plugin=None, num_processes=1, mixed_precision="no")
+    runtime = types.SimpleNamespace(
+        plugins=types.SimpleNamespace(megatron_lm=None), num_processes=1, mixed_precision="no"
+    )
     request = PrepareRequest((torch.nn.Linear(2, 2),), (None,), 4, False, lambda o, p: o, lambda o: False)
     with pytest.raises(ValueError, match="num_micro_batches"):
-        mstrategy.MegatronStrategy(state, None).prepare_all(request)
+        mstrategy.MegatronStrategy(runtime, None).prepare_all(request)

@@ -47,7 +47,8 @@ from typing import Any
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.save as sync
-from accelerando.checkpointing.snapshot import _Frozen, _Snapshot, can_overlap, snapshot_tree
+from accelerando.checkpointing.snapshot import _Snapshot, can_overlap, frozen_target, snapshot_tree
+from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.runtime import set_active_accelerator
 
 __all__ = ["AsyncSaveHandle", "can_overlap", "save_state_async", "snapshot_tree", "wait_pending"]
@@ -176,7 +177,7 @@ def _hook_exit() -> None:
 
 
 # --------------------------------------------------------------------------- background gathers
-def _background_group(target: Any) -> Any:
+def _background_group(target: CheckpointTarget) -> Any:
     """The background thread's gloo process group (made once, collectively), or None in one process."""
     import torch.distributed as dist
 
@@ -252,7 +253,7 @@ def _background_writer(
 
 
 def save_state_async(
-    target: Any,
+    target: CheckpointTarget,
     output_dir: str | os.PathLike | None,
     safe_serialization: bool,
     wait_for_lock: float,
@@ -305,7 +306,7 @@ def save_state_async(
         failure = err
     write = _background_writer(snapshot, failure, group, exchange, int(target.state.num_processes))
 
-    frozen = _Frozen(target, int(target.step))
+    frozen = frozen_target(target, int(target.step))
     number = sync._number(plan.final_dir)
     if plan.checkpoints_dir is not None and number is not None:
         sync._run(target).last_saved = number  # the next save takes the next number, as after a sync one

@@ -1,5 +1,6 @@
 """Cross-process steps of saving and loading: gathering every process's verdict, and finding out
-whether the nodes share the checkpoint folder (which decides who commits with ``save_on_each_node``)."""
+whether the nodes share the checkpoint folder (which decides who commits with ``save_on_each_node``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import uuid
 import warnings
 import weakref
 from typing import Any
+
+from accelerando.checkpointing.target import CheckpointTarget
 
 __all__ = ["gather", "is_committer", "save_on_each_node"]
 
@@ -25,14 +28,15 @@ def gather(obj: Any, num_processes: int) -> list[Any]:
 
 def is_committer(state: Any, save_on_each_node: bool) -> bool:
     """Whether this process stages and commits checkpoints (the main process, or with
-    ``save_on_each_node`` each node's local main)."""
+    ``save_on_each_node`` each node's local main).
+    """
     return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
 
 
 _SHARED_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
-def _nodes_share(target: Any, parent: str) -> bool:
+def _nodes_share(target: CheckpointTarget, parent: str) -> bool:
     """Whether the nodes' local main processes all see ``parent`` as one folder (a shared file system).
 
     Each node's local main leaves a marker named with a token common to this call; if one sees another
@@ -71,7 +75,7 @@ def _nodes_share(target: Any, parent: str) -> bool:
     return shared
 
 
-def save_on_each_node(target: Any, final_dir: str) -> bool:
+def save_on_each_node(target: CheckpointTarget, final_dir: str) -> bool:
     """Effective ``save_on_each_node`` for this save; collective when the setting is on.
 
     It is off (with one warning) when the nodes share the folder, where several nodes committing the

@@ -12,12 +12,13 @@ from typing import Any
 
 from accelerando.checkpointing.async_save import save_state_async, wait_pending
 from accelerando.checkpointing.save import _wait_for_lock, save_state_sync
+from accelerando.checkpointing.target import CheckpointTarget
 
 __all__ = ["save_state"]
 
 
 def save_state(
-    target: Any,
+    target: CheckpointTarget,
     output_dir: str | os.PathLike | None = None,
     safe_serialization: bool = True,
     **save_model_func_kwargs: Any,

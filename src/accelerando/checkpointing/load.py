@@ -35,6 +35,7 @@ from accelerando.checkpointing.state_io import (
     read_state_files,
     torch_load_options,
 )
+from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.runtime import set_active_accelerator
 
 __all__ = ["load_state", "restore_custom_objects"]
@@ -42,7 +43,7 @@ __all__ = ["load_state", "restore_custom_objects"]
 logger = logging.getLogger(__name__)
 
 
-def _candidates(target: Any, input_dir: str | os.PathLike | None) -> tuple[list[str], bool]:
+def _candidates(target: CheckpointTarget, input_dir: str | os.PathLike | None) -> tuple[list[str], bool]:
     """Folders to try, newest first, and whether falling back to an older one is allowed."""
     if input_dir is not None:
         folder = os.path.abspath(os.fspath(input_dir))
@@ -120,7 +121,7 @@ def _check_strategy_files(
 
 
 def _read_candidate(
-    target: Any,
+    target: CheckpointTarget,
     folder: str,
     models: list[Any],
     map_location: Any,
@@ -163,7 +164,9 @@ def _read_candidate(
     return loaded, custom_states, per_rank
 
 
-def _load_custom(target: Any, folder: str, index: int, name: str, present: dict[str, int]) -> Any:
+def _load_custom(
+    target: CheckpointTarget, folder: str, index: int, name: str, present: dict[str, int]
+) -> Any:
     """Read the state of the ``index``-th registered object (weights-only unless the caller opted in)."""
     if name not in present:
         raise FileNotFoundError(
@@ -182,7 +185,7 @@ def _load_custom(target: Any, folder: str, index: int, name: str, present: dict[
         raise F.UnsafeCheckpointError(path, err.refused, hint) from None
 
 
-def restore_custom_objects(target: Any, folder: str | os.PathLike, start: int) -> None:
+def restore_custom_objects(target: CheckpointTarget, folder: str | os.PathLike, start: int) -> None:
     """Restore the registered objects from index ``start`` on from ``folder``'s custom-state files.
 
     For objects registered after ``folder`` was loaded (``auto_resume`` loads in the first ``prepare()``,
@@ -224,7 +227,7 @@ def restore_custom_objects(target: Any, folder: str | os.PathLike, start: int) -
     logger.info("Restored %d late-registered object(s) from %s", len(states), folder)
 
 
-def _attempt(target: Any, folder: str, kwargs: dict[str, Any]) -> Any:
+def _attempt(target: CheckpointTarget, folder: str, kwargs: dict[str, Any]) -> Any:
     """Try one folder on every process; returns the read state or the local error, plus everyone's verdict."""
     models = list(target.models)
     for hook in target.load_hooks:
@@ -281,7 +284,7 @@ def _is_damage(error: BaseException) -> bool:
 
 
 def load_state(
-    target: Any, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
+    target: CheckpointTarget, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
 ) -> None:
     """Restore everything ``save_state`` saved; ``Accelerator.load_state`` delegates here.
 
@@ -349,13 +352,13 @@ def load_state(
     )
 
 
-def _default_verification(target: Any) -> bool:
+def _default_verification(target: CheckpointTarget) -> bool:
     """The ``verify_checksums`` setting (code > launcher > ACCELERANDO_VERIFY_CHECKSUMS > config > True)."""
     value = getattr(target.settings, "verify_checksums", None)
     return True if value is None else bool(value)
 
 
-def _apply(target: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
+def _apply(target: CheckpointTarget, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
     models, loaded, custom_states, per_rank = outcome
     optimizers = list(target.optimizers)
     if owns_loading(target):
@@ -391,7 +394,7 @@ def _apply(target: Any, folder: str, outcome: Any, model_kwargs: dict[str, Any])
     logger.info("Loaded state from %s", folder)
 
 
-def _resume_point(target: Any, folder: str, loaded: LoadedState) -> ResumePoint:
+def _resume_point(target: CheckpointTarget, folder: str, loaded: LoadedState) -> ResumePoint:
     positions = []
     for entry in loaded.dataloaders:
         state = entry[1] if entry is not None and isinstance(entry[1], dict) else {}

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import accelerando.checkpointing.atomic as atomic
+from accelerando.checkpointing.foreign import is_reference_checkpoint
+from accelerando.checkpointing.target import CheckpointTarget
 
 __all__ = [
     "CHECKPOINTS_FOLDER",
@@ -50,7 +52,7 @@ class ResumePoint:
 RESUME_POINTS: weakref.WeakKeyDictionary[Any, ResumePoint] = weakref.WeakKeyDictionary()
 
 
-def checkpoints_dir(target: Any) -> str:
+def checkpoints_dir(target: CheckpointTarget) -> str:
     """The ``checkpoints`` folder of the project (automatic checkpoint naming).
 
     Raises:
@@ -75,7 +77,7 @@ def checkpoint_numbers(root: str) -> list[int]:
     return sorted(int(match.group(1)) for name in os.listdir(root) if (match := NUMBERED.match(name)))
 
 
-def owns_loading(target: Any) -> bool:
+def owns_loading(target: CheckpointTarget) -> bool:
     """Whether the strategy restores models and optimizers itself (sharded layouts)."""
     return bool(getattr(target.strategy, "loads_own_checkpoints", False))
 
@@ -92,8 +94,6 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
     Returns:
         The folder path, or None when there is none (a fresh run).
     """
-    from accelerando.checkpointing.foreign import is_reference_checkpoint
-
     root = os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER)
     found = [(int(number), path) for number, path in atomic.list_checkpoints(root)]
     for name in os.listdir(root) if os.path.isdir(root) else []:

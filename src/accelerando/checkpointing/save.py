@@ -49,7 +49,9 @@ from accelerando.checkpointing.state_io import (
     capture_gradients,
     write_state_files,
 )
+from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.runtime import set_active_accelerator
+from accelerando.version import __version__
 
 __all__ = ["save_state_sync"]
 
@@ -69,7 +71,7 @@ class _Run:
 _RUNS: weakref.WeakKeyDictionary[Any, _Run] = weakref.WeakKeyDictionary()
 
 
-def _run(target: Any) -> _Run:
+def _run(target: CheckpointTarget) -> _Run:
     return _RUNS.setdefault(target.owner, _Run())
 
 
@@ -115,7 +117,7 @@ def _raise_reported(
     raise atomic.CheckpointError(f"Process {rank} failed to {doing}: {message}")
 
 
-def _state_bytes(target: Any) -> int:
+def _state_bytes(target: CheckpointTarget) -> int:
     """About how many bytes this process's part of a checkpoint takes: its weights and optimizer state."""
     seen: set[int] = set()
     total = 0
@@ -141,7 +143,9 @@ def _state_bytes(target: Any) -> int:
     return total
 
 
-def _translated(error: BaseException, target: Any, final_dir: str, staging: str) -> BaseException:
+def _translated(
+    error: BaseException, target: CheckpointTarget, final_dir: str, staging: str
+) -> BaseException:
     """``error``, or an ``OSError(ENOSPC)`` saying how much space is needed when the disk is full."""
     needed = _state_bytes(target)
     if not atomic.is_out_of_space(error, staging, needed):
@@ -152,7 +156,7 @@ def _translated(error: BaseException, target: Any, final_dir: str, staging: str)
 
 
 # ------------------------------------------------------------------------- step 1: where it goes
-def _wait_for_lock(target: Any, kwargs: dict[str, Any]) -> float:
+def _wait_for_lock(target: CheckpointTarget, kwargs: dict[str, Any]) -> float:
     """Seconds to wait for another process's lock: the keyword, else the setting, else the module's default."""
     value = kwargs.pop("wait_for_lock", None)
     if value is None:
@@ -160,7 +164,7 @@ def _wait_for_lock(target: Any, kwargs: dict[str, Any]) -> float:
     return lock.check_wait(lock.WAIT_FOR_LOCK_S if value is None else value)
 
 
-def _resumed_number(target: Any, root: str, run: _Run) -> int | None:
+def _resumed_number(target: CheckpointTarget, root: str, run: _Run) -> int | None:
     """Number of the checkpoint of ``root`` the last ``load_state`` restored, or None.
 
     The first time a resume point is seen, the newer checkpoints it passed over (damaged ones it fell
@@ -180,7 +184,7 @@ def _resumed_number(target: Any, root: str, run: _Run) -> int | None:
     return number
 
 
-def _next_number(target: Any, root: str, run: _Run) -> int:
+def _next_number(target: CheckpointTarget, root: str, run: _Run) -> int:
     """The number of the next automatically named checkpoint (committing process, holding the lock).
 
     ``project_configuration.iteration`` unless a ``checkpoint_<n>`` at or above it exists (a damaged
@@ -205,7 +209,9 @@ def _next_number(target: Any, root: str, run: _Run) -> int:
     return number
 
 
-def _claim(target: Any, stack: ExitStack, root: str | None, final_dir: str, wait: float) -> tuple[str, str]:
+def _claim(
+    target: CheckpointTarget, stack: ExitStack, root: str | None, final_dir: str, wait: float
+) -> tuple[str, str]:
     """Committing process: lock, clean leftovers, pick the folder, create the staging folder."""
     run = _run(target)
     if root is not None:
@@ -224,7 +230,7 @@ _WAIT_SLICE_S = 2.0
 
 
 def _claim_in_slices(
-    target: Any, stack: ExitStack, plan: tuple[str | None, str, bool, int], wait: float
+    target: CheckpointTarget, stack: ExitStack, plan: tuple[str | None, str, bool, int], wait: float
 ) -> tuple[list[Any], BaseException | None, tuple[str, str] | None]:
     """The committers claim the folder, retrying in slices of the wait; every process learns the outcome.
 
@@ -258,7 +264,7 @@ def _claim_in_slices(
 
 
 def _plan_everywhere(
-    target: Any,
+    target: CheckpointTarget,
     stack: ExitStack,
     output_dir: str | os.PathLike | None,
     wait: float,
@@ -296,7 +302,7 @@ def _plan_everywhere(
     return _Plan(final_dir, staging, root, committer, each_node, durable)
 
 
-def _requested_dir(target: Any, output_dir: str | os.PathLike | None) -> tuple[str | None, str]:
+def _requested_dir(target: CheckpointTarget, output_dir: str | os.PathLike | None) -> tuple[str | None, str]:
     """``(checkpoints folder or None, the folder asked for)``; the number may still change."""
     config = target.project_configuration
     if config.automatic_checkpoint_naming:
@@ -311,13 +317,13 @@ def _requested_dir(target: Any, output_dir: str | os.PathLike | None) -> tuple[s
 
 
 # ------------------------------------------------------------------------------ step 2: the files
-def _mid_accumulation(target: Any) -> bool:
+def _mid_accumulation(target: CheckpointTarget) -> bool:
     """Whether gradients of an unfinished accumulation cycle are pending."""
     return not bool(target.sync_gradients)
 
 
 def _write_process_files(
-    target: Any,
+    target: CheckpointTarget,
     staging: str,
     safe_serialization: bool,
     each_node: bool,
@@ -371,7 +377,7 @@ def _write_process_files(
             on_written(os.path.basename(written))
 
 
-def _commit_staged(target: Any, plan: _Plan, results: list[Any]) -> int:
+def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[Any]) -> int:
     """Committing process: manifest + atomic rename. Returns the checkpoint's size in bytes."""
     staging, final_dir = plan.staging, plan.final_dir
     number = _number(final_dir) if plan.checkpoints_dir is not None else None
@@ -391,7 +397,6 @@ def _commit_staged(target: Any, plan: _Plan, results: list[Any]) -> int:
             if rel not in entries and rel != atomic.MANIFEST_NAME:
                 extra.append(rel)
     entries.update(atomic.describe_files(staging, extra, plan.durable))
-    from accelerando.version import __version__
 
     manifest = atomic.Manifest(
         files=entries,
@@ -409,7 +414,7 @@ def _number(final_dir: str) -> int | None:
 
 
 def _write_everywhere(
-    target: Any,
+    target: CheckpointTarget,
     plan: _Plan,
     safe_serialization: bool,
     write: Callable[[Callable[[str], None]], None] | None = None,
@@ -453,7 +458,10 @@ def _write_everywhere(
 
 
 def _commit_everywhere(
-    target: Any, plan: _Plan, results: list[Any], exchange: Callable[[Any, int], list[Any]] = gather
+    target: CheckpointTarget,
+    plan: _Plan,
+    results: list[Any],
+    exchange: Callable[[Any, int], list[Any]] = gather,
 ) -> int:
     """Step 3: the committing process commits and rotates; every process learns the outcome.
 
@@ -478,7 +486,7 @@ def _commit_everywhere(
     return size
 
 
-def _rotate(target: Any, root: str, durable: bool = True) -> None:
+def _rotate(target: CheckpointTarget, root: str, durable: bool = True) -> None:
     """Delete checkpoints beyond ``total_limit``; a failure leaves extra ones behind, with a warning."""
     try:
         atomic.rotate(root, target.project_configuration.total_limit, _run(target).skipped, durable)
@@ -489,7 +497,7 @@ def _rotate(target: Any, root: str, durable: bool = True) -> None:
 
 
 def save_state_sync(
-    target: Any,
+    target: CheckpointTarget,
     output_dir: str | os.PathLike | None,
     safe_serialization: bool,
     wait: float | None,
@@ -516,7 +524,7 @@ def save_state_sync(
     return plan.final_dir
 
 
-def _report_to_trackers(target: Any, path: str, size: int) -> None:
+def _report_to_trackers(target: CheckpointTarget, path: str, size: int) -> None:
     """Report a committed checkpoint (step, path, size) to the active trackers, on the main process."""
     if not target.state.is_main_process:
         return

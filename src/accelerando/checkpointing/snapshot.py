@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -23,8 +23,10 @@ from accelerando.checkpointing.async_dcp import ShardWrites, collecting
 from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.rng import capture_rng_states
 from accelerando.checkpointing.state_io import _dataloader_state, capture_gradients, write_state_files
+from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.optimizer import AcceleratedOptimizer
 
-__all__ = ["can_overlap", "snapshot_tree"]
+__all__ = ["can_overlap", "frozen_target", "snapshot_tree"]
 
 
 class _Buffers:
@@ -151,12 +153,18 @@ def _frozen_loader(loader: Any, memo: dict[Any, Any]) -> Any:
 class _Frozen:
     """The checkpoint target as it was at the snapshot: the step no longer follows the training."""
 
-    def __init__(self, target: Any, step: int) -> None:
+    def __init__(self, target: CheckpointTarget, step: int) -> None:
         self._target = target
         self.step = step
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
+
+
+def frozen_target(target: CheckpointTarget, step: int) -> CheckpointTarget:
+    """``target`` with its step fixed at ``step`` (what an asynchronous save writes later)."""
+    # _Frozen delegates every other member through __getattr__, which a type checker cannot follow.
+    return cast("CheckpointTarget", _Frozen(target, step))
 
 
 def _live_storages(models: list[Any], optimizers: list[Any]) -> set[tuple[torch.device, int]]:
@@ -173,13 +181,12 @@ def _live_storages(models: list[Any], optimizers: list[Any]) -> set[tuple[torch.
     return live
 
 
-def can_overlap(target: Any) -> bool:
+def can_overlap(target: CheckpointTarget) -> bool:
     """Whether the parameters and optimizer state may be copied while the training goes on.
 
     Only when there are prepared optimizers and every one can hold its ``step()`` until the copy is
     done (:class:`accelerando.optimizer.AcceleratedOptimizer`'s ``_snapshot_wait`` hook).
     """
-    from accelerando.optimizer import AcceleratedOptimizer
 
     def holds(optimizer: Any) -> bool:  # engine wrappers override step() without the hook
         return type(optimizer).step is AcceleratedOptimizer.step
@@ -197,7 +204,7 @@ class _Snapshot:
     those and lets the optimizers step again.
     """
 
-    def __init__(self, target: Any, plan: Any, safe_serialization: bool, overlap: bool) -> None:
+    def __init__(self, target: CheckpointTarget, plan: Any, safe_serialization: bool, overlap: bool) -> None:
         buffers = _BUFFERS.setdefault(target.owner, _Buffers())
         buffers.rotate()  # the previous save has committed: its buffers are free
         self._memo: dict[Any, Any] = {"buffers": buffers}
@@ -241,7 +248,7 @@ class _Snapshot:
             self.copied.set()
 
     def _models_and_optimizers(
-        self, target: Any, models: list[Any], now: Callable[[Any], Any]
+        self, target: CheckpointTarget, models: list[Any], now: Callable[[Any], Any]
     ) -> tuple[list[Any], list[Any]]:
         strategy, staging = target.strategy, self.plan.staging
         weights: list[Any] = []

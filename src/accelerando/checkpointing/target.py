@@ -1,16 +1,38 @@
 """What ``save_state`` / ``load_state`` see of the training they checkpoint: the CheckpointTarget.
 
 Checkpointing never reads an Accelerator's private attributes: the facade hands it an object with
-this shape (:class:`~accelerando.facade.saving.AcceleratorCheckpointTarget`), and a test can hand it
-any other object with the same members.
+this shape (:class:`~accelerando.facade.checkpoint_service.AcceleratorCheckpointTarget`), and a test
+can hand it any other object with the same members. Every checkpointing function that takes a
+``target`` is typed against this protocol, so a member it reads that is not listed here is a type
+error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["CheckpointTarget"]
+if TYPE_CHECKING:
+    import torch
+
+    from accelerando.plugins.project import ProjectConfiguration
+    from accelerando.runtime import StrategyContract
+    from accelerando.settings import Settings
+    from accelerando.state import AcceleratorState
+
+__all__ = ["CheckpointTarget", "Stateful"]
+
+
+class Stateful(Protocol):
+    """An object whose state a checkpoint holds: schedulers and registered custom objects."""
+
+    def state_dict(self) -> Any:
+        """The object's state (any picklable value, usually a dict)."""
+        ...
+
+    def load_state_dict(self, state: Any, /) -> Any:
+        """Restore what :meth:`state_dict` returned."""
+        ...
 
 
 class CheckpointTarget(Protocol):
@@ -32,38 +54,82 @@ class CheckpointTarget(Protocol):
         warned_shared_fs: whether the shared-file-system warning was given (written by checkpointing).
     """
 
-    owner: Any
-    custom_objects: Sequence[Any]
-    scaler: Any
-    strategy: Any
-    state: Any
-    project_configuration: Any
-    settings: Any
     step: int
     warned_shared_fs: bool
 
     @property
-    def models(self) -> Sequence[Any]: ...
+    def owner(self) -> object:
+        """The object the user holds (the Accelerator)."""
+        ...
 
     @property
-    def optimizers(self) -> Sequence[Any]: ...
+    def models(self) -> Sequence[torch.nn.Module]:
+        """The prepared models, in preparation order."""
+        ...
 
     @property
-    def schedulers(self) -> Sequence[Any]: ...
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        """The prepared optimizers, in preparation order."""
+        ...
 
     @property
-    def dataloaders(self) -> Sequence[Any]: ...
+    def schedulers(self) -> Sequence[Stateful]:
+        """The prepared schedulers, in preparation order."""
+        ...
+
+    # Prepared dataloaders of several classes (shards, dispatchers, stateful loaders); checkpointing
+    # asks each for what it has (``getattr``), so no one shape is promised.
+    @property
+    def dataloaders(self) -> Sequence[Any]:
+        """The prepared dataloaders, in preparation order."""
+        ...
 
     @property
-    def sync_gradients(self) -> bool: ...
+    def custom_objects(self) -> Sequence[Stateful]:
+        """The objects registered with ``register_for_checkpointing``."""
+        ...
 
     @property
-    def save_hooks(self) -> Sequence[Callable[..., None]]: ...
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 GradScaler, or None."""
+        ...
 
     @property
-    def load_hooks(self) -> Sequence[Callable[..., None]]: ...
+    def strategy(self) -> StrategyContract:
+        """The strategy: its checkpoint hooks and ``loads_own_checkpoints``."""
+        ...
 
-    def get_state_dict(self, model: Any) -> dict[str, Any]:
+    @property
+    def state(self) -> AcceleratorState:
+        """The process view."""
+        ...
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        """Folders, rotation and iteration."""
+        ...
+
+    @property
+    def settings(self) -> Settings:
+        """The resolved settings."""
+        ...
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False in the middle of an accumulation cycle."""
+        ...
+
+    @property
+    def save_hooks(self) -> Sequence[Callable[..., None]]:
+        """The user's save-state pre-hooks."""
+        ...
+
+    @property
+    def load_hooks(self) -> Sequence[Callable[..., None]]:
+        """The user's load-state pre-hooks."""
+        ...
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict of ``model`` (gathered from shards by sharding strategies)."""
         ...
 

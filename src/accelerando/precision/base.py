@@ -21,7 +21,8 @@ class Precision:
     ``state_dict()`` / ``load_state_dict()`` for checkpoints.
     """
 
-    name = "no"
+    name: str = "no"
+    # A ``torch.amp.GradScaler`` under fp16 (its class depends on the device family), else None.
     scaler: Any = None
 
     def prepare_objects(
@@ -44,13 +45,14 @@ class Precision:
 
     def autocast(
         self, enabled: bool = True, cache_enabled: bool | None = None
-    ) -> contextlib.AbstractContextManager:
+    ) -> contextlib.AbstractContextManager[None]:
         """Context manager running its block in this precision (a no-op in fp32)."""
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss``."""
-        loss.backward(**kwargs)
+        # torch's stub leaves Tensor.backward's parameters untyped.
+        loss.backward(**kwargs)  # pyright: ignore[reportUnknownMemberType]
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide gradients by the loss scale (no-op without a scaler)."""

@@ -5,14 +5,26 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from accelerando.common.unwrap import unwrap_model
 from accelerando.enums import DistributedType
+from accelerando.precision.base import Precision
+from accelerando.runtime import Plugins, ProcessContext, Runtime
 
-__all__ = ["PrepareRequest", "Prepared", "Strategy"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "Strategy"]
+
+#: Why ``Accelerator.deepspeed_ulysses_dl_adapter`` was refused, and the fix.
+SEQUENCE_PARALLEL_NEEDED = (
+    "deepspeed_ulysses_dl_adapter needs sequence parallelism: pass "
+    "Accelerator(parallelism_config=ParallelismConfig(sp_size=N, sp_backend='deepspeed')) with a "
+    "DeepSpeed plugin"
+)
 
 
 @dataclass(frozen=True)
@@ -69,34 +81,46 @@ class Strategy:
     - ``unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)`` whenever the plain module is needed.
     - ``model_state_dict(model)`` returns the full (unsharded) state dict on the main process.
 
-    Everything a strategy needs about the job (processes, device, precision, plugins) it reads from
-    ``state``; it never reads or writes the Accelerator. ``prepare_all`` returns what it made as a
-    :class:`Prepared` record that the facade registers.
+    Everything a strategy needs about the job (processes, device, mesh, settings, plugins) it reads
+    from the ``runtime`` it is built with, never from global state; it never reads or writes the
+    Accelerator. ``prepare_all`` returns what it made as a :class:`Prepared` record that the facade
+    registers.
 
     Args:
-        state: the ``AcceleratorState`` (device, process index, ...).
-        precision: the ``Precision`` plugin.
-        options: strategy-specific settings (e.g. ``ddp_kwargs`` for DDP).
+        runtime: the Runtime being built (every field but ``runtime.strategy``, which is this
+            strategy once its constructor returns).
+        precision: the precision instance (``runtime.precision``).
+        options: strategy-specific settings (e.g. ``ddp_kwargs`` for DDP); ignored by the others.
     """
 
     distributed_type: DistributedType = DistributedType.NO
-    name = "single"
+    name: ClassVar[str] = "single"
     # True for sharded strategies whose load_*_checkpoint hooks restore every model and optimizer
     # (the checkpoint then holds no full state dict to read for them).
-    loads_own_checkpoints = False
-    # True when the wrapped engine applies mixed precision itself (the Accelerator then gives the
-    # strategy the fp32 precision plugin).
-    manages_precision = False
+    loads_own_checkpoints: ClassVar[bool] = False
+    # True when the wrapped engine applies mixed precision itself (the connector then builds the
+    # precision without a loss scaler).
+    manages_precision: ClassVar[bool] = False
     # False when the engine divides the loss by the accumulation steps itself (DeepSpeed).
-    divides_loss_for_accumulation = True
+    divides_loss_for_accumulation: ClassVar[bool] = True
     # True when every process holds the whole model as plain parameters that a plain all-reduce can
     # average (one device, DDP); what LocalSGD needs. Sharding strategies and engines say False.
-    plain_data_parallel = True
+    plain_data_parallel: ClassVar[bool] = True
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        self.state = state
+    def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
+        self.runtime = runtime
         self.precision = precision
         self.options = options
+
+    @classmethod
+    def own_mesh(cls, plugins: Plugins, process: ProcessContext) -> DeviceMesh | None:
+        """The device mesh this strategy lays the processes out on itself, or None (the default).
+
+        Called by the connector before the Runtime is built, for a job without a ParallelismConfig
+        mesh; the result becomes ``runtime.mesh``. Collective when it returns a mesh: every process
+        calls it at the same point.
+        """
+        return None
 
     # ------------------------------------------------------------------ wrap
     def prepare_all(self, request: PrepareRequest) -> Prepared | None:
@@ -117,7 +141,7 @@ class Strategy:
     ) -> torch.nn.Module:
         """Move ``model`` to this process's device (when ``device_placement``) and return it."""
         if device_placement:
-            model = model.to(self.state.device)
+            model = model.to(self.runtime.device)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -150,11 +174,11 @@ class Strategy:
         """Back-propagate ``loss`` through the precision plugin."""
         self.precision.backward(loss, **kwargs)
 
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Context in which backward passes do not communicate (nothing to skip here)."""
         return contextlib.nullcontext()
 
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Context forcing the next backward to synchronise even inside ``no_sync``."""
         return contextlib.nullcontext()
 
@@ -179,15 +203,7 @@ class Strategy:
         state = module.state_dict()
         if not any(t.device.type == "meta" for t in state.values() if isinstance(t, torch.Tensor)):
             return state
-        from accelerando.big_modeling.hooks import align_module_device, has_offloaded_params
-
-        for prefix, sub in module.named_modules():
-            if not has_offloaded_params(sub):
-                continue
-            with align_module_device(sub, "cpu"):
-                own = [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]
-                for name, tensor in own:
-                    state[f"{prefix}.{name}" if prefix else name] = tensor.detach().clone()
+        state.update(_offloaded_tensors(module))
         return state
 
     def load_model_state_dict(
@@ -223,3 +239,60 @@ class Strategy:
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
         """Context letting processes with fewer batches finish (a no-op without DDP)."""
         return contextlib.nullcontext()
+
+    # ------------------------------------------------------ sequence / context
+    def context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Context sharding ``buffers`` along their sequence dims over the ``cp`` mesh axis.
+
+        A no-op unless the parallelism config has ``cp_size > 1``; then torch's context parallelism
+        (CUDA attention kernels) runs inside the block. Context parallelism composes onto any
+        strategy with a mesh, so the base class does it.
+
+        Raises:
+            ValueError: ``cp_size > 1`` on a device other than CUDA (the message says why and the fix).
+        """
+        from accelerando.strategies.context_parallel import maybe_context_parallel
+
+        return maybe_context_parallel(
+            self.runtime.plugins.parallelism_config,
+            self.runtime.mesh,
+            self.runtime.device.type,
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+        )
+
+    def sequence_parallel_dataloader(self, dataloader: Any, model: torch.nn.Module) -> Any:
+        """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice of every batch.
+
+        Only DeepSpeed runs sequence parallelism (Ulysses), and overrides this.
+
+        Raises:
+            ValueError: this strategy has no sequence parallelism (the message says how to ask for it).
+        """
+        raise ValueError(SEQUENCE_PARALLEL_NEEDED)
+
+
+def _offloaded_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the weights big-model hooks offloaded from ``module``, by state-dict key."""
+    from accelerando.big_modeling.hooks import align_module_device, has_offloaded_params
+
+    found: dict[str, torch.Tensor] = {}
+    # torch's stub leaves named_modules' generator partly untyped.
+    submodules: list[tuple[str, torch.nn.Module]] = list(module.named_modules())  # pyright: ignore[reportUnknownArgumentType]
+    for prefix, sub in submodules:
+        if not has_offloaded_params(sub):
+            continue
+        with align_module_device(sub, "cpu"):
+            own: list[tuple[str, torch.Tensor]] = [
+                *sub.named_parameters(recurse=False),
+                *sub.named_buffers(recurse=False),
+            ]
+            for name, tensor in own:
+                found[f"{prefix}.{name}" if prefix else name] = tensor.detach().clone()
+    return found

@@ -7,7 +7,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from typing_extensions import override
 
+from accelerando.plugins.kwargs import DistributedDataParallelKwargs
+from accelerando.precision.base import Precision
+from accelerando.runtime import Runtime
 from accelerando.strategies.base import Strategy
 
 __all__ = ["DDPStrategy"]
@@ -17,16 +21,24 @@ class DDPStrategy(Strategy):
     """Wrap trainable models in ``torch.nn.parallel.DistributedDataParallel``.
 
     Options: ``ddp_kwargs`` (a ``DistributedDataParallelKwargs`` or None).
-    The distributed type is whatever the process state reports (MULTI_CPU, MULTI_GPU, ...).
+    The distributed type is whatever the runtime reports (MULTI_CPU, MULTI_GPU, ...).
     """
 
     name = "ddp"
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        super().__init__(state, precision, **options)
-        self.distributed_type = state.distributed_type
-        self.ddp_kwargs = options.get("ddp_kwargs")
+    def __init__(
+        self,
+        runtime: Runtime,
+        precision: Precision,
+        *,
+        ddp_kwargs: DistributedDataParallelKwargs | None = None,
+        **options: object,
+    ) -> None:
+        super().__init__(runtime, precision, **options)
+        self.distributed_type = runtime.distributed_type
+        self.ddp_kwargs = ddp_kwargs
 
+    @override
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:
@@ -38,7 +50,7 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel
 
         kwargs = self.ddp_kwargs.ddp_kwargs() if self.ddp_kwargs is not None else {}
-        device = self.state.device
+        device = self.runtime.device
         device_ids = [device.index if device.index is not None else 0] if device.type != "cpu" else None
         wrapped = DistributedDataParallel(
             model, device_ids=device_ids, output_device=device_ids[0] if device_ids else None, **kwargs
@@ -47,10 +59,12 @@ class DDPStrategy(Strategy):
             self.ddp_kwargs.register_comm_hook(wrapped)
         return wrapped
 
+    @override
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         no_sync = getattr(model, "no_sync", None)
         return no_sync() if no_sync is not None else contextlib.nullcontext()
 
+    @override
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
         # DDP decides whether to all-reduce from these two flags when the forward runs; setting them
@@ -69,6 +83,7 @@ class DDPStrategy(Strategy):
         finally:
             model.require_backward_grad_sync, model.require_forward_param_sync = old_grad, old_param
 
+    @override
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
         from torch.distributed.algorithms.join import Join
 

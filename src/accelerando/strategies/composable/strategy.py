@@ -26,10 +26,28 @@ import torch.distributed as dist
 
 import accelerando.strategies.composable.grads as G
 import accelerando.strategies.ties as T
+from accelerando.checkpointing import files as F
+from accelerando.common.other import get_model_tp_size
+from accelerando.precision.base import Precision
+from accelerando.runtime import Runtime
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.composable.checks import check_heads
 from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
+from accelerando.strategies.fsdp.state import (
+    full_model_state_dict,
+    load_full_model_state_dict,
+    load_full_optimizer_state_dict,
+    load_sharded_model,
+    load_sharded_optimizer,
+    save_sharded_model,
+    save_sharded_optimizer,
+)
 from accelerando.strategies.fsdp.sync import FSDP2GradientSync, is_fsdp2
+from accelerando.strategies.fsdp.wrap import (
+    apply_activation_checkpointing,
+    reshard_after_forward_for,
+    wrap_units,
+)
 
 __all__ = ["ComposableStrategy"]
 
@@ -55,25 +73,24 @@ class ComposableStrategy(Strategy):
     loads_own_checkpoints = True
     plain_data_parallel = False
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        super().__init__(state, precision, **options)
-        self.distributed_type = state.distributed_type
-        self.mesh = getattr(state, "device_mesh", None)
-        self.config = getattr(state, "parallelism_config", None)
-        if self.mesh is None or self.config is None:
+    def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
+        super().__init__(runtime, precision, **options)
+        self.distributed_type = runtime.distributed_type
+        mesh, config = runtime.mesh, runtime.plugins.parallelism_config
+        if mesh is None or config is None:
             raise ValueError(
                 "the composable strategy lays models out on a ParallelismConfig's device mesh and this job has "
                 "none; pass Accelerator(parallelism_config=ParallelismConfig(tp_size=..., dp_shard_size=...))"
             )
-        self.tp_plugin = getattr(state, "torch_tp_plugin", None)
-        self.fsdp_plugin = getattr(state, "fsdp_plugin", None)
+        self.mesh, self.config = mesh, config
+        self.tp_plugin = runtime.plugins.torch_tp
+        self.fsdp_plugin = runtime.plugins.fsdp
         if self.fsdp_plugin is not None and self.fsdp_plugin.fsdp_version != 2:
             raise ValueError(
                 f"ParallelismConfig shards with FSDP2 but the FSDP plugin asks for fsdp_version="
                 f"{self.fsdp_plugin.fsdp_version}; set fsdp_version=2 (or drop the plugin)"
             )
-        cluster = getattr(state, "cluster", None)
-        local_world = int(getattr(cluster, "local_world_size", 0) or 0)
+        local_world = runtime.cluster.local_world_size
         if local_world and self.config.tp_size > local_world:
             logger.warning(
                 "tp_size=%d spans more than one machine (%d processes per machine): tensor-parallel collectives "
@@ -104,7 +121,7 @@ class ComposableStrategy(Strategy):
 
     def _note(self, line: str) -> None:
         self.applied.append(line)
-        if self.state.is_main_process:
+        if self.runtime.is_main_process:
             logger.info(line)
 
     # ------------------------------------------------------------------ wrap
@@ -171,8 +188,6 @@ class ComposableStrategy(Strategy):
     def _apply_tensor_parallel(self, model: torch.nn.Module, label: str) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        from accelerando.common.other import get_model_tp_size
-
         tp_size = self.config.tp_size
         existing = get_model_tp_size(model)
         if existing is not None and existing > 1:
@@ -212,11 +227,6 @@ class ComposableStrategy(Strategy):
         units, dropped = self._fsdp_units(model)
         kwargs: dict[str, Any] = {"mesh": self.fsdp_mesh}
         if plugin is not None:
-            from accelerando.strategies.fsdp.wrap import (
-                apply_activation_checkpointing,
-                reshard_after_forward_for,
-            )
-
             if plugin.cpu_ram_efficient_loading:
                 raise ValueError(
                     "cpu_ram_efficient_loading=True is not supported on a ParallelismConfig mesh (the model is "
@@ -234,7 +244,7 @@ class ComposableStrategy(Strategy):
             if isinstance(offload, OffloadPolicy):
                 kwargs["offload_policy"] = offload
             elif offload:
-                kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.state.device.type == "cuda")
+                kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.runtime.device.type == "cuda")
         for unit in units:
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
@@ -253,11 +263,10 @@ class ComposableStrategy(Strategy):
 
     def _fsdp_units(self, model: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
         """The submodules sharded as their own units (the plugin's choice, else the model's no-split
-        layers), less those holding only some users of a tied parameter; returns (units, those left out)."""
+        layers), less those holding only some users of a tied parameter; returns (units, those left out).
+        """
         units: list[torch.nn.Module] = []
         if self.fsdp_plugin is not None:
-            from accelerando.strategies.fsdp.wrap import wrap_units
-
             units = wrap_units(self.fsdp_plugin, model)
         if not units:
             names = set(getattr(model, "_no_split_modules", None) or ())
@@ -321,8 +330,6 @@ class ComposableStrategy(Strategy):
     # ------------------------------------------------------------ state dicts
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full (gathered) state dict on the main process, on CPU; ``{}`` elsewhere. Call on every rank."""
-        from accelerando.strategies.fsdp.state import full_model_state_dict
-
         module = self.unwrap_model(model, keep_torch_compile=False)
         if not self._is_laid_out(module):
             return super().model_state_dict(model)
@@ -333,8 +340,6 @@ class ComposableStrategy(Strategy):
         self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
     ) -> Any:
         """Load a full state dict (given on every rank); each rank keeps its slice."""
-        from accelerando.strategies.fsdp.state import load_full_model_state_dict
-
         module = self.unwrap_model(model, keep_torch_compile=False)
         if not self._is_laid_out(module):
             return super().load_model_state_dict(model, state_dict, strict)
@@ -358,19 +363,14 @@ class ComposableStrategy(Strategy):
         self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
     ) -> bool:
         """Write each rank's slices with torch.distributed.checkpoint (``pytorch_model_fsdp_<index>/``)."""
-        from accelerando.strategies.fsdp.state import save_sharded_model
-
         save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), output_dir, index)
         return True
 
     def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
         """Load slices written by ``save_model_checkpoint``, or a full weights file; True when loaded."""
-        from accelerando.strategies.fsdp.state import load_sharded_model
-
         module = self.unwrap_model(model, keep_torch_compile=False)
         if load_sharded_model(module, input_dir, index):
             return True
-        from accelerando.checkpointing import files as F
 
         self.load_model_state_dict(model, F.load_model_weights(F.find_model_file(input_dir, index)))
         return True
@@ -389,21 +389,16 @@ class ComposableStrategy(Strategy):
 
     def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
         """Write each rank's slice of the optimizer state (``optimizer_<index>/``); True."""
-        from accelerando.strategies.fsdp.state import save_sharded_optimizer
-
         inner = getattr(optimizer, "optimizer", optimizer)
         save_sharded_optimizer(self._model_for(optimizer, model), inner, output_dir, index)
         return True
 
     def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
         """Load what ``save_optimizer_checkpoint`` wrote (or a full optimizer file); True when loaded."""
-        from accelerando.strategies.fsdp.state import load_full_optimizer_state_dict, load_sharded_optimizer
-
         inner = getattr(optimizer, "optimizer", optimizer)
         owner = self._model_for(optimizer, model)
         if load_sharded_optimizer(owner, inner, input_dir, index):
             return True
-        from accelerando.checkpointing import files as F
 
         path = os.path.join(input_dir, F.indexed(F.OPTIMIZER_NAME, index, ".bin"))
         load_full_optimizer_state_dict(owner, inner, F.torch_load(path, "cpu"))

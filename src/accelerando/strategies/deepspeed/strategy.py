@@ -15,14 +15,18 @@ from typing import Any
 
 import torch
 
+from accelerando.checkpointing import files as F
 from accelerando.enums import DistributedType
 from accelerando.gradient_state import GradientState
-from accelerando.plugins.deepspeed import import_deepspeed
+from accelerando.plugins.deepspeed import DeepSpeedPlugin, import_deepspeed
+from accelerando.precision.base import Precision
+from accelerando.runtime import Runtime
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
 from accelerando.strategies.deepspeed.auto_stage import ZeroChoice
 from accelerando.strategies.deepspeed.msamp import converts_in_engine, engine_initializer, msamp_opt_level
 from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config
-from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin
+from accelerando.strategies.deepspeed.selection import active_plugin
+from accelerando.strategies.deepspeed.ulysses import ulysses_dataloader
 from accelerando.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -63,8 +67,6 @@ def _refuse_full_unpickling(engine: Any, folder: str) -> None:
     Raises:
         UnsafeCheckpointError: Naming the folder, what DeepSpeed would unpickle and the opt-in.
     """
-    from accelerando.checkpointing import files as F
-
     if not F.weights_only_default():
         return
     checkpoint_engine = getattr(engine, "checkpoint_engine", None)
@@ -89,8 +91,6 @@ def _refuse_full_unpickling(engine: Any, folder: str) -> None:
 def _weights_only_engine_loads(engine: Any) -> Any:
     """Within the block, the engine's checkpoint engine reads files weights-only (see load_model_checkpoint)."""
     import importlib
-
-    from accelerando.checkpointing import files as F
 
     checkpoint_engine = getattr(engine, "checkpoint_engine", None)
     if type(checkpoint_engine).__name__ not in _PLAIN_LOAD_ENGINES:
@@ -163,8 +163,8 @@ class DeepSpeedStrategy(Strategy):
     loads_own_checkpoints = True
     plain_data_parallel = False
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        super().__init__(state, precision, **options)
+    def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
+        super().__init__(runtime, precision, **options)
         self.engines: list[Any] = []
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self.auto_choice: ZeroChoice | None = None
@@ -172,7 +172,11 @@ class DeepSpeedStrategy(Strategy):
         self._warned_clip = False
         # The connector gives the runtime a plugin made from the launcher's settings when the script
         # passed none (--use_deepspeed alone), so one is always active here.
-        get_active_deepspeed_plugin(state).set_deepspeed_weakref()
+        self._active_plugin().set_deepspeed_weakref()
+
+    def _active_plugin(self) -> DeepSpeedPlugin:
+        """The DeepSpeed plugin selected now (``accelerator.state.select_deepspeed_plugin``)."""
+        return active_plugin(self.runtime.plugins.deepspeed)
 
     # ------------------------------------------------------------------ prepare
     def prepare_all(self, request: PrepareRequest) -> Prepared:
@@ -216,7 +220,7 @@ class DeepSpeedStrategy(Strategy):
         # Autocast around the user's forward (the engine holds low-precision weights; the inputs
         # the script passes stay fp32), exactly as for the other strategies.
         # Except MS-AMP, which converts the model with its optimizer inside its engine wrapper.
-        plugin = get_active_deepspeed_plugin(self.state)
+        plugin = self._active_plugin()
         if not converts_in_engine(self.precision, plugin.deepspeed_config):
             pick["model"] = self.precision.convert_module(pick["model"])
         self._build_engine(prepared, request, pick["model"], pick["optimizer"], pick["scheduler"])
@@ -227,15 +231,15 @@ class DeepSpeedStrategy(Strategy):
         return prepared
 
     def _note_batch_size(self, loader: Any, split_batches: bool) -> None:
-        size = _batch_size_per_process(loader, int(self.state.num_processes), split_batches)
+        size = _batch_size_per_process(loader, self.runtime.num_processes, split_batches)
         if size is not None:
             self._batch_sizes.append(size)
 
     def _build_engine(
         self, prepared: Prepared, request: PrepareRequest, model: Any, optimizer: Any, scheduler: Any
     ) -> None:
-        plugin = get_active_deepspeed_plugin(self.state)
-        num_processes = int(self.state.num_processes)
+        plugin = self._active_plugin()
+        num_processes = self.runtime.num_processes
         inputs = PrepareInputs(
             model=model,
             optimizer=optimizer,
@@ -243,11 +247,11 @@ class DeepSpeedStrategy(Strategy):
             batch_sizes=list(self._batch_sizes),
             num_processes=num_processes,
             gradient_accumulation_steps=request.gradient_accumulation_steps,
-            mixed_precision=str(self.state.mixed_precision or "no"),
-            device=self.state.device,
-            device_backend=getattr(self.state, "device_backend", None),
+            mixed_precision=self.runtime.mixed_precision,
+            device=self.runtime.device,
+            device_backend=self.runtime.device_backend,
             is_train_batch_min=bool(plugin.is_train_batch_min),
-            local_processes=max(1, num_processes // max(getattr(self.state, "num_nodes", 1), 1)),
+            local_processes=max(1, num_processes // max(self.runtime.num_nodes, 1)),
             msamp_opt_level=msamp_opt_level(getattr(self, "precision", None)),
         )
         config, choice = resolve_config(plugin, inputs)
@@ -352,6 +356,18 @@ class DeepSpeedStrategy(Strategy):
         self.engines.clear()
         self.engine_wrapper = None
 
+    def sequence_parallel_dataloader(self, dataloader: Any, model: torch.nn.Module) -> Any:
+        """Wrap a prepared dataloader in DeepSpeed Ulysses' adapter: each sequence-parallel rank gets its slice.
+
+        Raises:
+            ValueError: no ``ParallelismConfig`` with ``sp_size > 1`` and ``sp_backend="deepspeed"``.
+            ImportError: DeepSpeed (>= 0.18.2, with Ulysses sequence parallelism) is not installed.
+            RuntimeError: DeepSpeed has no sequence-parallel group (Ulysses was not set up).
+        """
+        return ulysses_dataloader(
+            dataloader, model, self.runtime.plugins.parallelism_config, self.runtime.device
+        )
+
     # ------------------------------------------------------------- state dicts
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict; under ZeRO-3 gathered from every process (call on all of them).
@@ -371,7 +387,7 @@ class DeepSpeedStrategy(Strategy):
             return module.load_state_dict(state_dict, strict=strict)
         deepspeed = import_deepspeed()
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
-            if self.state.is_main_process:
+            if self.runtime.is_main_process:
                 return module.load_state_dict(state_dict, strict=strict)
         return None
 

@@ -493,6 +493,7 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
     Returns:
         The scaler.
     """
+    # The reference's public helper takes no Accelerator: it reads the process state, not a strategy's.
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 

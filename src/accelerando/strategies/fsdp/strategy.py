@@ -21,8 +21,11 @@ import torch
 
 import accelerando.strategies.fsdp.state as S
 import accelerando.strategies.fsdp.wrap as W
+from accelerando.checkpointing import files as F
 from accelerando.enums import DistributedType
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
+from accelerando.precision.base import Precision
+from accelerando.runtime import Runtime
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.fsdp.auto import choose_sharding_strategy
 from accelerando.strategies.fsdp.sync import FSDP2GradientSync
@@ -68,17 +71,17 @@ class FSDPStrategy(Strategy):
     loads_own_checkpoints = True
     plain_data_parallel = False
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        super().__init__(state, precision, **options)
-        if int(state.num_processes) < 2:
+    def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
+        super().__init__(runtime, precision, **options)
+        if runtime.num_processes < 2:
             raise ValueError(
                 "FSDP shards the model across processes and this job has only one; launch two or more "
                 "(accelerando launch --num_processes 2 script.py, or torchrun --nproc_per_node 2 script.py), "
                 "or drop fsdp_plugin / --use_fsdp to train on one process"
             )
         # The connector puts the plugin in the runtime (one made from the settings when the user gave
-        # none); the fallbacks serve a strategy built directly.
-        plugin = getattr(state, "fsdp_plugin", None) or options.get("fsdp_plugin")
+        # none); the fallback serves a runtime built without one.
+        plugin = runtime.plugins.fsdp
         if plugin is None:
             plugin = FullyShardedDataParallelPlugin()
         if not isinstance(plugin, FullyShardedDataParallelPlugin):
@@ -109,16 +112,15 @@ class FSDPStrategy(Strategy):
             return super().prepare_model(model, device_placement, evaluation_mode)
         strategy = self._sharding_for(model)
         before = dict(model.named_parameters())
-        device = self.state.device
+        device = self.runtime.device
         on_meta = any(p.is_meta for p in model.parameters())
         if device_placement and not self.plugin.cpu_ram_efficient_loading and not on_meta:
             model = model.to(device)
             before = dict(model.named_parameters())
-        is_main = bool(self.state.is_main_process)
+        is_main = self.runtime.is_main_process
         if self.plugin.fsdp_version == 2:
-            cluster = getattr(self.state, "cluster", None)
-            local_world = int(getattr(cluster, "local_world_size", 0) or self.state.num_processes)
-            mesh = W.make_mesh(strategy, int(self.state.num_processes), local_world, device.type)
+            local_world = self.runtime.cluster.local_world_size or self.runtime.num_processes
+            mesh = W.make_mesh(strategy, self.runtime.num_processes, local_world, device.type)
             wrapped = W.fsdp2_wrap(self.plugin, model, strategy, mesh, device, is_main)
         else:
             wrapped = W.fsdp1_wrap(self.plugin, model, strategy, device, is_main)
@@ -143,13 +145,13 @@ class FSDPStrategy(Strategy):
         param_dtype = dtypes.get("param_dtype") or torch.float32
         choice = choose_sharding_strategy(
             num_params,
-            int(self.state.num_processes),
+            self.runtime.num_processes,
             self._device_memory(),
             compute_bytes=torch.tensor([], dtype=param_dtype).element_size(),
             largest_unit_params=largest,
         )
         self.last_choice = choice
-        if self.state.is_main_process:
+        if self.runtime.is_main_process:
             logger.info("FSDP sharding AUTO -> %s: %s", choice.strategy, choice.reason)
         plugin.set_sharding_strategy(choice.strategy)
         if choice.cpu_offload:
@@ -158,11 +160,8 @@ class FSDPStrategy(Strategy):
 
     def _device_memory(self) -> int:
         """Bytes of memory one process may use: its accelerator's, or its share of the host's RAM."""
-        backend = getattr(self.state, "device_backend", None)
-        index = self.state.device.index or 0
-        total = (
-            backend.total_memory(index) if backend is not None and self.state.device.type != "cpu" else None
-        )
+        device = self.runtime.device
+        total = self.runtime.device_backend.total_memory(device.index or 0) if device.type != "cpu" else None
         if total:
             return int(total)
         try:
@@ -171,8 +170,7 @@ class FSDPStrategy(Strategy):
             host = int(psutil.virtual_memory().total)
         except ImportError:
             host = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        cluster = getattr(self.state, "cluster", None)
-        local_world = int(getattr(cluster, "local_world_size", 0) or self.state.num_processes)
+        local_world = self.runtime.cluster.local_world_size or self.runtime.num_processes
         return host // max(local_world, 1)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -278,7 +276,6 @@ class FSDPStrategy(Strategy):
         """Load shards, or a full weights file into the sharded model; True when loaded here."""
         if S.load_sharded_model(model, input_dir, index):
             return True
-        from accelerando.checkpointing import files as F
 
         path = F.find_model_file(input_dir, index)
         self.load_model_state_dict(model, F.load_model_weights(path))
@@ -302,10 +299,9 @@ class FSDPStrategy(Strategy):
         if self.sharded_checkpoints:
             S.save_sharded_optimizer(model, inner, output_dir, index)
             return True
-        from accelerando.checkpointing import files as F
 
         state = S.full_optimizer_state_dict(model, inner)
-        if self.state.is_main_process:
+        if self.runtime.is_main_process:
             F.torch_save(state, os.path.join(output_dir, F.indexed(F.OPTIMIZER_NAME, index, ".bin")))
         return True
 
@@ -315,7 +311,6 @@ class FSDPStrategy(Strategy):
         model = self._model_for(optimizer, model)
         if S.load_sharded_optimizer(model, inner, input_dir, index):
             return True
-        from accelerando.checkpointing import files as F
 
         path = os.path.join(input_dir, F.indexed(F.OPTIMIZER_NAME, index, ".bin"))
         S.load_full_optimizer_state_dict(model, inner, F.torch_load(path, "cpu"))

@@ -10,8 +10,24 @@ from typing import Any, NoReturn
 import torch
 
 from accelerando.enums import DistributedType
+from accelerando.precision.base import Precision
+from accelerando.runtime import Runtime
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
+from accelerando.strategies.megatron.engine import (
+    MegatronEngine,
+    MegatronLMOptimizerWrapper,
+    MegatronLMSchedulerWrapper,
+)
 from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
+from accelerando.strategies.megatron.setup import (
+    initialize,
+    prepare_data_loader,
+    prepare_model_optimizer_scheduler,
+)
+from accelerando.strategies.megatron.train_steps import (
+    MegatronLMDummyDataLoader,
+    MegatronLMDummyScheduler,
+)
 
 __all__ = ["MegatronStrategy"]
 
@@ -19,10 +35,6 @@ _WHAT = "Megatron-LM training (megatron_lm_plugin or --use_megatron_lm)"
 
 
 def _kind(obj: Any) -> str | None:
-    from accelerando.strategies.megatron.train_steps import (
-        MegatronLMDummyDataLoader,
-        MegatronLMDummyScheduler,
-    )
 
     if isinstance(obj, torch.nn.Module):
         return "model"
@@ -69,13 +81,19 @@ class MegatronStrategy(Strategy):
     divides_loss_for_accumulation = False
     loads_own_checkpoints = True
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        super().__init__(state, precision, **options)
+    def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
+        super().__init__(runtime, precision, **options)
         self.engine: Any = None
 
-    def _holder(self) -> Any:
-        # The reference's Megatron functions take the Accelerator and read only its state.
-        return SimpleNamespace(state=self.state)
+    def _holder(self) -> SimpleNamespace:
+        # The reference's Megatron functions take the Accelerator and read only these of its state.
+        runtime = self.runtime
+        state = SimpleNamespace(
+            megatron_lm_plugin=runtime.plugins.megatron_lm,
+            device=runtime.device,
+            num_processes=runtime.num_processes,
+        )
+        return SimpleNamespace(state=state)
 
     # ------------------------------------------------------------------ prepare
     def prepare_all(self, request: PrepareRequest) -> Prepared:
@@ -102,9 +120,8 @@ class MegatronStrategy(Strategy):
         if len(found["model"]) > 1 or (found["model"] and self.engine is not None):
             raise ValueError("Megatron-LM trains one model per Accelerator: prepare a single model")
         pick = {kind: (request.objects[where[0]] if where else None) for kind, where in found.items()}
-        plugin = self.state.megatron_lm_plugin
+        plugin = self.runtime.plugins.megatron_lm
         self._fill_arguments(plugin, pick, request)
-        from accelerando.strategies.megatron.setup import initialize
 
         if pick["model"] is not None or not _initialized():
             initialize(self._holder(), args_defaults=plugin.megatron_lm_default_args)
@@ -116,13 +133,6 @@ class MegatronStrategy(Strategy):
 
     def _build_engine(self, prepared: Prepared, found: dict[str, list[int]]) -> None:
         """Build megatron-core's model / optimizer / schedule and the engine; put them where the user's objects were."""
-        from accelerando.strategies.megatron.engine import (
-            MegatronEngine,
-            MegatronLMOptimizerWrapper,
-            MegatronLMSchedulerWrapper,
-        )
-        from accelerando.strategies.megatron.setup import prepare_model_optimizer_scheduler
-
         holder = self._holder()
         model, optimizer, scheduler = prepare_model_optimizer_scheduler(holder)
         self.engine = MegatronEngine(holder, model, optimizer, scheduler)
@@ -147,9 +157,6 @@ class MegatronStrategy(Strategy):
         The k-th loader of the call, when a ``MegatronLMDummyDataLoader``, gets the k-th of Megatron's
         (train, valid, test) iterators, all built once.
         """
-        from accelerando.strategies.megatron.setup import prepare_data_loader
-        from accelerando.strategies.megatron.train_steps import MegatronLMDummyDataLoader
-
         iterators = None
         for position, index in enumerate(indices):
             loader = prepared.objects[index]
@@ -162,11 +169,6 @@ class MegatronStrategy(Strategy):
 
     def _fill_arguments(self, plugin: Any, pick: dict[str, Any], request: PrepareRequest) -> None:
         """Read batch size, architecture, optimizer, schedule and precision into the plugin's arguments."""
-        from accelerando.strategies.megatron.train_steps import (
-            MegatronLMDummyDataLoader,
-            MegatronLMDummyScheduler,
-        )
-
         loader, batch_data, micro_batch_size = pick["dataloader"], None, None
         if isinstance(loader, MegatronLMDummyDataLoader):
             loader.set_megatron_data_args()
@@ -180,10 +182,10 @@ class MegatronStrategy(Strategy):
             # Several loaders: the plugin's is_train_batch_min picks the smallest or the largest batch.
             micro_batch_size = min(sizes) if plugin.is_train_batch_min else max(sizes)
             if request.split_batches:
-                micro_batch_size //= int(self.state.num_processes)
+                micro_batch_size //= self.runtime.num_processes
         if micro_batch_size is not None:
             model_parallel = plugin.tp_degree * plugin.pp_degree * int(plugin.context_parallel_size or 1)
-            plugin.set_training_args(micro_batch_size, int(self.state.num_processes) // model_parallel)
+            plugin.set_training_args(micro_batch_size, self.runtime.num_processes // model_parallel)
         if pick["model"] is not None and plugin.custom_model_provider_function is None:
             plugin.set_network_size_args(pick["model"], batch_data)
         if pick["optimizer"] is not None:
@@ -197,7 +199,7 @@ class MegatronStrategy(Strategy):
                     f"instead of {type(scheduler).__name__}"
                 )
             plugin.set_scheduler_args(scheduler)
-        plugin.set_mixed_precision(self.state.mixed_precision)
+        plugin.set_mixed_precision(self.runtime.mixed_precision)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
@@ -238,8 +240,6 @@ class MegatronStrategy(Strategy):
         self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
     ) -> bool:
         """Save the engine (model, optimizer, schedule) with megatron-core's distributed checkpointing."""
-        from accelerando.strategies.megatron.engine import MegatronEngine
-
         if not isinstance(model, MegatronEngine):
             return False
         model.save_checkpoint(output_dir)
@@ -247,8 +247,6 @@ class MegatronStrategy(Strategy):
 
     def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
         """Load what :meth:`save_model_checkpoint` wrote."""
-        from accelerando.strategies.megatron.engine import MegatronEngine
-
         if not isinstance(model, MegatronEngine):
             return False
         model.load_checkpoint(input_dir)
@@ -256,14 +254,10 @@ class MegatronStrategy(Strategy):
 
     def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
         """True for the engine's optimizer: its state is in the engine's checkpoint."""
-        from accelerando.strategies.megatron.engine import MegatronLMOptimizerWrapper
-
         return isinstance(optimizer, MegatronLMOptimizerWrapper)
 
     def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
         """True for the engine's optimizer: the engine's checkpoint restored it."""
-        from accelerando.strategies.megatron.engine import MegatronLMOptimizerWrapper
-
         return isinstance(optimizer, MegatronLMOptimizerWrapper)
 
 

@@ -15,8 +15,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from accelerando.state import AcceleratorState
+from accelerando.strategies.megatron.args import get_args
 from accelerando.strategies.megatron.parallel import avg_losses_across_data_parallel_group
-from accelerando.strategies.megatron.requirements import MEGATRON_ALTERNATIVES, MegatronLMUnavailableError
+from accelerando.strategies.megatron.requirements import (
+    MEGATRON_ALTERNATIVES,
+    MegatronLMUnavailableError,
+    require_megatron_and_cuda,
+)
 
 __all__ = [
     "AbstractTrainStep",
@@ -32,7 +38,8 @@ __all__ = [
 def _megatron_plugin(accelerator: Any) -> Any:
     """The Megatron-LM plugin of ``accelerator`` (or of the process state when None)."""
     if accelerator is None:
-        from accelerando.state import AcceleratorState
+        # The reference's public train-step classes may be built without an Accelerator, reading the
+        # process state; this is that API, not a strategy reading global state.
 
         state = AcceleratorState()
     else:
@@ -131,8 +138,6 @@ class MegatronLMDummyDataLoader:
             MegatronLMUnavailableError: megatron-core or CUDA is missing, or no custom provider.
             RuntimeError: Megatron-LM is not initialised (``prepare`` does it).
         """
-        from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
-
         require_megatron_and_cuda("MegatronLMDummyDataLoader.build_train_valid_test_data_iterators")
         provider = self.get_train_valid_test_datasets_provider(accelerator)
         return _dataset_iterators(provider)
@@ -142,8 +147,6 @@ def _dataset_iterators(provider: Callable[..., Any]) -> tuple[Any, Any, Any]:
     from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
-
-    from accelerando.strategies.megatron.args import get_args
 
     args = get_args()
     gbs = int(args.global_batch_size)
@@ -251,7 +254,7 @@ def _b1ss(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _output_class(args: Any, name: str) -> Any:
-    """transformers' output class ``name`` when the model returned dicts (``model_return_dict``), else None."""
+    """Transformers' output class ``name`` when the model returned dicts (``model_return_dict``), else None."""
     if not getattr(args, "model_return_dict", False):
         return None
     try:
@@ -437,7 +440,8 @@ class BertTrainStep(AbstractTrainStep):
     def get_loss_func(self, accelerator: Any, pretraining_flag: bool, num_labels: int) -> Callable[..., Any]:
         """The loss: masked-LM mean (+ sentence-order cross entropy) when pretraining, else
         regression (``num_labels == 1``: MSE), single-label (integer labels: cross entropy) or
-        multi-label (BCE with logits) classification."""
+        multi-label (BCE with logits) classification.
+        """
 
         def pretraining_loss(
             loss_mask: torch.Tensor, sentence_order: torch.Tensor | None, output_tensor: Any

@@ -5,28 +5,32 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
 from accelerando.common.constants import OPTIMIZER_NAME
+from accelerando.gradient_state import GradientState
+from accelerando.plugins.pipeline import PipelineParallelPlugin
+from accelerando.precision.base import Precision
+from accelerando.runtime import Plugins, ProcessContext, Runtime
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.pipeline.data_parallel import build_pipeline_mesh, pipeline_data_parallel_sizes
 from accelerando.strategies.pipeline.model import PipelineModel
 from accelerando.strategies.pipeline.split import balanced_split_points, validate_split_points
 from accelerando.strategies.pipeline.stage import PipelineLayout
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 __all__ = ["PipelineStrategy", "merge_stage_optimizer_states"]
 
 
-def _plugin() -> Any:
-    """The PipelineParallelPlugin among the active runtime's handlers (the connector activates it first)."""
-    import accelerando.runtime as rt
-    from accelerando.plugins.pipeline import PipelineParallelPlugin
-
-    current = rt.current()
-    found = current.plugins.handler(PipelineParallelPlugin) if current is not None else None
+def _plugin(plugins: Plugins) -> PipelineParallelPlugin:
+    """The PipelineParallelPlugin among the kwargs handlers (a default one when absent)."""
+    found = plugins.handler(PipelineParallelPlugin)
     return found if found is not None else PipelineParallelPlugin()
 
 
@@ -64,23 +68,42 @@ class PipelineStrategy(Strategy):
     name = "pipeline"
     plain_data_parallel = False
 
-    def __init__(self, state: Any, precision: Any, **options: Any) -> None:
-        super().__init__(state, precision, **options)
-        self.distributed_type = state.distributed_type
-        self.plugin = _plugin()
+    def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
+        super().__init__(runtime, precision, **options)
+        self.distributed_type = runtime.distributed_type
+        self.plugin = _plugin(runtime.plugins)
         self.pp_size, self.dp_size = pipeline_data_parallel_sizes(
-            self.plugin.pp_size, int(state.num_processes), getattr(state, "parallelism_config", None)
+            self.plugin.pp_size, runtime.num_processes, runtime.plugins.parallelism_config
         )
-        if getattr(precision, "scaler", None) is not None:
+        if precision.scaler is not None:
             raise ValueError(
                 "pipeline parallelism runs backward inside the schedule, where the fp16 loss scaler cannot act; "
                 "use mixed_precision='bf16' or 'no'"
             )
-        # Collective (creates the axes' groups): every process builds it here, at the same point.
+        if runtime.mesh is None:
+            raise ValueError(
+                "the pipeline strategy runs on the mesh of its own_mesh(); build it with the connector"
+            )
         #: The job's mesh, ``("pp",)`` or ``("dp_replicate", "pp")``: ranks along "pp" read the same batch.
-        self.data_mesh = build_pipeline_mesh(self.state.device.type, self.pp_size, self.dp_size)
+        self.data_mesh = runtime.mesh
         self.layout = PipelineLayout.from_mesh(self.data_mesh)
         self._models: list[PipelineModel] = []
+
+    @classmethod
+    def own_mesh(cls, plugins: Plugins, process: ProcessContext) -> DeviceMesh | None:
+        """The job's ``("pp",)`` or ``("dp_replicate", "pp")`` mesh, from the plugin's ``pp_size``.
+
+        Collective (creates the axes' groups): every process builds it at the same point of the
+        connector's build.
+
+        Raises:
+            ValueError: ``pp_size`` not dividing the number of processes, or a ParallelismConfig with
+                other axes.
+        """
+        pp_size, dp_size = pipeline_data_parallel_sizes(
+            _plugin(plugins).pp_size, process.num_processes, plugins.parallelism_config
+        )
+        return build_pipeline_mesh(process.device.type, pp_size, dp_size)
 
     @property
     def device_mesh(self) -> Any:
@@ -88,6 +111,7 @@ class PipelineStrategy(Strategy):
         return self.data_mesh
 
     # ------------------------------------------------------------------ wrap
+    @override
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:
@@ -97,7 +121,6 @@ class PipelineStrategy(Strategy):
             points = balanced_split_points(model, self.layout.num_stages, plugin.no_split_module_classes)
         else:
             points = validate_split_points(model, plugin.split_points, self.layout.num_stages)
-        from accelerando.gradient_state import GradientState
 
         wrapped = PipelineModel(
             model,
@@ -107,11 +130,12 @@ class PipelineStrategy(Strategy):
             plugin.num_microbatches or self.layout.num_stages,
             plugin.loss_fn,
             loss_divisor=lambda: GradientState().num_steps,
-            device=self.state.device,
+            device=self.runtime.device,
         )
         self._models.append(wrapped)
         return wrapped
 
+    @override
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
@@ -148,7 +172,7 @@ class PipelineStrategy(Strategy):
         the same (already averaged) gradients, so counting them again would inflate the norm.
         """
         params = self._stage_parameters(parameters)
-        device = self.state.device
+        device = self.runtime.device
         norm_type = float(norm_type)
         norms = [p.grad.detach().norm(norm_type).float() for p in params]
         if norm_type == float("inf"):
@@ -207,12 +231,12 @@ class PipelineStrategy(Strategy):
         merged = merge_stage_optimizer_states(inner.state_dict(), self.layout.group, self.layout.num_stages)
         name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
         path = os.path.join(output_dir, name)
-        if self.state.is_main_process:
+        if self.runtime.is_main_process:
             torch.save(merged, path)
         # Without a shared file system (save_on_each_node) every node's folder needs the file: after the
         # main process wrote it, each node's first process writes it where it is still missing.
         dist.barrier()
-        if self.state.is_local_main_process and not os.path.exists(path):
+        if self.runtime.is_local_main_process and not os.path.exists(path):
             torch.save(merged, path)
         return True
 
