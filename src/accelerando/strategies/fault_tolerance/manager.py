@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage] - public in torch's docs
     from torchft import Manager
 
     from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
@@ -68,13 +68,15 @@ def _group_store(group_rank: int, group_size: int) -> TCPStore:
     """The replica group's own store: rank 0 hosts it on a free port and tells the others."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(_LOOPBACK, 0, is_master=True, wait_for_workers=False) if group_rank == 0 else None
+    # torch.distributed.TCPStore is public (documented) but re-exported from a C module pyright cannot see.
+    store_class = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
+    store = store_class(_LOOPBACK, 0, is_master=True, wait_for_workers=False) if group_rank == 0 else None
     if group_size == 1:
         assert store is not None
         return store
     port = [store.port if store is not None else 0]
     dist.broadcast_object_list(port, src=0)
-    return store if store is not None else dist.TCPStore(_LOOPBACK, port[0], is_master=False)
+    return store if store is not None else store_class(_LOOPBACK, port[0], is_master=False)
 
 
 def start_manager(plugin: FaultTolerancePlugin, group_rank: int, group_size: int) -> ManagerHandle:

@@ -102,7 +102,11 @@ class FaultTolerantStrategy(Strategy):
             shards = LocalShardState(target)
             self.manager.register_state_dict_fn(key, shards.load_state_dict, shards.state_dict)
             return
-        self.manager.register_state_dict_fn(key, target.load_state_dict, target.state_dict)
+
+        def load(state: dict[str, object]) -> None:  # a module's load_state_dict returns the key report
+            target.load_state_dict(state)
+
+        self.manager.register_state_dict_fn(key, load, target.state_dict)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
