@@ -180,3 +180,34 @@ def test_config_file_section_sets_fault_tolerance(tmp_path: Path) -> None:
     assert settings.fault_tolerance and settings.source("ft_replica_groups").startswith("config:")
     plan = ft.build(settings, first, lambda: plan_for(args)[1])
     assert (len(plan.groups), plan.min_replicas) == (3, 2)
+
+
+# Marks its start in the file, then waits; SIGTERM makes it exit 143 (as a preempted, checkpointed run).
+_WAITS_FOR_SIGTERM = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); "
+    "open({path!r}, 'a').write('x'); time.sleep(120)"
+)
+_LAUNCHER = """
+import sys
+from accelerando.launchers import ft
+from accelerando.launchers.plan import LaunchPlan
+groups = tuple(ft.ReplicaGroup(i, LaunchPlan("simple", (sys.executable, "-c", code), {{}}, 1, 1, 1, 0))
+               for i, code in enumerate({codes!r}))
+sys.exit(ft.run(ft.FaultTolerantPlan(groups, "http://given:1", 1, 1.0, max_restarts=3, monitor_interval_s=0.01)))
+"""
+
+
+def test_sigterm_reaches_every_group_and_ends_restarts(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    marks = [tmp_path / f"started{i}" for i in (0, 1)]
+    codes = [_WAITS_FOR_SIGTERM.format(path=str(mark)) for mark in marks]
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER.format(codes=codes)])
+    deadline = time.monotonic() + 240
+    while not all(mark.exists() for mark in marks):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the groups did not start"
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=120) == 143
+    assert [mark.read_text() for mark in marks] == ["x", "x"]  # each group started once: no restart

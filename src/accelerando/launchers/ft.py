@@ -187,31 +187,65 @@ def _status_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+_FORWARDED = ("SIGTERM", "SIGHUP", "SIGUSR1")
+
+
+class _Groups:
+    """The running replica groups; SIGTERM/SIGHUP/SIGUSR1 to the launcher reach every group and end restarts."""
+
+    def __init__(self, plan: FaultTolerantPlan, extra_env: Mapping[str, str]) -> None:
+        self.plan, self.extra_env = plan, extra_env
+        self.running = {g.replica_id: _start(g, extra_env) for g in plan.groups}
+        self.stopping = False
+
+    def forward(self, signum: int, _frame: object) -> None:
+        """Pass the signal on to every running group (a group may checkpoint on it); restart none after."""
+        self.stopping = True
+        for process in self.running.values():
+            if process.poll() is None:
+                process.send_signal(signum)
+
+    def restart(self, replica_id: int) -> None:
+        self.running[replica_id] = _start(self.plan.groups[replica_id], self.extra_env)
+
+
 def _supervise(plan: FaultTolerantPlan, extra_env: Mapping[str, str], quiet: bool) -> int:
     """Run every group to its end, restarting failed ones; the launch's exit status."""
-    running = {g.replica_id: _start(g, extra_env) for g in plan.groups}
-    restarts = dict.fromkeys(running, 0)
+    groups = _Groups(plan, extra_env)
+    previous = {
+        sig: signal.signal(sig, groups.forward)
+        for sig in (getattr(signal, name, None) for name in _FORWARDED)
+        if sig is not None
+    }
+    restarts = dict.fromkeys(groups.running, 0)
     failed: int | None = None
-    while running:
-        time.sleep(plan.monitor_interval_s)
-        for replica_id, process in list(running.items()):
-            code = process.poll()
-            if code is None:
-                continue
-            del running[replica_id]
-            if code == 0:
-                continue
-            if restarts[replica_id] < plan.max_restarts and failed is None:
-                restarts[replica_id] += 1
-                _say(
-                    f"replica group {replica_id} {_status_text(code)}; restarting it ({restarts[replica_id]} of "
-                    f"{plan.max_restarts}) while the other groups train on",
-                    quiet,
+    try:
+        while groups.running:
+            time.sleep(plan.monitor_interval_s)
+            for replica_id, process in list(groups.running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del groups.running[replica_id]
+                if code == 0:
+                    continue
+                if restarts[replica_id] < plan.max_restarts and failed is None and not groups.stopping:
+                    restarts[replica_id] += 1
+                    _say(
+                        f"replica group {replica_id} {_status_text(code)}; restarting it ({restarts[replica_id]} "
+                        f"of {plan.max_restarts}) while the other groups train on",
+                        quiet,
+                    )
+                    groups.restart(replica_id)
+                    continue
+                why = (
+                    "the launch was asked to stop" if groups.stopping else "no restart left (--max_restarts)"
                 )
-                running[replica_id] = _start(plan.groups[replica_id], extra_env)
-                continue
-            _say(f"replica group {replica_id} {_status_text(code)}, no restart left (--max_restarts)", quiet)
-            failed = failed if failed is not None else (128 - code if code < 0 else code)
+                _say(f"replica group {replica_id} {_status_text(code)}; {why}", quiet)
+                failed = failed if failed is not None else (128 - code if code < 0 else code)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return failed or 0
 
 
