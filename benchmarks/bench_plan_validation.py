@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     for world in args.world_sizes:
         per_rank = run_distributed(measure_on_rank, world, args.models, world, VALIDATION_SHAPE, timeout=1800)
         rows += compare(world, per_rank[0])
-        print(f"world size {world}: measured and simulated", file=sys.stderr)
+        print(f"world size {world}: measured and simulated; the rows so far:", file=sys.stderr)
+        print(format_rows(rows), file=sys.stderr, flush=True)
     print(format_rows(rows))
     bad = [
         r

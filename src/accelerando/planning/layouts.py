@@ -13,11 +13,17 @@ buckets and all-reduce by formula).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+import accelerando.strategies.ties as ties
 from accelerando.planning.spec import Candidate, TrainingShape
+from accelerando.strategies.composable.checks import check_heads
+from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
+from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing
 
 __all__ = ["apply_layout", "build_mesh", "layer_units", "tp_plan_available"]
 
@@ -38,8 +44,6 @@ def build_mesh(candidate: Candidate) -> Any:
 
 def layer_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated layers (its ``_no_split_modules``), less those holding part of a tied weight."""
-    import accelerando.strategies.ties as ties
-
     names = set(getattr(model, "_no_split_modules", None) or ())
     units = [m for m in model.modules() if m is not model and type(m).__name__ in names]
     kept, _dropped = ties.units_keeping_ties(model, units)
@@ -48,17 +52,11 @@ def layer_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def tp_plan_available(model: torch.nn.Module) -> bool:
     """True when the model declares a tensor-parallel plan (transformers ``tp_plan``)."""
-    from accelerando.strategies.composable.plan import module_plan
-
     return bool(module_plan(model))
 
 
 def _apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
-
-    import accelerando.strategies.ties as ties
-    from accelerando.strategies.composable.checks import check_heads
-    from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
 
     check_heads(model, tp_mesh.size())
     resolved = resolve_plan(model, module_plan(model))
@@ -72,15 +70,29 @@ def _apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> None:
     ties.retie(model, ties.check_ties(model, tied, resolved))
 
 
-def _real_mesh_arithmetic() -> Any:
-    """Leave the fake-tensor mode while FSDP2 combines the data and ``tp`` meshes.
+@contextlib.contextmanager
+def _real_mesh_arithmetic() -> Iterator[None]:
+    """Let FSDP2 combine the data and ``tp`` meshes outside the fake-tensor mode, and nothing else.
 
-    The combined mesh computes its coordinates with tensor ops that a fake tensor cannot answer; the
-    parameters stay fake (fake tensors carry their mode), and what FSDP2 allocates from them too.
+    ``DeviceMesh._concatenate`` (called by ``fully_shard`` for parameters that are already tensor-parallel
+    DTensors) computes mesh coordinates with tensor ops that a fake tensor cannot answer. Only that call
+    leaves the mode: a tensor FSDP2 allocated outside it would be real, then copied into a fake twin by
+    the next fake op, and counted twice.
     """
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
 
-    return unset_fake_temporarily()
+    original = DeviceMesh._concatenate
+
+    def concatenate(meshes: list[Any]) -> Any:
+        with unset_fake_temporarily():
+            return original(meshes)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(original)  # type: ignore[method-assign]
 
 
 def apply_layout(
@@ -99,8 +111,6 @@ def apply_layout(
     Raises:
         ValueError: ``tp > 1`` on a model without a tensor-parallel plan, or a degree its heads refuse.
     """
-    from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing
-
     if candidate.tp > 1:
         if not tp_plan_available(model):
             raise ValueError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from accelerando.parallelism_layout import model_facts_from_config
 from accelerando.planning.cost import communication_seconds, compute_seconds, step_flops
 from accelerando.planning.derive import offload_from, pp_dp_from_ddp, zero1_from_ddp
 from accelerando.planning.models import ModelSource
@@ -159,8 +160,6 @@ def plan(
     Raises:
         ValueError: a process group is already initialised in this process.
     """
-    from accelerando.parallelism_layout import model_facts_from_config
-
     facts = model_facts_from_config(source.config) if source.config else None
     heads = (facts.num_attention_heads, facts.kv_heads) if facts else (None, None)
     hidden = facts.hidden_size if facts else None

@@ -120,28 +120,36 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
         model.train()
         num_parameters = sum(p.numel() for p in model.parameters())
         buckets = ddp_bucket_bytes(model) if not sharded_or_split else 0
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
         model = apply_layout(model, candidate, shape, mesh, wrap_ddp=False)
         optimizer = _optimizer(model, shape)
-        tracker = memory_tracker(model, optimizer)
-        before_wrap = after_wrap = 0
-        with tracker:
-            if not sharded_or_split and not fake:
-                before_wrap = _current_total(tracker)
-                model = apply_layout(model, replace(candidate, zero_stage=0), shape, None, wrap_ddp=True)
-                after_wrap = _current_total(tracker)
-            for step in range(_STEPS):
-                batch = source.batch(shape.micro_batch, shape.seq_length)
-                with counter if step == _STEPS - 1 else contextlib.nullcontext():
-                    _step(model, optimizer, batch, shape)
-                if hasattr(tracker, "reset_mod_stats"):
-                    tracker.reset_mod_stats()
-        trainable = sum(_local_bytes(p) for p in model.parameters() if p.requires_grad)
+        batches = [source.batch(shape.micro_batch, shape.seq_length) for _ in range(_STEPS)]
+    # The steps run with the fake mode off the stack: fake tensors still compute as fake tensors (each
+    # carries its mode), and the tracker then sees every op, including the local ops of DTensors, the
+    # way it sees them in a real run (with the mode on the stack below it, DTensor's local ops bypass it).
+    tracker = memory_tracker(model, optimizer)
+    before_wrap = after_wrap = 0
+    with tracker:
+        if not sharded_or_split and not fake:
+            before_wrap = _current_total(tracker)
+            model = apply_layout(model, replace(candidate, zero_stage=0), shape, None, wrap_ddp=True)
+            after_wrap = _current_total(tracker)
+        for step, batch in enumerate(batches):
+            with counter if step == _STEPS - 1 else contextlib.nullcontext():
+                _step(model, optimizer, batch, shape)
+            if hasattr(tracker, "reset_mod_stats"):
+                tracker.reset_mod_stats()
+    trainable = sum(_local_bytes(p) for p in model.parameters() if p.requires_grad)
     collectives = dict(counter.bytes_by_kind)
     memory = tracked_breakdown(tracker)
     if not sharded_or_split:
         if fake:
+            # DDP's reducer cannot run on the fake process group: its buckets (one gradient copy) and
+            # its per-step traffic (the buckets all-reduced, the buffers broadcast before each forward).
             memory = replace(memory, gradients=memory.gradients + buckets)
             collectives["all_reduce (dp)"] = buckets
+            if buffers:
+                collectives["broadcast (dp)"] = buffers
         else:
             # DDP's buckets were created outside forward/backward, which the tracker files as activations.
             moved = min(after_wrap - before_wrap, memory.activations)
