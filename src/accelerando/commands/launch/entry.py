@@ -109,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         print_dry_run(settings, plan)
+        if settings.ray is not None:
+            print(
+                f"Ray: the {plan.num_processes} process(es) run as actors of the Ray cluster {settings.ray!r} "
+                f"({settings.source('ray')}), each with the environment above plus its rank's variables"
+            )
         return _describe_fault_tolerant(args, settings, plan)
     problem = script_problem(args, plan)
     if problem:
