@@ -1,17 +1,19 @@
 """The Accelerator: one object a training script talks to, whatever runs underneath.
 
-It is a facade. Settings are resolved by ``accelerando.settings``; the connector turns them into a
-strategy (how models are wrapped, how processes talk) and a precision (how numbers are computed);
-this class keeps the prepared objects, runs gradient accumulation, and delegates the rest.
+A facade composed of services, each built in ``_compose`` from what it needs (see
+``accelerando.facade``): the registry of prepared objects, the preparer, the checkpoint service,
+the collectives, observability (trackers, profiler) and the mesh ranks. The connector chose the
+strategy and precision. What stays here is the training step (accumulate, backward, clipping), which
+runs on every micro-batch and reads its few attributes directly, and one-line delegations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,22 +39,29 @@ from accelerando.common.constants import (  # noqa: F401
 # Looked up in this module when a quantized model is prepared (as in the reference, whose tests patch
 # ``accelerate.accelerator.is_bitsandbytes_multi_backend_available``).
 from accelerando.common.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
-from accelerando.facade.collectives import CollectivesMixin
-from accelerando.facade.observing import ObservingMixin
+from accelerando.enums import FP8BackendType
+from accelerando.facade import options as arguments
+from accelerando.facade.accumulation import Accumulation, override_even_batches
+from accelerando.facade.checkpoint_service import CheckpointService
+from accelerando.facade.collectives import Collectives, process_filter
+from accelerando.facade.delegation import delegate, forwarded
+from accelerando.facade.observing import Observability
 from accelerando.facade.parallelism_settings import default_parallelism_config
-from accelerando.facade.preparing import PreparingMixin
-from accelerando.facade.saving import SavingMixin
+from accelerando.facade.preemption import PreemptionWatch, install
+from accelerando.facade.preparer import Preparer, verify_device_map
+from accelerando.facade.registry import PreparedObjects
+from accelerando.facade.resume import resume_on_prepare
+from accelerando.facade.topology import MeshRanks
 from accelerando.gradient_state import GradientState
-from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.plugins.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    KwargsHandler,
     ProfileKwargs,
 )
 from accelerando.runtime import Plugins, set_active_accelerator
-from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
 
 __all__ = ["Accelerator"]
@@ -60,156 +69,34 @@ __all__ = ["Accelerator"]
 logger = logging.getLogger(__name__)
 
 
-def _handlers_by_type(kwargs_handlers: list[Any] | None) -> dict[type, Any]:
-    from accelerando.plugins.kwargs import KwargsHandler
-
-    found: dict[type, Any] = {}
-    for handler in kwargs_handlers or []:
-        if not isinstance(handler, KwargsHandler):
-            raise TypeError(
-                f"kwargs_handlers accepts KwargsHandler instances (e.g. DistributedDataParallelKwargs()); "
-                f"got {type(handler).__name__}"
-            )
-        if type(handler) in found:
-            raise ValueError(f"kwargs_handlers has two {type(handler).__name__}; pass each kind once")
-        found[type(handler)] = handler
-    return found
+def _bitsandbytes_runs_on_cpu() -> bool:
+    # Looked up in this module at call time, so a patch of the module attribute is seen.
+    return bool(is_bitsandbytes_multi_backend_available())
 
 
-def _code_settings(
-    mixed_precision: Any,
-    gradient_accumulation_steps: int | None,
-    gradient_accumulation_plugin: Any,
-    cpu: bool | None,
-    dynamo_backend: Any,
-    dynamo_plugin: Any,
-) -> dict[str, Any]:
-    """The Accelerator's arguments that are settings, as a code layer (None = not given).
-
-    Raises:
-        ValueError: both ways of giving accumulation steps, or of giving a dynamo backend, were used.
-    """
-    if gradient_accumulation_plugin is not None and gradient_accumulation_steps not in (None, 1):
-        raise ValueError(
-            "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both; "
-            "set num_steps on the plugin"
-        )
-    if dynamo_plugin is not None and dynamo_backend is not None:
-        raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
-    backend = getattr(dynamo_plugin, "backend", None) or dynamo_backend
-    return {
-        "mixed_precision": str(mixed_precision) if mixed_precision is not None else None,
-        "gradient_accumulation_steps": getattr(gradient_accumulation_plugin, "num_steps", None)
-        or gradient_accumulation_steps,
-        "cpu": cpu,
-        "dynamo_backend": str(backend or "").lower() or None,
-    }
+def _handler(kind: type[KwargsHandler], doc: str) -> property:
+    """A property returning the kwargs handler of class ``kind`` given in code, or None."""
+    return property(lambda self: self.runtime.plugins.handler(kind), doc=doc)
 
 
-def _accumulation_plugin(plugin: Any, settings: Any) -> Any:
-    from accelerando.plugins.accumulation import GradientAccumulationPlugin
-
-    if plugin is None:
-        plugin = GradientAccumulationPlugin()
-    plugin.num_steps = int(settings.gradient_accumulation_steps)
-    return plugin
+def _loader_flag(name: str, doc: str, writable: bool = False) -> property:
+    """A property reading ``dataloader_config.<name>`` as a bool (and writing it when ``writable``)."""
+    setter = (lambda self, value: setattr(self._options.dataloader_config, name, value)) if writable else None
+    return property(lambda self: bool(getattr(self._options.dataloader_config, name)), setter, doc=doc)
 
 
-def _dataloader_config(config: Any, split_batches: bool | None) -> Any:
-    from accelerando.plugins.dataloader import DataLoaderConfiguration
-
-    if config is None:
-        config = DataLoaderConfiguration()
-    if split_batches is not None:
-        config.split_batches = split_batches
-    return config
-
-
-def _project_config(config: Any, project_dir: str | None) -> Any:
-    from accelerando.plugins.project import ProjectConfiguration
-
-    if config is None:
-        config = ProjectConfiguration()
-    if project_dir is not None:
-        config.set_directories(project_dir)
-    return config
+def _filter(owner: object, function: Callable[..., Any] | None, name: str, **index: int | None) -> Any:
+    """A process filter bound (``@accelerator.on_main_process``), called (``...()``) or unbound on the class."""
+    if not isinstance(
+        owner, Accelerator
+    ):  # unbound (``Accelerator.on_main_process(fn)``): owner is the function
+        return process_filter(owner, name, **index)
+    if function is None:
+        return functools.partial(_filter, owner, name=name, **index) if index else getattr(owner, name)
+    return process_filter(function, name, **index)
 
 
-def _override_even_batches(dataloaders: list[Any], even_batches: bool | None) -> list[tuple[Any, bool]]:
-    """Set ``even_batches`` on each map-style loader's batch sampler; return (sampler, old value) pairs.
-
-    Only the batch sampler decides how the last batches are shared, so that is where the value
-    goes. Loaders over iterable datasets (or dispatching loaders) are skipped with a warning.
-    """
-    from accelerando.data_loader.dispatcher import DataLoaderDispatcher
-
-    if even_batches is None:
-        return []
-    overridden: list[tuple[Any, bool]] = []
-    skipped = False
-    for dl in dataloaders:
-        sampler = getattr(dl, "batch_sampler", None)
-        if not isinstance(dl, DataLoaderDispatcher) and hasattr(sampler, "even_batches"):
-            overridden.append((sampler, sampler.even_batches))
-            sampler.even_batches = even_batches
-        else:
-            skipped = True
-    if skipped:
-        warnings.warn(
-            "join_uneven_inputs(even_batches=...) only changes dataloaders over map-style datasets; "
-            "some prepared dataloaders read iterable datasets and keep their even_batches",
-            stacklevel=3,
-        )
-    return overridden
-
-
-class _Accumulation:
-    """``Accelerator.accumulate``'s context: a plain class, as it is entered once per micro-batch."""
-
-    __slots__ = ("_accelerator", "_models", "_stack")
-
-    def __init__(self, accelerator: Accelerator, models: tuple[torch.nn.Module, ...]) -> None:
-        self._accelerator = accelerator
-        self._models = models
-        self._stack: contextlib.AbstractContextManager | None = None
-
-    def __enter__(self) -> None:
-        accelerator = self._accelerator
-        accelerator._do_sync()
-        gs = accelerator.gradient_state
-        if gs.sync_gradients or gs.sync_each_batch or not self._models:
-            return
-        strategy = accelerator._strategy
-        if len(self._models) == 1:
-            context = strategy.no_sync(self._models[0])
-            context.__enter__()
-            self._stack = context
-            return
-        stack = contextlib.ExitStack()
-        try:
-            for model in self._models:
-                stack.enter_context(strategy.no_sync(model))
-        except BaseException:
-            stack.close()
-            raise
-        self._stack = stack
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        stack, self._stack = self._stack, None
-        if stack is not None and stack.__exit__(exc_type, exc, tb):
-            return True  # a no_sync context swallowed the exception, as it would inside ExitStack
-        if exc_type is None:
-            # The step is complete here (reached only without an exception): a preemption acts now.
-            accelerator = self._accelerator
-            preemption = accelerator._preemption
-            if preemption is not None and preemption.should_stop(accelerator.state.num_processes):
-                from accelerando.facade.preemption import checkpoint_and_exit
-
-                checkpoint_and_exit(accelerator, preemption)
-        return False
-
-
-class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin):
+class Accelerator:
     """Prepare a PyTorch training loop to run on any hardware and number of processes.
 
     Every setting left as None comes from the launcher's environment (``accelerando launch`` or
@@ -263,14 +150,8 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ) -> None:
-        code = _code_settings(
-            mixed_precision,
-            gradient_accumulation_steps,
-            gradient_accumulation_plugin,
-            cpu,
-            dynamo_backend,
-            dynamo_plugin,
-        )
+        steps, plugin = gradient_accumulation_steps, gradient_accumulation_plugin
+        code = arguments.code_settings(mixed_precision, steps, plugin, cpu, dynamo_backend, dynamo_plugin)
         plugins = Plugins(
             deepspeed=connector.normalise_deepspeed_plugins(deepspeed_plugin, deepspeed_plugins),
             fsdp=fsdp_plugin,
@@ -278,129 +159,119 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
             torch_tp=torch_tp_plugin,
             parallelism_config=default_parallelism_config(parallelism_config),
             dynamo=dynamo_plugin,
-            handlers=_handlers_by_type(kwargs_handlers),
+            handlers=arguments.handlers_by_type(kwargs_handlers),
         )
         self.runtime = connector.build(connector.resolve_settings(code), plugins)
         self.state = AcceleratorState()
         # The runtime is frozen: these are shortcuts for the training step, never re-pointed.
         self._strategy, self._precision = self.runtime.strategy, self.runtime.precision
         self.scaler = self._precision.scaler
-        self.gradient_state = GradientState(
-            gradient_accumulation_plugin=_accumulation_plugin(gradient_accumulation_plugin, self.settings)
-        )
-        self.dataloader_config = _dataloader_config(dataloader_config, split_batches)
-        self.project_configuration = _project_config(project_config, project_dir)
-        self.device_placement = device_placement
-        self.rng_types = rng_types if rng_types is not None else ["generator"]
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        plugin = arguments.accumulation_plugin(plugin, self.settings)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=plugin)
         self.step = 0
-        self.flag_tensor: torch.Tensor | None = None
-        self.deepspeed_engine_wrapped: Any = None
-        self._models: list[Any] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._init_saving()
-        self._init_observing(log_with)
-        # Opt-in fault handling: resume in the first prepare(), checkpoint-and-exit on SIGTERM/SIGUSR1.
-        self._auto_resume_pending = bool(getattr(self.settings, "auto_resume", False))
-        self._preemption: Any = None
-        if self._auto_resume_pending or bool(getattr(self.settings, "preemption_checkpoint", False)):
-            from accelerando.facade.preemption import install
-
-            self._preemption = install(self)
+        self._options = arguments.AcceleratorOptions(
+            dataloader_config=arguments.dataloader_config(dataloader_config, split_batches),
+            project_configuration=arguments.project_config(project_config, project_dir),
+            device_placement=device_placement,
+            rng_types=rng_types if rng_types is not None else ["generator"],
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+        )
+        self._compose(log_with)
         set_active_accelerator(self)
 
-    # ------------------------------------------------------------- properties
-    @property
-    def settings(self) -> Any:
-        """The resolved settings, each with its source (``settings.source("mixed_precision")``)."""
-        return self.runtime.settings
+    def _compose(self, log_with: Any) -> None:
+        """Build the services, each from what it needs, and arm the opt-in fault handling."""
+        state, options, registry = self.state, self._options, PreparedObjects()
+        self._registry = registry
+        strategy, precision, gradients = self._strategy, self._precision, self.gradient_state
+        self._preparer = Preparer(
+            registry,
+            strategy,
+            precision,
+            state,
+            gradients,
+            options,
+            self.dynamo_plugin,
+            _bitsandbytes_runs_on_cpu,
+        )
+        self._collectives = Collectives(state, gradients, options)
+        self._observability = Observability(state, options, registry, log_with, self.profile_handler)
+        self._checkpoints = CheckpointService(
+            self, registry, strategy, precision, state, gradients, self.settings, options, self._observability
+        )
+        self._checkpoint_target = self._checkpoints.target
+        self._mesh_ranks = MeshRanks(state, self.runtime.plugins.parallelism_config)
+        # Opt-in fault handling: resume in the first prepare(), checkpoint-and-exit on SIGTERM/SIGUSR1.
+        auto_resume = bool(getattr(self.settings, "auto_resume", False))
+        self._preemption: PreemptionWatch | None = None
+        if auto_resume or bool(getattr(self.settings, "preemption_checkpoint", False)):
+            self._preemption = install(options.project_configuration)
+        if auto_resume:
+            self._preparer.after_first_prepare = functools.partial(resume_on_prepare, self._checkpoints)
 
-    @property
-    def dynamo_plugin(self) -> Any:
-        """The ``TorchDynamoPlugin`` in effect (disabled without a backend)."""
-        return self.runtime.plugins.dynamo
+    # ------------------------------------------------- the reference's attributes
+    _models = forwarded("_registry.models", "The prepared models.", writable=True)
+    _optimizers = forwarded("_registry.optimizers", "The prepared optimizers.", writable=True)
+    _schedulers = forwarded("_registry.schedulers", "The prepared schedulers.", writable=True)
+    _dataloaders = forwarded("_registry.dataloaders", "The prepared dataloaders.", writable=True)
+    _custom_objects = forwarded("_registry.custom_objects", "Checkpointed objects.", writable=True)
+    _save_model_state_pre_hook = forwarded("_registry.save_hooks", "save_state pre-hooks by id.")
+    _load_model_state_pre_hook = forwarded("_registry.load_hooks", "load_state pre-hooks by id.")
+    deepspeed_engine_wrapped = forwarded("_registry.engine", "The DeepSpeed engine, or None.", writable=True)
+    flag_tensor = forwarded("_collectives.flag_tensor", "set_trigger's flag, or None.", writable=True)
+    dataloader_config = forwarded("_options.dataloader_config", "The DataLoaderConfiguration.", writable=True)
+    project_configuration = forwarded(
+        "_options.project_configuration", "The ProjectConfiguration.", writable=True
+    )
+    device_placement = forwarded("_options.device_placement", "Default device placement.", writable=True)
+    rng_types = forwarded("_options.rng_types", "RNGs synchronised by dataloaders.", writable=True)
+    step_scheduler_with_optimizer = forwarded(
+        "_options.step_scheduler_with_optimizer", "Schedulers step with optimizer steps.", writable=True
+    )
+
+    # ------------------------------------------------------------- properties
+    settings = forwarded("runtime.settings", "The resolved settings, each with its source.")
+    dynamo_plugin = forwarded("runtime.plugins.dynamo", "The TorchDynamoPlugin in effect.")
+    parallelism_config = forwarded("runtime.plugins.parallelism_config", "The ParallelismConfig, or None.")
+    ddp_handler = _handler(DistributedDataParallelKwargs, "The DDP kwargs given in code, or None.")
+    scaler_handler = _handler(GradScalerKwargs, "The GradScalerKwargs given in code, or None.")
+    init_handler = _handler(InitProcessGroupKwargs, "The InitProcessGroupKwargs given, or None.")
+    autocast_handler = _handler(AutocastKwargs, "The AutocastKwargs given in code, or None.")
+    profile_handler = _handler(ProfileKwargs, "The ProfileKwargs given in code, or None.")
+    device = forwarded("state.device", "The device this process computes on.")
+    distributed_type = forwarded("state.distributed_type", "How processes cooperate (DistributedType).")
+    num_processes = forwarded("state.num_processes", "Total number of processes.")
+    process_index = forwarded("state.process_index", "Global index of this process.")
+    local_process_index = forwarded("state.local_process_index", "Index of this process on its machine.")
+    is_main_process = forwarded("state.is_main_process", "True on global process 0.")
+    is_local_main_process = forwarded("state.is_local_main_process", "True on each machine's first process.")
+    is_last_process = forwarded("state.is_last_process", "True on the last process.")
+    use_distributed = forwarded("state.use_distributed", "Whether several processes cooperate.")
+    mixed_precision = forwarded("state.mixed_precision", "The mixed-precision mode in effect.")
+    deepspeed_plugin = forwarded("state.deepspeed_plugin", "The active DeepSpeed plugin, or None.")
+    torch_device_mesh = forwarded("state.device_mesh", "The device mesh, or None.")
+    split_batches = _loader_flag("split_batches", "Whether batches are split across processes.")
+    dispatch_batches = forwarded("_options.dataloader_config.dispatch_batches", "Main process dispatches.")
+    even_batches = _loader_flag("even_batches", "Whether short last batches are padded.", writable=True)
+    use_seedable_sampler = _loader_flag("use_seedable_sampler", "Whether random samplers are seedable.")
+    non_blocking = _loader_flag("non_blocking", "Whether batches move to the device asynchronously.")
+    use_stateful_dataloader = _loader_flag("use_stateful_dataloader", "Whether loaders are stateful.")
+    tensor_parallel_rank = forwarded("_mesh_ranks.tensor_parallel_rank", "Rank on the tp axis.")
+    pipeline_parallel_rank = forwarded("_mesh_ranks.pipeline_parallel_rank", "Rank on the pp axis.")
+    context_parallel_rank = forwarded("_mesh_ranks.context_parallel_rank", "Rank on the cp axis.")
+    data_parallel_rank = forwarded("_mesh_ranks.data_parallel_rank", "Rank among data-parallel processes.")
+    data_parallel_shard_rank = forwarded("_mesh_ranks.data_parallel_shard_rank", "Rank on the dp_shard axis.")
+    should_save_model = forwarded("_mesh_ranks.should_save_model", "Whether this process writes model files.")
+    is_composable_parallelism_enabled = forwarded("is_fsdp2", "Whether the FSDP2 stack is in use.")
+    project_dir = forwarded("_options.project_configuration.project_dir", "The project folder.")
+    logging_dir = forwarded("_options.project_configuration.logging_dir", "The folder trackers write to.")
+    save_iteration = forwarded("_options.project_configuration.iteration", "The next checkpoint number.")
+    trackers = forwarded("_observability.trackers", "The trackers started by init_trackers.")
 
     @property
     def native_amp(self) -> bool:
         """Whether PyTorch's autocast runs the forward (fp16 / bf16)."""
         return self.settings.mixed_precision in ("fp16", "bf16")
-
-    @property
-    def ddp_handler(self) -> Any:
-        """The ``DistributedDataParallelKwargs`` given in code, or None."""
-        return self.runtime.plugins.handler(DistributedDataParallelKwargs)
-
-    @property
-    def scaler_handler(self) -> Any:
-        """The ``GradScalerKwargs`` given in code, or None."""
-        return self.runtime.plugins.handler(GradScalerKwargs)
-
-    @property
-    def init_handler(self) -> Any:
-        """The ``InitProcessGroupKwargs`` given in code, or None."""
-        return self.runtime.plugins.handler(InitProcessGroupKwargs)
-
-    @property
-    def autocast_handler(self) -> Any:
-        """The ``AutocastKwargs`` given in code, or None."""
-        return self.runtime.plugins.handler(AutocastKwargs)
-
-    @property
-    def profile_handler(self) -> Any:
-        """The ``ProfileKwargs`` given in code, or None."""
-        return self.runtime.plugins.handler(ProfileKwargs)
-
-    @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> Any:
-        """How processes cooperate (``DistributedType``)."""
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        """Total number of processes."""
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        """Global index of this process."""
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        """Index of this process on its machine."""
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        """True on global process 0."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True on each machine's first process."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the last process."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether several processes cooperate."""
-        return self.state.use_distributed
-
-    @property
-    def mixed_precision(self) -> str:
-        """The mixed-precision mode in effect."""
-        return self.state.mixed_precision
 
     @property
     def sync_gradients(self) -> bool:
@@ -421,43 +292,9 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         self.gradient_state.num_steps = int(value)
 
     @property
-    def split_batches(self) -> bool:
-        """Whether batches are split across processes."""
-        return bool(self.dataloader_config.split_batches)
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        """Whether the main process reads batches and sends slices to the others."""
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        """Whether short final batches are padded so every process gets as many."""
-        return bool(self.dataloader_config.even_batches)
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        """Whether random samplers are replaced by a seedable one."""
-        return bool(self.dataloader_config.use_seedable_sampler)
-
-    @property
-    def non_blocking(self) -> bool:
-        """Whether batches are moved to the device asynchronously."""
-        return bool(self.dataloader_config.non_blocking)
-
-    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
-
-    @property
-    def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin, or None."""
-        return self.state.deepspeed_plugin
+        return any(opt.step_was_skipped for opt in self._registry.optimizers)
 
     @property
     def is_fsdp2(self) -> bool:
@@ -466,10 +303,8 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         return plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
 
     @property
-    def fp8_backend(self) -> Any:
+    def fp8_backend(self) -> FP8BackendType:
         """The FP8 backend in use, an ``FP8BackendType`` (AO, TE or MSAMP; NO unless mixed_precision is fp8)."""
-        from accelerando.enums import FP8BackendType
-
         return getattr(self._precision, "fp8_backend", FP8BackendType.NO)
 
     @property
@@ -478,154 +313,37 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         return connector.is_multi_device(self.distributed_type)
 
     @property
-    def parallelism_config(self) -> Any:
-        """The ``ParallelismConfig`` given to the Accelerator, or None."""
-        return self.runtime.plugins.parallelism_config
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        """Whether prepared dataloaders are torchdata ``StatefulDataLoader`` s (``DataLoaderConfiguration``)."""
-        return bool(self.dataloader_config.use_stateful_dataloader)
-
-    @property
-    def torch_device_mesh(self) -> Any:
-        """The device mesh of a parallelism config (or of the pipeline strategy), or None."""
-        return self.state.device_mesh
-
-    def _mesh_rank(self, dim: str) -> int:
-        """This process's rank along a mesh dimension (raw or flattened); 0 when the mesh lacks it."""
-        mesh = self.state.device_mesh
-        if mesh is None:
-            return 0
-        try:
-            return int(mesh[dim].get_local_rank())
-        except (KeyError, RuntimeError, ValueError):
-            return 0
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        """Rank on the tensor-parallel mesh axis (0 without one)."""
-        return self._mesh_rank("tp")
-
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        """Rank on the pipeline-parallel mesh axis (0 without one)."""
-        return self._mesh_rank("pp")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        """Rank on the context-parallel mesh axis (0 without one)."""
-        return self._mesh_rank("cp")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """Rank among the processes that read different batches (the process index without a mesh).
-
-        With a mesh it is the rank on the flattened ``dp`` dimension (replicas x shards).
-        """
-        if self.state.device_mesh is None:
-            return self.process_index
-        return self._mesh_rank("dp")
-
-    @property
-    def data_parallel_shard_rank(self) -> int:
-        """Rank on the FSDP ``dp_shard`` mesh axis (0 without a sharding axis)."""
-        config = self.parallelism_config
-        if config is None or not config.dp_shard_enabled:
-            return 0
-        return self._mesh_rank("dp_shard")
-
-    @property
-    def is_composable_parallelism_enabled(self) -> bool:
-        """Whether the composable (DTensor / ``fully_shard``) stack is in use, i.e. FSDP2.
-
-        Tensor and context parallelism compose onto it.
-        """
-        return self.is_fsdp2
-
-    @property
-    def should_save_model(self) -> bool:
-        """Whether this process writes model files when every process saves its part.
-
-        Replicas (a ``dp_replicate`` rank other than 0) and context-parallel copies (a ``cp`` rank
-        other than 0) hold what another process already writes, so they do not. Without a
-        parallelism config, each machine's first process saves.
-        """
-        config = self.parallelism_config
-        if config is None:
-            return self.is_local_main_process
-        duplicate_dims = [
-            dim
-            for dim, on in (("dp_replicate", config.dp_replicate_enabled), ("cp", config.cp_enabled))
-            if on
-        ]
-        return all(self._mesh_rank(dim) == 0 for dim in duplicate_dims)
-
-    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
-        """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice of every batch.
-
-        ``prepare`` does this itself for dataloaders prepared together with the model; call it for a
-        dataloader prepared on its own. Uses DeepSpeed's ``UlyssesSPDataLoaderAdapter`` with the
-        sequence-parallel group DeepSpeed set up.
-
-        Raises:
-            ValueError: no ``ParallelismConfig`` with ``sp_size > 1`` and ``sp_backend="deepspeed"``.
-            ImportError: DeepSpeed (>= 0.18.2, with Ulysses sequence parallelism) is not installed.
-            RuntimeError: DeepSpeed has no sequence-parallel group (Ulysses was not set up).
-        """
-        from accelerando.parallelism_config import SP_BACKEND_DEEPSPEED
-
-        config = self.parallelism_config
-        if config is None or not config.sp_enabled or config.sp_backend != SP_BACKEND_DEEPSPEED:
-            raise ValueError(
-                "deepspeed_ulysses_dl_adapter needs sequence parallelism: pass "
-                "Accelerator(parallelism_config=ParallelismConfig(sp_size=N, sp_backend='deepspeed')) with a "
-                "DeepSpeed plugin"
-            )
-        try:
-            from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
-            from deepspeed.utils import groups
-        except ImportError as exc:
-            raise ImportError(
-                "sequence parallelism needs DeepSpeed Ulysses: pip install 'deepspeed>=0.18.2'"
-            ) from exc
-        try:
-            sp_group = groups._get_sequence_parallel_group()
-        except (KeyError, AssertionError, AttributeError) as exc:
-            raise RuntimeError(
-                "DeepSpeed has no sequence-parallel group: Ulysses sequence parallelism must be set up "
-                "(DeepSpeed on GPUs, with the model's attention registered for Ulysses) before its "
-                "dataloaders are adapted"
-            ) from exc
-        return UlyssesSPDataLoaderAdapter(
-            dl,
-            sp_rank=groups._get_sequence_parallel_rank(),
-            sp_group=sp_group,
-            sp_world_size=groups._get_sequence_parallel_world_size(),
-            device=getattr(model, "device", self.device),
-        )
-
-    @property
-    def project_dir(self) -> str | None:
-        """The project folder."""
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        """The folder trackers write to."""
-        return self.project_configuration.logging_dir
-
-    @property
     def resume_point(self) -> Any:
         """Where the last ``load_state`` left the run (epoch, step, batches to skip), or None."""
         from accelerando.checkpointing import resume_point
 
         return resume_point(self)
 
-    @property
-    def save_iteration(self) -> int:
-        """The number the next automatically named checkpoint gets."""
-        return self.project_configuration.iteration
+    # ---------------------------------------------------------------- prepare
+    prepare = delegate("_preparer", Preparer.prepare)
+    prepare_model = delegate("_preparer", Preparer.prepare_model)
+    prepare_optimizer = delegate("_preparer", Preparer.prepare_optimizer)
+    prepare_scheduler = delegate("_preparer", Preparer.prepare_scheduler)
+    prepare_data_loader = delegate("_preparer", Preparer.prepare_data_loader)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """Return a loader that starts ``num_batches`` batches into ``dataloader`` (O(1) for map-style data)."""
+        from accelerando.data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a submodule) was dispatched over several devices with a device map."""
+        return verify_device_map(model)
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
+        """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice of every batch.
+
+        Raises:
+            ValueError: no ``ParallelismConfig`` with ``sp_size > 1`` and ``sp_backend="deepspeed"``.
+            ImportError / RuntimeError: DeepSpeed Ulysses is not installed / not set up.
+        """
+        return self._strategy.sequence_parallel_dataloader(dl, model)
 
     # --------------------------------------------------------------- training
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -655,7 +373,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         every micro-batch but the optimizer still steps only on sync steps. On leaving the context
         without an exception, a pending preemption checkpoints and exits.
         """
-        return _Accumulation(self, models)
+        return Accumulation(self, models)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
@@ -677,7 +395,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         duration (set on their batch samplers) and get their own value back on exit; loaders over
         iterable datasets cannot change it and are left alone with a warning.
         """
-        overridden = _override_even_batches(self._dataloaders, even_batches)
+        overridden = override_even_batches(self._registry.dataloaders, even_batches)
         try:
             with self._strategy.join_uneven_inputs(joinables, even_batches):
                 yield
@@ -690,7 +408,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         if self._precision.scaler is None or not self.gradient_state.sync_gradients:
             return
         targets = (
-            self._optimizers
+            self._registry.optimizers
             if optimizer is None
             else (optimizer if isinstance(optimizer, list) else [optimizer])
         )
@@ -720,7 +438,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         Raises:
             ValueError: no prepared optimizer is a LOMO optimizer.
         """
-        for opt in self._optimizers:
+        for opt in self._registry.optimizers:
             inner = opt.optimizer
             if hasattr(inner, "fused_backward"):
                 inner.fused_backward(loss, learning_rate)
@@ -729,10 +447,9 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
             "lomo_backward needs a prepared LOMO or AdaLomo optimizer (from the lomo-optim package)"
         )
 
-    @contextlib.contextmanager
     def maybe_context_parallel(
         self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
-    ) -> Iterator[None]:
+    ) -> contextlib.AbstractContextManager[None]:
         """Shard ``buffers`` along their sequence dims over the ``cp`` mesh axis for the block.
 
         A no-op unless the parallelism config has ``cp_size > 1``; then torch's context parallelism
@@ -741,25 +458,7 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         Raises:
             ValueError: ``cp_size > 1`` on a device other than CUDA (the message says why and the fix).
         """
-        config = self.state.parallelism_config
-        if config is None or getattr(config, "cp_size", 1) <= 1:
-            yield
-            return
-        from accelerando.strategies.pipeline.context_parallel import (
-            check_context_parallel_device,
-            context_parallel_context,
-        )
-
-        check_context_parallel_device(config.cp_size, self.device.type)
-        handler = getattr(config, "cp_handler", None)
-        with context_parallel_context(
-            self.torch_device_mesh,
-            buffers=buffers,
-            buffer_seq_dims=buffer_seq_dims,
-            no_restore_buffers=no_restore_buffers,
-            rotate_method=getattr(handler, "cp_comm_strategy", None),
-        ):
-            yield
+        return self._strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
     # ------------------------------------------------------------------ models
     def unwrap_model(
@@ -773,40 +472,12 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 
-    def verify_device_map(self, model: torch.nn.Module) -> bool:
-        """True when ``model`` (or a submodule) was dispatched over several devices with a device map."""
-        for module in model.modules():
-            device_map = getattr(module, "hf_device_map", None)
-            if device_map is not None and len(set(device_map.values())) > 1:
-                return True
-        return False
-
-    def _refuse_quantized_offload(self, model: torch.nn.Module) -> None:
-        """Refuse to train an 8-bit / 4-bit model with parts offloaded to the CPU or disk.
-
-        Raises:
-            ValueError: the model was loaded in 8 or 4 bits and its ``hf_device_map`` places modules on
-                ``"disk"``, or on ``"cpu"`` without a bitsandbytes build that runs on the CPU.
-        """
-        if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
-            return
-        places = {str(place) for place in (getattr(model, "hf_device_map", None) or {}).values()}
-        if "disk" in places or ("cpu" in places and not is_bitsandbytes_multi_backend_available()):
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk "
-                "offload. If you want train the 8-bit or 4-bit model in CPU, please install bitsandbytes with "
-                "multi-backend, see https://huggingface.co/docs/bitsandbytes/main/en/installation#multi-backend"
-            )
-
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop references to every prepared object, collect garbage and empty device caches.
 
         Returns ``objects`` replaced by Nones, to rebind: ``model, opt = accelerator.free_memory(model, opt)``.
         """
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        self._registry.clear()
         self.step = 0
         release = getattr(self._strategy, "release", None)
         if release is not None:
@@ -822,5 +493,63 @@ class Accelerator(PreparingMixin, CollectivesMixin, SavingMixin, ObservingMixin)
         """Alias of ``free_memory``."""
         return self.free_memory(*objects)
 
+    # ------------------------------------------------------------ collectives
+    gather = delegate("_collectives", Collectives.gather)
+    gather_for_metrics = delegate("_collectives", Collectives.gather_for_metrics)
+    reduce = delegate("_collectives", Collectives.reduce)
+    pad_across_processes = delegate("_collectives", Collectives.pad_across_processes)
+    split_between_processes = delegate("_collectives", Collectives.split_between_processes)
+    wait_for_everyone = delegate("_collectives", Collectives.wait_for_everyone)
+    set_trigger = delegate("_collectives", Collectives.set_trigger)
+    check_trigger = delegate("_collectives", Collectives.check_trigger)
+    print = delegate("_collectives", Collectives.print)
+    main_process_first = delegate("_collectives", Collectives.main_process_first)
+    local_main_process_first = delegate("_collectives", Collectives.local_main_process_first)
+
+    # Each filter also works unbound on a function (``Accelerator.on_main_process(fn)``, the
+    # reference's way of decorating its own methods) and called (``@accelerator.on_main_process()``).
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the main process (bare, called, or unbound on the class)."""
+        return _filter(self, function, "on_main_process")
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on each machine's first process (bare, called, or unbound)."""
+        return _filter(self, function, "on_local_main_process")
+
+    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the last process (bare, called, or unbound)."""
+        return _filter(self, function, "on_last_process")
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run only on process ``process_index`` (``@accelerator.on_process(process_index=1)``)."""
+        return _filter(self, function, "on_process", process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorator: run only on local process ``local_process_index``."""
+        return _filter(self, function, "on_local_process", local_process_index=local_process_index)
+
+    # ----------------------------------------------------------- checkpoints
+    get_state_dict = delegate("_checkpoints", CheckpointService.get_state_dict)
+    save = delegate("_checkpoints", CheckpointService.save)
+    save_model = delegate("_checkpoints", CheckpointService.save_model)
+    register_for_checkpointing = delegate("_checkpoints", CheckpointService.register_for_checkpointing)
+    register_save_state_pre_hook = delegate("_checkpoints", CheckpointService.register_save_state_pre_hook)
+    register_load_state_pre_hook = delegate("_checkpoints", CheckpointService.register_load_state_pre_hook)
+    save_state = delegate("_checkpoints", CheckpointService.save_state)
+    load_state = delegate("_checkpoints", CheckpointService.load_state)
+
+    # ------------------------------------------------------------- observing
+    init_trackers = delegate("_observability", Observability.init_trackers)
+    log = delegate("_observability", Observability.log)
+    get_tracker = delegate("_observability", Observability.get_tracker)
+    enable_memory_monitor = delegate("_observability", Observability.enable_memory_monitor)
+    end_training = delegate("_observability", Observability.end_training)
+    profile = delegate("_observability", Observability.profile)
+
     def __repr__(self) -> str:
-        return f"Accelerator(distributed_type={self.distributed_type}, num_processes={self.num_processes}, device={self.device}, mixed_precision={self.mixed_precision})"
+        return (
+            f"Accelerator(distributed_type={self.distributed_type}, num_processes={self.num_processes}, "
+            f"device={self.device}, mixed_precision={self.mixed_precision})"
+        )

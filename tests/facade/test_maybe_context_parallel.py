@@ -25,15 +25,14 @@ def test_without_context_parallelism_the_block_just_runs(accelerator) -> None:
     assert ran == [True]
 
 
-def test_context_parallelism_on_cpu_is_refused_with_the_reason(accelerator) -> None:
+def test_context_parallelism_on_cpu_is_refused_with_the_reason(accelerator, monkeypatch) -> None:
+    # The strategy decides (Strategy.context_parallel), from the runtime it was built with: give it a
+    # runtime whose parallelism config asks for cp_size=2 on this CPU process.
     config = SimpleNamespace(cp_size=2, cp_handler=None)
-    with (
-        mock.patch.object(
-            type(accelerator.state), "parallelism_config", new_callable=mock.PropertyMock
-        ) as prop,
-        pytest.raises(ValueError, match="cp_size=2") as excinfo,
-    ):
-        prop.return_value = config
+    real = accelerator._strategy.runtime
+    runtime = SimpleNamespace(plugins=SimpleNamespace(parallelism_config=config), mesh=None, device=real.device)
+    monkeypatch.setattr(accelerator._strategy, "runtime", runtime)
+    with pytest.raises(ValueError, match="cp_size=2") as excinfo:
         with accelerator.maybe_context_parallel():
             pass
     assert "cpu" in str(excinfo.value)

@@ -1,20 +1,32 @@
-"""Accelerator methods that talk across processes or restrict work to some processes."""
+"""Talking across processes for one Accelerator: gather / reduce / padding / triggers / process filters."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
-__all__ = ["CollectivesMixin"]
+from accelerando.common.operations import (
+    find_batch_size,
+    gather,
+    gather_object,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+)
+from accelerando.facade.options import AcceleratorOptions
+from accelerando.gradient_state import GradientState
+from accelerando.state import AcceleratorState, PartialState
 
-F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["Collectives", "process_filter"]
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
-def _all_tensors(data: Any) -> bool:
+def _all_tensors(data: object) -> bool:
     if isinstance(data, torch.Tensor):
         return True
     if isinstance(data, (list, tuple)):
@@ -24,37 +36,49 @@ def _all_tensors(data: Any) -> bool:
     return False
 
 
-def _batch_copies(mesh: Any) -> tuple[int, bool]:
+def _batch_copies(mesh: object) -> tuple[int, bool]:
     """How many ranks read each batch (the product of the mesh's non-data axes), and whether this
-    rank is the first of them (rank 0 along each of those axes)."""
+    rank is the first of them (rank 0 along each of those axes).
+    """
     if mesh is None:
         return 1, True
     copies, first = 1, True
     for axis, name in enumerate(getattr(mesh, "mesh_dim_names", None) or ()):
         if name in ("tp", "cp", "sp", "pp"):
-            copies *= int(mesh.size(axis))
-            first = first and int(mesh.get_local_rank(name)) == 0
+            copies *= int(mesh.size(axis))  # type: ignore[attr-defined]
+            first = first and int(mesh.get_local_rank(name)) == 0  # type: ignore[attr-defined]
     return copies, first
 
 
-class CollectivesMixin:
-    """gather / reduce / padding / process filters. Needs ``self.state`` and ``self.gradient_state``."""
+class Collectives:
+    """gather / reduce / padding / triggers / process-ordering contexts of one Accelerator.
 
-    state: Any
-    gradient_state: Any
+    Args:
+        state: the process view (device, mesh, process group).
+        gradient_state: tells ``gather_for_metrics`` where the last batch of a dataloader ends.
+        options: the shared options (``dataloader_config.even_batches``).
 
-    # ------------------------------------------------------------ collectives
-    def gather(self, tensor: Any) -> Any:
+    Attributes:
+        flag_tensor: the flag ``set_trigger`` raised on this process, or None.
+    """
+
+    def __init__(
+        self, state: AcceleratorState, gradient_state: GradientState, options: AcceleratorOptions
+    ) -> None:
+        self.state = state
+        self.gradient_state = gradient_state
+        self.options = options
+        self.flag_tensor: torch.Tensor | None = None
+
+    def gather(self, tensor: object) -> object:
         """Concatenate ``tensor`` (or a nested structure of tensors) from every process along dim 0.
 
         Raises:
             ValueError: shapes differ across processes (use ``pad_across_processes`` first).
         """
-        from accelerando.common.operations import gather
-
         return gather(tensor)
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+    def gather_for_metrics(self, input_data: object, use_gather_object: bool = False) -> object:
         """Gather for evaluation, dropping the samples duplicated to even out the last batch.
 
         Works for tensors in any nesting and, through ``gather_object``, for other picklable objects
@@ -67,15 +91,13 @@ class CollectivesMixin:
         With a device mesh, ranks that differ only along tensor/context axes read the same batches:
         only the first of them contributes, so no sample is counted twice.
         """
-        from accelerando.common.operations import gather, gather_object, recursively_apply
-
         use_object = use_gather_object or not _all_tensors(input_data)
         copies, first_copy = _batch_copies(self.state.device_mesh)
         if copies > 1 and not first_copy:
             input_data = [] if use_object else recursively_apply(lambda t: t[:0], input_data)
         if use_object:
             data = gather_object(input_data)
-        elif (getattr(self, "even_batches", True) and copies == 1) or not self.state.use_distributed:
+        elif (self.options.dataloader_config.even_batches and copies == 1) or not self.state.use_distributed:
             data = gather(input_data)
         else:
             data = self._gather_ragged(input_data)
@@ -89,15 +111,8 @@ class CollectivesMixin:
             return data[:remainder]
         return recursively_apply(lambda t: t[:remainder], data)
 
-    def _gather_ragged(self, data: Any) -> Any:
+    def _gather_ragged(self, data: object) -> object:
         """Gather tensors whose first dimension differs across processes (uneven last batches)."""
-        from accelerando.common.operations import (
-            find_batch_size,
-            gather,
-            pad_across_processes,
-            recursively_apply,
-        )
-
         local = torch.tensor([find_batch_size(data)], device=self.state.device)
         sizes = gather(local).tolist()
         padded = gather(pad_across_processes(data, dim=0))
@@ -108,21 +123,19 @@ class CollectivesMixin:
 
         return recursively_apply(pick, padded)
 
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    def reduce(self, tensor: object, reduction: str = "sum", scale: float = 1.0) -> object:
         """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""
-        from accelerando.common.operations import reduce
-
         return reduce(tensor, reduction, scale)
 
     def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
+        self, tensor: object, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> object:
         """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered."""
-        from accelerando.common.operations import pad_across_processes
-
         return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+    def split_between_processes(
+        self, inputs: object, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[object]:
         """Context manager yielding this process's share of ``inputs`` (see ``PartialState``)."""
         return self.state._partial.split_between_processes(inputs, apply_padding=apply_padding)
 
@@ -130,22 +143,20 @@ class CollectivesMixin:
         """Block until every process reaches this point."""
         self.state._partial.wait_for_everyone()
 
-    # ------------------------------------------------------------- triggers
     def set_trigger(self) -> None:
         """Raise a flag on this process; ``check_trigger`` on every process then sees it."""
-        self._trigger_flag = torch.ones(1, device=self.state.device)
+        self.flag_tensor = torch.ones(1, device=self.state.device)
 
     def check_trigger(self) -> bool:
         """Return True on every process when any process called ``set_trigger``; resets the flag."""
-        flag = getattr(self, "_trigger_flag", None)
+        flag = self.flag_tensor
         if flag is None:
             flag = torch.zeros(1, device=self.state.device)
-        total = self.reduce(flag, reduction="sum")
-        self._trigger_flag = None
+        total = reduce(flag, "sum", 1.0)
+        self.flag_tensor = None
         return bool(total.item() >= 1)
 
-    # ------------------------------------------------------- process filters
-    def print(self, *args: Any, **kwargs: Any) -> None:
+    def print(self, *args: object, **kwargs: object) -> None:
         """``print`` once per machine."""
         self.state._partial.print(*args, **kwargs)
 
@@ -157,48 +168,20 @@ class CollectivesMixin:
         """Context: each machine's first process runs the block before the others."""
         return self.state._partial.local_main_process_first()
 
-    # Each filter also works unbound on a function (``Accelerator.on_main_process(fn)``, the
-    # reference's way of decorating its own methods) and called (``@accelerator.on_main_process()``).
-    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on the main process (bare, called, or unbound on the class)."""
-        return _filter(self, function, "on_main_process")
 
-    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on each machine's first process (bare, called, or unbound)."""
-        return _filter(self, function, "on_local_main_process")
+def process_filter(function: F, name: str, **index: int | None) -> F:
+    """Wrap ``function`` so that it runs only where ``PartialState``'s filter ``name`` says.
 
-    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on the last process (bare, called, or unbound)."""
-        return _filter(self, function, "on_last_process")
+    The process state is looked up when the function runs, so decorating needs no state.
 
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
-        """Decorator: run only on process ``process_index`` (``@accelerator.on_process(process_index=1)``)."""
-        return _filter(self, function, "on_process", process_index=process_index)
-
-    def on_local_process(
-        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
-    ) -> Any:
-        """Decorator: run only on local process ``local_process_index``."""
-        return _filter(self, function, "on_local_process", local_process_index=local_process_index)
-
-
-def _filter(owner: Any, function: Callable[..., Any] | None, name: str, **index: Any) -> Any:
-    """Apply ``PartialState``'s filter ``name`` to ``function`` (or return it as a decorator).
-
-    ``owner`` is the Accelerator, or the function itself when the filter is called unbound on the
-    class. The process state is looked up when the function runs, so decorating needs no state.
+    Raises:
+        ValueError: the filter takes an index (``process_index``...) and it was not given.
     """
-    from accelerando.state import PartialState
-
-    if not isinstance(owner, CollectivesMixin):
-        function = owner
-    elif function is None:
-        return functools.partial(_filter, owner, **index, name=name) if index else getattr(owner, name)
     if index and next(iter(index.values())) is None:
         raise ValueError(f"{name} needs {next(iter(index))}=<index of the process that runs it>")
 
     @functools.wraps(function)
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: object, **kwargs: object) -> object:
         return getattr(PartialState(), name)(function, **index)(*args, **kwargs)
 
-    return run
+    return run  # type: ignore[return-value]

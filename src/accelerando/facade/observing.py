@@ -1,67 +1,103 @@
-"""Accelerator methods for experiment tracking and profiling (delegating to their modules)."""
+"""Experiment tracking, memory monitoring and profiling of one Accelerator (delegating to their modules)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["ObservingMixin"]
+from accelerando.facade.options import AcceleratorOptions
+from accelerando.facade.registry import PreparedObjects
+from accelerando.plugins.kwargs import ProfileKwargs
+from accelerando.state import AcceleratorState
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelerando.monitoring.monitor import MemoryMonitor
+    from accelerando.tracking import GeneralTracker, TrackingManager
+
+__all__ = ["Observability"]
 
 
-class ObservingMixin:
-    """init_trackers / log / get_tracker / end_training / profile."""
+class Observability:
+    """init_trackers / log / get_tracker / end_training / memory monitor / profile.
 
-    state: Any
-    project_configuration: Any
-    _optimizers: list[Any]
-    profile_handler: Any
+    Args:
+        state: the process view (process index, waiting for every process).
+        options: the shared options (the project configuration's folders).
+        registry: the prepared optimizers, which the memory monitor samples after each step.
+        log_with: tracker name(s), ``GeneralTracker`` instance(s) or "all"; None for no trackers.
+        profile_handler: the ``ProfileKwargs`` given in code, or None.
+    """
 
-    def _init_observing(self, log_with: Any) -> None:
-        self._log_with = log_with
-        self._tracking: Any = None
+    def __init__(
+        self,
+        state: AcceleratorState,
+        options: AcceleratorOptions,
+        registry: PreparedObjects,
+        log_with: object = None,
+        profile_handler: ProfileKwargs | None = None,
+    ) -> None:
+        self.state = state
+        self.options = options
+        self.registry = registry
+        self.log_with = log_with
+        self.profile_handler = profile_handler
+        self.tracking: TrackingManager | None = None
+        self.memory_monitor: MemoryMonitor | None = None
         if log_with is not None:
             self._tracking_manager()
 
-    def _tracking_manager(self) -> Any:
-        if self._tracking is None:
+    def _tracking_manager(self) -> TrackingManager:
+        if self.tracking is None:
             from accelerando.tracking import TrackingManager
 
-            self._tracking = TrackingManager(self._log_with, self.project_configuration.logging_dir)
-        return self._tracking
+            self.tracking = TrackingManager(self.log_with, self.options.project_configuration.logging_dir)
+        return self.tracking
 
     @property
-    def trackers(self) -> list[Any]:
+    def trackers(self) -> list[GeneralTracker]:
         """The trackers started by ``init_trackers`` (empty before)."""
-        return [] if self._tracking is None else self._tracking.trackers
+        return [] if self.tracking is None else self.tracking.trackers
 
     def init_trackers(
         self,
         project_name: str,
-        config: dict[str, Any] | None = None,
-        init_kwargs: dict[str, Any] | None = None,
+        config: dict[str, object] | None = None,
+        init_kwargs: dict[str, object] | None = None,
     ) -> None:
         """Start a run named ``project_name`` in every tracker of ``log_with`` (main process only,
-        unless a tracker says otherwise), storing ``config`` as hyperparameters."""
+        unless a tracker says otherwise), storing ``config`` as hyperparameters.
+        """
         self._tracking_manager().init(project_name, config, init_kwargs)
 
     def log(
         self,
-        values: dict[str, Any],
+        values: dict[str, object],
         step: int | None = None,
-        log_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
+        log_kwargs: dict[str, object] | None = None,
+        **kwargs: object,
     ) -> None:
         """Log ``values`` at ``step`` to every tracker (``reduce="mean"|"sum"|"max"`` aggregates across processes first)."""
-        if self._tracking is None:
+        if self.tracking is None:
             return
-        self._tracking.log(values, step, log_kwargs, **kwargs)
+        self.tracking.log(values, step, log_kwargs, **kwargs)
 
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+    def get_tracker(self, name: str, unwrap: bool = False) -> object:
         """Return the tracker called ``name`` (its native run object with ``unwrap=True``)."""
         return self._tracking_manager().get(name, unwrap=unwrap)
 
-    def enable_memory_monitor(self, window: int = 50, output_dir: str | None = None, **kwargs: Any) -> Any:
+    def log_checkpoint(self, step: int, path: str, size: int) -> None:
+        """Report a written checkpoint to the trackers (nothing without trackers)."""
+        manager = self.tracking
+        if manager is not None and callable(getattr(manager, "log_checkpoint", None)):
+            manager.log_checkpoint(step, path, size)
+
+    def enable_memory_monitor(
+        self, window: int = 50, output_dir: str | None = None, **kwargs: object
+    ) -> MemoryMonitor:
         """Record memory (RSS, device memory, NVML sensors) after every optimizer step.
 
         Samples go to the active trackers; a steady growth over ``window`` steps triggers one leak
@@ -69,39 +105,36 @@ class ObservingMixin:
         matplotlib) into ``output_dir`` (default ``<project_dir>/memory`` when a project dir is set).
         Extra keyword arguments go to ``accelerando.monitoring.MemoryMonitor``. Returns the monitor.
         """
-        import os
-
         from accelerando.monitoring.monitor import MemoryMonitor
 
-        if output_dir is None and self.project_configuration.project_dir:
-            output_dir = os.path.join(self.project_configuration.project_dir, "memory")
-        self._memory_monitor = MemoryMonitor(
-            trackers=self._tracking, window=window, output_dir=output_dir, **kwargs
+        project_dir = self.options.project_configuration.project_dir
+        if output_dir is None and project_dir:
+            output_dir = os.path.join(project_dir, "memory")
+        monitor = MemoryMonitor(
+            trackers=self.tracking, window=window, output_dir=output_dir, **kwargs
         ).start()
-        for optimizer in self._optimizers:
-            optimizer._after_step = self._memory_monitor.step
-        return self._memory_monitor
+        self.memory_monitor = monitor
+        self.registry.set_after_optimizer_step(monitor.step)
+        return monitor
 
     def end_training(self) -> None:
         """Finish every tracker's run, stop the memory monitor, and wait for all processes."""
-        monitor = getattr(self, "_memory_monitor", None)
+        monitor = self.memory_monitor
         if monitor is not None:
             monitor.stop()
-            self._memory_monitor = None
-            for optimizer in self._optimizers:
-                optimizer._after_step = None
-        if self._tracking is not None:
-            self._tracking.finish()
+            self.memory_monitor = None
+            self.registry.set_after_optimizer_step(None)
+        if self.tracking is not None:
+            self.tracking.finish()
         self.state._partial.wait_for_everyone()
 
     @contextlib.contextmanager
-    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
         """Profile the block with torch.profiler (options from a ``ProfileKwargs``); yields the profiler.
 
         With ``output_trace_dir`` set, each process writes a Chrome trace there on exit.
         """
         from accelerando.monitoring.profiling import profile_context
-        from accelerando.plugins.kwargs import ProfileKwargs
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with profile_context(handler, self.state.process_index) as prof:

@@ -20,7 +20,10 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accelerando.plugins.project import ProjectConfiguration
 
 __all__ = ["PREEMPTED_EXIT_CODE", "PreemptionWatch", "install"]
 
@@ -118,13 +121,12 @@ def checkpoint_and_exit(accelerator: Any, watch: PreemptionWatch) -> None:
     raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
-def install(accelerator: Any) -> PreemptionWatch:
-    """Arm preemption checkpoints for ``accelerator``.
+def install(config: ProjectConfiguration) -> PreemptionWatch:
+    """Arm preemption checkpoints for a run saving into the project ``config`` describes.
 
     Raises:
         ValueError: If the project has no automatically named checkpoints (there is nowhere to save).
     """
-    config = accelerator.project_configuration
     if not config.automatic_checkpoint_naming or config.project_dir is None:
         raise ValueError(
             "preemption_checkpoint/auto_resume need a project folder with automatically named checkpoints: "

@@ -17,15 +17,18 @@ checkpoint and, saving every k steps, ends with the same weights as an uninterru
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelerando.facade.checkpoint_service import CheckpointService
 
 __all__ = ["resume_on_prepare"]
 
 logger = logging.getLogger(__name__)
 
 
-def resume_on_prepare(accelerator: Any) -> str | None:
-    """Load the newest complete checkpoint into ``accelerator`` and position its dataloaders.
+def resume_on_prepare(checkpoints: CheckpointService) -> str | None:
+    """Load the newest complete checkpoint through ``checkpoints`` and position the prepared dataloaders.
 
     Returns:
         The folder loaded, or None when the project has no checkpoint yet (a fresh start).
@@ -34,9 +37,9 @@ def resume_on_prepare(accelerator: Any) -> str | None:
         ValueError: If the project has no automatically named checkpoints.
         CheckpointError: If every checkpoint of the project is damaged (see ``load_state``).
     """
-    from accelerando.checkpointing import latest_checkpoint
+    from accelerando.checkpointing import latest_checkpoint, resume_point
 
-    config = accelerator.project_configuration
+    config = checkpoints.project_configuration
     if not config.automatic_checkpoint_naming or config.project_dir is None:
         raise ValueError(
             "auto_resume needs a project folder with automatically named checkpoints: pass "
@@ -45,15 +48,15 @@ def resume_on_prepare(accelerator: Any) -> str | None:
     if latest_checkpoint(config.project_dir) is None:
         logger.info("auto_resume: no checkpoint under %s, starting fresh", config.project_dir)
         return None
-    accelerator.load_state()
-    point = accelerator.resume_point
+    checkpoints.load_state()
+    point = resume_point(checkpoints.target.owner)
     # Objects registered later (register_for_checkpointing after prepare) are restored from here too.
-    accelerator._auto_resumed_from = point.checkpoint
-    for loader, (_, position) in zip(accelerator._dataloaders, point.dataloaders, strict=False):
+    checkpoints.resumed_from = point.checkpoint
+    for loader, (_, position) in zip(checkpoints.registry.dataloaders, point.dataloaders, strict=False):
         resume_at = getattr(loader, "resume_at", None)  # every prepared loader has it
         if resume_at is not None:
             resume_at(position)
-    if accelerator.is_main_process:
+    if checkpoints.state.is_main_process:
         logger.warning(
             "auto_resume: resumed from %s (epoch %d, %d batches into it)",
             point.checkpoint,

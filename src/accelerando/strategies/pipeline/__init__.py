@@ -4,8 +4,8 @@
 model and builds one process's stage and schedule; ``model.py`` is the prepared model that runs a
 pipeline step per call; ``data_parallel.py`` the pipeline x data-parallel layout (sizes, the
 ``("dp_replicate", "pp")`` mesh, the gradient all-reduce over the pipelines); ``strategy.py`` the
-training strategy; ``context_parallel.py`` the checks and context of torch's context parallelism
-(another non-data-parallel axis).
+training strategy. (Context parallelism, another non-data-parallel axis, composes onto any mesh:
+``accelerando.strategies.context_parallel``.)
 """
 
 from __future__ import annotations

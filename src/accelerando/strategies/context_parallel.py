@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_context_parallel_device", "context_parallel_context"]
+__all__ = ["check_context_parallel_device", "context_parallel_context", "maybe_context_parallel"]
 
 _CPU_REASON = (
     "torch's context parallelism shards attention through the CUDA attention kernels (flash / "
@@ -80,3 +80,36 @@ def context_parallel_context(
         no_restore_buffers=set(no_restore_buffers or ()),
     ):
         yield
+
+
+def maybe_context_parallel(
+    parallelism_config: Any,
+    mesh: Any,
+    device_type: str,
+    buffers: Sequence[torch.Tensor] | None = None,
+    buffer_seq_dims: Sequence[int] | None = None,
+    no_restore_buffers: set[torch.Tensor] | None = None,
+) -> contextlib.AbstractContextManager[None]:
+    """``Accelerator.maybe_context_parallel``: a no-op without ``cp_size > 1``, else torch's context parallelism.
+
+    Args:
+        parallelism_config: the job's ``ParallelismConfig`` (None without one).
+        mesh: the job's DeviceMesh (with a ``"cp"`` axis when ``cp_size > 1``).
+        device_type: the processes' device type.
+        buffers, buffer_seq_dims, no_restore_buffers: see :func:`context_parallel_context`.
+
+    Raises:
+        ValueError: ``cp_size > 1`` on a device other than CUDA (the message says why and the fix).
+    """
+    cp_size = getattr(parallelism_config, "cp_size", 1) if parallelism_config is not None else 1
+    if cp_size <= 1:
+        return contextlib.nullcontext()
+    check_context_parallel_device(cp_size, device_type)
+    handler = getattr(parallelism_config, "cp_handler", None)
+    return context_parallel_context(
+        mesh,
+        buffers=buffers,
+        buffer_seq_dims=buffer_seq_dims,
+        no_restore_buffers=no_restore_buffers,
+        rotate_method=getattr(handler, "cp_comm_strategy", None),
+    )

@@ -1,0 +1,121 @@
+"""Gradient accumulation around one micro-batch (``Accelerator.accumulate``) and uneven inputs.
+
+The :class:`Accumulation` context is on the per-micro-batch hot path: it is a plain class with
+slots (no generator, no ``ExitStack`` for one model) and reads the Accelerator's attributes
+directly; ``tests/facade/test_hot_path_calls.py`` counts its Python-level calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from accelerando.facade.preemption import PreemptionWatch, checkpoint_and_exit
+from accelerando.gradient_state import GradientState
+from accelerando.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from accelerando.state import AcceleratorState
+
+__all__ = ["Accumulating", "Accumulation", "override_even_batches"]
+
+
+class Accumulating(Protocol):
+    """What :class:`Accumulation` reads of the Accelerator (its training-step attributes)."""
+
+    gradient_state: GradientState
+    _strategy: Strategy
+    _preemption: PreemptionWatch | None
+    state: AcceleratorState
+
+    def _do_sync(self) -> None: ...
+
+    def save_state(self) -> object:
+        """Save the training state (what a preemption does before exiting)."""
+        ...
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        ...
+
+
+class Accumulation:
+    """``Accelerator.accumulate``'s context: a plain class, as it is entered once per micro-batch."""
+
+    __slots__ = ("_accelerator", "_models", "_stack")
+
+    def __init__(self, accelerator: Accumulating, models: tuple[torch.nn.Module, ...]) -> None:
+        self._accelerator = accelerator
+        self._models = models
+        self._stack: contextlib.AbstractContextManager | None = None
+
+    def __enter__(self) -> None:
+        accelerator = self._accelerator
+        accelerator._do_sync()
+        gs = accelerator.gradient_state
+        if gs.sync_gradients or gs.sync_each_batch or not self._models:
+            return
+        strategy = accelerator._strategy
+        if len(self._models) == 1:
+            context = strategy.no_sync(self._models[0])
+            context.__enter__()
+            self._stack = context
+            return
+        stack = contextlib.ExitStack()
+        try:
+            for model in self._models:
+                stack.enter_context(strategy.no_sync(model))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        stack, self._stack = self._stack, None
+        if stack is not None and stack.__exit__(exc_type, exc, tb):
+            return True  # a no_sync context swallowed the exception, as it would inside ExitStack
+        if exc_type is None:
+            # The step is complete here (reached only without an exception): a preemption acts now.
+            accelerator = self._accelerator
+            preemption = accelerator._preemption
+            if preemption is not None and preemption.should_stop(accelerator.state.num_processes):
+                checkpoint_and_exit(accelerator, preemption)
+        return False
+
+
+def override_even_batches(
+    dataloaders: Sequence[object], even_batches: bool | None
+) -> list[tuple[object, bool]]:
+    """Set ``even_batches`` on each map-style loader's batch sampler; return (sampler, old value) pairs.
+
+    Only the batch sampler decides how the last batches are shared, so that is where the value
+    goes. Loaders over iterable datasets (or dispatching loaders) are skipped with a warning.
+    """
+    if even_batches is None:
+        return []
+    # Here, not at the top: the data loader package is 10 modules the first Accelerator does not need.
+    from accelerando.data_loader.dispatcher import DataLoaderDispatcher
+
+    overridden: list[tuple[object, bool]] = []
+    skipped = False
+    for dl in dataloaders:
+        sampler = getattr(dl, "batch_sampler", None)
+        if not isinstance(dl, DataLoaderDispatcher) and hasattr(sampler, "even_batches"):
+            overridden.append((sampler, sampler.even_batches))
+            sampler.even_batches = even_batches
+        else:
+            skipped = True
+    if skipped:
+        warnings.warn(
+            "join_uneven_inputs(even_batches=...) only changes dataloaders over map-style datasets; "
+            "some prepared dataloaders read iterable datasets and keep their even_batches",
+            stacklevel=3,
+        )
+    return overridden

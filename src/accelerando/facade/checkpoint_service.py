@@ -1,0 +1,317 @@
+"""The checkpoint service: save / save_model / get_state_dict / save_state / load_state and their hooks.
+
+The service owns the Accelerator's :class:`AcceleratorCheckpointTarget`, the view that
+``accelerando.checkpointing`` reads (it never sees the Accelerator's private attributes).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from accelerando.common.serialization import save
+from accelerando.facade.observing import Observability
+from accelerando.facade.options import AcceleratorOptions
+from accelerando.facade.registry import PreparedObjects, Stateful
+from accelerando.gradient_state import GradientState
+from accelerando.precision.base import Precision
+from accelerando.state import AcceleratorState
+from accelerando.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from accelerando.checkpointing.async_save import AsyncSaveHandle
+    from accelerando.plugins.project import ProjectConfiguration
+    from accelerando.settings import Settings
+
+__all__ = ["AcceleratorCheckpointTarget", "CheckpointParts", "CheckpointService", "StepOwner"]
+
+
+class StepOwner(Protocol):
+    """The object the user holds (the Accelerator): checkpoints are kept per owner, and it counts micro-steps."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class CheckpointParts:
+    """The objects a checkpoint reads, shared by the service and its target (neither links to the other)."""
+
+    registry: PreparedObjects
+    strategy: Strategy
+    precision: Precision
+    state: AcceleratorState
+    gradient_state: GradientState
+    settings: Settings
+    options: AcceleratorOptions
+    observability: Observability
+
+
+class AcceleratorCheckpointTarget:
+    """The :class:`~accelerando.checkpointing.target.CheckpointTarget` of one Accelerator.
+
+    Checkpointing reads the training's objects through this adapter, built from the services that
+    hold them. Only ``owner`` and ``step`` reach back to the Accelerator, through a weak reference.
+    """
+
+    def __init__(self, owner: StepOwner, parts: CheckpointParts) -> None:
+        # Weak: the Accelerator holds this target, so a strong link back would keep both alive
+        # after the user drops the Accelerator (until a garbage collection). The parts hold no link
+        # back either: a dropped Accelerator frees its prepared objects at once, without a gc pass.
+        self._owner = weakref.ref(owner)
+        self._parts = parts
+        self.warned_shared_fs = False
+
+    def __getstate__(self) -> dict[str, object]:
+        # A weak reference cannot be pickled: the Accelerator travels (once, through pickle's memo)
+        # as a strong reference and becomes weak again on unpickling.
+        state = dict(self.__dict__)
+        state["_owner"] = self._owner()
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        owner = state.pop("_owner")
+        self.__dict__.update(state)
+        self._owner = (lambda: None) if owner is None else weakref.ref(owner)
+
+    @property
+    def owner(self) -> StepOwner:
+        """The Accelerator this target reads.
+
+        Raises:
+            ReferenceError: the Accelerator no longer exists.
+        """
+        owner = self._owner()
+        if owner is None:
+            raise ReferenceError("The Accelerator of this checkpoint target no longer exists.")
+        return owner
+
+    models = property(lambda self: list(self._parts.registry.models), doc="The prepared models.")
+    optimizers = property(lambda self: list(self._parts.registry.optimizers), doc="The prepared optimizers.")
+    schedulers = property(lambda self: list(self._parts.registry.schedulers), doc="The prepared schedulers.")
+    dataloaders = property(
+        lambda self: list(self._parts.registry.dataloaders), doc="The prepared dataloaders."
+    )
+    custom_objects = property(
+        lambda self: list(self._parts.registry.custom_objects), doc="Registered objects."
+    )
+    save_hooks = property(lambda self: list(self._parts.registry.save_hooks.values()), doc="Save hooks.")
+    load_hooks = property(lambda self: list(self._parts.registry.load_hooks.values()), doc="Load hooks.")
+    scaler = property(lambda self: self._parts.precision.scaler, doc="The fp16 GradScaler, or None.")
+    strategy = property(lambda self: self._parts.strategy, doc="The strategy and its checkpoint hooks.")
+    state = property(lambda self: self._parts.state, doc="The process view.")
+    settings = property(lambda self: self._parts.settings, doc="The resolved settings.")
+    sync_gradients = property(
+        lambda self: self._parts.gradient_state.sync_gradients, doc="False mid accumulation."
+    )
+    project_configuration = property(
+        lambda self: self._parts.options.project_configuration, doc="Folders, rotation and iteration."
+    )
+
+    @property
+    def step(self) -> int:
+        """The Accelerator's micro-step counter."""
+        return int(self.owner.step)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.owner.step = int(value)
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict of ``model``, as ``Accelerator.get_state_dict`` gives it."""
+        return self._parts.strategy.model_state_dict(model)
+
+    def log_checkpoint(self, step: int, path: str, size: int) -> None:
+        """Report a written checkpoint to the trackers (nothing without trackers)."""
+        self._parts.observability.log_checkpoint(step, path, size)
+
+
+class CheckpointService:
+    """Saves and restores the training of one Accelerator.
+
+    Args:
+        owner: the object the user holds (the Accelerator): resume points, pending asynchronous
+            saves and project locks are kept per owner; its ``step`` is saved and restored.
+        registry: the prepared and registered objects, and the save/load hooks.
+        strategy: gathers sharded state dicts and writes/reads its own checkpoint files.
+        precision: the precision in effect (its fp16 GradScaler is saved).
+        state: the process view.
+        gradient_state: whether the run is mid accumulation.
+        settings: the resolved settings (checksum verification...).
+        options: the shared options (the project configuration).
+        observability: told about each written checkpoint (trackers).
+
+    Attributes:
+        target: what ``accelerando.checkpointing`` reads.
+        resumed_from: the checkpoint ``auto_resume`` loaded, or None.
+    """
+
+    def __init__(
+        self,
+        owner: StepOwner,
+        registry: PreparedObjects,
+        strategy: Strategy,
+        precision: Precision,
+        state: AcceleratorState,
+        gradient_state: GradientState,
+        settings: Settings,
+        options: AcceleratorOptions,
+        observability: Observability,
+    ) -> None:
+        self.registry = registry
+        self.strategy = strategy
+        self.precision = precision
+        self.state = state
+        self.gradient_state = gradient_state
+        self.settings = settings
+        self.options = options
+        self.observability = observability
+        parts = CheckpointParts(
+            registry, strategy, precision, state, gradient_state, settings, options, observability
+        )
+        self.target = AcceleratorCheckpointTarget(owner, parts)
+        self.resumed_from: str | None = None
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        """Folders, checkpoint naming, rotation and the next checkpoint number."""
+        return self.options.project_configuration
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Return the full state dict of ``model`` (gathered from shards by strategies that shard).
+
+        With ``unwrap=False`` the wrapper's own keys are kept (e.g. ``module.`` under DDP).
+        """
+        if not unwrap:
+            return model.state_dict()
+        return self.strategy.model_state_dict(model)
+
+    def save(self, obj: object, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``)."""
+        save(
+            obj,
+            f,
+            save_on_each_node=bool(self.project_configuration.save_on_each_node),
+            safe_serialization=safe_serialization,
+        )
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights into ``save_directory`` on the main process.
+
+        Safetensors by default; above ``max_shard_size`` the weights are sharded with an index
+        file; tied weights are stored once. Every process must call it (sharded strategies gather).
+
+        Raises:
+            ValueError: ``save_directory`` is a file.
+        """
+        from accelerando.model_io import write_model_weights
+
+        save_directory = os.fspath(save_directory)
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_directory {save_directory!r} is a file; pass a folder path")
+        state_dict = self.get_state_dict(model)
+        if self.state.is_main_process:
+            write_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
+        self.state._partial.wait_for_everyone()
+
+    def register_for_checkpointing(self, *objects: Stateful) -> None:
+        """Add objects with ``state_dict()`` / ``load_state_dict()`` to what ``save_state`` saves.
+
+        With ``auto_resume``, objects registered after the first ``prepare()`` (which resumed) are
+        restored right away from the checkpoint it resumed from: the ``i``-th registered object from its
+        ``custom_checkpoint_<i>.pkl``, as ``load_state`` would have.
+
+        Raises:
+            ValueError: some objects lack those methods; the message lists each offender as
+                ``Item at index <i>, `<type>```.
+            FileNotFoundError: after an automatic resume, the checkpoint has no state for a newly
+                registered object (it was saved with fewer objects); the message says how to order calls.
+            CheckpointError: after an automatic resume, that state's file is damaged or unsafe.
+        """
+        bad = [
+            f"\t- Item at index {i}, `{type(o).__name__}`"
+            for i, o in enumerate(objects)
+            if not (
+                callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))
+            )
+        ]
+        if bad:
+            raise ValueError(
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:\n" + "\n".join(bad)
+            )
+        custom = self.registry.custom_objects
+        start = len(custom)
+        custom.extend(objects)
+        if self.resumed_from is not None:  # auto_resume already loaded: restore the late ones from there too
+            from accelerando.checkpointing.load import restore_custom_objects
+
+            restore_custom_objects(self.target, self.resumed_from, start)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Register ``hook(models, weights, output_dir)`` to run before ``save_state`` writes models.
+
+        The hook may edit ``weights`` (or empty ``models``) to save models its own way.
+        Returns a handle whose ``remove()`` unregisters it.
+        """
+        handle = RemovableHandle(self.registry.save_hooks)
+        self.registry.save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Register ``hook(models, input_dir)`` to run before ``load_state`` loads models."""
+        handle = RemovableHandle(self.registry.load_hooks)
+        self.registry.load_hooks[handle.id] = hook
+        return handle
+
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **save_model_func_kwargs: object
+    ) -> str | AsyncSaveHandle:
+        """Save everything needed to resume into a crash-safe checkpoint folder; return its path.
+
+        See ``accelerando.checkpointing.save_state`` for what is saved and the commit protocol. With
+        ``async_save=True`` (or ``ProjectConfiguration(async_save=True)``) it returns once the state is
+        copied to host memory, with a handle whose ``result()`` waits for the commit and returns the path.
+        """
+        from accelerando.checkpointing import save_state
+
+        return save_state(
+            self.target, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
+        )
+
+    def load_state(
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict[str, object] | None = None,
+        **load_model_func_kwargs: object,
+    ) -> None:
+        """Restore a checkpoint written by ``save_state`` (the newest complete one when None).
+
+        Args:
+            input_dir: the checkpoint folder (None: the newest complete one, with automatic naming).
+            load_kwargs: ``torch.load`` options for the checkpoint files, passed to the loader
+                (``{"weights_only": False}`` opts in to fully unpickling trusted files).
+            **load_model_func_kwargs: passed to each model's ``load_state_dict`` (e.g. ``strict=False``),
+                see ``accelerando.checkpointing.load_state`` for the loader's own options.
+
+        Raises:
+            See ``accelerando.checkpointing.load_state`` (missing or damaged checkpoints, bad ``load_kwargs``).
+        """
+        from accelerando.checkpointing import load_state
+        from accelerando.checkpointing.async_save import wait_pending
+
+        wait_pending(self.target.owner)  # a pending asynchronous save commits first
+        if load_kwargs is not None:
+            load_model_func_kwargs["load_kwargs"] = load_kwargs
+        load_state(self.target, input_dir, **load_model_func_kwargs)
