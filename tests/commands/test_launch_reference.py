@@ -13,7 +13,7 @@ from unittest.mock import patch
 import pytest
 
 from accelerando.commands import launch
-from accelerando.utils import launch as launch_utils
+from accelerando.launchers import reference as launch_utils
 
 
 @pytest.fixture(autouse=True)
