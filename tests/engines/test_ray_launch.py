@@ -203,3 +203,14 @@ def test_emit_ray_writes_a_job_entrypoint_that_launches_with_every_setting(tmp_p
 def test_emit_ray_refuses_a_nul_byte_in_an_argument() -> None:
     with pytest.raises(ValueError, match="NUL"):
         emit_job(_settings(emit="ray", cpu=True), Command("train.py", ("a\x00b",)))
+
+
+def test_ray_refuses_settings_that_place_the_processes_another_way() -> None:
+    from accelerando.launchers.ray import check_ray_settings
+
+    check_ray_settings(_settings(ray="default", cpu=True))
+    for name, value in (("fault_tolerance", True), ("mpirun_hostfile", "hosts.txt")):
+        with pytest.raises(
+            ValueError, match=rf"--ray \(cli:--ray\) and {name} \(cli:--{name}.*Fix: choose one"
+        ):
+            check_ray_settings(_settings(ray="default", **{name: value}))

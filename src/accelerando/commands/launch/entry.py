@@ -188,6 +188,9 @@ def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    except ValueError as err:
+        print(f"accelerando launch: {err}", file=sys.stderr)
+        return 2
     except ConnectionError as err:
         print(
             f"accelerando launch: cannot reach the Ray cluster {settings.ray!r} ({settings.source('ray')}): "

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from accelerando.launchers.ray.driver import (
     Failure,
+    check_ray_settings,
     failure_summary,
     process_env,
     rank_by_machine,
     run_on_ray,
 )
 
-__all__ = ["Failure", "failure_summary", "process_env", "rank_by_machine", "run_on_ray"]
+__all__ = ["Failure", "check_ray_settings", "failure_summary", "process_env", "rank_by_machine", "run_on_ray"]

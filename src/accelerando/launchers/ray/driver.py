@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.launchers.plan import Command, LaunchPlan
+from accelerando.launchers.ray.worker import RankProcess
 from accelerando.settings.resolve import Settings
 
-__all__ = ["Failure", "process_env", "rank_by_machine", "run_on_ray"]
+__all__ = ["Failure", "check_ray_settings", "failure_summary", "process_env", "rank_by_machine", "run_on_ray"]
 
 # Seconds between two reads of the processes' output and state.
 _POLL_S = 0.05
@@ -184,7 +185,6 @@ class _Job:
     """The actors of one ``--ray`` launch, their tries and their output."""
 
     def __init__(self, ray: Any, settings: Settings, plan: LaunchPlan, command: Command) -> None:
-        from accelerando.launchers.ray.worker import RankProcess
 
         self.ray = ray
         self.settings = settings
@@ -312,6 +312,22 @@ def failure_summary(failures: Sequence[Failure]) -> str:
     )
 
 
+def check_ray_settings(settings: Settings) -> None:
+    """Refuse settings that start or place the processes some other way than ``--ray`` does.
+
+    Raises:
+        ValueError: ``fault_tolerance`` (replica groups under a torchft lighthouse) or ``mpirun_hostfile``
+            (mpirun starts the processes) set together with ``ray``; the message names both sources.
+    """
+    for name, what in (("fault_tolerance", "replica groups under a torchft lighthouse"),
+                       ("mpirun_hostfile", "mpirun starts the processes on its hosts")):  # fmt: skip
+        if settings.values.get(name):
+            raise ValueError(
+                f"--ray ({settings.source('ray')}) and {name} ({settings.source(name)}: {what}) both decide where "
+                f"the processes run. Fix: choose one (unset {name} to run on Ray)."
+            )
+
+
 def run_on_ray(settings: Settings, plan: LaunchPlan, command: Command, *, quiet: bool = False) -> int:
     """Run ``command`` as ``plan.num_processes`` processes on the Ray cluster ``settings.ray`` names.
 
@@ -328,7 +344,10 @@ def run_on_ray(settings: Settings, plan: LaunchPlan, command: Command, *, quiet:
 
     Raises:
         ConnectionError: from Ray, when the cluster cannot be reached (the caller prints it).
+        ValueError: settings that place processes some other way (``--fault_tolerance``,
+            ``--mpirun_hostfile``), named with their source and the fix.
     """
+    check_ray_settings(settings)
     ray = _connect(str(settings.ray))
     job = _Job(ray, settings, plan, command)
     restarts = int(settings.max_restarts or 0)
