@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import accelerando.runtime as rt
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
+from accelerando.parallelism_config import ParallelismConfig
+from accelerando.plugins.dynamo import TorchDynamoPlugin
 from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
 from accelerando.plugins.kwargs import (
     AutocastKwargs,
@@ -43,9 +45,7 @@ from accelerando.strategies import strategy_class
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from accelerando.parallelism_config import ParallelismConfig
     from accelerando.plugins.deepspeed import DeepSpeedPlugin
-    from accelerando.plugins.dynamo import TorchDynamoPlugin
     from accelerando.precision.base import Precision
     from accelerando.strategies.base import Strategy
 
@@ -208,7 +208,6 @@ def _fold_tensor_parallel_plugin(plugins: rt.Plugins, num_processes: int) -> rt.
                 "disagree; give the degree once (ParallelismConfig(tp_size=...))"
             )
         return plugins
-    from accelerando.parallelism_config import ParallelismConfig
 
     return dataclasses.replace(
         plugins, parallelism_config=ParallelismConfig(**plugin.parallelism_sizes(num_processes))
@@ -361,7 +360,6 @@ def _build_precision(
 def _dynamo_plugin(settings: Settings, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:
     if plugin is not None:
         return plugin
-    from accelerando.plugins.dynamo import TorchDynamoPlugin
 
     return TorchDynamoPlugin(
         backend=settings.dynamo_backend,

@@ -15,6 +15,20 @@ from typing import Any
 
 import torch
 
+from accelerando.big_modeling.budgets import convert_file_size_to_int
+from accelerando.state import PartialState
+from accelerando.strategies.pipeline.split import (
+    balanced_split_points,
+    generate_stage_map,
+    validate_split_points,
+)
+from accelerando.strategies.pipeline.stage import (
+    PipelineLayout,
+    build_schedule,
+    build_traced_stage,
+    microbatch,
+)
+
 __all__ = ["build_pipeline", "find_pippy_batch_size", "generate_device_map", "pippy_forward", "prepare_pippy"]
 
 
@@ -40,12 +54,8 @@ def generate_device_map(
     Raises:
         ValueError: fewer pieces than processes.
     """
-    from accelerando.strategies.pipeline.split import generate_stage_map
-
     capacities = None
     if max_memory:
-        from accelerando.big_modeling.budgets import convert_file_size_to_int
-
         capacities = {
             int(k): float(convert_file_size_to_int(v) if isinstance(v, str) else v)
             for k, v in max_memory.items()
@@ -63,8 +73,6 @@ def find_pippy_batch_size(args: tuple | list, kwargs: Mapping[str, Any]) -> int 
 
 
 def _layout() -> Any:
-    from accelerando.state import PartialState
-    from accelerando.strategies.pipeline.stage import PipelineLayout
 
     PartialState()  # sets up the process group of a launched job
     return PipelineLayout.whole_world()
@@ -82,8 +90,6 @@ def build_pipeline(
         RuntimeError: the model cannot be traced as one graph.
         ValueError: the split points do not give one stage per process.
     """
-    from accelerando.strategies.pipeline.stage import build_schedule, build_traced_stage, microbatch
-
     layout = _layout()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     stage = build_traced_stage(
@@ -170,7 +176,6 @@ def prepare_pippy(
             f"the example batch has {batch} rows, not divisible by num_chunks={num_chunks}; use a batch size that "
             "is a multiple of num_chunks (the number of processes by default)"
         )
-    from accelerando.strategies.pipeline.split import balanced_split_points, validate_split_points
 
     if split_points in ("auto", None):
         points = balanced_split_points(model, layout.num_stages, no_split_module_classes)

@@ -23,6 +23,7 @@ from accelerando.big_modeling.hooks import (
 from accelerando.big_modeling.offload import PrefixedDataset
 from accelerando.big_modeling.sizes import named_module_tensors
 from accelerando.big_modeling.tensors import set_module_tensor_to_device
+from accelerando.common.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
 __all__ = [
     "attach_align_device_hook",
@@ -277,8 +278,6 @@ def attach_layerwise_casting_hooks(
         TypeError: if a dtype is not a ``torch.dtype``.
     """
     import re
-
-    from accelerando.common.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
     if not isinstance(storage_dtype, torch.dtype) or not isinstance(compute_dtype, torch.dtype):
         raise TypeError(

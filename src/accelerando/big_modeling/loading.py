@@ -19,6 +19,7 @@ import os
 import torch
 from torch import nn
 
+from accelerando.big_modeling.broadcast import broadcast_checkpoint
 from accelerando.big_modeling.budgets import get_balanced_memory
 from accelerando.big_modeling.device_map import infer_auto_device_map
 from accelerando.big_modeling.discovery import checkpoint_files
@@ -31,6 +32,7 @@ from accelerando.big_modeling.tensors import (
     summarize_names,
     tensors_on_meta,
 )
+from accelerando.common.progress import progress
 
 __all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "load_state_dict"]
 
@@ -103,12 +105,8 @@ def load_checkpoint_in_model(
             "shard it first (fully_shard / tensor parallel) or pass full_state_dict=True"
         )
     if broadcast_from_rank0 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        from accelerando.big_modeling.broadcast import broadcast_checkpoint
-
         broadcast_checkpoint(loader, lambda: checkpoint_files(checkpoint), iter_checkpoint_file)
     else:
-        from accelerando.common.progress import progress
-
         for path in progress(checkpoint_files(checkpoint), desc="Loading checkpoint shards"):
             for name, tensor, source in iter_checkpoint_file(path, loader.resolve):
                 loader.place(name, tensor, source)

@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 
 from accelerando.big_modeling.tensors import set_module_tensor_to_device
+from accelerando.common.progress import progress
+from accelerando.safe_files import NotRegularFileError, open_regular
+from accelerando.settings.fields import quote_value
 
 __all__ = [
     "OffloadedWeightsLoader",
@@ -89,8 +92,6 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
     Raises:
         ValueError: if the file is not a valid safetensors file (the message names it).
     """
-    from accelerando.safe_files import NotRegularFileError, open_regular
-
     try:
         handle = open_regular(path)  # a FIFO or a device would hang the read
     except NotRegularFileError as err:
@@ -121,8 +122,6 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
 
 def _check_entry(path: str | os.PathLike, name: str, entry: object, data_size: int) -> None:
     """One header entry: a known layout whose bytes lie inside the file (and match its shape)."""
-    from accelerando.settings.fields import quote_value
-
     shape = entry.get("shape") if isinstance(entry, dict) else None
     offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
     ints_ok = all(
@@ -270,7 +269,6 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, tor
         The index that was written.
     """
     index: dict = {}
-    from accelerando.common.progress import progress
 
     for name, tensor in progress(
         state_dict.items(), desc="Offloading weights to disk", total=len(state_dict)

@@ -9,6 +9,7 @@ from torch import nn
 
 from accelerando.big_modeling.budgets import check_device_visible, normalize_device_key
 from accelerando.big_modeling.sizes import parse_dtype
+from accelerando.common.memory import clear_device_cache
 from accelerando.settings.fields import quote_value
 
 __all__ = [
@@ -187,8 +188,6 @@ def set_module_tensor_to_device(
         tied_params_map[value.data_ptr()][target] = new
     _store(owner, name, is_buffer, old, new)
     if clear_cache and target.type not in ("cpu", "meta"):
-        from accelerando.common.memory import clear_device_cache
-
         clear_device_cache()
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from accelerando.checkpointing.headers import check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.common.constants import (
     MODEL_NAME,
@@ -36,7 +37,8 @@ from accelerando.common.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
-from accelerando.common.serialization import refused_type
+from accelerando.common.serialization import clean_state_dict_for_safetensors, refused_type
+from accelerando.safe_files import NotRegularFileError, check_regular
 
 __all__ = [
     "MODEL_NAME",
@@ -168,8 +170,6 @@ def torch_load(
         CheckpointError: If ``path`` is not a regular file (a FIFO, a device such as ``/dev/zero`` or a
             folder would hang or fail the reader).
     """
-    from accelerando.safe_files import NotRegularFileError, check_regular
-
     try:
         check_regular(path)
     except NotRegularFileError as err:
@@ -204,8 +204,6 @@ def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization
     if safe_serialization:
         from safetensors.torch import save_file
 
-        from accelerando.common.serialization import clean_state_dict_for_safetensors
-
         cleaned = clean_state_dict_for_safetensors(state_dict)
         save_file({k: v.detach() for k, v in cleaned.items()}, path, metadata={"format": "pt"})
     else:
@@ -223,8 +221,6 @@ def load_model_weights(path: str, map_location: Any = None) -> dict[str, Any]:
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
-
-        from accelerando.checkpointing.headers import check_file_header
 
         check_file_header(path)  # a regular file with a sane header, named in any refusal
         try:

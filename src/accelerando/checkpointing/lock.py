@@ -42,7 +42,7 @@ from typing import Any
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.checkpointing.project import CHECKPOINTS_FOLDER
-from accelerando.safe_files import NotRegularFileError, open_regular_fd, read_regular
+from accelerando.safe_files import NotRegularFileError, describe_mode, open_regular_fd, read_regular
 
 __all__ = [
     "PROJECT_LOCK_NAME",
@@ -177,8 +177,6 @@ def _acquire_folder(path: str, wait: float, what: str) -> int | None:
         os.makedirs(path, exist_ok=True)
         fd = os.open(path, os.O_RDONLY | flag | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except (FileExistsError, NotADirectoryError):
-        from accelerando.safe_files import describe_mode
-
         try:
             words = describe_mode(os.lstat(path).st_mode)
         except OSError:

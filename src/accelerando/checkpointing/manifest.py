@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.checkpointing.digest import FileEntry, available, digest_files, known
+from accelerando.safe_files import read_regular
 
 __all__ = [
     "MANIFEST_NAME",
@@ -181,8 +182,6 @@ def read_manifest(folder: str) -> Manifest:
     if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MANIFEST_BYTES:
         raise _damaged(folder, f"{MANIFEST_NAME} is not a regular file of at most {MAX_MANIFEST_BYTES} bytes")
     try:
-        from accelerando.safe_files import read_regular
-
         # Checked again on the open descriptor (non-blocking, no link): a FIFO swapped in never blocks.
         return Manifest.from_json(read_regular(path, MAX_MANIFEST_BYTES, follow=False).decode("utf-8"))
     except Exception as err:  # noqa: BLE001 - whatever the reason, an unparsable manifest means damage

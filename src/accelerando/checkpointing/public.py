@@ -38,6 +38,8 @@ from accelerando.checkpointing.state_io import (
     torch_load_options,
     write_state_files,
 )
+from accelerando.common.serialization import _should_write
+from accelerando.state import PartialState
 
 __all__ = [
     "active_accelerator",
@@ -159,7 +161,6 @@ def _no_space_in_folder(error: BaseException, folder: str, needed: int) -> OSErr
 def _process_index(process_index: int | None) -> int:
     if process_index is not None:
         return int(process_index)
-    from accelerando.state import PartialState
 
     return PartialState().process_index
 
@@ -282,8 +283,6 @@ def save_custom_state(
     target, folder_form = _custom_target(path, index)
     state = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
     if folder_form:
-        from accelerando.common.serialization import _should_write
-
         writes = _should_write(save_on_each_node)
     else:
         writes = _current_index() == index
@@ -297,10 +296,6 @@ def save_custom_state(
 
 
 def _current_index() -> int:
-    try:
-        from accelerando.state import PartialState
-    except ImportError:
-        return 0
     return PartialState().process_index
 
 

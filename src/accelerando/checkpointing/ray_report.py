@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.runtime import current_process
 
 __all__ = ["report_to_ray"]
 
@@ -33,8 +34,6 @@ def report_to_ray(target: CheckpointTarget, path: str) -> bool:
     Raises:
         RuntimeError: from Ray, when the report fails (e.g. the storage cannot be written).
     """
-    from accelerando.runtime import current_process
-
     context = current_process()
     if context is None or context.cluster.name != "ray_train":
         return False

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from accelerando.common import random as shared_random
+
 __all__ = ["capture_rng_states", "restore_rng_states"]
 
 _NDARRAY_TAG = "__ndarray__"
@@ -49,12 +51,8 @@ def _from_plain(value: Any) -> Any:
 
 def _shared_helpers() -> tuple[Any, Any] | None:
     """The RNG helpers of ``accelerando.common.random`` if that module provides them."""
-    try:
-        from accelerando.common import random as shared
-    except ImportError:
-        return None
-    get = getattr(shared, "get_rng_states", None)
-    put = getattr(shared, "set_rng_states", None)
+    get = getattr(shared_random, "get_rng_states", None)
+    put = getattr(shared_random, "set_rng_states", None)
     return (get, put) if callable(get) and callable(put) else None
 
 

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 
 import accelerando.checkpointing.files as F
+from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
+from accelerando.common.serialization import _should_write
 from accelerando.common.unwrap import unwrap_model
 
 __all__ = [
@@ -93,8 +95,6 @@ def write_state_files(
     Returns:
         The names (relative to ``output_dir``) of the files this process wrote.
     """
-    from accelerando.common.serialization import _should_write
-
     written: list[str] = []
 
     def put(name: str, writer: Any, obj: Any) -> None:
@@ -237,8 +237,6 @@ def read_state_files(
         name = f"{F.RNG_STATE_NAME}_{process_index}.pkl"
         path = _require(folder, name, f"random states of process {process_index}")
         if foreign:
-            from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
-
             payload = read_reference_rng(path)
             out.step = int(payload.get("step", 0))
             out.rng = payload["rng"] if "rng" in payload else reference_rng_payload(payload)

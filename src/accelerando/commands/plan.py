@@ -13,6 +13,12 @@ import json
 import sys
 from typing import Any
 
+from accelerando.parallelism_layout import parse_memory
+from accelerando.planning import report
+from accelerando.planning.models import resolve_model
+from accelerando.planning.planner import plan
+from accelerando.planning.spec import ClusterSpec, TrainingShape
+
 __all__ = ["add_parser", "plan_command_parser", "run"]
 
 _DESCRIPTION = (
@@ -75,12 +81,6 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         SystemExit: a bad argument (the message names it and the fix).
     """
-    from accelerando.parallelism_layout import parse_memory
-    from accelerando.planning import report
-    from accelerando.planning.models import resolve_model
-    from accelerando.planning.planner import plan
-    from accelerando.planning.spec import ClusterSpec, TrainingShape
-
     try:
         shape = TrainingShape(
             micro_batch=args.micro_batch,

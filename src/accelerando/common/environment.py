@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from accelerando.common import imports
+from accelerando.common.imports import is_cuda_available, is_pynvml_available
 from accelerando.devices.affinity import set_numa_affinity
 
 __all__ = [
@@ -399,8 +401,6 @@ def get_current_device_type() -> tuple[str, str]:
         ``(device_type, visible_devices_variable)``, e.g. ``("cuda", "CUDA_VISIBLE_DEVICES")`` or
         ``("xpu", "ZE_AFFINITY_MASK")``.
     """
-    from accelerando.common import imports
-
     checks = {
         "mlu": imports.is_mlu_available,
         "sdaa": imports.is_sdaa_available,
@@ -504,8 +504,6 @@ def check_cuda_fp8_capability() -> bool:
     """
     import torch
 
-    from accelerando.common.imports import is_cuda_available
-
     if not is_cuda_available():
         return False
     return tuple(torch.cuda.get_device_capability()) >= (8, 9)
@@ -522,8 +520,6 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
         ImportError: if ``pynvml`` (which tells which CPUs are near a GPU) is not installed.
         ValueError: if ``local_process_index`` is negative.
     """
-    from accelerando.common.imports import is_pynvml_available
-
     if not is_pynvml_available():
         raise ImportError(
             "Pinning a process to the CPUs of its GPU needs NVML bindings. Fix: `pip install pynvml`."

@@ -21,12 +21,15 @@ import importlib.util
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from packaging.version import Version, parse
 
+from accelerando.devices.families import CUDABackend, MPSBackend
 from accelerando.settings import environment_text
+
+if TYPE_CHECKING:
+    from packaging.version import Version
 
 # The package checks generated from _PACKAGE_CHECKS below are appended to __all__ there.
 __all__ = [
@@ -127,6 +130,8 @@ def package_version(distribution_name: str) -> Version | None:
     Returns:
         The parsed version, or None.
     """
+    from packaging.version import parse  # its version regex costs ~10 ms CPU: only on a version check
+
     try:
         return parse(importlib.metadata.version(distribution_name))
     except importlib.metadata.PackageNotFoundError:
@@ -147,6 +152,8 @@ def compare_versions(library_or_version: str | Version, operation: str, requirem
     Raises:
         ValueError: if ``operation`` is not one of the six comparison operators.
     """
+    from packaging.version import Version, parse  # see package_version
+
     if operation not in _OPERATORS:
         raise ValueError(f"Unknown comparison {operation!r}; use one of {sorted(_OPERATORS)}.")
     if isinstance(library_or_version, Version):
@@ -177,6 +184,8 @@ def is_torch_version(operation: str, version: str) -> bool:
     Raises:
         ValueError: if ``operation`` is not a comparison operator.
     """
+    from packaging.version import parse  # see package_version
+
     return compare_versions(parse(parse(torch.__version__).base_version), operation, version)
 
 
@@ -191,8 +200,6 @@ def is_cuda_available() -> bool:
     Returns:
         True when torch was built with CUDA and reports one device or more.
     """
-    from accelerando.devices.families import CUDABackend
-
     return CUDABackend.is_available()
 
 
@@ -207,7 +214,6 @@ def is_mps_available(min_version: str | None = "1.12") -> bool:
     """
     if min_version is not None and not is_torch_version(">=", min_version):
         return False
-    from accelerando.devices.families import MPSBackend
 
     return MPSBackend.is_available()
 

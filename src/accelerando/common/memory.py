@@ -6,6 +6,8 @@ import gc
 
 import torch
 
+from accelerando.devices import DEVICE_BACKENDS
+
 __all__ = ["clear_device_cache"]
 
 
@@ -19,8 +21,6 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
         garbage_collection: run Python's garbage collector first, so that tensors only unreachable
             objects still hold are freed too.
     """
-    from accelerando.devices import DEVICE_BACKENDS
-
     if garbage_collection:
         gc.collect()
     for backend in DEVICE_BACKENDS:

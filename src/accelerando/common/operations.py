@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 
+from accelerando.enums import DistributedType
+from accelerando.state import PartialState
+
 __all__ = [
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
     "CannotPadNestedTensorWarning",
@@ -542,7 +545,6 @@ class ConvertOutputsToFp32:
 
 
 def _state() -> Any:
-    from accelerando.state import PartialState
 
     return PartialState()
 
@@ -847,8 +849,6 @@ TORCH_DISTRIBUTED_OPERATION_TYPES: list[Any] = []
 
 
 def _distributed_operation_types() -> list[Any]:
-    from accelerando.enums import DistributedType
-
     names = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
              "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON"]  # fmt: skip
     return [getattr(DistributedType, name, name) for name in names]

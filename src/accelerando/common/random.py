@@ -17,7 +17,10 @@ from typing import Any
 import torch
 
 from accelerando.common.constants import CUDA_DISTRIBUTED_TYPES
+from accelerando.common.imports import is_cuda_available, is_mps_available, is_npu_available
+from accelerando.common.operations import broadcast_object_list
 from accelerando.enums import RNGType
+from accelerando.state import PartialState
 
 __all__ = [
     "CUDA_DISTRIBUTED_TYPES",
@@ -48,12 +51,8 @@ def _numpy() -> Any | None:
 def _device_module(family: str) -> Any | None:
     """Return ``torch.<family>`` when that accelerator is present, without initialising others."""
     if family == "cuda":
-        from accelerando.common.imports import is_cuda_available
-
         return torch.cuda if is_cuda_available() else None
     if family == "npu":
-        from accelerando.common.imports import is_npu_available
-
         if not is_npu_available(check_device=True):
             return None
     module = getattr(torch, family, None)
@@ -66,7 +65,6 @@ def _device_module(family: str) -> Any | None:
 
 
 def _mps_available() -> bool:
-    from accelerando.common.imports import is_mps_available
 
     return is_mps_available()
 
@@ -96,8 +94,6 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}; e.g. set_seed(42).")
     if device_specific:
-        from accelerando.state import PartialState
-
         seed += PartialState().process_index
     _py_random.seed(seed)
     np = _numpy()
@@ -172,7 +168,6 @@ def synchronize_rng_state(
     if name == "xla":
         logger.warning("Synchronising the XLA RNG is not supported by accelerando; skipped.")
         return
-    from accelerando.state import PartialState
 
     state = PartialState()
     if not state.use_distributed:
@@ -180,7 +175,6 @@ def synchronize_rng_state(
     local = _read_state(name, generator)
     # Every process takes part in the broadcast, even one without this device, to stay in step.
     payload = [local if state.is_main_process else None]
-    from accelerando.common.operations import broadcast_object_list
 
     broadcast_object_list(payload, from_process=0)
     if payload[0] is not None and local is not None and not state.is_main_process:

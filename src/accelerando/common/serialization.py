@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from accelerando.state import PartialState
+
 __all__ = ["clean_state_dict_for_safetensors", "load", "refused_type", "save"]
 
 logger = logging.getLogger(__name__)
@@ -80,10 +82,6 @@ def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str,
 
 def _should_write(save_on_each_node: bool) -> bool:
     """Whether this process is the one that writes shared files."""
-    try:
-        from accelerando.state import PartialState
-    except ImportError:  # the process-state module is not importable: behave as one process
-        return True
     state = PartialState()
     return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from accelerando.common.operations import send_to_device
+
 __all__ = [
     "batch_size_of",
     "concat_batches",
@@ -169,25 +171,6 @@ def concat_batches(batches: list[Any]) -> Any:
     return first
 
 
-def _fallback_send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _fallback_send_to_device(v, device, non_blocking) for k, v in batch.items()})
-    if isinstance(batch, (list, tuple)):
-        return _rebuild(batch, [_fallback_send_to_device(v, device, non_blocking) for v in batch])
-    if hasattr(batch, "to") and callable(batch.to):
-        try:
-            return batch.to(device, non_blocking=non_blocking)
-        except TypeError:
-            return batch.to(device)
-    return batch
-
-
 def resolve_send_to_device() -> Callable[..., Any]:
-    """Return ``accelerando.common.operations.send_to_device``, or a local equivalent before it exists."""
-    try:
-        from accelerando.common.operations import send_to_device
-    except ImportError:
-        return _fallback_send_to_device
+    """Return ``accelerando.common.operations.send_to_device``."""
     return send_to_device

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from accelerando.common.random import synchronize_rng_states
 from accelerando.data_loader.adapter import DataLoaderStateMixin, get_sampler, set_sampler
 from accelerando.data_loader.batches import batch_size_of
 from accelerando.data_loader.samplers import (
@@ -20,6 +21,7 @@ from accelerando.data_loader.samplers import (
     SeedableRandomSampler,
     _GlobalDrawRandomSampler,
 )
+from accelerando.gradient_state import GradientState
 
 __all__ = ["PreparedLoaderMixin"]
 
@@ -217,8 +219,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             # Every process must shuffle alike for the shards to partition the data.
             types.append("generator")
         if types and _distributed():
-            from accelerando.common.random import synchronize_rng_states
-
             synchronize_rng_states(types, generator=generator)
         self._progress.generator_synced = True
 
@@ -244,8 +244,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     def begin(self) -> None:
         """Register with ``GradientState`` at the start of an iteration."""
-        from accelerando.gradient_state import GradientState
-
         self.end_of_dataloader = False
         self.remainder = self._compute_remainder()
         GradientState()._add_dataloader(self)
@@ -258,8 +256,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
                 (a user calling ``end()`` inside the loop, as with the reference library): whether the
                 last batch was given out, so a state saved afterwards still resumes mid-epoch.
         """
-        from accelerando.gradient_state import GradientState
-
         GradientState()._remove_dataloader(self)
         if completed is None:
             completed = self._progress.in_epoch and self._progress.exhausted

@@ -136,7 +136,10 @@ def install_if_asked(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     if env.get(INSTALL_ENV, "").strip().lower() not in _TRUE:
         return False
-    from accelerando.stand_in import install_as_accelerate  # only now: the shim stays standard-library
+    # Imported only when asked for: the stand-in loads importlib.metadata (a third of a launch's start-up),
+    # and every launch imports this module (the launcher, and each process's shim); counted by
+    # tests/launchers/test_launch_startup_work.py.
+    from accelerando.stand_in import install_as_accelerate
 
     install_as_accelerate()
     return True

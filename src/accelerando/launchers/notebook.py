@@ -18,8 +18,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from accelerando.common.environment import patch_environment
-from accelerando.settings.machine import detect_machine
+from accelerando.runtime import current_process
+from accelerando.settings.machine import detect_machine, free_port, visible_gpu_count
 from accelerando.settings.resolve import parse_value
+from accelerando.state import PartialState
 
 __all__ = [
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
@@ -47,8 +49,6 @@ def _port_is_free(port: int, address: str) -> bool:
 
 def _check_parent_is_clean() -> None:
     import torch
-
-    from accelerando.runtime import current_process
 
     if current_process() is not None:
         raise ValueError(
@@ -170,8 +170,6 @@ def notebook_launcher(
     if log_line_prefix_template is not None:
         _check_prefix_template_support()
     if num_processes is None:
-        from accelerando.settings.machine import visible_gpu_count
-
         num_processes = max(1, visible_gpu_count())
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer. Fix: pass e.g. 2.")
@@ -182,8 +180,6 @@ def notebook_launcher(
     _check_parent_is_clean()
     port = int(use_port)
     if num_nodes == 1 and not rdzv_endpoint and not _port_is_free(port, master_addr):
-        from accelerando.settings.machine import free_port
-
         port = free_port()
         print(f"notebook_launcher: port {use_port} is busy; using {port}.", file=sys.stderr)
     endpoint = rdzv_endpoint or f"{master_addr}:{port}"
@@ -214,8 +210,6 @@ def test_launch() -> None:
         RuntimeError: the process group cannot be set up (from torch.distributed), or another error
             of the environment the launcher gave this process.
     """
-    from accelerando.state import PartialState
-
     PartialState()
 
 
@@ -238,8 +232,6 @@ def debug_launcher(
     """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer. Fix: pass e.g. 2.")
-    from accelerando.runtime import current_process
-    from accelerando.settings.machine import free_port
 
     if current_process() is not None:
         raise ValueError(

@@ -26,12 +26,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.launchers._child import set_parent_death_signal
 from accelerando.launchers.plan import LaunchPlan
-from accelerando.launchers.watchdog import RunFolder, Watchdog
 from accelerando.settings.fields import quote_value
+
+if TYPE_CHECKING:
+    from accelerando.launchers.watchdog import RunFolder, Watchdog
 
 __all__ = ["HANG_EXIT_CODE", "run", "write_deepspeed_env"]
 
@@ -207,6 +209,10 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
         signal.signal(signal.SIGUSR1, _usr1_as_sigterm)
     if os.name != "posix":  # no shim: no parent-death signal, stack dumps or records there
         return _wait_elastic(lambda: elastic_run(args), None, None)
+    # Imported here, not at the top: a one-process launch needs no watchdog (its import is counted by
+    # tests/launchers/test_launch_startup_work.py).
+    from accelerando.launchers.watchdog import RunFolder, Watchdog
+
     with tempfile.TemporaryDirectory(prefix="accelerando-run-") as run_dir:
         folder = RunFolder(run_dir)
         watchdog = Watchdog(folder, plan.hang_timeout_s) if plan.hang_timeout_s > 0 else None
@@ -259,6 +265,7 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
         ``os.environ`` is the same afterwards as before.
     """
     if plan.mode == "elastic":  # a wrong address or a taken port fails here, not as a hang
+        # Imported for a multi-process launch only: socket is a tenth of a one-process launch's start-up.
         from accelerando.launchers.preflight import RendezvousError, check_plan
 
         try:

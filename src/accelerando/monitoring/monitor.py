@@ -24,7 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from accelerando.common.imports import is_matplotlib_available
 from accelerando.logging import _process_view, get_logger
+from accelerando.monitoring.profiling import profile_memory_step
 from accelerando.monitoring.readers import DeviceMemoryReader, ProcessMemoryReader
 
 __all__ = ["MemoryMonitor", "linear_trend"]
@@ -285,8 +287,6 @@ class MemoryMonitor:
 
     def profile_step(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one step under the memory profiler; see :func:`accelerando.monitoring.profiling.profile_memory_step`."""
-        from accelerando.monitoring.profiling import profile_memory_step
-
         return profile_memory_step(function, *args, **kwargs)
 
     def __enter__(self) -> MemoryMonitor:
@@ -297,7 +297,6 @@ class MemoryMonitor:
 
 
 def _plot_timeline(records: list[dict[str, Any]], path: str) -> str | None:
-    from accelerando.common.imports import is_matplotlib_available
 
     if not is_matplotlib_available():
         logger.warning(

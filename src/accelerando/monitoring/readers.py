@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from accelerando.common.imports import is_pynvml_available
+from accelerando.devices import detect_device_backend
 from accelerando.logging import get_logger
 
 __all__ = ["DeviceMemoryReader", "ProcessMemoryReader"]
@@ -85,8 +87,6 @@ class DeviceMemoryReader:
     def __init__(self, use_nvml: bool) -> None:
         import torch
 
-        from accelerando.devices import detect_device_backend
-
         self.backend = detect_device_backend()
         self._module = getattr(torch, self.backend.name, None)
         self._nvml: Any = None
@@ -95,7 +95,6 @@ class DeviceMemoryReader:
             self._open_nvml(torch)
 
     def _open_nvml(self, torch: Any) -> None:
-        from accelerando.common.imports import is_pynvml_available
 
         if not is_pynvml_available():
             return

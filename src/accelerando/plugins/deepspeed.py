@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from accelerando.settings import fill_unset
+from accelerando.common.imports import is_deepspeed_available, is_package_available
+from accelerando.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
+from accelerando.devices.detect import detect_device_backend
+from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
+from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+from accelerando.settings import environment_setting, fill_unset
 
 __all__ = [
     "AUTO",
@@ -77,7 +82,6 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
         return copy.deepcopy(dict(config))
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
-        from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
 
         try:
             raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO or /dev/zero would hang a plain read
@@ -151,18 +155,12 @@ def import_deepspeed(device_type: str | None = None) -> Any:
     Raises:
         ImportError: DeepSpeed is not installed; the message names the pip extra.
     """
-    from accelerando.common.imports import is_deepspeed_available
-
     if not is_deepspeed_available():
         raise ImportError(
             "DeepSpeed is not installed: pip install 'accelerando[deepspeed]' (or pip install deepspeed)"
         )
     if "deepspeed" not in sys.modules:
-        from accelerando.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
-
         if device_type is None:
-            from accelerando.devices.detect import detect_device_backend
-
             device_type = detect_device_backend().name
         prefer_deepspeed_cpu_accelerator(device_type)
     import deepspeed
@@ -194,8 +192,6 @@ def _refuse_config_file_fields() -> None:
     Raises:
         ValueError: one of those keys is among ``_LEFT_TO_DEEPSPEED_FILE`` (the message names them).
     """
-    from accelerando.settings import environment_setting
-
     clashing = [
         name for name in environment_setting("config_ds_fields") or () if name in _LEFT_TO_DEEPSPEED_FILE
     ]
@@ -219,8 +215,6 @@ def _as_hf_config(config: Any) -> Any:
         ValueError: a missing or invalid file, or a string that is neither a file nor base64 JSON.
         TypeError: ``config`` is none of these.
     """
-    from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
-
     if isinstance(config, HfDeepSpeedConfig):
         return config
     if isinstance(config, str) and not os.path.exists(config):
@@ -404,7 +398,6 @@ class DeepSpeedPlugin:
             self.zero3_init_flag = False
 
     def _check_msamp(self) -> None:
-        from accelerando.common.imports import is_package_available
 
         if not is_package_available("msamp"):
             raise ValueError(
@@ -575,8 +568,6 @@ class DeepSpeedPlugin:
         keeps the object alive while it is the active one. A no-op without ``transformers`` or
         without ``zero3_init_flag`` at stage 3; a logged warning when ``transformers`` refuses.
         """
-        from accelerando.common.imports import is_package_available
-
         self._hf_config = None
         if not self.is_zero3_init_enabled() or not is_package_available("transformers"):
             return

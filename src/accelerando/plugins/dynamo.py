@@ -7,6 +7,7 @@ from typing import Any
 
 from accelerando.enums import DistributedType, DynamoBackend
 from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.settings import fill_unset
 
 # Backends whose wrapped model must be compiled in place: DeepSpeed's engine holds the model, FSDP2
 # holds the shards (DTensor parameters); other models get a compiled copy.
@@ -53,7 +54,6 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
-        from accelerando.settings import fill_unset
 
         fill_unset(
             self,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from accelerando.common import imports
+from accelerando.devices.detect import detect_device_backend
 
 __all__ = ["available", "family_count", "get_backend"]
 
@@ -67,7 +68,6 @@ def get_backend() -> tuple[str, int, Callable[[], int]]:
     """
     if imports.is_torch_xla_available():
         return "xla", _xla_count(), _cpu_memory_allocated
-    from accelerando.devices.detect import detect_device_backend
 
     backend = detect_device_backend()
     name = backend.name

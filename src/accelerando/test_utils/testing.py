@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
+import accelerando
 from accelerando.common import imports
 from accelerando.common.constants import (
     BETA_TP_AVAILABLE_PYTORCH_VERSION,
@@ -34,6 +35,8 @@ from accelerando.common.constants import (
     FSDP_PYTORCH_VERSION,
 )
 from accelerando.common.environment import parse_flag_from_env
+from accelerando.common.operations import gather
+from accelerando.state import AcceleratorState
 from accelerando.test_utils._backend import available, family_count, get_backend
 from accelerando.test_utils._cases import AccelerateTestCase, MockingTestCase, TempDirTestCase
 from accelerando.test_utils._subprocess import SubprocessCallException, execute_subprocess_async, run_command
@@ -103,8 +106,6 @@ def path_in_accelerate_package(*components: str) -> Path:
 
     ``path_in_accelerate_package("test_utils", "scripts", "test_script.py")`` locates a bundled script.
     """
-    import accelerando
-
     return Path(inspect.getfile(accelerando)).parent.joinpath(*components)
 
 
@@ -336,9 +337,6 @@ def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     Raises:
         RuntimeError: the processes' tensors differ in shape (the gather cannot line them up).
     """
-    from accelerando.common.operations import gather
-    from accelerando.state import AcceleratorState
-
     state = AcceleratorState()
     local = tensor[None].clone().to(state.device)
     everyone = gather(local).cpu()

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accelerando.big_modeling import dispatch_model
+from accelerando.big_modeling.loading import load_checkpoint_in_model
 from accelerando.big_modeling.quantization.device_map import get_quantized_model_device_map
 from accelerando.big_modeling.quantization.layers import (
     cast_unquantized,
@@ -267,7 +269,6 @@ def load_and_quantize_model(
         )
     runs_on = {_device_type(value) for value in values if value != "disk"} or {"cpu"}
     _check_runs(config, runs_on)
-    from accelerando.big_modeling.loading import load_checkpoint_in_model
 
     load_checkpoint_in_model(
         model,
@@ -284,7 +285,6 @@ def load_and_quantize_model(
         offload_8bit_disk_weights(model, config, offload_folder)
     if uses_disk and config.load_in_4bit:
         packed_meta_4bit(model)
-    from accelerando.big_modeling import dispatch_model
 
     dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
     wrap_offload_hooks(model)

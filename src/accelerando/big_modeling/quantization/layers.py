@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accelerando.big_modeling.tensors import find_tied_parameters
 from accelerando.common.imports import is_bnb_available
 from accelerando.plugins.bnb import BnbQuantizationConfig
 
@@ -60,8 +61,6 @@ def get_keys_to_not_convert(model: nn.Module) -> list[str]:
     Returns:
         Module names (``".weight"`` / ``".bias"`` removed), tied ones first.
     """
-    from accelerando.big_modeling.tensors import find_tied_parameters
-
     tied = [name for group in find_tied_parameters(model) for name in group]
     prefix = getattr(model, "base_model_prefix", None)
     is_base_model = isinstance(prefix, str) and not hasattr(model, prefix)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from accelerando.commands.config.config_args import ClusterConfig
 from accelerando.commands.config.config_utils import DYNAMO_BACKENDS
+from accelerando.commands.config.questions import ask_questions
 from accelerando.common.constants import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     FSDP2_STATE_DICT_TYPE,
@@ -18,6 +19,7 @@ from accelerando.common.constants import (
     FSDP_STATE_DICT_TYPE,
     TORCH_DYNAMO_MODES,
 )
+from accelerando.settings.configfile import settings_to_config
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -46,8 +48,6 @@ def answers_to_config(values: dict, source: str = "answers") -> ClusterConfig:
     Raises:
         ConfigError: a value the launcher would refuse (the message names it).
     """
-    from accelerando.settings.configfile import settings_to_config
-
     return ClusterConfig._from_mapping(settings_to_config(values), source)  # type: ignore[return-value]
 
 
@@ -67,7 +67,6 @@ def get_cluster_input() -> ClusterConfig | None:
             "The questions of `accelerando config` need questionary. Fix: `pip install questionary`, "
             "or run `accelerando config default`."
         ) from err
-    from accelerando.commands.config.questions import ask_questions
 
     values = ask_questions()
     return None if values is None else answers_to_config(values)

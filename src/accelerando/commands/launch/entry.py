@@ -21,9 +21,14 @@ from accelerando.commands.launch.parser import (
     parse,
     unknown_flags_message,
 )
-from accelerando.commands.launch.resolution import plan_for
+from accelerando.commands.launch.resolution import command_of, plan_for
+from accelerando.launchers.ft import build as build_fault_tolerant
+from accelerando.launchers.ft import run as run_fault_tolerant
 from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
+from accelerando.launchers.ray import run_on_ray
+from accelerando.launchers.runner import run as run_plan
+from accelerando.settings.fields import FIELDS
 
 __all__ = ["add_parser", "main", "run", "script_problem"]
 
@@ -139,8 +144,6 @@ def _fault_tolerant_plan(args: argparse.Namespace, settings: Any, plan: Any) -> 
     Raises:
         ValueError: the settings cannot run as replica groups (the message names the fix).
     """
-    from accelerando.launchers.ft import build as build_fault_tolerant
-
     return build_fault_tolerant(settings, plan, lambda: plan_for(args)[1])
 
 
@@ -159,24 +162,18 @@ def _describe_fault_tolerant(args: argparse.Namespace, settings: Any, plan: Any)
 def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
     """Start the processes of ``plan``: one job, or one per replica group with ``--fault_tolerance``."""
     if settings.fault_tolerance:
-        from accelerando.launchers.ft import run as run_fault_tolerant
-
         try:
             fault_tolerant = _fault_tolerant_plan(args, settings, plan)
         except ValueError as err:
             print(f"accelerando launch: {err}", file=sys.stderr)
             return 2
         return run_fault_tolerant(fault_tolerant, quiet=args.quiet)
-    from accelerando.launchers.runner import run as run_plan
 
     return run_plan(plan, quiet=args.quiet)
 
 
 def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
     """Run the plan's processes on the Ray cluster of ``--ray``; exit 2 when Ray is missing or unreachable."""
-    from accelerando.commands.launch.resolution import command_of
-    from accelerando.launchers.ray import run_on_ray
-
     try:
         return run_on_ray(settings, plan, command_of(args), quiet=args.quiet)
     except ModuleNotFoundError as err:
@@ -202,8 +199,6 @@ def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
 
 def _carried_settings(settings: Any, env: Any) -> dict[str, str]:
     """For each variable of ``env`` that carries a setting: ``"setting <name>, from <source>"``."""
-    from accelerando.settings.fields import FIELDS
-
     names: dict[str, str] = {}
     for field in FIELDS:
         for variable in (field.our_env, field.reference_env):

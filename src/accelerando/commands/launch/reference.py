@@ -15,6 +15,12 @@ from accelerando.commands.launch.entry import run
 from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_message
 from accelerando.commands.launch.parser import CustomHelpFormatter, build_parser, unknown_flags_message
 from accelerando.commands.launch.resolution import plan_for
+from accelerando.common.environment import patch_environment
+from accelerando.launchers.mpirun import MpiRun
+from accelerando.launchers.plan import check_files
+from accelerando.launchers.reference import PrepareForLaunch
+from accelerando.launchers.runner import run as run_plan
+from accelerando.settings.configfile import default_config_path
 from accelerando.settings.fields import FIELDS
 
 __all__ = [
@@ -43,7 +49,6 @@ TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 
 
 def _default_config_file() -> str:
-    from accelerando.settings.configfile import default_config_path
 
     return str(default_config_path())
 
@@ -93,7 +98,6 @@ def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespac
     refused = refused_message(args)
     if refused:
         raise ValueError(refused)
-    from accelerando.launchers.mpirun import MpiRun
 
     # Nothing starts here: where mpirun is (and which one) matters only to a launch.
     settings, _plan = plan_for(args, find_mpirun=lambda: MpiRun("mpirun", "openmpi"))
@@ -126,8 +130,6 @@ def _start(
             f"{who} starts {' or '.join(allowed)} launches, but these settings make a {plan.mode} launch of "
             f"{plan.num_processes} process(es). Fix: call launch_command(args), which picks the launcher."
         )
-    from accelerando.launchers.plan import check_files
-    from accelerando.launchers.runner import run as run_plan
 
     check_files(_settings)
     quiet = bool(getattr(args, "quiet", False))
@@ -202,9 +204,6 @@ def tpu_launcher(args: argparse.Namespace) -> None:
             "torch_xla installed, or launch on CPUs/GPUs with launch_command."
         )
     import torch_xla.distributed.xla_multiprocessing as xmp  # type: ignore[import-not-found]
-
-    from accelerando.common.environment import patch_environment
-    from accelerando.launchers.reference import PrepareForLaunch
 
     settings, plan = plan_for(args)
     name = getattr(args, "main_training_function", None) or settings.main_training_function

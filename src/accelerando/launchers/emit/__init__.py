@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from accelerando.launchers.emit.kubernetes import render_manifest
+from accelerando.launchers.emit.ray import render_ray_job
+from accelerando.launchers.emit.slurm import render_sbatch
 from accelerando.launchers.emit.spec import TOPOLOGY_SETTINGS, JobSpec, job_spec, value_text
 from accelerando.launchers.plan import Command
 from accelerando.settings.resolve import Settings
@@ -43,16 +46,10 @@ def emit_job(settings: Settings, command: Command) -> str:
     """
     spec = job_spec(settings, command)
     if settings.emit == "slurm":
-        from accelerando.launchers.emit.slurm import render_sbatch
-
         return render_sbatch(spec)
     if settings.emit == "kubernetes":
-        from accelerando.launchers.emit.kubernetes import render_manifest
-
         return render_manifest(spec, settings.emit_image)
     if settings.emit == "ray":
-        from accelerando.launchers.emit.ray import render_ray_job
-
         return render_ray_job(spec)
     raise ValueError(
         f"--emit {settings.emit!r} is not a job format. Fix: use one of {', '.join(EMIT_FORMATS)}."

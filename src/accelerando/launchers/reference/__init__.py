@@ -32,6 +32,8 @@ from typing import Any
 
 from accelerando.common.constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from accelerando.common.environment import check_cuda_p2p_ib_support, get_current_device_type
+from accelerando.launchers.mpirun import MpiRun
+from accelerando.launchers.plan import Command, build
 from accelerando.launchers.reference.agent import set_agent_args as _set_agent_args
 from accelerando.launchers.reference.agent import with_restarts as _with_restarts
 from accelerando.launchers.reference.env import (
@@ -45,7 +47,7 @@ from accelerando.launchers.reference.fork import PrepareForLaunch
 from accelerando.launchers.reference.namespace import settings_from_args as _settings_from_args
 from accelerando.launchers.reference.sagemaker import convert_nargs_to_dict as _convert_nargs_to_dict  # noqa: F401 (the reference's private name)
 from accelerando.launchers.reference.sagemaker import prepare_sagemager_args_inputs
-from accelerando.settings.fields import FIELDS_BY_NAME
+from accelerando.settings.fields import FIELDS_BY_NAME, machine_range
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 
 __all__ = [
@@ -71,7 +73,6 @@ _DEFAULT_MAIN_PORT = 29500
 
 
 def _command(args: argparse.Namespace, required: bool = True) -> Any:
-    from accelerando.launchers.plan import Command
 
     script = getattr(args, "training_script", None)
     if not script and required:
@@ -93,8 +94,6 @@ def _mpirun() -> Any:
     Raises:
         OSError: there is no ``mpirun`` on ``PATH``.
     """
-    from accelerando.launchers.mpirun import MpiRun
-
     if not which("mpirun"):
         raise OSError(
             "mpirun or mpiexec were not found. Ensure that Intel MPI, Open MPI, or MVAPICH are installed. "
@@ -108,7 +107,6 @@ def _mpirun() -> Any:
 def _plan(
     args: argparse.Namespace, settings: Any, machine: MachineInfo | None = None, required: bool = True
 ) -> Any:
-    from accelerando.launchers.plan import build
 
     port = getattr(args, "main_process_port", None)
     # Port 0 asks for a free port (the reference's automatic choice); no port at all is 29500.
@@ -187,7 +185,6 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
     env = _process_env(args, settings, plan)
     if "ACCELERATE_USE_CPU" not in plan.env:
         env["ACCELERATE_USE_CPU"] = _text(bool(settings["cpu"]))
-    from accelerando.settings.fields import machine_range
 
     machines = machine_range(settings["num_machines"])[1]
     port = str(settings["main_process_port"] or _DEFAULT_MAIN_PORT)

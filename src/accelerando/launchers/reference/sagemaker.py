@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerando.common.other import merge_dicts
+from accelerando.enums import DynamoBackend, PrecisionType
 from accelerando.launchers.reference.env import setting_text, setup_fp8_env
 
 __all__ = ["convert_nargs_to_dict", "prepare_sagemager_args_inputs"]
@@ -130,8 +131,6 @@ def prepare_sagemager_args_inputs(
         ValueError: for a script that is not a Python file, or an unknown mixed precision or dynamo
             backend.
     """
-    from accelerando.enums import DynamoBackend, PrecisionType
-
     os.environ["AWS_DEFAULT_REGION"] = str(sagemaker_config.region)
     if getattr(sagemaker_config, "profile", None):
         os.environ["AWS_PROFILE"] = str(sagemaker_config.profile)

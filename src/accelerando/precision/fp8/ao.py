@@ -15,8 +15,11 @@ from typing import Any
 
 import torch
 
+import accelerando.runtime as rt
+from accelerando.common.environment import check_cuda_fp8_capability
 from accelerando.logging import get_logger
 from accelerando.precision.fp8.base import FP8Precision
+from accelerando.precision.fp8.torchao import convert_model_to_fp8_ao, float8_config_for, has_ao_layers
 
 __all__ = ["AOPrecision"]
 
@@ -24,7 +27,6 @@ logger = get_logger(__name__)
 
 
 def _is_fsdp2() -> bool:
-    import accelerando.runtime as rt
 
     runtime = rt.current()
     plugin = runtime.plugins.fsdp if runtime is not None else None
@@ -36,7 +38,6 @@ def _is_fsdp2() -> bool:
 def _native_fp8(device_type: str) -> bool:
     if device_type != "cuda":
         return False
-    from accelerando.common.environment import check_cuda_fp8_capability
 
     return check_cuda_fp8_capability()
 
@@ -61,8 +62,6 @@ class AOPrecision(FP8Precision):
 
     def effective_config(self, fsdp2: bool) -> Any:
         """The ``Float8LinearConfig`` used: the recipe's, emulated without FP8 hardware, all-gather only under FSDP2."""
-        from accelerando.precision.fp8.torchao import float8_config_for
-
         recipe = self.resolve_recipe()
         config = recipe.config
         if config is None:
@@ -84,8 +83,6 @@ class AOPrecision(FP8Precision):
         Raises:
             ImportError: torchao is not installed.
         """
-        from accelerando.precision.fp8.torchao import convert_model_to_fp8_ao, has_ao_layers
-
         fsdp2 = _is_fsdp2()
         config = self.effective_config(fsdp2)
         self.config = config

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import accelerando.runtime as rt
+from accelerando.enums import FP8BackendType
 from accelerando.precision.base import Precision
 from accelerando.precision.fp8.choice import choose_fp8_backend
 
@@ -22,7 +24,6 @@ class FP8Precision(Precision):
     backend_name = ""
 
     def __init__(self, device_type: str, recipe: Any) -> None:
-        from accelerando.enums import FP8BackendType
 
         self.device_type = device_type
         self.recipe = recipe
@@ -41,7 +42,6 @@ class FP8Precision(Precision):
         """
         if self._handlers_given:
             return self.recipe
-        import accelerando.runtime as rt
 
         runtime = rt.current()
         handlers = runtime.plugins.handlers if runtime is not None else {}

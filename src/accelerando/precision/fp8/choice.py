@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from accelerando.common import imports
+from accelerando.common.environment import check_cuda_fp8_capability
 from accelerando.logging import get_logger
+from accelerando.plugins import kwargs
 
 __all__ = ["choose_fp8_backend", "fp8_backend_problem"]
 
@@ -33,8 +36,6 @@ def fp8_backend_problem(backend: str, device_type: str) -> str | None:
         backend: "ao", "te" or "msamp".
         device_type: the torch device type the model trains on.
     """
-    from accelerando.common import imports
-
     if backend == "ao":
         if not imports.is_torchao_available():
             return "fp8_backend='ao' needs torchao: pip install torchao"
@@ -45,8 +46,6 @@ def fp8_backend_problem(backend: str, device_type: str) -> str | None:
     if device_type != "cuda":
         missing.append(f"a CUDA GPU (this run uses {device_type!r})")
     elif backend == "te":
-        from accelerando.common.environment import check_cuda_fp8_capability
-
         if not check_cuda_fp8_capability():
             missing.append("a GPU with FP8 support (compute capability 8.9 or newer)")
     if not package():
@@ -116,8 +115,6 @@ def choose_fp8_backend(
     if problem is not None:
         raise RuntimeError(problem)
     if recipe is None:
-        from accelerando.plugins import kwargs
-
         recipe = {
             "ao": kwargs.AORecipeKwargs,
             "te": kwargs.TERecipeKwargs,

@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
+import accelerando.runtime as rt
+from accelerando.common.imports import is_msamp_available
 from accelerando.precision.fp8.base import FP8Precision
+from accelerando.precision.fp8.transformer_engine import (
+    apply_fp8_autowrap,
+    convert_model,
+    has_transformer_engine_layers,
+)
 
 __all__ = ["MSAMPPrecision", "TEPrecision", "msamp_deepspeed_config"]
 
@@ -33,12 +40,6 @@ class TEPrecision(FP8Precision):
         Raises:
             ImportError: Transformer Engine is not installed.
         """
-        from accelerando.precision.fp8.transformer_engine import (
-            apply_fp8_autowrap,
-            convert_model,
-            has_transformer_engine_layers,
-        )
-
         recipe = self.resolve_recipe()
         if not has_transformer_engine_layers(model):
             with torch.no_grad():
@@ -72,8 +73,6 @@ class MSAMPPrecision(FP8Precision):
         Raises:
             ImportError: MS-AMP is not installed.
         """
-        from accelerando.common.imports import is_msamp_available
-
         if not is_msamp_available():
             raise ImportError(
                 "fp8_backend='msamp' needs MS-AMP (github.com/Azure/MS-AMP); or use fp8_backend='ao'"
@@ -151,7 +150,6 @@ class MSAMPPrecision(FP8Precision):
 
 
 def _refuse_fsdp() -> None:
-    import accelerando.runtime as rt
 
     runtime = rt.current()
     # An FSDP plugin is only in the runtime when the connector chose the FSDP strategy.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelerando.common.imports import torchao_required
+from accelerando.common.imports import is_torchao_available, torchao_required
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchao.float8 import Float8LinearConfig
@@ -95,8 +95,6 @@ def filter_first_and_last_linear_layers(module: torch.nn.Module, fqn: str) -> bo
 
 def has_ao_layers(model: torch.nn.Module) -> bool:
     """Whether ``model`` contains torchao ``Float8Linear`` layers (False when torchao is not installed)."""
-    from accelerando.common.imports import is_torchao_available
-
     if not is_torchao_available():
         return False
     from torchao.float8.float8_linear import Float8Linear

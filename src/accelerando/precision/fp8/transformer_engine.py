@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from accelerando.common.imports import is_transformer_engine_available
+
 __all__ = [
     "apply_fp8_autowrap",
     "contextual_fp8_autocast",
@@ -36,7 +38,6 @@ _TE_DEFAULTS: dict[str, Any] = {
 
 
 def _require_te(what: str) -> Any:
-    from accelerando.common.imports import is_transformer_engine_available
 
     if not is_transformer_engine_available():
         raise ImportError(
@@ -51,8 +52,6 @@ def _require_te(what: str) -> Any:
 
 def has_transformer_engine_layers(model: torch.nn.Module) -> bool:
     """Whether ``model`` contains Transformer Engine layers (False when the package is absent)."""
-    from accelerando.common.imports import is_transformer_engine_available
-
     if not is_transformer_engine_available():
         return False
     import transformer_engine.pytorch as te

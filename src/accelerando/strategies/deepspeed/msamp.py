@@ -15,7 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from accelerando.common.imports import is_msamp_available
 from accelerando.plugins.deepspeed import import_deepspeed
+from accelerando.precision.fp8.gpu import msamp_deepspeed_config
 from accelerando.strategies.deepspeed.config import fill_auto, get_value
 
 __all__ = [
@@ -99,8 +101,6 @@ def apply_msamp_block(config: dict[str, Any], opt_level: str | None, mixed_preci
 def _merge_block(config: dict[str, Any], opt_level: str) -> None:
     block = config.get("msamp")
     if not isinstance(block, dict) or not block:
-        from accelerando.precision.fp8.gpu import msamp_deepspeed_config
-
         config.update(msamp_deepspeed_config({}, opt_level))
         return
     if block.get("enabled") is False:
@@ -127,7 +127,6 @@ def engine_initializer(config: dict[str, Any]) -> Callable[..., Any]:
     deepspeed = import_deepspeed()
     if not msamp_enabled(config):
         return deepspeed.initialize
-    from accelerando.common.imports import is_msamp_available
 
     if not is_msamp_available():
         raise ImportError(

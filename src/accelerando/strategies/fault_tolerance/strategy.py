@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 import accelerando.runtime as rt
+from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
 from accelerando.strategies.base import Strategy
 from accelerando.strategies.fault_tolerance.hsdp import LocalShardState, group_mesh, shard_within_group
 from accelerando.strategies.fault_tolerance.manager import ManagerHandle, start_manager
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torchft import Manager
 
-    from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
     from accelerando.precision.base import Precision
     from accelerando.runtime import Runtime
 
@@ -33,8 +33,6 @@ __all__ = ["FaultTolerantStrategy", "current_step"]
 
 def _plugin(runtime: Runtime) -> FaultTolerancePlugin:
     """The FaultTolerancePlugin among the runtime's handlers, else one filled from the settings."""
-    from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
-
     plugins = getattr(runtime, "plugins", None)
     if plugins is None:  # built from the state view: the runtime being built is the active one
         current = rt.current()

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelerando import safe_files
+from accelerando.checkpointing import files as F
+from accelerando.checkpointing.async_dcp import save_or_stage
+from accelerando.checkpointing.manifest import CheckpointError, check_name
 from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+from accelerando.common.serialization import refused_type
+from accelerando.strategies.ties import find_ties, share_tied_entries
 
 __all__ = [
     "MODEL_SHARDS_NAME",
@@ -120,8 +126,6 @@ _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_o
 
 def _share_tied_entries(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     """Names of one tied parameter share one tensor in the gathered dict, so writers store it once."""
-    from accelerando.strategies.ties import find_ties, share_tied_entries
-
     ties = []
     for group in find_ties(model):
         clean = []
@@ -170,8 +174,6 @@ def save_sharded_model(model: torch.nn.Module, output_dir: str, index: int) -> s
     asynchronous save's background thread writes them (:mod:`accelerando.checkpointing.async_dcp`).
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    from accelerando.checkpointing.async_dcp import save_or_stage
 
     folder = _folder(output_dir, MODEL_SHARDS_NAME, index)
     save_or_stage({"model": get_model_state_dict(model)}, folder)  # staged only, in an async save
@@ -228,10 +230,6 @@ def _read_metadata(path: str) -> Any:
         UnsafeCheckpointError: If it names anything but DCP metadata types.
         CheckpointError: If it is not a regular file (link, FIFO, device) or is above ``MAX_METADATA_BYTES``.
     """
-    from accelerando import safe_files
-    from accelerando.checkpointing import files as F
-    from accelerando.checkpointing.manifest import CheckpointError
-
     try:
         handle = safe_files.open_regular(path, MAX_METADATA_BYTES, follow=False)
     except (safe_files.NotRegularFileError, safe_files.FileTooLargeError) as err:
@@ -261,9 +259,6 @@ def _shard_reader(folder: str) -> Any:
     """
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
-
-    from accelerando import safe_files
-    from accelerando.checkpointing.manifest import CheckpointError, check_name
 
     path = os.path.join(folder, ".metadata")
     metadata = _read_metadata(path)
@@ -297,10 +292,6 @@ def _load_byte_item(folder: str, planner: Any, read_item: Any, value: Any) -> An
         UnsafeCheckpointError: If the item needs full unpickling (names the shard file and the type).
         CheckpointError: If the item cannot be read at all (damaged).
     """
-    from accelerando.checkpointing import files as F
-    from accelerando.checkpointing.manifest import CheckpointError
-    from accelerando.common.serialization import refused_type
-
     storage = getattr(getattr(planner, "metadata", None), "storage_data", None) or {}
     info = storage.get(read_item.storage_index)
     path = os.path.join(folder, str(getattr(info, "relative_path", "?")))
@@ -380,8 +371,6 @@ def weights_only_dcp_reads(folder: str) -> Iterator[None]:
     Raises:
         UnsafeCheckpointError: (from the block) If an item or the metadata needs full unpickling.
     """
-    from accelerando.checkpointing import files as F
-
     if not F.weights_only_default():
         yield
         return
@@ -440,8 +429,6 @@ def load_shards(state: dict[str, Any], folder: str, everything: bool = False) ->
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from accelerando.checkpointing.manifest import CheckpointError
-
     try:
         if everything:
             # Public ``dcp.load`` returns early on an empty dict: the loader dcp_to_torch_save uses.
@@ -481,8 +468,6 @@ def save_sharded_optimizer(
 ) -> str:
     """Write each rank's shard of the optimizer state; return the folder."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from accelerando.checkpointing.async_dcp import save_or_stage
 
     folder = _folder(output_dir, OPTIMIZER_SHARDS_NAME, index)
     save_or_stage({"optimizer": get_optimizer_state_dict(model, optimizer)}, folder)

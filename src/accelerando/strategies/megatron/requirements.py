@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+from accelerando.common.imports import is_megatron_lm_available
+
 __all__ = [
     "MEGATRON_ALTERNATIVES",
     "MegatronLMUnavailableError",
@@ -31,8 +33,6 @@ class MegatronLMUnavailableError(ImportError, RuntimeError, ValueError):
 
 def megatron_core_missing() -> bool:
     """True when ``megatron.core`` cannot be imported."""
-    from accelerando.common.imports import is_megatron_lm_available
-
     return not is_megatron_lm_available()
 
 
