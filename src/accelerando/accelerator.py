@@ -14,7 +14,7 @@ import functools
 import gc
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -61,8 +61,10 @@ from accelerando.plugins.kwargs import (
     KwargsHandler,
     ProfileKwargs,
 )
+from accelerando.precision.base import Precision
 from accelerando.runtime import Plugins, set_active_accelerator
 from accelerando.state import AcceleratorState
+from accelerando.strategies.base import Strategy
 
 __all__ = ["Accelerator"]
 
@@ -85,7 +87,12 @@ def _loader_flag(name: str, doc: str, writable: bool = False) -> property:
     return property(lambda self: bool(getattr(self._options.dataloader_config, name)), setter, doc=doc)
 
 
-def _filter(owner: object, function: Callable[..., Any] | None, name: str, **index: int | None) -> Any:
+def _filter(
+    owner: Accelerator | Callable[..., Any],
+    function: Callable[..., Any] | None,
+    name: str,
+    **index: int | None,
+) -> Any:
     """A process filter bound (``@accelerator.on_main_process``), called (``...()``) or unbound on the class."""
     if not isinstance(
         owner, Accelerator
@@ -163,8 +170,10 @@ class Accelerator:
         )
         self.runtime = connector.build(connector.resolve_settings(code), plugins)
         self.state = AcceleratorState()
-        # The runtime is frozen: these are shortcuts for the training step, never re-pointed.
-        self._strategy, self._precision = self.runtime.strategy, self.runtime.precision
+        # The runtime is frozen: these are shortcuts for the training step, never re-pointed. The
+        # connector builds them from strategies.base / precision.base, whose full surface the facade uses.
+        self._strategy = cast(Strategy, self.runtime.strategy)
+        self._precision = cast(Precision, self.runtime.precision)
         self.scaler = self._precision.scaler
         plugin = arguments.accumulation_plugin(plugin, self.settings)
         self.gradient_state = GradientState(gradient_accumulation_plugin=plugin)
@@ -439,9 +448,9 @@ class Accelerator:
             ValueError: no prepared optimizer is a LOMO optimizer.
         """
         for opt in self._registry.optimizers:
-            inner = opt.optimizer
-            if hasattr(inner, "fused_backward"):
-                inner.fused_backward(loss, learning_rate)
+            fused_backward = getattr(opt.optimizer, "fused_backward", None)
+            if fused_backward is not None:
+                fused_backward(loss, learning_rate)
                 return
         raise ValueError(
             "lomo_backward needs a prepared LOMO or AdaLomo optimizer (from the lomo-optim package)"

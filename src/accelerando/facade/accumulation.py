@@ -11,15 +11,15 @@ import contextlib
 import warnings
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from accelerando.facade.preemption import PreemptionWatch, checkpoint_and_exit
 from accelerando.gradient_state import GradientState
-from accelerando.strategies.base import Strategy
 
 if TYPE_CHECKING:
+    from accelerando.runtime import StrategyContract
     from accelerando.state import AcceleratorState
 
 __all__ = ["Accumulating", "Accumulation", "override_even_batches"]
@@ -28,10 +28,21 @@ __all__ = ["Accumulating", "Accumulation", "override_even_batches"]
 class Accumulating(Protocol):
     """What :class:`Accumulation` reads of the Accelerator (its training-step attributes)."""
 
-    gradient_state: GradientState
-    _strategy: Strategy
-    _preemption: PreemptionWatch | None
-    state: AcceleratorState
+    @property
+    def gradient_state(self) -> GradientState:
+        """The accumulation state (``sync_gradients``, ``sync_each_batch``)."""
+        ...
+
+    @property
+    def _strategy(self) -> StrategyContract: ...
+
+    @property
+    def _preemption(self) -> PreemptionWatch | None: ...
+
+    @property
+    def state(self) -> AcceleratorState:
+        """The process view (``num_processes``)."""
+        ...
 
     def _do_sync(self) -> None: ...
 
@@ -90,9 +101,7 @@ class Accumulation:
         return False
 
 
-def override_even_batches(
-    dataloaders: Sequence[object], even_batches: bool | None
-) -> list[tuple[object, bool]]:
+def override_even_batches(dataloaders: Sequence[object], even_batches: bool | None) -> list[tuple[Any, bool]]:
     """Set ``even_batches`` on each map-style loader's batch sampler; return (sampler, old value) pairs.
 
     Only the batch sampler decides how the last batches are shared, so that is where the value
@@ -103,10 +112,10 @@ def override_even_batches(
     # Here, not at the top: the data loader package is 10 modules the first Accelerator does not need.
     from accelerando.data_loader.dispatcher import DataLoaderDispatcher
 
-    overridden: list[tuple[object, bool]] = []
+    overridden: list[tuple[Any, bool]] = []
     skipped = False
     for dl in dataloaders:
-        sampler = getattr(dl, "batch_sampler", None)
+        sampler: Any = getattr(dl, "batch_sampler", None)  # any batch sampler with ``even_batches``
         if not isinstance(dl, DataLoaderDispatcher) and hasattr(sampler, "even_batches"):
             overridden.append((sampler, sampler.even_batches))
             sampler.even_batches = even_batches

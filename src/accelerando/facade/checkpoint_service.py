@@ -10,7 +10,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -20,12 +20,15 @@ from accelerando.facade.observing import Observability
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects, Stateful
 from accelerando.gradient_state import GradientState
+from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.precision.base import Precision
+from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
 from accelerando.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from accelerando.checkpointing.async_save import AsyncSaveHandle
+    from accelerando.checkpointing.target import CheckpointTarget
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.settings import Settings
 
@@ -63,7 +66,7 @@ class AcceleratorCheckpointTarget:
         # Weak: the Accelerator holds this target, so a strong link back would keep both alive
         # after the user drops the Accelerator (until a garbage collection). The parts hold no link
         # back either: a dropped Accelerator frees its prepared objects at once, without a gc pass.
-        self._owner = weakref.ref(owner)
+        self._owner: Callable[[], StepOwner | None] = weakref.ref(owner)
         self._parts = parts
         self.warned_shared_fs = False
 
@@ -75,7 +78,7 @@ class AcceleratorCheckpointTarget:
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        owner = state.pop("_owner")
+        owner = cast("StepOwner | None", state.pop("_owner"))
         self.__dict__.update(state)
         self._owner = (lambda: None) if owner is None else weakref.ref(owner)
 
@@ -91,27 +94,70 @@ class AcceleratorCheckpointTarget:
             raise ReferenceError("The Accelerator of this checkpoint target no longer exists.")
         return owner
 
-    models = property(lambda self: list(self._parts.registry.models), doc="The prepared models.")
-    optimizers = property(lambda self: list(self._parts.registry.optimizers), doc="The prepared optimizers.")
-    schedulers = property(lambda self: list(self._parts.registry.schedulers), doc="The prepared schedulers.")
-    dataloaders = property(
-        lambda self: list(self._parts.registry.dataloaders), doc="The prepared dataloaders."
-    )
-    custom_objects = property(
-        lambda self: list(self._parts.registry.custom_objects), doc="Registered objects."
-    )
-    save_hooks = property(lambda self: list(self._parts.registry.save_hooks.values()), doc="Save hooks.")
-    load_hooks = property(lambda self: list(self._parts.registry.load_hooks.values()), doc="Load hooks.")
-    scaler = property(lambda self: self._parts.precision.scaler, doc="The fp16 GradScaler, or None.")
-    strategy = property(lambda self: self._parts.strategy, doc="The strategy and its checkpoint hooks.")
-    state = property(lambda self: self._parts.state, doc="The process view.")
-    settings = property(lambda self: self._parts.settings, doc="The resolved settings.")
-    sync_gradients = property(
-        lambda self: self._parts.gradient_state.sync_gradients, doc="False mid accumulation."
-    )
-    project_configuration = property(
-        lambda self: self._parts.options.project_configuration, doc="Folders, rotation and iteration."
-    )
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        """The prepared models."""
+        return list(self._parts.registry.models)
+
+    @property
+    def optimizers(self) -> list[AcceleratedOptimizer]:
+        """The prepared optimizers."""
+        return list(self._parts.registry.optimizers)
+
+    @property
+    def schedulers(self) -> list[AcceleratedScheduler]:
+        """The prepared schedulers."""
+        return list(self._parts.registry.schedulers)
+
+    @property
+    def dataloaders(self) -> list[torch.utils.data.DataLoader]:
+        """The prepared dataloaders."""
+        return list(self._parts.registry.dataloaders)
+
+    @property
+    def custom_objects(self) -> list[Stateful]:
+        """The objects registered for checkpointing."""
+        return list(self._parts.registry.custom_objects)
+
+    @property
+    def save_hooks(self) -> list[Callable[..., None]]:
+        """The save_state pre-hooks."""
+        return list(self._parts.registry.save_hooks.values())
+
+    @property
+    def load_hooks(self) -> list[Callable[..., None]]:
+        """The load_state pre-hooks."""
+        return list(self._parts.registry.load_hooks.values())
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 GradScaler, or None."""
+        return self._parts.precision.scaler
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy and its checkpoint hooks."""
+        return self._parts.strategy
+
+    @property
+    def state(self) -> AcceleratorState:
+        """The process view."""
+        return self._parts.state
+
+    @property
+    def settings(self) -> Settings:
+        """The resolved settings."""
+        return self._parts.settings
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False in the middle of an accumulation cycle."""
+        return self._parts.gradient_state.sync_gradients
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        """Folders, rotation and iteration."""
+        return self._parts.options.project_configuration
 
     @property
     def step(self) -> int:
@@ -175,6 +221,9 @@ class CheckpointService:
             registry, strategy, precision, state, gradient_state, settings, options, observability
         )
         self.target = AcceleratorCheckpointTarget(owner, parts)
+        # The target's ``step`` is a read/write property over the owner's counter; the protocol
+        # declares it as a plain attribute, which pyright does not match with a property.
+        self._target = cast("CheckpointTarget", self.target)
         self.resumed_from: str | None = None
 
     @property
@@ -257,7 +306,7 @@ class CheckpointService:
         if self.resumed_from is not None:  # auto_resume already loaded: restore the late ones from there too
             from accelerando.checkpointing.load import restore_custom_objects
 
-            restore_custom_objects(self.target, self.resumed_from, start)
+            restore_custom_objects(self._target, self.resumed_from, start)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Register ``hook(models, weights, output_dir)`` to run before ``save_state`` writes models.
@@ -287,7 +336,7 @@ class CheckpointService:
         from accelerando.checkpointing import save_state
 
         return save_state(
-            self.target, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
+            self._target, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
         )
 
     def load_state(
@@ -314,4 +363,4 @@ class CheckpointService:
         wait_pending(self.target.owner)  # a pending asynchronous save commits first
         if load_kwargs is not None:
             load_model_func_kwargs["load_kwargs"] = load_kwargs
-        load_state(self.target, input_dir, **load_model_func_kwargs)
+        load_state(self._target, input_dir, **load_model_func_kwargs)

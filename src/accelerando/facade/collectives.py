@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -95,6 +95,7 @@ class Collectives:
         copies, first_copy = _batch_copies(self.state.device_mesh)
         if copies > 1 and not first_copy:
             input_data = [] if use_object else recursively_apply(lambda t: t[:0], input_data)
+        data: Any
         if use_object:
             data = gather_object(input_data)
         elif (self.options.dataloader_config.even_batches and copies == 1) or not self.state.use_distributed:

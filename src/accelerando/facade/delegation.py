@@ -41,11 +41,9 @@ def forwarded(path: str, doc: str, writable: bool = False) -> property:
         ``num_processes = forwarded("state.num_processes", "Total number of processes.")``
     """
     owner_path, _, name = path.rpartition(".")
-    setter = None
-    if writable:
-        get_owner = operator.attrgetter(owner_path)
+    get_owner = operator.attrgetter(owner_path)
 
-        def setter(self: object, value: object) -> None:
-            setattr(get_owner(self), name, value)
+    def write(self: object, value: object) -> None:
+        setattr(get_owner(self), name, value)
 
-    return property(operator.attrgetter(path), setter, doc=doc)
+    return property(operator.attrgetter(path), write if writable else None, doc=doc)

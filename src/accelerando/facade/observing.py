@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects
@@ -66,7 +66,7 @@ class Observability:
         self,
         project_name: str,
         config: dict[str, object] | None = None,
-        init_kwargs: dict[str, object] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """Start a run named ``project_name`` in every tracker of ``log_with`` (main process only,
         unless a tracker says otherwise), storing ``config`` as hyperparameters.
@@ -77,8 +77,8 @@ class Observability:
         self,
         values: dict[str, object],
         step: int | None = None,
-        log_kwargs: dict[str, object] | None = None,
-        **kwargs: object,
+        log_kwargs: dict[str, dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> None:
         """Log ``values`` at ``step`` to every tracker (``reduce="mean"|"sum"|"max"`` aggregates across processes first)."""
         if self.tracking is None:
@@ -96,7 +96,7 @@ class Observability:
             manager.log_checkpoint(step, path, size)
 
     def enable_memory_monitor(
-        self, window: int = 50, output_dir: str | None = None, **kwargs: object
+        self, window: int = 50, output_dir: str | None = None, **kwargs: Any
     ) -> MemoryMonitor:
         """Record memory (RSS, device memory, NVML sensors) after every optimizer step.
 

@@ -51,14 +51,14 @@ class AcceleratorOptions:
     step_scheduler_with_optimizer: bool = True
 
 
-def handlers_by_type(kwargs_handlers: list[KwargsHandler] | None) -> dict[type, KwargsHandler]:
+def handlers_by_type(kwargs_handlers: list[KwargsHandler] | None) -> dict[type, object]:
     """Index ``kwargs_handlers`` by class.
 
     Raises:
         TypeError: an entry is not a ``KwargsHandler``.
         ValueError: two handlers of the same class were given.
     """
-    found: dict[type, KwargsHandler] = {}
+    found: dict[type, object] = {}
     for handler in kwargs_handlers or []:
         if not isinstance(handler, KwargsHandler):
             raise TypeError(

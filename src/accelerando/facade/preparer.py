@@ -9,6 +9,7 @@ backend decision itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -109,7 +110,7 @@ class Preparer:
         self.quantized_offload_on_cpu = quantized_offload_on_cpu
         self.after_first_prepare: Callable[[], object] | None = None
 
-    def prepare(self, *args: object, device_placement: list[bool | None] | None = None) -> object:
+    def prepare(self, *args: object, device_placement: Sequence[bool | None] | None = None) -> object:
         """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
 
         Returns the prepared objects in the order given (one object when one was passed). An object
@@ -119,23 +120,24 @@ class Preparer:
         Raises:
             ValueError: ``device_placement`` has the wrong length.
         """
-        if device_placement is None:
-            device_placement = [None] * len(args)
-        elif len(device_placement) != len(args):
+        placements: Sequence[bool | None] = (
+            [None] * len(args) if device_placement is None else device_placement
+        )
+        if len(placements) != len(args):
             raise ValueError(
-                f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
+                f"device_placement has {len(placements)} entries for {len(args)} objects; give one per object"
             )
         if not self.strategy.manages_precision:
             # MS-AMP converts a model together with its optimizer, before any wrapping (DDP); an engine
             # strategy (DeepSpeed) does it inside its engine, from its config, instead.
             default = self.options.device_placement
-            placement = [default if p is None else bool(p) for p in device_placement]
+            placement = [default if p is None else bool(p) for p in placements]
             args = tuple(
                 self.precision.prepare_objects(args, placement, self.state.device, self.registry.holds)
             )
         request = PrepareRequest(
             objects=tuple(args),
-            device_placement=tuple(device_placement),
+            device_placement=tuple(placements),
             gradient_accumulation_steps=self.gradient_state.num_steps,
             split_batches=bool(self.options.dataloader_config.split_batches),
             prepare_data_loader=self.prepare_data_loader,
@@ -150,7 +152,7 @@ class Preparer:
             for kind in (torch.nn.Module, torch.optim.Optimizer, _DATALOADER, _SCHEDULER):
                 for i, obj in enumerate(args):
                     if kind_of(obj) == kind:
-                        result[i] = self._prepare_one(obj, device_placement[i])
+                        result[i] = self._prepare_one(obj, placements[i])
         mark_prepared(result)
         hook, self.after_first_prepare = self.after_first_prepare, None
         if hook is not None:
@@ -173,13 +175,15 @@ class Preparer:
             self.gradient_state.num_steps = int(value)
 
     def _prepare_one(self, obj: object, device_placement: bool | None) -> object:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
         kind = kind_of(obj)
-        if kind is torch.nn.Module:
-            return self.prepare_model(obj, device_placement=device_placement)  # type: ignore[arg-type]
-        if kind is torch.optim.Optimizer:
-            return self.prepare_optimizer(obj, device_placement=device_placement)  # type: ignore[arg-type]
         if kind == _DATALOADER:
-            return self.prepare_data_loader(obj, device_placement=device_placement)
+            return self.prepare_data_loader(
+                cast("torch.utils.data.DataLoader", obj), device_placement=device_placement
+            )
         if kind == _SCHEDULER:
             return self.prepare_scheduler(obj)
         return obj
@@ -309,7 +313,7 @@ class Preparer:
 
     def prepare_data_loader(
         self,
-        data_loader: object,
+        data_loader: torch.utils.data.DataLoader,
         device_placement: bool | None = None,
         slice_fn_for_dispatch: Callable[..., object] | None = None,
     ) -> object:

@@ -50,6 +50,8 @@ def resume_on_prepare(checkpoints: CheckpointService) -> str | None:
         return None
     checkpoints.load_state()
     point = resume_point(checkpoints.target.owner)
+    if point is None:  # load_state records a resume point; nothing recorded means nothing to position
+        return None
     # Objects registered later (register_for_checkpointing after prepare) are restored from here too.
     checkpoints.resumed_from = point.checkpoint
     for loader, (_, position) in zip(checkpoints.registry.dataloaders, point.dataloaders, strict=False):

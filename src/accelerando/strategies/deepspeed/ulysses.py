@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,8 +17,11 @@ __all__ = ["ulysses_dataloader"]
 
 
 def ulysses_dataloader(
-    dl: object, model: torch.nn.Module, parallelism_config: ParallelismConfig | None, device: torch.device
-) -> object:
+    dl: torch.utils.data.DataLoader,
+    model: torch.nn.Module,
+    parallelism_config: ParallelismConfig | None,
+    device: torch.device,
+) -> Iterable[object]:
     """Wrap a prepared dataloader in DeepSpeed's ``UlyssesSPDataLoaderAdapter`` (the sequence-parallel group DeepSpeed set up).
 
     Raises:
