@@ -30,7 +30,9 @@ def test_context_parallelism_on_cpu_is_refused_with_the_reason(accelerator, monk
     # runtime whose parallelism config asks for cp_size=2 on this CPU process.
     config = SimpleNamespace(cp_size=2, cp_handler=None)
     real = accelerator._strategy.runtime
-    runtime = SimpleNamespace(plugins=SimpleNamespace(parallelism_config=config), mesh=None, device=real.device)
+    runtime = SimpleNamespace(
+        plugins=SimpleNamespace(parallelism_config=config), mesh=None, device=real.device
+    )
     monkeypatch.setattr(accelerator._strategy, "runtime", runtime)
     with pytest.raises(ValueError, match="cp_size=2") as excinfo:
         with accelerator.maybe_context_parallel():
