@@ -1,14 +1,15 @@
 """Experiment trackers: the public classes, the registry, and the manager the Accelerator delegates to.
 
-``Accelerator(log_with=...)`` builds a :class:`TrackingManager`; its methods back
-``init_trackers``, ``log``, ``get_tracker``, ``end_training`` and ``trackers``::
+``Accelerator(log_with=...)`` builds a :class:`TrackingManager` (held by its
+``accelerando.facade.observing.Observability`` service); its methods back ``init_trackers``,
+``log``, ``get_tracker``, ``end_training`` and ``trackers``::
 
-    self._tracking = TrackingManager(log_with, logging_dir)          # in Accelerator.__init__
-    init_trackers(name, config, init_kwargs) -> self._tracking.init(name, config, init_kwargs)
-    log(values, step, log_kwargs)            -> self._tracking.log(values, step, log_kwargs)
-    get_tracker(name, unwrap)                -> self._tracking.get_tracker(name, unwrap)
-    end_training()                           -> self._tracking.finish()
-    trackers                                 -> self._tracking.trackers
+    self.tracking = TrackingManager(log_with, logging_dir)          # in Observability
+    init_trackers(name, config, init_kwargs) -> self.tracking.init(name, config, init_kwargs)
+    log(values, step, log_kwargs)            -> self.tracking.log(values, step, log_kwargs)
+    get_tracker(name, unwrap)                -> self.tracking.get(name, unwrap)
+    end_training()                           -> self.tracking.finish()
+    trackers                                 -> self.tracking.trackers
 
 Importing this module imports no tracker library: each backend imports its own in ``start()``.
 """

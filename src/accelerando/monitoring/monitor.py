@@ -2,7 +2,7 @@
 
 What the Accelerator (or a user) calls, in order::
 
-    monitor = MemoryMonitor(trackers=accelerator._tracking, output_dir=".../memory")
+    monitor = MemoryMonitor(trackers=tracking_manager, output_dir=".../memory")
     monitor.start()            # once, before the training loop (after prepare)
     monitor.step(step)         # once per optimizer step, on every process
     monitor.stop()             # once (end_training): writes the JSON record and the PNG plot
