@@ -32,6 +32,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from accelerando.devices import backend_for, detect_device_backend
+from accelerando.enums import DistributedType
 from accelerando.environments import detect_environment
 from accelerando.settings import environment_setting
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from accelerando.devices import DeviceBackend
-    from accelerando.enums import DistributedType
     from accelerando.environments import ClusterEnvironment
     from accelerando.process_group import ProcessGroupHandle
     from accelerando.settings import Settings
@@ -286,11 +286,15 @@ class StrategyContract(Protocol):
         """Load what ``save_model_checkpoint`` wrote; False = checkpointing's default."""
         ...
 
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """Write an optimizer's state the strategy's own way; False = checkpointing's default."""
         ...
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
         """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
         ...
 
@@ -396,8 +400,6 @@ class Runtime:
 
 def data_parallel_type(device_backend: type[DeviceBackend], num_processes: int) -> DistributedType:
     """NO for one process, else the type the device family declares (MULTI_GPU on CUDA, ...)."""
-    from accelerando.enums import DistributedType
-
     if num_processes <= 1:
         return DistributedType.NO
     return DistributedType(device_backend.data_parallel_type)

@@ -30,9 +30,9 @@ CONTRACT_MODULES = [
     "src/accelerando/precision/base.py",
     "src/accelerando/checkpointing/target.py",
 ]
-# Measured with this file's counter over src/accelerando: 2028 before issue 28 item 2, 1895 after its
+# Measured with this file's counter over src/accelerando: 2028 before issue 28 item 2, 1867 after its
 # first pass (the issue's goal is under 300). Lower it with every file you type; never raise it.
-ANY_RATCHET = 1895
+ANY_RATCHET = 1867
 ANY_GOAL = 300
 # pyright basic over src/ (reportMissingImports off, see pyproject.toml): 496 errors after the first pass
 # (the goal is 0). Lower it when you fix some; never raise it.

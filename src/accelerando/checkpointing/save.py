@@ -331,7 +331,8 @@ def _write_process_files(
 ) -> None:
     """Write this process's files into the staging folder, handing each name to ``on_written``."""
     models = list(target.models)
-    optimizers = list(target.optimizers)
+    # None marks an optimizer the strategy wrote itself (left out of the files written below).
+    optimizers: list[Any] = list(target.optimizers)
     strategy = target.strategy
     # Sharded strategies (FSDP, DeepSpeed) write their own per-process files on every process;
     # whatever they handle is left out of the files written below (None entries are skipped).

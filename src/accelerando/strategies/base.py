@@ -228,11 +228,15 @@ class Strategy:
         """Load what ``save_model_checkpoint`` wrote; False = let checkpointing load the full state dict."""
         return False
 
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """Write an optimizer's state the strategy's own way; False = checkpointing's default."""
         return False
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
         """Load an optimizer's state written by ``save_optimizer_checkpoint``; False = default."""
         return False
 

@@ -19,7 +19,7 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,9 @@ from accelerando.strategies.fsdp.wrap import (
     reshard_after_forward_for,
     wrap_units,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["ComposableStrategy"]
 
@@ -107,12 +110,12 @@ class ComposableStrategy(Strategy):
 
     # ------------------------------------------------------------------ mesh
     @property
-    def tp_mesh(self) -> Any:
+    def tp_mesh(self) -> DeviceMesh | None:
         """The 1-D ``tp`` sub-mesh, or None without tensor parallelism."""
         return self.mesh["tp"] if self.config.tp_enabled else None
 
     @property
-    def fsdp_mesh(self) -> Any:
+    def fsdp_mesh(self) -> DeviceMesh | None:
         """The sub-mesh FSDP2 shards over (``dp_shard``, or ``dp_replicate x dp_shard``); None without sharding."""
         if not self.config.dp_shard_enabled:
             return None
@@ -375,7 +378,7 @@ class ComposableStrategy(Strategy):
         self.load_model_state_dict(model, F.load_model_weights(F.find_model_file(input_dir, index)))
         return True
 
-    def _model_for(self, optimizer: Any, model: Any) -> torch.nn.Module:
+    def _model_for(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> torch.nn.Module:
         inner = getattr(optimizer, "optimizer", optimizer)
         found = self._optimizer_models.get(id(inner))
         if found is not None:
@@ -387,13 +390,17 @@ class ComposableStrategy(Strategy):
             "accelerator.prepare"
         )
 
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """Write each rank's slice of the optimizer state (``optimizer_<index>/``); True."""
         inner = getattr(optimizer, "optimizer", optimizer)
         save_sharded_optimizer(self._model_for(optimizer, model), inner, output_dir, index)
         return True
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
         """Load what ``save_optimizer_checkpoint`` wrote (or a full optimizer file); True when loaded."""
         inner = getattr(optimizer, "optimizer", optimizer)
         owner = self._model_for(optimizer, model)

@@ -436,10 +436,14 @@ class DeepSpeedStrategy(Strategy):
             )
         return True
 
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """DeepSpeed optimizers are saved inside the engine checkpoint: nothing more to write."""
         return isinstance(optimizer, DeepSpeedOptimizerWrapper)
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
         """DeepSpeed optimizers are restored with the engine checkpoint: nothing more to read."""
         return isinstance(optimizer, DeepSpeedOptimizerWrapper)

@@ -43,13 +43,13 @@ def _clean(name: str) -> str:
     return name
 
 
-def _is_fsdp1(model: Any) -> bool:
+def _is_fsdp1(model: object) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     return isinstance(model, FullyShardedDataParallel)
 
 
-def _is_fsdp2(model: Any) -> bool:
+def _is_fsdp2(model: object) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
@@ -281,7 +281,7 @@ class FSDPStrategy(Strategy):
         self.load_model_state_dict(model, F.load_model_weights(path))
         return True
 
-    def _model_for(self, optimizer: Any, model: Any) -> torch.nn.Module:
+    def _model_for(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> torch.nn.Module:
         inner = getattr(optimizer, "optimizer", optimizer)
         found = self._optimizer_models.get(id(inner))
         if found is not None:
@@ -292,7 +292,9 @@ class FSDPStrategy(Strategy):
             "this optimizer was not prepared with an FSDP model; prepare both with accelerator.prepare"
         )
 
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """Sharded: ``optimizer_<index>/`` shards. Full: rank 0 writes the gathered state. Returns True."""
         inner = getattr(optimizer, "optimizer", optimizer)
         model = self._model_for(optimizer, model)
@@ -305,7 +307,9 @@ class FSDPStrategy(Strategy):
             F.torch_save(state, os.path.join(output_dir, F.indexed(F.OPTIMIZER_NAME, index, ".bin")))
         return True
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
         """Load what ``save_optimizer_checkpoint`` wrote (either layout); True when loaded here."""
         inner = getattr(optimizer, "optimizer", optimizer)
         model = self._model_for(optimizer, model)

@@ -252,11 +252,15 @@ class MegatronStrategy(Strategy):
         model.load_checkpoint(input_dir)
         return True
 
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """True for the engine's optimizer: its state is in the engine's checkpoint."""
         return isinstance(optimizer, MegatronLMOptimizerWrapper)
 
-    def load_optimizer_checkpoint(self, optimizer: Any, model: Any, input_dir: str, index: int) -> bool:
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
         """True for the engine's optimizer: the engine's checkpoint restored it."""
         return isinstance(optimizer, MegatronLMOptimizerWrapper)
 

@@ -35,7 +35,7 @@ def _plugin(plugins: Plugins) -> PipelineParallelPlugin:
 
 
 @contextlib.contextmanager
-def _grad_sync(model: Any, value: bool) -> Iterator[None]:
+def _grad_sync(model: object, value: bool) -> Iterator[None]:
     """Set ``model.require_grad_sync`` (a :class:`PipelineModel`) for the block; other models: no-op."""
     if not isinstance(model, PipelineModel):
         yield
@@ -106,7 +106,7 @@ class PipelineStrategy(Strategy):
         return build_pipeline_mesh(process.device.type, pp_size, dp_size)
 
     @property
-    def device_mesh(self) -> Any:
+    def device_mesh(self) -> DeviceMesh:
         """The mesh this strategy runs on (the same object as ``data_mesh``)."""
         return self.data_mesh
 
@@ -218,7 +218,9 @@ class PipelineStrategy(Strategy):
         return full
 
     # ------------------------------------------------------------ checkpoints
-    def save_optimizer_checkpoint(self, optimizer: Any, model: Any, output_dir: str, index: int) -> bool:
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
         """Write ONE optimizer file holding every stage's state (``optimizer.bin``, as unsplit training).
 
         Each process's optimizer holds state only for its stage's parameters (the others never get a
