@@ -156,3 +156,17 @@ def test_the_table_says_it_is_a_simulation_and_lists_every_layout() -> None:
     text = report.format_table(_plan(Candidate("fsdp2", dp_shard=16, zero_stage=3)))
     assert text.startswith("SIMULATION")
     assert "fsdp2" in text and "all_gather (dp) 1 GiB" in text and "why" in text
+
+
+def test_the_plan_command_names_a_model_it_cannot_find() -> None:
+    from accelerando.commands.cli import main
+
+    with pytest.raises(SystemExit, match="no model 'no-such-model'.*nothing is downloaded"):
+        main(["plan", "no-such-model", "--gpus_per_machine", "2"])
+
+
+def test_the_plan_command_refuses_a_bad_memory_size() -> None:
+    from accelerando.commands.cli import main
+
+    with pytest.raises(SystemExit, match="not a memory size"):
+        main(["plan", "tiny-llama", "--device_memory", "lots"])
