@@ -38,6 +38,8 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
         "n_head": 4,
         "vocab_size": 512,
         "n_positions": 512,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
     },
     "tiny-t5": {
         "model_type": "t5",
@@ -48,6 +50,9 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
         "num_decoder_layers": 2,
         "num_heads": 4,
         "vocab_size": 512,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
     },
     "llama-7b": {
         "model_type": "llama",
