@@ -126,9 +126,11 @@ def test_composable_strategy_needs_a_mesh():
     from types import SimpleNamespace
 
     cls = strategy_class("composable")
-    state = SimpleNamespace(distributed_type=DistributedType.NO, device_mesh=None, parallelism_config=None)
+    runtime = SimpleNamespace(
+        distributed_type=DistributedType.NO, mesh=None, plugins=SimpleNamespace(parallelism_config=None)
+    )
     with pytest.raises(ValueError, match="ParallelismConfig"):
-        cls(state, None)
+        cls(runtime, None)
 
 
 def test_tensor_parallel_plugin_becomes_a_mesh_config():
