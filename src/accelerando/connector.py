@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import accelerando.runtime as rt
+import accelerando.strategies as strategies
 from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.parallelism_config import ParallelismConfig
@@ -40,7 +41,6 @@ from accelerando.plugins.kwargs import (
 from accelerando.plugins.pipeline import PipelineParallelPlugin
 from accelerando.precision import build_precision
 from accelerando.settings import Settings, resolve_runtime_settings
-from accelerando.strategies import strategy_class
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -401,7 +401,7 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     decision = _strategy_rule(settings, plugins, process)
     plugins = _default_backend_plugins(decision, plugins)
     plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
-    strategy_cls = strategy_class(decision.strategy_name)
+    strategy_cls = strategies.strategy_class(decision.strategy_name)
     if mesh is None:
         # A strategy that lays the processes out itself (the pipeline's ("dp_replicate", "pp") mesh) makes
         # the runtime's mesh: data sharding, gather_for_metrics and the rank properties read it there.
