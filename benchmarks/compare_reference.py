@@ -185,11 +185,21 @@ CHILDREN: dict[str, Callable[[str, argparse.Namespace], dict[str, float]]] = {
 }
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def run_child(figure: str, lib: str, extra: list[str], processes: int = 1) -> dict[str, float]:
     """Run one child measurement in a fresh process (``processes`` > 1: under torchrun)."""
     if processes > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-        launcher += ["--master_port", "0"]
+        # A free port chosen here: with --master_port 0 the processes' own process-group start waited
+        # for a store on port 0 and hung (seen with torchrun 2.13 on this machine).
+        launcher += ["--master_port", str(_free_port())]
     else:
         launcher = [sys.executable]
     command = [*launcher, __file__, "--child", figure, "--lib", lib, *extra]
