@@ -6,7 +6,7 @@
 - ``pp_dp`` from the ``ddp`` simulation: parameters, gradients, optimizer state and temporaries are
   divided by the ``pp`` stages; a 1F1B schedule of ``pp`` micro-batches keeps up to ``pp`` micro-batches
   of activations for ``L / pp`` layers on the first stage, as many as the whole model keeps for one
-  micro-batch: activations are kept as simulated. Point-to-point bytes: one hidden-state tensor
+  micro-batch: the activations the ``fsdp2`` simulation saw at its peak (the start of backward). Point-to-point bytes: one hidden-state tensor
   (``micro_batch * s * h`` elements) forward and one gradient backward per micro-batch per stage
   boundary. ``torch.distributed.pipelining`` is not run on the fake process group.
 - ``+offload`` from its simulated sharded layout: the sharded parameters and gradients and the whole
@@ -40,14 +40,20 @@ def pp_dp_from_ddp(
     candidate: Candidate,
     shape: TrainingShape,
     hidden_size: int | None,
+    activations: int | None = None,
 ) -> tuple[MemoryBreakdown, dict[str, int], str]:
-    """``pp`` pipeline stages, each data parallel (DDP), from the DDP simulation."""
+    """``pp`` pipeline stages, each data parallel (DDP), from the DDP simulation.
+
+    ``activations``: what the forward keeps for one micro-batch of the whole model (the ``fsdp2``
+    simulation's, whose peak is at the start of backward); the DDP peak may fall in the optimizer step,
+    where none are live. Default: the DDP peak's.
+    """
     pp = candidate.pp
     derived = MemoryBreakdown(
         parameters=memory.parameters // pp,
         gradients=memory.gradients // pp,
         optimizer=memory.optimizer // pp,
-        activations=memory.activations,
+        activations=max(memory.activations, activations or 0),
         temporaries=memory.temporaries // pp,
     )
     comms = {key: size // pp for key, size in collectives.items()}

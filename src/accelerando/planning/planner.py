@@ -179,10 +179,12 @@ def plan(
             counts[base] = simulate_scaled(source, simulated, shape)
         except ValueError as err:
             skipped.append(f"{base}: {err}")
+    sharded = counts.get("fsdp2")
+    kept = sharded[0].memory.activations if sharded else None
     estimates = [
         est
         for c in todo
-        if (est := _estimate(c, counts.get(_base_name(c)), shape, cluster, source.num_layers, hidden))
+        if (est := _estimate(c, counts.get(_base_name(c)), shape, cluster, source.num_layers, hidden, kept))
         is not None
     ]
     ranked = sorted(
@@ -206,6 +208,7 @@ def _estimate(
     cluster: ClusterSpec,
     num_layers: int | None,
     hidden: int | None,
+    forward_activations: int | None = None,
 ) -> LayoutEstimate | None:
     if count is None:
         return None
@@ -214,7 +217,7 @@ def _estimate(
     if candidate.name == "zero1":
         memory, comms, method = zero1_from_ddp(memory, comms, candidate, step.trainable_bytes)
     elif candidate.name.startswith("pp"):
-        memory, comms, method = pp_dp_from_ddp(memory, comms, candidate, shape, hidden)
+        memory, comms, method = pp_dp_from_ddp(memory, comms, candidate, shape, hidden, forward_activations)
     elif candidate.offload:
         memory, comms, method = offload_from(memory, comms, step.trainable_bytes, _base_name(candidate))
     flops = step_flops(step.num_parameters, shape, candidate, num_layers, hidden)
