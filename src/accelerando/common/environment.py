@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from accelerando.common import imports
-from accelerando.common.imports import is_cuda_available, is_pynvml_available
 from accelerando.devices.affinity import set_numa_affinity
 
 __all__ = [
@@ -504,7 +503,7 @@ def check_cuda_fp8_capability() -> bool:
     """
     import torch
 
-    if not is_cuda_available():
+    if not imports.is_cuda_available():
         return False
     return tuple(torch.cuda.get_device_capability()) >= (8, 9)
 
@@ -520,7 +519,7 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
         ImportError: if ``pynvml`` (which tells which CPUs are near a GPU) is not installed.
         ValueError: if ``local_process_index`` is negative.
     """
-    if not is_pynvml_available():
+    if not imports.is_pynvml_available():
         raise ImportError(
             "Pinning a process to the CPUs of its GPU needs NVML bindings. Fix: `pip install pynvml`."
         )

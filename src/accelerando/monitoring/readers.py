@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from accelerando.common.imports import is_pynvml_available
+from accelerando.common import imports
 from accelerando.devices import detect_device_backend
 from accelerando.logging import get_logger
 
@@ -96,7 +96,7 @@ class DeviceMemoryReader:
 
     def _open_nvml(self, torch: Any) -> None:
 
-        if not is_pynvml_available():
+        if not imports.is_pynvml_available():
             return
         try:
             import pynvml

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from accelerando.common.imports import is_deepspeed_available, is_package_available
+from accelerando.common import imports
 from accelerando.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
 from accelerando.devices.detect import detect_device_backend
 from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
@@ -155,7 +155,7 @@ def import_deepspeed(device_type: str | None = None) -> Any:
     Raises:
         ImportError: DeepSpeed is not installed; the message names the pip extra.
     """
-    if not is_deepspeed_available():
+    if not imports.is_deepspeed_available():
         raise ImportError(
             "DeepSpeed is not installed: pip install 'accelerando[deepspeed]' (or pip install deepspeed)"
         )
@@ -399,7 +399,7 @@ class DeepSpeedPlugin:
 
     def _check_msamp(self) -> None:
 
-        if not is_package_available("msamp"):
+        if not imports.is_package_available("msamp"):
             raise ValueError(
                 "enable_msamp=True needs MS-AMP: install the `msamp` package, or set enable_msamp=False"
             )
@@ -569,7 +569,7 @@ class DeepSpeedPlugin:
         without ``zero3_init_flag`` at stage 3; a logged warning when ``transformers`` refuses.
         """
         self._hf_config = None
-        if not self.is_zero3_init_enabled() or not is_package_available("transformers"):
+        if not self.is_zero3_init_enabled() or not imports.is_package_available("transformers"):
             return
         try:
             from transformers.integrations import HfDeepSpeedConfig

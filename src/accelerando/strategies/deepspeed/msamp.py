@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from accelerando.common.imports import is_msamp_available
+from accelerando.common import imports
 from accelerando.plugins.deepspeed import import_deepspeed
 from accelerando.precision.fp8.gpu import msamp_deepspeed_config
 from accelerando.strategies.deepspeed.config import fill_auto, get_value
@@ -128,7 +128,7 @@ def engine_initializer(config: dict[str, Any]) -> Callable[..., Any]:
     if not msamp_enabled(config):
         return deepspeed.initialize
 
-    if not is_msamp_available():
+    if not imports.is_msamp_available():
         raise ImportError(
             'the DeepSpeed config enables MS-AMP ("msamp": {"enabled": true}), which needs the msamp package '
             "(github.com/Azure/MS-AMP, CUDA only); remove the block, or use fp8_backend='ao' on this machine"
