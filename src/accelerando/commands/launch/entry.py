@@ -22,12 +22,12 @@ from accelerando.commands.launch.parser import (
     unknown_flags_message,
 )
 from accelerando.commands.launch.resolution import command_of, plan_for
+from accelerando.launchers import runner
 from accelerando.launchers.ft import build as build_fault_tolerant
 from accelerando.launchers.ft import run as run_fault_tolerant
 from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
 from accelerando.launchers.ray import run_on_ray
-from accelerando.launchers.runner import run as run_plan
 from accelerando.settings.fields import FIELDS
 
 __all__ = ["add_parser", "main", "run", "script_problem"]
@@ -169,7 +169,7 @@ def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
             return 2
         return run_fault_tolerant(fault_tolerant, quiet=args.quiet)
 
-    return run_plan(plan, quiet=args.quiet)
+    return runner.run(plan, quiet=args.quiet)
 
 
 def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:

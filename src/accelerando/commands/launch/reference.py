@@ -16,10 +16,10 @@ from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_messag
 from accelerando.commands.launch.parser import CustomHelpFormatter, build_parser, unknown_flags_message
 from accelerando.commands.launch.resolution import plan_for
 from accelerando.common.environment import patch_environment
+from accelerando.launchers import runner
 from accelerando.launchers.mpirun import MpiRun
 from accelerando.launchers.plan import check_files
 from accelerando.launchers.reference import PrepareForLaunch
-from accelerando.launchers.runner import run as run_plan
 from accelerando.settings.configfile import default_config_path
 from accelerando.settings.fields import FIELDS
 
@@ -133,7 +133,7 @@ def _start(
 
     check_files(_settings)
     quiet = bool(getattr(args, "quiet", False))
-    code = run_plan(plan, quiet=quiet)
+    code = runner.run(plan, quiet=quiet)
     if code:
         if plan.mode == "simple" and not quiet:
             import subprocess

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from accelerando.state import AcceleratorState
+import accelerando.state
 from accelerando.strategies.megatron.args import get_args
 from accelerando.strategies.megatron.parallel import avg_losses_across_data_parallel_group
 from accelerando.strategies.megatron.requirements import (
@@ -41,7 +41,7 @@ def _megatron_plugin(accelerator: Any) -> Any:
         # The reference's public train-step classes may be built without an Accelerator, reading the
         # process state; this is that API, not a strategy reading global state.
 
-        state = AcceleratorState()
+        state = accelerando.state.AcceleratorState()
     else:
         state = accelerator.state
     plugin = getattr(state, "megatron_lm_plugin", None)
