@@ -181,7 +181,7 @@ def write_config(plan: Plan, path: str | Path, estimate: LayoutEstimate | None =
         raise ValueError("no layout fits")
     note = [
         f"# written by `accelerando plan`: {chosen.candidate.name} ({chosen.candidate.describe()}),",
-        f"# simulated peak {chosen.memory.peak / _GIB:.2f} GiB per rank ({chosen.method})",
+        f"# estimated peak {chosen.memory.peak / _GIB:.2f} GiB per rank ({chosen.method})",
     ]
     if chosen.candidate.pp > 1:
         note.append(
