@@ -14,8 +14,6 @@ from typing import Any
 
 from accelerando.commands.config.config_args import default_config_file
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.devices import CUDABackend
-from accelerando.launchers.plan import automatic_layout
 from accelerando.settings.configfile import ConfigError, find_config_file, load_config_layer
 from accelerando.settings.fields import machine_range
 from accelerando.settings.machine import detect_machine
@@ -91,6 +89,8 @@ def collect_versions() -> dict[str, str]:
 
 def _gpus() -> list[str]:
     import torch
+
+    from accelerando.devices import CUDABackend  # loads torch: `accelerando env` reports versions without it
 
     rows = []
     for index in range(CUDABackend.device_count()):
@@ -217,8 +217,10 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_layout(settings: Any) -> None:
     """The automatic parallel layout of these settings (``parallelism: auto``), with its reasons."""
-    machine = detect_machine()
+    # Here, not at the top: the launch plan imports torch, and `accelerando env` reports versions without it.
+    from accelerando.launchers.plan import automatic_layout
 
+    machine = detect_machine()
     machines = machine_range(settings.num_machines)[1]
     processes = settings.num_processes or max(machine.gpu_count, 1) * machines
     try:
