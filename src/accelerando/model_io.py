@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from accelerando.big_modeling.budgets import convert_file_size_to_int
+
 __all__ = ["shard_state_dict", "write_model_weights"]
 
 
@@ -41,7 +43,8 @@ def shard_state_dict(
 
 def _dedupe_shared(state_dict: dict[str, Any]) -> dict[str, Any]:
     """Drop names whose tensor shares storage with an earlier one (tied weights); safetensors
-    refuses shared tensors, and loaders re-tie them."""
+    refuses shared tensors, and loaders re-tie them.
+    """
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     result: dict[str, Any] = {}
     for name, tensor in state_dict.items():
@@ -74,7 +77,6 @@ def write_model_weights(
     weights = _dedupe_shared(state_dict) if safe_serialization else state_dict
     weights = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in weights.items()}
     stem, ext = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
-    from accelerando.big_modeling.budgets import convert_file_size_to_int
 
     shards = shard_state_dict(weights, convert_file_size_to_int(max_shard_size))
     names = (

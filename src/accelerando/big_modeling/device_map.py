@@ -105,7 +105,8 @@ class _LargestUnit:
 
 def _clean_with_model(device_map: dict[str, DeviceKey], model: nn.Module) -> dict[str, DeviceKey]:
     """Merge entries into their parent only when every part of the parent (tensors, children) is mapped
-    to one device, using the model's tree; keeps the model's module order."""
+    to one device, using the model's tree; keeps the model's module order.
+    """
     result = dict(device_map)
     modules = list(model.named_modules())
     parts: dict[str, list[str]] = {}

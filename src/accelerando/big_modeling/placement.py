@@ -98,7 +98,8 @@ class CheckpointLoader:
 
     def place_sharded(self, name: str, tensor: torch.Tensor | None, source: tuple[str, dict] | None) -> None:
         """Fill a DTensor parameter: from the full tensor (each process keeps its shard) or, with
-        ``full_state_dict=False``, from a checkpoint that holds exactly this process's local shard."""
+        ``full_state_dict=False``, from a checkpoint that holds exactly this process's local shard.
+        """
         if tensor is None:
             tensor = safetensors_view(source[0], name)
         current = self.sharded[name]

@@ -65,7 +65,8 @@ def _safetensors_errors(path: str) -> Iterator[None]:
 
 def _torch_load(path: str, mmap: bool = False) -> Mapping[str, torch.Tensor]:
     """``torch.load`` with ``weights_only=True`` (never anything else): a file holding other objects is
-    refused with a message naming the file, what it holds and the fix."""
+    refused with a message naming the file, what it holds and the fix.
+    """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -94,7 +95,8 @@ def iter_checkpoint_file(
     path: str, device_for
 ) -> Iterator[tuple[str, torch.Tensor | None, tuple[str, dict] | None]]:
     """Yield ``(name, tensor, in_place)``; for names kept on disk in place the tensor is None and
-    ``in_place`` is ``(safetensors path, header entry)``."""
+    ``in_place`` is ``(safetensors path, header entry)``.
+    """
     if path.endswith(".safetensors"):
         from safetensors import safe_open
 

@@ -26,6 +26,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
+from accelerando.common.imports import is_tqdm_available
+from accelerando.common.progress import tqdm
+from accelerando.safe_files import open_regular_fd
+
 __all__ = [
     "PIECE_BYTES",
     "FileEntry",
@@ -95,7 +99,8 @@ def available(algorithm: str) -> bool:
 
 def default_algorithm() -> str:
     """The checksum new manifests use: pieced XXH3-64 when ``xxhash`` is installed (about 4x faster than
-    zlib's CRC-32 here, see benchmarks/bench_checkpoint.py), else pieced CRC-32."""
+    zlib's CRC-32 here, see benchmarks/bench_checkpoint.py), else pieced CRC-32.
+    """
     return ("xxh3_64" if _xxhash() is not None else "crc32") + _PIECED_SUFFIX
 
 
@@ -128,7 +133,6 @@ class _OpenFile:
     """One file being hashed: its descriptor, size and (when the file system allows) memory map."""
 
     def __init__(self, path: str) -> None:
-        from accelerando.safe_files import open_regular_fd
 
         # Non-blocking open and fstat: a FIFO or a device in a checkpoint is refused, never read.
         self.fd = open_regular_fd(path)
@@ -242,11 +246,9 @@ class PendingDigests:
         total = sum(handle.size for handle in self._opened)
         if desc is None or total < PROGRESS_MIN_BYTES:
             return None
-        from accelerando.common.imports import is_tqdm_available
 
         if not is_tqdm_available():
             return None
-        from accelerando.common.progress import tqdm
 
         return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
 

@@ -104,23 +104,9 @@ def write_state_files(
             on_written(name)
 
     if _should_write(save_on_each_node):
-        for i, state in enumerate(model_states):
-            if state is None:  # written by the strategy itself
-                continue
-            name = F.model_file(i, safe_serialization)
-            put(name, lambda o, p: F.save_model_weights(o, p, safe_serialization), state)
-        for i, optimizer in enumerate(optimizers):
-            if optimizer is None:  # written by the strategy itself
-                continue
-            put(F.indexed(F.OPTIMIZER_NAME, i, ".bin"), F.torch_save, optimizer.state_dict())
-        for i, scheduler in enumerate(schedulers):
-            put(F.indexed(F.SCHEDULER_NAME, i, ".bin"), F.torch_save, scheduler.state_dict())
-        for i, loader in enumerate(dataloaders):
-            found = _dataloader_state(loader)
-            if found is not None:
-                put(F.indexed(found[0], i, ".bin"), F.torch_save, found[1])
-        if scaler is not None:
-            put(F.SCALER_NAME, F.torch_save, scaler.state_dict())
+        _write_shared_files(
+            put, model_states, optimizers, schedulers, dataloaders, scaler, safe_serialization
+        )
     payload = {"step": int(step), "rng": capture_rng_states()}
     put(f"{F.RNG_STATE_NAME}_{process_index}.pkl", F.torch_save, payload)
     if gradients:
@@ -130,6 +116,38 @@ def write_state_files(
             gradients,
         )
     return written
+
+
+def _write_shared_files(
+    put: Callable[[str, Any, Any], None],
+    model_states: Sequence[dict[str, Any]],
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    dataloaders: Sequence[Any],
+    scaler: Any | None,
+    safe_serialization: bool,
+) -> None:
+    """The files one process writes for all: weights, optimizer, scheduler, dataloader and scaler states.
+
+    A model state or optimizer that is None was written by the strategy itself and is skipped.
+    """
+    for i, state in enumerate(model_states):
+        if state is None:  # written by the strategy itself
+            continue
+        name = F.model_file(i, safe_serialization)
+        put(name, lambda o, p: F.save_model_weights(o, p, safe_serialization), state)
+    for i, optimizer in enumerate(optimizers):
+        if optimizer is None:  # written by the strategy itself
+            continue
+        put(F.indexed(F.OPTIMIZER_NAME, i, ".bin"), F.torch_save, optimizer.state_dict())
+    for i, scheduler in enumerate(schedulers):
+        put(F.indexed(F.SCHEDULER_NAME, i, ".bin"), F.torch_save, scheduler.state_dict())
+    for i, loader in enumerate(dataloaders):
+        found = _dataloader_state(loader)
+        if found is not None:
+            put(F.indexed(found[0], i, ".bin"), F.torch_save, found[1])
+    if scaler is not None:
+        put(F.SCALER_NAME, F.torch_save, scaler.state_dict())
 
 
 @dataclass

@@ -11,6 +11,9 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader
 
+from accelerando.common.imports import is_torchdata_stateful_dataloader_available
+from accelerando.gradient_state import GradientState
+
 __all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "get_sampler", "set_sampler", "with_stateful_base"]
 
 
@@ -68,8 +71,6 @@ def with_stateful_base(cls: type) -> type:
     Returns:
         The class to instantiate.
     """
-    from accelerando.common.imports import is_torchdata_stateful_dataloader_available
-
     if not is_torchdata_stateful_dataloader_available():
         return cls
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -85,7 +86,8 @@ def with_stateful_base(cls: type) -> type:
 class _SelfAsBase:
     """``loader.base_dataloader``: the loader itself (a prepared loader is the ``DataLoader``, or the
     torchdata ``StatefulDataLoader``, it would wrap). Read on the class, it is missing, as with the
-    reference library, whose loaders set it per instance."""
+    reference library, whose loaders set it per instance.
+    """
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
@@ -108,7 +110,8 @@ class DataLoaderStateMixin:
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         """With ``use_stateful_dataloader=True``, build the class combined with torchdata's
-        ``StatefulDataLoader`` (see ``with_stateful_base``), so ``isinstance`` checks against it hold."""
+        ``StatefulDataLoader`` (see ``with_stateful_base``), so ``isinstance`` checks against it hold.
+        """
         if use_stateful_dataloader:
             cls = with_stateful_base(cls)
         return super().__new__(cls)
@@ -116,8 +119,6 @@ class DataLoaderStateMixin:
     @property
     def gradient_state(self) -> Any:
         """The process's ``GradientState`` (a view of the shared state; holding it keeps nothing alive)."""
-        from accelerando.gradient_state import GradientState
-
         return GradientState()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -132,15 +133,11 @@ class DataLoaderStateMixin:
 
     def begin(self) -> None:
         """Reset and register with ``GradientState`` (its ``end_of_dataloader`` then follows this loader)."""
-        from accelerando.gradient_state import GradientState
-
         self.reset()
         GradientState()._add_dataloader(self)
 
     def end(self) -> None:
         """Unregister from ``GradientState``."""
-        from accelerando.gradient_state import GradientState
-
         GradientState()._remove_dataloader(self)
 
 
@@ -165,8 +162,6 @@ class DataLoaderAdapter:
     ) -> None:
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
         if self.use_stateful_dataloader:
-            from accelerando.common.imports import is_torchdata_stateful_dataloader_available
-
             if not is_torchdata_stateful_dataloader_available():
                 raise ImportError(
                     "use_stateful_dataloader=True needs torchdata >= 0.8 (pip install torchdata); install it "

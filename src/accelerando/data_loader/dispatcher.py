@@ -119,7 +119,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     def _compute_remainder(self) -> int:
         """-1 as an iteration starts: the main process counts the real samples of the last step and
-        sends that count with it (as the reference library's dispatcher does, map-style data too)."""
+        sends that count with it (as the reference library's dispatcher does, map-style data too).
+        """
         return -1
 
     def __iter__(self) -> Iterator[Any]:

@@ -21,6 +21,7 @@ from accelerando.data_loader.samplers import (
     _GlobalDrawRandomSampler,
 )
 from accelerando.data_loader.shard import DataLoaderShard, with_stateful_base
+from accelerando.state import PartialState
 
 _END = object()
 
@@ -75,8 +76,6 @@ def _layout(
 ) -> tuple[int, int, torch.device]:
     """Fill what the caller left out from ``PartialState``; then keep only data-parallel ranks."""
     if num_processes is None or process_index is None or device is None:
-        from accelerando.state import PartialState
-
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
@@ -430,7 +429,7 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
             self.end()
 
     def state_dict(self) -> dict[str, Any]:
-        """torchdata's loader state as of the last batch given out (``use_stateful_dataloader`` only).
+        """The torchdata loader state as of the last batch given out (``use_stateful_dataloader`` only).
 
         Raises:
             AttributeError: The loader was built without ``use_stateful_dataloader`` (no state).

@@ -84,7 +84,7 @@ def _record_stream(batch: Any, stream: Any) -> None:
 
 
 def _stateful_base(cls: type) -> Any:
-    """torchdata's ``StatefulDataLoader`` when ``cls`` derives from it, else None."""
+    """The torchdata ``StatefulDataLoader`` when ``cls`` derives from it, else None."""
     for base in cls.__mro__:
         if base.__name__ == "StatefulDataLoader" and base.__module__.startswith("torchdata"):
             return base

@@ -331,7 +331,7 @@ def _check_parallelism(s: Settings) -> None:
 
 
 def _check_mpirun(s: Settings, wants_gpu: bool) -> None:
-    """mpirun starts multi-CPU jobs only, without restarts and without another backend's runner."""
+    """An mpirun launch starts multi-CPU jobs only, without restarts and without another backend's runner."""
     where = _where(s, "mpirun_hostfile")
     if wants_gpu:
         raise ValueError(
@@ -775,6 +775,45 @@ def _runner_argv(
     return [*argv, command.target, *command.args]
 
 
+def _auto_setting_notes(settings: Settings) -> list[str]:
+    """One note per backend setting left at "auto": it is decided at prepare(), not by the launcher."""
+    return [
+        f"{what}: auto ({settings.source(name)}): chosen at prepare() from the model's size and each "
+        "device's memory; the choice and its reason are logged then"
+        for name, what in (item for kind in DISTRIBUTED_KINDS for item in kind.auto_settings)
+        if settings[name] in ("auto", "AUTO")
+    ]
+
+
+def _mpirun_launch(
+    settings: Settings,
+    env: dict[str, str],
+    notes: list[str],
+    mpirun: Callable[[], MpiRun],
+    port: Callable[[], int],
+    shape: tuple[int, int, int],
+) -> list[str]:
+    """The ``mpirun`` part of an ``mpirun_hostfile`` launch's command line.
+
+    Sets the rendezvous (and oneCCL worker count) in ``env``, which mpirun forwards to every process,
+    and adds a note naming the mpirun found. ``shape`` is (processes, processes per machine, machines).
+
+    Raises:
+        ValueError: ``mpirun`` is missing or unknown.
+    """
+    total, per_node, machines = shape
+    found = mpirun()
+    main_port = settings.main_process_port or (port() if machines == 1 else 29500)
+    env["MASTER_ADDR"] = settings.main_process_ip or "127.0.0.1"
+    env["MASTER_PORT"] = str(main_port)
+    if settings.mpirun_ccl is not None:
+        env["CCL_WORKER_COUNT"] = str(settings.mpirun_ccl)
+    notes.append(
+        f"multi-CPU job started by {found.flavour} mpirun on the hosts of {settings.mpirun_hostfile}"
+    )
+    return mpirun_argv(found, settings.mpirun_hostfile, total, per_node, forward=env)
+
+
 def build(
     settings: Settings,
     command: Command,
@@ -822,13 +861,7 @@ def build(
         notes.append(
             f"distributed_type 'NO' ({settings.source('distributed_type')}) ignored: {total} processes."
         )
-    for name, what in (item for kind in DISTRIBUTED_KINDS for item in kind.auto_settings):
-        if settings[name] in ("auto", "AUTO"):
-            notes.append(
-                f"{what}: auto ({settings.source(name)}): chosen at prepare() from the model's size and each "
-                "device's memory; the choice and its reason are logged then"
-            )
-    notes += _inert_notes(settings)
+    notes += _auto_setting_notes(settings) + _inert_notes(settings)
     if settings.parallelism == "auto":
         notes += _auto_layout(settings, machine, total, machines, env)
     elastic = total > 1 or machines > 1 or settings.max_restarts > 0 or low != machines
@@ -842,20 +875,9 @@ def build(
                 f"{_where(settings, 'mpirun_hostfile')} and DeepSpeed's multi-machine runner "
                 f"({_where(settings, 'deepspeed_multinode_launcher')}) both start the hosts. Fix: choose one."
             )
-        found = mpirun()
         mode = "mpirun"
-        main_port = settings.main_process_port or (port() if machines == 1 else 29500)
-        env["MASTER_ADDR"] = settings.main_process_ip or "127.0.0.1"
-        env["MASTER_PORT"] = str(main_port)
-        if settings.mpirun_ccl is not None:
-            env["CCL_WORKER_COUNT"] = str(settings.mpirun_ccl)
-        argv = [
-            *mpirun_argv(found, settings.mpirun_hostfile, total, per_node, forward=env),
-            *_target_argv(target, machine.python),
-        ]
-        notes.append(
-            f"multi-CPU job started by {found.flavour} mpirun on the hosts of {settings.mpirun_hostfile}"
-        )
+        argv = _mpirun_launch(settings, env, notes, mpirun, port, (total, per_node, machines))
+        argv += _target_argv(target, machine.python)
     elif runner is not None:
         mode = runner.strategy  # the runner's plan is named after its backend ("deepspeed")
         argv = _runner_argv(settings, target, runner, machines, per_node, machine.python)

@@ -121,7 +121,8 @@ def _resolve(host: str, timeout: float) -> list[str]:
 
 def _resolve_within(host: str, budget: float, resolve: Callable[[str, float], list[str]]) -> list[str]:
     """Resolve ``host``, asking again while ``budget`` seconds last: a starting cluster's names (a pod's
-    service) appear a moment after the machine that needs them; a name that never appears fails then."""
+    service) appear a moment after the machine that needs them; a name that never appears fails then.
+    """
     deadline = time.monotonic() + budget
     while True:
         try:

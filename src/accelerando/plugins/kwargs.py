@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from typing_extensions import override
+
+from accelerando.common.imports import is_torchao_available
 from accelerando.enums import DDPCommunicationHookType
+from accelerando.settings import environment_hidden, environment_value, fill_unset
 
 __all__ = [
     "AORecipeKwargs",
@@ -43,8 +47,6 @@ class KwargsHandler:
         from an ``ACCELERATE_*`` variable (or a launcher's setting) counts as changed, like one given
         in code.
         """
-        from accelerando.settings import environment_hidden
-
         with environment_hidden():
             default = type(self)().to_dict()
         return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
@@ -164,6 +166,7 @@ class InitProcessGroupKwargs(KwargsHandler):
     init_method: str | None = None
     timeout: timedelta | None = None
 
+    @override
     def to_kwargs(self) -> dict[str, Any]:
         kwargs = super().to_kwargs()
         # "nccl" is the dataclass default for compatibility; it only counts when chosen explicitly.
@@ -236,8 +239,6 @@ _FP8_BACKENDS = ("AO", "TE", "MSAMP")
 
 def _fill_fp8_from_settings(handler: Any) -> None:
     """Fill the handler's unset fields from the fp8_* settings (launcher flags, config, environment)."""
-    from accelerando.settings import environment_value, fill_unset
-
     fill_unset(handler, "fp8", prefix="fp8_", rename={"fp8_format": "fp8_format"})
     if getattr(handler, "use_mxfp8_block_scaling", False) is None:
         handler.use_mxfp8_block_scaling = environment_value("fp8_use_mxfp8_block_scaling")
@@ -446,7 +447,6 @@ class AORecipeKwargs(KwargsHandler):
                     "Float8LinearConfig(pad_inner_dim=True)",
                 )
             return
-        from accelerando.common.imports import is_torchao_available
 
         if is_torchao_available():
             from torchao.float8 import Float8LinearConfig

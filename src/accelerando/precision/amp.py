@@ -7,7 +7,9 @@ import functools
 from typing import Any
 
 import torch
+from typing_extensions import override
 
+from accelerando.common.operations import convert_to_fp32
 from accelerando.precision.base import Precision
 
 __all__ = ["AMPPrecision"]
@@ -66,7 +68,6 @@ class AMPPrecision(Precision):
         """
         if getattr(model, "_accelerando_original_forward", None) is not None:
             return model
-        from accelerando.common.operations import convert_to_fp32
 
         original = model.forward
         device_type, dtype, kwargs = self.device_type, self.dtype, self.autocast_kwargs
@@ -81,6 +82,7 @@ class AMPPrecision(Precision):
         model._accelerando_original_forward = original  # type: ignore[assignment]
         return model
 
+    @override
     def autocast(
         self, enabled: bool = True, cache_enabled: bool | None = None
     ) -> contextlib.AbstractContextManager:
@@ -90,12 +92,14 @@ class AMPPrecision(Precision):
         kwargs["enabled"] = enabled and kwargs.get("enabled", True)
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
 
+    @override
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward(**kwargs)
         else:
             loss.backward(**kwargs)
 
+    @override
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is None:
             return
@@ -104,6 +108,7 @@ class AMPPrecision(Precision):
         if state["stage"].name != "UNSCALED":
             self.scaler.unscale_(optimizer)
 
+    @override
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         if self.scaler is None:
             optimizer.step(**kwargs)
@@ -141,9 +146,11 @@ class AMPPrecision(Precision):
             dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
             flags[device] = reduced
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict() if self.scaler is not None else {}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)

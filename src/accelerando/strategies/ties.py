@@ -129,7 +129,8 @@ def units_keeping_ties(
     model: torch.nn.Module, units: Sequence[torch.nn.Module]
 ) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
     """Split FSDP unit candidates into (kept, dropped): a unit is dropped when it holds some, not all,
-    of the modules sharing a tied parameter (the enclosing unit then shards that parameter)."""
+    of the modules sharing a tied parameter (the enclosing unit then shards that parameter).
+    """
     owners: list[set[int]] = []
     for group in find_ties(model):
         owners.append({id(_owner(model, name)[0]) for name in group})

@@ -1,5 +1,6 @@
 """Small pieces shared by the ``accelerando config`` modules: the dynamo backend names and a help
-formatter for commands with subcommands."""
+formatter for commands with subcommands.
+"""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerando.settings.fields import get_field
+from accelerando.settings.fields import get_field, machine_range
 from accelerando.settings.machine import visible_gpu_count
 from accelerando.settings.resolve import parse_value
 from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind
@@ -68,7 +68,7 @@ def _answer(question: Any) -> Any:
 
 def _validator(name: str) -> Any:
     def check(text: str) -> bool | str:
-        """questionary validator: True, or the message shown under the prompt."""
+        """The questionary validator: True, or the message shown under the prompt."""
         try:
             parse_value(name, text, "answer")
         except ValueError:
@@ -111,7 +111,6 @@ def _ask_topology(values: dict[str, Any], kind: DistributedKind, gpus: int) -> N
         values["cpu"] = gpus == 0 or _answer(questionary.confirm("Run on CPU only?", default=False))
         return
     values["num_machines"] = _ask_value("num_machines", "How many machines?", 1)
-    from accelerando.settings.fields import machine_range
 
     most_machines = machine_range(values["num_machines"])[1]
     if most_machines > 1:

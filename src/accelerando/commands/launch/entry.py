@@ -23,11 +23,8 @@ from accelerando.commands.launch.parser import (
 )
 from accelerando.commands.launch.resolution import command_of, plan_for
 from accelerando.launchers import runner
-from accelerando.launchers.ft import build as build_fault_tolerant
-from accelerando.launchers.ft import run as run_fault_tolerant
 from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
-from accelerando.launchers.ray import run_on_ray
 from accelerando.settings.fields import FIELDS
 
 __all__ = ["add_parser", "main", "run", "script_problem"]
@@ -144,6 +141,8 @@ def _fault_tolerant_plan(args: argparse.Namespace, settings: Any, plan: Any) -> 
     Raises:
         ValueError: the settings cannot run as replica groups (the message names the fix).
     """
+    from accelerando.launchers.ft import build as build_fault_tolerant
+
     return build_fault_tolerant(settings, plan, lambda: plan_for(args)[1])
 
 
@@ -167,6 +166,8 @@ def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
         except ValueError as err:
             print(f"accelerando launch: {err}", file=sys.stderr)
             return 2
+        from accelerando.launchers.ft import run as run_fault_tolerant
+
         return run_fault_tolerant(fault_tolerant, quiet=args.quiet)
 
     return runner.run(plan, quiet=args.quiet)
@@ -174,6 +175,8 @@ def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
 
 def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
     """Run the plan's processes on the Ray cluster of ``--ray``; exit 2 when Ray is missing or unreachable."""
+    from accelerando.launchers.ray import run_on_ray
+
     try:
         return run_on_ray(settings, plan, command_of(args), quiet=args.quiet)
     except ModuleNotFoundError as err:

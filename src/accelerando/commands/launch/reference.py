@@ -15,11 +15,9 @@ from accelerando.commands.launch.entry import run
 from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_message
 from accelerando.commands.launch.parser import CustomHelpFormatter, build_parser, unknown_flags_message
 from accelerando.commands.launch.resolution import plan_for
-from accelerando.common.environment import patch_environment
 from accelerando.launchers import runner
 from accelerando.launchers.mpirun import MpiRun
 from accelerando.launchers.plan import check_files
-from accelerando.launchers.reference import PrepareForLaunch
 from accelerando.settings.configfile import default_config_path
 from accelerando.settings.fields import FIELDS
 
@@ -217,6 +215,9 @@ def tpu_launcher(args: argparse.Namespace) -> None:
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{script} has no function {name!r}. Fix: pass --main_training_function.")
+    from accelerando.common.environment import patch_environment
+    from accelerando.launchers.reference import PrepareForLaunch
+
     with patch_environment(**plan.env):
         xmp.spawn(PrepareForLaunch(function), args=(), nprocs=settings.num_processes)
 

@@ -16,7 +16,8 @@ __all__ = [
 
 def data_parallel_group() -> Any:
     """The data-parallel process group: megatron-core's when its model parallelism is initialised,
-    else the default group; None when torch.distributed is not initialised (one process)."""
+    else the default group; None when torch.distributed is not initialised (one process).
+    """
     if not (dist.is_available() and dist.is_initialized()):
         return None
     try:

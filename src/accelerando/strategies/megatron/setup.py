@@ -17,9 +17,19 @@ from typing import Any
 
 import torch
 
+from accelerando.data_loader.prepare import prepare_data_loader as shard_loader
+from accelerando.process_group import start
 from accelerando.strategies.megatron.args import build_args, get_args, set_args
-from accelerando.strategies.megatron.config import check_supported
+from accelerando.strategies.megatron.config import (
+    check_supported,
+    ddp_config,
+    optimizer_config,
+    scheduler_steps,
+    transformer_config,
+)
+from accelerando.strategies.megatron.models import build_model, build_model_chunks
 from accelerando.strategies.megatron.requirements import require_cuda, require_megatron_core
+from accelerando.strategies.megatron.train_steps import MegatronLMDummyDataLoader
 
 __all__ = [
     "finish_mpu_init",
@@ -104,7 +114,6 @@ def _ensure_process_group(state: Any) -> None:
         raise RuntimeError(
             "Megatron-LM needs torch.distributed across its processes: launch with `accelerando launch` or torchrun"
         )
-    from accelerando.process_group import start
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -201,9 +210,6 @@ def model_provider_func(
     require_megatron_core("megatron_lm.model_provider_func")
     from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
 
-    from accelerando.strategies.megatron.config import transformer_config
-    from accelerando.strategies.megatron.models import build_model
-
     args = get_args()
     vp_stage = None
     if args.virtual_pipeline_model_parallel_size is not None:
@@ -215,11 +221,10 @@ def model_provider_func(
 
 def _wrap_chunks(chunks: list[Any], args: SimpleNamespace) -> list[Any]:
     """Move each chunk to this GPU, wrap it for fp16/bf16, then in megatron-core's DDP (in that order:
-    DDP's gradient buffers take the dtype and device of the parameters it sees)."""
+    DDP's gradient buffers take the dtype and device of the parameters it sees).
+    """
     from megatron.core.distributed import DistributedDataParallel  # type: ignore[import-not-found]
     from megatron.core.transformer.module import Float16Module  # type: ignore[import-not-found]
-
-    from accelerando.strategies.megatron.config import ddp_config
 
     wrapped = []
     for index, chunk in enumerate(chunks):
@@ -281,8 +286,6 @@ def prepare_optimizer(accelerator: Any, model: list[Any]) -> Any:
     require_cuda("megatron_lm.prepare_optimizer")
     from megatron.core.optimizer import get_megatron_optimizer  # type: ignore[import-not-found]
 
-    from accelerando.strategies.megatron.config import optimizer_config
-
     args = get_args()
     config = optimizer_config(args)
     return get_megatron_optimizer(config, list(model), config_overrides=_config_overrides(args, config))
@@ -302,8 +305,6 @@ def prepare_scheduler(accelerator: Any, optimizer: Any, scheduler: Any) -> Any:
     require_megatron_core("megatron_lm.prepare_scheduler")
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # type: ignore[import-not-found]
 
-    from accelerando.strategies.megatron.config import scheduler_steps
-
     return OptimizerParamScheduler(optimizer, **scheduler_steps(get_args()))
 
 
@@ -320,7 +321,6 @@ def prepare_model_optimizer_scheduler(accelerator: Any) -> tuple[list[Any], Any,
     """
     require_megatron_core("megatron_lm.prepare_model_optimizer_scheduler")
     require_cuda("megatron_lm.prepare_model_optimizer_scheduler")
-    from accelerando.strategies.megatron.models import build_model_chunks
 
     plugin = _plugin(accelerator)
     args = get_args()
@@ -355,9 +355,6 @@ def prepare_data_loader(accelerator: Any, dataloader: Any) -> Any:
     """
     require_megatron_core("megatron_lm.prepare_data_loader")
     from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
-
-    from accelerando.data_loader.prepare import prepare_data_loader as shard_loader
-    from accelerando.strategies.megatron.train_steps import MegatronLMDummyDataLoader
 
     args = get_args()
     if isinstance(dataloader, MegatronLMDummyDataLoader):
