@@ -28,4 +28,3 @@ def _documented_layers() -> list[str]:
 
 def test_the_docs_list_the_contract_layers_in_order() -> None:
     assert _documented_layers() == _contract_layers()
-
