@@ -146,7 +146,7 @@ def test_disk_full_when_writing_the_manifest(tmp_path, monkeypatch) -> None:
     accelerator.save_state()
     real_commit = atomic.commit
 
-    def commit_on_a_full_disk(staging, final_dir, manifest):
+    def commit_on_a_full_disk(staging, final_dir, manifest, durable=True):
         with open(os.path.join(staging, atomic.MANIFEST_NAME + ".tmp"), "w") as handle:
             handle.write("{")
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -127,7 +127,7 @@ def test_reference_logger_names_are_accelerandos_loggers() -> None:
         from accelerando.stand_in import install_as_accelerate
 
         install_as_accelerate()
-        assert logging.getLogger("accelerate.utils.environment") is logging.getLogger("accelerando.common.environment")
+        assert logging.getLogger("accelerate.utils.environment") is logging.getLogger("accelerando.utils.environment")
         assert logging.getLogger("accelerate") is logging.getLogger("accelerando")
         assert logging.getLogger("accelerated").name == "accelerated"  # only the package's own names
         from accelerate.utils import convert_dict_to_env_variables

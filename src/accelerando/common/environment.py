@@ -43,7 +43,8 @@ __all__ = [
     "str_to_bool",
 ]
 
-logger = logging.getLogger(__name__)
+# The reference logs this code under its utils path; scripts and tests listen there.
+logger = logging.getLogger("accelerando.utils.environment")
 
 _TRUE_STRINGS = frozenset({"y", "yes", "t", "true", "on", "1"})
 _FALSE_STRINGS = frozenset({"n", "no", "f", "false", "off", "0"})

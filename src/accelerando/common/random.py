@@ -31,7 +31,8 @@ __all__ = [
     "synchronize_rng_states",
 ]
 
-logger = logging.getLogger(__name__)
+# The reference logs this code under its utils path; scripts and tests listen there.
+logger = logging.getLogger("accelerando.utils.random")
 
 # Accelerator families whose torch module (torch.<name>) exposes the per-device RNG API
 # (is_available, device_count, get_rng_state, set_rng_state, manual_seed_all).

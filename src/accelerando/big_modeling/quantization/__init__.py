@@ -60,7 +60,8 @@ from accelerando.big_modeling.quantization.offload import (
 from accelerando.common.imports import is_4bit_bnb_available, is_8bit_bnb_available, is_bnb_available
 from accelerando.plugins.bnb import BnbQuantizationConfig
 
-logger = logging.getLogger(__name__)
+# The reference logs this code under its utils path; scripts and tests listen there.
+logger = logging.getLogger("accelerando.utils.bnb")
 
 __all__ = [
     "BnbQuantizationConfig",

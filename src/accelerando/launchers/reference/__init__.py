@@ -63,7 +63,8 @@ __all__ = [
     "setup_fp8_env",
 ]
 
-logger = logging.getLogger(__name__)
+# The reference logs this code under its utils path; scripts and tests listen there.
+logger = logging.getLogger("accelerando.utils.launch")
 
 
 _DEFAULT_MAIN_PORT = 29500
