@@ -74,7 +74,7 @@ def test_ram_efficient_loading_device_follows_the_offload_policy(
     import torch.distributed.fsdp as fsdp
 
     from accelerando import FullyShardedDataParallelPlugin
-    from accelerando.strategies.fsdp import state, wrap
+    from accelerando.strategies.fsdp import wrap
 
     given = {"policy": fsdp.OffloadPolicy(), "cpu": fsdp.CPUOffloadPolicy(), "true": True, "false": False}[
         offload
@@ -86,9 +86,9 @@ def test_ram_efficient_loading_device_follows_the_offload_policy(
     seen: dict[str, object] = {}
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kwargs: module)
     monkeypatch.setattr(
-        state, "broadcast_full_state_dict", lambda m, sd, cpu_offload: seen.update(cpu=cpu_offload)
+        wrap, "broadcast_full_state_dict", lambda m, sd, cpu_offload: seen.update(cpu=cpu_offload)
     )
-    monkeypatch.setattr(state, "broadcast_buffers", lambda m: None)
+    monkeypatch.setattr(wrap, "broadcast_buffers", lambda m: None)
     model = nn.Linear(2, 2)
     monkeypatch.setattr(model, "to_empty", lambda device: seen.update(device=str(device)) or model)
     fake_accelerator = torch.device("cuda", 0)  # only compared, never allocated on

@@ -18,6 +18,7 @@ import torch
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
+from accelerando.checkpointing.target import Stateful
 from accelerando.common.serialization import _should_write
 from accelerando.common.unwrap import unwrap_model
 
@@ -119,12 +120,12 @@ def write_state_files(
 
 
 def _write_shared_files(
-    put: Callable[[str, Any, Any], None],
-    model_states: Sequence[dict[str, Any]],
-    optimizers: Sequence[Any],
-    schedulers: Sequence[Any],
-    dataloaders: Sequence[Any],
-    scaler: Any | None,
+    put: Callable[[str, Callable[[object, str], None], object], None],
+    model_states: Sequence[dict[str, torch.Tensor] | None],
+    optimizers: Sequence[Stateful | None],
+    schedulers: Sequence[Stateful],
+    dataloaders: Sequence[object],
+    scaler: Stateful | None,
     safe_serialization: bool,
 ) -> None:
     """The files one process writes for all: weights, optimizer, scheduler, dataloader and scaler states.

@@ -10,9 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.strategies.fsdp.checkpoint import merge_fsdp_weights
 
 __all__ = ["add_parser", "main", "merge_command", "merge_command_parser", "run"]
 
@@ -86,6 +84,9 @@ def merge_command(args: argparse.Namespace) -> int:
         0 on success, 1 when the folder is not a sharded checkpoint, is damaged, or holds items only
         full unpickling can read (without ``--trust_checkpoint``).
     """
+    from accelerando.checkpointing.manifest import CheckpointError
+    from accelerando.strategies.fsdp.checkpoint import merge_fsdp_weights
+
     try:
         out = merge_fsdp_weights(
             args.checkpoint_directory,
