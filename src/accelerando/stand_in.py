@@ -52,6 +52,10 @@ ACCELERATE_COMPAT_VERSION = "1.15.0"
 STAND_IN_NAME = "accelerate"
 
 _TARGET = "accelerando"
+# Reference modules that own code which tests and scripts patch by the reference's path
+# (``mock.patch("accelerate.utils.launch.which")``): accelerando's module at that path only re-exports,
+# so the stand-in resolves the path to the owner module itself, where the patched name is looked up.
+_MOVED_OWNERS = {"accelerate.utils.launch": "accelerando.launchers.reference"}
 _PREFIX = STAND_IN_NAME + "."
 _LOCK = threading.Lock()
 
@@ -125,7 +129,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder):
             return importlib.machinery.ModuleSpec(STAND_IN_NAME, _StandInLoader(_TARGET), is_package=True)
         if not fullname.startswith(_PREFIX):
             return None
-        own = _TARGET + fullname[len(STAND_IN_NAME) :]
+        own = _MOVED_OWNERS.get(fullname) or _TARGET + fullname[len(STAND_IN_NAME) :]
         try:
             own_spec = importlib.util.find_spec(own)
         except ModuleNotFoundError as error:
