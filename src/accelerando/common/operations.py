@@ -16,13 +16,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, NoReturn, ParamSpec, Protocol, TypeGuard, TypeVar, cast, overload
 
 import torch
 
 from accelerando.enums import DistributedType
 from accelerando.state import PartialState
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from accelerando.common.nested import Nested, TensorTree
 
 __all__ = [
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
@@ -63,6 +68,19 @@ __all__ = [
     "wait_for_everyone",
 ]
 
+T = TypeVar("T")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_SequenceT = TypeVar("_SequenceT", bound=Sequence[object])
+_K = TypeVar("_K")
+_O = TypeVar("_O")
+
+
+class _Movable(Protocol):
+    """An object ``send_to_device`` moves: a tensor, or anything else with a ``.to(device)`` method."""
+
+    def to(self, device: torch.device | str | int, /, *, non_blocking: bool = ...) -> object: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorInformation:
@@ -77,7 +95,7 @@ class TensorInformation:
     dtype: torch.dtype
 
 
-def is_torch_tensor(tensor: Any) -> bool:
+def is_torch_tensor(tensor: object) -> bool:
     """Tell whether ``tensor`` is a ``torch.Tensor``.
 
     Args:
@@ -89,7 +107,7 @@ def is_torch_tensor(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor)
 
 
-def is_torch_xpu_tensor(tensor: Any) -> bool:
+def is_torch_xpu_tensor(tensor: object) -> bool:
     """Tell whether ``tensor`` is a ``torch.Tensor`` stored on an Intel XPU device.
 
     Args:
@@ -101,7 +119,7 @@ def is_torch_xpu_tensor(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
 
 
-def is_tensor_information(tensor_info: Any) -> bool:
+def is_tensor_information(tensor_info: object) -> bool:
     """Tell whether ``tensor_info`` is a :class:`TensorInformation`.
 
     Args:
@@ -113,7 +131,7 @@ def is_tensor_information(tensor_info: Any) -> bool:
     return isinstance(tensor_info, TensorInformation)
 
 
-def is_namedtuple(data: Any) -> bool:
+def is_namedtuple(data: object) -> bool:
     """Tell whether ``data`` is an instance of a ``collections.namedtuple`` / ``typing.NamedTuple``.
 
     Args:
@@ -125,7 +143,12 @@ def is_namedtuple(data: Any) -> bool:
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(type(data), "_make")
 
 
-def honor_type(obj: Sequence[Any], generator: Any) -> Sequence[Any]:
+def _constructor(obj: _O) -> Callable[..., _O]:
+    """``type(obj)`` as a callable: a container's constructor is not part of its abstract interface."""
+    return type(obj)
+
+
+def honor_type(obj: _SequenceT, generator: Iterable[object]) -> _SequenceT:
     """Build a sequence of the same type as ``obj`` from the items of ``generator``.
 
     Named tuples take their items as positional arguments; other sequence types take one iterable.
@@ -137,14 +160,16 @@ def honor_type(obj: Sequence[Any], generator: Any) -> Sequence[Any]:
     Returns:
         A new sequence of ``type(obj)``.
     """
+    build = _constructor(obj)
     if is_namedtuple(obj):
-        return type(obj)(*list(generator))
-    return type(obj)(generator)
+        return build(*list(generator))
+    return build(generator)
 
 
-def _rebuild_mapping(data: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
+def _rebuild_mapping(data: Mapping[_K, object], items: dict[_K, object]) -> Mapping[_K, object]:
+    build = _constructor(data)
     try:
-        return type(data)(items)
+        return build(items)
     except TypeError:
         # Some Mapping subclasses take keyword arguments or extra constructor arguments; a shallow
         # copy keeps their other attributes, then the values are replaced.
@@ -159,13 +184,13 @@ def _rebuild_mapping(data: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[
 
 
 def recursively_apply(
-    func: Callable[..., Any],
-    data: Any,
-    *args: Any,
-    test_type: Callable[[Any], bool] = is_torch_tensor,
+    func: Callable[..., object],
+    data: object,
+    *args: object,
+    test_type: Callable[[object], bool] = is_torch_tensor,
     error_on_other_type: bool = False,
-    **kwargs: Any,
-) -> Any:
+    **kwargs: object,
+) -> object:
     """Apply ``func`` to every leaf of a nested structure that passes ``test_type``.
 
     Lists, tuples (named ones too) and mappings are walked and rebuilt with their own type; leaves
@@ -186,7 +211,7 @@ def recursively_apply(
         TypeError: if ``error_on_other_type`` and a leaf does not pass ``test_type``.
     """
 
-    def walk(item: Any) -> Any:
+    def walk(item: object) -> object:
         if isinstance(item, (tuple, list)):
             return honor_type(item, (walk(o) for o in item))
         if isinstance(item, Mapping):
@@ -205,7 +230,11 @@ def recursively_apply(
     return walk(data)
 
 
-def _move(obj: Any, device: torch.device | str | int, non_blocking: bool) -> Any:
+def _has_to(item: object) -> TypeGuard[_Movable]:
+    return callable(getattr(item, "to", None)) and not isinstance(item, type)
+
+
+def _move(obj: _Movable, device: torch.device | str | int, non_blocking: bool) -> object:
     if isinstance(device, str) and device == "npu":
         # torch_npu cannot find the current device context for a bare "npu" on first use.
         device = "npu:0"
@@ -217,11 +246,11 @@ def _move(obj: Any, device: torch.device | str | int, non_blocking: bool) -> Any
 
 
 def send_to_device(
-    tensor: Any,
+    tensor: T,
     device: torch.device | str | int,
     non_blocking: bool = False,
     skip_keys: list[str] | str | None = None,
-) -> Any:
+) -> T:
     """Move every tensor (or object with a ``.to`` method) of a nested structure to ``device``.
 
     Args:
@@ -238,12 +267,12 @@ def send_to_device(
         skip_keys = [skip_keys]
     skip = frozenset(skip_keys or ())
 
-    def walk(item: Any) -> Any:
+    def walk(item: object) -> object:
         if isinstance(item, torch.Tensor):
             return _move(item, device, non_blocking)
         if isinstance(item, Mapping) and (skip or not hasattr(item, "to")):
             return _rebuild_mapping(item, {k: v if k in skip else walk(v) for k, v in item.items()})
-        if hasattr(item, "to") and callable(item.to) and not isinstance(item, type):
+        if _has_to(item):
             return _move(item, device, non_blocking)
         if isinstance(item, (tuple, list)):
             return honor_type(item, (walk(o) for o in item))
@@ -252,10 +281,12 @@ def send_to_device(
             return dataclasses.replace(item, **changes)
         return item
 
-    return walk(tensor)
+    # Every container is rebuilt with its own type and tensors stay tensors: the result has the
+    # input's type, which the checker cannot follow through the recursion.
+    return cast("T", walk(tensor))
 
 
-def _convert_to_list(tensor: torch.Tensor) -> Any:
+def _convert_to_list(tensor: torch.Tensor) -> object:
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
         # numpy-backed tolist() has no bfloat16.
@@ -263,7 +294,7 @@ def _convert_to_list(tensor: torch.Tensor) -> Any:
     return tensor.tolist()
 
 
-def listify(data: Any) -> Any:
+def listify(data: TensorTree) -> object:
     """Turn every tensor of a nested structure into nested Python lists (or a number for 0-d).
 
     Args:
@@ -275,11 +306,11 @@ def listify(data: Any) -> Any:
     return recursively_apply(_convert_to_list, data)
 
 
-def _is_half(tensor: Any) -> bool:
+def _is_half(tensor: object) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.dtype in (torch.float16, torch.bfloat16)
 
 
-def convert_to_fp32(tensor: Any) -> Any:
+def convert_to_fp32(tensor: T) -> T:
     """Convert every float16 / bfloat16 tensor of a nested structure to float32.
 
     Args:
@@ -288,10 +319,10 @@ def convert_to_fp32(tensor: Any) -> Any:
     Returns:
         The same structure with half-precision tensors upcast.
     """
-    return recursively_apply(lambda t: t.float(), tensor, test_type=_is_half)
+    return _map_tensors(lambda t: t.float(), tensor, test_type=_is_half)
 
 
-def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+def convert_outputs_to_fp32(model_forward: Callable[_P, _R]) -> Callable[_P, _R]:
     """Wrap a forward function so that its half-precision outputs come back as float32.
 
     The wrapper keeps the wrapped function in ``__wrapped__`` so it can be removed again.
@@ -304,20 +335,37 @@ def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., 
     """
 
     @functools.wraps(model_forward)
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         return convert_to_fp32(model_forward(*args, **kwargs))
 
     return forward
 
 
-def _tensor_leaves(data: Any, strict: bool = False) -> list[torch.Tensor]:
+def _map_tensors(
+    func: Callable[..., torch.Tensor],
+    data: T,
+    *args: object,
+    test_type: Callable[[object], bool] = is_torch_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: object,
+) -> T:
+    """``recursively_apply`` for a ``func`` that maps tensors to tensors: the result has ``data``'s type."""
+    result = recursively_apply(
+        func, data, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+    )
+    # Containers are rebuilt with their own types and tensors replaced by tensors, so the structure's
+    # type is kept; the checker cannot follow that through the recursion.
+    return cast("T", result)
+
+
+def _tensor_leaves(data: object, strict: bool = False) -> list[torch.Tensor]:
     # With strict, a non-tensor leaf raises here, before any process enters a collective.
     leaves: list[torch.Tensor] = []
     recursively_apply(leaves.append, data, error_on_other_type=strict)
     return leaves
 
 
-def find_batch_size(data: Any) -> int:
+def find_batch_size(data: object) -> int:
     """Return the size of the first dimension of the first batched tensor in a nested structure.
 
     Args:
@@ -344,11 +392,11 @@ def find_batch_size(data: Any) -> int:
 
 
 def slice_tensors(
-    data: Any,
-    tensor_slice: slice | int | Any,
+    data: T,
+    tensor_slice: slice | int | torch.Tensor | Sequence[int] | tuple[slice | int | None, ...],
     process_index: int | None = None,
     num_processes: int | None = None,
-) -> Any:
+) -> T:
     """Index every tensor of a nested structure with ``tensor_slice`` (along the first dimension).
 
     Args:
@@ -360,10 +408,10 @@ def slice_tensors(
     Returns:
         The same structure with each tensor replaced by ``tensor[tensor_slice]``.
     """
-    return recursively_apply(lambda t: t[tensor_slice], data)
+    return _map_tensors(lambda t: t[tensor_slice], data)
 
 
-def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
+def concatenate(data: Sequence[T], dim: int = 0) -> T:
     """Concatenate a list of structures of the same layout leaf by leaf.
 
     Args:
@@ -383,16 +431,22 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     if len(data) == 1:
         # One batch has nothing to merge: it is returned as it is, whatever its leaves.
         return first
+    # Every structure has the first one's layout (the documented contract), so each is read as a
+    # container of the same kind as the first.
     if isinstance(first, (tuple, list)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+        rows = cast("Sequence[Sequence[object]]", data)
+        return honor_type(first, (concatenate([d[i] for d in rows], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
+        maps = cast("Sequence[Mapping[object, object]]", data)
+        return cast(
+            "T", _rebuild_mapping(first, {k: concatenate([d[k] for d in maps], dim=dim) for k in first})
+        )
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"Can only concatenate tensors, but got {type(first).__name__}.")
-    return torch.cat(list(data), dim=dim)
+    return cast("T", torch.cat(cast("list[torch.Tensor]", list(data)), dim=dim))
 
 
-def get_data_structure(data: Any) -> Any:
+def get_data_structure(data: TensorTree) -> Nested[TensorInformation]:
     """Replace every tensor of a nested structure by its :class:`TensorInformation` (shape and dtype).
 
     The result describes the layout without the data, so it can travel between processes cheaply
@@ -404,10 +458,13 @@ def get_data_structure(data: Any) -> Any:
     Returns:
         The same structure with ``TensorInformation`` in place of tensors.
     """
-    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+    return cast(
+        "Nested[TensorInformation]",
+        recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data),
+    )
 
 
-def get_shape(data: Any) -> Any:
+def get_shape(data: object) -> object:
     """Replace every tensor of a nested structure by its shape, as a list of ints.
 
     Args:
@@ -419,7 +476,7 @@ def get_shape(data: Any) -> Any:
     return recursively_apply(lambda t: list(t.shape), data)
 
 
-def initialize_tensors(data_structure: Any) -> Any:
+def initialize_tensors(data_structure: Nested[TensorInformation]) -> TensorTree:
     """Build uninitialised CPU tensors from a structure made by :func:`get_data_structure`.
 
     Args:
@@ -428,14 +485,17 @@ def initialize_tensors(data_structure: Any) -> Any:
     Returns:
         The same structure with ``torch.empty(shape, dtype=dtype)`` in place of each description.
     """
-    return recursively_apply(
-        lambda info: torch.empty(info.shape, dtype=info.dtype),
-        data_structure,
-        test_type=is_tensor_information,
+    return cast(
+        "TensorTree",
+        recursively_apply(
+            lambda info: torch.empty(info.shape, dtype=info.dtype),
+            data_structure,
+            test_type=is_tensor_information,
+        ),
     )
 
 
-def find_device(data: Any) -> torch.device | None:
+def find_device(data: object) -> torch.device | None:
     """Return the device of the first tensor found in a nested structure (depth first, in order).
 
     Args:
@@ -444,7 +504,7 @@ def find_device(data: Any) -> torch.device | None:
     Returns:
         That tensor's device, or None when the structure holds no tensor.
     """
-    stack = [data]
+    stack: list[object] = [data]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
@@ -456,7 +516,7 @@ def find_device(data: Any) -> torch.device | None:
     return None
 
 
-def ignorant_find_batch_size(data: Any) -> int | None:
+def ignorant_find_batch_size(data: object) -> int | None:
     """Like :func:`find_batch_size`, but None instead of an error when no batch size can be found.
 
     Args:
@@ -471,7 +531,7 @@ def ignorant_find_batch_size(data: Any) -> int | None:
         return None
 
 
-def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+def pad_input_tensors(tensor: T, batch_size: int, num_processes: int, dim: int = 0) -> T:
     """Pad every tensor of a batch with zeros along ``dim`` so the batch splits evenly over processes.
 
     The size along ``dim`` grows to the next multiple of ``num_processes`` (and to at least
@@ -507,7 +567,7 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
         padded[tuple(index)] = t
         return padded
 
-    return recursively_apply(pad, tensor, error_on_other_type=True)
+    return _map_tensors(pad, tensor, error_on_other_type=True)
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -524,15 +584,15 @@ class ConvertOutputsToFp32:
         model_forward: the forward function to wrap.
     """
 
-    def __init__(self, model_forward: Callable[..., Any]) -> None:
+    def __init__(self, model_forward: Callable[..., object]) -> None:
         self.model_forward = model_forward
         functools.update_wrapper(self, model_forward)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         """Run the forward and upcast its half-precision outputs."""
         return convert_to_fp32(self.model_forward(*args, **kwargs))
 
-    def __getstate__(self) -> Any:
+    def __getstate__(self) -> NoReturn:
         import pickle
 
         raise pickle.PicklingError(
@@ -544,12 +604,12 @@ class ConvertOutputsToFp32:
 # --- communication ---------------------------------------------------------------------------------
 
 
-def _state() -> Any:
+def _state() -> PartialState:
 
     return PartialState()
 
 
-def _distributed() -> Any | None:
+def _distributed() -> PartialState | None:
     state = _state()
     return state if state.use_distributed else None
 
@@ -573,7 +633,7 @@ def _check_same_layout(tensors: list[torch.Tensor], device: torch.device, what: 
     dist.all_gather(everyone, mine)
     if all(torch.equal(other, mine) for other in everyone):
         return
-    layouts: list[Any] = [None] * dist.get_world_size()
+    layouts: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(layouts, [(tuple(t.shape), str(t.dtype)) for t in tensors])
     detail = "; ".join(f"process {rank}: {layout}" for rank, layout in enumerate(layouts))
     raise ValueError(
@@ -583,7 +643,7 @@ def _check_same_layout(tensors: list[torch.Tensor], device: torch.device, what: 
     )
 
 
-def _comm_device(tensors: list[torch.Tensor], state: Any) -> torch.device:
+def _comm_device(tensors: list[torch.Tensor], state: PartialState) -> torch.device:
     return tensors[0].device if tensors else torch.device(state.device)
 
 
@@ -606,7 +666,7 @@ def _all_gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return output
 
 
-def gather(tensor: Any) -> Any:
+def gather(tensor: T) -> T:
     """Gather tensors from all processes and concatenate them along the first dimension.
 
     0-d tensors are gathered as one element each (the result has one entry per process);
@@ -629,10 +689,18 @@ def gather(tensor: Any) -> Any:
         return tensor
     leaves = _tensor_leaves(tensor, strict=True)
     _check_same_layout(leaves, _comm_device(leaves, state), "gather")
-    return recursively_apply(_all_gather_tensor, tensor, error_on_other_type=True)
+    return _map_tensors(_all_gather_tensor, tensor, error_on_other_type=True)
 
 
-def gather_object(object: Any) -> list[Any]:
+@overload
+def gather_object(object: list[T] | tuple[T, ...]) -> list[T]: ...
+
+
+@overload
+def gather_object(object: T) -> list[T]: ...
+
+
+def gather_object(object: object) -> Sequence[object]:
     """Gather picklable objects from all processes.
 
     A list (or tuple) passed by a process contributes its items; any other object contributes
@@ -650,9 +718,9 @@ def gather_object(object: Any) -> list[Any]:
         return list(object) if isinstance(object, (list, tuple)) else [object]
     import torch.distributed as dist
 
-    gathered: list[Any] = [None] * dist.get_world_size()
+    gathered: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, object)
-    result: list[Any] = []
+    result: list[object] = []
     for contribution in gathered:
         if isinstance(contribution, (list, tuple)):
             result.extend(contribution)
@@ -661,14 +729,14 @@ def gather_object(object: Any) -> list[Any]:
     return result
 
 
-def _check_source(from_process: int, state: Any) -> None:
+def _check_source(from_process: int, state: PartialState) -> None:
     if not 0 <= from_process < state.num_processes:
         raise ValueError(
             f"from_process={from_process} is not a process of this run; use a rank in [0, {state.num_processes - 1}]."
         )
 
 
-def broadcast(tensor: Any, from_process: int = 0) -> Any:
+def broadcast(tensor: T, from_process: int = 0) -> T:
     """Copy the tensors of process ``from_process`` into the same-shaped tensors of every process.
 
     The tensors are overwritten in place (and returned for convenience).
@@ -701,10 +769,10 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             t.copy_(buffer)
         return t
 
-    return recursively_apply(one, tensor, error_on_other_type=True)
+    return _map_tensors(one, tensor, error_on_other_type=True)
 
 
-def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+def broadcast_object_list(object_list: list[T], from_process: int = 0) -> list[T]:
     """Replace, in place, the items of ``object_list`` on every process by those of ``from_process``.
 
     Args:
@@ -735,7 +803,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 _REDUCTIONS = ("mean", "sum", "none", None)
 
 
-def reduce(tensor: Any, reduction: str | None = "mean", scale: float = 1.0) -> Any:
+def reduce(tensor: T, reduction: str | None = "mean", scale: float = 1.0) -> T:
     """Reduce every tensor of a nested structure across processes.
 
     The input is not modified: a reduced copy is returned. Each process's tensor is multiplied by
@@ -774,7 +842,7 @@ def reduce(tensor: Any, reduction: str | None = "mean", scale: float = 1.0) -> A
             result = result / num_processes
         return result
 
-    return recursively_apply(one, tensor, error_on_other_type=True)
+    return _map_tensors(one, tensor, error_on_other_type=True)
 
 
 def _warn_if_nested(tensor: torch.Tensor) -> bool:
@@ -813,7 +881,7 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index: int, pad_first: bool) ->
     return padded
 
 
-def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+def pad_across_processes(tensor: T, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> T:
     """Pad tensors along ``dim`` to the largest size any process holds, so they can be gathered.
 
     Tensors with fewer than ``dim + 1`` dimensions are returned unchanged.
@@ -835,9 +903,12 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         # Nothing to pad against; a nested tensor still gets its warning, as it would with peers.
         recursively_apply(_warn_if_nested, tensor)
         return tensor
-    return recursively_apply(
+    # Called directly (not through _map_tensors): the nested-tensor warning's stacklevel counts these
+    # frames. Tensors are replaced by tensors, so the structure keeps its type.
+    padded = recursively_apply(
         _pad_one, tensor, dim=dim, pad_index=pad_index, pad_first=pad_first, error_on_other_type=True
     )
+    return cast("T", padded)
 
 
 # --- checks around collectives ---------------------------------------------------------------------
@@ -845,10 +916,10 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 # Distributed types whose collectives go through torch.distributed (the reference's list, in its
 # order); names without a member in this version's enum stay plain strings, which compare equal to
 # the string-valued members.
-TORCH_DISTRIBUTED_OPERATION_TYPES: list[Any] = []
+TORCH_DISTRIBUTED_OPERATION_TYPES: list[DistributedType | str] = []
 
 
-def _distributed_operation_types() -> list[Any]:
+def _distributed_operation_types() -> list[DistributedType | str]:
     names = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
              "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON"]  # fmt: skip
     return [getattr(DistributedType, name, name) for name in names]
@@ -861,11 +932,11 @@ class DistributedOperationException(Exception):
     """Raised when the processes call a collective with data that do not match (e.g. different shapes)."""
 
 
-def _first_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _first_argument(args: tuple[object, ...], kwargs: Mapping[str, object]) -> object:
     return kwargs["tensor"] if "tensor" in kwargs else (args[0] if args else None)
 
 
-def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+def verify_operation(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorate a collective so that, in debug mode, mismatched shapes fail before it runs.
 
     With several processes and debug mode on (``ACCELERATE_DEBUG_MODE=1`` or the ``debug`` setting),
@@ -881,7 +952,7 @@ def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         state = _state()
         if not state.use_distributed or not state.debug:
             return function(*args, **kwargs)
@@ -898,7 +969,7 @@ def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+def chained_operation(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorate an operation built on other collectives so their mismatch errors name it too.
 
     A :class:`DistributedOperationException` raised inside is raised again, chained, naming
@@ -912,7 +983,7 @@ def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return function(*args, **kwargs)
         except DistributedOperationException as error:
@@ -990,12 +1061,11 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
             "No process passed a tensor: the process holding the data must pass it (others pass None)."
         )
     shape, code = gather_tensor_shape(tensor)
-    device = tensor.device if tensor is not None and dist.get_rank() == source else torch.device(state.device)
-    buffer = (
-        tensor.contiguous()
-        if dist.get_rank() == source
-        else torch.empty(shape.tolist(), dtype=_DTYPE_CODES[code], device=device)
-    )
+    if dist.get_rank() == source:
+        assert tensor is not None  # the source is, by construction, a process that passed a tensor
+        buffer = tensor.contiguous()
+    else:
+        buffer = torch.empty(shape.tolist(), dtype=_DTYPE_CODES[code], device=torch.device(state.device))
     dist.broadcast(buffer, src=source)
     return buffer
 
@@ -1003,14 +1073,17 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 # --- gathering sharded parameters ------------------------------------------------------------------
 
 
-def _is_zero3_param(param: Any) -> bool:
+def _is_zero3_param(param: object) -> bool:
     # DeepSpeed ZeRO-3 marks the parameters it partitions with a ds_id.
     return hasattr(param, "ds_id")
 
 
 def GatheredParameters(  # noqa: N802 - the reference's name for a context-manager factory
-    params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
-) -> Any:
+    params: torch.Tensor | Iterable[torch.Tensor] | None,
+    modifier_rank: int | None = None,
+    fwd_module: torch.nn.Module | None = None,
+    enabled: bool = True,
+) -> AbstractContextManager[object]:
     """Context manager in which parameters sharded by DeepSpeed ZeRO-3 are whole on every process.
 
     For ZeRO-3 parameters this is ``deepspeed.zero.GatheredParameters``: inside the block each
