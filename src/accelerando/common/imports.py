@@ -21,7 +21,7 @@ import importlib.util
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import torch
 
@@ -59,7 +59,8 @@ __all__ = [
     "torchao_required",
 ]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Set USE_TORCH_XLA=0 to make accelerando ignore an installed torch_xla (read once, at import).
 USE_TORCH_XLA: bool = (environment_text("USE_TORCH_XLA") or "true").strip().lower() not in (
@@ -71,7 +72,7 @@ USE_TORCH_XLA: bool = (environment_text("USE_TORCH_XLA") or "true").strip().lowe
     "f",
 )
 
-_OPERATORS: dict[str, Callable[[object, object], bool]] = {
+_OPERATORS: dict[str, Callable[[Version, Version], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
     "==": operator.eq,
@@ -409,23 +410,27 @@ def _docstring(check: _PackageCheck) -> str:
 
 def _make_check(check: _PackageCheck) -> Callable[..., bool]:
     """Build the public function for one table row, with the parameters the reference gives it."""
+    available: Callable[..., bool]
     if check.device_family is not None:
 
-        def available(check_device: bool = False) -> bool:
+        def with_device(check_device: bool = False) -> bool:
             if not _installed(check, None):
                 return False
             return not check_device or _device_visible(check)
 
+        available = with_device
     elif check.version_parameter:
 
-        def available(min_version: str | None = check.min_version) -> bool:  # type: ignore[misc]
+        def with_version(min_version: str | None = check.min_version) -> bool:
             return _installed(check, min_version)
 
+        available = with_version
     else:
 
-        def available() -> bool:  # type: ignore[misc]
+        def fixed() -> bool:
             return _installed(check, check.min_version)
 
+        available = fixed
     available.__name__ = available.__qualname__ = check.name
     available.__doc__ = _docstring(check)
     return available
@@ -433,6 +438,54 @@ def _make_check(check: _PackageCheck) -> Callable[..., bool]:
 
 globals().update({check.name: _make_check(check) for check in _PACKAGE_CHECKS})
 __all__ += [check.name for check in _PACKAGE_CHECKS]
+
+if TYPE_CHECKING:
+    # The checks generated above, declared for static analysis (one per _PACKAGE_CHECKS row, same
+    # parameters; tests/utils/test_imports_declared.py keeps the two in step).
+    def is_deepspeed_available() -> bool: ...
+    def is_transformers_available() -> bool: ...
+    def is_datasets_available() -> bool: ...
+    def is_peft_available() -> bool: ...
+    def is_bnb_available(min_version: str | None = None) -> bool: ...
+    def is_4bit_bnb_available() -> bool: ...
+    def is_8bit_bnb_available() -> bool: ...
+    def is_numpy_available(min_version: str | None = "1.25.0") -> bool: ...
+    def is_pandas_available() -> bool: ...
+    def is_matplotlib_available() -> bool: ...
+    def is_rich_available() -> bool: ...
+    def is_tqdm_available() -> bool: ...
+    def is_pytest_available() -> bool: ...
+    def is_timm_available() -> bool: ...
+    def is_torchvision_available() -> bool: ...
+    def is_torchdata_available() -> bool: ...
+    def is_torchdata_stateful_dataloader_available() -> bool: ...
+    def is_megatron_lm_available() -> bool: ...
+    def is_ipex_available() -> bool: ...
+    def is_transformer_engine_available() -> bool: ...
+    def is_torchao_available() -> bool: ...
+    def is_msamp_available() -> bool: ...
+    def is_schedulefree_available() -> bool: ...
+    def is_lomo_available() -> bool: ...
+    def is_import_timer_available() -> bool: ...
+    def is_pynvml_available() -> bool: ...
+    def is_amdsmi_available() -> bool: ...
+    def is_boto3_available() -> bool: ...
+    def is_sagemaker_available() -> bool: ...
+    def is_wandb_available() -> bool: ...
+    def is_tensorboard_available() -> bool: ...
+    def is_comet_ml_available() -> bool: ...
+    def is_mlflow_available() -> bool: ...
+    def is_aim_available() -> bool: ...
+    def is_clearml_available() -> bool: ...
+    def is_dvclive_available() -> bool: ...
+    def is_swanlab_available() -> bool: ...
+    def is_trackio_available() -> bool: ...
+    def is_neptune_available() -> bool: ...
+    def is_npu_available(check_device: bool = False) -> bool: ...
+    def is_mlu_available(check_device: bool = False) -> bool: ...
+    def is_musa_available(check_device: bool = False) -> bool: ...
+    def is_sdaa_available(check_device: bool = False) -> bool: ...
+    def is_neuron_available(check_device: bool = False) -> bool: ...
 
 
 def _ask(check_name: str) -> bool:
@@ -577,11 +630,11 @@ def is_bitsandbytes_multi_backend_available() -> bool:
 # --- decorators -------------------------------------------------------------------------------------
 
 
-def _requires(check_name: str, what: str, install: str) -> Callable[[_F], _F]:
+def _requires(check_name: str, what: str, install: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     # The check is looked up by name at each call, so it sees the environment of the call.
-    def decorator(func: _F) -> _F:
+    def decorator(func: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             if not globals()[check_name]():
                 raise ImportError(
                     f"{getattr(func, '__qualname__', func)} needs {what}, which is not installed. "
@@ -589,12 +642,12 @@ def _requires(check_name: str, what: str, install: str) -> Callable[[_F], _F]:
                 )
             return func(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorator
 
 
-def deepspeed_required(func: _F) -> _F:
+def deepspeed_required(func: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorate a function so that calling it without DeepSpeed installed raises a clear error.
 
     Args:
@@ -609,7 +662,7 @@ def deepspeed_required(func: _F) -> _F:
     return _requires("is_deepspeed_available", "DeepSpeed", "deepspeed")(func)
 
 
-def torchao_required(func: _F) -> _F:
+def torchao_required(func: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorate a function so that calling it without torchao installed raises a clear error.
 
     Args:
