@@ -202,12 +202,18 @@ def discard(path: str, durable: bool = True) -> None:
     """
     if not os.path.lexists(path):
         return
+    trash = _to_trash(path)
+    if durable:
+        fsync_dir(os.path.dirname(trash))
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _to_trash(path: str) -> str:
+    """Rename ``path`` to a hidden trash name beside it (not flushed) and return that name."""
     parent, name = os.path.split(os.path.abspath(path))
     trash = os.path.join(parent, f".{name.lstrip('.')}{_TRASH_MARK}{uuid.uuid4().hex[:8]}")
     os.rename(path, trash)
-    if durable:
-        fsync_dir(parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    return trash
 
 
 def remove_stale(parent: str, name_prefix: str = "checkpoint_") -> None:
@@ -297,7 +303,9 @@ def commit(staging: str, final_dir: str, manifest: Manifest, durable: bool = Tru
     if os.path.lexists(final_dir):
         if _exchange(staging, final_dir):
             sync_dir(parent)
-            discard(staging, durable)  # now holds the previous checkpoint
+            # The staging name now holds the previous checkpoint. Its move to the trash needs no flush of
+            # its own: after a crash either hidden name is a leftover that the next save removes.
+            discard(staging, durable=False)
             return
         discard(final_dir, durable)
     os.rename(staging, final_dir)
@@ -365,8 +373,11 @@ def rotate(
         if number not in kept
         and (os.path.abspath(path) not in skipped or (oldest_kept is not None and number < oldest_kept))
     ]
-    for path in doomed:
-        discard(path, durable)
+    trashed = [_to_trash(path) for path in doomed]
+    if trashed and durable:
+        fsync_dir(checkpoints_dir)  # one flush for every rename above
+    for trash in trashed:
+        shutil.rmtree(trash, ignore_errors=True)
     return doomed
 
 
