@@ -3,11 +3,12 @@
 The raw floor of a durable save is each file written once and flushed once. ``save_state`` adds the
 manifest and one flush per folder it changes (the staging folder, its parent), and no more:
 overwriting a checkpoint or rotating old ones away adds at most one flush of the parent folder, and
-every payload byte is written once.
+every payload byte is written once, hashed for the manifest as it is written (never read back).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ import torch
 
 from accelerando import Accelerator
 from accelerando.checkpointing import list_checkpoints, verify_checkpoint
+from accelerando.checkpointing.digest import PIECE_BYTES, available, file_digest
+from accelerando.checkpointing.written import StreamDigest
 from accelerando.plugins.project import ProjectConfiguration
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
@@ -106,3 +109,42 @@ def test_a_save_writes_each_payload_byte_once(tmp_path) -> None:
     assert payload > 700_000  # weights + AdamW state of a 256 x 256 layer
     # The files once, the manifest once, the lock's 512-byte record: nothing written twice.
     assert payload + manifest <= written <= payload + manifest + 4096, (written, payload, manifest)
+
+
+def test_a_save_hashes_while_writing_and_reads_no_file_back(tmp_path, monkeypatch) -> None:
+    accelerator = _prepared(tmp_path)
+    accelerator.save_state(str(tmp_path / "first"))  # imports and lazy set-up are done
+    reads: list[str] = []
+    real_mmap, real_pread = mmap.mmap, os.pread
+
+    def counting_mmap(fd: int, *args: object, **kwargs: object) -> mmap.mmap:
+        reads.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_mmap(fd, *args, **kwargs)
+
+    def counting_pread(fd: int, size: int, offset: int) -> bytes:
+        reads.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(mmap, "mmap", counting_mmap)
+    monkeypatch.setattr(os, "pread", counting_pread)
+    folder = str(tmp_path / "second")
+    accelerator.save_state(folder)
+    monkeypatch.undo()
+    assert reads == []
+    # The checksums computed while writing are those of the bytes on disk.
+    files = verify_checkpoint(folder, checksums=True).files
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= set(files)
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64-p64m", "crc32-p64m"])
+def test_stream_digest_equals_the_digest_of_the_file(tmp_path, algorithm) -> None:
+    if not available(algorithm):
+        pytest.skip(f"{algorithm} needs xxhash")
+    data = os.urandom(1 << 16) * (PIECE_BYTES // (1 << 16) + 1)  # a bit over one piece
+    for size in (0, 1, PIECE_BYTES, len(data)):
+        path = tmp_path / f"f{size}"
+        path.write_bytes(data[:size])
+        stream = StreamDigest(algorithm)
+        for start in range(0, size, 3 * 2**20 + 7):  # chunks that straddle the piece boundary
+            stream.update(memoryview(data)[start : min(size, start + 3 * 2**20 + 7)])
+        assert stream.entry() == file_digest(str(path), algorithm), size

@@ -22,6 +22,7 @@ kernel panic) may, because the data can still be in the page cache when the rena
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -33,6 +34,7 @@ import threading
 import uuid
 from collections.abc import Iterable
 
+from accelerando.checkpointing import written
 from accelerando.checkpointing.digest import FileEntry, PendingDigests, default_algorithm, file_digest
 from accelerando.checkpointing.manifest import (
     MANIFEST_NAME,
@@ -102,20 +104,25 @@ def fsync_dir(path: str) -> None:
 class FileDescriber:
     """Make files durable and describe them for the manifest, each as soon as it is written.
 
-    ``add(name)`` hands over a finished file: a flusher thread ``fsync``s it and the digest pool hashes it
-    (reading back the bytes that reached the file) while the caller writes the next one, so disk
-    writeback and checksums overlap serialisation. ``finish()`` waits and returns the entries;
-    ``close()`` (idempotent) releases everything after a failure.
+    ``add(name)`` hands over a finished file: a flusher thread ``fsync``s it while the caller writes the
+    next one. Its checksum is the one its writer computed while writing it, when the writer did
+    (:mod:`accelerando.checkpointing.written`: files written by this thread into the folder while the
+    describer is open); otherwise the digest pool hashes the file, reading back the bytes that reached
+    it. ``finish()`` waits and returns the entries; ``close()`` (idempotent) releases everything.
     """
 
     def __init__(self, folder: str, durable: bool = True) -> None:
         self._folder = folder
         self._durable = durable  # False: hash only, no fsync (a scratch save)
         self._names: list[str] = []
+        self._hashed: list[str] = []  # the names the digest pool hashes, in its order
+        self._known: dict[str, FileEntry] = {}  # checksums computed while writing
         self._digests = PendingDigests()
         self._paths: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._errors: list[BaseException] = []
         self._flusher: threading.Thread | None = None
+        self._collecting: contextlib.ExitStack | None = contextlib.ExitStack()
+        self._collecting.enter_context(written.collecting(folder))
 
     def add(self, name: str) -> None:
         """Start flushing and hashing ``name`` (relative to the folder); raises if it cannot be opened."""
@@ -126,7 +133,12 @@ class FileDescriber:
         if self._durable:
             self._paths.put(path)
         self._names.append(name)
-        self._digests.add(path)
+        known = written.take(path)
+        if known is not None:
+            self._known[name] = known
+        else:
+            self._hashed.append(name)
+            self._digests.add(path)
 
     def _flush_loop(self) -> None:
         while (path := self._paths.get()) is not None:
@@ -150,15 +162,18 @@ class FileDescriber:
             OSError: If a flush or a read failed.
         """
         try:
-            entries = self._digests.result()
+            hashed = dict(zip(self._hashed, self._digests.result(), strict=True))
         finally:
             self._stop_flusher()
         if self._errors:
             raise self._errors[0]
-        return dict(zip(self._names, entries, strict=True))
+        return {name: self._known[name] if name in self._known else hashed[name] for name in self._names}
 
     def close(self) -> None:
         """Stop the flusher and the hashing of a describer that will not finish (after a failure)."""
+        if self._collecting is not None:
+            self._collecting.close()
+            self._collecting = None
         self._stop_flusher()
         self._digests.close()
 

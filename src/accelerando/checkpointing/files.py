@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from accelerando.checkpointing import written
 from accelerando.checkpointing.headers import check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.common.constants import (
@@ -80,8 +81,21 @@ def model_file(index: int, safe_serialization: bool) -> str:
 
 
 def torch_save(obj: Any, path: str) -> None:
-    """``torch.save`` to ``path`` (durability is handled by the commit step)."""
-    torch.save(obj, path)  # a path, not a Python file object: torch's C++ writer is faster
+    """``torch.save`` to ``path`` (durability is handled by the commit step).
+
+    Inside a save's staging folder (:func:`accelerando.checkpointing.written.collecting`) the bytes are
+    hashed as they are written, so the manifest's checksum needs no second read of the file.
+    """
+    if not written.is_collected(path):
+        torch.save(obj, path)  # a path, not a Python file object: torch's C++ writer is faster
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        sink = written.HashingFile(fd)
+        torch.save(obj, sink)
+        written.record(path, sink.digest.entry(), os.fstat(fd))
+    finally:
+        os.close(fd)
 
 
 # Files at least this big are read through a memory map when the caller copies their tensors
@@ -205,7 +219,10 @@ def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization
         from safetensors.torch import save_file
 
         cleaned = clean_state_dict_for_safetensors(state_dict)
-        save_file({k: v.detach() for k, v in cleaned.items()}, path, metadata={"format": "pt"})
+        tensors = {k: v.detach() for k, v in cleaned.items()}
+        save_file(tensors, path, metadata={"format": "pt"})
+        if written.is_collected(path):
+            written.record_safetensors(path, tensors)  # hashes the memory just written, not the file
     else:
         torch_save(state_dict, path)
 

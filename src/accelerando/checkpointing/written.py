@@ -1,0 +1,260 @@
+"""Checksums computed while a checkpoint file is written, so that the save never reads it back.
+
+A durable save describes every file in the manifest (size and checksum, see
+:mod:`accelerando.checkpointing.digest`). Hashing a file after writing it reads every byte again;
+the writers of :mod:`accelerando.checkpointing.files` instead hash the bytes they hand to the kernel
+(``torch.save`` files) or the tensors' memory that ``safetensors`` copied into the file, with the
+same pieced algorithm, and leave the result here. :class:`~accelerando.checkpointing.atomic.FileDescriber`
+takes it when the file is handed over, after checking that the file is still the one written (same
+inode, size and modification time); any other file is hashed by reading it, as before.
+
+Only files written into a folder a describer is collecting in this thread (:func:`collecting`) are
+hashed this way, so writes outside a save cost nothing extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+import sys
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+
+from accelerando.checkpointing.digest import PIECE_BYTES, FileEntry, default_algorithm
+
+__all__ = [
+    "HashingFile",
+    "StreamDigest",
+    "collecting",
+    "is_collected",
+    "record",
+    "record_safetensors",
+    "take",
+]
+
+_PIECED_SUFFIX = "-p64m"
+# Chunks at least this big are hashed on a helper thread while this thread writes them (both release
+# the GIL), so hashing adds no time to a write of tensor data.
+_OVERLAP_MIN_BYTES = 1 << 20
+_MAX_RECORDS = 256
+
+
+class _Hasher(Protocol):
+    def update(self, data: memoryview) -> None: ...
+
+    def intdigest(self) -> int: ...
+
+
+class _Crc32:
+    """zlib's CRC-32 with the update/intdigest interface of ``xxhash.xxh3_64``."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: memoryview) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def intdigest(self) -> int:
+        return self._value
+
+
+def _new_hasher(base: str) -> _Hasher:
+    if base == "crc32":
+        return _Crc32()
+    import xxhash
+
+    hasher: _Hasher = xxhash.xxh3_64()
+    return hasher
+
+
+class StreamDigest:
+    """The manifest checksum of a byte stream fed in order: equal to hashing the finished file.
+
+    Only the pieced algorithms (``*-p64m``) are supported: a digest per ``PIECE_BYTES`` piece, then the
+    digest of the pieces' little-endian digests (see :mod:`accelerando.checkpointing.digest`).
+
+    Raises:
+        ValueError: If ``algorithm`` is not a pieced algorithm.
+    """
+
+    def __init__(self, algorithm: str | None = None) -> None:
+        self.algorithm = algorithm or default_algorithm()
+        if not self.algorithm.endswith(_PIECED_SUFFIX):
+            raise ValueError(f"StreamDigest computes pieced checksums only, not {self.algorithm!r}")
+        self._base = self.algorithm.removesuffix(_PIECED_SUFFIX)
+        self._piece = _new_hasher(self._base)
+        self._filled = 0
+        self._digests: list[int] = []
+        self.size = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        """Feed the next bytes of the stream."""
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+        self.size += len(view)
+        while len(view):
+            take = min(len(view), PIECE_BYTES - self._filled)
+            self._piece.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == PIECE_BYTES:
+                self._digests.append(self._piece.intdigest())
+                self._piece, self._filled = _new_hasher(self._base), 0
+
+    def entry(self) -> FileEntry:
+        """The manifest entry of the bytes fed so far."""
+        digests = [*self._digests, self._piece.intdigest()] if self._filled else list(self._digests)
+        width = 8 if self._base == "xxh3_64" else 4
+        combined = _new_hasher(self._base)
+        combined.update(memoryview(b"".join(d.to_bytes(width, "little") for d in digests)))
+        return FileEntry(self.size, combined.intdigest(), self.algorithm)
+
+
+_helper: ThreadPoolExecutor | None = None
+_helper_pid = 0
+
+
+def _overlap_pool() -> ThreadPoolExecutor:
+    global _helper, _helper_pid
+    if _helper is None or _helper_pid != os.getpid():  # a forked child has the object, not the thread
+        _helper, _helper_pid = ThreadPoolExecutor(1, thread_name_prefix="accelerando-hash"), os.getpid()
+    return _helper
+
+
+class HashingFile:
+    """A write-only file object for ``torch.save`` that hashes what it writes (see :class:`StreamDigest`).
+
+    Large chunks are hashed on a helper thread while this thread writes them to the descriptor.
+    """
+
+    def __init__(self, fd: int, algorithm: str | None = None) -> None:
+        self.fd = fd
+        self.digest = StreamDigest(algorithm)
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Write every byte of ``data`` (looping over short writes) and hash it; returns its length."""
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+        hashing: Future[None] | None = None
+        if len(view) >= _OVERLAP_MIN_BYTES:
+            hashing = _overlap_pool().submit(self.digest.update, view)
+        else:
+            self.digest.update(view)
+        try:
+            done = 0
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        finally:
+            if hashing is not None:
+                hashing.result()
+        return len(view)
+
+    def flush(self) -> None:
+        """Nothing is buffered here (``torch.save`` calls it when it is done)."""
+
+
+# Folders a describer collects files of, per thread; and the checksums computed while writing.
+_local = threading.local()
+_records: OrderedDict[str, tuple[tuple[int, int, int, int], FileEntry]] = OrderedDict()
+_records_lock = threading.Lock()
+
+
+@contextmanager
+def collecting(folder: str) -> Iterator[None]:
+    """Within the block, files written into ``folder`` (by this thread) are hashed while written."""
+    folders: list[str] = getattr(_local, "folders", [])
+    _local.folders = folders
+    folders.append(os.path.abspath(folder))
+    try:
+        yield
+    finally:
+        if os.path.abspath(folder) in folders:
+            folders.remove(os.path.abspath(folder))
+
+
+def is_collected(path: str) -> bool:
+    """Whether ``path`` lies in a folder this thread is collecting (see :func:`collecting`)."""
+    folders: list[str] = getattr(_local, "folders", [])
+    if not folders:
+        return False
+    path = os.path.abspath(path)
+    return any(path.startswith(folder + os.sep) for folder in folders)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def record(path: str, entry: FileEntry, info: os.stat_result) -> None:
+    """Leave the checksum of the file just written at ``path`` (``info``: its stat right after writing)."""
+    with _records_lock:
+        _records[os.path.abspath(path)] = (_identity(info), entry)
+        while len(_records) > _MAX_RECORDS:  # entries nobody took (a failed save): forget the oldest
+            _records.popitem(last=False)
+
+
+def take(path: str) -> FileEntry | None:
+    """The checksum recorded for ``path`` if it is still the regular file written then, else None."""
+    with _records_lock:
+        found = _records.pop(os.path.abspath(path), None)
+    if found is None:
+        return None
+    identity, entry = found
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    same = stat.S_ISREG(info.st_mode) and _identity(info) == identity and entry.size == identity[2]
+    return entry if same else None
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview | None:
+    """The bytes safetensors writes for ``tensor`` (its memory), or None when they are not that."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_quantized:
+        return None
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def record_safetensors(path: str, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Record the checksum of a safetensors file just written from ``tensors``, hashing their memory.
+
+    Reads only the file's header (its layout). Nothing is recorded, and the describer reads the file
+    instead, when a tensor's bytes are not its memory (not on the CPU, not contiguous, a big-endian
+    machine) or the header does not describe exactly these tensors end to end.
+    """
+    if sys.byteorder != "little":
+        return
+    try:
+        with open(path, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header_bytes = handle.read(length) if length <= info.st_size - 8 else b""
+        header = json.loads(header_bytes)
+    except (OSError, ValueError, struct.error):
+        return
+    layout = sorted(
+        (tuple(value["data_offsets"]), name) for name, value in header.items() if name != "__metadata__"
+    )
+    digest = StreamDigest()
+    digest.update(struct.pack("<Q", length))
+    digest.update(header_bytes)
+    position = 0
+    for (start, stop), name in layout:
+        data = _tensor_bytes(tensors[name]) if name in tensors else None
+        if data is None or start != position or stop - start != len(data):
+            return
+        digest.update(data)
+        position = stop
+    if len(layout) != len(tensors) or 8 + length + position != info.st_size:
+        return
+    record(path, digest.entry(), info)
