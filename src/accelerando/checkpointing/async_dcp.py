@@ -25,16 +25,20 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, overload
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.staging import DefaultStager
 
 __all__ = ["ShardWrites", "collecting", "save_or_stage"]
 
 _ACTIVE = threading.local()  # .writes: the ShardWrites of the save being snapshotted by this thread
 # One DCP stager per Accelerator: its host copies are reused (refreshed in place) by the next save.
-_STAGERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_STAGERS: weakref.WeakKeyDictionary[object, DefaultStager] = weakref.WeakKeyDictionary()
 
 
-def _stager_for(owner: Any) -> Any:
+def _stager_for(owner: object) -> DefaultStager:
     stager = _STAGERS.get(owner)
     if stager is None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -59,13 +63,13 @@ class ShardWrites:
         owner: the Accelerator (its stager's host copies are reused across saves).
     """
 
-    def __init__(self, owner: Any, defer: bool = False) -> None:
+    def __init__(self, owner: object, defer: bool = False) -> None:
         self._owner = owner
         self._defer = defer
-        self._live: list[tuple[dict[str, Any], str]] = []
-        self.pending: list[tuple[Any, str]] = []
+        self._live: list[tuple[dict[str, object], str]] = []
+        self.pending: list[tuple[dict[str, object], str]] = []
 
-    def stage(self, state_dict: dict[str, Any], folder: str) -> None:
+    def stage(self, state_dict: dict[str, object], folder: str) -> None:
         """Copy ``state_dict`` (DTensors included) to host memory; write it into ``folder`` later.
 
         With ``defer`` (an overlapped snapshot) only the references are kept here;
@@ -83,14 +87,16 @@ class ShardWrites:
         for state_dict, folder in live:
             self._stage_now(state_dict, folder)
 
-    def _stage_now(self, state_dict: dict[str, Any], folder: str) -> None:
+    def _stage_now(self, state_dict: dict[str, object], folder: str) -> None:
         # DCP's stager cannot copy FSDP1's ShardedTensors: they are copied here, the rest by the stager.
-        sharded: list[Any] = []
+        sharded: list[object] = []
         plain = _set_aside(state_dict, sharded)
         staged = _stager_for(self._owner).stage(plain)
+        # Staged in this thread (use_async_staging=False): a state dict, never a future.
+        assert isinstance(staged, dict)
         self.pending.append((_put_back(staged, sharded), folder))
 
-    def write_all(self, process_group: Any) -> list[str]:
+    def write_all(self, process_group: ProcessGroup | None) -> list[str]:
         """Write every staged state dict with ``dcp.save`` (collective on ``process_group``).
 
         Every process must call it with the same pending list (the strategy staged the same folders
@@ -99,12 +105,12 @@ class ShardWrites:
         Raises:
             What ``dcp.save`` raised (``CheckpointException`` names the failed processes).
         """
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         written = []
         pending, self.pending = self.pending, []
         for staged, folder in pending:
-            dcp.save(staged, checkpoint_id=folder, process_group=process_group)
+            dcp_save(staged, checkpoint_id=folder, process_group=process_group)
             written.append(folder)
         return written
 
@@ -116,9 +122,18 @@ class _Slot:
         self.index = index
 
 
-def _set_aside(tree: Any, sharded: list[Any]) -> Any:
+@overload
+def _set_aside(tree: dict[str, object], sharded: list[object]) -> dict[str, object]: ...
+
+
+@overload
+def _set_aside(tree: object, sharded: list[object]) -> object: ...
+
+
+def _set_aside(tree: object, sharded: list[object]) -> object:
     """``tree`` with each ShardedTensor replaced by a :class:`_Slot`, its host copy appended to ``sharded``."""
-    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+    from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+    from torch.distributed._shard.sharded_tensor.shard import Shard
 
     if isinstance(tree, ShardedTensor):
         shards = [Shard(s.tensor.detach().to("cpu", copy=True), s.metadata) for s in tree.local_shards()]
@@ -134,7 +149,15 @@ def _set_aside(tree: Any, sharded: list[Any]) -> Any:
     return tree
 
 
-def _put_back(tree: Any, sharded: list[Any]) -> Any:
+@overload
+def _put_back(tree: dict[str, object], sharded: list[object]) -> dict[str, object]: ...
+
+
+@overload
+def _put_back(tree: object, sharded: list[object]) -> object: ...
+
+
+def _put_back(tree: object, sharded: list[object]) -> object:
     if not sharded:
         return tree
     if isinstance(tree, _Slot):
@@ -157,7 +180,7 @@ def collecting(writes: ShardWrites) -> Iterator[ShardWrites]:
         _ACTIVE.writes = previous
 
 
-def save_or_stage(state_dict: dict[str, Any], folder: str | os.PathLike) -> None:
+def save_or_stage(state_dict: dict[str, object], folder: str | os.PathLike) -> None:
     """Write ``state_dict`` as a DCP folder now, or stage it for the asynchronous save in progress.
 
     Every process calls it (it is collective, as ``dcp.save``).
@@ -169,6 +192,6 @@ def save_or_stage(state_dict: dict[str, Any], folder: str | os.PathLike) -> None
     if writes is not None:
         writes.stage(state_dict, os.fspath(folder))
         return
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    dcp.save(state_dict, checkpoint_id=os.fspath(folder))
+    dcp_save(state_dict, checkpoint_id=os.fspath(folder))

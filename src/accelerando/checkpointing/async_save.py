@@ -43,7 +43,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.save as sync
@@ -51,12 +51,17 @@ from accelerando.checkpointing.snapshot import _Snapshot, can_overlap, frozen_ta
 from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.runtime import set_active_accelerator
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from accelerando.checkpointing.collective import Exchange
+
 __all__ = ["AsyncSaveHandle", "can_overlap", "save_state_async", "snapshot_tree", "wait_pending"]
 
 logger = logging.getLogger(__name__)
 
 # The pending save of each Accelerator (weakly: the Accelerator may be collected).
-_PENDING: weakref.WeakKeyDictionary[Any, AsyncSaveHandle] = weakref.WeakKeyDictionary()
+_PENDING: weakref.WeakKeyDictionary[object, AsyncSaveHandle] = weakref.WeakKeyDictionary()
 # Every handle not yet waited for, for the wait at interpreter exit.
 _UNWAITED: set[AsyncSaveHandle] = set()
 _UNWAITED_LOCK = threading.Lock()
@@ -66,7 +71,9 @@ _UNWAITED_LOCK = threading.Lock()
 # optimizer step may be waiting for it. 0 keeps the training's priority.
 BACKGROUND_NICE = 10
 # The background's gloo process group and the default group it was made for (made once, collectively).
-_GROUPS: dict[str, tuple[Any, Any]] = {}
+_GROUPS: dict[str, tuple[ProcessGroup, ProcessGroup]] = {}
+
+_T = TypeVar("_T")
 
 
 class AsyncSaveHandle:
@@ -82,7 +89,7 @@ class AsyncSaveHandle:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._reported = False
-        self._owner: Any = None
+        self._owner: weakref.ref[object] | None = None
 
     def _start(self, work: Callable[[], None]) -> None:
         def run() -> None:
@@ -132,7 +139,7 @@ class AsyncSaveHandle:
         return f"AsyncSaveHandle({self.path!r}, {state})"
 
 
-def wait_pending(owner: Any) -> None:
+def wait_pending(owner: object) -> None:
     """Wait for ``owner``'s pending asynchronous save, if any (raising its error).
 
     Raises:
@@ -177,7 +184,7 @@ def _hook_exit() -> None:
 
 
 # --------------------------------------------------------------------------- background gathers
-def _background_group(target: CheckpointTarget) -> Any:
+def _background_group(target: CheckpointTarget) -> ProcessGroup | None:
     """The background thread's gloo process group (made once, collectively), or None in one process."""
     import torch.distributed as dist
 
@@ -190,18 +197,19 @@ def _background_group(target: CheckpointTarget) -> Any:
     if made is not None and made[0] is default:
         return made[1]
     group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)  # every process is a member: never the non-member marker
     _GROUPS["made"] = (default, group)
     return group
 
 
-def _exchange_on(group: Any) -> Callable[[Any, int], list[Any]]:
+def _exchange_on(group: ProcessGroup | None) -> Exchange:
     """The all-gather the background thread uses: on ``group`` (the training's own without one)."""
     if group is None:
         return sync.gather
     import torch.distributed as dist
 
-    def exchange(obj: Any, num_processes: int) -> list[Any]:
-        out: list[Any] = [None] * dist.get_world_size(group)
+    def exchange(obj: _T, num_processes: int) -> list[_T]:
+        out = [obj] * dist.get_world_size(group)  # every entry is replaced by that rank's object
         dist.all_gather_object(out, obj, group=group)
         return out
 
@@ -224,8 +232,8 @@ def _lower_priority() -> None:
 def _background_writer(
     snapshot: _Snapshot | None,
     failure: BaseException | None,
-    group: Any,
-    exchange: Callable[[Any, int], list[Any]],
+    group: ProcessGroup | None,
+    exchange: Exchange,
     num_processes: int,
 ) -> Callable[[Callable[[str], None]], None]:
     """The background's ``write(on_written)``: finish the copy, agree that every process can write, write.

@@ -8,32 +8,45 @@ import os
 import uuid
 import warnings
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from accelerando.checkpointing.target import CheckpointTarget
 
-__all__ = ["gather", "is_committer", "save_on_each_node"]
+if TYPE_CHECKING:
+    from accelerando.state import AcceleratorState, PartialState
+
+__all__ = ["Exchange", "gather", "is_committer", "save_on_each_node"]
+
+_T = TypeVar("_T")
 
 
-def gather(obj: Any, num_processes: int) -> list[Any]:
+class Exchange(Protocol):
+    """An all-gather of one picklable object per process, such as :func:`gather`."""
+
+    def __call__(self, obj: _T, num_processes: int, /) -> list[_T]:
+        """Every process's ``obj``, in rank order, on every process."""
+        ...
+
+
+def gather(obj: _T, num_processes: int) -> list[_T]:
     """Every process's ``obj``, on every process (also a barrier)."""
     import torch.distributed as dist
 
     if num_processes > 1 and dist.is_available() and dist.is_initialized():
-        out: list[Any] = [None] * dist.get_world_size()
+        out = [obj] * dist.get_world_size()  # every entry is replaced by that rank's object
         dist.all_gather_object(out, obj)
         return out
     return [obj]
 
 
-def is_committer(state: Any, save_on_each_node: bool) -> bool:
+def is_committer(state: PartialState | AcceleratorState, save_on_each_node: bool) -> bool:
     """Whether this process stages and commits checkpoints (the main process, or with
     ``save_on_each_node`` each node's local main).
     """
     return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
 
 
-_SHARED_VERDICTS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+_SHARED_VERDICTS: weakref.WeakKeyDictionary[CheckpointTarget, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 def _nodes_share(target: CheckpointTarget, parent: str) -> bool:

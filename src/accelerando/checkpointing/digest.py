@@ -24,10 +24,16 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from accelerando.common.imports import is_tqdm_available
 from accelerando.common.progress import tqdm
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    # What is hashed: a file's bytes read with pread, or a slice of its memory map.
+    _Data = bytes | memoryview
 from accelerando.safe_files import open_regular_fd
 
 __all__ = [
@@ -58,7 +64,7 @@ class FileEntry:
 
 
 @functools.lru_cache(maxsize=1)
-def _xxhash() -> Any | None:
+def _xxhash() -> ModuleType | None:
     try:
         import xxhash
     except ImportError:
@@ -66,7 +72,7 @@ def _xxhash() -> Any | None:
     return xxhash
 
 
-def _crc32_once(data: Any) -> int:
+def _crc32_once(data: _Data) -> int:
     return zlib.crc32(data)
 
 
@@ -74,7 +80,7 @@ def _base(algorithm: str) -> str:
     return algorithm.removesuffix(_PIECED_SUFFIX)
 
 
-def _one_shot(base: str) -> Callable[[Any], int] | None:
+def _one_shot(base: str) -> Callable[[_Data], int] | None:
     """The function hashing one buffer with ``base`` (None if this installation lacks it)."""
     if base == "crc32":
         return _crc32_once
@@ -144,22 +150,25 @@ class _OpenFile:
             except (OSError, ValueError):
                 self.map = None
 
-    def hash_range(self, hash_once: Callable[[Any], int], start: int, stop: int) -> int:
+    def hash_range(self, hash_once: Callable[[_Data], int], start: int, stop: int) -> int:
         if self.map is None:
             return hash_once(os.pread(self.fd, stop - start, start))
         with memoryview(self.map) as view, view[start:stop] as piece:
             return hash_once(piece)
 
     def hash_whole(self, base: str) -> int:
-        update: Callable[[Any], None]
+        update: Callable[[_Data], None]
+        result: Callable[[], int]
         if base == "crc32":
             crc = [0]
 
-            def update(data: Any) -> None:
+            def crc_update(data: _Data) -> None:
                 crc[0] = zlib.crc32(data, crc[0])
 
-            def result() -> int:
+            def crc_result() -> int:
                 return crc[0]
+
+            update, result = crc_update, crc_result
         else:
             module = _xxhash()
             assert module is not None
@@ -178,6 +187,14 @@ class _OpenFile:
         if self.map is not None:
             self.map.close()
         os.close(self.fd)
+
+
+class _Bar(Protocol):
+    """The part of a ``tqdm`` bar the digests use."""
+
+    def update(self, n: int, /) -> object: ...
+
+    def close(self) -> object: ...
 
 
 class PendingDigests:
@@ -208,6 +225,7 @@ class PendingDigests:
         base = _base(algorithm)
         if algorithm.endswith(_PIECED_SUFFIX):
             hash_once = _one_shot(base)
+            assert hash_once is not None  # available() checked it above
             futures = []
             for start in range(0, handle.size, PIECE_BYTES):
                 stop = min(handle.size, start + PIECE_BYTES)
@@ -242,7 +260,7 @@ class PendingDigests:
                 bar.close()
             self.close()
 
-    def _progress_bar(self, desc: str | None) -> Any:
+    def _progress_bar(self, desc: str | None) -> _Bar | None:
         total = sum(handle.size for handle in self._opened)
         if desc is None or total < PROGRESS_MIN_BYTES:
             return None

@@ -8,7 +8,6 @@ the protocol does not import its asynchronous caller.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from accelerando.checkpointing.async_save import save_state_async, wait_pending
 from accelerando.checkpointing.save import _wait_for_lock, save_state_sync
@@ -21,7 +20,7 @@ def save_state(
     target: CheckpointTarget,
     output_dir: str | os.PathLike | None = None,
     safe_serialization: bool = True,
-    **save_model_func_kwargs: Any,
+    **save_model_func_kwargs: object,
 ) -> str:
     """Save the complete training state crash-safely; ``Accelerator.save_state`` delegates here.
 
@@ -87,7 +86,7 @@ def save_state(
     return save_state_sync(target, output_dir, safe_serialization, wait, durable)
 
 
-def _durable(target: Any, value: object) -> bool:
+def _durable(target: CheckpointTarget, value: object) -> bool:
     """``save_state(durable=...)``, else the ``checkpoint_durable`` setting, else True.
 
     Raises:

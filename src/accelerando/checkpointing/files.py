@@ -19,10 +19,10 @@ import logging
 import os
 import pickle
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,9 @@ from accelerando.common.constants import (
 )
 from accelerando.common.serialization import clean_state_dict_for_safetensors, refused_type
 from accelerando.safe_files import NotRegularFileError, check_regular
+
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
 
 __all__ = [
     "MODEL_NAME",
@@ -80,7 +83,7 @@ def model_file(index: int, safe_serialization: bool) -> str:
     return indexed(MODEL_NAME, index, ".bin")
 
 
-def torch_save(obj: Any, path: str) -> None:
+def torch_save(obj: object, path: str) -> None:
     """``torch.save`` to ``path`` (durability is handled by the commit step).
 
     Inside a save's staging folder (:func:`accelerando.checkpointing.written.collecting`) the bytes are
@@ -109,6 +112,7 @@ _WEIGHTS_ONLY: ContextVar[bool] = ContextVar("accelerando_weights_only", default
 
 # Further torch.load options of the caller of the load (the reference's load_kwargs besides
 # weights_only: mmap, encoding, ...); set with unpickling(), read by every torch_load in between.
+# Typed Any: the caller's values go to torch.load's keywords as given (torch checks them).
 _LOAD_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("accelerando_load_options", default=None)
 
 OPT_IN = "load_kwargs={'weights_only': False}"
@@ -131,13 +135,13 @@ class UnsafeCheckpointError(CheckpointError):
             "(or load_accelerator_state / load_custom_state)."
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[..., UnsafeCheckpointError], tuple[object, ...]]:
         # Picklable with its message: torch.distributed.checkpoint sends a rank's error to the others.
         return (_rebuild_unsafe, (type(self), self.path, self.refused, self.hint, self.args))
 
 
 def _rebuild_unsafe(
-    cls: type[UnsafeCheckpointError], path: str, refused: str, hint: str, args: tuple[Any, ...]
+    cls: type[UnsafeCheckpointError], path: str, refused: str, hint: str, args: tuple[object, ...]
 ) -> UnsafeCheckpointError:
     error = cls(path, refused, hint)
     error.args = args  # a message a caller reworded (merge_fsdp_weights) stays as it was
@@ -150,7 +154,7 @@ def weights_only_default() -> bool:
 
 
 @contextmanager
-def unpickling(weights_only: bool, options: dict[str, Any] | None = None) -> Iterator[None]:
+def unpickling(weights_only: bool, options: Mapping[str, Any] | None = None) -> Iterator[None]:
     """Within the block, :func:`torch_load` calls without ``weights_only`` use this value.
 
     Only a caller's explicit opt-in (``load_kwargs={"weights_only": False}``) should pass False.
@@ -167,7 +171,7 @@ def unpickling(weights_only: bool, options: dict[str, Any] | None = None) -> Ite
 
 
 def torch_load(
-    path: str, map_location: Any = None, mapped: bool = False, weights_only: bool | None = None
+    path: str, map_location: MAP_LOCATION = None, mapped: bool = False, weights_only: bool | None = None
 ) -> Any:
     """``torch.load`` with ``weights_only=True`` (never falling back to full unpickling by itself).
 
@@ -203,7 +207,9 @@ def torch_load(
     return _load(path, map_location, False, weights_only, extra)
 
 
-def _load(path: str, map_location: Any, mmap: bool, weights_only: bool, extra: dict[str, Any]) -> Any:
+def _load(
+    path: str, map_location: MAP_LOCATION, mmap: bool, weights_only: bool, extra: dict[str, Any]
+) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap, **extra)
     except pickle.UnpicklingError as err:
@@ -213,7 +219,7 @@ def _load(path: str, map_location: Any, mmap: bool, weights_only: bool, extra: d
         raise UnsafeCheckpointError(path, refused) from None
 
 
-def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization: bool) -> None:
+def save_model_weights(state_dict: Mapping[str, torch.Tensor], path: str, safe_serialization: bool) -> None:
     """Write one model's weights (safetensors or ``torch.save``)."""
     if safe_serialization:
         from safetensors.torch import save_file
@@ -227,7 +233,7 @@ def save_model_weights(state_dict: dict[str, Any], path: str, safe_serialization
         torch_save(state_dict, path)
 
 
-def load_model_weights(path: str, map_location: Any = None) -> dict[str, Any]:
+def load_model_weights(path: str, map_location: MAP_LOCATION = None) -> dict[str, torch.Tensor]:
     """Read one model's weights written by :func:`save_model_weights` (``.bin``: see :func:`torch_load`).
 
     Raises:

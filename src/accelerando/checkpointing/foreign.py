@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.checkpointing.files import torch_load
 from accelerando.checkpointing.headers import _check_header, check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.safe_files import open_regular
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 __all__ = [
     "check_file_header",
@@ -88,7 +91,7 @@ def check_reference_files(folder: str, present: dict[str, int]) -> None:
             _check_header(os.path.join(folder, name), name, size)
 
 
-def _numpy_allowlist() -> list[Any]:
+def _numpy_allowlist() -> list[Callable[..., object] | tuple[Callable[..., object], str]]:
     """NumPy's array reconstruction under both module names NumPy versions pickle it with."""
     import numpy as np
 
@@ -96,7 +99,7 @@ def _numpy_allowlist() -> list[Any]:
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # NumPy < 2
         from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
-    allowed: list[Any] = [
+    allowed: list[Callable[..., object] | tuple[Callable[..., object], str]] = [
         (_reconstruct, "numpy._core.multiarray._reconstruct"),
         (_reconstruct, "numpy.core.multiarray._reconstruct"),
         np.ndarray,
@@ -108,6 +111,7 @@ def _numpy_allowlist() -> list[Any]:
     return allowed
 
 
+# Any: the values are generator states as read from the file (restore_rng_states takes them).
 def read_reference_rng(path: str) -> dict[str, Any]:
     """Read a ``random_states_<rank>.pkl`` weights-only (NumPy arrays of numbers allowed).
 
@@ -127,7 +131,7 @@ def read_reference_rng(path: str) -> dict[str, Any]:
     return payload
 
 
-def reference_rng_payload(payload: dict[str, Any]) -> dict[str, Any]:
+def reference_rng_payload(payload: Mapping[str, object]) -> dict[str, object]:
     """Turn a reference random-states dict into what ``restore_rng_states`` takes.
 
     Raises:
@@ -135,7 +139,7 @@ def reference_rng_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """
     import numpy as np
 
-    states: dict[str, Any] = {"python": payload["random_state"], "torch": payload["torch_manual_seed"]}
+    states: dict[str, object] = {"python": payload["random_state"], "torch": payload["torch_manual_seed"]}
     numpy_state = payload.get("numpy_random_seed")
     if numpy_state is not None:
         key = numpy_state[1] if isinstance(numpy_state, tuple) and len(numpy_state) > 1 else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
@@ -37,6 +37,24 @@ from accelerando.checkpointing.state_io import (
 )
 from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.runtime import set_active_accelerator
+
+if TYPE_CHECKING:
+    import torch
+    from torch.serialization import MAP_LOCATION
+
+    from accelerando.state import AcceleratorState
+
+    # What one process read from a candidate folder: (models, state, custom states, per-rank parts read).
+    _Outcome = tuple[list[torch.nn.Module], LoadedState, list[object], bool]
+
+
+class _Reading(TypedDict):
+    """How each candidate folder is read (decided once per ``load_state``)."""
+
+    map_location: MAP_LOCATION
+    verify_checksums: bool
+    allow_unverified: bool
+
 
 __all__ = ["load_state", "restore_custom_objects"]
 
@@ -108,7 +126,12 @@ def _verify_folder(folder: str, allow_unverified: bool) -> tuple[Manifest | None
 
 
 def _check_strategy_files(
-    folder: str, manifest: Manifest, present: dict[str, int], names: list[str], checksums: bool, state: Any
+    folder: str,
+    manifest: Manifest,
+    present: dict[str, int],
+    names: list[str],
+    checksums: bool,
+    state: AcceleratorState,
 ) -> None:
     """Files a sharded strategy reads itself: every file must be listed; checksums split between ranks."""
     unlisted = sorted(set(present) - set(manifest.files) - {atomic.MANIFEST_NAME})
@@ -123,16 +146,16 @@ def _check_strategy_files(
 def _read_candidate(
     target: CheckpointTarget,
     folder: str,
-    models: list[Any],
-    map_location: Any,
+    models: list[torch.nn.Module],
+    map_location: MAP_LOCATION,
     verify_checksums: bool,
     allow_unverified: bool,
-) -> tuple[LoadedState, list[Any], bool]:
+) -> tuple[LoadedState, list[object], bool]:
     """Read and verify one folder for this process. Returns (state, custom states, per-rank parts loaded)."""
     state = target.state
     manifest, present, foreign = _verify_folder(folder, allow_unverified)
     per_rank = manifest is None or manifest.world_size == state.num_processes
-    if not per_rank:
+    if manifest is not None and not per_rank:
         warnings.warn(
             f"{folder} was saved by {manifest.world_size} processes and is loaded by {state.num_processes}: "
             "models, optimizers, schedulers, the scaler and custom objects are restored; random states, "
@@ -166,7 +189,7 @@ def _read_candidate(
 
 def _load_custom(
     target: CheckpointTarget, folder: str, index: int, name: str, present: dict[str, int]
-) -> Any:
+) -> object:
     """Read the state of the ``index``-th registered object (weights-only unless the caller opted in)."""
     if name not in present:
         raise FileNotFoundError(
@@ -227,12 +250,14 @@ def restore_custom_objects(target: CheckpointTarget, folder: str | os.PathLike, 
     logger.info("Restored %d late-registered object(s) from %s", len(states), folder)
 
 
-def _attempt(target: CheckpointTarget, folder: str, kwargs: dict[str, Any]) -> Any:
+def _attempt(
+    target: CheckpointTarget, folder: str, kwargs: _Reading
+) -> tuple[_Outcome | None, BaseException | None, list[tuple[int, str, bool]]]:
     """Try one folder on every process; returns the read state or the local error, plus everyone's verdict."""
     models = list(target.models)
     for hook in target.load_hooks:
         hook(models, folder)
-    outcome: Any
+    outcome: _Outcome | None
     error: BaseException | None = None
     try:
         outcome = (
@@ -249,7 +274,8 @@ def _attempt(target: CheckpointTarget, folder: str, kwargs: dict[str, Any]) -> A
     except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
         outcome, error = None, err
     report = None if error is None else (f"{type(error).__name__}: {error}", _is_damage(error))
-    verdicts = gather((target.state.process_index, report), target.state.num_processes)
+    verdict: tuple[int, tuple[str, bool] | None] = (target.state.process_index, report)
+    verdicts = gather(verdict, target.state.num_processes)
     return outcome, error, [(rank, *rep) for rank, rep in verdicts if rep is not None]
 
 
@@ -284,7 +310,10 @@ def _is_damage(error: BaseException) -> bool:
 
 
 def load_state(
-    target: CheckpointTarget, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any
+    target: CheckpointTarget,
+    input_dir: str | os.PathLike | None = None,
+    # Any: the reference's mix of reading options and load_state_dict keywords, told apart below.
+    **load_model_func_kwargs: Any,
 ) -> None:
     """Restore everything ``save_state`` saved; ``Accelerator.load_state`` delegates here.
 
@@ -327,7 +356,7 @@ def load_state(
         load_kwargs, load_model_func_kwargs.pop("map_location", None)
     )
     candidates, may_fall_back = _candidates(target, input_dir)
-    kwargs = {
+    kwargs: _Reading = {
         "map_location": map_location,
         "verify_checksums": bool(
             load_model_func_kwargs.pop("verify_checksums", _default_verification(target))
@@ -338,6 +367,7 @@ def load_state(
         with F.unpickling(weights_only, load_options):  # the strategy's own loaders in _apply follow it too
             outcome, error, failed = _attempt(target, folder, kwargs)
             if not failed:
+                assert outcome is not None  # this process read it (else it would have failed)
                 _apply(target, folder, outcome, load_model_func_kwargs)
                 return
         if not may_fall_back or not all(is_damage for _, _, is_damage in failed):
@@ -358,9 +388,9 @@ def _default_verification(target: CheckpointTarget) -> bool:
     return True if value is None else bool(value)
 
 
-def _apply(target: CheckpointTarget, folder: str, outcome: Any, model_kwargs: dict[str, Any]) -> None:
+def _apply(target: CheckpointTarget, folder: str, outcome: _Outcome, model_kwargs: dict[str, bool]) -> None:
     models, loaded, custom_states, per_rank = outcome
-    optimizers = list(target.optimizers)
+    optimizers: list[torch.optim.Optimizer] = list(target.optimizers)
     if owns_loading(target):
         strategy = target.strategy
         for i, model in enumerate(models):

@@ -38,7 +38,6 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.checkpointing.project import CHECKPOINTS_FOLDER
@@ -81,7 +80,7 @@ class CheckpointLockedError(CheckpointError):
         self.folder = folder
 
 
-def check_wait(value: Any) -> float:
+def check_wait(value: object) -> float:
     """Validate a ``wait_for_lock`` value: seconds >= 0 (``math.inf`` waits for as long as it takes).
 
     Raises:
@@ -331,12 +330,12 @@ class _Held:
 _HELD: dict[str, _Held] = {}
 _MUTEX = threading.Lock()
 # Per owner: the lock paths it counts in, each with the finalizer that drops it when the owner is freed.
-_OWNED: weakref.WeakKeyDictionary[Any, dict[str, weakref.finalize]] = weakref.WeakKeyDictionary()
+_OWNED: weakref.WeakKeyDictionary[object, dict[str, weakref.finalize]] = weakref.WeakKeyDictionary()
 # Drops requested while the mutex was taken (a finalizer may run during any allocation, even in hold()).
 _PENDING: list[str] = []
 
 
-def hold(owner: Any, path: str, wait: float, what: str, run: str) -> None:
+def hold(owner: object, path: str, wait: float, what: str, run: str) -> None:
     """Make sure this process holds the project lock ``path`` on behalf of ``owner``.
 
     The first call for a path takes the lock (waiting up to ``wait`` seconds for another process);
@@ -393,7 +392,7 @@ def _drain() -> None:
             _unlock_close(held.fd)
 
 
-def release(owner: Any) -> None:
+def release(owner: object) -> None:
     """Give up every project lock ``owner`` holds (those no other owner of this process still needs)."""
     with _MUTEX:
         owned = _OWNED.pop(owner, {})

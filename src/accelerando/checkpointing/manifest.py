@@ -21,9 +21,9 @@ import os
 import stat
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from accelerando.checkpointing.digest import FileEntry, available, digest_files, known
 from accelerando.safe_files import read_regular
@@ -59,7 +59,7 @@ class Manifest:
     world_size: int
     library_version: str
     created: float = field(default_factory=time.time)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Serialise to the manifest file's JSON text."""
@@ -107,17 +107,22 @@ class Manifest:
         )
 
 
-def _json_kind(value: Any) -> str:
+_T = TypeVar("_T")
+
+
+def _json_kind(value: object) -> str:
     kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
     return kinds.get(type(value), "number")
 
 
-def _short(value: Any, limit: int = 40) -> str:
+def _short(value: object, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _field(mapping: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+def _field(
+    mapping: Mapping[str, object], key: str, kind: type[_T] | tuple[type[_T], ...], where: str = ""
+) -> _T:
     """``mapping[key]``, which must be of ``kind`` (booleans are not numbers here)."""
     if key not in mapping:
         raise ValueError(f"{where}'{key}' is missing")
@@ -127,7 +132,7 @@ def _field(mapping: dict[str, Any], key: str, kind: type | tuple[type, ...], whe
     return value
 
 
-def _entry(name: str, value: Any) -> FileEntry:
+def _entry(name: str, value: object) -> FileEntry:
     where = f"entry {_short(name)}: "
     if not isinstance(value, dict):
         raise ValueError(f"{where}expected an object, found a JSON {_json_kind(value)}")
@@ -140,7 +145,7 @@ def _entry(name: str, value: Any) -> FileEntry:
     return FileEntry(size, checksum, algorithm)
 
 
-def check_name(name: Any) -> str:
+def check_name(name: object) -> str:
     """Return ``name`` if it is a plain relative name inside a folder (``a.bin``, ``sub/a.bin``).
 
     Raises:

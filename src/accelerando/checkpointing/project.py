@@ -6,7 +6,6 @@ import os
 import re
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import accelerando.checkpointing.atomic as atomic
 from accelerando.checkpointing.foreign import is_reference_checkpoint
@@ -49,7 +48,7 @@ class ResumePoint:
 
 
 # The resume point of each Accelerator's last load_state (weakly: the Accelerator may be collected).
-RESUME_POINTS: weakref.WeakKeyDictionary[Any, ResumePoint] = weakref.WeakKeyDictionary()
+RESUME_POINTS: weakref.WeakKeyDictionary[object, ResumePoint] = weakref.WeakKeyDictionary()
 
 
 def checkpoints_dir(target: CheckpointTarget) -> str:
@@ -106,7 +105,7 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
     return max(found)[1] if found else None
 
 
-def resume_point(accelerator: Any) -> ResumePoint | None:
+def resume_point(accelerator: object) -> ResumePoint | None:
     """What the last ``load_state`` of ``accelerator`` restored, or None if it loaded nothing.
 
     Example:

@@ -15,7 +15,9 @@ import os
 import re
 import stat
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
@@ -41,6 +43,12 @@ from accelerando.checkpointing.state_io import (
 from accelerando.common.serialization import _should_write
 from accelerando.state import PartialState
 
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
+
+    from accelerando.checkpointing.state_io import StateSource
+    from accelerando.checkpointing.target import Stateful
+
 __all__ = [
     "active_accelerator",
     "load_accelerator_state",
@@ -52,7 +60,27 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def active_accelerator() -> Any:
+class _SavesAndLoads(Protocol):
+    """What the folder-only forms use of the active ``Accelerator``."""
+
+    def save_state(self, output_dir: str, *, safe_serialization: bool = True) -> str:
+        """Save everything crash-safely into ``output_dir``; return the folder."""
+        ...
+
+    def load_state(
+        self,
+        input_dir: str,
+        *,
+        map_location: MAP_LOCATION = None,
+        load_kwargs: dict[str, object] | None = None,
+        verify_checksums: bool = True,
+        **load_model_func_kwargs: bool,
+    ) -> None:
+        """Restore everything from ``input_dir``."""
+        ...
+
+
+def active_accelerator() -> _SavesAndLoads:
     """Return the active ``Accelerator`` (the newest one created in this process).
 
     Raises:
@@ -69,13 +97,13 @@ def active_accelerator() -> Any:
 
 def save_accelerator_state(
     output_dir: str | os.PathLike,
-    model_states: Sequence[dict[str, Any]] | None = None,
-    optimizers: Sequence[Any] | None = None,
-    schedulers: Sequence[Any] | None = None,
-    dataloaders: Sequence[Any] | None = None,
+    model_states: Sequence[dict[str, torch.Tensor]] | None = None,
+    optimizers: Sequence[StateSource] | None = None,
+    schedulers: Sequence[StateSource] | None = None,
+    dataloaders: Sequence[object] | None = None,
     process_index: int | None = None,
     step: int | None = None,
-    scaler: Any | None = None,
+    scaler: StateSource | None = None,
     save_on_each_node: bool = False,
     safe_serialization: bool = True,
 ) -> str:
@@ -131,9 +159,9 @@ def save_accelerator_state(
     return output_dir
 
 
-def _tensor_bytes(values: Any) -> int:
+def _tensor_bytes(values: object) -> int:
     """Bytes of every tensor inside nested dicts / lists (an estimate for a message)."""
-    if hasattr(values, "nbytes") and hasattr(values, "untyped_storage"):
+    if isinstance(values, torch.Tensor):
         return int(values.nbytes)
     if isinstance(values, dict):
         return sum(_tensor_bytes(v) for v in values.values())
@@ -167,17 +195,17 @@ def _process_index(process_index: int | None) -> int:
 
 def load_accelerator_state(
     input_dir: str | os.PathLike,
-    models: Sequence[Any] | None = None,
-    optimizers: Sequence[Any] | None = None,
-    schedulers: Sequence[Any] | None = None,
-    dataloaders: Sequence[Any] | None = None,
+    models: Sequence[torch.nn.Module] | None = None,
+    optimizers: Sequence[torch.optim.Optimizer] | None = None,
+    schedulers: Sequence[Stateful] | None = None,
+    dataloaders: Sequence[object] | None = None,
     process_index: int | None = None,
-    scaler: Any | None = None,
-    map_location: Any = None,
-    load_kwargs: dict[str, Any] | None = None,
+    scaler: Stateful | None = None,
+    map_location: MAP_LOCATION = None,
+    load_kwargs: dict[str, object] | None = None,
     verify_checksums: bool = True,
-    **load_model_func_kwargs: Any,
-) -> dict[str, Any] | None:
+    **load_model_func_kwargs: bool,
+) -> dict[str, int] | None:
     """Load training state from ``input_dir``.
 
     With only ``input_dir``, restores the active Accelerator (see ``Accelerator.load_state``). With
@@ -249,13 +277,13 @@ def _custom_target(path: str | os.PathLike, index: int) -> tuple[str, bool]:
 
 
 def save_custom_state(
-    obj: Any,
+    obj: object,
     path: str | os.PathLike,
     index: int = 0,
     save_on_each_node: bool = False,
     *,
     process_index: int | None = None,
-    scaler: Any | None = None,
+    scaler: object = None,
 ) -> str | None:
     """Save a custom object's state.
 
@@ -281,7 +309,8 @@ def save_custom_state(
     del scaler
     index = index if process_index is None else process_index
     target, folder_form = _custom_target(path, index)
-    state = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+    own = getattr(obj, "state_dict", None)
+    state = own() if callable(own) else obj
     if folder_form:
         writes = _should_write(save_on_each_node)
     else:
@@ -300,13 +329,13 @@ def _current_index() -> int:
 
 
 def load_custom_state(
-    obj: Any,
+    obj: object,
     path: str | os.PathLike | None = None,
     index: int = 0,
     *,
     process_index: int | None = None,
-    scaler: Any | None = None,
-    load_kwargs: dict[str, Any] | None = None,
+    scaler: object = None,
+    load_kwargs: dict[str, object] | None = None,
 ) -> Any:
     """Load a custom state saved by :func:`save_custom_state`.
 
@@ -350,12 +379,13 @@ def load_custom_state(
     with F.unpickling(weights_only, load_options):
         state = F.torch_load(target, map_location=map_location)
     if obj is not None:
-        if not callable(getattr(obj, "load_state_dict", None)):
+        load = getattr(obj, "load_state_dict", None)
+        if not callable(load):
             raise TypeError(
                 f"{type(obj).__name__} has no load_state_dict(); call load_custom_state(path) to get the "
                 "saved value back instead."
             )
-        obj.load_state_dict(state)
+        load(state)
     return state
 
 

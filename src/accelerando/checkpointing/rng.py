@@ -8,18 +8,22 @@ torch's CPU generator and each initialised accelerator's generators (CUDA, XPU, 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accelerando.common import random as shared_random
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
 
 __all__ = ["capture_rng_states", "restore_rng_states"]
 
 _NDARRAY_TAG = "__ndarray__"
 
 
-def _to_plain(value: Any) -> Any:
+def _to_plain(value: object) -> object:
     """Turn NumPy arrays inside a nested structure into tagged lists (loadable with weights_only)."""
     try:
         import numpy as np
@@ -36,7 +40,7 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-def _from_plain(value: Any) -> Any:
+def _from_plain(value: object) -> object:
     """Inverse of :func:`_to_plain`."""
     if isinstance(value, dict):
         if _NDARRAY_TAG in value:
@@ -49,16 +53,16 @@ def _from_plain(value: Any) -> Any:
     return value
 
 
-def _shared_helpers() -> tuple[Any, Any] | None:
+def _shared_helpers() -> tuple[Callable[[], object], Callable[[object], object]] | None:
     """The RNG helpers of ``accelerando.common.random`` if that module provides them."""
     get = getattr(shared_random, "get_rng_states", None)
     put = getattr(shared_random, "set_rng_states", None)
     return (get, put) if callable(get) and callable(put) else None
 
 
-def _device_modules() -> list[tuple[str, Any]]:
+def _device_modules() -> list[tuple[str, ModuleType]]:
     """Accelerator modules whose generators exist in this process (initialised, so no side effect)."""
-    found = []
+    found: list[tuple[str, ModuleType]] = []
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         found.append(("cuda", torch.cuda))
     for name in ("xpu", "npu", "mlu", "musa", "hpu"):
@@ -69,10 +73,10 @@ def _device_modules() -> list[tuple[str, Any]]:
     return found
 
 
-def _capture_local() -> dict[str, Any]:
+def _capture_local() -> dict[str, object]:
     import numpy as np
 
-    states: dict[str, Any] = {
+    states: dict[str, object] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
@@ -84,6 +88,7 @@ def _capture_local() -> dict[str, Any]:
     return states
 
 
+# Any: the generator states as read back from a file; each generator's setter checks its own.
 def _restore_local(states: dict[str, Any]) -> None:
     import numpy as np
 
@@ -98,7 +103,7 @@ def _restore_local(states: dict[str, Any]) -> None:
             torch.mps.set_rng_state(value)
 
 
-def capture_rng_states() -> dict[str, Any]:
+def capture_rng_states() -> dict[str, object]:
     """Return this process's generator states as a structure ``torch.load(weights_only=True)`` reads.
 
     Returns:
@@ -110,7 +115,7 @@ def capture_rng_states() -> dict[str, Any]:
     return {"source": "local", "states": _to_plain(_capture_local())}
 
 
-def restore_rng_states(payload: dict[str, Any]) -> None:
+def restore_rng_states(payload: Mapping[str, object]) -> None:
     """Put back generator states captured by :func:`capture_rng_states`.
 
     Args:
@@ -118,6 +123,7 @@ def restore_rng_states(payload: dict[str, Any]) -> None:
 
     Raises:
         ValueError: If the payload was captured by a helper this installation does not have.
+        TypeError: If the payload's local generator states are not a dict.
     """
     states = _from_plain(payload["states"])
     if payload.get("source") == "shared":
@@ -129,4 +135,6 @@ def restore_rng_states(payload: dict[str, Any]) -> None:
             )
         helpers[1](states)
         return
+    if not isinstance(states, dict):
+        raise TypeError(f"The saved random states must be a dict, got {type(states).__name__}.")
     _restore_local(states)

@@ -30,7 +30,9 @@ import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+import torch
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.lock as lock
@@ -53,6 +55,14 @@ from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.runtime import set_active_accelerator
 from accelerando.version import __version__
 
+if TYPE_CHECKING:
+    from accelerando.checkpointing.collective import Exchange
+
+    # Each process's (rank, node, committer, (final_dir, staging) or None, failure report, retry).
+    _ClaimEntry = tuple[int, int, bool, tuple[str, str] | None, tuple[str, str] | None, bool]
+    # Each process's (rank, failure report, its files' entries).
+    _WriteResult = tuple[int, tuple[str, str] | None, dict[str, atomic.FileEntry]]
+
 __all__ = ["save_state_sync"]
 
 logger = logging.getLogger(__name__)
@@ -68,7 +78,7 @@ class _Run:
     skipped: set[str] = field(default_factory=set)  # newer checkpoints the resume passed over
 
 
-_RUNS: weakref.WeakKeyDictionary[Any, _Run] = weakref.WeakKeyDictionary()
+_RUNS: weakref.WeakKeyDictionary[object, _Run] = weakref.WeakKeyDictionary()
 
 
 def _run(target: CheckpointTarget) -> _Run:
@@ -122,10 +132,10 @@ def _state_bytes(target: CheckpointTarget) -> int:
     seen: set[int] = set()
     total = 0
 
-    def add(value: Any) -> None:
+    def add(value: object) -> None:
         nonlocal total
-        if hasattr(value, "untyped_storage") and hasattr(value, "nbytes"):
-            key = value.untyped_storage().data_ptr() + value.storage_offset() * value.element_size()
+        if isinstance(value, torch.Tensor):
+            key = value.untyped_storage().data_ptr() + int(value.storage_offset()) * value.element_size()
             if key not in seen or key == 0:
                 seen.add(key)
                 total += int(value.nbytes)
@@ -156,7 +166,7 @@ def _translated(
 
 
 # ------------------------------------------------------------------------- step 1: where it goes
-def _wait_for_lock(target: CheckpointTarget, kwargs: dict[str, Any]) -> float:
+def _wait_for_lock(target: CheckpointTarget, kwargs: dict[str, object]) -> float:
     """Seconds to wait for another process's lock: the keyword, else the setting, else the module's default."""
     value = kwargs.pop("wait_for_lock", None)
     if value is None:
@@ -231,7 +241,7 @@ _WAIT_SLICE_S = 2.0
 
 def _claim_in_slices(
     target: CheckpointTarget, stack: ExitStack, plan: tuple[str | None, str, bool, int], wait: float
-) -> tuple[list[Any], BaseException | None, tuple[str, str] | None]:
+) -> tuple[list[_ClaimEntry], BaseException | None, tuple[str, str] | None]:
     """The committers claim the folder, retrying in slices of the wait; every process learns the outcome.
 
     Returns:
@@ -258,7 +268,8 @@ def _claim_in_slices(
                     err, target, final_dir, atomic.staging_path(final_dir, _run(target).token)
                 )
         report = _report(error)
-        entries = gather((state.process_index, node, committer, claimed, report, retry), state.num_processes)
+        entry: _ClaimEntry = (state.process_index, node, committer, claimed, report, retry)
+        entries = gather(entry, state.num_processes)
         if not any(entry[5] for entry in entries) or any(entry[4] is not None for entry in entries):
             return entries, error, claimed
 
@@ -287,7 +298,8 @@ def _plan_everywhere(
         if claimed is not None:
             atomic.discard(claimed[1])
         _raise_reported(error, failed, f"prepare {final_dir!r}")
-    claims = {n: c for _, n, is_committing, c, _, _ in entries if is_committing}
+    # No process failed: every committer has claimed its folder.
+    claims = {n: c for _, n, is_committing, c, _, _ in entries if is_committing and c is not None}
     final_dir, staging = claims[node]
     if root is not None and len({f for f, _ in claims.values()}) > 1:
         # Nodes with their own disks proposed different numbers: all take the highest (free on each).
@@ -332,15 +344,15 @@ def _write_process_files(
     """Write this process's files into the staging folder, handing each name to ``on_written``."""
     models = list(target.models)
     # None marks an optimizer the strategy wrote itself (left out of the files written below).
-    optimizers: list[Any] = list(target.optimizers)
+    optimizers: list[torch.optim.Optimizer | None] = list(target.optimizers)
     strategy = target.strategy
     # Sharded strategies (FSDP, DeepSpeed) write their own per-process files on every process;
     # whatever they handle is left out of the files written below (None entries are skipped).
-    weights: list[Any] = []
+    weights: list[dict[str, torch.Tensor] | None] = []
     for i, model in enumerate(models):
         own = strategy is not None and strategy.save_model_checkpoint(model, staging, i, safe_serialization)
         weights.append(None if own else target.get_state_dict(model))
-    for i, optimizer in enumerate(optimizers):
+    for i, optimizer in enumerate(target.optimizers):
         owner = models[i] if i < len(models) else None
         if strategy is not None and strategy.save_optimizer_checkpoint(optimizer, owner, staging, i):
             optimizers[i] = None
@@ -378,7 +390,7 @@ def _write_process_files(
             on_written(os.path.basename(written))
 
 
-def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[Any]) -> int:
+def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[_WriteResult]) -> int:
     """Committing process: manifest + atomic rename. Returns the checkpoint's size in bytes."""
     staging, final_dir = plan.staging, plan.final_dir
     number = _number(final_dir) if plan.checkpoints_dir is not None else None
@@ -419,8 +431,8 @@ def _write_everywhere(
     plan: _Plan,
     safe_serialization: bool,
     write: Callable[[Callable[[str], None]], None] | None = None,
-    exchange: Callable[[Any, int], list[Any]] = gather,
-) -> list[Any]:
+    exchange: Exchange = gather,
+) -> list[_WriteResult]:
     """Every process writes and describes its files; all learn whether every process succeeded.
 
     ``write(on_written)`` writes this process's files (default: from the live objects); ``exchange`` is
@@ -449,7 +461,8 @@ def _write_everywhere(
         error = _translated(err, target, plan.final_dir, staging)
     finally:
         describer.close()
-    results = exchange((state.process_index, _report(error), described), state.num_processes)
+    result: _WriteResult = (state.process_index, _report(error), described)
+    results = exchange(result, state.num_processes)
     failed = [(rank, report) for rank, report, _ in results if report is not None]
     if failed:
         if plan.committer:
@@ -461,8 +474,8 @@ def _write_everywhere(
 def _commit_everywhere(
     target: CheckpointTarget,
     plan: _Plan,
-    results: list[Any],
-    exchange: Callable[[Any, int], list[Any]] = gather,
+    results: list[_WriteResult],
+    exchange: Exchange = gather,
 ) -> int:
     """Step 3: the committing process commits and rotates; every process learns the outcome.
 
@@ -501,7 +514,7 @@ def save_state_sync(
     target: CheckpointTarget,
     output_dir: str | os.PathLike | None,
     safe_serialization: bool,
-    wait: float | None,
+    wait: float,
     durable: bool = True,
 ) -> str:
     """Write and commit one checkpoint in the calling thread (see :func:`accelerando.checkpointing.save_state`).

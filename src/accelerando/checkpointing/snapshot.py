@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast, overload
 
 import torch
 
@@ -25,6 +25,11 @@ from accelerando.checkpointing.rng import capture_rng_states
 from accelerando.checkpointing.state_io import _dataloader_state, capture_gradients, write_state_files
 from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.optimizer import AcceleratedOptimizer
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from torch.distributed import ProcessGroup
 
 __all__ = ["can_overlap", "frozen_target", "snapshot_tree"]
 
@@ -56,7 +61,10 @@ class _Buffers:
         self.previous, self.current = self.current, []
 
 
-_BUFFERS: weakref.WeakKeyDictionary[Any, _Buffers] = weakref.WeakKeyDictionary()
+_BUFFERS: weakref.WeakKeyDictionary[object, _Buffers] = weakref.WeakKeyDictionary()
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 #: Memo entry holding the source storages of a snapshot's copies (see :func:`snapshot_tree`).
@@ -71,23 +79,63 @@ def _storage_key(tensor: torch.Tensor) -> tuple[torch.device, int] | None:
         return None
 
 
+def _memo_buffers(memo: dict[object, object]) -> _Buffers | None:
+    found = memo.get("buffers")
+    return found if isinstance(found, _Buffers) else None
+
+
+def _sources(memo: dict[object, object]) -> list[torch.UntypedStorage]:
+    held = memo.get(_SOURCES)
+    if not isinstance(held, list):
+        held = memo[_SOURCES] = []
+    return held
+
+
+@overload
 def snapshot_tree(
-    tree: Any,
-    memo: dict[Any, Any] | None = None,
+    tree: torch.Tensor,
+    memo: dict[object, object] | None = None,
     buffers: _Buffers | None = None,
     copy_if: Callable[[torch.Tensor], bool] | None = None,
-) -> Any:
+) -> torch.Tensor: ...
+
+
+@overload
+def snapshot_tree(
+    tree: dict[_K, _V],
+    memo: dict[object, object] | None = None,
+    buffers: _Buffers | None = None,
+    copy_if: Callable[[torch.Tensor], bool] | None = None,
+) -> dict[_K, _V]: ...
+
+
+@overload
+def snapshot_tree(
+    tree: object,
+    memo: dict[object, object] | None = None,
+    buffers: _Buffers | None = None,
+    copy_if: Callable[[torch.Tensor], bool] | None = None,
+) -> object: ...
+
+
+def snapshot_tree(
+    tree: object,
+    memo: dict[object, object] | None = None,
+    buffers: _Buffers | None = None,
+    copy_if: Callable[[torch.Tensor], bool] | None = None,
+) -> object:
     """A copy of ``tree`` in host memory: every tensor's storage copied once, containers rebuilt.
 
     Tensors sharing a storage share its copy, with their offsets and strides kept, so serialising the
     copy gives the same bytes as serialising ``tree``. The memo holds each copied source storage (under
     ``"sources"``) so that no address is reused, and so mistaken for another tensor's, while it is in use. ``buffers`` supplies reusable host memory.
     With ``copy_if``, only the tensors it accepts are copied; the others are kept as they are (the
-    overlapped snapshot copies parameters and optimizer state in a second pass).
+    overlapped snapshot copies parameters and optimizer state in a second pass). The copy has the
+    type and structure of ``tree``.
     """
     memo = {} if memo is None else memo
     if buffers is None:
-        buffers = memo.get("buffers")
+        buffers = _memo_buffers(memo)
     if isinstance(tree, torch.Tensor):
         if copy_if is not None and not copy_if(tree):
             return tree
@@ -96,7 +144,7 @@ def snapshot_tree(
         storage = tree.untyped_storage()
         key = (tree.device, storage.data_ptr())
         copied = memo.get(key)
-        if copied is None:
+        if not isinstance(copied, torch.UntypedStorage):
             if buffers is not None:
                 copied = buffers.copy(storage)
             else:
@@ -105,7 +153,7 @@ def snapshot_tree(
             # The memo is keyed by address: a temporary (a generator's get_state(), a state_dict's fresh
             # tensor) freed after its copy would let the next tensor of the snapshot reuse that address
             # and be handed the temporary's copy. Holding the source keeps every address unique.
-            memo.setdefault(_SOURCES, []).append(storage)
+            _sources(memo).append(storage)
         out = torch.empty(0, dtype=tree.dtype)
         out.set_(copied, tree.storage_offset(), tree.size(), tree.stride())
         if isinstance(tree, torch.nn.Parameter):
@@ -127,21 +175,21 @@ def snapshot_tree(
 class _Stateful:
     """Stands in for an object whose state was snapshotted: ``state_dict()`` returns the copy."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: object) -> None:
         self._state = state
 
-    def state_dict(self) -> Any:
+    def state_dict(self) -> object:
         return self._state
 
 
 class _WithSampler:
     """Stands in for a dataloader whose sampler holds the state."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: object) -> None:
         self.sampler = _Stateful(state)
 
 
-def _frozen_loader(loader: Any, memo: dict[Any, Any]) -> Any:
+def _frozen_loader(loader: object, memo: dict[object, object]) -> object:
     found = _dataloader_state(loader)
     if found is None:
         return object()  # nothing to save
@@ -157,7 +205,7 @@ class _Frozen:
         self._target = target
         self.step = step
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._target, name)
 
 
@@ -167,7 +215,9 @@ def frozen_target(target: CheckpointTarget, step: int) -> CheckpointTarget:
     return cast("CheckpointTarget", _Frozen(target, step))
 
 
-def _live_storages(models: list[Any], optimizers: list[Any]) -> set[tuple[torch.device, int]]:
+def _live_storages(
+    models: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+) -> set[tuple[torch.device, int]]:
     """Storages only an optimizer step changes: the models' parameters and the optimizers' state."""
     live: set[tuple[torch.device, int]] = set()
     tensors: list[torch.Tensor] = [p for model in models for p in model.parameters()]
@@ -188,11 +238,19 @@ def can_overlap(target: CheckpointTarget) -> bool:
     done (:class:`accelerando.optimizer.AcceleratedOptimizer`'s ``_snapshot_wait`` hook).
     """
 
-    def holds(optimizer: Any) -> bool:  # engine wrappers override step() without the hook
-        return type(optimizer).step is AcceleratedOptimizer.step
+    def holds(optimizer: object) -> bool:  # engine wrappers override step() without the hook
+        return (
+            isinstance(optimizer, AcceleratedOptimizer) and type(optimizer).step is AcceleratedOptimizer.step
+        )
 
     optimizers = list(target.optimizers)
     return bool(optimizers) and all(holds(optimizer) for optimizer in optimizers)
+
+
+class _Copy(Protocol):
+    """Copies a state dict into the snapshot (what is not copied yet is left for :meth:`_Snapshot.finish`)."""
+
+    def __call__(self, tree: dict[_K, _V], /) -> dict[_K, _V]: ...
 
 
 class _Snapshot:
@@ -204,15 +262,17 @@ class _Snapshot:
     those and lets the optimizers step again.
     """
 
-    def __init__(self, target: CheckpointTarget, plan: Any, safe_serialization: bool, overlap: bool) -> None:
+    def __init__(
+        self, target: CheckpointTarget, plan: sync._Plan, safe_serialization: bool, overlap: bool
+    ) -> None:
         buffers = _BUFFERS.setdefault(target.owner, _Buffers())
         buffers.rotate()  # the previous save has committed: its buffers are free
-        self._memo: dict[Any, Any] = {"buffers": buffers}
+        self._memo: dict[object, object] = {"buffers": buffers}
         self.plan, self.safe_serialization = plan, safe_serialization
         # Sharded strategies' DCP state dicts: with overlap their staging waits for the background too.
         self.shards = ShardWrites(target.owner, defer=overlap)
         self.copied = threading.Event()
-        self._held: list[Any] = []
+        self._held: list[AcceleratedOptimizer] = []
         models = list(target.models)
         live = _live_storages(models, list(target.optimizers)) if overlap else set()
         self._live = live
@@ -220,7 +280,7 @@ class _Snapshot:
         def later(tensor: torch.Tensor) -> bool:
             return _storage_key(tensor) in live
 
-        def now(tree: Any) -> Any:
+        def now(tree: dict[_K, _V]) -> dict[_K, _V]:
             return snapshot_tree(tree, self._memo, copy_if=(lambda t: not later(t)) if live else None)
 
         self._later = later
@@ -238,7 +298,10 @@ class _Snapshot:
         self.scaler = None if scaler is None else _Stateful(snapshot_tree(scaler.state_dict(), self._memo))
         self.custom = [_Stateful(snapshot_tree(o.state_dict(), self._memo)) for o in target.custom_objects]
         self.process_index, self.step = int(target.state.process_index), int(target.step)
-        self.rng_payload = {"step": self.step, "rng": snapshot_tree(capture_rng_states(), self._memo)}
+        self.rng_payload: dict[str, object] = {
+            "step": self.step,
+            "rng": snapshot_tree(capture_rng_states(), self._memo),
+        }
         # The foreground copies are done: release the temporaries they came from (the live parameters and
         # optimizer state copied by finish() were alive throughout, so no recorded address is theirs).
         self._memo.pop(_SOURCES, None)
@@ -248,16 +311,16 @@ class _Snapshot:
             self.copied.set()
 
     def _models_and_optimizers(
-        self, target: CheckpointTarget, models: list[Any], now: Callable[[Any], Any]
-    ) -> tuple[list[Any], list[Any]]:
+        self, target: CheckpointTarget, models: Sequence[torch.nn.Module], now: _Copy
+    ) -> tuple[list[dict[str, torch.Tensor] | None], list[dict[str, object] | None]]:
         strategy, staging = target.strategy, self.plan.staging
-        weights: list[Any] = []
+        weights: list[dict[str, torch.Tensor] | None] = []
         for i, model in enumerate(models):
             own = strategy is not None and strategy.save_model_checkpoint(
                 model, staging, i, self.safe_serialization
             )
             weights.append(None if own else now(target.get_state_dict(model)))
-        optimizers: list[Any] = []
+        optimizers: list[dict[str, object] | None] = []
         for i, optimizer in enumerate(target.optimizers):
             owner = models[i] if i < len(models) else None
             if strategy is not None and strategy.save_optimizer_checkpoint(optimizer, owner, staging, i):
@@ -266,10 +329,11 @@ class _Snapshot:
                 optimizers.append(now(optimizer.state_dict()))
         return weights, optimizers
 
-    def _hold(self, optimizers: Any) -> None:
+    def _hold(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Make every prepared optimizer's ``step()`` wait for :meth:`finish`."""
         wait = self.copied.wait
         for optimizer in optimizers:
+            assert isinstance(optimizer, AcceleratedOptimizer)  # only held when can_overlap() said so
             optimizer._snapshot_wait = wait
             self._held.append(optimizer)
 
@@ -279,15 +343,20 @@ class _Snapshot:
             self.shards.stage_deferred()
             if self._live:
                 later = self._later
-                self.weights = [snapshot_tree(w, self._memo, copy_if=later) for w in self.weights]
-                self.optimizers = [snapshot_tree(o, self._memo, copy_if=later) for o in self.optimizers]
+                memo = self._memo
+                self.weights = [
+                    None if w is None else snapshot_tree(w, memo, copy_if=later) for w in self.weights
+                ]
+                self.optimizers = [
+                    None if o is None else snapshot_tree(o, memo, copy_if=later) for o in self.optimizers
+                ]
         finally:
             self.copied.set()
             for optimizer in self._held:  # (saves are one at a time: no newer save holds them)
                 optimizer._snapshot_wait = None  # the next steps cost one attribute read again
             self._held = []
 
-    def write(self, on_written: Callable[[str], None], group: Any) -> None:
+    def write(self, on_written: Callable[[str], None], group: ProcessGroup | None) -> None:
         """Write the staged shards (collective on ``group``), then this process's own files."""
         plan, rng_name = self.plan, f"{F.RNG_STATE_NAME}_{self.process_index}.pkl"
         self.shards.write_all(group)

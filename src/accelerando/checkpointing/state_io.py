@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
 
 import torch
 
@@ -22,8 +22,12 @@ from accelerando.checkpointing.target import Stateful
 from accelerando.common.serialization import _should_write
 from accelerando.common.unwrap import unwrap_model
 
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
+
 __all__ = [
     "LoadedState",
+    "StateSource",
     "apply_state",
     "capture_gradients",
     "check_load_kwargs",
@@ -37,8 +41,24 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 
-def unwrap(model: Any) -> Any:
+
+class StateSource(Protocol):
+    """An object whose ``state_dict()`` a checkpoint writes (optimizers, schedulers, the scaler)."""
+
+    def state_dict(self) -> object:
+        """The state to write."""
+        ...
+
+
+class _Put(Protocol):
+    """Writes ``obj`` with ``writer`` as the file ``name`` of the folder, and records it."""
+
+    def __call__(self, name: str, writer: Callable[[_T, str], None], obj: _T, /) -> None: ...
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The user's module inside every wrapper (DDP, FSDP, DeepSpeed, ``torch.compile``).
 
     The one unwrapping every strategy uses (:func:`accelerando.common.unwrap.unwrap_model`), with
@@ -47,20 +67,22 @@ def unwrap(model: Any) -> Any:
     return unwrap_model(model, keep_torch_compile=False)
 
 
-def _dataloader_state(loader: Any) -> tuple[str, Any] | None:
+def _dataloader_state(loader: object) -> tuple[str, object] | None:
     """``(file stem, state)`` of a dataloader: its own state dict, else its sampler's, else None."""
-    if callable(getattr(loader, "state_dict", None)):
-        return F.DATALOADER_STATE_NAME, loader.state_dict()
+    own = getattr(loader, "state_dict", None)
+    if callable(own):
+        return F.DATALOADER_STATE_NAME, own()
     sampler = getattr(loader, "sampler", None)
     if sampler is None or not callable(getattr(sampler, "state_dict", None)):
         batch_sampler = getattr(loader, "batch_sampler", None)
         sampler = getattr(batch_sampler, "sampler", None)
-    if sampler is not None and callable(getattr(sampler, "state_dict", None)):
-        return F.SAMPLER_NAME, sampler.state_dict()
+    of_sampler = getattr(sampler, "state_dict", None) if sampler is not None else None
+    if callable(of_sampler):
+        return F.SAMPLER_NAME, of_sampler()
     return None
 
 
-def capture_gradients(models: Sequence[Any]) -> dict[str, torch.Tensor]:
+def capture_gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
     """Accumulated ``.grad`` tensors of the models' parameters, keyed ``<model index>.<name>``."""
     grads: dict[str, torch.Tensor] = {}
     for i, model in enumerate(models):
@@ -72,13 +94,13 @@ def capture_gradients(models: Sequence[Any]) -> dict[str, torch.Tensor]:
 
 def write_state_files(
     output_dir: str,
-    model_states: Sequence[dict[str, Any]],
-    optimizers: Sequence[Any],
-    schedulers: Sequence[Any],
-    dataloaders: Sequence[Any],
+    model_states: Sequence[dict[str, torch.Tensor] | None],
+    optimizers: Sequence[StateSource | None],
+    schedulers: Sequence[StateSource],
+    dataloaders: Sequence[object],
     process_index: int,
     step: int,
-    scaler: Any | None = None,
+    scaler: StateSource | None = None,
     save_on_each_node: bool = False,
     safe_serialization: bool = True,
     gradients: dict[str, torch.Tensor] | None = None,
@@ -98,7 +120,7 @@ def write_state_files(
     """
     written: list[str] = []
 
-    def put(name: str, writer: Any, obj: Any) -> None:
+    def put(name: str, writer: Callable[[_T, str], None], obj: _T) -> None:
         writer(obj, os.path.join(output_dir, name))
         written.append(name)
         if on_written is not None:
@@ -120,12 +142,12 @@ def write_state_files(
 
 
 def _write_shared_files(
-    put: Callable[[str, Callable[[object, str], None], object], None],
+    put: _Put,
     model_states: Sequence[dict[str, torch.Tensor] | None],
-    optimizers: Sequence[Stateful | None],
-    schedulers: Sequence[Stateful],
+    optimizers: Sequence[StateSource | None],
+    schedulers: Sequence[StateSource],
     dataloaders: Sequence[object],
-    scaler: Stateful | None,
+    scaler: StateSource | None,
     safe_serialization: bool,
 ) -> None:
     """The files one process writes for all: weights, optimizer, scheduler, dataloader and scaler states.
@@ -155,12 +177,12 @@ def _write_shared_files(
 class LoadedState:
     """Everything read from a checkpoint folder, not yet applied."""
 
-    models: list[dict[str, Any]] = field(default_factory=list)
-    optimizers: list[Any] = field(default_factory=list)
-    schedulers: list[Any] = field(default_factory=list)
-    dataloaders: list[tuple[str, Any] | None] = field(default_factory=list)
-    scaler: Any | None = None
-    rng: dict[str, Any] | None = None
+    models: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    optimizers: list[dict[str, object]] = field(default_factory=list)
+    schedulers: list[object] = field(default_factory=list)
+    dataloaders: list[tuple[str, object] | None] = field(default_factory=list)
+    scaler: dict[str, object] | None = None
+    rng: dict[str, object] | None = None
     step: int | None = None
     gradients: dict[str, torch.Tensor] | None = None
 
@@ -216,7 +238,7 @@ def read_state_files(
     num_dataloaders: int,
     process_index: int,
     with_scaler: bool,
-    map_location: Any = None,
+    map_location: MAP_LOCATION = None,
     per_rank: bool = True,
     foreign: bool = False,
 ) -> LoadedState:
@@ -269,23 +291,25 @@ def read_state_files(
     return out
 
 
-def _apply_dataloader(loader: Any, entry: tuple[str, Any]) -> None:
+def _apply_dataloader(loader: object, entry: tuple[str, object]) -> None:
     stem, state = entry
-    if stem == F.DATALOADER_STATE_NAME and callable(getattr(loader, "load_state_dict", None)):
-        loader.load_state_dict(state)
+    own = getattr(loader, "load_state_dict", None)
+    if stem == F.DATALOADER_STATE_NAME and callable(own):
+        own(state)
         return
     sampler = getattr(loader, "sampler", None)
     if sampler is None or not callable(getattr(sampler, "load_state_dict", None)):
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-    if sampler is not None and callable(getattr(sampler, "load_state_dict", None)):
-        sampler.load_state_dict(state)
+    of_sampler = getattr(sampler, "load_state_dict", None) if sampler is not None else None
+    if callable(of_sampler):
+        of_sampler(state)
     else:
         logger.warning(
             "Dataloader %s has no load_state_dict: its saved %s state was not restored", loader, stem
         )
 
 
-def _apply_gradients(models: Sequence[Any], grads: dict[str, torch.Tensor]) -> None:
+def _apply_gradients(models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor]) -> None:
     for i, model in enumerate(models):
         for name, param in unwrap(model).named_parameters():
             saved = grads.get(f"{i}.{name}")
@@ -294,7 +318,7 @@ def _apply_gradients(models: Sequence[Any], grads: dict[str, torch.Tensor]) -> N
                 param.grad = saved.to(device=param.device, dtype=param.dtype, copy=True)
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
+def _tensors(tree: object) -> list[torch.Tensor]:
     if isinstance(tree, torch.Tensor):
         return [tree]
     if isinstance(tree, dict):
@@ -304,7 +328,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return []
 
 
-def load_optimizer_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, object]) -> None:
     """``optimizer.load_state_dict(state_dict)`` that reuses the optimizer's current state memory.
 
     ``state_dict`` may hold tensors backed by a memory map of the checkpoint file (see
@@ -321,7 +345,7 @@ def load_optimizer_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
     if not mapped:
         return
 
-    def is_mapped(value: Any) -> bool:
+    def is_mapped(value: object) -> TypeGuard[torch.Tensor]:
         return (
             isinstance(value, torch.Tensor)
             and bool(value.numel())
@@ -342,15 +366,17 @@ def load_optimizer_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
                 values[key] = _unmapped(value, is_mapped)  # converted already, or nested deeper
                 continue
             target = old.get(key)
-            reusable = (
+            if (
                 isinstance(target, torch.Tensor)
                 and target is not value
                 and (target.shape, target.dtype, target.device) == (value.shape, value.dtype, value.device)
-            )
-            values[key] = target.copy_(value) if reusable else value.clone()
+            ):
+                values[key] = target.copy_(value)
+            else:
+                values[key] = value.clone()
 
 
-def _unmapped(tree: Any, is_mapped: Callable[[Any], bool]) -> Any:
+def _unmapped(tree: object, is_mapped: Callable[[object], bool]) -> object:
     """``tree`` with every tensor for which ``is_mapped`` holds replaced by a clone.
 
     Dicts and lists are updated in place (and returned); tuples are rebuilt.
@@ -366,15 +392,22 @@ def _unmapped(tree: Any, is_mapped: Callable[[Any], bool]) -> Any:
         return tree
     if isinstance(tree, tuple):
         items = [_unmapped(value, is_mapped) for value in tree]
-        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+        return _rebuilt(type(tree), items, named=hasattr(tree, "_fields"))
     return tree
 
 
-def _inner_state(optimizer: Any) -> Any:
+def _rebuilt(kind: Callable[..., object], items: list[object], named: bool) -> object:
+    """A tuple of class ``kind`` holding ``items`` (a named tuple takes its fields one by one)."""
+    return kind(*items) if named else kind(items)
+
+
+def _inner_state(optimizer: object) -> dict[object, object]:
     return getattr(optimizer, "state", {})
 
 
-def _with_tied_aliases(module: Any, state: Any) -> Any:
+def _with_tied_aliases(
+    module: torch.nn.Module, state: Mapping[str, torch.Tensor]
+) -> Mapping[str, torch.Tensor]:
     """``state`` with the keys of tied weights that safetensors saved once filled in from their twin.
 
     safetensors cannot store two names for one memory, so a model whose ``linear2.weight`` *is*
@@ -388,7 +421,7 @@ def _with_tied_aliases(module: Any, state: Any) -> Any:
     missing = [name for name in live if name not in state]
     if not missing:
         return state
-    groups: dict[tuple[Any, ...], list[str]] = {}
+    groups: dict[tuple[object, ...], list[str]] = {}
     for name, tensor in live.items():
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" and tensor.numel():
             where = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset())
@@ -404,12 +437,12 @@ def _with_tied_aliases(module: Any, state: Any) -> Any:
 
 def apply_state(
     loaded: LoadedState,
-    models: Sequence[Any],
-    optimizers: Sequence[Any],
-    schedulers: Sequence[Any],
-    dataloaders: Sequence[Any],
-    scaler: Any | None = None,
-    **load_model_func_kwargs: Any,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    schedulers: Sequence[Stateful],
+    dataloaders: Sequence[object],
+    scaler: Stateful | None = None,
+    **load_model_func_kwargs: bool,
 ) -> None:
     """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``)."""
     for model, state in zip(models, loaded.models, strict=True):
@@ -434,7 +467,7 @@ def apply_state(
 _TORCH_LOAD_KEYS = frozenset({"weights_only", "map_location", "mmap", "pickle_module", "encoding", "errors"})
 
 
-def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> bool:
+def check_load_kwargs(load_kwargs: dict[str, object] | None) -> bool:
     """Check the reference's ``load_kwargs`` (options for ``torch.load``); return ``weights_only``.
 
     ``weights_only`` is honoured: False is the caller's explicit opt-in to full unpickling, which runs
@@ -471,8 +504,8 @@ def check_load_kwargs(load_kwargs: dict[str, Any] | None) -> bool:
 
 
 def torch_load_options(
-    load_kwargs: dict[str, Any] | None, map_location: Any = None
-) -> tuple[Any, dict[str, Any]]:
+    load_kwargs: Mapping[str, Any] | None, map_location: MAP_LOCATION = None
+) -> tuple[MAP_LOCATION, dict[str, Any]]:
     """Split checked ``load_kwargs`` into the load's ``map_location`` and the other ``torch.load`` options.
 
     ``load_kwargs["map_location"]`` is the map location when the call gave none of its own; the

@@ -26,11 +26,12 @@ __all__ = ["CheckpointTarget", "Stateful"]
 class Stateful(Protocol):
     """An object whose state a checkpoint holds: schedulers and registered custom objects."""
 
-    def state_dict(self) -> Any:
+    def state_dict(self) -> object:
         """The object's state (any picklable value, usually a dict)."""
         ...
 
-    def load_state_dict(self, state: Any, /) -> Any:
+    # Any: implementations take the state they return (a scheduler's dict, ...), narrower than object.
+    def load_state_dict(self, state: Any, /) -> object:
         """Restore what :meth:`state_dict` returned."""
         ...
 
@@ -80,7 +81,7 @@ class CheckpointTarget(Protocol):
     # Prepared dataloaders of several classes (shards, dispatchers, stateful loaders); checkpointing
     # asks each for what it has (``getattr``), so no one shape is promised.
     @property
-    def dataloaders(self) -> Sequence[Any]:
+    def dataloaders(self) -> Sequence[object]:
         """The prepared dataloaders, in preparation order."""
         ...
 
