@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
-
-import torch
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import accelerando.runtime as runtime
 from accelerando.enums import DistributedType
 from accelerando.state.partial import _STATE_KEYS, PartialState
 from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+_T = TypeVar("_T")
 
 __all__ = ["AcceleratorState", "get_active_deepspeed_plugin", "select_deepspeed_plugin"]
 
@@ -56,7 +61,7 @@ class AcceleratorState:
         TypeError: a setting that differs from what is in effect, or an unknown keyword.
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: dict[str, object] = {}
     _view_names = frozenset(
         {
             "mixed_precision",
@@ -75,14 +80,14 @@ class AcceleratorState:
         self,
         mixed_precision: str | None = None,
         cpu: bool = False,
-        dynamo_plugin: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
-        parallelism_config: Any = None,
+        dynamo_plugin: object = None,
+        deepspeed_plugin: object = None,
+        fsdp_plugin: object = None,
+        torch_tp_plugin: object = None,
+        megatron_lm_plugin: object = None,
+        parallelism_config: object = None,
         _from_accelerator: bool = False,
-        **kwargs: Any,
+        **kwargs: Mapping[str, object] | None,
     ) -> None:
         pg_kwargs = kwargs.pop("pg_kwargs", None)
         if kwargs:
@@ -112,7 +117,7 @@ class AcceleratorState:
                 f"{', '.join(differing)}; pass them to Accelerator(...)"
             )
 
-    def _holds(self, name: str, value: Any) -> bool:
+    def _holds(self, name: str, value: object) -> bool:
         """Whether the view already holds ``value`` for the setting ``name``."""
         if name == "mixed_precision":
             return str(value) == self.mixed_precision
@@ -122,7 +127,7 @@ class AcceleratorState:
             return all(any(c is p for p in plugins.values()) for c in candidates)
         return getattr(self, name) is value
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in self._view_names:
             if getattr(self, name) is value:  # re-stating what the runtime holds changes nothing
                 return
@@ -192,11 +197,12 @@ class AcceleratorState:
         return self._plugin("parallelism_config")
 
     @property
-    def device_mesh(self) -> Any:
+    def device_mesh(self) -> DeviceMesh | None:
         """The DeviceMesh built from the ParallelismConfig (None without one)."""
         current = self._runtime()
         return None if current is None else current.mesh
 
+    # The plugin classes live in layers above this one (plugins/), so the views below name them Any.
     def _plugin(self, name: str) -> Any:
         current = self._runtime()
         return None if current is None else getattr(current.plugins, name)
@@ -256,13 +262,14 @@ class AcceleratorState:
         """Block until every process reaches this point (no-op in a single process)."""
         self._partial.wait_for_everyone()
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
+    # Any: print's own keywords (sep, end, file, flush), passed on as given.
+    def print(self, *args: object, **kwargs: Any) -> None:
         """``print`` on each machine's first process only."""
         self._partial.print(*args, **kwargs)
 
     def split_between_processes(
-        self, inputs: list | tuple | dict | torch.Tensor, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[Any]:
+        self, inputs: _T, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[_T]:
         """Context manager yielding this process's share of ``inputs`` (see ``PartialState``)."""
         return self._partial.split_between_processes(inputs, apply_padding=apply_padding)
 
@@ -274,7 +281,7 @@ class AcceleratorState:
         """Context manager: each machine's first process runs the block first, the others after it."""
         return self._partial.local_main_process_first()
 
-    def destroy_process_group(self, group: Any | None = None) -> None:
+    def destroy_process_group(self, group: ProcessGroup | None = None) -> None:
         """Tear down the process group (the default one when ``group`` is None); see ``PartialState``."""
         self._partial.destroy_process_group(group)
 
@@ -286,7 +293,7 @@ class AcceleratorState:
         """
         plugins = self.deepspeed_plugins
         if not plugins:
-            get_active_deepspeed_plugin(self)  # raises the "not enabled" error
+            raise _deepspeed_not_enabled()
         if name not in plugins:
             raise ValueError(f"no DeepSpeed plugin named {name!r}; the plugins are {list(plugins)}")
         return plugins[name]
@@ -331,7 +338,14 @@ class AcceleratorState:
 
 # Which DeepSpeed plugin is active is the one piece of state the AcceleratorState view holds itself;
 # the strategy and ``accelerando.utils.deepspeed`` re-export these two functions.
-def get_active_deepspeed_plugin(state: Any) -> Any:
+def _deepspeed_not_enabled() -> ValueError:
+    return ValueError(
+        "DeepSpeed is not enabled: pass Accelerator(deepspeed_plugin=...) or deepspeed_plugins={...}, "
+        "or launch with --use_deepspeed"
+    )
+
+
+def get_active_deepspeed_plugin(state: object) -> Any:
     """Return the DeepSpeed plugin currently selected in ``state`` (an ``AcceleratorState``).
 
     Args:
@@ -345,15 +359,12 @@ def get_active_deepspeed_plugin(state: Any) -> Any:
     """
     plugins = getattr(state, "deepspeed_plugins", None)
     if not plugins:
-        raise ValueError(
-            "DeepSpeed is not enabled: pass Accelerator(deepspeed_plugin=...) or deepspeed_plugins={...}, "
-            "or launch with --use_deepspeed"
-        )
+        raise _deepspeed_not_enabled()
     name = getattr(state, "active_deepspeed_plugin_name", None)
     return plugins[name] if name is not None else next(iter(plugins.values()))
 
 
-def select_deepspeed_plugin(state: Any, name: str | None = None) -> Any:
+def select_deepspeed_plugin(state: AcceleratorState, name: str | None = None) -> Any:
     """Make the plugin called ``name`` the active one (the next ``prepare`` uses its config).
 
     Args:
@@ -368,7 +379,7 @@ def select_deepspeed_plugin(state: Any, name: str | None = None) -> Any:
     """
     plugins = getattr(state, "deepspeed_plugins", None)
     if not plugins:
-        get_active_deepspeed_plugin(state)  # raises the "not enabled" error
+        raise _deepspeed_not_enabled()
     if name is None:
         name = next(iter(plugins))
     if name not in plugins:

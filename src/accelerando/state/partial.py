@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import torch
 
@@ -21,9 +21,13 @@ from accelerando.environments import ClusterEnvironment
 from accelerando.settings import resolve_runtime_settings
 from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 __all__ = ["PartialState", "process_filter"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+_T = TypeVar("_T")
 
 
 class PartialState:
@@ -50,7 +54,7 @@ class PartialState:
     # (``_STATE_KEYS``): code outside (transformers' ``TrainingArguments(use_configured_state=True)``)
     # reads ``PartialState._shared_state`` to learn whether a state exists. The properties below read
     # the process context itself; the snapshot never drives a decision.
-    _shared_state: dict[str, Any] = {}
+    _shared_state: dict[str, object] = {}
     _view_names = frozenset(
         {
             "cluster",
@@ -66,7 +70,7 @@ class PartialState:
         }
     )
 
-    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+    def __init__(self, cpu: bool = False, **kwargs: object) -> None:
         self.__dict__ = self._shared_state
         existing = runtime.current_process()
         if existing is not None:
@@ -97,13 +101,13 @@ class PartialState:
             fork_launched=fork_launched(),
         )
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> NoReturn:
         # Reached when normal lookup fails, including when a property below raised AttributeError
         # because the state was reset (``_reset_state()``) and not created again.
         after_reset = runtime.current_process() is None and (name in _STATE_KEYS or name in self._view_names)
         raise missing_attribute(type(self).__name__, name, after_reset=after_reset)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in self._view_names:
             raise view_is_read_only(type(self).__name__, name)
         super().__setattr__(name, value)
@@ -235,7 +239,7 @@ class PartialState:
         return self._first(self.is_local_main_process)
 
     @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+    def split_between_processes(self, inputs: _T, apply_padding: bool = False) -> Iterator[_T]:
         """Yield this process's contiguous share of ``inputs`` (list, tuple, dict of those, or tensor).
 
         The first ``len % num_processes`` processes get one item more. With ``apply_padding`` every
@@ -254,7 +258,11 @@ class PartialState:
     # Each filter decides when the decorated function is called (not when it is decorated), so a
     # function decorated before the state exists still filters correctly. In a single process every
     # filter runs its function, whatever index it names: one process does every process's work.
-    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+    @overload
+    def on_main_process(self, function: F) -> F: ...
+    @overload
+    def on_main_process(self, function: None = None) -> Callable[[F], F]: ...
+    def on_main_process(self, function: F | None = None) -> F | Callable[[F], F]:
         """Decorator: run ``function`` only on the main process (returns None elsewhere).
 
         Usable bare (``@state.on_main_process``) or called (``@state.on_main_process()``).
@@ -263,19 +271,31 @@ class PartialState:
             return self.on_main_process
         return process_filter(function, lambda: self.is_main_process)
 
-    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+    @overload
+    def on_local_main_process(self, function: F) -> F: ...
+    @overload
+    def on_local_main_process(self, function: None = None) -> Callable[[F], F]: ...
+    def on_local_main_process(self, function: F | None = None) -> F | Callable[[F], F]:
         """Decorator: run ``function`` only on each machine's first process (bare or called)."""
         if function is None:
             return self.on_local_main_process
         return process_filter(function, lambda: self.is_local_main_process)
 
-    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
+    @overload
+    def on_last_process(self, function: F) -> F: ...
+    @overload
+    def on_last_process(self, function: None = None) -> Callable[[F], F]: ...
+    def on_last_process(self, function: F | None = None) -> F | Callable[[F], F]:
         """Decorator: run ``function`` only on the last process (bare or called)."""
         if function is None:
             return self.on_last_process
         return process_filter(function, lambda: self.is_last_process)
 
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+    @overload
+    def on_process(self, function: F, process_index: int | None = None) -> F: ...
+    @overload
+    def on_process(self, function: None = None, process_index: int | None = None) -> Callable[[F], F]: ...
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F | Callable[[F], F]:
         """Decorator: run ``function`` only on the process of global index ``process_index``.
 
         ``@state.on_process(process_index=1)`` returns the decorator.
@@ -289,9 +309,15 @@ class PartialState:
             raise ValueError("on_process needs process_index=<global index of the process that runs it>")
         return process_filter(function, lambda: self.process_index == process_index)
 
+    @overload
+    def on_local_process(self, function: F, local_process_index: int | None = None) -> F: ...
+    @overload
     def on_local_process(
-        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
-    ) -> Any:
+        self, function: None = None, local_process_index: int | None = None
+    ) -> Callable[[F], F]: ...
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> F | Callable[[F], F]:
         """Decorator: run ``function`` only on the process of local index ``local_process_index``.
 
         Raises:
@@ -305,12 +331,13 @@ class PartialState:
             )
         return process_filter(function, lambda: self.local_process_index == local_process_index)
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
+    # Any: print's own keywords (sep, end, file, flush), passed on as given.
+    def print(self, *args: object, **kwargs: Any) -> None:
         """``print`` on each machine's first process only."""
         if self.is_local_main_process:
             print(*args, **kwargs)
 
-    def destroy_process_group(self, group: Any | None = None) -> None:
+    def destroy_process_group(self, group: ProcessGroup | None = None) -> None:
         """Tear down the process group (the default one when ``group`` is None).
 
         For the default group every process should call this: they agree (bounded wait) before each
@@ -366,7 +393,7 @@ def process_filter(function: F, predicate: Callable[[], bool]) -> F:
     """
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         if predicate() or not PartialState().use_distributed:
             return function(*args, **kwargs)
         return None
@@ -374,6 +401,7 @@ def process_filter(function: F, predicate: Callable[[], bool]) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+# Any: lists, tuples, dicts of those and tensors, sliced alike (their common operations are not one type).
 def _split(inputs: Any, world: int, index: int, apply_padding: bool) -> Any:
     if isinstance(inputs, dict):
         lengths = {len(v) for v in inputs.values()}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import accelerando.runtime as runtime
 from accelerando.settings import environment_text
@@ -33,16 +32,16 @@ class ThreadLocalSharedDict(threading.local):
     """
 
     def __init__(self, thread_local: bool = False) -> None:
-        self._storage: dict[str, Any] = {}
+        self._storage: dict[str, object] = {}
 
-    def __get__(self, obj: Any, objtype: type | None = None) -> dict[str, Any]:
+    def __get__(self, obj: object, objtype: type | None = None) -> dict[str, object]:
         return self._storage
 
-    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+    def __set__(self, obj: object, value: dict[str, object]) -> None:
         self._storage = value
 
 
-def do_nothing(*args: Any, **kwargs: Any) -> None:
+def do_nothing(*args: object, **kwargs: object) -> None:
     """Accept any arguments and return None (what a process filter runs on the other processes)."""
     return None
 
