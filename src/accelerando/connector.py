@@ -21,6 +21,7 @@ once per process); plugins read the same process settings through ``settings.fil
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,14 +32,12 @@ from accelerando.devices import DeviceBackend
 from accelerando.enums import DistributedType
 from accelerando.parallelism_config import ParallelismConfig
 from accelerando.plugins.dynamo import TorchDynamoPlugin
-from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
 from accelerando.plugins.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
 )
-from accelerando.plugins.pipeline import PipelineParallelPlugin
 from accelerando.precision import build_precision
 from accelerando.settings import Settings, resolve_runtime_settings
 
@@ -314,14 +313,30 @@ def _strategy_rule(settings: Settings, plugins: rt.Plugins, process: rt.ProcessC
     )
 
 
+def _handler_given(plugins: rt.Plugins, module: str, name: str) -> bool:
+    """Whether a handler of class ``module.name`` was given, without importing ``module`` when none was.
+
+    An instance exists only once its class's module is imported, so an unloaded module means no such
+    handler: the fault-tolerance and pipeline plugin modules (and their dataclasses) stay off the
+    first-Accelerator path (tests/runtime/test_first_accelerator_modules.py).
+    """
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        return False
+    kind: type[object] = getattr(loaded, name)
+    return plugins.handler(kind) is not None
+
+
 def _fault_tolerance_requested(settings: Settings, plugins: rt.Plugins) -> bool:
 
-    return bool(settings.fault_tolerance) or plugins.handler(FaultTolerancePlugin) is not None
+    return bool(settings.fault_tolerance) or _handler_given(
+        plugins, "accelerando.plugins.fault_tolerance", "FaultTolerancePlugin"
+    )
 
 
 def _pipeline_requested(plugins: rt.Plugins) -> bool:
 
-    return plugins.handler(PipelineParallelPlugin) is not None
+    return _handler_given(plugins, "accelerando.plugins.pipeline", "PipelineParallelPlugin")
 
 
 def _default_backend_plugins(decision: Decision, plugins: rt.Plugins) -> rt.Plugins:
