@@ -545,9 +545,12 @@ def process_settings() -> Settings:
     """
     if _ENVIRONMENT_HIDDEN.get():
         return resolve([env_layer({})], warn_sources=())
-    fingerprint = _environment_fingerprint(os.environ)
+    # One copy of the environment: os.environ answers each of the ~500 names a setting may be read
+    # from (most unset) through Python-level calls and a KeyError; a dict answers them in C.
+    environ = dict(os.environ)
+    fingerprint = _environment_fingerprint(environ)
     if _process_cache.get("fingerprint") != fingerprint:
-        _process_cache["settings"] = resolve([env_layer(os.environ)], warn_sources=())
+        _process_cache["settings"] = resolve([env_layer(environ)], warn_sources=())
         _process_cache["fingerprint"] = fingerprint
     return _process_cache["settings"]
 
