@@ -222,7 +222,8 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview | None:
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    # NumPy's stub declares no __buffer__ before Python 3.12; an ndarray does export its buffer.
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # pyright: ignore[reportArgumentType]
 
 
 def record_safetensors(path: str, tensors: Mapping[str, torch.Tensor]) -> None:
