@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from accelerando.safe_files import FileTooLargeError, NotRegularFileError, describe_mode, read_regular
 from accelerando.settings.fields import FIELDS, Field, get_field, quote_value
@@ -134,7 +133,7 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
     return None, ""
 
 
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, object]:
     """Read a YAML or JSON config file into a dict (no validation).
 
     Args:
@@ -222,8 +221,8 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def _flatten(data: Mapping[str, Any]) -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+def _flatten(data: Mapping[str, object]) -> dict[str, object]:
+    flat: dict[str, object] = {}
     for key, value in data.items():
         if key in _SECTIONS and isinstance(value, Mapping):
             for sub, sub_value in value.items():
@@ -250,7 +249,7 @@ def _unknown_key(path: str, key: str) -> ConfigError:
     )
 
 
-def config_to_layer(data: Mapping[str, Any], path: str) -> dict[str, Sourced]:
+def config_to_layer(data: Mapping[str, object], path: str) -> dict[str, Sourced]:
     """Validate a config mapping and turn it into a resolver layer labelled ``config:<path>``.
 
     Args:
@@ -306,7 +305,7 @@ def _derive_switches(layer: dict[str, Sourced]) -> None:
     dist = layer.get("distributed_type")
     if dist is None:
         return
-    switch = _IMPLIED_SWITCH.get(dist.value)
+    switch = _IMPLIED_SWITCH.get(dist.value) if isinstance(dist.value, str) else None
     if switch and switch not in layer:
         layer[switch] = Sourced(True, dist.source)
 
@@ -326,7 +325,7 @@ def load_config_layer(path: str | os.PathLike[str]) -> dict[str, Sourced]:
     return config_to_layer(read_config_file(path), str(path))
 
 
-def migrate_config(data: Mapping[str, Any]) -> dict[str, Any]:
+def migrate_config(data: Mapping[str, object]) -> dict[str, object]:
     """Rewrite an old config mapping with current key names, keeping every value.
 
     Args:
@@ -336,7 +335,7 @@ def migrate_config(data: Mapping[str, Any]) -> dict[str, Any]:
     Returns:
         A new mapping in the current layout.
     """
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in _flatten(data).items():
         key = _RENAMED.get(key, key)
         field = CONFIG_KEYS.get(key)
@@ -346,22 +345,34 @@ def migrate_config(data: Mapping[str, Any]) -> dict[str, Any]:
             field is not None
             and field.kind == "choice"
             and value is not None
-            and str(value) not in field.choices
+            and str(value) not in (field.choices or ())
         ):
             try:
                 value = parse_value(field, value, "config")
             except ValueError:
                 pass  # leave it for validation to report with the file name
-        section, _, sub = key.partition(".")
-        if sub:
-            out.setdefault(section, {})[sub] = value
-        else:
-            out[key] = value
+        _put(out, key, value)
     out.setdefault("compute_environment", "LOCAL_MACHINE")
     return out
 
 
-def settings_to_config(values: Mapping[str, Any]) -> dict[str, Any]:
+def _put(out: dict[str, object], key: str, value: object) -> None:
+    """Set ``out[key]``, or ``out[section][sub]`` for a ``section.sub`` key (creating the section).
+
+    Raises:
+        TypeError: ``out`` already holds ``section`` as something other than a mapping.
+    """
+    section, _, sub = key.partition(".")
+    if not sub:
+        out[key] = value
+        return
+    nested = out.setdefault(section, {})
+    if not isinstance(nested, dict):
+        raise TypeError(f"{section!r} is {type(nested).__name__}, not a mapping of its options")
+    nested[sub] = value
+
+
+def settings_to_config(values: Mapping[str, object]) -> dict[str, object]:
     """Build a config mapping (reference layout) from setting values.
 
     Args:
@@ -373,21 +384,16 @@ def settings_to_config(values: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         KeyError: for an unknown setting name.
     """
-    out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
+    out: dict[str, object] = {"compute_environment": "LOCAL_MACHINE"}
     for name, value in values.items():
         if value is None:
             continue
         key = get_field(name).config_keys[0]
-        section, _, sub = key.partition(".")
-        value = list(value) if isinstance(value, tuple) else value
-        if sub:
-            out.setdefault(section, {})[sub] = value
-        else:
-            out[key] = value
+        _put(out, key, list(value) if isinstance(value, tuple) else value)
     return out
 
 
-def write_config_file(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_config_file(data: Mapping[str, object], path: str | os.PathLike[str]) -> Path:
     """Write a config mapping as YAML (or JSON for a ``.json`` path), creating parent folders.
 
     Args:

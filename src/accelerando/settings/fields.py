@@ -14,9 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.enums import DistributedType, DynamoBackend, PrecisionType
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "GROUPS", "get_field", "fields_in_group", "quote_value"]
 
@@ -29,7 +32,7 @@ _KINDS = ("str", "int", "float", "bool", "choice", "list")
 QUOTE_LIMIT = 40
 
 
-def quote_value(value: Any, limit: int = QUOTE_LIMIT) -> str:
+def quote_value(value: object, limit: int = QUOTE_LIMIT) -> str:
     """Quote a value for an error message, cut to ``limit`` characters.
 
     Args:
@@ -84,7 +87,7 @@ class Field:
 
     name: str
     kind: str
-    default: Any = None
+    default: object = None
     group: str = "core"
     help: str = ""
     choices: tuple[str, ...] | None = None
@@ -99,7 +102,7 @@ class Field:
     our_env: str = ""
     ref_bool: tuple[str, str] = ("true", "false")
     in_config: bool = True
-    parser: Callable[[str], Any] | None = None
+    parser: Callable[[str], object] | None = None
     parser_accepts: str = ""
 
     def __post_init__(self) -> None:
@@ -210,12 +213,56 @@ def machine_range(value: int | str | None) -> tuple[int, int]:
     )
 
 
-def _core(name: str, kind: str, default: Any = None, **kw: Any) -> Field:
+class _Shape(TypedDict, total=False):
+    """:class:`Field` attributes about the values, which every helper below passes through."""
+
+    choices: tuple[str, ...] | None
+    aliases: dict[str, str]
+    minimum: float | None
+    maximum: float | None
+    switch: bool
+    export: bool
+
+
+class _Described(_Shape, total=False):
+    """:class:`_Shape` plus the help text (for helpers that leave it to the row)."""
+
+    help: str
+
+
+class _DeepSpeedOptions(_Described, total=False):
+    """What a DeepSpeed row may give :func:`_ds` (its config keys default to the ``deepspeed_config`` one)."""
+
+    config_keys: tuple[str, ...]
+
+
+class _Placed(_Described, total=False):
+    """:class:`_Described` plus where the value is read from (for helpers that only fix the group)."""
+
+    env: tuple[str, ...]
+    config_keys: tuple[str, ...]
+    cli: str | None
+    our_env: str
+    ref_bool: tuple[str, str]
+    in_config: bool
+    parser: Callable[[str], object] | None
+    parser_accepts: str
+
+
+class _Options(_Placed, total=False):
+    """Every :class:`Field` attribute after name, kind and default (for :func:`_core`)."""
+
+    group: str
+
+
+def _core(name: str, kind: str, default: object = None, **kw: Unpack[_Options]) -> Field:
     kw.setdefault("cli", "--" + name)
     return Field(name, kind, default, **kw)
 
 
-def _fsdp(name: str, kind: str, default: Any = None, *, ref_env: str = "", **kw: Any) -> Field:
+def _fsdp(
+    name: str, kind: str, default: object = None, *, ref_env: str = "", **kw: Unpack[_Described]
+) -> Field:
     env = (ref_env or name.upper(),)
     return Field(
         name,
@@ -229,7 +276,9 @@ def _fsdp(name: str, kind: str, default: Any = None, *, ref_env: str = "", **kw:
     )
 
 
-def _ds(name: str, kind: str, default: Any = None, *, ref_env: str = "", **kw: Any) -> Field:
+def _ds(
+    name: str, kind: str, default: object = None, *, ref_env: str = "", **kw: Unpack[_DeepSpeedOptions]
+) -> Field:
     bare = name.removeprefix("deepspeed_")
     env = (ref_env or "ACCELERATE_DEEPSPEED_" + bare.upper(),)
     kw.setdefault("config_keys", ("deepspeed_config." + name,))
@@ -259,7 +308,7 @@ def _megatron(name: str, kind: str, help: str, minimum: float | None = None) -> 
     )
 
 
-def _parallel(axis: str, kind: str, help: str, **kw: Any) -> Field:
+def _parallel(axis: str, kind: str, help: str, **kw: Unpack[_Shape]) -> Field:
     name = "parallelism_config_" + axis
     kw.setdefault("minimum", 1 if kind == "int" else None)
     return Field(
@@ -275,7 +324,7 @@ def _parallel(axis: str, kind: str, help: str, **kw: Any) -> Field:
     )
 
 
-def _fp8(name: str, kind: str, help: str, *, keys: tuple[str, ...] = (), **kw: Any) -> Field:
+def _fp8(name: str, kind: str, help: str, *, keys: tuple[str, ...] = (), **kw: Unpack[_Shape]) -> Field:
     bare = name.removeprefix("fp8_")
     return Field(
         name,
@@ -290,19 +339,21 @@ def _fp8(name: str, kind: str, help: str, *, keys: tuple[str, ...] = (), **kw: A
     )
 
 
-def _ft(name: str, kind: str, default: Any = None, **kw: Any) -> Field:
+def _ft(name: str, kind: str, default: object = None, **kw: Unpack[_Placed]) -> Field:
     """A fault-tolerance setting: ``--<name>``, ``ACCELERANDO_<NAME>``, config key ``fault_tolerance_config.<name>``."""
     kw.setdefault("cli", "--" + name)
     kw.setdefault("config_keys", ("fault_tolerance_config." + name,))
     return Field(name, kind, default, group="fault_tolerance", **kw)
 
 
-def _reference_only(name: str, kind: str, env: str, help: str, **kw: Any) -> Field:
+def _reference_only(
+    name: str, kind: str, env: str, help: str, *, default: object = None, **kw: Unpack[_Shape]
+) -> Field:
     """A setting the reference reads from its environment only (no flag, no config key)."""
-    return Field(name, kind, kw.pop("default", None), env=(env,), cli=None, in_config=False, help=help, **kw)
+    return Field(name, kind, default, env=(env,), cli=None, in_config=False, help=help, **kw)
 
 
-def _dynamo(name: str, kind: str, default: Any, help: str, **kw: Any) -> Field:
+def _dynamo(name: str, kind: str, default: object, help: str, **kw: Unpack[_Shape]) -> Field:
     return Field(
         name,
         kind,

@@ -9,7 +9,6 @@ matching setting, so the user's explicit argument always wins and nothing is rea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from accelerando.settings.fields import fields_in_group
 from accelerando.settings.resolve import Settings, process_settings
@@ -18,7 +17,7 @@ __all__ = ["fill_unset"]
 
 
 def fill_unset(
-    obj: Any,
+    obj: object,
     group: str,
     *,
     prefix: str = "",

@@ -73,7 +73,7 @@ class Sourced(NamedTuple):
     (``"config:/path.yaml"``, ``"cli:--mixed_precision"``), while ``source`` is the variable read.
     """
 
-    value: Any
+    value: object
     source: str
     origin: str | None = None
 
@@ -81,7 +81,7 @@ class Sourced(NamedTuple):
 Layer = Mapping[str, Sourced]
 
 
-def _bad(field: Field, raw: Any, source: str, reason: str = "") -> ValueError:
+def _bad(field: Field, raw: object, source: str, reason: str = "") -> ValueError:
     where = source if source != "code" else "code (an argument)"
     fix = f"Fix: set {field.name!r} to {field.describe_allowed()}"
     if source.startswith("env:"):
@@ -94,7 +94,7 @@ def _bad(field: Field, raw: Any, source: str, reason: str = "") -> ValueError:
     )
 
 
-def _parse_bool(field: Field, raw: Any, source: str) -> bool:
+def _parse_bool(field: Field, raw: object, source: str) -> bool:
     if isinstance(raw, bool):
         return raw
     if isinstance(raw, int) and raw in (0, 1):
@@ -108,6 +108,7 @@ def _parse_bool(field: Field, raw: Any, source: str) -> bool:
     raise _bad(field, raw, source)
 
 
+# Any: int() and float() take whatever defines __int__ / __float__ (NumPy scalars...), refusing the rest.
 def _parse_number(field: Field, raw: Any, source: str) -> int | float | str:
     number: int | float
     if isinstance(raw, str) and raw.strip().lower() in (field.choices or ()):
@@ -126,7 +127,7 @@ def _parse_number(field: Field, raw: Any, source: str) -> int | float | str:
     return _check_bounds(field, number, raw, source)
 
 
-def _check_bounds(field: Field, number: int | float, raw: Any, source: str) -> int | float:
+def _check_bounds(field: Field, number: int | float, raw: object, source: str) -> int | float:
     if not math.isfinite(number):  # nan passes every comparison below
         raise _bad(field, raw, source)
     if field.minimum is not None and number < field.minimum:
@@ -136,7 +137,7 @@ def _check_bounds(field: Field, number: int | float, raw: Any, source: str) -> i
     return number
 
 
-def _parse_text(field: Field, parser: Callable[[str], Any], raw: str, source: str) -> Any:
+def _parse_text(field: Field, parser: Callable[[str], object], raw: str, source: str) -> object:
     """Read ``raw`` with the field's own parser; a number it returns is still held to the bounds."""
     try:
         value = parser(raw)
@@ -147,7 +148,7 @@ def _parse_text(field: Field, parser: Callable[[str], Any], raw: str, source: st
     return value
 
 
-def _parse_choice(field: Field, raw: Any, source: str) -> str:
+def _parse_choice(field: Field, raw: object, source: str) -> str:
     text = str(raw).strip()
     if isinstance(raw, bool):  # YAML turns a bare `no` into False
         text = "no" if not raw else "yes"
@@ -160,7 +161,8 @@ def _parse_choice(field: Field, raw: Any, source: str) -> str:
     raise _bad(field, raw, source)
 
 
-def parse_value(field: Field | str, raw: Any, source: str = "code") -> Any:
+# Returns Any: a setting's value, whose type is its field's kind (bool, int, str...).
+def parse_value(field: Field | str, raw: object, source: str = "code") -> Any:
     """Parse and validate one raw value for a field.
 
     Args:
@@ -210,10 +212,11 @@ class Settings:
             ``"cli:--flag"`` or ``"code"``.
     """
 
-    values: Mapping[str, Any]
+    values: Mapping[str, object]
     sources: Mapping[str, str]
     origins: Mapping[str, str] = dataclass_field(default_factory=dict)
 
+    # Any: a setting's value, whose type is its field's kind (bool, int, str...).
     def __getattr__(self, name: str) -> Any:
         values = object.__getattribute__(self, "values")
         if name in values:
@@ -253,12 +256,12 @@ class Settings:
         key = get_field(name).name
         return self.origins.get(key, self.sources[key])
 
-    def items(self) -> Iterator[tuple[str, Any, str]]:
+    def items(self) -> Iterator[tuple[str, object, str]]:
         """Yield ``(name, value, source)`` for every setting, in table order."""
         for f in FIELDS:
             yield f.name, self.values[f.name], self.sources[f.name]
 
-    def group(self, name: str) -> dict[str, Any]:
+    def group(self, name: str) -> dict[str, object]:
         """Return the resolved values of one group (``"fsdp"``, ``"deepspeed"``, ``"dynamo"``, ...).
 
         Args:
@@ -272,11 +275,11 @@ class Settings:
         """
         return {f.name: self.values[f.name] for f in fields_in_group(name)}
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Return a plain copy of every resolved value."""
         return dict(self.values)
 
-    def explicitly_set(self) -> dict[str, Any]:
+    def explicitly_set(self) -> dict[str, object]:
         """Return the values that some layer set (the source is not ``"default"``)."""
         return {k: v for k, v in self.values.items() if self.sources[k] != "default"}
 
@@ -310,7 +313,7 @@ def resolve(
         KeyError: when a layer names an unknown setting.
     """
     if base is None:
-        values: dict[str, Any] = {f.name: f.default for f in FIELDS}
+        values: dict[str, object] = {f.name: f.default for f in FIELDS}
         sources: dict[str, str] = dict.fromkeys(values, "default")
         origins: dict[str, str] = {}
     else:
@@ -494,7 +497,7 @@ def _launcher_sources(env: Mapping[str, str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def code_layer(values: Mapping[str, Any] | None) -> dict[str, Sourced]:
+def code_layer(values: Mapping[str, object] | None) -> dict[str, Sourced]:
     """Wrap arguments given in code as a layer (``None`` values mean "not given" and are dropped).
 
     Args:
@@ -527,7 +530,7 @@ def _collect_env_names() -> list[str]:
     return _ENV_NAMES
 
 
-_process_cache: dict[str, Any] = {}
+_process_cache: dict[str, object] = {}
 
 
 def process_settings() -> Settings:
@@ -552,7 +555,9 @@ def process_settings() -> Settings:
     if _process_cache.get("fingerprint") != fingerprint:
         _process_cache["settings"] = resolve([env_layer(environ)], warn_sources=())
         _process_cache["fingerprint"] = fingerprint
-    return _process_cache["settings"]
+    settings = _process_cache["settings"]
+    assert isinstance(settings, Settings)  # only this function writes it
+    return settings
 
 
 def forget_process_settings() -> None:
@@ -561,7 +566,7 @@ def forget_process_settings() -> None:
 
 
 def resolve_runtime_settings(
-    code: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    code: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Resolve the settings of the running process: defaults < environment < code.
 
