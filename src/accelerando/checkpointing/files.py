@@ -113,8 +113,7 @@ _WEIGHTS_ONLY: ContextVar[bool] = ContextVar("accelerando_weights_only", default
 
 # Further torch.load options of the caller of the load (the reference's load_kwargs besides
 # weights_only: mmap, encoding, ...); set with unpickling(), read by every torch_load in between.
-# Typed Any: the caller's values go to torch.load's keywords as given (torch checks them).
-_LOAD_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("accelerando_load_options", default=None)
+_LOAD_OPTIONS: ContextVar[dict[str, object] | None] = ContextVar("accelerando_load_options", default=None)
 
 OPT_IN = "load_kwargs={'weights_only': False}"
 
@@ -155,7 +154,7 @@ def weights_only_default() -> bool:
 
 
 @contextmanager
-def unpickling(weights_only: bool, options: Mapping[str, Any] | None = None) -> Iterator[None]:
+def unpickling(weights_only: bool, options: Mapping[str, object] | None = None) -> Iterator[None]:
     """Within the block, :func:`torch_load` calls without ``weights_only`` use this value.
 
     Only a caller's explicit opt-in (``load_kwargs={"weights_only": False}``) should pass False.
@@ -171,6 +170,7 @@ def unpickling(weights_only: bool, options: Mapping[str, Any] | None = None) -> 
         _WEIGHTS_ONLY.reset(token)
 
 
+# Returns Any: whatever the file holds, as torch.load returns it.
 def torch_load(
     path: str, map_location: MAP_LOCATION = None, mapped: bool = False, weights_only: bool | None = None
 ) -> Any:
@@ -209,7 +209,7 @@ def torch_load(
 
 
 def _load(
-    path: str, map_location: MAP_LOCATION, mmap: bool, weights_only: bool, extra: dict[str, Any]
+    path: str, map_location: MAP_LOCATION, mmap: bool, weights_only: bool, extra: dict[str, object]
 ) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap, **extra)

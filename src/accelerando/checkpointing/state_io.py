@@ -503,9 +503,10 @@ def check_load_kwargs(load_kwargs: dict[str, object] | None) -> bool:
     return weights_only
 
 
+# Any: the caller's torch.load options; map_location among them is taken as torch.load takes it.
 def torch_load_options(
     load_kwargs: Mapping[str, Any] | None, map_location: MAP_LOCATION = None
-) -> tuple[MAP_LOCATION, dict[str, Any]]:
+) -> tuple[MAP_LOCATION, dict[str, object]]:
     """Split checked ``load_kwargs`` into the load's ``map_location`` and the other ``torch.load`` options.
 
     ``load_kwargs["map_location"]`` is the map location when the call gave none of its own; the
