@@ -15,7 +15,7 @@ from typing import Any
 from accelerando.common import imports
 from accelerando.common.environment import check_cuda_fp8_capability
 from accelerando.logging import get_logger
-from accelerando.plugins import kwargs
+from accelerando.plugins import fp8_recipes
 
 __all__ = ["choose_fp8_backend", "fp8_backend_problem"]
 
@@ -116,8 +116,8 @@ def choose_fp8_backend(
         raise RuntimeError(problem)
     if recipe is None:
         recipe = {
-            "ao": kwargs.AORecipeKwargs,
-            "te": kwargs.TERecipeKwargs,
-            "msamp": kwargs.MSAMPRecipeKwargs,
+            "ao": fp8_recipes.AORecipeKwargs,
+            "te": fp8_recipes.TERecipeKwargs,
+            "msamp": fp8_recipes.MSAMPRecipeKwargs,
         }[backend]()
     return backend, recipe, reason
