@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from accelerando.common.serialization import save
+from accelerando import common
 from accelerando.facade.observing import Observability
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects, Stateful
@@ -242,7 +242,8 @@ class CheckpointService:
 
     def save(self, obj: object, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``)."""
-        save(
+        # Through the package attribute: serialization loads on the first save, not with the Accelerator.
+        common.serialization.save(
             obj,
             f,
             save_on_each_node=bool(self.project_configuration.save_on_each_node),

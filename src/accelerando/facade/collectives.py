@@ -9,14 +9,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from accelerando.common.operations import (
-    find_batch_size,
-    gather,
-    gather_object,
-    pad_across_processes,
-    recursively_apply,
-    reduce,
-)
+from accelerando import common
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.gradient_state import GradientState
 from accelerando.state import AcceleratorState, PartialState
@@ -76,7 +69,7 @@ class Collectives:
         Raises:
             ValueError: shapes differ across processes (use ``pad_across_processes`` first).
         """
-        return gather(tensor)
+        return common.operations.gather(tensor)
 
     def gather_for_metrics(self, input_data: object, use_gather_object: bool = False) -> object:
         """Gather for evaluation, dropping the samples duplicated to even out the last batch.
@@ -94,12 +87,14 @@ class Collectives:
         use_object = use_gather_object or not _all_tensors(input_data)
         copies, first_copy = _batch_copies(self.state.device_mesh)
         if copies > 1 and not first_copy:
-            input_data = [] if use_object else recursively_apply(lambda t: t[:0], input_data)
+            input_data = (
+                [] if use_object else common.operations.recursively_apply(lambda t: t[:0], input_data)
+            )
         data: Any
         if use_object:
-            data = gather_object(input_data)
+            data = common.operations.gather_object(input_data)
         elif (self.options.dataloader_config.even_batches and copies == 1) or not self.state.use_distributed:
-            data = gather(input_data)
+            data = common.operations.gather(input_data)
         else:
             data = self._gather_ragged(input_data)
         gs = self.gradient_state
@@ -110,29 +105,31 @@ class Collectives:
             return data
         if use_object:
             return data[:remainder]
-        return recursively_apply(lambda t: t[:remainder], data)
+        return common.operations.recursively_apply(lambda t: t[:remainder], data)
 
     def _gather_ragged(self, data: object) -> object:
         """Gather tensors whose first dimension differs across processes (uneven last batches)."""
-        local = torch.tensor([find_batch_size(data)], device=self.state.device)
-        sizes = gather(local).tolist()
-        padded = gather(pad_across_processes(data, dim=0))
+        local = torch.tensor([common.operations.find_batch_size(data)], device=self.state.device)
+        sizes = common.operations.gather(local).tolist()
+        padded = common.operations.gather(common.operations.pad_across_processes(data, dim=0))
         width = max(sizes)
 
         def pick(tensor: torch.Tensor) -> torch.Tensor:
             return torch.cat([tensor[i * width : i * width + n] for i, n in enumerate(sizes)])
 
-        return recursively_apply(pick, padded)
+        return common.operations.recursively_apply(pick, padded)
 
     def reduce(self, tensor: object, reduction: str = "sum", scale: float = 1.0) -> object:
         """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""
-        return reduce(tensor, reduction, scale)
+        return common.operations.reduce(tensor, reduction, scale)
 
     def pad_across_processes(
         self, tensor: object, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> object:
         """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered."""
-        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+        return common.operations.pad_across_processes(
+            tensor, dim=dim, pad_index=pad_index, pad_first=pad_first
+        )
 
     def split_between_processes(
         self, inputs: object, apply_padding: bool = False
@@ -153,7 +150,7 @@ class Collectives:
         flag = self.flag_tensor
         if flag is None:
             flag = torch.zeros(1, device=self.state.device)
-        total = reduce(flag, "sum", 1.0)
+        total = common.operations.reduce(flag, "sum", 1.0)
         self.flag_tensor = None
         return bool(total.item() >= 1)
 
