@@ -8,6 +8,8 @@ write their own planner, as transformers does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from accelerando.big_modeling.budgets import convert_file_size_to_int
@@ -21,7 +23,13 @@ __all__ = [
     "unit_parts",
 ]
 
-Unit = tuple[str, nn.Module]
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+# A unit to place: a module, or a tensor (a parameter or buffer) held directly by its parent module.
+Unit = tuple[str, "nn.Module | torch.Tensor"]
 
 
 def _inside(name: str, unit: str) -> bool:
@@ -31,10 +39,10 @@ def _inside(name: str, unit: str) -> bool:
 
 def get_module_size_with_ties(
     tied_params: list[str],
-    module_size: int,
-    module_sizes: dict[str, int],
+    module_size: int | float,
+    module_sizes: Mapping[str, int | float],
     modules_to_treat: list[Unit],
-) -> tuple[int, list[str], list[nn.Module]]:
+) -> tuple[int | float, list[str], list[nn.Module | torch.Tensor]]:
     """Size of a unit together with the units holding the other names of its tied parameters.
 
     Tied parameters must share a device, so placing a unit means placing the (not yet placed) units
@@ -55,7 +63,7 @@ def get_module_size_with_ties(
     """
     total = module_size
     names: list[str] = []
-    modules: list[nn.Module] = []
+    modules: list[nn.Module | torch.Tensor] = []
     for param in tied_params:
         owner = next(((n, m) for n, m in modules_to_treat if _inside(param, n) and n), None)
         if owner is None:
@@ -66,7 +74,7 @@ def get_module_size_with_ties(
     return total, names, modules
 
 
-def unit_parts(module: object, name: str) -> list[tuple[str, object]]:
+def unit_parts(module: object, name: str) -> list[Unit]:
     """What a unit splits into: a module's own parameters, then its children, with full names.
 
     A module's own buffers are not parts (the reference splits this way). A tensor has no parts.
@@ -84,8 +92,8 @@ def unit_parts(module: object, name: str) -> list[tuple[str, object]]:
     if not children:
         return []
     prefix = f"{name}." if name else ""
-    own = list(module.named_parameters(recurse=False))
-    return [(prefix + n, p) for n, p in own] + [(prefix + n, c) for n, c in children]
+    own: list[Unit] = [(prefix + n, p) for n, p in module.named_parameters(recurse=False)]
+    return own + [(prefix + n, c) for n, c in children]
 
 
 def tied_partners(name: str, tied_parameters: list[list[str]]) -> tuple[list[list[str]], list[str]]:
@@ -113,11 +121,11 @@ def tied_partners(name: str, tied_parameters: list[list[str]]) -> tuple[list[lis
 
 def fallback_allocate(
     modules: list[Unit],
-    module_sizes: dict[str, int],
+    module_sizes: Mapping[str, int | float],
     size_limit: int | str,
     no_split_module_classes: list[str] | None = None,
     tied_parameters: list[list[str]] | None = None,
-) -> tuple[str | None, nn.Module | None, list[Unit]]:
+) -> tuple[str | None, nn.Module | torch.Tensor | None, list[Unit]]:
     """Find the first unit, in order, that fits in ``size_limit`` bytes (with its tied partners).
 
     Units are searched depth first: a unit too large is replaced by its direct parameters and
@@ -162,11 +170,8 @@ def fallback_allocate(
         parent_name = target[:end]
         position = next((i for i, (n, _) in enumerate(remaining) if n == parent_name), None)
         if position is not None:
-            parent = remaining[position][1]
-            prefix = f"{parent_name}."
-            parts = [(prefix + n, p) for n, p in parent.named_parameters(recurse=False)]
-            parts += [(prefix + n, c) for n, c in parent.named_children()]
-            remaining[position : position + 1] = parts
+            # An ancestor of the target is a module with children, so its parts are never empty.
+            remaining[position : position + 1] = unit_parts(remaining[position][1], parent_name)
     position = next(i for i, (n, _) in enumerate(remaining) if n == target)
     name, module = remaining.pop(position)
     return name, module, remaining

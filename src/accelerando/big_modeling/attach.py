@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -123,7 +122,7 @@ def attach_align_device_hook(
 
 def attach_align_device_hook_on_blocks(
     module: nn.Module,
-    execution_device: int | str | torch.device | dict[str, Any] | None = None,
+    execution_device: int | str | torch.device | Mapping[str, int | str | torch.device] | None = None,
     offload: bool | dict[str, bool] = False,
     weights_map: Mapping | None = None,
     offload_buffers: bool = False,
@@ -149,7 +148,13 @@ def attach_align_device_hook_on_blocks(
         preload_module_classes: class names loaded as one unit.
         tied_params_map: shared tied-weights cache.
     """
-    if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
+    if isinstance(execution_device, Mapping):
+        devices = execution_device
+        flags = offload if isinstance(offload, Mapping) else dict.fromkeys(devices, offload)
+    elif isinstance(offload, Mapping):
+        flags = offload
+        devices = dict.fromkeys(flags, execution_device)
+    else:
         if offload:
             attach_align_device_hook(
                 module, execution_device, True, weights_map, offload_buffers, module_name,
@@ -163,14 +168,10 @@ def attach_align_device_hook_on_blocks(
                 ),
             )
         return
-    if not isinstance(execution_device, Mapping):
-        execution_device = dict.fromkeys(offload, execution_device)
-    if not isinstance(offload, Mapping):
-        offload = dict.fromkeys(execution_device, offload)
     _attach_block(
         module,
-        execution_device,
-        offload,
+        devices,
+        flags,
         weights_map,
         offload_buffers,
         module_name,

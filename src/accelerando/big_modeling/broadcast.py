@@ -28,7 +28,9 @@ def broadcast_checkpoint(loader, resolve_files: Callable[[], list[str]], iter_fi
     rank = dist.get_rank()
     files = [resolve_files() if rank == 0 else None]
     dist.broadcast_object_list(files, src=0)
-    for path in files[0]:
+    paths = files[0]
+    assert paths is not None  # every rank holds rank 0's list after the broadcast
+    for path in paths:
         items = list(iter_file(path, loader.resolve)) if rank == 0 else []
         meta = [
             [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 DeviceKey = int | str
+# What a device map or an execution device may name: an index, a string ("cuda:1", "cpu", "disk") or a device.
+DeviceLike = int | str | torch.device
 
 logger = logging.getLogger("accelerando.big_modeling.budgets")
 
@@ -147,8 +150,9 @@ def _visible_count(family: str) -> int:
         return backend_for(family).device_count()
     except ValueError:  # a family without a backend class here (mlu, sdaa, musa): ask torch directly
         module = getattr(torch, family, None)
-        available = module is not None and hasattr(module, "device_count") and module.is_available()
-        return int(module.device_count()) if available else 0
+        if module is None or not hasattr(module, "device_count") or not module.is_available():
+            return 0
+        return int(module.device_count())
 
 
 def check_device_visible(device: int | str | torch.device, what: str = "device_map") -> DeviceKey:
@@ -226,7 +230,7 @@ def _free_memory() -> dict[DeviceKey, int]:
     return budget
 
 
-def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict[DeviceKey, int]:
+def get_max_memory(max_memory: Mapping[DeviceKey, int | float | str] | None = None) -> dict[DeviceKey, int]:
     """Return the memory budget of every device, in bytes, sorted accelerators first, then cpu, disk.
 
     Args:
@@ -238,11 +242,11 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
 
     Raises:
         ValueError: for an unknown device name or an unreadable size.
-        TypeError: if ``max_memory`` is not a dict.
+        TypeError: if ``max_memory`` is not a mapping.
     """
     if max_memory is None:
         return dict(sorted(_free_memory().items(), key=lambda item: _device_order(item[0])))
-    if not isinstance(max_memory, dict):
+    if not isinstance(max_memory, Mapping):
         raise TypeError(
             f"max_memory must be a dict such as {{0: '10GiB', 'cpu': '30GiB'}}, got {type(max_memory).__name__}."
         )
@@ -256,9 +260,9 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
     return dict(sorted(budget.items(), key=lambda item: _device_order(item[0])))
 
 
-def _no_split_reserve(model: nn.Module, sizes: dict[str, int], no_split: list[str]) -> int:
+def _no_split_reserve(model: nn.Module, sizes: Mapping[str, int | float], no_split: list[str]) -> int | float:
     """Size of the first module (in size-dict order) of each no-split class; the largest of them."""
-    found: dict[str, int] = {}
+    found: dict[str, int | float] = {}
     for name, size in sizes.items():
         if name == "":
             continue
@@ -275,13 +279,13 @@ def _no_split_reserve(model: nn.Module, sizes: dict[str, int], no_split: list[st
 
 def get_balanced_memory(
     model: nn.Module,
-    max_memory: dict[int | str, int | str] | None = None,
+    max_memory: Mapping[DeviceKey, int | float | str] | None = None,
     no_split_module_classes: list[str] | set[str] | str | None = None,
     dtype: torch.dtype | str | None = None,
-    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     low_zero: bool = False,
     low_zero_memory: bool | None = None,
-) -> dict[DeviceKey, int]:
+) -> dict[DeviceKey, int | float]:
     """Lower the accelerator budgets so a model spreads evenly over all accelerators.
 
     Without this, :func:`infer_auto_device_map` fills the first accelerator completely before using the
@@ -309,7 +313,7 @@ def get_balanced_memory(
     """
     low_zero = bool(low_zero if low_zero_memory is None else low_zero_memory)
     user_budget = max_memory is not None
-    budget: dict[DeviceKey, float] = get_max_memory(max_memory)
+    budget: dict[DeviceKey, int | float] = dict(get_max_memory(max_memory))
     accelerators = sorted(key for key in budget if isinstance(key, int) and budget[key] > 0)
     if not accelerators:
         return budget

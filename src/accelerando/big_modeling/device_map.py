@@ -24,11 +24,13 @@ import gc
 import logging
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
 from torch import nn
 
-from accelerando.big_modeling.allocation import fallback_allocate, tied_partners, unit_parts
+from accelerando.big_modeling.allocation import Unit, fallback_allocate, tied_partners, unit_parts
 from accelerando.big_modeling.budgets import DeviceKey, as_class_name_list, get_max_memory
 from accelerando.big_modeling.model_info import check_tied_parameters_in_config
 from accelerando.big_modeling.sizes import compute_module_sizes, compute_module_total_buffer_size
@@ -38,7 +40,7 @@ __all__ = ["check_device_map", "clean_device_map", "infer_auto_device_map"]
 
 logger = logging.getLogger("accelerando.big_modeling.device_map")
 
-Unit = tuple[str, "nn.Module | torch.Tensor"]
+DeviceMapT = TypeVar("DeviceMapT", bound="dict[str, DeviceKey]")
 
 
 class _Scan:
@@ -134,8 +136,8 @@ def _clean_with_model(device_map: dict[str, DeviceKey], model: nn.Module) -> dic
 
 
 def clean_device_map(
-    device_map: dict[str, DeviceKey], module_name: str = "", *, model: nn.Module | None = None
-) -> dict[str, DeviceKey]:
+    device_map: DeviceMapT, module_name: str = "", *, model: nn.Module | None = None
+) -> DeviceMapT:
     """Merge the entries below a module that all go to one device into one entry for that module.
 
     Works from the names alone, as the reference does: starting at ``module_name`` (the whole map for
@@ -253,7 +255,7 @@ class _Planner:
         self.dtype, self.special_dtypes, self.verbose, self.offload_buffers, self.fallback = options
         self.index = 0
         self.used = dict.fromkeys(self.devices, 0)
-        self.buffer_sizes: dict[DeviceKey, int] = {}
+        self.buffer_sizes: dict[DeviceKey, int | float] = {}
         self.minimum: dict[DeviceKey, int] = {}
         self.device_map: OrderedDict[str, DeviceKey] = OrderedDict()
         units: list[Unit] = [
@@ -296,7 +298,7 @@ class _Planner:
         device = self.devices[self.index]
         limit = None if device == "disk" else self.budget[device]
         reserved = 0
-        if device in self.main_devices:
+        if device in self.main_devices and limit is not None:  # "disk" (no limit) is never a main device
             limit -= self.largest.size
             reserved = self.largest.size
         with_ties, partner_names, partners = self.with_ties(outside, size)
@@ -383,7 +385,7 @@ class _Planner:
         found_name, found, remaining = fallback_allocate(
             self.in_order(), self.sizes, room - self.used[device], self.no_split, self.tied
         )
-        if found is None:
+        if found is None or found_name is None:  # both None together: nothing fits
             return False
         # As in the reference, the largest unit is not recomputed here.
         self.set_order([(found_name, found), (name, unit), *remaining], recompute=False)
@@ -429,10 +431,10 @@ class _Planner:
 
 def infer_auto_device_map(
     model: nn.Module,
-    max_memory: dict[int | str, int | str] | None = None,
+    max_memory: Mapping[DeviceKey, int | float | str] | None = None,
     no_split_module_classes: list[str] | set[str] | str | None = None,
     dtype: torch.dtype | str | None = None,
-    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     verbose: bool = False,
     clean_result: bool = True,
     offload_buffers: bool = False,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +19,7 @@ from accelerando.big_modeling.attach import (
     attach_align_device_hook_on_blocks,
     link_prefetch,
 )
-from accelerando.big_modeling.budgets import check_device_visible
+from accelerando.big_modeling.budgets import DeviceKey, DeviceLike, check_device_visible
 from accelerando.big_modeling.hooks import (
     _MOVE_METHODS,
     AlignDevicesHook,
@@ -153,7 +152,7 @@ def disk_offload(
     return model
 
 
-def _normalize_map(device_map: Mapping[str, Any]) -> dict[str, Any]:
+def _normalize_map(device_map: Mapping[str, int | str | torch.device]) -> dict[str, DeviceKey]:
     if not isinstance(device_map, Mapping):
         raise TypeError(
             f"device_map must be a dict of module name -> device, got {type(device_map).__name__}."
@@ -175,7 +174,7 @@ def _refuse_empty(model: nn.Module, empty: list[str], caller: str) -> None:
     )
 
 
-def _unloadable(model: nn.Module, offloaded: list[str], weights: Mapping[str, Any] | None) -> list[str]:
+def _unloadable(model: nn.Module, offloaded: list[str], weights: Mapping[str, object] | None) -> list[str]:
     """Tensors on meta that no hook can fill: not in an offloaded module, or absent from its weights."""
     return [
         name
@@ -209,7 +208,7 @@ def _disk_weights(model, disk_modules, offload_dir, offload_index, offload_buffe
         if offload_dir is None:
             raise ValueError(f"{name!r} must be written to disk: pass offload_dir to dispatch_model.")
         offload_weight(tensor, name, offload_dir, index=fresh)
-    if fresh:
+    if fresh and offload_dir is not None:  # only written (above) when offload_dir is set
         save_offload_index(fresh, offload_dir)
         index.update(fresh)
     return index
@@ -217,7 +216,7 @@ def _disk_weights(model, disk_modules, offload_dir, offload_index, offload_buffe
 
 def _guard_moves(model: nn.Module, summary: str) -> None:
     def refuse_for(method: str):
-        def refuse(*args: Any, **kwargs: Any) -> nn.Module:
+        def refuse(*args: object, **kwargs: object) -> nn.Module:
             raise RuntimeError(
                 f"This model is dispatched over {summary} with hooks; .{method}() would move only part of it and "
                 "break them. Call accelerando.hooks.remove_hook_from_submodules(model) first (offloaded weights "
@@ -233,7 +232,7 @@ def _guard_moves(model: nn.Module, summary: str) -> None:
 
 def dispatch_model(
     model: nn.Module,
-    device_map: dict[str, int | str | torch.device],
+    device_map: Mapping[str, DeviceLike],
     main_device: int | str | torch.device | None = None,
     state_dict: dict[str, torch.Tensor] | None = None,
     offload_dir: str | os.PathLike | None = None,
@@ -270,30 +269,30 @@ def dispatch_model(
         ValueError: if the map misses parameters, names a device this machine does not have, sends
             modules to disk without ``offload_dir``, or leaves tensors on ``meta`` that nothing can fill.
     """
-    device_map = _normalize_map(device_map)
+    checked = _normalize_map(device_map)
     # Looked up on the package at call time: transformers swaps ``accelerate.big_modeling.check_device_map``
     # for a no-op while dispatching models that deliberately leave some tensors unmapped. The package
     # is always imported before its modules, so it is read from sys.modules (no import cycle).
     package = sys.modules[__name__.rpartition(".")[0]]
 
-    package.check_device_map(model, device_map)
-    check_tied_parameters_on_same_device(find_tied_parameters(model), device_map)
-    values = set(device_map.values())
+    package.check_device_map(model, checked)
+    check_tied_parameters_on_same_device(find_tied_parameters(model), checked)
+    values = set(checked.values())
     if main_device is None:
         main_device = (
             "cpu"
             if values <= {"cpu", "disk"}
-            else next(v for v in device_map.values() if v not in ("cpu", "disk"))
+            else next(v for v in checked.values() if v not in ("cpu", "disk"))
         )
     main_device = check_device_visible(main_device, "main_device")
     if len(values) == 1 and "disk" not in values and not force_hooks:
         if values != {"meta"}:
             _refuse_empty(model, tensors_on_meta(model), "dispatch_model")
         model.to(to_torch_device(values.pop()))
-        model.hf_device_map = dict(device_map)
+        model.__dict__["hf_device_map"] = dict(checked)
         return model
-    cpu_modules = [name for name, device in device_map.items() if device == "cpu" and main_device != "cpu"]
-    disk_modules = [name for name, device in device_map.items() if device == "disk"]
+    cpu_modules = [name for name, device in checked.items() if device == "cpu" and main_device != "cpu"]
+    disk_modules = [name for name, device in checked.items() if device == "disk"]
     if state_dict is None and cpu_modules:
         state_dict = {
             name: tensor.detach().to("cpu")
@@ -312,9 +311,9 @@ def dispatch_model(
     )
     _refuse_empty(model, _unloadable(model, cpu_modules + disk_modules, weights_map), "dispatch_model")
     execution = {
-        name: main_device if device in ("cpu", "disk") else device for name, device in device_map.items()
+        name: main_device if device in ("cpu", "disk") else device for name, device in checked.items()
     }
-    offload = {name: name in cpu_modules or name in disk_modules for name in device_map}
+    offload = {name: name in cpu_modules or name in disk_modules for name in checked}
     # The root hook moves inputs to the main device and outputs back (the reference's root hook).
     execution.setdefault("", main_device)
     tied_map = {}
@@ -327,7 +326,7 @@ def dispatch_model(
         preload_module_classes=preload_module_classes, tied_params_map=tied_map,
     )  # fmt: skip
     link_prefetch(model)
-    model.hf_device_map = dict(device_map)
+    model.__dict__["hf_device_map"] = dict(checked)
     if len(values) > 1 or disk_modules or cpu_modules:
         _guard_moves(model, f"{sorted(map(str, values))}")
     return model

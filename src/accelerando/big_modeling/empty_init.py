@@ -7,8 +7,7 @@ for example by :func:`accelerando.big_modeling.load_checkpoint_and_dispatch`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -31,8 +30,8 @@ _INPLACE_INITIALISERS = (
 def _skip_meta_initialisers() -> Iterator[None]:
     originals = {name: torch.Tensor.__dict__.get(name) for name in _INPLACE_INITIALISERS}
 
-    def skipping(original):
-        def method(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def skipping(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def method(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
             if self.is_meta:
                 return self
             return original(self, *args, **kwargs)
@@ -75,14 +74,16 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
     include_buffers = bool(include_buffers)
     original_parameter = nn.Module.register_parameter
 
-    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original_parameter(module, name, param)
+    # Named like the method it replaces (``self`` is the module) so it fits nn.Module's signature.
+    def register_parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original_parameter(self, name, param)
         if param is not None and param.device != device:
-            moved = module._parameters[name]
+            moved = self._parameters[name]
+            assert moved is not None  # registered just above (possibly replaced by a registration hook)
             extra = {key: value for key, value in moved.__dict__.items() if not key.startswith("_")}
             kind = type(moved)
             data = moved.data.to(device)
-            module._parameters[name] = (
+            self._parameters[name] = (
                 kind(data, requires_grad=moved.requires_grad, **extra)
                 if extra
                 else kind(data, moved.requires_grad)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -39,12 +39,18 @@ __all__ = [
     "send_to_device",
 ]
 
+T = TypeVar("T")
 _MISSING = object()
 # Methods dispatch_model overrides on the instance to refuse moves while hooks are attached.
 _MOVE_METHODS = ("to", "cuda", "cpu", "xpu", "npu", "mps", "half", "float", "bfloat16", "double")
 
 
-def send_to_device(data: Any, device: torch.device | None, non_blocking: bool = False, skip_keys=None) -> Any:
+def send_to_device(
+    data: T,
+    device: torch.device | None,
+    non_blocking: bool = False,
+    skip_keys: str | Sequence[str] | None = None,
+) -> T:
     """Move every tensor in a (nested) structure of lists, tuples, dicts and namedtuples to ``device``.
 
     Args:
@@ -58,29 +64,37 @@ def send_to_device(data: Any, device: torch.device | None, non_blocking: bool = 
     """
     if device is None:
         return data
-    if isinstance(skip_keys, str):
-        skip_keys = [skip_keys]
+    skip = [skip_keys] if isinstance(skip_keys, str) else skip_keys
+    # The walk rebuilds each container with its own type, so the result has the type of ``data``.
+    return cast("T", _moved(data, device, non_blocking, skip))
+
+
+def _construct(cls: Callable[..., object], *args: object) -> object:
+    # The container types are only known at run time; a class is called like any factory.
+    return cls(*args)
+
+
+def _moved(data: object, device: torch.device, non_blocking: bool, skip_keys: Sequence[str] | None) -> object:
     if isinstance(data, torch.Tensor):
         return data if data.device == device else data.to(device, non_blocking=non_blocking)
     if isinstance(data, (list, tuple)):
-        moved = [send_to_device(item, device, non_blocking, skip_keys) for item in data]
+        moved = [_moved(item, device, non_blocking, skip_keys) for item in data]
         if hasattr(data, "_fields"):  # namedtuple
-            return type(data)(*moved)
+            return _construct(type(data), *moved)
         return type(data)(moved) if type(data) in (list, tuple) else moved
     if isinstance(data, Mapping):
         skip = set(skip_keys or ())
-        items = {
-            k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys) for k, v in data.items()
-        }
+        items = {k: v if k in skip else _moved(v, device, non_blocking, skip_keys) for k, v in data.items()}
         try:
-            return type(data)(items)
+            return _construct(type(data), items)
         except TypeError:
             return items
-    if hasattr(data, "to") and not isinstance(data, nn.Module):
+    to = getattr(data, "to", None)
+    if to is not None and not isinstance(data, nn.Module):
         try:
-            return data.to(device, non_blocking=non_blocking)
+            return to(device, non_blocking=non_blocking)
         except TypeError:
-            return data.to(device)
+            return to(device)
     return data
 
 
@@ -97,11 +111,13 @@ class ModelHook:
         """Called once when the hook is attached. Returns the module (possibly modified)."""
         return module
 
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    def pre_forward(
+        self, module: nn.Module, *args: object, **kwargs: object
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         """Called before the forward with its inputs. Returns the (possibly changed) ``(args, kwargs)``."""
         return args, kwargs
 
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:
         """Called after the forward with its output. Returns the (possibly changed) output."""
         return output
 
@@ -127,13 +143,15 @@ class SequentialHook(ModelHook):
         return module
 
     @override
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    def pre_forward(
+        self, module: nn.Module, *args: object, **kwargs: object
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
     @override
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:
         for hook in self.hooks:
             output = hook.post_forward(module, output)
         return output
@@ -167,22 +185,24 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
     instance_forward = module.__dict__.get("forward", _MISSING)
     original = module.forward
     module = hook.init_hook(module)
-    module._hf_hook = hook
-    module._old_forward = original
-    module._hf_instance_forward = instance_forward
+    # Plain attributes (not parameters or submodules): nn.Module keeps them in the instance __dict__.
+    module.__dict__["_hf_hook"] = hook
+    module.__dict__["_old_forward"] = original
+    module.__dict__["_hf_instance_forward"] = instance_forward
 
     @functools.wraps(original)
-    def new_forward(*args: Any, **kwargs: Any) -> Any:
-        current = module._hf_hook
+    def new_forward(*args: object, **kwargs: object) -> object:
+        current: ModelHook = module.__dict__["_hf_hook"]
+        old_forward: Callable[..., object] = module.__dict__["_old_forward"]
         args, kwargs = current.pre_forward(module, *args, **kwargs)
         if current.no_grad:
             with torch.no_grad():
-                output = module._old_forward(*args, **kwargs)
+                output = old_forward(*args, **kwargs)
         else:
-            output = module._old_forward(*args, **kwargs)
+            output = old_forward(*args, **kwargs)
         return current.post_forward(module, output)
 
-    module.forward = new_forward
+    module.__dict__["forward"] = new_forward
     return module
 
 
@@ -203,7 +223,7 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
         if instance_forward is _MISSING:
             module.__dict__.pop("forward", None)
         else:
-            module.forward = instance_forward
+            module.__dict__["forward"] = instance_forward
         for name in ("_hf_hook", "_old_forward", "_hf_instance_forward"):
             module.__dict__.pop(name, None)
     if module.__dict__.pop("_dispatch_move_guard", False):
@@ -225,7 +245,7 @@ def remove_hook_from_submodules(module: nn.Module) -> None:
     remove_hook_from_module(module, recurse=True)
 
 
-def _first_device(data: Any) -> torch.device | None:
+def _first_device(data: object) -> torch.device | None:
     if isinstance(data, torch.Tensor):
         return data.device
     if isinstance(data, Mapping):
@@ -282,7 +302,7 @@ class AlignDevicesHook(ModelHook):
         execution_device: int | str | torch.device | None = None,
         offload: bool = False,
         io_same_device: bool = False,
-        weights_map: Mapping | None = None,
+        weights_map: Mapping[str, torch.Tensor] | None = None,
         offload_buffers: bool = False,
         place_submodules: bool = False,
         skip_keys: str | list[str] | None = None,
@@ -299,7 +319,7 @@ class AlignDevicesHook(ModelHook):
         self.input_device: torch.device | None = None
         self.offloaded_names: list[str] = []
         self.next_hook: AlignDevicesHook | None = None
-        self._prefetched: Future | None = None
+        self._prefetched: Future[dict[str, torch.Tensor]] | None = None
         self._tied_added: list[tuple[int, torch.device]] = []
 
     def __repr__(self) -> str:
@@ -338,8 +358,13 @@ class AlignDevicesHook(ModelHook):
                         set_module_tensor_to_device(module, name, self.execution_device)
         return module
 
+    def _offloaded_weights(self) -> dict[str, torch.Tensor]:
+        # init_hook fills weights_map whenever offload is set, before any forward.
+        assert self.weights_map is not None
+        return {name: self.weights_map[name] for name in self.offloaded_names}
+
     def _load(self) -> dict[str, torch.Tensor]:
-        weights = {name: self.weights_map[name] for name in self.offloaded_names}
+        weights = self._offloaded_weights()
         device = self.execution_device
         for name, value in weights.items():
             if device is not None and device.type != "cpu" and value.device != device:
@@ -354,16 +379,14 @@ class AlignDevicesHook(ModelHook):
             self._prefetched = _pool().submit(self._load)
 
     @override
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    def pre_forward(
+        self, module: nn.Module, *args: object, **kwargs: object
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         if self.io_same_device:
             self.input_device = _first_device([args, kwargs])
         if self.offload:
             pending, self._prefetched = self._prefetched, None
-            weights = (
-                pending.result()
-                if pending is not None
-                else {n: self.weights_map[n] for n in self.offloaded_names}
-            )
+            weights = pending.result() if pending is not None else self._offloaded_weights()
             device = self.execution_device if self.execution_device is not None else torch.device("cpu")
             tied = self.tied_params_map
             for name, value in weights.items():
@@ -378,12 +401,14 @@ class AlignDevicesHook(ModelHook):
         )
 
     @override
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:
         if self.offload:
             for name in self.offloaded_names:
                 set_module_tensor_to_device(module, name, "meta")
-            for pointer, device in self._tied_added:
-                self.tied_params_map.get(pointer, {}).pop(device, None)
+            tied = self.tied_params_map
+            if tied is not None:
+                for pointer, device in self._tied_added:
+                    tied.get(pointer, {}).pop(device, None)
             self._tied_added = []
         if self.io_same_device and self.input_device is not None:
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
@@ -392,10 +417,11 @@ class AlignDevicesHook(ModelHook):
     @override
     def detach_hook(self, module: nn.Module) -> nn.Module:
         if self.offload:
+            weights = self._offloaded_weights()
             for name in self.offloaded_names:
                 device = self.original_devices.get(name, torch.device("cpu"))
                 device = torch.device("cpu") if device.type == "meta" else device
-                set_module_tensor_to_device(module, name, device, value=self.weights_map[name])
+                set_module_tensor_to_device(module, name, device, value=weights[name])
         return module
 
 
@@ -425,7 +451,9 @@ class CpuOffload(ModelHook):
         return module.to("cpu")
 
     @override
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    def pre_forward(
+        self, module: nn.Module, *args: object, **kwargs: object
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         if self.prev_module_hook is not None:
             self.prev_module_hook.offload()
         module.to(self.execution_device)
@@ -474,12 +502,14 @@ class LayerwiseCastingHook(ModelHook):
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
     @override
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    def pre_forward(
+        self, module: nn.Module, *args: object, **kwargs: object
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
     @override
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output
 
@@ -514,8 +544,8 @@ def align_module_device(
     Yields:
         Nothing; read the tensors from ``module`` inside the block.
     """
-    if has_offloaded_params(module):
-        hook = module._hf_hook
+    hook = getattr(module, "_hf_hook", None)
+    if isinstance(hook, AlignDevicesHook) and hook.offload:
         original = hook.execution_device
         if execution_device is not None:
             hook.execution_device = to_torch_device(execution_device)

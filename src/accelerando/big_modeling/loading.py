@@ -15,12 +15,13 @@ runs them in order and handles tied weights and the final checks.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from accelerando.big_modeling.broadcast import broadcast_checkpoint
-from accelerando.big_modeling.budgets import get_balanced_memory
+from accelerando.big_modeling.budgets import DeviceKey, DeviceLike, get_balanced_memory
 from accelerando.big_modeling.device_map import infer_auto_device_map
 from accelerando.big_modeling.discovery import checkpoint_files
 from accelerando.big_modeling.dispatch import dispatch_model
@@ -48,7 +49,7 @@ def _tied_aliases(tied_params: list[list[str]]) -> dict[str, list[str]]:
 def load_checkpoint_in_model(
     model: nn.Module,
     checkpoint: str | os.PathLike,
-    device_map: dict[str, int | str | torch.device] | None = None,
+    device_map: Mapping[str, DeviceLike] | None = None,
     offload_folder: str | os.PathLike | None = None,
     dtype: torch.dtype | str | None = None,
     offload_state_dict: bool = False,
@@ -123,8 +124,8 @@ def load_checkpoint_in_model(
 def load_checkpoint_and_dispatch(
     model: nn.Module,
     checkpoint: str | os.PathLike,
-    device_map: str | dict[str, int | str | torch.device] | None = None,
-    max_memory: dict[int | str, int | str] | None = None,
+    device_map: str | Mapping[str, DeviceLike] | None = None,
+    max_memory: Mapping[DeviceKey, int | float | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     offload_folder: str | os.PathLike | None = None,
     offload_buffers: bool = False,
@@ -178,20 +179,22 @@ def load_checkpoint_and_dispatch(
                 dtype=dtype,
                 low_zero=device_map == "balanced_low_0",
             )
-        device_map = infer_auto_device_map(
+        planned: Mapping[str, DeviceLike] | None = infer_auto_device_map(
             model, max_memory=max_memory, no_split_module_classes=no_split_module_classes, dtype=dtype,
             offload_buffers=offload_buffers,
         )  # fmt: skip
+    else:
+        planned = device_map
     missing, _ = load_checkpoint_in_model(
-        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
+        model, checkpoint, device_map=planned, offload_folder=offload_folder, dtype=dtype,
         offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
         full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
     )  # fmt: skip
     _refuse_unloaded(model, missing, checkpoint)
-    if device_map is None:
+    if planned is None:
         return model
     return dispatch_model(
-        model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
+        model, planned, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys,
         preload_module_classes=preload_module_classes, force_hooks=force_hooks,
     )  # fmt: skip
 

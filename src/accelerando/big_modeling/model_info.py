@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from torch import nn
 
@@ -19,7 +18,7 @@ __all__ = [
 RECURRENT_LAYER_TYPES: frozenset[str] = frozenset({"linear_attention"})
 
 
-def _class_names(obj: Any) -> set[str]:
+def _class_names(obj: object) -> set[str]:
     return {cls.__name__ for cls in type(obj).__mro__}
 
 
@@ -52,7 +51,7 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     return word_embeddings or encoder_decoder or module_ties
 
 
-def is_peft_model(model: Any) -> bool:
+def is_peft_model(model: object) -> bool:
     """Tell whether ``model`` is a PEFT ``PeftModel`` (a base model wrapped with adapters).
 
     ``peft`` is not imported: when it has not been imported, no ``PeftModel`` can exist.
@@ -71,7 +70,7 @@ def is_peft_model(model: Any) -> bool:
     return isinstance(model, peft_model)
 
 
-def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+def _refuse_recurrent_layers_under_sequence_parallelism(model: object) -> None:
     """Refuse a model whose layers carry a recurrent state along the sequence, before sequence parallelism.
 
     Sequence parallelism (Ulysses) gathers the whole sequence before attention, so ordinary attention

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -120,15 +121,24 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
     return header, 8 + length
 
 
+def _naturals(value: object) -> TypeGuard[list[int]]:
+    """Whether ``value`` is a list of non-negative ints (bools excluded)."""
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    )
+
+
 def _check_entry(path: str | os.PathLike, name: str, entry: object, data_size: int) -> None:
     """One header entry: a known layout whose bytes lie inside the file (and match its shape)."""
     shape = entry.get("shape") if isinstance(entry, dict) else None
     offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-    ints_ok = all(
-        isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
-        for v in (shape, offsets)
-    )
-    if not ints_ok or len(offsets) != 2 or not isinstance(entry.get("dtype"), str):
+    if (
+        not isinstance(entry, dict)
+        or not _naturals(shape)
+        or not _naturals(offsets)
+        or len(offsets) != 2
+        or not isinstance(entry.get("dtype"), str)
+    ):
         raise _bad_safetensors(path, f"the header entry of {quote_value(name, 80)} is malformed")
     begin, end = offsets
     if not begin <= end <= data_size:
@@ -212,7 +222,8 @@ def offload_weight(
     index[weight_name] = {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
     with open(os.path.join(offload_folder, f"{weight_name}.dat"), "wb") as handle:
         if tensor.numel():
-            handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+            # numpy's stubs declare the buffer protocol (__buffer__) only for Python 3.12 and later.
+            handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # pyright: ignore[reportArgumentType]
     return index
 
 

@@ -15,7 +15,7 @@ __all__ = ["get_state_dict_from_offload", "get_state_dict_offloaded_model"]
 
 def _own_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """A module's direct parameters and persistent buffers (what its ``state_dict`` holds itself)."""
-    own = {name: p for name, p in module._parameters.items() if p is not None}
+    own: dict[str, torch.Tensor] = {name: p for name, p in module._parameters.items() if p is not None}
     own.update(
         (name, b)
         for name, b in module._buffers.items()

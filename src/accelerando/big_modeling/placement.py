@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from accelerando.big_modeling.budgets import DeviceLike
 from accelerando.big_modeling.offload import (
     SAFETENSORS_DTYPES,
     offload_weight,
@@ -55,7 +56,7 @@ class CheckpointLoader:
         self.loaded: set[str] = set()
         self.unexpected: list[str] = []
         self.index: dict[str, dict] = {}
-        self.devices: dict[object, torch.device] = {}
+        self.devices: dict[DeviceLike, torch.device] = {}
         self.full_state_dict = True
         self.checkpoint = ""
         # Parameters already sharded across processes (FSDP2 / tensor parallel DTensors).
@@ -88,6 +89,7 @@ class CheckpointLoader:
             self.to_disk(name, tensor, source)
         else:
             if tensor is None:
+                assert source is not None  # a tensor left in its file always comes with its source
                 tensor = safetensors_view(source[0], name).clone()
             if device not in self.devices:
                 self.devices[device] = to_torch_device(device)
@@ -101,6 +103,7 @@ class CheckpointLoader:
         ``full_state_dict=False``, from a checkpoint that holds exactly this process's local shard.
         """
         if tensor is None:
+            assert source is not None  # a tensor left in its file always comes with its source
             tensor = safetensors_view(source[0], name)
         current = self.sharded[name]
         local = current.to_local()
@@ -148,6 +151,7 @@ class CheckpointLoader:
             return
         if self.offload_folder is None:
             raise ValueError(f"{name!r} is mapped to 'disk': pass offload_folder to say where to write it.")
+        assert tensor is not None  # without a source the tensor itself was read
         cast = self.cast_for(name, tensor.dtype)
         offload_weight(
             tensor if cast is None else tensor.to(cast), name, self.offload_folder, index=self.index

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from accelerando.big_modeling.budgets import check_device_visible
+from accelerando.big_modeling.budgets import DeviceLike, check_device_visible
 from accelerando.big_modeling.offload import SAFETENSORS_DTYPES, read_safetensors_header
 from accelerando.big_modeling.tensors import to_torch_device
 from accelerando.settings.fields import quote_value
@@ -22,15 +22,15 @@ from accelerando.settings.fields import quote_value
 __all__ = ["check_map_devices", "device_resolver", "iter_checkpoint_file", "load_state_dict"]
 
 
-def device_resolver(device_map: dict[str, object] | None) -> Callable[[str], object]:
+def device_resolver(device_map: Mapping[str, DeviceLike] | None) -> Callable[[str], DeviceLike]:
     """Build ``resolve(name) -> device``: the device of the longest ``device_map`` entry covering a name.
 
     Without a map every name resolves to ``"cpu"``. The returned function raises ValueError for a
     name no entry covers.
     """
-    cache: dict[str, object] = {}
+    cache: dict[str, DeviceLike] = {}
 
-    def resolve(name: str) -> object:
+    def resolve(name: str) -> DeviceLike:
         if device_map is None:
             return "cpu"
         probe = name
@@ -115,7 +115,7 @@ def iter_checkpoint_file(
 
 
 def load_state_dict(
-    checkpoint_file: str | os.PathLike, device_map: dict[str, object] | None = None
+    checkpoint_file: str | os.PathLike, device_map: Mapping[str, DeviceLike] | None = None
 ) -> dict[str, torch.Tensor]:
     """Load one weights file into a dict, placing each tensor on its device from ``device_map``.
 
@@ -153,7 +153,7 @@ def load_state_dict(
     return result
 
 
-def check_map_devices(device_map: Mapping[str, object] | None) -> None:
+def check_map_devices(device_map: Mapping[str, DeviceLike] | None) -> None:
     """Every device a map names must exist here: checked before a single file is read."""
     if isinstance(device_map, Mapping):
         for name, device in device_map.items():

@@ -8,7 +8,7 @@ ancestors, so the cost is (number of tensors) x (nesting depth), never quadratic
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -104,6 +104,7 @@ def dtype_byte_size(dtype: torch.dtype | str) -> float:
         return _STRING_DTYPE_BYTES[parsed]
     if parsed == torch.bool:
         return 1 / 8
+    assert parsed is not None  # parse_dtype returns None only for None, which is not a dtype here
     return parsed.itemsize
 
 
@@ -146,7 +147,7 @@ def _tensor_size(
     name: str,
     tensor: torch.Tensor,
     dtype: torch.dtype | str | None,
-    special_dtypes: dict[str, torch.dtype | str] | None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None,
 ) -> float:
     if special_dtypes is not None and name in special_dtypes:
         return tensor.numel() * dtype_byte_size(special_dtypes[name])
@@ -190,9 +191,9 @@ def walk_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def compute_module_sizes(
     model: nn.Module,
     dtype: torch.dtype | str | None = None,
-    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     buffers_only: bool = False,
-) -> dict[str, int]:
+) -> dict[str, int | float]:
     """Compute the size in bytes of every module (and every tensor) of a model.
 
     The parameters are counted first, then the buffers, each in ``named_parameters()`` /
@@ -217,7 +218,7 @@ def compute_module_sizes(
         ValueError: for an unknown dtype name.
     """
     dtype = parse_dtype(dtype)
-    sizes: defaultdict[str, int] = defaultdict(int)
+    sizes: defaultdict[str, int | float] = defaultdict(int)
     tensors = model.named_buffers() if buffers_only else named_module_tensors(model, recurse=True)
     for name, tensor in tensors:
         size = _tensor_size(name, tensor, dtype, special_dtypes)
@@ -233,9 +234,9 @@ def compute_module_sizes(
 def sizes_of_modules(
     modules: list[tuple[str, nn.Module]],
     dtype: torch.dtype | str | None = None,
-    special_dtypes: dict[str, torch.dtype | str] | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     buffers_only: bool = False,
-) -> dict[str, int]:
+) -> dict[str, int | float]:
     """:func:`compute_module_sizes` of the root of a pre-order list from :func:`walk_modules`.
 
     Args:
@@ -255,8 +256,8 @@ def sizes_of_modules(
 def compute_module_total_buffer_size(
     model: nn.Module,
     dtype: torch.dtype | str | None = None,
-    special_dtypes: dict[str, torch.dtype | str] | None = None,
-) -> int:
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+) -> int | float:
     """Return the total size in bytes of a model's buffers.
 
     Args:
@@ -274,9 +275,9 @@ def compute_module_total_buffer_size(
 
 def get_max_layer_size(
     modules: list[tuple[str, nn.Module | torch.Tensor]],
-    module_sizes: dict[str, int],
+    module_sizes: Mapping[str, int | float],
     no_split_module_classes: list[str] | None,
-) -> tuple[int, list[str]]:
+) -> tuple[int | float, list[str]]:
     """Find the largest unit that can not be split further: a leaf, or a module of a no-split class.
 
     Args:
@@ -289,7 +290,7 @@ def get_max_layer_size(
         of size 0 are listed while nothing larger was found).
     """
     no_split = set(no_split_module_classes or ())
-    max_size = 0
+    max_size: int | float = 0
     names: list[str] = []
     stack = list(reversed(modules))
     while stack:
@@ -310,7 +311,7 @@ def get_max_layer_size(
     return max_size, names
 
 
-def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
+def calculate_maximum_sizes(model: nn.Module) -> tuple[int | float, tuple[int | float, list[str]]]:
     """Return the total size of a model and its largest layer, as the memory estimator reports them.
 
     Args:
@@ -333,7 +334,7 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     return total, largest
 
 
-def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
+def get_module_leaves(module_sizes: Mapping[str, object]) -> list[str]:
     """Names in a size dict that have nothing under them (tensors, and modules without tensors).
 
     Args:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -11,6 +12,9 @@ from accelerando.big_modeling.budgets import check_device_visible, normalize_dev
 from accelerando.big_modeling.sizes import parse_dtype
 from accelerando.common.memory import clear_device_cache
 from accelerando.settings.fields import quote_value
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 __all__ = [
     "check_device_same",
@@ -183,7 +187,8 @@ def set_module_tensor_to_device(
     cast = _target_dtype(value, old, dtype)
     new = value.to(device=target, dtype=cast, non_blocking=non_blocking)
     if fp16_statistics is not None:
-        new.SCB = fp16_statistics.to(target, non_blocking=non_blocking)
+        # bitsandbytes' row statistics ride on the tensor as an attribute torch's stubs do not declare.
+        setattr(new, "SCB", fp16_statistics.to(target, non_blocking=non_blocking))  # noqa: B010
     if tied_params_map is not None and value.device.type != "meta" and value.data_ptr() in tied_params_map:
         tied_params_map[value.data_ptr()][target] = new
     _store(owner, name, is_buffer, old, new)
@@ -212,6 +217,7 @@ def _store(owner: nn.Module, name: str, is_buffer: bool, old: torch.Tensor | Non
     elif old is None:
         owner._parameters[name] = nn.Parameter(new, requires_grad=new.is_floating_point())
     else:
+        assert isinstance(old, nn.Parameter)  # _parameters holds Parameters (register_parameter's rule)
         owner._parameters[name] = _new_parameter(old, new.detach() if new.requires_grad else new)
 
 
@@ -244,7 +250,7 @@ def _tensor_devices(model: nn.Module) -> dict[str, str]:
     return devices
 
 
-def _device_of(name: str, device_map: dict[str, object]) -> object:
+def _device_of(name: str, device_map: Mapping[str, object]) -> object:
     probe = name
     while True:
         if probe in device_map:
@@ -255,7 +261,7 @@ def _device_of(name: str, device_map: dict[str, object]) -> object:
 
 
 def check_tied_parameters_on_same_device(
-    tied_params: list[list[str]] | nn.Module, device_map: dict[str, object] | None = None
+    tied_params: list[list[str]] | nn.Module, device_map: Mapping[str, object] | None = None
 ) -> bool:
     """Check that every group of tied parameters lives on one device.
 
@@ -277,14 +283,17 @@ def check_tied_parameters_on_same_device(
     if isinstance(tied_params, nn.Module):
         devices = _tensor_devices(tied_params)
         groups = find_tied_parameters(tied_params)
-        lookup = devices.get
+        lookup: Callable[[str], object] = devices.get
     else:
         if device_map is None:
             raise TypeError("Pass the device_map to check tied parameter groups, or pass the model itself.")
         groups = tied_params
+        planned = device_map
 
-        def lookup(name: str) -> object:
-            return _device_of(name, device_map)
+        def in_map(name: str) -> object:
+            return _device_of(name, planned)
+
+        lookup = in_map
 
     all_same = True
     for group in groups:

@@ -7,12 +7,16 @@ torch-native alternatives (``ParallelismConfig(tp_size=...)``, ``PipelineParalle
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, SupportsInt
 
 from accelerando.plugins.kwargs import KwargsHandler
 from accelerando.plugins.megatron_parsers import parse_model_config
 from accelerando.settings import fill_unset
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -68,8 +72,8 @@ class MegatronLMPlugin(KwargsHandler):
     lr_warmup_fraction: float | None = None
     min_lr: float = 0.0
     consumed_samples: list[int] | None = None
-    no_wd_decay_cond: Any = None
-    scale_lr_cond: Any = None
+    no_wd_decay_cond: Callable[..., bool] | None = None
+    scale_lr_cond: Callable[..., bool] | None = None
     lr_mult: float = 1.0
     megatron_dataset_flag: bool = False
     seq_length: int | None = None
@@ -80,14 +84,14 @@ class MegatronLMPlugin(KwargsHandler):
     eval_iters: int = 100
     eval_interval: int = 1000
     return_logits: bool = False
-    custom_train_step_class: Any = None
-    custom_train_step_kwargs: dict[str, Any] | None = None
-    custom_model_provider_function: Any = None
-    custom_prepare_model_function: Any = None
-    custom_megatron_datasets_provider_function: Any = None
-    custom_get_batch_function: Any = None
-    custom_loss_function: Any = None
-    other_megatron_args: dict[str, Any] | None = field(default=None)
+    custom_train_step_class: type | None = None
+    custom_train_step_kwargs: dict[str, object] | None = None
+    custom_model_provider_function: Callable[..., object] | None = None
+    custom_prepare_model_function: Callable[..., object] | None = None
+    custom_megatron_datasets_provider_function: Callable[..., object] | None = None
+    custom_get_batch_function: Callable[..., object] | None = None
+    custom_loss_function: Callable[..., object] | None = None
+    other_megatron_args: dict[str, object] | None = field(default=None)
 
     def __post_init__(self) -> None:
         # Unset fields come from the launcher (``--megatron_lm_tp_degree`` ...), then the degrees default to 1.
@@ -106,11 +110,11 @@ class MegatronLMPlugin(KwargsHandler):
             raise ValueError(
                 f"MegatronLMPlugin.recompute_method={self.recompute_method!r}; use 'uniform' or 'block'"
             )
-        self.megatron_lm_default_args: dict[str, Any] = self._default_args()
+        self.megatron_lm_default_args: dict[str, object] = self._default_args()
 
-    def _default_args(self) -> dict[str, Any]:
+    def _default_args(self) -> dict[str, object]:
         """The Megatron-LM command-line arguments these fields stand for (names as Megatron spells them)."""
-        args: dict[str, Any] = {
+        args: dict[str, object] = {
             "tensor_model_parallel_size": self.tp_degree,
             "pipeline_model_parallel_size": self.pp_degree,
             "pipeline_model_parallel_split_rank": self.pipeline_model_parallel_split_rank,
@@ -146,7 +150,9 @@ class MegatronLMPlugin(KwargsHandler):
             args.update(self.other_megatron_args)
         return args
 
-    def set_network_size_args(self, model: Any, batch_data: Any = None) -> None:
+    def set_network_size_args(
+        self, model: object, batch_data: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         """Fill the architecture arguments (layers, hidden size, heads, vocabulary, lengths) from ``model.config``.
 
         Raises:
@@ -176,12 +182,14 @@ class MegatronLMPlugin(KwargsHandler):
         args = self.megatron_lm_default_args
         args["data_parallel_size"] = dp_degree
         args["micro_batch_size"] = micro_batch_size
-        args["global_batch_size"] = micro_batch_size * dp_degree * self.num_micro_batches
+        micro_batches = self.num_micro_batches
+        assert micro_batches is not None  # __post_init__ defaults it to 1
+        args["global_batch_size"] = micro_batch_size * dp_degree * micro_batches
         for name in ("train_iters", "train_samples"):
             if getattr(self, name) is not None:
                 args[name] = getattr(self, name)
 
-    def set_optimizer_type(self, optimizer: Any) -> None:
+    def set_optimizer_type(self, optimizer: object) -> None:
         """Optimizer arguments from a torch optimizer (Adam family or SGD): lr, weight decay, betas/momentum.
 
         Raises:
@@ -205,17 +213,24 @@ class MegatronLMPlugin(KwargsHandler):
         args["lr"] = defaults.get("lr")
         args["weight_decay"] = defaults.get("weight_decay", 0.0)
 
-    def set_scheduler_args(self, scheduler: Any) -> None:
+    def set_scheduler_args(self, scheduler: object) -> None:
         """Learning-rate schedule arguments from a ``MegatronLMDummyScheduler`` and the plugin's fields."""
         args = self.megatron_lm_default_args
         total = getattr(scheduler, "total_num_steps", None)
         warmup = getattr(scheduler, "warmup_num_steps", 0)
+
+        def dp_degree() -> int:
+            value = args.get("data_parallel_size", 1)
+            if not isinstance(value, (str, SupportsInt)):
+                raise TypeError(f"data_parallel_size must be an integer, got {value!r}")
+            return max(int(value), 1)
+
         if self.train_iters is None and total is not None:
-            self.train_iters = total // max(int(args.get("data_parallel_size", 1)), 1)
+            self.train_iters = total // dp_degree()
         if self.train_iters is not None:
             args["train_iters"] = self.train_iters
         if self.lr_warmup_iters is None and warmup:
-            self.lr_warmup_iters = warmup // max(int(args.get("data_parallel_size", 1)), 1)
+            self.lr_warmup_iters = warmup // dp_degree()
         for name in (
             "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters", "lr_warmup_samples",
             "lr_warmup_fraction", "min_lr", "start_weight_decay", "end_weight_decay", "weight_decay_incr_style",

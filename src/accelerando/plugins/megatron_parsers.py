@@ -13,7 +13,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, SupportsInt
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "MODEL_CONFIGS_TO_MEGATRON_PARSERS",
@@ -26,7 +29,18 @@ __all__ = [
     "parse_t5_config",
 ]
 
-Parser = Callable[[Any, Any, Any], None]
+
+class MegatronArgsHolder(Protocol):
+    """What a parser fills: a ``MegatronLMPlugin`` (its Megatron-LM default args and sequence lengths)."""
+
+    megatron_lm_default_args: dict[str, object]
+    seq_length: int | None
+    encoder_seq_length: int | None
+    decoder_seq_length: int | None
+
+
+#: A family's parser: ``(plugin, model, sample batch or None)``; it fills the plugin's default args.
+Parser = Callable[[MegatronArgsHolder, object, "Mapping[str, torch.Tensor] | None"], None]
 
 #: ``model_type`` (as in ``model.config.model_type``) -> the parser of that family.
 MODEL_CONFIGS_TO_MEGATRON_PARSERS: dict[str, Parser] = {}
@@ -50,7 +64,9 @@ def add_model_config_to_megatron_parser(model_type: str) -> Callable[[Parser], P
 
 
 def parse_model_config(
-    megatron_lm_plugin: Any, model: Any, batch_data: Mapping[str, Any] | None = None
+    megatron_lm_plugin: MegatronArgsHolder,
+    model: object,
+    batch_data: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
     """Fill ``megatron_lm_plugin.megatron_lm_default_args`` from ``model``'s config with its family's parser.
 
@@ -73,7 +89,7 @@ def parse_model_config(
     parser(megatron_lm_plugin, model, batch_data)
 
 
-def _args(plugin: Any) -> dict[str, Any]:
+def _args(plugin: MegatronArgsHolder) -> dict[str, object]:
     args = getattr(plugin, "megatron_lm_default_args", None)
     if args is None:
         args = {}
@@ -81,13 +97,17 @@ def _args(plugin: Any) -> dict[str, Any]:
     return args
 
 
-def _batch_width(batch_data: Mapping[str, Any] | None, key: str) -> int | None:
+def _batch_width(batch_data: Mapping[str, torch.Tensor] | None, key: str) -> int | None:
     if batch_data is None or key not in batch_data:
         return None
     return int(batch_data[key].shape[1])
 
 
-def _single_stack_seq_length(plugin: Any, batch_data: Mapping[str, Any] | None, max_positions: int) -> int:
+def _single_stack_seq_length(
+    plugin: MegatronArgsHolder,
+    batch_data: Mapping[str, torch.Tensor] | None,
+    max_positions: str | SupportsInt,
+) -> int:
     """The sequence length of a decoder-only or encoder-only model: the plugin's, the batch's, or the maximum."""
     own = getattr(plugin, "seq_length", None)
     encoder = getattr(plugin, "encoder_seq_length", None)
@@ -111,7 +131,7 @@ class _Architecture:
     kind: Literal["encoder", "decoder", "encoder-decoder"]  # decides how sequence lengths are filled
     # Megatron-LM argument -> config attribute; a missing attribute is an error unless in ``defaults``
     fields: Mapping[str, str]
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # Megatron-LM argument -> value if missing
+    defaults: Mapping[str, object] = field(default_factory=dict)  # Megatron-LM argument -> value if missing
     # Megatron-LM argument -> config attribute, copied only when the config sets it (not None)
     optional: Mapping[str, str] = field(default_factory=dict)
     # lower-case part of the model class name that marks a pretraining head; None: always pretraining
@@ -174,14 +194,16 @@ _ARCHITECTURES: dict[str, _Architecture] = {
 }
 
 
-def _parse(family: str, plugin: Any, model: Any, batch_data: Mapping[str, Any] | None) -> None:
+def _parse(
+    family: str, plugin: MegatronArgsHolder, model: object, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Write the architecture arguments of ``model`` (of ``family``) to the plugin's default args.
 
     Raises:
         AttributeError: the config lacks an attribute the family's table requires.
     """
     architecture = _ARCHITECTURES[family]
-    config = model.config
+    config = getattr(model, "config")  # noqa: B009 - any object with a transformers-style config
     args = _args(plugin)
     args["model_type_name"] = architecture.megatron_model
     for key, attribute in architecture.fields.items():
@@ -191,7 +213,7 @@ def _parse(family: str, plugin: Any, model: Any, batch_data: Mapping[str, Any] |
             args[key] = getattr(config, attribute)
     head = architecture.pretraining_head
     args["pretraining_flag"] = head is None or head in type(model).__name__.lower()
-    args["orig_vocab_size"] = config.vocab_size
+    args["orig_vocab_size"] = getattr(config, "vocab_size")  # noqa: B009 - a required config attribute
     args["model_return_dict"] = getattr(config, "return_dict", True)
     for key, attribute in architecture.optional.items():
         value = getattr(config, attribute, None)
@@ -207,6 +229,7 @@ def _parse(family: str, plugin: Any, model: Any, batch_data: Mapping[str, Any] |
             args[attribute] = getattr(plugin, attribute)
         args["seq_length"] = plugin.encoder_seq_length
         return
+    assert isinstance(max_positions, (str, SupportsInt))  # a config size (an int)
     plugin.seq_length = _single_stack_seq_length(plugin, batch_data, max_positions)
     args["seq_length"] = plugin.seq_length
     if architecture.kind == "decoder":
@@ -216,7 +239,9 @@ def _parse(family: str, plugin: Any, model: Any, batch_data: Mapping[str, Any] |
 
 @add_model_config_to_megatron_parser("bert")
 @add_model_config_to_megatron_parser("megatron-bert")
-def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_bert_config(
+    megatron_lm_plugin: MegatronArgsHolder, model: object, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Read a BERT model's architecture (encoder only) into the plugin's Megatron-LM arguments.
 
     Args:
@@ -231,7 +256,9 @@ def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
 
 
 @add_model_config_to_megatron_parser("gpt2")
-def parse_gpt2_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_gpt2_config(
+    megatron_lm_plugin: MegatronArgsHolder, model: object, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Read a GPT-2 model's architecture (decoder only) into the plugin's Megatron-LM arguments.
 
     Args:
@@ -246,7 +273,9 @@ def parse_gpt2_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
 
 
 @add_model_config_to_megatron_parser("t5")
-def parse_t5_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_t5_config(
+    megatron_lm_plugin: MegatronArgsHolder, model: object, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Read a T5 model's architecture (encoder-decoder) into the plugin's Megatron-LM arguments.
 
     Encoder and decoder lengths come from the plugin, else from the batch's ``input_ids`` and
@@ -264,7 +293,9 @@ def parse_t5_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> Non
 
 
 @add_model_config_to_megatron_parser("llama")
-def parse_llama_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_llama_config(
+    megatron_lm_plugin: MegatronArgsHolder, model: object, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Read a Llama model's architecture (decoder only) into the plugin's Megatron-LM arguments.
 
     Args:
@@ -279,7 +310,9 @@ def parse_llama_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> 
 
 
 @add_model_config_to_megatron_parser("glm4_moe")
-def parse_glm4_moe_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_glm4_moe_config(
+    megatron_lm_plugin: MegatronArgsHolder, model: object, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Read a GLM-4 mixture-of-experts model's architecture into the plugin's Megatron-LM arguments.
 
     Besides the dense sizes, the key-value head count, the expert count, experts per token and the

@@ -35,12 +35,14 @@ import dataclasses
 import functools
 import logging
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from accelerando.big_modeling import dispatch_model
+from accelerando.big_modeling.budgets import DeviceKey, DeviceLike
 from accelerando.big_modeling.loading import load_checkpoint_in_model
 from accelerando.big_modeling.quantization.device_map import get_quantized_model_device_map
 from accelerando.big_modeling.quantization.layers import (
@@ -59,6 +61,9 @@ from accelerando.big_modeling.quantization.offload import (
 )
 from accelerando.common.imports import is_4bit_bnb_available, is_8bit_bnb_available, is_bnb_available
 from accelerando.plugins.bnb import BnbQuantizationConfig
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 # The reference logs this code under its utils path; scripts and tests listen there.
 logger = logging.getLogger("accelerando.utils.bnb")
@@ -84,7 +89,7 @@ def _mode(config: BnbQuantizationConfig) -> str:
     return "8-bit" if config.load_in_8bit else "4-bit"
 
 
-def _import_bnb(config: BnbQuantizationConfig) -> Any:
+def _import_bnb(config: BnbQuantizationConfig) -> ModuleType:
     """Import bitsandbytes after checking it is installed and recent enough for the config's mode."""
     if not is_bnb_available():
         raise ImportError(
@@ -205,9 +210,9 @@ def load_and_quantize_model(
     model: nn.Module,
     bnb_quantization_config: BnbQuantizationConfig,
     weights_location: str | os.PathLike | None = None,
-    device_map: dict[str, int | str | torch.device] | None = None,
+    device_map: str | dict[str, DeviceLike] | None = None,
     no_split_module_classes: list[str] | None = None,
-    max_memory: dict[int | str, int | str] | None = None,
+    max_memory: Mapping[DeviceKey, int | float | str] | None = None,
     offload_folder: str | os.PathLike | None = None,
     offload_state_dict: bool = False,
 ) -> nn.Module:
@@ -259,10 +264,8 @@ def load_and_quantize_model(
         )
     replace_with_bnb_layers(model, config, modules_to_not_convert=not_convert)
     _mark(model, config)
-    device_map = get_quantized_model_device_map(
-        model, config, device_map, max_memory, no_split_module_classes
-    )
-    values = set(device_map.values())
+    planned = get_quantized_model_device_map(model, config, device_map, max_memory, no_split_module_classes)
+    values = set(planned.values())
     uses_disk = "disk" in values
     if uses_disk and offload_folder is None:
         raise ValueError(
@@ -274,7 +277,7 @@ def load_and_quantize_model(
     load_checkpoint_in_model(
         model,
         weights_location,
-        device_map=device_map,
+        device_map=planned,
         offload_folder=offload_folder,
         dtype=config.torch_dtype,
         offload_state_dict=offload_state_dict,
@@ -282,19 +285,20 @@ def load_and_quantize_model(
         offload_8bit_bnb=config.load_in_8bit and uses_disk,
     )
     quantize_loaded(model)
-    if uses_disk and config.load_in_8bit:
+    if uses_disk and config.load_in_8bit and offload_folder is not None:  # uses_disk required it above
         offload_8bit_disk_weights(model, config, offload_folder)
     if uses_disk and config.load_in_4bit:
         packed_meta_4bit(model)
 
-    dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
+    dispatch_model(model, device_map=planned, offload_dir=offload_folder)
     wrap_offload_hooks(model)
     return model
 
 
 def _mark(model: nn.Module, config: BnbQuantizationConfig) -> None:
-    model.is_loaded_in_8bit = config.load_in_8bit
-    model.is_loaded_in_4bit = config.load_in_4bit
+    # Plain attributes (not tensors or submodules): nn.Module keeps them in the instance __dict__.
+    model.__dict__["is_loaded_in_8bit"] = config.load_in_8bit
+    model.__dict__["is_loaded_in_4bit"] = config.load_in_4bit
 
 
 def _quantize_loaded_model(
@@ -304,7 +308,7 @@ def _quantize_loaded_model(
     keep: list[str],
     device: torch.device,
     weights_location: str | os.PathLike | None,
-    device_map: Any,
+    device_map: str | Mapping[str, DeviceLike] | None,
 ) -> nn.Module:
     logger.warning(
         "Quantising a model that already holds its weights: it briefly needs full-precision memory. Build the "

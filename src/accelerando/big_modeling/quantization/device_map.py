@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from accelerando.big_modeling.budgets import get_balanced_memory
+from accelerando.big_modeling.budgets import DeviceKey, DeviceLike, get_balanced_memory
 from accelerando.big_modeling.device_map import infer_auto_device_map
 from accelerando.big_modeling.quantization.layers import bnb_layers, skipped, strip_tensor_suffix
 from accelerando.plugins.bnb import BnbQuantizationConfig
@@ -36,10 +37,10 @@ def _special_dtypes(model: nn.Module, config: BnbQuantizationConfig) -> dict[str
 def get_quantized_model_device_map(
     model: nn.Module,
     bnb_quantization_config: BnbQuantizationConfig,
-    device_map: str | dict[str, int | str | torch.device] | None = None,
-    max_memory: dict[int | str, int | str] | None = None,
+    device_map: str | dict[str, DeviceLike] | None = None,
+    max_memory: Mapping[DeviceKey, int | float | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-) -> dict[str, int | str | torch.device]:
+) -> Mapping[str, DeviceLike]:
     """Choose where each module of a (quantised, usually empty) model goes.
 
     Sizes count quantised layers at 1 byte (8-bit) or half a byte (4-bit) per weight, the modules in
@@ -80,18 +81,16 @@ def get_quantized_model_device_map(
             special_dtypes=special,
             low_zero=device_map == "balanced_low_0",
         )
-    device_map = infer_auto_device_map(
+    planned = infer_auto_device_map(
         model,
         max_memory=max_memory,
         no_split_module_classes=no_split_module_classes,
         dtype=target,
         special_dtypes=special,
     )
-    runs_on_accelerator = any(value not in ("cpu", "disk") for value in device_map.values())
+    runs_on_accelerator = any(value not in ("cpu", "disk") for value in planned.values())
     offloaded = [
-        name
-        for name, value in device_map.items()
-        if value == "disk" or (value == "cpu" and runs_on_accelerator)
+        name for name, value in planned.items() if value == "disk" or (value == "cpu" and runs_on_accelerator)
     ]
     converted = {name for name, _ in bnb_layers(model)}
     offloaded_quantized = [
@@ -101,7 +100,7 @@ def get_quantized_model_device_map(
     ]
     if offloaded_quantized and bnb_quantization_config.load_in_4bit:
         raise ValueError(
-            f"device_map={device_map!r} would offload 4-bit layers ({', '.join(offloaded_quantized)}); "
+            f"device_map={planned!r} would offload 4-bit layers ({', '.join(offloaded_quantized)}); "
             "the automatic maps do not offload 4-bit layers: give more max_memory, or pass a dict device_map "
             "that places them yourself"
         )
@@ -109,4 +108,4 @@ def get_quantized_model_device_map(
         logger.info(
             "Modules offloaded to CPU/disk are kept in 8-bit there: %s", ", ".join(offloaded_quantized)
         )
-    return device_map
+    return planned

@@ -8,7 +8,7 @@ bitsandbytes can run the config's mode before calling :func:`replace_linear_laye
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from torch import nn
 from accelerando.big_modeling.tensors import find_tied_parameters
 from accelerando.common.imports import is_bnb_available
 from accelerando.plugins.bnb import BnbQuantizationConfig
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = [
     "bnb_layers",
@@ -98,7 +101,7 @@ def skipped(full_name: str, modules_to_not_convert: list[str]) -> bool:
     return False
 
 
-def _bnb_linear(bnb: Any, linear: nn.Linear, config: BnbQuantizationConfig) -> nn.Module:
+def _bnb_linear(bnb: ModuleType, linear: nn.Linear, config: BnbQuantizationConfig) -> nn.Module:
     """Build the bitsandbytes layer replacing ``linear``, holding the same (not yet quantised) weights."""
     has_bias = linear.bias is not None
     if config.load_in_8bit:
@@ -135,7 +138,7 @@ def _bnb_linear(bnb: Any, linear: nn.Linear, config: BnbQuantizationConfig) -> n
 
 
 def replace_linear_layers(
-    bnb: Any, module: nn.Module, config: BnbQuantizationConfig, skip: list[str], path: list[str]
+    bnb: ModuleType, module: nn.Module, config: BnbQuantizationConfig, skip: list[str], path: list[str]
 ) -> bool:
     """Replace, in place and recursively, the ``nn.Linear`` children of ``module`` by bnb layers.
 
@@ -182,6 +185,7 @@ def quantize_loaded(model: nn.Module) -> int:
     count = 0
     for _, module in bnb_layers(model):
         weight = module.weight
+        assert isinstance(weight, torch.Tensor)  # a bnb layer's weight is a parameter
         if weight.device.type == "meta" or is_quantized(weight):
             continue
         device = weight.device
@@ -189,7 +193,8 @@ def quantize_loaded(model: nn.Module) -> int:
         # Int8Params quantises only on a move that starts on CPU, so one already elsewhere goes via CPU.
         if weight.dtype != torch.int8 and not hasattr(weight, "bnb_quantized") and device.type != "cpu":
             weight = weight.cpu()
-        module._parameters["weight"] = weight.to(device)
+        # bitsandbytes' parameter classes return their own class from .to(); its stubs say Tensor.
+        module._parameters["weight"] = weight.to(device)  # pyright: ignore[reportArgumentType]
         count += 1
     return count
 

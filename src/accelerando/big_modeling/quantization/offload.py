@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -25,6 +26,20 @@ __all__ = [
     "quantize_and_offload_8bit",
     "wrap_offload_hooks",
 ]
+
+
+class _Params4bitFields(Protocol):
+    """The quantisation settings a bitsandbytes ``Params4bit`` carries (copied to a rebuilt one)."""
+
+    blocksize: int
+    compress_statistics: bool
+    quant_type: str
+    quant_storage: torch.dtype
+
+
+def _params4bit_fields(weight: object) -> _Params4bitFields:
+    # A Linear4bit's weight is a Params4bit; bitsandbytes declares it as nn.Linear's plain Tensor.
+    return cast("_Params4bitFields", weight)
 
 
 def quantize_and_offload_8bit(
@@ -58,14 +73,14 @@ def quantize_and_offload_8bit(
         if fp16_statistics is None:
             import bitsandbytes as bnb
 
-            int8, fp16_statistics, _ = bnb.functional.int8_vectorwise_quant(
+            int8, scales, _ = bnb.functional.int8_vectorwise_quant(
                 param.detach().to("cpu", torch.float16).contiguous()
             )
             param = int8
+        else:
+            scales = fp16_statistics
         offload_weight(param, param_name, offload_folder, index=offload_index)
-        offload_weight(
-            fp16_statistics, f"{param_name[: -len('weight')]}SCB", offload_folder, index=offload_index
-        )
+        offload_weight(scales, f"{param_name[: -len('weight')]}SCB", offload_folder, index=offload_index)
     else:
         value = param if new_dtype is None or not param.is_floating_point() else param.to(new_dtype)
         offload_weight(value, param_name, offload_folder, index=offload_index)
@@ -73,7 +88,7 @@ def quantize_and_offload_8bit(
     return offload_index
 
 
-class _QuantizingWeights(Mapping):
+class _QuantizingWeights(Mapping[str, torch.Tensor]):
     """The offloaded weights of one hooked module, returned as bitsandbytes parameters.
 
     An int8 weight with its ``SCB`` next to it becomes an ``Int8Params`` carrying the scales; a
@@ -81,7 +96,7 @@ class _QuantizingWeights(Mapping):
     through unchanged.
     """
 
-    def __init__(self, weights: Mapping, root: nn.Module) -> None:
+    def __init__(self, weights: Mapping[str, torch.Tensor], root: nn.Module) -> None:
         self.weights = weights
         self.root = root
 
@@ -100,7 +115,7 @@ class _QuantizingWeights(Mapping):
                 value, requires_grad=False, has_fp16_weights=False, CB=value, SCB=statistics
             )
         if isinstance(owner, bnb.nn.Linear4bit) and value.is_floating_point():
-            template = owner.weight
+            template = _params4bit_fields(owner.weight)
             fresh = bnb.nn.Params4bit(
                 value,
                 requires_grad=False,
@@ -146,18 +161,20 @@ def packed_meta_4bit(model: nn.Module) -> None:
 
     for _, module in bnb_layers(model):
         weight = module.weight
+        assert isinstance(weight, torch.Tensor)  # a bnb layer's weight is a parameter
         if not isinstance(module, bnb.nn.Linear4bit) or weight.device.type != "meta" or is_quantized(weight):
             continue
+        fields = _params4bit_fields(weight)
         # two 4-bit values per byte of quant_storage, stored as a column
-        per_item = 2 * weight.quant_storage.itemsize
+        per_item = 2 * fields.quant_storage.itemsize
         rows = (weight.numel() + per_item - 1) // per_item
         module._parameters["weight"] = bnb.nn.Params4bit(
-            torch.empty(rows, 1, dtype=weight.quant_storage, device="meta"),
+            torch.empty(rows, 1, dtype=fields.quant_storage, device="meta"),
             requires_grad=False,
-            blocksize=weight.blocksize,
-            compress_statistics=weight.compress_statistics,
-            quant_type=weight.quant_type,
-            quant_storage=weight.quant_storage,
+            blocksize=fields.blocksize,
+            compress_statistics=fields.compress_statistics,
+            quant_type=fields.quant_type,
+            quant_storage=fields.quant_storage,
             module=module,
             bnb_quantized=True,
         )
