@@ -11,7 +11,7 @@ import contextlib
 import warnings
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -19,6 +19,7 @@ from accelerando.facade.preemption import PreemptionWatch, checkpoint_and_exit
 from accelerando.gradient_state import GradientState
 
 if TYPE_CHECKING:
+    from accelerando.facade.preemption import PendingSave
     from accelerando.runtime import StrategyContract
     from accelerando.state import AcceleratorState
 
@@ -46,7 +47,12 @@ class Accumulating(Protocol):
 
     def _do_sync(self) -> None: ...
 
-    def save_state(self) -> object:
+    @property
+    def is_main_process(self) -> bool:
+        """True on the process of global index 0."""
+        ...
+
+    def save_state(self) -> str | PendingSave:
         """Save the training state (what a preemption does before exiting)."""
         ...
 
@@ -101,7 +107,16 @@ class Accumulation:
         return False
 
 
-def override_even_batches(dataloaders: Sequence[object], even_batches: bool | None) -> list[tuple[Any, bool]]:
+@runtime_checkable
+class EvenBatches(Protocol):
+    """A batch sampler whose ``even_batches`` decides how the last batches are shared."""
+
+    even_batches: bool
+
+
+def override_even_batches(
+    dataloaders: Sequence[object], even_batches: bool | None
+) -> list[tuple[EvenBatches, bool]]:
     """Set ``even_batches`` on each map-style loader's batch sampler; return (sampler, old value) pairs.
 
     Only the batch sampler decides how the last batches are shared, so that is where the value
@@ -112,11 +127,11 @@ def override_even_batches(dataloaders: Sequence[object], even_batches: bool | No
     # Here, not at the top: the data loader package is 10 modules the first Accelerator does not need.
     from accelerando.data_loader.dispatcher import DataLoaderDispatcher
 
-    overridden: list[tuple[Any, bool]] = []
+    overridden: list[tuple[EvenBatches, bool]] = []
     skipped = False
     for dl in dataloaders:
-        sampler: Any = getattr(dl, "batch_sampler", None)  # any batch sampler with ``even_batches``
-        if not isinstance(dl, DataLoaderDispatcher) and hasattr(sampler, "even_batches"):
+        sampler: object = getattr(dl, "batch_sampler", None)  # any batch sampler with ``even_batches``
+        if not isinstance(dl, DataLoaderDispatcher) and isinstance(sampler, EvenBatches):
             overridden.append((sampler, sampler.even_batches))
             sampler.even_batches = even_batches
         else:

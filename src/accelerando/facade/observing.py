@@ -66,7 +66,7 @@ class Observability:
         self,
         project_name: str,
         config: dict[str, object] | None = None,
-        init_kwargs: dict[str, dict[str, Any]] | None = None,
+        init_kwargs: dict[str, dict[str, object]] | None = None,
     ) -> None:
         """Start a run named ``project_name`` in every tracker of ``log_with`` (main process only,
         unless a tracker says otherwise), storing ``config`` as hyperparameters.
@@ -77,13 +77,14 @@ class Observability:
         self,
         values: dict[str, object],
         step: int | None = None,
-        log_kwargs: dict[str, dict[str, Any]] | None = None,
-        **kwargs: Any,
+        log_kwargs: dict[str, dict[str, object]] | None = None,
+        *,
+        reduce: str | None = None,
     ) -> None:
         """Log ``values`` at ``step`` to every tracker (``reduce="mean"|"sum"|"max"`` aggregates across processes first)."""
         if self.tracking is None:
             return
-        self.tracking.log(values, step, log_kwargs, **kwargs)
+        self.tracking.log(values, step, log_kwargs, reduce=reduce)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> object:
         """Return the tracker called ``name`` (its native run object with ``unwrap=True``)."""
@@ -96,7 +97,11 @@ class Observability:
             manager.log_checkpoint(step, path, size)
 
     def enable_memory_monitor(
-        self, window: int = 50, output_dir: str | None = None, **kwargs: Any
+        # Any: MemoryMonitor's own keyword options, passed on as given.
+        self,
+        window: int = 50,
+        output_dir: str | None = None,
+        **kwargs: Any,
     ) -> MemoryMonitor:
         """Record memory (RSS, device memory, NVML sensors) after every optimizer step.
 

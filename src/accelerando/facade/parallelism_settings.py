@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from accelerando.parallelism_config import ParallelismConfig
 from accelerando.settings import environment_setting
 
 __all__ = ["default_parallelism_config"]
 
 
-def default_parallelism_config(parallelism_config: Any) -> Any:
+def default_parallelism_config(parallelism_config: ParallelismConfig | None) -> ParallelismConfig | None:
     """Return ``parallelism_config``, or one built from the launcher's settings when it is None.
 
     With the ``use_parallelism_config`` setting true (``ACCELERATE_USE_PARALLELISM_CONFIG``, written

@@ -20,10 +20,19 @@ import logging
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+    import torch
+    from torch.distributed import ProcessGroup, Work
+
     from accelerando.plugins.project import ProjectConfiguration
+
+    # What signal.signal() returns and takes: a handler, SIG_DFL / SIG_IGN, or None.
+    _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 __all__ = ["PREEMPTED_EXIT_CODE", "PreemptionWatch", "install"]
 
@@ -47,9 +56,9 @@ class PreemptionWatch:
         self.requested = False
         self.signal_name: str | None = None
         self.boundaries = 0  # step ends seen so far
-        self._previous: dict[int, Any] = {}
-        self._pending: tuple[Any, Any] | None = None  # the all-reduce in flight and its tensor
-        self._group: Any = None
+        self._previous: dict[int, _Handler] = {}
+        self._pending: tuple[Work, torch.Tensor] | None = None  # the all-reduce in flight and its tensor
+        self._group: ProcessGroup | None = None
 
     def install(self) -> list[str]:
         """Install the handlers (main thread only); return the names of the signals taken."""
@@ -63,7 +72,7 @@ class PreemptionWatch:
             self._previous[int(sig)] = signal.signal(sig, self._on_signal)
         return [sig.name for sig in wanted]
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.boundaries == 0:  # no step has ended yet: nowhere to checkpoint, act as before
             previous = self._previous.get(signum, signal.SIG_DFL)
             if callable(previous):
@@ -86,7 +95,9 @@ class PreemptionWatch:
         if not dist.is_initialized():
             return self.requested
         if self._group is None:
-            self._group = dist.new_group(backend="gloo")  # every process reaches the first step end
+            group = dist.new_group(backend="gloo")  # every process reaches the first step end
+            assert isinstance(group, dist.ProcessGroup)  # every process is a member
+            self._group = group
         agreed = False
         if self._pending is not None:
             work, flag = self._pending
@@ -97,11 +108,37 @@ class PreemptionWatch:
             return True
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        assert work is not None  # async_op=True returns the work handle
         self._pending = (work, flag)
         return False
 
 
-def checkpoint_and_exit(accelerator: Any, watch: PreemptionWatch) -> None:
+class PendingSave(Protocol):
+    """An asynchronous save in progress (``AsyncSaveHandle``)."""
+
+    def result(self) -> str:
+        """Wait for the commit; return the checkpoint folder."""
+        ...
+
+
+class Checkpointing(Protocol):
+    """What a preemption checkpoint uses of the Accelerator."""
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on the process of global index 0."""
+        ...
+
+    def save_state(self) -> str | PendingSave:
+        """Save the training state (a folder, or a pending asynchronous save)."""
+        ...
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        ...
+
+
+def checkpoint_and_exit(accelerator: Checkpointing, watch: PreemptionWatch) -> None:
     """Save the training state into the project folder on every process and exit with 143.
 
     Raises:
