@@ -7,7 +7,10 @@ share is reported). Raw load = ``safetensors.load_file`` + ``torch.load(weights_
 does. Every figure is the median of ``--repeats`` runs (variants interleaved), warm page cache.
 
 Run: python benchmarks/bench_checkpoint.py [--size-mb 400] [--repeats 3] [--dir /tmp/bench_ckpt]
-     [--only save|load] [--fresh-processes N]
+     [--only save|load] [--fresh-processes N] [--counted]
+
+``--counted``: fsync calls, bytes read back (memory-mapped) and CPU seconds of a durable ``save_state``
+overwriting its folder against the raw floor, with wall times (also including a trailing ``os.sync()``).
 """
 
 from __future__ import annotations
@@ -207,10 +210,18 @@ def main() -> None:
         metavar="N",
         help="also time loads in N fresh processes per variant (a resumed run: optimizer without state)",
     )
+    parser.add_argument(
+        "--counted",
+        action="store_true",
+        help="count the work of a durable save (fsync calls, bytes read back, CPU) against the raw floor",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child_load(args.child, args.dir, args.size_mb)
+        return
+    if args.counted:
+        report_counted(counted_saves(args.size_mb, args.repeats, args.dir))
         return
 
     from accelerando import Accelerator
@@ -236,6 +247,102 @@ def main() -> None:
             print(
                 f"fresh process, {label}      {fresh[key]:7.3f} s   = {fresh[key] / fresh['raw_apply']:.3f} x"
             )
+
+
+class _SaveCounter:
+    """Counts ``os.fsync`` calls and bytes memory-mapped (a checksum's read-back) while installed."""
+
+    def __init__(self) -> None:
+        import mmap
+
+        self.fsyncs, self.mapped = 0, 0
+        self._mmap_module, self._real_fsync, self._real_mmap = mmap, os.fsync, mmap.mmap
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        self._real_fsync(fd)
+
+    def mmap(self, fd: int, length: int, *args: object, **kwargs: object) -> object:
+        mapped = self._real_mmap(fd, length, *args, **kwargs)
+        self.mapped += len(mapped)
+        return mapped
+
+    def install(self) -> None:
+        os.fsync, self._mmap_module.mmap = self.fsync, self.mmap  # type: ignore[assignment]
+
+
+def counted_saves(size_mb: int, repeats: int, folder: str) -> dict[str, dict[str, float]]:
+    """Raw durable save (safetensors + torch.save + one fsync per file) and ``save_state`` overwriting
+    its folder, alternating; per variant the medians of wall and CPU seconds (this process, all threads;
+    also wall including an ``os.sync()`` after it, so each pays for its own deletions), fsync calls and
+    MB memory-mapped (read back)."""
+    import resource
+
+    from safetensors.torch import save_file
+
+    from accelerando import Accelerator
+
+    model, optimizer = build(size_mb)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    weights, opt_file = os.path.join(folder, "model.safetensors"), os.path.join(folder, "optimizer.bin")
+
+    def raw() -> None:
+        save_file(model.state_dict(), weights, metadata={"format": "pt"})
+        torch.save(optimizer.state_dict(), opt_file)
+        _fsync(weights)
+        _fsync(opt_file)
+
+    variants = {"raw": raw, "save_state": lambda: accelerator.save_state(os.path.join(folder, "ours"))}
+    for variant in variants.values():
+        variant()  # the first save of each creates its files; the measured ones overwrite
+    counter = _SaveCounter()
+    counter.install()
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for i in range(repeats):
+        for name in list(variants)[:: 1 if i % 2 == 0 else -1]:
+            os.sync()  # start from clean page cache state: no one pays for the previous variant's writeback
+            fsyncs, mapped = counter.fsyncs, counter.mapped
+            before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            variants[name]()
+            wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+            os.sync()
+            rows[name].append(
+                {
+                    "wall": wall,
+                    "wall_sync": time.perf_counter() - start,
+                    "cpu": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+                    "fsyncs": counter.fsyncs - fsyncs,
+                    "mapped_mb": (counter.mapped - mapped) / 2**20,
+                }
+            )
+    shutil.rmtree(folder, ignore_errors=True)
+    result = {
+        name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in rows.items()
+    }
+    result["paired"] = {
+        k: statistics.median(a[k] / b[k] for a, b in zip(rows["save_state"], rows["raw"], strict=True))
+        for k in ("wall", "wall_sync", "cpu")
+    }
+    return result
+
+
+def report_counted(result: dict[str, dict[str, float]]) -> None:
+    """Print :func:`counted_saves`' table."""
+    print(f"{'':12s} {'wall s':>8s} {'+sync s':>8s} {'CPU s':>8s} {'fsyncs':>7s} {'read back MB':>13s}")
+    for name in ("raw", "save_state"):
+        row = result[name]
+        print(
+            f"{name:12s} {row['wall']:8.3f} {row['wall_sync']:8.3f} {row['cpu']:8.3f} {row['fsyncs']:7.0f} "
+            f"{row['mapped_mb']:13.1f}"
+        )
+    paired = result["paired"]
+    print(
+        f"save_state / raw (paired medians): wall {paired['wall']:.3f}, with sync {paired['wall_sync']:.3f}, "
+        f"CPU {paired['cpu']:.3f}"
+    )
 
 
 def report_saves(saves: dict) -> None:
