@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 
 def lazy_getattr(
     namespace: str,
     exports: Mapping[str, str],
-    module_globals: dict[str, Any],
+    module_globals: dict[str, object],
     submodules: bool = False,
 ) -> Callable[[str], Any]:
     """Build a module-level ``__getattr__`` that imports each exported name on first access.
@@ -45,7 +46,7 @@ def lazy_getattr(
         module_globals[name] = value
         return value
 
-    def _submodule(name: str) -> Any:
+    def _submodule(name: str) -> ModuleType:
         full = f"{namespace}.{name}"
         try:
             module = importlib.import_module(full)

@@ -13,8 +13,8 @@ import contextlib
 import functools
 import gc
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import torch
 
@@ -66,7 +66,31 @@ from accelerando.runtime import Plugins, set_active_accelerator
 from accelerando.state import AcceleratorState
 from accelerando.strategies.base import Strategy
 
+if TYPE_CHECKING:
+    from torch.distributed.algorithms.join import Joinable
+    from torch.utils.data import DataLoader
+
+    from accelerando.checkpointing.project import ResumePoint
+    from accelerando.enums import DynamoBackend, LoggerType
+    from accelerando.parallelism_config import ParallelismConfig
+    from accelerando.plugins.accumulation import GradientAccumulationPlugin
+    from accelerando.plugins.dataloader import DataLoaderConfiguration
+    from accelerando.plugins.deepspeed import DeepSpeedPlugin
+    from accelerando.plugins.dynamo import TorchDynamoPlugin
+    from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
+    from accelerando.plugins.megatron import MegatronLMPlugin
+    from accelerando.plugins.project import ProjectConfiguration
+    from accelerando.plugins.tensor_parallel import TorchTensorParallelPlugin
+    from accelerando.trackers.base import GeneralTracker
+
+    #: What ``log_with`` accepts: tracker names, ``LoggerType`` members, trackers (classes or
+    #: instances), or a list of them.
+    TrackerChoice = str | LoggerType | GeneralTracker | type[GeneralTracker]
+    LogWith = TrackerChoice | list[TrackerChoice] | None
+
 __all__ = ["Accelerator"]
+
+F = TypeVar("F", bound=Callable[..., object])
 
 logger = logging.getLogger(__name__)
 
@@ -88,18 +112,21 @@ def _loader_flag(name: str, doc: str, writable: bool = False) -> property:
 
 
 def _filter(
-    owner: Accelerator | Callable[..., Any],
-    function: Callable[..., Any] | None,
-    name: str,
-    **index: int | None,
-) -> Any:
+    owner: Accelerator | F, function: F | None, name: str, **index: int | None
+) -> F | Callable[[F], F]:
     """A process filter bound (``@accelerator.on_main_process``), called (``...()``) or unbound on the class."""
     if not isinstance(
         owner, Accelerator
     ):  # unbound (``Accelerator.on_main_process(fn)``): owner is the function
         return process_filter(owner, name, **index)
     if function is None:
-        return functools.partial(_filter, owner, name=name, **index) if index else getattr(owner, name)
+        if not index:
+            return getattr(owner, name)
+
+        def decorate(function: F) -> F:
+            return process_filter(function, name, **index)
+
+        return decorate
     return process_filter(function, name, **index)
 
 
@@ -140,22 +167,22 @@ class Accelerator:
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int | None = None,
         cpu: bool | None = None,
-        dataloader_config: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+        megatron_lm_plugin: MegatronLMPlugin | None = None,
         rng_types: list[str] | None = None,
-        log_with: Any = None,
+        log_with: LogWith = None,
         project_dir: str | None = None,
-        project_config: Any = None,
-        gradient_accumulation_plugin: Any = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
-        kwargs_handlers: list[Any] | None = None,
-        dynamo_backend: Any = None,
-        dynamo_plugin: Any = None,
-        deepspeed_plugins: Any = None,
-        parallelism_config: Any = None,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: DynamoBackend | str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: dict[str, DeepSpeedPlugin] | None = None,
+        parallelism_config: ParallelismConfig | None = None,
     ) -> None:
         steps, plugin = gradient_accumulation_steps, gradient_accumulation_plugin
         code = arguments.code_settings(mixed_precision, steps, plugin, cpu, dynamo_backend, dynamo_plugin)
@@ -188,7 +215,7 @@ class Accelerator:
         self._compose(log_with)
         set_active_accelerator(self)
 
-    def _compose(self, log_with: Any) -> None:
+    def _compose(self, log_with: LogWith) -> None:
         """Build the services, each from what it needs, and arm the opt-in fault handling."""
         state, options, registry = self.state, self._options, PreparedObjects()
         self._registry = registry
@@ -252,7 +279,6 @@ class Accelerator:
     num_processes = forwarded("state.num_processes", "Total number of processes.")
     process_index = forwarded("state.process_index", "Global index of this process.")
     local_process_index = forwarded("state.local_process_index", "Index of this process on its machine.")
-    is_main_process = forwarded("state.is_main_process", "True on global process 0.")
     is_local_main_process = forwarded("state.is_local_main_process", "True on each machine's first process.")
     is_last_process = forwarded("state.is_last_process", "True on the last process.")
     use_distributed = forwarded("state.use_distributed", "Whether several processes cooperate.")
@@ -276,6 +302,11 @@ class Accelerator:
     logging_dir = forwarded("_options.project_configuration.logging_dir", "The folder trackers write to.")
     save_iteration = forwarded("_options.project_configuration.iteration", "The next checkpoint number.")
     trackers = forwarded("_observability.trackers", "The trackers started by init_trackers.")
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on global process 0."""
+        return self.state.is_main_process
 
     @property
     def native_amp(self) -> bool:
@@ -322,7 +353,7 @@ class Accelerator:
         return connector.is_multi_device(self.distributed_type)
 
     @property
-    def resume_point(self) -> Any:
+    def resume_point(self) -> ResumePoint | None:
         """Where the last ``load_state`` left the run (epoch, step, batches to skip), or None."""
         from accelerando.checkpointing import resume_point
 
@@ -335,7 +366,7 @@ class Accelerator:
     prepare_scheduler = delegate("_preparer", Preparer.prepare_scheduler)
     prepare_data_loader = delegate("_preparer", Preparer.prepare_data_loader)
 
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+    def skip_first_batches(self, dataloader: DataLoader[object], num_batches: int = 0) -> DataLoader[object]:
         """Return a loader that starts ``num_batches`` batches into ``dataloader`` (O(1) for map-style data)."""
         from accelerando.data_loader import skip_first_batches
 
@@ -345,7 +376,9 @@ class Accelerator:
         """True when ``model`` (or a submodule) was dispatched over several devices with a device map."""
         return verify_device_map(model)
 
-    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: torch.nn.Module) -> Any:
+    def deepspeed_ulysses_dl_adapter(
+        self, dl: DataLoader[object], model: torch.nn.Module
+    ) -> Iterable[object]:
         """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice of every batch.
 
         Raises:
@@ -355,6 +388,7 @@ class Accelerator:
         return self._strategy.sequence_parallel_dataloader(dl, model)
 
     # --------------------------------------------------------------- training
+    # kwargs go to torch's Tensor.backward or the strategy's engine (DeepSpeed's takes its own options).
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss``: divided by the accumulation steps, scaled under fp16."""
         strategy = self._strategy
@@ -406,7 +440,9 @@ class Accelerator:
             yield
 
     @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+    def join_uneven_inputs(
+        self, joinables: list[Joinable], even_batches: bool | None = None
+    ) -> Iterator[None]:
         """Context letting processes with fewer batches finish without hanging (DDP's Join).
 
         With ``even_batches`` given, the dataloaders prepared before the context use it for its
@@ -421,7 +457,9 @@ class Accelerator:
             for sampler, value in overridden:
                 sampler.even_batches = value
 
-    def unscale_gradients(self, optimizer: Any = None) -> None:
+    def unscale_gradients(
+        self, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None
+    ) -> None:
         """Divide gradients by the fp16 loss scale (a no-op in other precisions)."""
         if self._precision.scaler is None or not self.gradient_state.sync_gradients:
             return
@@ -433,17 +471,21 @@ class Accelerator:
         for opt in targets:
             self._precision.unscale_(getattr(opt, "optimizer", opt))
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
         """Clip the gradient norm (unscaling fp16 gradients first); return the norm before clipping."""
         self.unscale_gradients()
         return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Clamp gradients into ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
         self.unscale_gradients()
         self._strategy.clip_grad_value_(parameters, clip_value)
 
-    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+    def autocast(
+        self, autocast_handler: AutocastKwargs | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         """Context running its block in the mixed precision (an ``AutocastKwargs`` may tune it)."""
         handler = autocast_handler or self.autocast_handler
         if handler is None:
@@ -466,7 +508,10 @@ class Accelerator:
         )
 
     def maybe_context_parallel(
-        self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """Shard ``buffers`` along their sequence dims over the ``cp`` mesh axis for the block.
 
@@ -490,7 +535,7 @@ class Accelerator:
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 
-    def free_memory(self, *objects: Any) -> list[Any]:
+    def free_memory(self, *objects: object) -> list[None]:
         """Drop references to every prepared object, collect garbage and empty device caches.
 
         Returns ``objects`` replaced by Nones, to rebind: ``model, opt = accelerator.free_memory(model, opt)``.
@@ -507,7 +552,7 @@ class Accelerator:
         self.state.device_backend.empty_cache()
         return [None for _ in objects]
 
-    def clear(self, *objects: Any) -> list[Any]:
+    def clear(self, *objects: object) -> list[None]:
         """Alias of ``free_memory``."""
         return self.free_memory(*objects)
 
@@ -526,25 +571,47 @@ class Accelerator:
 
     # Each filter also works unbound on a function (``Accelerator.on_main_process(fn)``, the
     # reference's way of decorating its own methods) and called (``@accelerator.on_main_process()``).
-    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+    @overload
+    def on_main_process(self, function: F) -> F: ...
+    @overload
+    def on_main_process(self, function: None = None) -> Callable[[F], F]: ...
+    def on_main_process(self, function: F | None = None) -> F | Callable[[F], F]:
         """Decorator: run only on the main process (bare, called, or unbound on the class)."""
         return _filter(self, function, "on_main_process")
 
-    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+    @overload
+    def on_local_main_process(self, function: F) -> F: ...
+    @overload
+    def on_local_main_process(self, function: None = None) -> Callable[[F], F]: ...
+    def on_local_main_process(self, function: F | None = None) -> F | Callable[[F], F]:
         """Decorator: run only on each machine's first process (bare, called, or unbound)."""
         return _filter(self, function, "on_local_main_process")
 
-    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
+    @overload
+    def on_last_process(self, function: F) -> F: ...
+    @overload
+    def on_last_process(self, function: None = None) -> Callable[[F], F]: ...
+    def on_last_process(self, function: F | None = None) -> F | Callable[[F], F]:
         """Decorator: run only on the last process (bare, called, or unbound)."""
         return _filter(self, function, "on_last_process")
 
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+    @overload
+    def on_process(self, function: F, process_index: int | None = None) -> F: ...
+    @overload
+    def on_process(self, function: None = None, process_index: int | None = None) -> Callable[[F], F]: ...
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F | Callable[[F], F]:
         """Decorator: run only on process ``process_index`` (``@accelerator.on_process(process_index=1)``)."""
         return _filter(self, function, "on_process", process_index=process_index)
 
+    @overload
+    def on_local_process(self, function: F, local_process_index: int | None = None) -> F: ...
+    @overload
     def on_local_process(
-        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
-    ) -> Any:
+        self, function: None = None, local_process_index: int | None = None
+    ) -> Callable[[F], F]: ...
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> F | Callable[[F], F]:
         """Decorator: run only on local process ``local_process_index``."""
         return _filter(self, function, "on_local_process", local_process_index=local_process_index)
 

@@ -24,7 +24,7 @@ import dataclasses
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import accelerando.runtime as rt
 import accelerando.strategies as strategies
@@ -359,7 +359,7 @@ def _build_precision(
 
     scaler = plugins.handler(GradScalerKwargs)
     autocast = plugins.handler(AutocastKwargs)
-    scaler_kwargs: dict[str, Any] = scaler.scaler_kwargs() if scaler is not None else {}
+    scaler_kwargs: dict[str, object] = scaler.scaler_kwargs() if scaler is not None else {}
     return build_precision(
         settings.mixed_precision,
         device_type,

@@ -14,11 +14,60 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from accelerando.settings import environment_setting
 
 __all__ = ["GradientState"]
+
+T = TypeVar("T")
+
+
+class AccumulationOptions(Protocol):
+    """What GradientState reads of a ``GradientAccumulationPlugin`` (a layer above this one)."""
+
+    @property
+    def num_steps(self) -> int | None:
+        """Micro-batches per optimizer step (None: not set yet)."""
+        ...
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether prepared schedulers account for accumulation."""
+        ...
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether the last batch of a dataloader always synchronises."""
+        ...
+
+    @property
+    def sync_each_batch(self) -> bool:
+        """Whether gradients are all-reduced on every micro-batch."""
+        ...
+
+    def to_kwargs(self) -> dict[str, object]:
+        """The fields that differ from their defaults."""
+        ...
+
+
+class IteratedLoader(Protocol):
+    """What GradientState reads of a prepared dataloader while it is being iterated."""
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch is in use."""
+        ...
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the final global batch, or -1 when the dataset divides evenly."""
+        ...
+
+
+#: How a registered dataloader is held: a weak reference, or a call returning it (no weakref support).
+LoaderRef = Callable[[], IteratedLoader | None]
 
 
 class GradientState:
@@ -36,17 +85,17 @@ class GradientState:
             empty before any Accelerator.
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: dict[str, object] = {}
 
-    def __init__(self, gradient_accumulation_plugin: Any | None = None) -> None:
+    def __init__(self, gradient_accumulation_plugin: AccumulationOptions | None = None) -> None:
         self.__dict__ = self._shared_state
         if not self._shared_state.get("_initialized", False):
             self.sync_gradients = True
             # Weak references: a loader dropped mid-iteration (its last reference gone) is freed at once,
             # as with the reference library, rather than kept alive by this process-wide state.
-            self._dataloader_references_ref: list[Any] = [None]
+            self._dataloader_references_ref: list[LoaderRef | None] = [None]
             # The innermost one's reference, kept apart for the training step (one lookup, no call).
-            self._active_dataloader_ref: Any = None
+            self._active_dataloader_ref: LoaderRef | None = None
             self._num_steps = 1
             self._adjust_scheduler = True
             self._sync_with_dataloader = True
@@ -54,14 +103,17 @@ class GradientState:
             self._is_xla_gradients_synced = False
             # What the accumulation plugin was given beyond its defaults (the reference's dict;
             # transformers' Trainer reads ``plugin_kwargs.get("sync_each_batch")``).
-            self.plugin_kwargs: dict[str, Any] = {}
+            self.plugin_kwargs: dict[str, object] = {}
             self._initialized = True
         if gradient_accumulation_plugin is not None:
             self._configure(gradient_accumulation_plugin)
 
-    def _configure(self, plugin: Any) -> None:
+    def _configure(self, plugin: AccumulationOptions) -> None:
+        steps = plugin.num_steps
+        if steps is None:  # the Accelerator sets it from the settings before configuring
+            raise TypeError("the gradient accumulation plugin's num_steps is None; set it to an int >= 1")
         self.plugin_kwargs = plugin.to_kwargs()
-        self.num_steps = int(plugin.num_steps)
+        self.num_steps = int(steps)
         self._adjust_scheduler = bool(plugin.adjust_scheduler)
         self._sync_with_dataloader = bool(plugin.sync_with_dataloader)
         self.sync_each_batch = bool(plugin.sync_each_batch)
@@ -89,17 +141,17 @@ class GradientState:
         return self._sync_with_dataloader
 
     @property
-    def _active_dataloader(self) -> Any | None:
+    def _active_dataloader(self) -> IteratedLoader | None:
         ref = self._active_dataloader_ref
         return None if ref is None else ref()
 
     @property
-    def active_dataloader(self) -> Any | None:
+    def active_dataloader(self) -> IteratedLoader | None:
         """The prepared dataloader being iterated (the innermost one when loops nest), or None."""
         return self._active_dataloader
 
     @property
-    def dataloader_references(self) -> list[Any | None]:
+    def dataloader_references(self) -> list[IteratedLoader | None]:
         """The prepared dataloaders being iterated, outermost first, after a leading None."""
         return [None if ref is None else ref() for ref in self._dataloader_references_ref]
 
@@ -118,7 +170,7 @@ class GradientState:
     @property
     def initialized(self) -> bool:
         """Whether the shared state has been created in this process."""
-        return GradientState._shared_state.get("_initialized", False)
+        return bool(GradientState._shared_state.get("_initialized", False))
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -140,18 +192,20 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
-    def _add_dataloader(self, dataloader: Any) -> None:
+    def _add_dataloader(self, dataloader: IteratedLoader) -> None:
+        ref: LoaderRef
         try:
-            ref: Any = weakref.ref(dataloader)
+            ref = weakref.ref(dataloader)
         except TypeError:  # an object without weak-reference support is held as it is
             ref = functools.partial(_identity, dataloader)
         self._dataloader_references_ref.append(ref)
         self._active_dataloader_ref = ref
 
-    def _remove_dataloader(self, dataloader: Any) -> None:
+    def _remove_dataloader(self, dataloader: IteratedLoader) -> None:
         refs = self._dataloader_references_ref
         for i in range(len(refs) - 1, 0, -1):
-            if refs[i]() is dataloader:
+            ref = refs[i]
+            if ref is not None and ref() is dataloader:  # only refs[0] is None
                 del refs[i]
                 break
         self._active_dataloader_ref = refs[-1]
@@ -168,5 +222,5 @@ class GradientState:
         )
 
 
-def _identity(value: Any) -> Any:
+def _identity(value: T) -> T:
     return value

@@ -10,8 +10,8 @@ output (every process does with ``gather_output=True``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +28,9 @@ from accelerando.strategies.pipeline.stage import (
     build_traced_stage,
     microbatch,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 __all__ = ["build_pipeline", "find_pippy_batch_size", "generate_device_map", "pippy_forward", "prepare_pippy"]
 
@@ -64,7 +67,7 @@ def generate_device_map(
     return generate_stage_map(model, num_processes, no_split_module_classes, capacities)
 
 
-def find_pippy_batch_size(args: tuple | list, kwargs: Mapping[str, Any]) -> int | None:
+def find_pippy_batch_size(args: Sequence[object], kwargs: Mapping[str, object]) -> int | None:
     """The size of dim 0 of the first tensor among ``args`` then ``kwargs`` (None without a tensor)."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and value.dim() > 0:
@@ -72,15 +75,18 @@ def find_pippy_batch_size(args: tuple | list, kwargs: Mapping[str, Any]) -> int 
     return None
 
 
-def _layout() -> Any:
-
+def _layout() -> PipelineLayout:
     PartialState()  # sets up the process group of a launched job
     return PipelineLayout.whole_world()
 
 
 def build_pipeline(
-    model: torch.nn.Module, split_points: list[str], args: tuple, kwargs: Mapping[str, Any], num_chunks: int
-) -> Any:
+    model: torch.nn.Module,
+    split_points: list[str],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    num_chunks: int,
+) -> PipelineScheduleSingle:
     """Trace ``model`` on one micro-batch of the examples and build this process's stage and schedule.
 
     Returns:
@@ -95,8 +101,8 @@ def build_pipeline(
     stage = build_traced_stage(
         model,
         split_points,
-        microbatch(tuple(args), num_chunks),
-        microbatch(dict(kwargs), num_chunks),
+        tuple(microbatch(arg, num_chunks) for arg in args),
+        {key: microbatch(value, num_chunks) for key, value in kwargs.items()},
         layout,
         device,
     )
@@ -104,8 +110,8 @@ def build_pipeline(
 
 
 def pippy_forward(
-    forward: Callable[..., Any], num_chunks: int, gather_output: bool, *args: Any, **kwargs: Any
-) -> Any:
+    forward: Callable[..., object], num_chunks: int, gather_output: bool, *args: object, **kwargs: object
+) -> object:
     """Run one batch through the pipeline (``forward`` is the schedule's ``step``).
 
     The first stage feeds ``args`` / ``kwargs``; the others feed nothing. Returns the output on the
@@ -137,8 +143,8 @@ def prepare_pippy(
     model: torch.nn.Module,
     split_points: str | list[str] | None = "auto",
     no_split_module_classes: list[str] | None = None,
-    example_args: tuple[Any, ...] | None = (),
-    example_kwargs: dict[str, Any] | None = None,
+    example_args: tuple[object, ...] | None = (),
+    example_kwargs: dict[str, object] | None = None,
     num_chunks: int | None = None,
     gather_output: bool | None = False,
 ) -> torch.nn.Module:
@@ -184,7 +190,8 @@ def prepare_pippy(
     else:
         points = validate_split_points(model, split_points, layout.num_stages)
     schedule = build_pipeline(model, points, example_args, example_kwargs, num_chunks)
-    model._pippy_schedule = schedule
-    model.hf_split_points = points
+    # torch types Module.__setattr__'s value as Tensor | Module; a plain attribute is accepted too.
+    model._pippy_schedule = schedule  # pyright: ignore[reportArgumentType]
+    model.hf_split_points = points  # pyright: ignore[reportArgumentType]
     model.forward = functools.partial(pippy_forward, schedule.step, num_chunks, bool(gather_output))
     return model

@@ -8,11 +8,31 @@ averaged across processes.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+if TYPE_CHECKING:
+    from accelerando.runtime import Runtime
+
 __all__ = ["LocalSGD"]
+
+
+class _Averaging(Protocol):
+    """What LocalSGD uses of the ``Accelerator`` (a layer above this module)."""
+
+    runtime: Runtime
+
+    @property
+    def num_processes(self) -> int: ...
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> object: ...
 
 
 class LocalSGD:
@@ -32,7 +52,7 @@ class LocalSGD:
     """
 
     def __init__(
-        self, accelerator: Any, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True
+        self, accelerator: _Averaging, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True
     ) -> None:
         if local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be >= 1, got {local_sgd_steps}")
@@ -54,7 +74,7 @@ class LocalSGD:
             self._stack.enter_context(self.accelerator.no_sync(self.model))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.enabled:
             self._average()
             if self._stack is not None:
@@ -70,4 +90,6 @@ class LocalSGD:
         self.accelerator.wait_for_everyone()
         with torch.no_grad():
             for param in self.accelerator.unwrap_model(self.model).parameters():
-                param.data.copy_(self.accelerator.reduce(param.data, reduction="mean"))
+                mean = self.accelerator.reduce(param.data, reduction="mean")
+                assert isinstance(mean, torch.Tensor)  # the reduction of a tensor is a tensor
+                param.data.copy_(mean)

@@ -13,12 +13,43 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from types import TracebackType
+from typing import NamedTuple, TypeAlias, TypedDict, TypeVar
+
+from typing_extensions import Unpack
 
 from accelerando.settings.resolve import environment_value
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
+
+#: What ``exc_info=`` accepts in :mod:`logging` calls.
+ExcInfo: TypeAlias = (
+    bool
+    | BaseException
+    | tuple[type[BaseException], BaseException, TracebackType | None]
+    | tuple[None, None, None]
+    | None
+)
+
+
+class LogOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`logging.Logger.log`."""
+
+    exc_info: ExcInfo
+    stack_info: bool
+    stacklevel: int
+    extra: Mapping[str, object] | None
+
+
+class AdapterOptions(LogOptions, total=False):
+    """:class:`LogOptions` plus the process selection of :class:`MultiProcessAdapter`."""
+
+    main_process_only: bool
+    in_order: bool
+
+
+OptionsT = TypeVar("OptionsT", bound=Mapping[str, object])
 
 
 class _ProcessView(NamedTuple):
@@ -71,11 +102,19 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         super().__init__(logger, extra or {})
         self._warned: set[str] = set()
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+    def process(self, msg: object, kwargs: OptionsT) -> tuple[object, OptionsT]:
         """Pass the message through unchanged (kept for :class:`logging.LoggerAdapter`'s contract)."""
         return msg, kwargs
 
-    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def log(
+        self,
+        level: int,
+        msg: object,
+        *args: object,
+        main_process_only: bool = True,
+        in_order: bool = False,
+        **kwargs: Unpack[LogOptions],
+    ) -> None:
         """Log ``msg`` at ``level`` on the processes selected by ``main_process_only`` / ``in_order``.
 
         Args:
@@ -87,8 +126,6 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         Raises:
             TypeError: ``main_process_only`` or ``in_order`` is not a bool.
         """
-        main_process_only = kwargs.pop("main_process_only", True)
-        in_order = kwargs.pop("in_order", False)
         if not isinstance(main_process_only, bool) or not isinstance(in_order, bool):
             raise TypeError(
                 "main_process_only and in_order must be True or False; "
@@ -101,40 +138,41 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         view = _process_view()
         if main_process_only or not in_order:
             if not main_process_only or view.rank == 0:
-                msg, kwargs = self.process(msg, kwargs)
-                self.logger.log(level, msg, *args, **kwargs)
+                message, options = self.process(msg, kwargs)
+                self.logger.log(level, message, *args, **options)
             return
         for turn in range(view.world_size):
             if turn == view.rank:
-                msg, kwargs = self.process(msg, kwargs)
-                self.logger.log(level, msg, *args, **kwargs)
+                message, options = self.process(msg, kwargs)
+                self.logger.log(level, message, *args, **options)
             _barrier()
 
-    def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def debug(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log at DEBUG level (see :meth:`log` for the extra keywords)."""
         self._dispatch(logging.DEBUG, msg, args, kwargs)
 
-    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def info(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log at INFO level (see :meth:`log` for the extra keywords)."""
         self._dispatch(logging.INFO, msg, args, kwargs)
 
-    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def warning(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log at WARNING level (see :meth:`log` for the extra keywords)."""
         self._dispatch(logging.WARNING, msg, args, kwargs)
 
-    def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def error(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log at ERROR level (see :meth:`log` for the extra keywords)."""
         self._dispatch(logging.ERROR, msg, args, kwargs)
 
-    def critical(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def critical(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log at CRITICAL level (see :meth:`log` for the extra keywords)."""
         self._dispatch(logging.CRITICAL, msg, args, kwargs)
 
-    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+    def exception(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log at ERROR level with the current exception's traceback."""
-        self._dispatch(logging.ERROR, msg, args, {**kwargs, "exc_info": exc_info})
+        kwargs.setdefault("exc_info", True)
+        self._dispatch(logging.ERROR, msg, args, kwargs)
 
-    def warning_once(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def warning_once(self, msg: object, *args: object, **kwargs: Unpack[AdapterOptions]) -> None:
         """Log a warning the first time this exact message is seen in this process, then stay silent."""
         key = str(msg)
         if key in self._warned:
@@ -142,7 +180,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         self._warned.add(key)
         self._dispatch(logging.WARNING, msg, args, kwargs)
 
-    def _dispatch(self, level: int, msg: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+    def _dispatch(self, level: int, msg: object, args: tuple[object, ...], kwargs: AdapterOptions) -> None:
         # One extra frame (this helper) between the caller and logger.log.
         kwargs.setdefault("stacklevel", 4)
         self.log(level, msg, *args, **kwargs)

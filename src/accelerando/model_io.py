@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
 
 from accelerando.big_modeling.budgets import convert_file_size_to_int
 
 __all__ = ["shard_state_dict", "write_model_weights"]
+
+V = TypeVar("V")
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -41,12 +44,12 @@ def shard_state_dict(
     return shards
 
 
-def _dedupe_shared(state_dict: dict[str, Any]) -> dict[str, Any]:
+def _dedupe_shared(state_dict: Mapping[str, V]) -> dict[str, V]:
     """Drop names whose tensor shares storage with an earlier one (tied weights); safetensors
     refuses shared tensors, and loaders re-tie them.
     """
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    result: dict[str, Any] = {}
+    seen: set[tuple[int, int | torch.SymInt, tuple[int, ...]]] = set()
+    result: dict[str, V] = {}
     for name, tensor in state_dict.items():
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
             key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))

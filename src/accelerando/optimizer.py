@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 
 import torch
 from typing_extensions import override
 
 from accelerando.gradient_state import GradientState
 
+if TYPE_CHECKING:
+    from accelerando.runtime import PrecisionContract
+
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _move_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
@@ -22,32 +30,41 @@ def _move_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> No
                 state[key] = value.to(device)
 
 
-def move_to_device(state: Any, device: torch.device | str) -> Any:
+def move_to_device(state: T, device: torch.device | str) -> T:
     """Return ``state`` (nested lists, tuples, dicts of tensors) with every tensor moved to ``device``.
 
     Containers are rebuilt with the same types; values that are not tensors are returned as they are.
     """
+    # Every branch of _moved rebuilds its input's own type, so the result has the type of ``state``.
+    return cast(T, _moved(state, device))
+
+
+def _build(cls: Callable[..., T], *fields: object) -> T:
+    return cls(*fields)
+
+
+def _moved(state: object, device: torch.device | str) -> object:
     if isinstance(state, torch.Tensor):
         return state.to(device)
     if isinstance(state, dict):
-        return type(state)({key: move_to_device(value, device) for key, value in state.items()})
-    if isinstance(state, tuple) and hasattr(state, "_fields"):  # namedtuple
-        return type(state)(*(move_to_device(value, device) for value in state))
+        return type(state)({key: _moved(value, device) for key, value in state.items()})
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # namedtuple: built from its fields
+        return _build(type(state), *(_moved(value, device) for value in state))
     if isinstance(state, (list, tuple)):
-        return type(state)(move_to_device(value, device) for value in state)
+        return type(state)(_moved(value, device) for value in state)
     return state
 
 
 def patch_optimizer_step(
-    accelerated_optimizer: AcceleratedOptimizer, method: Callable[..., Any]
-) -> Callable[..., Any]:
+    accelerated_optimizer: AcceleratedOptimizer, method: Callable[P, R]
+) -> Callable[P, R]:
     """Wrap an optimizer's ``step`` so that calling it marks ``accelerated_optimizer`` as stepped.
 
     A loss scaler that skips a step never calls the real ``step``; the mark tells the two apart.
     """
 
     @functools.wraps(method)
-    def patched_step(*args: Any, **kwargs: Any) -> Any:
+    def patched_step(*args: P.args, **kwargs: P.kwargs) -> R:
         accelerated_optimizer._accelerate_step_called = True
         return method(*args, **kwargs)
 
@@ -72,14 +89,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # Set by an asynchronous save while it still copies the parameters and optimizer state
     # (accelerando.checkpointing.async_save): step() waits for it. None, the usual case, costs one read.
-    _snapshot_wait: Callable[[], Any] | None = None
+    _snapshot_wait: Callable[[], object] | None = None
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
         device_placement: bool = True,
-        scaler: Any = None,
-        precision: Any = None,
+        scaler: torch.amp.GradScaler | None = None,
+        precision: PrecisionContract | None = None,
         device: torch.device | None = None,
     ) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: this object holds no params of
@@ -92,49 +109,49 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._is_overflow = False
         self._accelerate_step_called = False
         # Optional callback after each real step (the memory monitor); None costs one check.
-        self._after_step: Any = None
+        self._after_step: Callable[[], object] | None = None
         if device_placement and device is not None and device.type != "cpu":
             _move_state_to(optimizer, device)
 
-    @override
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    @override
+    def state(self) -> defaultdict[torch.Tensor, dict[str, object]]:  # type: ignore[override]
         return self.optimizer.state
 
-    @override
     @state.setter
-    def state(self, value: Any) -> None:
+    @override
+    def state(self, value: defaultdict[torch.Tensor, dict[str, object]]) -> None:
         self.optimizer.state = value
 
-    @override
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    @override
+    def param_groups(self) -> list[dict[str, object]]:  # type: ignore[override]
         return self.optimizer.param_groups
 
-    @override
     @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
+    @override
+    def param_groups(self, value: list[dict[str, object]]) -> None:
         self.optimizer.param_groups = value
 
-    @override
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    @override
+    def defaults(self) -> dict[str, object]:  # type: ignore[override]
         return self.optimizer.defaults
 
-    @override
     @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
+    @override
+    def defaults(self, value: dict[str, object]) -> None:
         self.optimizer.defaults = value
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
+    def add_param_group(self, param_group: dict[str, object]) -> None:
         """Add a parameter group to the wrapped optimizer."""
         self.optimizer.add_param_group(param_group)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:  # type: ignore[override]
         """Load the wrapped optimizer's state (torch puts each tensor on its parameter's device)."""
         self.optimizer.load_state_dict(state_dict)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, object]:  # type: ignore[override]
         """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
@@ -146,7 +163,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
 
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Step on sync micro-batches only; records whether the loss scaler skipped it."""
         if not self.gradient_state.sync_gradients:
             return None
@@ -169,15 +186,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Forward ``train()`` to optimizers that have modes (schedule-free optimizers)."""
         if self._snapshot_wait is not None:
             self._snapshot_wait()  # switching modes rewrites the parameters
-        if hasattr(self.optimizer, "train"):
-            self.optimizer.train()
+        train = getattr(self.optimizer, "train", None)
+        if train is not None:
+            train()
 
     def eval(self) -> None:
         """Forward ``eval()`` to optimizers that have modes (schedule-free optimizers)."""
         if self._snapshot_wait is not None:
             self._snapshot_wait()  # switching modes rewrites the parameters
-        if hasattr(self.optimizer, "eval"):
-            self.optimizer.eval()
+        evaluate = getattr(self.optimizer, "eval", None)
+        if evaluate is not None:
+            evaluate()
 
     @property
     def step_was_skipped(self) -> bool:
@@ -189,10 +208,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Alias of ``step_was_skipped``."""
         return self._is_overflow
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if k not in ("gradient_state", "_snapshot_wait")}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self.gradient_state = GradientState()
 

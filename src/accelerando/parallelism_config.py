@@ -22,8 +22,11 @@ import dataclasses
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict
+
+from typing_extensions import Unpack
 
 from accelerando.settings import environment_text
 
@@ -31,6 +34,30 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from accelerando.parallelism_layout import Layout, MachineShape, ModelFacts
+    from accelerando.plugins.parallel_configs import (
+        DeepSpeedSequenceParallelConfig,
+        TorchContextParallelConfig,
+        TorchTensorParallelConfig,
+    )
+
+    #: The option classes of the non-data axes.
+    AxisHandler: TypeAlias = (
+        TorchTensorParallelConfig | TorchContextParallelConfig | DeepSpeedSequenceParallelConfig
+    )
+
+
+class LayoutOptions(TypedDict, total=False):
+    """The keyword options :meth:`ParallelismConfig.resolve_auto` passes to ``choose_layout``."""
+
+    batch_size: int
+    seq_length: int
+    mixed_precision: str
+    optimizer: str
+    training: bool
+    activation_checkpointing: bool
+    headroom: float
+    simulator: Callable[[int, int, int, int], int | None] | None
+
 
 __all__ = ["ParallelismConfig"]
 
@@ -55,7 +82,9 @@ logger = logging.getLogger(__name__)
 
 def _env_int(axis: str) -> int | str:
     name = f"{_ENV_PREFIX}{axis.upper()}_SIZE"
-    raw = environment_text(name, "1")
+    raw = environment_text(name)
+    if raw is None:
+        raw = "1"
     if raw.strip().lower() == _AUTO and axis in _AUTO_AXES:
         return _AUTO
     try:
@@ -66,7 +95,7 @@ def _env_int(axis: str) -> int | str:
         ) from None
 
 
-def _default_handler(axis: str) -> Any:
+def _default_handler(axis: str) -> AxisHandler:
     """A default instance of the axis's option class (``accelerando.plugins.parallel_configs``)."""
     from accelerando.plugins import parallel_configs
 
@@ -102,12 +131,12 @@ class ParallelismConfig:
     cp_backend: Literal["torch"] | None = None
     sp_size: int | None = None
     sp_backend: Literal["deepspeed"] | None = None
-    tp_handler: Any = None
-    cp_handler: Any = None
-    sp_handler: Any = None
-    device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
+    tp_handler: TorchTensorParallelConfig | None = None
+    cp_handler: TorchContextParallelConfig | None = None
+    sp_handler: DeepSpeedSequenceParallelConfig | None = None
+    device_mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
     #: The automatic layout :meth:`resolve_auto` chose (None when the sizes were given).
-    layout: Any = field(default=None, init=False, repr=False, compare=False)
+    layout: Layout | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         unset = []
@@ -172,6 +201,10 @@ class ParallelismConfig:
     def _sizes(self) -> dict[str, int]:
         return {axis: getattr(self, f"{axis}_size") for axis in _AXES}
 
+    def _size(self, axis: str) -> int:
+        # The fields also take None (read the environment) and "auto" before they are resolved.
+        return getattr(self, f"{axis}_size")
+
     @property
     def auto_axes(self) -> list[str]:
         """The axes whose size is still ``"auto"`` (empty once :meth:`resolve_auto` ran)."""
@@ -188,14 +221,14 @@ class ParallelismConfig:
 
     def resolve_auto(
         self,
-        model: Any = None,
+        model: object = None,
         *,
         num_processes: int | None = None,
         num_nodes: int = 1,
         memory_per_device: int | str | None = None,
         model_facts: ModelFacts | None = None,
         machine: MachineShape | None = None,
-        **layout_options: Any,
+        **layout_options: Unpack[LayoutOptions],
     ) -> Layout:
         """Choose the ``"auto"`` sizes from the model and the machine (:func:`~accelerando.parallelism_layout.choose_layout`).
 
@@ -226,7 +259,7 @@ class ParallelismConfig:
                 raise ValueError(
                     "resolve_auto needs the model (a module or a transformers config) or model_facts"
                 )
-            is_module = hasattr(model, "parameters") and callable(model.parameters)
+            is_module = callable(getattr(model, "parameters", None))
             model_facts = (
                 pl.model_facts_from_module(model) if is_module else pl.model_facts_from_config(model)
             )
@@ -236,8 +269,11 @@ class ParallelismConfig:
             if num_processes % num_nodes:
                 raise ValueError(f"{num_processes} processes do not split evenly over {num_nodes} nodes")
             per_node = num_processes // num_nodes
-            memory, device_type = _device_memory(per_node) if memory_per_device is None else (None, "cuda")
-            memory = pl.parse_memory(memory_per_device) if memory_per_device is not None else memory
+            memory, device_type = (
+                _device_memory(per_node)
+                if memory_per_device is None
+                else (pl.parse_memory(memory_per_device), "cuda")
+            )
             machine = pl.MachineShape(num_nodes, per_node, int(memory), device_type)
         layout = pl.choose_layout(model_facts, machine, **layout_options)
         for line in layout.reason:
@@ -276,24 +312,24 @@ class ParallelismConfig:
     def data_parallel_size(self) -> int:
         """Ranks that read different batches: ``dp_replicate_size * dp_shard_size``."""
         self._require_resolved()
-        return self.dp_replicate_size * self.dp_shard_size
+        return self._size("dp_replicate") * self._size("dp_shard")
 
     @property
     def non_data_parallel_size(self) -> int:
         """Ranks that share one batch: ``tp_size * cp_size * sp_size``."""
         self._require_resolved()
-        return self.tp_size * self.cp_size * self.sp_size
+        return self._size("tp") * self._size("cp") * self._size("sp")
 
     # --------------------------------------------------------------- switches
     @property
     def dp_replicate_enabled(self) -> bool:
         """Whether there are several data-parallel replicas."""
-        return self.dp_replicate_size > 1
+        return self._size("dp_replicate") > 1
 
     @property
     def dp_shard_enabled(self) -> bool:
         """Whether parameters are sharded over a dp_shard axis."""
-        return self.dp_shard_size > 1
+        return self._size("dp_shard") > 1
 
     @property
     def dp_enabled(self) -> bool:
@@ -308,17 +344,17 @@ class ParallelismConfig:
     @property
     def tp_enabled(self) -> bool:
         """Whether tensor parallelism is used."""
-        return self.tp_size > 1
+        return self._size("tp") > 1
 
     @property
     def cp_enabled(self) -> bool:
         """Whether context parallelism is used."""
-        return self.cp_size > 1
+        return self._size("cp") > 1
 
     @property
     def sp_enabled(self) -> bool:
         """Whether sequence parallelism is used."""
-        return self.sp_size > 1
+        return self._size("sp") > 1
 
     # -------------------------------------------------------------- dim names
     def _enabled(self, *axes: str) -> list[str]:
@@ -414,7 +450,7 @@ class ParallelismConfig:
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if names:
-                mesh[names]._flatten(flat)
+                mesh[tuple(names)]._flatten(flat)
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> DeviceMesh | None:
@@ -438,9 +474,9 @@ class ParallelismConfig:
         return self.device_mesh
 
     # --------------------------------------------------------------- export
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The config as a JSON-serialisable dict (handlers as dicts of their fields; no mesh)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for item in dataclasses.fields(self):
             if not item.init:
                 continue

@@ -29,7 +29,11 @@ import threading
 import time
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.distributed_c10d import Store
 
 __all__ = ["CPU_BACKENDS", "DEFAULT_SHUTDOWN_TIMEOUT_S", "ProcessGroupHandle", "start"]
 
@@ -59,7 +63,9 @@ class ProcessGroupHandle:
         shutdown_timeout_s: the default bound of :meth:`shutdown`'s wait for the other processes.
     """
 
-    def __init__(self, backend: str, rank: int, world_size: int, store: Any, shutdown_timeout_s: float):
+    def __init__(
+        self, backend: str, rank: int, world_size: int, store: Store | None, shutdown_timeout_s: float
+    ) -> None:
         self.backend = backend
         self.rank = rank
         self.world_size = world_size
@@ -201,7 +207,7 @@ def _gloo_workers_alive() -> bool:
 
 def start(
     *,
-    device: Any,
+    device: torch.device,
     default_backend: str | None,
     main_address: str,
     main_port: int,
@@ -242,6 +248,8 @@ def start(
         RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
     """
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import PrefixStore
+    from torch.distributed.rendezvous import rendezvous
 
     chosen = backend or default_backend
     if chosen is None:
@@ -254,7 +262,7 @@ def start(
     if dist.is_initialized() and _current is not None and not _current.is_shut_down:
         # The process state was reset (tests) but the group lives on: keep the handle that owns it.
         return _current
-    store = None
+    store: Store | None = None
     if not dist.is_initialized():
         # Imported before the group exists, on purpose. This module binds ``group=group.WORLD`` as default
         # arguments when imported; imported later (DistributedDataParallel imports it through
@@ -270,29 +278,27 @@ def start(
         # The store is made here, not inside init_process_group, so that the teardown can agree on
         # it after the group is gone; rendezvous() picks the launcher agent's store when there is one.
         store, rank, world_size = next(
-            dist.rendezvous(
+            rendezvous(
                 init_method or f"tcp://{main_address}:{main_port}", rank, world_size, timeout=store_timeout
             )
         )
         store.set_timeout(store_timeout)
         # torch's own env:// rendezvous does the same under an agent store; tcp:// and file:// do not.
-        store = dist.PrefixStore(f"accelerando/attempt_{attempt}", store)
-        options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        if chosen == "nccl":
-            options["device_id"] = device
+        store = PrefixStore(f"accelerando/attempt_{attempt}", store)
         dist.init_process_group(
             backend=chosen,
-            store=dist.PrefixStore("default_pg", store),
+            store=PrefixStore("default_pg", store),
             rank=rank,
             world_size=world_size,
-            **options,
+            timeout=timeout,  # None: torch's default for the backend
+            device_id=device if chosen == "nccl" else None,
         )
     global _started
     if store is not None:
         # Every process starts its groups in the same order, so the count names the same group
         # everywhere; a second group on the same store (tests) must not see the first one's keys.
         _started += 1
-        store = dist.PrefixStore(f"accelerando/shutdown/{_started}", store)
+        store = PrefixStore(f"accelerando/shutdown/{_started}", store)
     handle = ProcessGroupHandle(str(dist.get_backend()), rank, world_size, store, shutdown_timeout_s)
     _register(handle)
     return handle

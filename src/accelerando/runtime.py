@@ -29,6 +29,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from accelerando.devices import backend_for, detect_device_backend
@@ -38,7 +39,9 @@ from accelerando.settings import environment_setting
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.algorithms.join import Joinable
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils.data import DataLoader
 
     from accelerando.devices import DeviceBackend
     from accelerando.environments import ClusterEnvironment
@@ -156,8 +159,10 @@ class PrecisionContract(Protocol):
     skipped by the loss scaler); ``state_dict()`` / ``load_state_dict()`` for checkpoints.
     """
 
-    # The loss scaler (a ``torch.amp.GradScaler``) or None; its type depends on the device family.
-    scaler: Any
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The loss scaler (a ``torch.amp.GradScaler`` of the device family), or None."""
+        ...
 
     @property
     def name(self) -> str:
@@ -166,11 +171,11 @@ class PrecisionContract(Protocol):
 
     def prepare_objects(
         self,
-        objects: Sequence[Any],
+        objects: Sequence[object],
         placement: Sequence[bool],
         device: torch.device | None,
-        is_prepared: Callable[[Any], bool],
-    ) -> list[Any]:
+        is_prepared: Callable[[object], bool],
+    ) -> list[object]:
         """Convert the objects of one ``prepare`` call that must change together (MS-AMP)."""
         ...
 
@@ -184,7 +189,7 @@ class PrecisionContract(Protocol):
         """Context manager running its block in this precision."""
         ...
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """Back-propagate ``loss`` (scaled when a loss scaler is in use)."""
         ...
 
@@ -192,15 +197,15 @@ class PrecisionContract(Protocol):
         """Divide the gradients by the loss scale."""
         ...
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: object) -> bool:
         """Step ``optimizer``; False when the loss scaler skipped the step."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> Mapping[str, object]:
         """The loss scaler's state for checkpoints ({} without one)."""
         ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore what :meth:`state_dict` returned."""
         ...
 
@@ -210,7 +215,8 @@ class StrategyContract(Protocol):
 
     The full contract, with the calling order, is on ``Strategy``; this protocol names the members
     the Runtime promises. Records of the strategy layer (``PrepareRequest``, ``Prepared``) are
-    typed there; here they pass as ``Any``.
+    typed there; here they pass as ``Any``. Each parameter type here is what the callers below the
+    strategies pass (so ``Strategy``'s own may be wider); each return type, what they may rely on.
     """
 
     name: ClassVar[str]
@@ -244,7 +250,7 @@ class StrategyContract(Protocol):
         """The user's module inside what ``prepare`` wrapped it in."""
         ...
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """Back-propagate ``loss``."""
         ...
 
@@ -271,8 +277,8 @@ class StrategyContract(Protocol):
         ...
 
     def load_model_state_dict(
-        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
-    ) -> Any:
+        self, model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+    ) -> object:
         """Load a full state dict into ``model``."""
         ...
 
@@ -298,7 +304,9 @@ class StrategyContract(Protocol):
         """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
         ...
 
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
+    def join_uneven_inputs(
+        self, joinables: list[Joinable], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[object]:
         """Context letting processes with fewer batches finish."""
         ...
 
@@ -311,7 +319,9 @@ class StrategyContract(Protocol):
         """Context sharding ``buffers`` along their sequence dims over the ``cp`` mesh axis."""
         ...
 
-    def sequence_parallel_dataloader(self, dataloader: Any, model: torch.nn.Module) -> Any:
+    def sequence_parallel_dataloader(
+        self, dataloader: DataLoader[object], model: torch.nn.Module
+    ) -> Iterable[object]:
         """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice."""
         ...
 
@@ -405,7 +415,7 @@ def data_parallel_type(device_backend: type[DeviceBackend], num_processes: int) 
     return DistributedType(device_backend.data_parallel_type)
 
 
-def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = None) -> ProcessContext:
+def start_process(settings: Settings, pg_options: Mapping[str, object] | None = None) -> ProcessContext:
     """Detect the cluster environment and device and start the process group; once per process.
 
     A second call returns the context the first one made (the process group exists once); asking
@@ -425,6 +435,8 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
         ValueError: an explicit process-group backend the device cannot use; an unknown
             ``ACCELERATE_TORCH_DEVICE``; a SageMaker job or TPU pod (not supported); ``cpu`` asked
             for in a process already placed on an accelerator.
+        TypeError: ``pg_options`` holds a backend that is not a str or a timeout that is not a
+            ``datetime.timedelta``.
         RuntimeError: the rendezvous with the other processes failed (from torch.distributed).
     """
     existing = current_process()
@@ -441,7 +453,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
     if cluster.world_size > 1:  # 3. the process group, before the device is set (nccl binds it)
         import accelerando.process_group as process_group
 
-        options = dict(pg_options or {})
+        backend, timeout = _group_options(pg_options or {})
         handle = process_group.start(
             device=device,
             default_backend=device_backend.dist_backend,
@@ -449,8 +461,8 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
             main_port=cluster.main_port,
             rank=cluster.rank,
             world_size=cluster.world_size,
-            backend=options.get("backend"),
-            timeout=options.get("timeout"),
+            backend=backend,
+            timeout=timeout,
             init_method=f"file://{rdv_file}" if rdv_file else None,
             attempt=cluster.restart_count,
         )
@@ -469,6 +481,20 @@ def start_process(settings: Settings, pg_options: Mapping[str, Any] | None = Non
     )
     set_process(context)
     return context
+
+
+def _group_options(options: Mapping[str, object]) -> tuple[str | None, timedelta | None]:
+    """The ``backend`` and ``timeout`` of ``options`` (None when absent).
+
+    Raises:
+        TypeError: a backend that is not a str, or a timeout that is not a ``datetime.timedelta``.
+    """
+    backend, timeout = options.get("backend"), options.get("timeout")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"the process-group backend must be a str such as 'gloo', got {backend!r}")
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise TypeError(f"the process-group timeout must be a datetime.timedelta, got {timeout!r}")
+    return backend, timeout
 
 
 def _refuse_unsupported_places() -> None:
@@ -552,7 +578,7 @@ class _Registry:
 
     process: ProcessContext | None = None
     runtime: Runtime | None = None
-    accelerator: weakref.ref[Any] | None = None
+    accelerator: weakref.ref[object] | None = None
 
 
 _registry = _Registry()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from accelerando.gradient_state import GradientState
 from accelerando.state import PartialState
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["AcceleratedScheduler"]
 
@@ -30,8 +34,10 @@ class AcceleratedScheduler:
 
     def __init__(
         self,
+        # Any scheduler-like object (torch's LRScheduler, DeepSpeed's schedules, a user's own): its own
+        # methods are called, and unknown attributes are forwarded to it.
         scheduler: Any,
-        optimizers: Any,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         step_with_optimizer: bool = True,
         split_batches: bool = False,
         num_processes: int | None = None,
@@ -45,7 +51,7 @@ class AcceleratedScheduler:
             num_processes = PartialState().num_processes
         self.num_processes = num_processes
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
+    def step(self, *args: object, **kwargs: object) -> None:
         """Advance the schedule as described in the class docstring."""
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
@@ -69,23 +75,23 @@ class AcceleratedScheduler:
         """The learning rates of the last step."""
         return self.scheduler.get_last_lr()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """The wrapped scheduler's state dict."""
         return self.scheduler.state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """Restore the wrapped scheduler's state."""
         self.scheduler.load_state_dict(state_dict)
 
-    def get_lr(self) -> Any:
+    def get_lr(self) -> list[float | torch.Tensor]:
         """The wrapped scheduler's ``get_lr()``."""
         return self.scheduler.get_lr()
 
-    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+    def print_lr(self, *args: object, **kwargs: object) -> None:
         """The wrapped scheduler's ``print_lr``."""
         return self.scheduler.print_lr(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name in ("scheduler", "__setstate__", "__getstate__"):
             raise AttributeError(name)
         return getattr(self.scheduler, name)

@@ -32,7 +32,10 @@ import sys
 import threading
 import types
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pathlib
 
 __all__ = [
     "ACCELERATE_COMPAT_VERSION",
@@ -72,10 +75,10 @@ class AccelerateAlreadyImportedError(ImportError):
 class _AccelerateView(types.ModuleType):
     """The module object behind ``import accelerate``: accelerando's namespace under another name."""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(sys.modules[_TARGET], name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in _OWN_ATTRIBUTES:
             super().__setattr__(name, value)
         else:
@@ -99,7 +102,7 @@ class _StandInLoader(importlib.abc.Loader):
 
     def __init__(self, target: str) -> None:
         self.target = target
-        self._original_spec: Any = None
+        self._original_spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = importlib.import_module(self.target)
@@ -176,7 +179,7 @@ class _StandInDistribution(importlib.metadata.Distribution):
     def read_text(self, filename: str) -> str | None:
         return self._FILES.get(filename)
 
-    def locate_file(self, path: str | os.PathLike[str]) -> Any:
+    def locate_file(self, path: str | os.PathLike[str]) -> pathlib.Path:
         import pathlib
 
         return pathlib.Path(os.path.dirname(os.path.abspath(__file__))) / path

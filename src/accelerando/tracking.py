@@ -21,7 +21,6 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from accelerando.common import imports
 from accelerando.enums import LoggerType
@@ -86,18 +85,24 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "neptune": NeptuneTracker,
 }
 
+
+def _check(name: str) -> Callable[[], bool]:
+    # The package checks are generated in accelerando.common.imports (invisible to static analysis).
+    return getattr(imports, name)
+
+
 # Tracker name -> its library; a name without an entry needs nothing (always available).
 _LIBRARIES: dict[str, _Library] = {
-    "tensorboard": _Library("tensorboard", imports.is_tensorboard_available),
-    "wandb": _Library("wandb", imports.is_wandb_available),
-    "comet_ml": _Library("comet_ml", imports.is_comet_ml_available),
-    "aim": _Library("aim", imports.is_aim_available),
-    "mlflow": _Library("mlflow", imports.is_mlflow_available),
-    "clearml": _Library("clearml", imports.is_clearml_available),
-    "dvclive": _Library("dvclive", imports.is_dvclive_available),
-    "swanlab": _Library("swanlab", imports.is_swanlab_available),
-    "trackio": _Library("trackio", imports.is_trackio_available),
-    "neptune": _Library("neptune", imports.is_neptune_available),
+    "tensorboard": _Library("tensorboard", _check("is_tensorboard_available")),
+    "wandb": _Library("wandb", _check("is_wandb_available")),
+    "comet_ml": _Library("comet_ml", _check("is_comet_ml_available")),
+    "aim": _Library("aim", _check("is_aim_available")),
+    "mlflow": _Library("mlflow", _check("is_mlflow_available")),
+    "clearml": _Library("clearml", _check("is_clearml_available")),
+    "dvclive": _Library("dvclive", _check("is_dvclive_available")),
+    "swanlab": _Library("swanlab", _check("is_swanlab_available")),
+    "trackio": _Library("trackio", _check("is_trackio_available")),
+    "neptune": _Library("neptune", _check("is_neptune_available")),
 }
 
 
@@ -162,7 +167,7 @@ def get_available_trackers() -> list[str]:
     return [name for name in LOGGER_TYPE_TO_CLASS if _library(name).is_available()]
 
 
-def _as_list(log_with: Any) -> list[Any]:
+def _as_list(log_with: object) -> list[object]:
     if log_with is None:
         return []
     if isinstance(log_with, (str, LoggerType, GeneralTracker, type)):
@@ -175,7 +180,9 @@ def _as_list(log_with: Any) -> list[Any]:
     )
 
 
-def _resolve_name(name: str, logging_dir: Any, explicit: bool) -> type[GeneralTracker] | None:
+def _resolve_name(
+    name: str, logging_dir: str | os.PathLike[str] | None, explicit: bool
+) -> type[GeneralTracker] | None:
     cls = LOGGER_TYPE_TO_CLASS.get(name)
     if cls is None:
         raise ValueError(f"Unknown tracker {name!r}; choose from {sorted(LOGGER_TYPE_TO_CLASS)} or 'all'.")
@@ -200,7 +207,9 @@ def _resolve_name(name: str, logging_dir: Any, explicit: bool) -> type[GeneralTr
     return cls
 
 
-def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = None) -> list[Any]:
+def filter_trackers(
+    log_with: object, logging_dir: str | os.PathLike[str] | None = None
+) -> list[type[GeneralTracker] | GeneralTracker]:
     """Turn a ``log_with`` specification into tracker classes and instances.
 
     Args:
@@ -218,14 +227,15 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = 
     """
     entries = _as_list(log_with)
     wants_all = any(str(e) == "all" for e in entries if isinstance(e, (str, LoggerType)))
-    chosen: list[Any] = []
+    chosen: list[type[GeneralTracker] | GeneralTracker] = []
     for entry in entries:
         if isinstance(entry, (str, LoggerType)):
             name = entry.value if isinstance(entry, LoggerType) else entry.lower()
             if name == "all":
                 continue
             cls = _resolve_name(name, logging_dir, explicit=True)
-            chosen.append(cls)
+            if cls is not None:  # always: an explicit name resolves or raises
+                chosen.append(cls)
         elif isinstance(entry, GeneralTracker) or (
             isinstance(entry, type) and issubclass(entry, GeneralTracker)
         ):
@@ -240,7 +250,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = 
             cls = _resolve_name(name, logging_dir, explicit=False)
             if cls is not None:
                 chosen.append(cls)
-    unique: list[Any] = []
+    unique: list[type[GeneralTracker] | GeneralTracker] = []
     seen: set[str] = set()
     for entry in chosen:
         key = getattr(entry, "name", None) or repr(entry)
@@ -250,7 +260,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike[str] | None = 
     return unique
 
 
-def _runs_here(tracker: Any) -> bool:
+def _runs_here(tracker: GeneralTracker | type[GeneralTracker]) -> bool:
     return not getattr(tracker, "main_process_only", True) or _process_view().rank == 0
 
 
@@ -261,15 +271,23 @@ def _accepts_logging_dir(cls: type) -> bool:
         return False
 
 
-def _reduce_values(values: dict[str, Any], op: str) -> dict[str, Any]:
+def _construct(
+    tracker_class: Callable[..., GeneralTracker], *args: object, **kwargs: object
+) -> GeneralTracker:
+    # Each backend has its own constructor; register_tracker_class documents the calling convention.
+    return tracker_class(*args, **kwargs)
+
+
+def _reduce_values(values: dict[str, object], op: str) -> dict[str, object]:
     """Reduce the numeric entries of ``values`` across processes; other entries are kept as is."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return values
-    keys = sorted(k for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-    every_keys: list[Any] = [None] * dist.get_world_size()
+    numbers = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    keys = sorted(numbers)
+    every_keys: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(every_keys, keys)
     if any(other != keys for other in every_keys):
         raise ValueError(
@@ -277,7 +295,7 @@ def _reduce_values(values: dict[str, Any], op: str) -> dict[str, Any]:
             "Log the same metric names on all processes, or drop reduce=."
         )
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    tensor = torch.tensor([float(numbers[k]) for k in keys], dtype=torch.float64, device=device)
     dist_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}.get(
         op, dist.ReduceOp.MIN
     )
@@ -286,7 +304,7 @@ def _reduce_values(values: dict[str, Any], op: str) -> dict[str, Any]:
         tensor /= dist.get_world_size()
     reduced = dict(values)
     for key, number in zip(keys, tensor.tolist(), strict=True):
-        keep_int = op != "mean" and isinstance(values[key], int)
+        keep_int = op != "mean" and isinstance(numbers[key], int)
         reduced[key] = int(number) if keep_int else number
     return reduced
 
@@ -306,7 +324,7 @@ class TrackingManager:
         ValueError, ImportError, TypeError: as :func:`filter_trackers`.
     """
 
-    def __init__(self, log_with: Any = None, logging_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, log_with: object = None, logging_dir: str | os.PathLike[str] | None = None) -> None:
         self.logging_dir = logging_dir
         self._requested = filter_trackers(log_with, logging_dir)
         self._trackers: list[GeneralTracker] = []
@@ -316,18 +334,20 @@ class TrackingManager:
         """The trackers built by :meth:`init` (empty before)."""
         return list(self._trackers)
 
-    def _build(self, cls: type[GeneralTracker], project_name: str, kwargs: dict[str, Any]) -> GeneralTracker:
+    def _build(
+        self, cls: type[GeneralTracker], project_name: str, kwargs: dict[str, object]
+    ) -> GeneralTracker:
         if cls.requires_logging_directory:
-            return cls(project_name, self.logging_dir, **kwargs)
+            return _construct(cls, project_name, self.logging_dir, **kwargs)
         if self.logging_dir is not None and "logging_dir" not in kwargs and _accepts_logging_dir(cls):
             kwargs = {**kwargs, "logging_dir": self.logging_dir}
-        return cls(project_name, **kwargs)
+        return _construct(cls, project_name, **kwargs)
 
     def init(
         self,
         project_name: str,
-        config: dict[str, Any] | None = None,
-        init_kwargs: dict[str, dict] | None = None,
+        config: dict[str, object] | None = None,
+        init_kwargs: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         """Build and start every requested tracker and store ``config`` in each.
 
@@ -352,9 +372,10 @@ class TrackingManager:
             )
         self._trackers = []
         for entry in self._requested:
-            tracker = entry
             if isinstance(entry, type):
                 tracker = self._build(entry, project_name, dict(init_kwargs.get(entry.name, {})))
+            else:
+                tracker = entry
             if _runs_here(tracker) and not getattr(tracker, "_started", False):
                 tracker.start()
                 tracker._started = True
@@ -364,9 +385,9 @@ class TrackingManager:
 
     def log(
         self,
-        values: dict[str, Any],
+        values: Mapping[str, object],
         step: int | None = None,
-        log_kwargs: dict[str, dict] | None = None,
+        log_kwargs: Mapping[str, Mapping[str, object]] | None = None,
         reduce: str | None = None,
     ) -> None:
         """Log ``values`` at ``step`` to every tracker that runs on this process.
@@ -394,11 +415,12 @@ class TrackingManager:
             if _runs_here(tracker):
                 tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
-    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log_images(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log images to every running tracker that implements ``log_images``."""
         for tracker in self._trackers:
-            if _runs_here(tracker) and hasattr(tracker, "log_images"):
-                tracker.log_images(values, step=step, **kwargs)
+            log_images = getattr(tracker, "log_images", None)
+            if _runs_here(tracker) and log_images is not None:
+                log_images(values, step=step, **kwargs)
 
     def log_checkpoint(self, step: int | None, path: str | os.PathLike[str], size_bytes: int) -> None:
         """Record a committed checkpoint in every tracker (called by the checkpoint code, main process).
@@ -416,7 +438,7 @@ class TrackingManager:
             else:
                 tracker.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
 
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+    def get_tracker(self, name: str, unwrap: bool = False) -> object:
         """Return the tracker called ``name``, or its native object with ``unwrap=True``.
 
         On a process where the tracker does not run, the native object is ``None``.
@@ -441,7 +463,7 @@ class TrackingManager:
             f"No tracker named {name!r}; the active trackers are {[t.name for t in self._trackers]}."
         )
 
-    def get(self, name: str, unwrap: bool = False) -> Any:
+    def get(self, name: str, unwrap: bool = False) -> object:
         """Alias of :meth:`get_tracker`."""
         return self.get_tracker(name, unwrap=unwrap)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
 import torch
 
@@ -36,7 +36,7 @@ class DeviceBackend:
         return bool(mod is not None and mod.is_available())
 
     @classmethod
-    def module(cls) -> Any:
+    def module(cls) -> ModuleType:
         """The ``torch.<name>`` module (``torch.cuda``, ``torch.xpu``, ...)."""
         return getattr(torch, cls.name)
 

@@ -36,23 +36,23 @@ class MPIEnvironment(ClusterEnvironment):
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return any(environ.get(k) for k in _SIZE) and any(environ.get(k) for k in _RANK)
 
-    @override
     @property
+    @override
     def world_size(self) -> int:
         return env_int(self._environ, *_SIZE, default=1) or 1
 
-    @override
     @property
+    @override
     def rank(self) -> int:
         return env_int(self._environ, *_RANK, default=0) or 0
 
-    @override
     @property
+    @override
     def local_world_size(self) -> int:
         return env_int(self._environ, *_LOCAL_SIZE, default=self.world_size) or self.world_size
 
-    @override
     @property
+    @override
     def local_rank(self) -> int:
         value = env_int(self._environ, *_LOCAL_RANK)
         return value if value is not None else self.rank % max(self.local_world_size, 1)

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
 from accelerando.environments.base import ClusterEnvironment, env_int
 
+if TYPE_CHECKING:
+    from ray.train import TrainContext
+
 __all__ = ["RayTrainEnvironment", "ray_train_context"]
 
 
-def ray_train_context() -> Any | None:
+def ray_train_context() -> TrainContext | None:
     """Ray Train's context of this worker (``ray.train.get_context()``), or None outside a Ray Train worker.
 
     Returns:
@@ -53,7 +56,7 @@ class RayTrainEnvironment(ClusterEnvironment):
 
     name = "ray_train"
 
-    def __init__(self, environ: Mapping[str, str], context: Any | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str], context: TrainContext | None = None) -> None:
         super().__init__(environ)
         self._context = context if context is not None else ray_train_context()
 
@@ -67,32 +70,32 @@ class RayTrainEnvironment(ClusterEnvironment):
             return int(getattr(self._context, method)())
         return env_int(self._environ, *names, default=default) or default
 
-    @override
     @property
+    @override
     def world_size(self) -> int:
         return self._read("get_world_size", "WORLD_SIZE", default=1)
 
-    @override
     @property
+    @override
     def rank(self) -> int:
         return self._read("get_world_rank", "RANK", default=0)
 
-    @override
     @property
+    @override
     def local_rank(self) -> int:
         return self._read("get_local_rank", "LOCAL_RANK", default=0)
 
-    @override
     @property
+    @override
     def local_world_size(self) -> int:
         return self._read("get_local_world_size", "LOCAL_WORLD_SIZE", default=self.world_size)
 
-    @override
     @property
+    @override
     def node_rank(self) -> int:
         return self._read("get_node_rank", "NODE_RANK", default=0)
 
-    @override
     @property
+    @override
     def restart_count(self) -> int:
         return 0

@@ -21,17 +21,17 @@ class SingleProcessEnvironment(ClusterEnvironment):
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return True
 
-    @override
     @property
+    @override
     def world_size(self) -> int:
         return 1
 
-    @override
     @property
+    @override
     def rank(self) -> int:
         return 0
 
-    @override
     @property
+    @override
     def local_rank(self) -> int:
         return 0

@@ -43,44 +43,44 @@ class SLURMEnvironment(ClusterEnvironment):
             environ.get("SLURM_PROCID") and environ.get("SLURM_NTASKS") and environ.get("SLURM_STEP_ID")
         )
 
-    @override
     @property
+    @override
     def world_size(self) -> int:
         return env_int(self._environ, "SLURM_NTASKS", default=1) or 1
 
-    @override
     @property
+    @override
     def rank(self) -> int:
         return env_int(self._environ, "SLURM_PROCID", default=0) or 0
 
-    @override
     @property
+    @override
     def local_rank(self) -> int:
         return env_int(self._environ, "SLURM_LOCALID", default=0) or 0
 
-    @override
     @property
+    @override
     def local_world_size(self) -> int:
         raw = self._environ.get("SLURM_TASKS_PER_NODE", "")
         match = re.match(r"^(\d+)", raw)
         return int(match.group(1)) if match else self.world_size
 
-    @override
     @property
+    @override
     def node_rank(self) -> int:
         value = env_int(self._environ, "SLURM_NODEID")
         return value if value is not None else super().node_rank
 
-    @override
     @property
+    @override
     def main_address(self) -> str:
         if self._environ.get("MASTER_ADDR"):
             return self._environ["MASTER_ADDR"]
         nodelist = self._environ.get("SLURM_JOB_NODELIST") or self._environ.get("SLURM_NODELIST")
         return first_host(nodelist) if nodelist else "127.0.0.1"
 
-    @override
     @property
+    @override
     def main_port(self) -> int:
         explicit = env_int(self._environ, "MASTER_PORT")
         if explicit is not None:

@@ -21,28 +21,28 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def detect(cls, environ: Mapping[str, str]) -> bool:
         return all(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
-    @override
     @property
+    @override
     def world_size(self) -> int:
         return env_int(self._environ, "WORLD_SIZE", default=1) or 1
 
-    @override
     @property
+    @override
     def rank(self) -> int:
         return env_int(self._environ, "RANK", default=0) or 0
 
-    @override
     @property
+    @override
     def local_rank(self) -> int:
         return env_int(self._environ, "LOCAL_RANK", default=0) or 0
 
-    @override
     @property
+    @override
     def local_world_size(self) -> int:
         return env_int(self._environ, "LOCAL_WORLD_SIZE", default=self.world_size) or self.world_size
 
-    @override
     @property
+    @override
     def node_rank(self) -> int:
         group = env_int(self._environ, "GROUP_RANK", "NODE_RANK")
         return group if group is not None else super().node_rank

@@ -21,19 +21,45 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
-from accelerando.common.imports import is_matplotlib_available
+from accelerando.common import imports
 from accelerando.logging import _process_view, get_logger
-from accelerando.monitoring.profiling import profile_memory_step
+from accelerando.monitoring.profiling import MemoryProfileReport, profile_memory_step
 from accelerando.monitoring.readers import DeviceMemoryReader, ProcessMemoryReader
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MemoryMonitor", "linear_trend"]
 
 logger = get_logger(__name__)
 
 _MIB = 1024 * 1024
+
+
+class Logs(Protocol):
+    """What the monitor logs samples to: a ``TrackingManager`` or a ``GeneralTracker``."""
+
+    def log(self, values: dict[str, object], step: int | None = None) -> object:
+        """Record ``values`` at ``step``."""
+        ...
+
+
+#: Where samples go: something with ``log``, a list of trackers, or a callable ``fn(values, step)``.
+Trackers: TypeAlias = Logs | Iterable[Logs] | Callable[[dict[str, object], int], object]
+
+
+class LeakReport(TypedDict):
+    """One steady growth found by the leak check."""
+
+    metric: str
+    step: float
+    bytes_per_step: float
+    growth_bytes: float
+    r2: float
+    steps_until_exhausted: int | None
 
 
 def linear_trend(values: Sequence[float]) -> tuple[float, float]:
@@ -85,7 +111,7 @@ class MemoryMonitor:
 
     def __init__(
         self,
-        trackers: Any = None,
+        trackers: Trackers | None = None,
         window: int = 50,
         output_dir: str | os.PathLike[str] | None = None,
         *,
@@ -116,8 +142,8 @@ class MemoryMonitor:
         self._children_at = 0.0
         self.plot = plot
         self.prefix = prefix
-        self.records: list[dict[str, Any]] = []
-        self.leaks: list[dict[str, Any]] = []
+        self.records: list[dict[str, float]] = []
+        self.leaks: list[LeakReport] = []
         self._calls = 0
         self._sensors: dict[str, float] = {}
         self._proc: ProcessMemoryReader | None = None
@@ -142,7 +168,7 @@ class MemoryMonitor:
         self._calls = 0
         return self
 
-    def step(self, step: int | None = None) -> dict[str, Any] | None:
+    def step(self, step: int | None = None) -> dict[str, float] | None:
         """Take a sample (every ``sample_every`` calls), log it, and run the leak check.
 
         Args:
@@ -165,7 +191,7 @@ class MemoryMonitor:
             self._proc.refresh_children()
             self._children_at = now
         rss, peak = self._proc.rss_and_peak()
-        record: dict[str, Any] = {
+        record: dict[str, float] = {
             "step": self._calls - 1 if step is None else step,
             "time_s": now - self._t0,
             "cpu_rss": rss,
@@ -183,19 +209,25 @@ class MemoryMonitor:
             self._check_leaks()
         return record
 
-    def _log(self, record: dict[str, Any]) -> None:
-        if self.trackers is None:
+    def _log(self, record: dict[str, float]) -> None:
+        trackers = self.trackers
+        if trackers is None:
             return
-        values = {f"{self.prefix}{k}": v for k, v in record.items() if k not in ("step", "time_s")}
-        step = record["step"]
-        if callable(getattr(self.trackers, "log", None)):
-            self.trackers.log(values, step=step)
-        elif callable(self.trackers):
-            self.trackers(values, step)
-        else:
-            for tracker in self.trackers:
+        values: dict[str, object] = {
+            f"{self.prefix}{k}": v for k, v in record.items() if k not in ("step", "time_s")
+        }
+        step = int(record["step"])  # the step argument or the call count: an int
+        log = getattr(trackers, "log", None)
+        if callable(log):
+            log(values, step=step)
+        elif callable(trackers):
+            trackers(values, step)
+        elif isinstance(trackers, Iterable):
+            for tracker in trackers:
                 if not getattr(tracker, "main_process_only", True) or self.rank == 0:
                     tracker.log(values, step=step)
+        else:
+            raise TypeError(f"MemoryMonitor trackers: {type(trackers).__name__!r} object is not iterable")
 
     def _check_leaks(self) -> None:
         recent = self.records[-self.window :]
@@ -207,7 +239,7 @@ class MemoryMonitor:
             growth = slope * (len(series) - 1)
             if growth < self.leak_min_growth_bytes or r2 < self.leak_min_r2:
                 continue
-            leak = {
+            leak: LeakReport = {
                 "metric": key,
                 "step": recent[-1]["step"],
                 "bytes_per_step": slope,
@@ -242,13 +274,13 @@ class MemoryMonitor:
             return None
         return int(max(total - self.records[-1].get("device_reserved", 0), 0) / slope)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """Peaks and last values over all samples, plus the leak reports.
 
         Returns:
             ``{"samples", "peak_<metric>", "last_<metric>", "leaks"}``.
         """
-        out: dict[str, Any] = {"samples": len(self.records), "leaks": list(self.leaks)}
+        out: dict[str, object] = {"samples": len(self.records), "leaks": list(self.leaks)}
         if self.records:
             keys = [k for k in self.records[-1] if k not in ("step", "time_s")]
             for key in keys:
@@ -257,7 +289,7 @@ class MemoryMonitor:
                 out[f"last_{key}"] = values[-1]
         return out
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> dict[str, object]:
         """Close the readers and write ``memory_rank<k>.json`` (and ``.png``) into ``output_dir``.
 
         Returns:
@@ -285,9 +317,19 @@ class MemoryMonitor:
                 result["png_path"] = png_path
         return result
 
-    def profile_step(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def profile_step(
+        self,
+        function: Callable[..., object],
+        *args: object,
+        model: torch.nn.Module | None = None,
+        top_k: int = 10,
+        snapshot_path: str | os.PathLike[str] | None = None,
+        **kwargs: object,
+    ) -> MemoryProfileReport:
         """Run one step under the memory profiler; see :func:`accelerando.monitoring.profiling.profile_memory_step`."""
-        return profile_memory_step(function, *args, **kwargs)
+        return profile_memory_step(
+            function, *args, model=model, top_k=top_k, snapshot_path=snapshot_path, **kwargs
+        )
 
     def __enter__(self) -> MemoryMonitor:
         return self.start()
@@ -296,8 +338,9 @@ class MemoryMonitor:
         self.stop()
 
 
-def _plot_timeline(records: list[dict[str, Any]], path: str) -> str | None:
-
+def _plot_timeline(records: list[dict[str, float]], path: str) -> str | None:
+    # The package checks are generated in accelerando.common.imports, out of static analysis' sight.
+    is_matplotlib_available: Callable[[], bool] = getattr(imports, "is_matplotlib_available")  # noqa: B009
     if not is_matplotlib_available():
         logger.warning(
             "MemoryMonitor: matplotlib is not installed, no PNG timeline (`pip install matplotlib`)."

@@ -22,7 +22,7 @@ import functools
 import gc
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import torch
 
@@ -32,6 +32,9 @@ from accelerando.logging import get_logger
 __all__ = ["BatchSizeFinder", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"]
 
 logger = get_logger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: The reference's step after an out-of-memory error: the next size is ``int(size * REDUCTION)``.
 REDUCTION = 0.9
@@ -66,7 +69,7 @@ def _collect() -> None:
     _empty_device_caches()
 
 
-def release_memory(*objects: Any) -> list[None]:
+def release_memory(*objects: object) -> list[None]:
     """Drop references to ``objects``, run the garbage collector and empty device caches.
 
     Rebind the names yourself with the returned list, since a function cannot delete its caller's
@@ -80,9 +83,7 @@ def release_memory(*objects: Any) -> list[None]:
     Returns:
         A list of ``None``, one per object.
     """
-    released: list[Any] = list(objects)
-    for index in range(len(released)):
-        released[index] = None
+    released: list[None] = [None for _ in objects]
     del objects
     _collect()
     return released
@@ -128,7 +129,7 @@ def _reduce(batch_size: int, reduce_fn: Callable[..., int] | None) -> int:
     return new_size
 
 
-class BatchSizeFinder:
+class BatchSizeFinder(Generic[P, R]):
     """The wrapper returned by :func:`find_executable_batch_size`; call it like the wrapped function.
 
     Each call runs the search from ``starting_batch_size`` again and ends at the first success.
@@ -141,7 +142,7 @@ class BatchSizeFinder:
 
     def __init__(
         self,
-        function: Callable[..., Any],
+        function: Callable[Concatenate[int, P], R],
         starting_batch_size: int,
         reduce_batch_size_fn: Callable[..., int] | None,
     ) -> None:
@@ -168,7 +169,7 @@ class BatchSizeFinder:
                 f"the decorator already does so: `{name}({shown})`"
             )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function, retrying with smaller batch sizes after out-of-memory errors.
 
         Returns:
@@ -215,11 +216,27 @@ class BatchSizeFinder:
         return f"<find_executable_batch_size({name}) batch_size={self.batch_size}>"
 
 
+@overload
 def find_executable_batch_size(
-    function: Callable[..., Any] | None = None,
+    function: Callable[Concatenate[int, P], R],
     starting_batch_size: int = 128,
     reduce_batch_size_fn: Callable[..., int] | None = None,
-) -> Any:
+) -> BatchSizeFinder[P, R]: ...
+
+
+@overload
+def find_executable_batch_size(
+    function: None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[..., int] | None = None,
+) -> Callable[[Callable[Concatenate[int, P], R]], BatchSizeFinder[P, R]]: ...
+
+
+def find_executable_batch_size(
+    function: Callable[Concatenate[int, P], R] | None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[..., int] | None = None,
+) -> BatchSizeFinder[P, R] | Callable[[Callable[Concatenate[int, P], R]], BatchSizeFinder[P, R]]:
     """Retry a function with smaller batch sizes until it runs without running out of memory.
 
     Works as a decorator (``@find_executable_batch_size(starting_batch_size=64)``) or a function

@@ -16,12 +16,20 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from accelerando.common.constants import PROFILE_PATTERN_NAME
 from accelerando.logging import get_logger
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from torch.autograd.profiler_util import FunctionEventAvg
+    from torch.utils.hooks import RemovableHandle
+
+    from accelerando.plugins.kwargs import ProfileKwargs
 
 __all__ = ["MemoryProfileReport", "build_profiler", "profile_context", "profile_memory_step"]
 
@@ -30,7 +38,7 @@ logger = get_logger(__name__)
 _TRACE_NAME = PROFILE_PATTERN_NAME
 
 
-def _activities(names: list[str] | None) -> list[Any] | None:
+def _activities(names: list[str] | None) -> list[torch.profiler.ProfilerActivity] | None:
     if names is None:
         return None
     available = {name.lower(): a for name, a in torch.profiler.ProfilerActivity.__members__.items()}
@@ -40,15 +48,17 @@ def _activities(names: list[str] | None) -> list[Any] | None:
     return [available[str(name).lower()] for name in names]
 
 
-def _trace_exporter(directory: str, process_index: int) -> Callable[[Any], None]:
-    def export(prof: Any) -> None:
+def _trace_exporter(directory: str, process_index: int) -> Callable[[torch.profiler.profile], None]:
+    def export(prof: torch.profiler.profile) -> None:
         name = f"profile_{process_index}_step{prof.step_num}.json"
         prof.export_chrome_trace(os.path.join(directory, name))
 
     return export
 
 
-def build_profiler(profile_kwargs: Any = None, process_index: int = 0) -> Any:
+def build_profiler(
+    profile_kwargs: ProfileKwargs | None = None, process_index: int = 0
+) -> torch.profiler.profile:
     """Create a ``torch.profiler.profile`` from a :class:`~accelerando.utils.ProfileKwargs`.
 
     Args:
@@ -61,31 +71,29 @@ def build_profiler(profile_kwargs: Any = None, process_index: int = 0) -> Any:
     Raises:
         ValueError: an unknown activity name.
     """
-
-    def option(name: str, default: Any = None) -> Any:
-        return getattr(profile_kwargs, name, default) if profile_kwargs is not None else default
-
-    schedule_option = option("schedule_option")
-    on_trace_ready = option("on_trace_ready")
-    trace_dir = option("output_trace_dir")
+    schedule_option = getattr(profile_kwargs, "schedule_option", None)
+    on_trace_ready = getattr(profile_kwargs, "on_trace_ready", None)
+    trace_dir = getattr(profile_kwargs, "output_trace_dir", None)
     if schedule_option and trace_dir and on_trace_ready is None:
         # With a schedule, traces are produced per cycle; export each, one file per process and cycle.
         os.makedirs(trace_dir, exist_ok=True)
         on_trace_ready = _trace_exporter(trace_dir, process_index)
     return torch.profiler.profile(
-        activities=_activities(option("activities")),
+        activities=_activities(getattr(profile_kwargs, "activities", None)),
         schedule=torch.profiler.schedule(**schedule_option) if schedule_option else None,
         on_trace_ready=on_trace_ready,
-        record_shapes=bool(option("record_shapes", False)),
-        profile_memory=bool(option("profile_memory", False)),
-        with_stack=bool(option("with_stack", False)),
-        with_flops=bool(option("with_flops", False)),
-        with_modules=bool(option("with_modules", False)),
+        record_shapes=bool(getattr(profile_kwargs, "record_shapes", False)),
+        profile_memory=bool(getattr(profile_kwargs, "profile_memory", False)),
+        with_stack=bool(getattr(profile_kwargs, "with_stack", False)),
+        with_flops=bool(getattr(profile_kwargs, "with_flops", False)),
+        with_modules=bool(getattr(profile_kwargs, "with_modules", False)),
     )
 
 
 @contextlib.contextmanager
-def profile_context(profile_kwargs: Any = None, process_index: int = 0) -> Iterator[Any]:
+def profile_context(
+    profile_kwargs: ProfileKwargs | None = None, process_index: int = 0
+) -> Iterator[torch.profiler.profile]:
     """Profile the enclosed code; with ``output_trace_dir``, write a Chrome trace per process.
 
     Without a schedule the trace is written on exit as ``<output_trace_dir>/profile_<rank>.json``;
@@ -111,6 +119,15 @@ def profile_context(profile_kwargs: Any = None, process_index: int = 0) -> Itera
         prof.export_chrome_trace(os.path.join(trace_dir, _TRACE_NAME.format(suffix=process_index)))
 
 
+class MemoryRow(TypedDict):
+    """One module or operator of a :class:`MemoryProfileReport` (bytes allocated, number of calls)."""
+
+    name: str
+    cpu_memory_bytes: int
+    device_memory_bytes: int
+    calls: int
+
+
 @dataclass
 class MemoryProfileReport:
     """What one profiled step allocated, largest first.
@@ -124,10 +141,10 @@ class MemoryProfileReport:
         result: what the profiled function returned.
     """
 
-    modules: list[dict[str, Any]] = field(default_factory=list)
-    ops: list[dict[str, Any]] = field(default_factory=list)
+    modules: list[MemoryRow] = field(default_factory=list[MemoryRow])
+    ops: list[MemoryRow] = field(default_factory=list[MemoryRow])
     snapshot_path: str | None = None
-    result: Any = None
+    result: object = None
 
     def table(self) -> str:
         """A plain-text table of the top modules and operators (MiB)."""
@@ -152,19 +169,19 @@ class MemoryProfileReport:
 _MODULE_LABEL = "module::"
 
 
-def _label_modules(model: torch.nn.Module) -> list[Any]:
+def _label_modules(model: torch.nn.Module) -> list[RemovableHandle]:
     """Wrap each submodule's forward in a profiler range named after the module's path."""
-    open_ranges: list[Any] = []
-    handles = []
+    open_ranges: list[torch.profiler.record_function] = []
+    handles: list[RemovableHandle] = []
     for name, module in model.named_modules():
         label = f"{_MODULE_LABEL}{name or type(model).__name__}"
 
-        def enter(_module: Any, _inputs: Any, label: str = label) -> None:
+        def enter(_module: torch.nn.Module, _inputs: tuple[object, ...], label: str = label) -> None:
             scope = torch.profiler.record_function(label)
             scope.__enter__()
             open_ranges.append(scope)
 
-        def leave(_module: Any, _inputs: Any, _outputs: Any) -> None:
+        def leave(_module: torch.nn.Module, _inputs: tuple[object, ...], _outputs: object) -> None:
             if open_ranges:
                 open_ranges.pop().__exit__(None, None, None)
 
@@ -173,7 +190,7 @@ def _label_modules(model: torch.nn.Module) -> list[Any]:
     return handles
 
 
-def _device_memory(event: Any, self_only: bool) -> int:
+def _device_memory(event: FunctionEventAvg, self_only: bool) -> int:
     prefix = "self_" if self_only else ""
     for attr in (f"{prefix}device_memory_usage", f"{prefix}cuda_memory_usage"):
         if hasattr(event, attr):
@@ -181,11 +198,13 @@ def _device_memory(event: Any, self_only: bool) -> int:
     return 0
 
 
-def _rows(events: Any, top_k: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    modules, ops = [], []
+def _rows(events: Iterable[FunctionEventAvg], top_k: int) -> tuple[list[MemoryRow], list[MemoryRow]]:
+    modules: list[MemoryRow] = []
+    ops: list[MemoryRow] = []
     for event in events:
+        assert event.key is not None  # key_averages() groups the events by their (str) key
         if event.key.startswith(_MODULE_LABEL):
-            row = {
+            row: MemoryRow = {
                 "name": event.key[len(_MODULE_LABEL) :],
                 "cpu_memory_bytes": int(event.cpu_memory_usage),
                 "device_memory_bytes": _device_memory(event, self_only=False),
@@ -202,19 +221,19 @@ def _rows(events: Any, top_k: int) -> tuple[list[dict[str, Any]], list[dict[str,
             if row["cpu_memory_bytes"] > 0 or row["device_memory_bytes"] > 0:
                 ops.append(row)
 
-    def size(row: dict[str, Any]) -> int:
+    def size(row: MemoryRow) -> int:
         return max(row["cpu_memory_bytes"], row["device_memory_bytes"])
 
     return sorted(modules, key=size, reverse=True)[:top_k], sorted(ops, key=size, reverse=True)[:top_k]
 
 
 def profile_memory_step(
-    function: Callable[..., Any],
-    *args: Any,
+    function: Callable[..., object],
+    *args: object,
     model: torch.nn.Module | None = None,
     top_k: int = 10,
     snapshot_path: str | os.PathLike[str] | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> MemoryProfileReport:
     """Run ``function(*args, **kwargs)`` once under the memory profiler and name the big allocators.
 
@@ -249,10 +268,10 @@ def profile_memory_step(
             report.result = function(*args, **kwargs)
             if use_cuda:
                 torch.cuda.synchronize()
-        if record_history:
-            report.snapshot_path = os.fspath(snapshot_path)
-            os.makedirs(os.path.dirname(os.path.abspath(report.snapshot_path)), exist_ok=True)
-            torch.cuda.memory._dump_snapshot(report.snapshot_path)
+        if record_history and snapshot_path is not None:  # record_history implies a path
+            path = report.snapshot_path = os.fspath(snapshot_path)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            torch.cuda.memory._dump_snapshot(path)
     finally:
         for handle in handles:
             handle.remove()

@@ -8,11 +8,16 @@ procfs files stay open and optional libraries (psutil, pynvml) are imported when
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from accelerando.common import imports
 from accelerando.devices import detect_device_backend
 from accelerando.logging import get_logger
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["DeviceMemoryReader", "ProcessMemoryReader"]
 
@@ -26,7 +31,7 @@ class ProcessMemoryReader:
         import psutil
 
         self._process = psutil.Process()
-        self._children: list[Any] = []
+        self._children: list[psutil.Process] = []
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         try:
             # Kept open: re-reading an open procfs file costs a fraction of opening it each step.
@@ -89,14 +94,15 @@ class DeviceMemoryReader:
 
         self.backend = detect_device_backend()
         self._module = getattr(torch, self.backend.name, None)
-        self._nvml: Any = None
-        self._handle: Any = None
+        self._nvml: ModuleType | None = None
+        self._handle: object = None  # NVML's opaque device handle
         if use_nvml and self.backend.name == "cuda":
             self._open_nvml(torch)
 
-    def _open_nvml(self, torch: Any) -> None:
-
-        if not imports.is_pynvml_available():
+    def _open_nvml(self, torch: ModuleType) -> None:
+        # The package checks are generated in accelerando.common.imports, out of static analysis' sight.
+        is_pynvml_available: Callable[[], bool] = getattr(imports, "is_pynvml_available")  # noqa: B009
+        if not is_pynvml_available():
             return
         try:
             import pynvml

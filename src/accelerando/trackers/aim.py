@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from accelerando.logging import get_logger
 from accelerando.trackers.base import (
@@ -32,7 +31,7 @@ class AimTracker(GeneralTracker):
     requires_logging_directory = True
 
     def __init__(
-        self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".", **kwargs: Any
+        self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".", **kwargs: object
     ) -> None:
         super().__init__()
         self.run_name = run_name
@@ -51,7 +50,7 @@ class AimTracker(GeneralTracker):
         self._tracker.name = self.run_name
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Store the configuration under the run's ``hparams`` key.
 
         Args:
@@ -60,7 +59,7 @@ class AimTracker(GeneralTracker):
         self._tracker["hparams"] = sanitize_config(values)
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Track numeric values with ``Run.track``.
 
         Args:
@@ -76,7 +75,9 @@ class AimTracker(GeneralTracker):
                 logger.warning_once(f"AimTracker: skipped {key!r}; only numbers are tracked.")
 
     @on_main_process
-    def log_images(self, values: dict[str, Any], step: int | None = None, kwargs: dict | None = None) -> None:
+    def log_images(
+        self, values: dict[str, object], step: int | None = None, kwargs: dict | None = None
+    ) -> None:
         """Track images as ``aim.Image``.
 
         Args:

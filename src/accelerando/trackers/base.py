@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 from accelerando.logging import _process_view
@@ -34,7 +35,7 @@ __all__ = [
     "scalar_value",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def on_main_process(function: F) -> F:
@@ -51,7 +52,7 @@ def on_main_process(function: F) -> F:
     """
 
     @functools.wraps(function)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: GeneralTracker, *args: object, **kwargs: object) -> object:
         if getattr(self, "main_process_only", True) and _process_view().rank != 0:
             return None
         return function(self, *args, **kwargs)
@@ -81,7 +82,11 @@ class GeneralTracker:
         NotImplementedError: a subclass misses ``name`` or ``requires_logging_directory``.
     """
 
+    # Declared, not set: a subclass must define them (checked in __init__ with hasattr).
+    name: str
+    requires_logging_directory: bool
     main_process_only: bool = True
+    # The backend library's own run / writer object; the libraries are untyped or optional.
     _tracker: Any = None
 
     def __init__(self, _blank: bool = False) -> None:
@@ -98,7 +103,7 @@ class GeneralTracker:
     def start(self) -> None:
         """Create the native run (main process only unless ``main_process_only`` is False)."""
 
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Store the experiment's hyperparameters once.
 
         Args:
@@ -106,7 +111,7 @@ class GeneralTracker:
                 (see :func:`sanitize_config`).
         """
 
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log a dictionary of values (scalars, strings, ...) at ``step``.
 
         Args:
@@ -159,12 +164,12 @@ class LibraryRunTracker(GeneralTracker):
     init_function = "init"
     project_keyword: str | None = "project"
 
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
+    def __init__(self, run_name: str, **kwargs: object) -> None:
         super().__init__()
         self.run_name = run_name
         self._kwargs = kwargs
 
-    def library(self) -> Any:
+    def library(self) -> ModuleType:
         """Import the backend library.
 
         Raises:
@@ -201,7 +206,7 @@ def missing_library_error(tracker_name: str, pip_package: str) -> ImportError:
     )
 
 
-def scalar_value(value: Any) -> Any:
+def scalar_value(value: object) -> object:
     """Turn one-element tensors and numpy scalars into Python numbers; leave other values alone.
 
     Args:
@@ -210,14 +215,15 @@ def scalar_value(value: Any) -> Any:
     Returns:
         A Python ``int``/``float``/``bool`` for scalar-like inputs, else ``value`` unchanged.
     """
-    if hasattr(value, "numel") and hasattr(value, "item") and callable(value.numel):
-        return value.item() if value.numel() == 1 else value
-    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "size", 2) == 1:
-        return value.item()
+    numel, item = getattr(value, "numel", None), getattr(value, "item", None)
+    if callable(numel) and item is not None:
+        return item() if numel() == 1 else value
+    if type(value).__module__ == "numpy" and item is not None and getattr(value, "size", 2) == 1:
+        return item()
     return value
 
 
-def _sanitize_value(value: Any) -> Any:
+def _sanitize_value(value: object) -> object:
     value = scalar_value(value)
     if value is None or isinstance(value, (bool, int, str)):
         return value
@@ -233,12 +239,13 @@ def _sanitize_value(value: Any) -> Any:
         return sanitize_config(value)
     if isinstance(value, (list, tuple)):
         return [_sanitize_value(v) for v in value]
-    if hasattr(value, "tolist"):
-        return value.tolist()
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:
+        return tolist()
     return str(value)
 
 
-def sanitize_config(values: Mapping[str, Any]) -> dict[str, Any]:
+def sanitize_config(values: Mapping[str, object]) -> dict[str, object]:
     """Convert a configuration into plain JSON-like values every backend can store.
 
     Tensors and numpy scalars become numbers (or lists), enums their value, paths strings,
@@ -260,7 +267,7 @@ def sanitize_config(values: Mapping[str, Any]) -> dict[str, Any]:
     return {str(key): _sanitize_value(value) for key, value in values.items()}
 
 
-def flatten_config(values: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
+def flatten_config(values: Mapping[str, object], sep: str = "/") -> dict[str, object]:
     """Sanitize and flatten nested dicts into ``parent/child`` keys, for backends with flat params.
 
     Lists are stored as their string form.
@@ -272,9 +279,9 @@ def flatten_config(values: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
     Returns:
         A flat dict of str -> bool/int/float/str/None.
     """
-    flat: dict[str, Any] = {}
+    flat: dict[str, object] = {}
 
-    def visit(prefix: str, node: Any) -> None:
+    def visit(prefix: str, node: object) -> None:
         if isinstance(node, Mapping):
             for key, child in node.items():
                 visit(f"{prefix}{sep}{key}" if prefix else str(key), child)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from accelerando.logging import get_logger
 from accelerando.trackers.base import (
     GeneralTracker,
@@ -24,10 +22,11 @@ def _title_series(key: str) -> tuple[str, str]:
     return (title, series) if sep else (key, key)
 
 
-def _as_image(image: Any) -> Any:
+def _as_image(image: object) -> object:
     """A numpy array or PIL image ClearML can report (tensors are moved to the CPU as arrays)."""
-    if hasattr(image, "detach"):  # a torch tensor: CHW -> HWC when it looks channel-first
-        array = image.detach().cpu().numpy()
+    detach = getattr(image, "detach", None)
+    if detach is not None:  # a torch tensor: CHW -> HWC when it looks channel-first
+        array = detach().cpu().numpy()
         if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
             array = array.transpose(1, 2, 0)
         return array
@@ -45,7 +44,7 @@ class ClearMLTracker(GeneralTracker):
     name = "clearml"
     requires_logging_directory = False
 
-    def __init__(self, run_name: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, run_name: str | None = None, **kwargs: object) -> None:
         super().__init__()
         self.run_name = run_name
         self._kwargs = kwargs
@@ -68,7 +67,7 @@ class ClearMLTracker(GeneralTracker):
         self._owns_task = True
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Connect the configuration to the task.
 
         Args:
@@ -77,7 +76,7 @@ class ClearMLTracker(GeneralTracker):
         self._tracker.connect_configuration(sanitize_config(values))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Report numbers as scalars (``title/series`` keys) or single values when ``step`` is None.
 
         Args:
@@ -99,7 +98,7 @@ class ClearMLTracker(GeneralTracker):
                 )
 
     @on_main_process
-    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log_images(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Report images (numpy arrays or PIL images; a list reports each one) as debug samples.
 
         Args:
@@ -125,10 +124,10 @@ class ClearMLTracker(GeneralTracker):
         self,
         table_name: str,
         columns: list[str] | None = None,
-        data: list[list[Any]] | None = None,
-        dataframe: Any = None,
+        data: list[list[object]] | None = None,
+        dataframe: object = None,
         step: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         """Report a table, from a pandas ``dataframe`` or from ``data`` rows (``columns`` as header).
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from accelerando.trackers.base import (
     LibraryRunTracker,
     on_main_process,
@@ -28,7 +26,7 @@ class CometMLTracker(LibraryRunTracker):
     project_keyword = "project_name"
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Log the configuration as experiment parameters.
 
         Args:
@@ -37,7 +35,7 @@ class CometMLTracker(LibraryRunTracker):
         self._tracker.log_parameters(sanitize_config(values))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log numbers as metrics, strings as "other" values and dicts as grouped metrics.
 
         Args:

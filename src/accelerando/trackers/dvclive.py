@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.logging import get_logger
 from accelerando.trackers.base import (
@@ -13,6 +13,9 @@ from accelerando.trackers.base import (
     sanitize_config,
     scalar_value,
 )
+
+if TYPE_CHECKING:
+    from dvclive.live import Live
 
 __all__ = ["DVCLiveTracker"]
 
@@ -35,9 +38,9 @@ class DVCLiveTracker(GeneralTracker):
     def __init__(
         self,
         run_name: str | None = None,
-        live: Any = None,
+        live: Live | None = None,
         logging_dir: str | os.PathLike[str] | None = None,
-        **kwargs: Any,
+        **kwargs: Any,  # dvclive.Live's own keyword parameters, each with its type
     ) -> None:
         super().__init__()
         self.run_name = run_name
@@ -51,19 +54,19 @@ class DVCLiveTracker(GeneralTracker):
         """Create (or adopt) the ``Live`` object."""
         if self._live is None:
             try:
-                from dvclive import Live
+                from dvclive.live import Live
             except ImportError as exc:
                 raise missing_library_error(self.name, "dvclive") from exc
             self._live = Live(**self._kwargs)
         self._tracker = self._live
 
     @property
-    def live(self) -> Any:
+    def live(self) -> Live | None:
         """The ``dvclive.Live`` object (same as ``tracker``)."""
         return self._tracker
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Store the configuration with ``Live.log_params``.
 
         Args:
@@ -72,7 +75,7 @@ class DVCLiveTracker(GeneralTracker):
         self._tracker.log_params(sanitize_config(values))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log numbers and strings with ``Live.log_metric`` at ``step`` and advance DVCLive's step.
 
         Args:

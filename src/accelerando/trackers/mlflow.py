@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from accelerando.common.imports import is_package_available
 from accelerando.logging import get_logger
@@ -17,6 +18,9 @@ from accelerando.trackers.base import (
     on_main_process,
     scalar_value,
 )
+
+if TYPE_CHECKING:
+    from mlflow import ActiveRun
 
 __all__ = ["MLflowTracker"]
 
@@ -45,7 +49,7 @@ def _env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"invalid truth value {text!r} for {name}: use true/false, yes/no, on/off or 1/0.")
 
 
-def _max_param_length(mlflow: Any) -> int:
+def _max_param_length(mlflow: ModuleType) -> int:
     try:
         return int(mlflow.utils.validation.MAX_PARAM_VAL_LENGTH)
     except (AttributeError, TypeError, ValueError):
@@ -76,7 +80,7 @@ def _tracking_uri(logging_dir: str | os.PathLike[str]) -> str:
 _URIS_SET_HERE: set[str] = set()
 
 
-def _use_store(mlflow: Any, logging_dir: str) -> None:
+def _use_store(mlflow: ModuleType, logging_dir: str) -> None:
     """Make ``logging_dir`` MLflow's store: always for a URI, for a folder unless the user chose one.
 
     A tracking URI the user set (``mlflow.set_tracking_uri`` or ``MLFLOW_TRACKING_URI``) is kept when
@@ -90,7 +94,7 @@ def _use_store(mlflow: Any, logging_dir: str) -> None:
     _URIS_SET_HERE.add(mlflow.get_tracking_uri())
 
 
-def _parse_tags(tags: dict[str, Any] | str | None) -> dict[str, Any] | None:
+def _parse_tags(tags: dict[str, object] | str | None) -> dict[str, object] | None:
     """Tags as a dict; text is read as a JSON object.
 
     Raises:
@@ -140,7 +144,7 @@ class MLflowTracker(GeneralTracker):
         experiment_name: str | None = None,
         logging_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
-        tags: dict[str, Any] | str | None = None,
+        tags: dict[str, object] | str | None = None,
         nested_run: bool | None = False,
         run_name: str | None = None,
         description: str | None = None,
@@ -153,11 +157,11 @@ class MLflowTracker(GeneralTracker):
         self.nested_run = _env_flag("MLFLOW_NESTED_RUN", bool(nested_run))
         self.run_name = run_name
         self.description = description
-        self.active_run: Any = None
+        self.active_run: ActiveRun | None = None
         self._ended = False
 
     @property
-    def tracker(self) -> Any:
+    def tracker(self) -> ActiveRun | None:
         """The ``mlflow.ActiveRun`` (``None`` before ``start`` or off the main process)."""
         return self.active_run
 
@@ -183,7 +187,7 @@ class MLflowTracker(GeneralTracker):
             description=self.description,
         )
 
-    def _experiment_id(self, mlflow: Any) -> str:
+    def _experiment_id(self, mlflow: ModuleType) -> str:
         experiment = mlflow.get_experiment_by_name(self.experiment_name)
         if experiment is not None:
             return experiment.experiment_id
@@ -194,7 +198,7 @@ class MLflowTracker(GeneralTracker):
         return mlflow.create_experiment(self.experiment_name, artifact_location=artifacts)
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Log the configuration as run params (flattened to ``a/b`` keys); too long values are dropped.
 
         Args:
@@ -218,7 +222,12 @@ class MLflowTracker(GeneralTracker):
             mlflow.log_params(dict(items[start : start + _PARAMS_PER_BATCH]))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(
+        self,
+        values: dict[str, object],
+        step: int | None = None,
+        **kwargs: Any,  # mlflow.log_metrics's own keyword parameters, each with its type
+    ) -> None:
         """Log numeric values as metrics; other values are skipped with a warning (once per key).
 
         Args:
@@ -247,7 +256,12 @@ class MLflowTracker(GeneralTracker):
         self.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
 
     @on_main_process
-    def log_figure(self, figure: Any, artifact_file: str, **kwargs: Any) -> None:
+    def log_figure(
+        self,
+        figure: object,
+        artifact_file: str,
+        **kwargs: Any,  # mlflow.log_figure's own keyword parameters, each with its type
+    ) -> None:
         """Save a matplotlib/plotly figure as a run artifact.
 
         Args:

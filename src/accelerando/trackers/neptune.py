@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from accelerando.logging import get_logger
 from accelerando.trackers.base import (
     LibraryRunTracker,
@@ -17,7 +15,7 @@ __all__ = ["NeptuneTracker"]
 logger = get_logger(__name__)
 
 
-def _neptune_safe(node: Any) -> Any:
+def _neptune_safe(node: object) -> object:
     # Neptune namespaces accept nested dicts of str/int/float/bool but not lists or None.
     if isinstance(node, dict):
         return {key: _neptune_safe(value) for key, value in node.items()}
@@ -40,7 +38,7 @@ class NeptuneTracker(LibraryRunTracker):
     project_keyword = "name"
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Store the configuration under the run's ``parameters`` namespace.
 
         Args:
@@ -49,7 +47,7 @@ class NeptuneTracker(LibraryRunTracker):
         self._tracker["parameters"] = _neptune_safe(sanitize_config(values))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Append each value to the series of the same name.
 
         Args:

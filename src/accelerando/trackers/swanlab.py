@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from accelerando.trackers.base import (
     LibraryRunTracker,
@@ -25,7 +25,7 @@ class SwanLabTracker(LibraryRunTracker):
     module_name = "swanlab"
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Add the configuration to the run's config.
 
         Args:
@@ -36,7 +36,7 @@ class SwanLabTracker(LibraryRunTracker):
         swanlab.config.update(sanitize_config(values))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log values with ``run.log``.
 
         Args:
@@ -47,7 +47,9 @@ class SwanLabTracker(LibraryRunTracker):
         self._tracker.log(values, step=step, **kwargs)
 
     @on_main_process
-    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log_images(
+        self, values: Mapping[str, Iterable[object]], step: int | None = None, **kwargs: object
+    ) -> None:
         """Log lists of images as ``swanlab.Image``.
 
         Args:

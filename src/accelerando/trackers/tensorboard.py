@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
 
 from accelerando.logging import get_logger
 from accelerando.trackers.base import (
@@ -19,7 +19,7 @@ __all__ = ["TensorBoardTracker"]
 logger = get_logger(__name__)
 
 
-def _summary_writer_class() -> Any:
+def _summary_writer_class() -> Callable[..., object]:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -48,7 +48,7 @@ class TensorBoardTracker(GeneralTracker):
     requires_logging_directory = True
 
     def __init__(
-        self, run_name: str, logging_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+        self, run_name: str, logging_dir: str | os.PathLike[str] | None = None, **kwargs: object
     ) -> None:
         super().__init__()
         if logging_dir is None:
@@ -67,7 +67,7 @@ class TensorBoardTracker(GeneralTracker):
         logger.debug("Initialized TensorBoard project %s logging to %s", self.run_name, self.logging_dir)
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Store the configuration as TensorBoard hparams and as ``hparams.yml`` in the run folder.
 
         Args:
@@ -90,7 +90,7 @@ class TensorBoardTracker(GeneralTracker):
         writer.flush()
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log numbers as scalars, strings as text and dicts of numbers as grouped scalars.
 
         Args:
@@ -115,7 +115,7 @@ class TensorBoardTracker(GeneralTracker):
         writer.flush()
 
     @on_main_process
-    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log_images(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log batches of images (``N x C x H x W`` by default; pass ``dataformats`` to change).
 
         Args:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from accelerando.trackers.base import (
     LibraryRunTracker,
     on_main_process,
@@ -25,7 +23,7 @@ class TrackioTracker(LibraryRunTracker):
     module_name = "trackio"
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Add the configuration to the run's config.
 
         Args:
@@ -36,7 +34,7 @@ class TrackioTracker(LibraryRunTracker):
         trackio.config.update(sanitize_config(values))
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log values with ``trackio.log``.
 
         Args:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accelerando.trackers.base import (
     LibraryRunTracker,
     on_main_process,
     sanitize_config,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["WandBTracker"]
 
@@ -25,7 +29,7 @@ class WandBTracker(LibraryRunTracker):
     module_name = "wandb"
 
     @on_main_process
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
+    def store_init_configuration(self, values: dict[str, object]) -> None:
         """Store the configuration in the run's config.
 
         Args:
@@ -34,7 +38,7 @@ class WandBTracker(LibraryRunTracker):
         self._tracker.config.update(sanitize_config(values), allow_val_change=True)
 
     @on_main_process
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log(self, values: dict[str, object], step: int | None = None, **kwargs: object) -> None:
         """Log values with ``run.log``.
 
         Args:
@@ -45,7 +49,12 @@ class WandBTracker(LibraryRunTracker):
         self._tracker.log(values, step=step, **kwargs)
 
     @on_main_process
-    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+    def log_images(
+        self,
+        values: Mapping[str, Iterable[object]],
+        step: int | None = None,
+        **kwargs: Any,  # wandb.Image's own keyword parameters, each with its type
+    ) -> None:
         """Log lists of images as ``wandb.Image``.
 
         Args:
@@ -64,10 +73,10 @@ class WandBTracker(LibraryRunTracker):
         self,
         table_name: str,
         columns: list[str] | None = None,
-        data: list[list[Any]] | None = None,
-        dataframe: Any = None,
+        data: list[list[object]] | None = None,
+        dataframe: pd.DataFrame | None = None,
         step: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         """Log a table, from ``columns`` + ``data`` rows or from a pandas ``dataframe``.
 
@@ -81,7 +90,10 @@ class WandBTracker(LibraryRunTracker):
         """
         import wandb
 
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        # wandb types its columns as str | int keys and its rows as iterables: the same lists, widened.
+        header: list[str | int] | None = None if columns is None else list(columns)
+        rows: list[Iterable[object]] | None = None if data is None else list(data)
+        table = wandb.Table(columns=header, data=rows, dataframe=dataframe)
         self._tracker.log({table_name: table}, step=step, **kwargs)
 
     @on_main_process
