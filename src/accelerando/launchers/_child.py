@@ -39,7 +39,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from types import TracebackType
-from typing import IO, Any
+from typing import IO
 
 __all__ = ["INSTALL_ENV", "SHIM_FILES", "main", "install_if_asked", "set_parent_death_signal"]
 
@@ -170,7 +170,7 @@ def _prepare(run_dir: str, launcher_pid: int, kind: str) -> None:
     _install_failure_record(base + ".failure.json")
 
 
-def _run(kind: str, target: str, args: list[str]) -> Any:
+def _run(kind: str, target: str, args: list[str]) -> dict[str, object]:
     if kind == "program":
         try:
             os.execvp(target, [target, *args])

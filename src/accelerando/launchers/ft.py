@@ -20,12 +20,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.launchers._child import set_parent_death_signal
 from accelerando.launchers.plan import LaunchPlan
 from accelerando.settings.fields import FIELDS_BY_NAME
 from accelerando.settings.resolve import Settings
+
+if TYPE_CHECKING:
+    from torchft._torchft import LighthouseServer
 
 __all__ = ["DEFAULT_REPLICA_GROUPS", "FaultTolerantPlan", "ReplicaGroup", "build", "run"]
 
@@ -144,7 +147,7 @@ class _Lighthouse:
     """The torchft lighthouse this launch started (None of it when an address was given)."""
 
     def __init__(self, plan: FaultTolerantPlan) -> None:
-        self.server: Any = None
+        self.server: LighthouseServer | None = None
         self.address = plan.lighthouse
         if self.address is None:
             from torchft._torchft import LighthouseServer

@@ -15,13 +15,35 @@ import socket
 import sys
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.common.environment import patch_environment
 from accelerando.runtime import current_process
 from accelerando.settings.machine import detect_machine, free_port, visible_gpu_count
 from accelerando.settings.resolve import parse_value
 from accelerando.state import PartialState
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from typing_extensions import Unpack
+
+
+class _Rendezvous(TypedDict):
+    rdzv_endpoint: str
+
+
+class _AgentOptions(_Rendezvous, total=False):
+    """The elastic agent's options :func:`_launch` reads (all but the endpoint have defaults)."""
+
+    num_nodes: int
+    node_rank: int
+    rdzv_id: str
+    rdzv_backend: str
+    rdzv_conf: dict[str, object] | None
+    max_restarts: int
+    monitor_interval: float
+    log_line_prefix_template: str | None
+
 
 __all__ = [
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
@@ -64,7 +86,7 @@ def _check_parent_is_clean() -> None:
         )
 
 
-def _format_failure(err: Any) -> str:
+def _format_failure(err: ChildFailedError) -> str:
     rank, failure = err.get_first_failure()
     data = failure.error_file_data.get("message", {}) if isinstance(failure.error_file_data, dict) else {}
     trace = data.get("extraInfo", {}).get("py_callstack") if isinstance(data, dict) else None
@@ -72,11 +94,11 @@ def _format_failure(err: Any) -> str:
     return f"Process {rank} of the launched function failed (exit code {failure.exitcode}):\n{body}"
 
 
-def _named(function: Callable[..., Any]) -> Callable[..., Any]:
+def _named(function: Callable[..., object]) -> Callable[..., object]:
     """Return a plain function calling ``function``, named after it (or its type) for the agent."""
     target = getattr(function, "func", function)  # functools.partial keeps the real one in .func
 
-    def run(*args: Any) -> Any:
+    def run(*args: object) -> object:
         return function(*args)
 
     run.__name__ = getattr(target, "__name__", type(target).__name__)
@@ -85,8 +107,12 @@ def _named(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _launch(
-    function: Callable[..., Any], args: tuple[Any, ...], nprocs: int, env: Mapping[str, str], **kw: Any
-) -> list[Any]:
+    function: Callable[..., object],
+    args: tuple[object, ...],
+    nprocs: int,
+    env: Mapping[str, str],
+    **kw: Unpack[_AgentOptions],
+) -> list[object]:
     """Start ``nprocs`` forked processes through the elastic agent and return their results by rank.
 
     The agent names its processes after ``function.__name__``, which a ``functools.partial`` or a
@@ -119,8 +145,8 @@ def _launch(
 
 
 def notebook_launcher(
-    function: Callable[..., Any],
-    args: tuple[Any, ...] = (),
+    function: Callable[..., object],
+    args: tuple[object, ...] = (),
     num_processes: int | None = None,
     mixed_precision: str = "no",
     use_port: str | int = "29500",
@@ -129,12 +155,12 @@ def notebook_launcher(
     num_nodes: int = 1,
     rdzv_backend: str = "static",
     rdzv_endpoint: str = "",
-    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_conf: dict[str, object] | None = None,
     rdzv_id: str = "none",
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
-) -> Any:
+) -> object:
     """Run ``function(*args)`` in ``num_processes`` processes on this machine and wait for them.
 
     Call it from a notebook cell or a REPL; create the Accelerator *inside* ``function``.
@@ -214,8 +240,8 @@ def test_launch() -> None:
 
 
 def debug_launcher(
-    function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2
-) -> list[Any]:
+    function: Callable[..., object], args: tuple[object, ...] = (), num_processes: int = 2
+) -> list[object]:
     """Run ``function(*args)`` in ``num_processes`` CPU processes, for tests and debugging.
 
     Args:

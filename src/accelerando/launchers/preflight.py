@@ -23,7 +23,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelerando.launchers.plan import LaunchPlan
 
 __all__ = [
     "RESOLVE_TIMEOUT_S",
@@ -100,7 +103,7 @@ def rendezvous_of(agent_args: Sequence[str]) -> Rendezvous | None:
 
 def _resolve(host: str, timeout: float) -> list[str]:
     """The addresses of ``host``; raises OSError (or TimeoutError) when it does not resolve in time."""
-    found: dict[str, Any] = {}
+    found: dict[str, object] = {}
 
     def lookup() -> None:
         try:
@@ -112,10 +115,12 @@ def _resolve(host: str, timeout: float) -> list[str]:
     worker = threading.Thread(target=lookup, daemon=True, name="accelerando-resolve")
     worker.start()
     worker.join(timeout)
-    if "infos" in found:
-        return list(dict.fromkeys(info[4][0] for info in found["infos"]))
-    if "error" in found:
-        raise found["error"]
+    infos = found.get("infos")
+    if isinstance(infos, list):
+        return list(dict.fromkeys(info[4][0] for info in infos))
+    error = found.get("error")
+    if isinstance(error, OSError):
+        raise error
     raise TimeoutError(f"no answer within {timeout:g} s (is the name server reachable?)")
 
 
@@ -232,7 +237,7 @@ def check_rendezvous(
     return warnings
 
 
-def check_plan(plan: Any) -> list[str]:
+def check_plan(plan: LaunchPlan) -> list[str]:
     """Check the rendezvous of a launch plan before its processes start.
 
     Args:

@@ -26,14 +26,22 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from accelerando.launchers._child import set_parent_death_signal
 from accelerando.launchers.plan import LaunchPlan
 from accelerando.settings.fields import quote_value
 
 if TYPE_CHECKING:
-    from accelerando.launchers.watchdog import RunFolder, Watchdog
+    import argparse
+    from types import FrameType
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from accelerando.launchers.watchdog import FailureRecord, RunFolder, Watchdog
+
+    # What ``signal.signal`` returns (typeshed's private ``_HANDLER``).
+    _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 __all__ = ["HANG_EXIT_CODE", "run", "write_deepspeed_env"]
 
@@ -52,14 +60,14 @@ def _die_with(launcher_pid: int) -> Callable[[], None]:
 _FORWARDED = ("SIGTERM", "SIGHUP", "SIGUSR1")
 
 
-def _forward_signals(child: subprocess.Popen[Any]) -> dict[int, Any]:
+def _forward_signals(child: subprocess.Popen[bytes]) -> dict[int, _Handler]:
     """Pass SIGTERM/SIGHUP/SIGUSR1 on to ``child`` (which may checkpoint); return the old handlers."""
 
-    def forward(signum: int, _frame: Any) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
         if child.poll() is None:
             child.send_signal(signum)
 
-    previous = {}
+    previous: dict[int, _Handler] = {}
     for name in _FORWARDED:
         sig = getattr(signal, name, None)
         if sig is not None:
@@ -90,7 +98,7 @@ def _run_simple(plan: LaunchPlan) -> int:
             signal.signal(sig, handler)
 
 
-def _describe(failure: Any) -> tuple[str, int]:
+def _describe(failure: ProcessFailure) -> tuple[str, int]:
     """What happened to one failed process, and the exit status that stands for it."""
     if failure.exitcode < 0:  # killed by a signal: there is no traceback to point at
         number = -failure.exitcode
@@ -110,11 +118,11 @@ _PEER_LOSS_MARKS = (
 )
 
 
-def _is_peer_loss(record: Mapping[str, Any]) -> bool:
+def _is_peer_loss(record: FailureRecord) -> bool:
     return any(mark in str(record.get("message", "")).lower() for mark in _PEER_LOSS_MARKS)
 
 
-def _first_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]]) -> tuple[int, Any]:
+def _first_failure(err: ChildFailedError, records: Mapping[int, FailureRecord]) -> tuple[int, ProcessFailure]:
     """The failure to blame: the earliest; among those seen at once, a kill, then an error, then SIGTERM.
 
     The agent stamps failures in whole seconds when it sees them, so a process killed outright and a
@@ -124,9 +132,9 @@ def _first_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]])
     top (``records``, written by :mod:`accelerando.launchers._child`) decides: the process that raised
     first is the cause, the peer whose collective then failed is its victim.
     """
-    failures: dict[int, Any] = err.failures  # type: ignore[attr-defined]
+    failures = err.failures
 
-    def order(item: tuple[int, Any]) -> tuple[int, int, int, int]:
+    def order(item: tuple[int, ProcessFailure]) -> tuple[int, int, int, int]:
         rank, failure = item
         record = records.get(rank)
         if record is not None:  # it raised then, however its exit ended (the agent may SIGTERM its teardown)
@@ -145,7 +153,7 @@ def _first_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]])
     return min(failures.items(), key=order)
 
 
-def _report_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]] | None = None) -> int:
+def _report_failure(err: ChildFailedError, records: Mapping[int, FailureRecord] | None = None) -> int:
     """Print one line naming the failed processes, the likely cause first; return the exit status.
 
     Args:
@@ -167,7 +175,7 @@ def _report_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]]
         what += "; its traceback is above"
     others = [
         f"process {other} {_describe(each)[0]}"
-        for other, each in sorted(err.failures.items())  # type: ignore[attr-defined]
+        for other, each in sorted(err.failures.items())
         if other != rank
     ]
     also = f" Also: {'; '.join(others)}." if others else ""
@@ -179,7 +187,7 @@ def _report_failure(err: BaseException, records: Mapping[int, Mapping[str, Any]]
     return code
 
 
-def _through_child(args: Any, run_dir: str) -> Any:
+def _through_child(args: argparse.Namespace, run_dir: str) -> argparse.Namespace:
     """Have the agent start each process through :mod:`accelerando.launchers._child`.
 
     The target (a script, a module, a ``--no_python`` program) and its arguments become the shim's
@@ -225,7 +233,7 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
                 watchdog.stop()
 
 
-def _usr1_as_sigterm(_signum: int, _frame: Any) -> None:
+def _usr1_as_sigterm(_signum: int, _frame: FrameType | None) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     raise SignalException(f"Process {os.getpid()} got signal: SIGUSR1", sigval=signal.SIGTERM)
@@ -289,7 +297,7 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
         os.environ.update(saved)
 
 
-def write_deepspeed_env(env: dict[str, str] | Any, path: str) -> None:
+def write_deepspeed_env(env: Mapping[str, object], path: str) -> None:
     """Write ``env`` as DeepSpeed's ``.deepspeed_env`` file (``KEY=VALUE`` lines).
 
     DeepSpeed's multi-node runner exports the variables listed there on every host; without it

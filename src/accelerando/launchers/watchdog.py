@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from accelerando.launchers._child import SHIM_FILES
 
@@ -63,6 +63,18 @@ _STACK_WAIT_S = 2.0  # how long a process is given to write its stacks after SIG
 _STACK_SETTLE_S = 0.1  # then how long its dump is given to be written whole
 
 
+class _FailureRecordBase(TypedDict):
+    time_ns: int  # time.time_ns() when the exception reached the top of the process
+
+
+class FailureRecord(_FailureRecordBase, total=False):
+    """What a process wrote about its uncaught exception (see :mod:`accelerando.launchers._child`)."""
+
+    type: str
+    message: str
+    where: str
+
+
 class RunFolder:
     """The files the processes of one launch write for the launcher (see the module docstring)."""
 
@@ -80,9 +92,9 @@ class RunFolder:
                 continue  # being written: seen at the next poll
         return found
 
-    def failures(self) -> dict[int, dict[str, Any]]:
+    def failures(self) -> dict[int, FailureRecord]:
         """``rank -> record`` of the uncaught exceptions (``time_ns``, ``type``, ``message``, ``where``)."""
-        found: dict[int, dict[str, Any]] = {}
+        found: dict[int, FailureRecord] = {}
         for record_file in self.path.glob("rank*.failure.json"):
             try:
                 record = json.loads(record_file.read_text(encoding="utf-8"))
@@ -90,7 +102,7 @@ class RunFolder:
             except (OSError, ValueError):
                 continue
             if isinstance(record, dict) and isinstance(record.get("time_ns"), int):
-                found[rank] = record
+                found[rank] = FailureRecord(**record)  # the JSON object, as the record type
         return found
 
     def stack(self, rank: int, offset: int = 0) -> str:

@@ -25,7 +25,6 @@ and refuse control characters.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from accelerando.launchers.emit.spec import JobSpec, check_line, check_word, value_text
 
@@ -89,7 +88,7 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _container(spec: JobSpec, image: str, args: list[str], port: int) -> dict[str, Any]:
+def _container(spec: JobSpec, image: str, args: list[str], port: int) -> dict[str, object]:
     command = spec.command
     target = ["-m"] if command.module else ["--no_python"] if command.no_python else []
     env = [
@@ -100,7 +99,7 @@ def _container(spec: JobSpec, image: str, args: list[str], port: int) -> dict[st
         k8s_literal(command.target, "the script"),
         *(k8s_literal(a, "the script argument") for a in command.args),
     ]
-    container: dict[str, Any] = {
+    container: dict[str, object] = {
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -112,7 +111,7 @@ def _container(spec: JobSpec, image: str, args: list[str], port: int) -> dict[st
     }
     if env:
         container["env"] = sorted(env, key=lambda item: item["name"])
-    resources: dict[str, Any] = {}
+    resources: dict[str, object] = {}
     if spec.gpus_per_node:
         resources["limits"] = {"nvidia.com/gpu": spec.gpus_per_node}
     if spec.cpus_per_node:
@@ -122,7 +121,7 @@ def _container(spec: JobSpec, image: str, args: list[str], port: int) -> dict[st
     return container
 
 
-def _replica(spec: JobSpec, count: int, container: dict[str, Any]) -> dict[str, Any]:
+def _replica(spec: JobSpec, count: int, container: dict[str, object]) -> dict[str, object]:
     return {
         "replicas": count,
         "restartPolicy": "OnFailure",
@@ -135,7 +134,7 @@ def _replica(spec: JobSpec, count: int, container: dict[str, Any]) -> dict[str, 
     }
 
 
-def pytorchjob_manifest(spec: JobSpec, image: str | None) -> dict[str, Any]:
+def pytorchjob_manifest(spec: JobSpec, image: str | None) -> dict[str, object]:
     """Build the ``PyTorchJob`` of ``spec`` as a dict.
 
     Args:
@@ -158,7 +157,7 @@ def pytorchjob_manifest(spec: JobSpec, image: str | None) -> dict[str, Any]:
     name = _check_name(spec.name)
     port = spec.main_port or DEFAULT_PORT
     common = ["--num_processes", str(spec.num_processes)]
-    job: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node)}
+    job: dict[str, object] = {"nprocPerNode": str(spec.nproc_per_node)}
     if spec.elastic:
         backend = spec.rdzv_backend if spec.rdzv_backend != "static" else "c10d"
         args = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from accelerando.launchers.plan import Command, check_settings, machine_counts, rendezvous_backend
 from accelerando.settings.fields import FIELDS_BY_NAME, Field
@@ -58,7 +57,7 @@ class JobSpec:
     max_restarts: int
     rdzv_backend: str
     command: Command
-    carried: tuple[tuple[Field, Any], ...] = field(default_factory=tuple)
+    carried: tuple[tuple[Field, object], ...] = field(default_factory=tuple)
     min_machines: int | None = None
 
     @property
@@ -82,7 +81,7 @@ class JobSpec:
         return self.max_restarts > 0 or self.rdzv_backend != "static" or self.machine_range
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """A resolved setting value spelled as a flag value or an environment variable reads it back.
 
     Args:
@@ -172,7 +171,7 @@ def _wants_gpus(settings: Settings) -> bool:
     return not (settings.cpu or (kind is not None and kind.forces_cpu))
 
 
-def _carried(settings: Settings) -> tuple[tuple[Field, Any], ...]:
+def _carried(settings: Settings) -> tuple[tuple[Field, object], ...]:
     """Settings some layer set that a job carries: those a flag or a config file can give."""
     carried = []
     for name, value in settings.explicitly_set().items():

@@ -20,17 +20,23 @@ code (128 + N for a process killed by signal N), with one line naming the proces
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.launchers.plan import Command, LaunchPlan
 from accelerando.launchers.ray.worker import RankProcess
 from accelerando.settings.resolve import Settings
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ray.actor import ActorHandle
 
 __all__ = ["Failure", "check_ray_settings", "failure_summary", "process_env", "rank_by_machine", "run_on_ray"]
 
@@ -75,7 +81,7 @@ class Failure:
 
 @dataclass
 class _Worker:
-    actor: Any
+    actor: ActorHandle
     node_ip: str = ""
     node_id: str = ""
     pid: int | None = None
@@ -152,20 +158,20 @@ def process_env(
     }
 
 
-def _connect(address: str) -> Any:
+def _connect(address: str) -> ModuleType:
     import ray
 
     if not ray.is_initialized():
         ray.init(
             address=None if address == "default" else address,
             log_to_driver=False,  # the driver relays the processes' own output, nothing else
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
             include_dashboard=False,
         )
     return ray
 
 
-def _resources(ray: Any, settings: Settings) -> dict[str, float]:
+def _resources(ray: ModuleType, settings: Settings) -> dict[str, float]:
     cpus = float(settings.num_cpu_threads_per_process or 1)
     gpus = 0.0 if settings.cpu else (1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0)
     return {"num_cpus": cpus, "num_gpus": gpus}
@@ -184,7 +190,7 @@ def _target(command: Command) -> str:
 class _Job:
     """The actors of one ``--ray`` launch, their tries and their output."""
 
-    def __init__(self, ray: Any, settings: Settings, plan: LaunchPlan, command: Command) -> None:
+    def __init__(self, ray: ModuleType, settings: Settings, plan: LaunchPlan, command: Command) -> None:
 
         self.ray = ray
         self.settings = settings

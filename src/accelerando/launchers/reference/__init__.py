@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 from shutil import which
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.common.constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from accelerando.common.environment import check_cuda_p2p_ib_support, get_current_device_type
@@ -49,6 +49,10 @@ from accelerando.launchers.reference.sagemaker import convert_nargs_to_dict as _
 from accelerando.launchers.reference.sagemaker import prepare_sagemager_args_inputs
 from accelerando.settings.fields import FIELDS_BY_NAME, machine_range
 from accelerando.settings.machine import MachineInfo, detect_machine, free_port
+
+if TYPE_CHECKING:
+    from accelerando.launchers.plan import LaunchPlan
+    from accelerando.settings.resolve import Settings
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -73,7 +77,7 @@ _DEFAULT_MAIN_PORT = 29500
 # --- namespace -> settings and plan ---------------------------------------------------------------
 
 
-def _command(args: argparse.Namespace, required: bool = True) -> Any:
+def _command(args: argparse.Namespace, required: bool = True) -> Command:
 
     script = getattr(args, "training_script", None)
     if not script and required:
@@ -86,7 +90,7 @@ def _command(args: argparse.Namespace, required: bool = True) -> Any:
     )
 
 
-def _mpirun() -> Any:
+def _mpirun() -> MpiRun:
     """The ``mpirun`` on ``PATH`` and its kind, found through this module's ``which`` and ``subprocess``.
 
     As the reference: ``mpirun`` is run by name, Open MPI is recognised from ``mpirun --version`` and
@@ -106,8 +110,8 @@ def _mpirun() -> Any:
 
 
 def _plan(
-    args: argparse.Namespace, settings: Any, machine: MachineInfo | None = None, required: bool = True
-) -> Any:
+    args: argparse.Namespace, settings: Settings, machine: MachineInfo | None = None, required: bool = True
+) -> LaunchPlan:
 
     port = getattr(args, "main_process_port", None)
     # Port 0 asks for a free port (the reference's automatic choice); no port at all is 29500.
@@ -117,7 +121,7 @@ def _plan(
     return build(settings, _command(args, required), machine or detect_machine(), port=chosen, mpirun=_mpirun)
 
 
-def _reference_env(settings: Any) -> dict[str, str]:
+def _reference_env(settings: Settings) -> dict[str, str]:
     """The reference's variable names for every setting some layer gave."""
     env: dict[str, str] = {}
     for name, value in settings.explicitly_set().items():
@@ -136,7 +140,7 @@ def _reference_env(settings: Any) -> dict[str, str]:
     return env
 
 
-def _process_env(args: argparse.Namespace, settings: Any, plan: Any) -> dict[str, str]:
+def _process_env(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) -> dict[str, str]:
     """``os.environ`` plus the launch's variables, spelled exactly as ``accelerando launch`` writes them.
 
     The plan's variables win: the helpers below only add names the plan does not write, so a

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelerando.launchers.plan import LaunchPlan
 
 __all__ = ["set_agent_args", "with_restarts"]
 
 # Types torch.distributed.run's parser gives its options (the plan holds them as text).
-_AGENT_TYPES: dict[str, Callable[[str], Any]] = {
+_AGENT_TYPES: dict[str, Callable[[str], object]] = {
     "max_restarts": int,
     "monitor_interval": float,
 }  # master_port stays text, as the reference stores it
 
 
-def set_agent_args(args: argparse.Namespace, plan: Any) -> None:
+def set_agent_args(args: argparse.Namespace, plan: LaunchPlan) -> None:
     """Store the plan's ``torch.distributed.run`` options on ``args`` (as torchrun's own parser names them)."""
     agent = plan.agent_args
     index = 0
@@ -43,7 +46,7 @@ def set_agent_args(args: argparse.Namespace, plan: Any) -> None:
             setattr(args, key, value)
 
 
-def with_restarts(plan: Any, restarts: int) -> Any:
+def with_restarts(plan: LaunchPlan, restarts: int) -> LaunchPlan:
     """The plan of a one-process elastic launch, with the restart count the user asked for."""
     from dataclasses import replace
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 __all__ = [
     "env_var_path_add",
@@ -36,7 +35,7 @@ def env_var_path_add(env_var_name: str, path_to_add: str | os.PathLike[str]) -> 
     return os.pathsep.join(entries)
 
 
-def setting_text(value: Any) -> str:
+def setting_text(value: object) -> str:
     """A setting's value as the launcher writes it into a variable (``true``/``false``, ``a,b``, ``str``)."""
     if isinstance(value, bool):
         return "true" if value else "false"

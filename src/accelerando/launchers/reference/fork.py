@@ -6,7 +6,6 @@ import logging
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 from accelerando.common.constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 from accelerando.settings import environment_setting
@@ -37,13 +36,13 @@ class PrepareForLaunch:
     """
 
     def __init__(
-        self, launcher: Callable[..., Any], distributed_type: Any = "NO", debug: bool = False
+        self, launcher: Callable[..., object], distributed_type: object = "NO", debug: bool = False
     ) -> None:
         self.launcher = launcher
         self.distributed_type = str(getattr(distributed_type, "value", distributed_type))
         self.debug = debug
 
-    def __call__(self, index: int, *args: Any) -> Any:
+    def __call__(self, index: int, *args: object) -> object:
         """Set this process's rank variables and run the function.
 
         Args:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.settings.fields import FIELDS_BY_NAME
 from accelerando.settings.resolve import Sourced, resolve
+
+if TYPE_CHECKING:
+    from accelerando.settings.resolve import Settings
 
 __all__ = ["settings_from_args"]
 
@@ -14,10 +17,10 @@ __all__ = ["settings_from_args"]
 _ATTRIBUTE_ALIASES = {"use_cpu": "cpu"}
 
 
-def settings_from_args(args: argparse.Namespace, **forced: Any) -> Any:
+def settings_from_args(args: argparse.Namespace, **forced: object) -> Settings:
     """Resolve the settings a launch namespace gives (plus ``forced`` values), checked as the CLI checks them."""
     given = vars(args)
-    layer: dict[str, Any] = {}
+    layer: dict[str, Sourced] = {}
     for attribute, value in given.items():
         name = _ATTRIBUTE_ALIASES.get(attribute, attribute)
         field = FIELDS_BY_NAME.get(name)

@@ -7,7 +7,7 @@ import ast
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from accelerando.common.other import merge_dicts
 from accelerando.enums import DynamoBackend, PrecisionType
@@ -15,8 +15,38 @@ from accelerando.launchers.reference.env import setting_text, setup_fp8_env
 
 __all__ = ["convert_nargs_to_dict", "prepare_sagemager_args_inputs"]
 
+# A hyperparameter as SageMaker receives it: the script argument's text read as a bool, number or text.
+Hyperparameter = bool | int | float | str
 
-def _typed_value(text: str) -> Any:
+
+class SageMakerJob(Protocol):
+    """What the estimator is built from: the fields of a SageMaker config (``SageMakerConfig``).
+
+    The optional ones (``image_uri``, the inputs and metrics files, ``additional_args``) are read
+    when present.
+    """
+
+    @property
+    def ec2_instance_type(self) -> str: ...
+    @property
+    def iam_role_name(self) -> str: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def num_machines(self) -> int: ...
+    @property
+    def base_job_name(self) -> str: ...
+    @property
+    def pytorch_version(self) -> str: ...
+    @property
+    def transformers_version(self) -> str: ...
+    @property
+    def py_version(self) -> str: ...
+
+
+def _typed_value(text: str) -> Hyperparameter:
     """``"False"``/``"True"`` -> bool, then int, then float; anything else stays text (the reference's reading)."""
     if text in ("True", "False"):
         return text == "True"
@@ -28,7 +58,7 @@ def _typed_value(text: str) -> Any:
     return text
 
 
-def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Any]:
+def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Hyperparameter]:
     """Turn a script's ``--name value`` arguments into SageMaker hyperparameters, with typed values.
 
     Each ``--name`` (or ``-name``; dashes inside become underscores) must be followed by its value:
@@ -45,7 +75,7 @@ def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Any]:
             value has no flag before it.
     """
     items = list(nargs)
-    result: dict[str, Any] = {}
+    result: dict[str, Hyperparameter] = {}
     index = 0
     while index < len(items):
         token = items[index]
@@ -64,9 +94,9 @@ def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Any]:
     return result
 
 
-def _hyperparameters(script_args: Sequence[str]) -> dict[str, Any]:
+def _hyperparameters(script_args: Sequence[str]) -> dict[str, Hyperparameter]:
     """``["--lr", "0.1", "--fp16", "--name", "x"]`` -> ``{"lr": 0.1, "fp16": True, "name": "x"}``."""
-    result: dict[str, Any] = {}
+    result: dict[str, Hyperparameter] = {}
     index = 0
     items = list(script_args)
     while index < len(items):
@@ -105,8 +135,8 @@ def _read_table(path: str | os.PathLike[str], what: str) -> list[list[str]]:
 
 
 def prepare_sagemager_args_inputs(
-    sagemaker_config: Any, args: argparse.Namespace
-) -> tuple[dict[str, Any], dict[str, str] | None]:
+    sagemaker_config: SageMakerJob, args: argparse.Namespace
+) -> tuple[dict[str, object], dict[str, str] | None]:
     """Build the keyword arguments of a SageMaker ``HuggingFace`` estimator for a launch.
 
     Sets ``AWS_DEFAULT_REGION`` and the credentials (``AWS_PROFILE``, or the access keys from
@@ -170,17 +200,16 @@ def prepare_sagemager_args_inputs(
     if distributed_type == "DATA_PARALLEL":
         distribution = {"smdistributed": {"dataparallel": {"enabled": True}}}
     inputs = None
-    if getattr(sagemaker_config, "sagemaker_inputs_file", None):
-        inputs = {
-            row[0]: row[1] for row in _read_table(sagemaker_config.sagemaker_inputs_file, "SageMaker inputs")
-        }
+    inputs_file = getattr(sagemaker_config, "sagemaker_inputs_file", None)
+    if inputs_file:
+        inputs = {row[0]: row[1] for row in _read_table(inputs_file, "SageMaker inputs")}
     metrics = None
-    if getattr(sagemaker_config, "sagemaker_metrics_file", None):
+    metrics_file = getattr(sagemaker_config, "sagemaker_metrics_file", None)
+    if metrics_file:
         metrics = [
-            {"Name": row[0], "Regex": row[1]}
-            for row in _read_table(sagemaker_config.sagemaker_metrics_file, "SageMaker metrics")
+            {"Name": row[0], "Regex": row[1]} for row in _read_table(metrics_file, "SageMaker metrics")
         ]
-    estimator: dict[str, Any] = {
+    estimator: dict[str, object] = {
         "image_uri": getattr(sagemaker_config, "image_uri", None),
         "entry_point": script.name,
         "source_dir": str(script.parent) if str(script.parent) else ".",
