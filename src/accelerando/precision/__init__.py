@@ -8,10 +8,13 @@ float32) is reported once per process by :func:`accelerando.precision.advice.war
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.precision.advice import warn_if_emulated
 from accelerando.precision.base import Precision
+
+if TYPE_CHECKING:
+    from accelerando.settings import Settings
 
 __all__ = ["Precision", "build_precision"]
 
@@ -19,13 +22,14 @@ __all__ = ["Precision", "build_precision"]
 def build_precision(
     mixed_precision: str,
     device_type: str,
+    # Any: GradScaler's and torch.autocast's own keywords, passed on as given.
     scaler_kwargs: dict[str, Any] | None = None,
     static_scale: bool = False,
     autocast_kwargs: dict[str, Any] | None = None,
     loss_scaling: bool = True,
     *,
-    handlers: Mapping[type, Any] | None = None,
-    settings: Any = None,
+    handlers: Mapping[type, object] | None = None,
+    settings: Settings | None = None,
 ) -> Precision:
     """Return the precision object for ``mixed_precision`` ("no", "fp16", "bf16", "fp8").
 

@@ -38,6 +38,7 @@ class AMPPrecision(Precision):
         self,
         dtype: torch.dtype,
         device_type: str,
+        # Any: GradScaler's and torch.autocast's own keywords, passed on as given.
         scaler_kwargs: dict[str, Any] | None = None,
         static_scale: bool = False,
         autocast_kwargs: dict[str, Any] | None = None,
@@ -73,7 +74,7 @@ class AMPPrecision(Precision):
         device_type, dtype, kwargs = self.device_type, self.dtype, self.autocast_kwargs
 
         @functools.wraps(original)
-        def forward(*args: Any, **kw: Any) -> Any:
+        def forward(*args: object, **kw: object) -> object:
             with torch.autocast(device_type=device_type, dtype=dtype, **kwargs):
                 outputs = original(*args, **kw)
             return convert_to_fp32(outputs)
@@ -93,6 +94,7 @@ class AMPPrecision(Precision):
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
 
     @override
+    # Any: Tensor.backward's own keywords (retain_graph, create_graph...), passed on as given.
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward(**kwargs)
@@ -147,10 +149,10 @@ class AMPPrecision(Precision):
             flags[device] = reduced
 
     @override
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return self.scaler.state_dict() if self.scaler is not None else {}
 
     @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)

@@ -23,15 +23,15 @@ class Precision:
 
     name: str = "no"
     # A ``torch.amp.GradScaler`` under fp16 (its class depends on the device family), else None.
-    scaler: Any = None
+    scaler: torch.amp.GradScaler | None = None
 
     def prepare_objects(
         self,
-        objects: Sequence[Any],
+        objects: Sequence[object],
         placement: Sequence[bool],
         device: torch.device | None,
-        is_prepared: Callable[[Any], bool],
-    ) -> list[Any]:
+        is_prepared: Callable[[object], bool],
+    ) -> list[object]:
         """Convert the objects of one ``prepare`` call that must change together, before any wrapping.
 
         MS-AMP converts a model together with its optimizer; every other precision returns the
@@ -49,6 +49,7 @@ class Precision:
         """Context manager running its block in this precision (a no-op in fp32)."""
         return contextlib.nullcontext()
 
+    # Any: Tensor.backward's own keywords (retain_graph, create_graph...), passed on as given.
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss``."""
         # torch's stub leaves Tensor.backward's parameters untyped.
@@ -57,14 +58,15 @@ class Precision:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide gradients by the loss scale (no-op without a scaler)."""
 
+    # Any: Optimizer.step's own keywords (a closure), passed on as given.
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         """Run ``optimizer.step``; return False when the step was skipped."""
         optimizer.step(**kwargs)
         return True
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """Scaler state for checkpoints ({} without a scaler)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore ``state_dict()``'s result."""

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accelerando.state import AcceleratorState, PartialState
 
+if TYPE_CHECKING:
+    from accelerando.plugins.kwargs import AutocastKwargs
+
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager"]
 
 
-def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.GradScaler:
+# Any: GradScaler's own keywords, passed on as given.
+def get_grad_scaler(distributed_type: object = None, **kwargs: Any) -> torch.amp.GradScaler:
     """Return a ``torch.amp.GradScaler`` for the current device (kwargs as ``GradScalerKwargs``)."""
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 
 def get_mixed_precision_context_manager(
-    native_amp: bool = False, autocast_kwargs: Any = None
+    native_amp: bool = False, autocast_kwargs: AutocastKwargs | None = None
 ) -> contextlib.AbstractContextManager:
     """Return the autocast context for the active Accelerator's mixed precision (a no-op for "no")."""
     state = AcceleratorState()

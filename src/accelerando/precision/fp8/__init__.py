@@ -10,7 +10,7 @@ are logged. A backend that cannot run here is refused with the fix (on CPU: use 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.logging import get_logger
 from accelerando.precision.base import Precision
@@ -20,13 +20,16 @@ from accelerando.precision.fp8.choice import _NAMES, choose_fp8_backend, fp8_bac
 from accelerando.precision.fp8.gpu import MSAMPPrecision, TEPrecision
 from accelerando.settings import process_settings
 
+if TYPE_CHECKING:
+    from accelerando.settings import Settings
+
 __all__ = ["FP8Precision", "build_fp8_precision", "choose_fp8_backend", "fp8_backend_problem"]
 
 logger = get_logger(__name__)
 
 
 def build_fp8_precision(
-    device_type: str, handlers: Mapping[type, Any] | None = None, settings: Any = None
+    device_type: str, handlers: Mapping[type, object] | None = None, settings: Settings | None = None
 ) -> Precision:
     """Build the FP8 precision of the chosen backend (see :func:`choose_fp8_backend`).
 

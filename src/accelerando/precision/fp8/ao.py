@@ -11,7 +11,7 @@ precomputed for all layers at once before each forward (torchao's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +20,11 @@ from accelerando.common.environment import check_cuda_fp8_capability
 from accelerando.logging import get_logger
 from accelerando.precision.fp8.base import FP8Precision
 from accelerando.precision.fp8.torchao import convert_model_to_fp8_ao, float8_config_for, has_ao_layers
+
+if TYPE_CHECKING:
+    from torchao.float8 import Float8LinearConfig
+
+    from accelerando.plugins.fp8_recipes import AORecipeKwargs
 
 __all__ = ["AOPrecision"]
 
@@ -55,12 +60,12 @@ class AOPrecision(FP8Precision):
 
     backend_name = "ao"
 
-    def __init__(self, device_type: str, recipe: Any) -> None:
+    def __init__(self, device_type: str, recipe: AORecipeKwargs) -> None:
         super().__init__(device_type, recipe)
         self.emulated = not _native_fp8(device_type)
-        self.config: Any = None
+        self.config: Float8LinearConfig | None = None
 
-    def effective_config(self, fsdp2: bool) -> Any:
+    def effective_config(self, fsdp2: bool) -> Float8LinearConfig:
         """The ``Float8LinearConfig`` used: the recipe's, emulated without FP8 hardware, all-gather only under FSDP2."""
         recipe = self.resolve_recipe()
         config = recipe.config
@@ -104,7 +109,7 @@ class AOPrecision(FP8Precision):
         return model
 
 
-def _precompute_scales(module: torch.nn.Module, args: Any) -> None:
+def _precompute_scales(module: torch.nn.Module, args: tuple[object, ...]) -> None:
     # One fused amax computation for every float8 weight before the FSDP2 all-gathers, instead of one
     # reduction per layer inside each all-gather. Done before every forward: the weights may have
     # changed since the last one, and a stale precomputed scale would be used as is.

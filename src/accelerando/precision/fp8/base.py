@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import accelerando.runtime as rt
 from accelerando.enums import FP8BackendType
 from accelerando.precision.base import Precision
 from accelerando.precision.fp8.choice import choose_fp8_backend
+
+if TYPE_CHECKING:
+    from accelerando.settings import Settings
 
 __all__ = ["FP8Precision"]
 
@@ -23,14 +26,16 @@ class FP8Precision(Precision):
     name = "fp8"
     backend_name = ""
 
+    # Any: the backend's recipe handler (AORecipeKwargs, TERecipeKwargs...); each subclass reads its own.
     def __init__(self, device_type: str, recipe: Any) -> None:
 
         self.device_type = device_type
         self.recipe = recipe
         self.fp8_backend = FP8BackendType(self.backend_name.upper())
         self._handlers_given = True
-        self._settings: Any = None
+        self._settings: Settings | None = None
 
+    # Any: the recipe handler of this backend, as in __init__.
     def resolve_recipe(self) -> Any:
         """The recipe in effect, taking the handlers of the active runtime into account.
 

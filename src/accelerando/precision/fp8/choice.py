@@ -10,12 +10,15 @@ are logged. A backend that cannot run here is refused with the fix (on CPU: use 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.common import imports
 from accelerando.common.environment import check_cuda_fp8_capability
 from accelerando.logging import get_logger
 from accelerando.plugins import fp8_recipes
+
+if TYPE_CHECKING:
+    from accelerando.settings import Settings
 
 __all__ = ["choose_fp8_backend", "fp8_backend_problem"]
 
@@ -55,13 +58,14 @@ def fp8_backend_problem(backend: str, device_type: str) -> str | None:
     return f"fp8_backend={backend!r} ({_NAMES[backend]}) needs " + " and ".join(missing) + f"; {_RUNS_HERE}"
 
 
-def _recipe_handlers(handlers: Mapping[type, Any]) -> list[Any]:
+def _recipe_handlers(handlers: Mapping[type, object]) -> list[object]:
     names = (*_RECIPE_BACKENDS, "FP8RecipeKwargs")
     return [h for cls, h in handlers.items() if cls.__name__ in names]
 
 
+# Returns Any for the recipe handler: its class is the chosen backend's, whose precision reads its fields.
 def choose_fp8_backend(
-    handlers: Mapping[type, Any] | None, settings: Any, device_type: str
+    handlers: Mapping[type, object] | None, settings: Settings | None, device_type: str
 ) -> tuple[str, Any, str]:
     """Pick the FP8 backend, its recipe handler and the reason for the choice.
 
@@ -83,13 +87,17 @@ def choose_fp8_backend(
         names = ", ".join(type(h).__name__ for h in given)
         raise ValueError(f"pass one FP8 recipe handler, got {names}; keep the one of the backend you want")
     setting = getattr(settings, "fp8_backend", None) if settings is not None else None
-    setting_source = settings.source("fp8_backend") if setting is not None else "default"
+    setting_source = (
+        settings.source("fp8_backend") if settings is not None and setting is not None else "default"
+    )
     backend: str | None = None
     recipe = given[0] if given else None
     if recipe is not None:
         backend = _RECIPE_BACKENDS.get(type(recipe).__name__)
         if backend is None:  # FP8RecipeKwargs: its backend field, else the setting (te/msamp only)
-            backend = (recipe.backend or "").lower() or (setting if setting in ("te", "msamp") else None)
+            backend = (getattr(recipe, "backend", None) or "").lower() or (
+                setting if setting in ("te", "msamp") else None
+            )
             if backend is None:
                 backend = "te" if fp8_backend_problem("te", device_type) is None else "msamp"
         reason = f"{type(recipe).__name__} given in code"

@@ -7,8 +7,7 @@ and the package, so nothing here runs on a CPU-only machine.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -63,11 +62,13 @@ class MSAMPPrecision(FP8Precision):
 
     backend_name = "msamp"
 
-    def __init__(self, device_type: str, recipe: Any) -> None:
+    def __init__(self, device_type: str, recipe: object) -> None:
         super().__init__(device_type, recipe)
         self._converted: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
-    def initialize(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    def initialize(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Convert ``model`` and ``optimizer`` with MS-AMP at the recipe's ``opt_level``.
 
         Raises:
@@ -85,11 +86,11 @@ class MSAMPPrecision(FP8Precision):
 
     def prepare_objects(
         self,
-        objects: Sequence[Any],
+        objects: Sequence[object],
         placement: Sequence[bool],
         device: torch.device | None,
-        is_prepared: Callable[[Any], bool],
-    ) -> list[Any]:
+        is_prepared: Callable[[object], bool],
+    ) -> list[object]:
         """Run MS-AMP on the model and optimizer of one ``prepare`` call, before any wrapping.
 
         The model is moved to ``device`` first (when its placement is on): MS-AMP builds its FP8
@@ -129,9 +130,13 @@ class MSAMPPrecision(FP8Precision):
             )
         _refuse_fsdp()
         (m,), (o,) = models, optimizers
+        model, optimizer = result[m], result[o]
+        # The indices were picked above by these very isinstance tests.
+        assert isinstance(model, torch.nn.Module)
+        assert isinstance(optimizer, torch.optim.Optimizer)
         if device is not None and placement[m]:
-            result[m].to(device)  # in place: the optimizer keeps the same Parameter objects
-        result[m], result[o] = self.initialize(result[m], result[o])
+            model.to(device)  # in place: the optimizer keeps the same Parameter objects
+        result[m], result[o] = self.initialize(model, optimizer)
         return result
 
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -161,7 +166,7 @@ def _refuse_fsdp() -> None:
         )
 
 
-def msamp_deepspeed_config(config: dict[str, Any], opt_level: str = "O2") -> dict[str, Any]:
+def msamp_deepspeed_config(config: Mapping[str, object], opt_level: str = "O2") -> dict[str, object]:
     """A DeepSpeed config with MS-AMP enabled (the ``"msamp"`` block that ``msamp.deepspeed`` reads).
 
     Args:

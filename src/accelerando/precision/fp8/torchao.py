@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -165,11 +165,8 @@ def _keep_parameter_identity(model: torch.nn.Module, before: dict[str, torch.nn.
             continue
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
-        inner = (
-            [a for a in new.__tensor_flatten__()[0] if getattr(new, a) is old]
-            if hasattr(new, "__tensor_flatten__")
-            else []
-        )
+        flatten = getattr(new, "__tensor_flatten__", None)  # a tensor subclass (Float8 weights)
+        inner = [a for a in flatten()[0] if getattr(new, a) is old] if flatten is not None else []
         torch.utils.swap_tensors(old, new)
         for a in inner:  # the wrapper held ``old``, whose contents now live in ``new``
             setattr(old, a, new)
@@ -189,8 +186,8 @@ def default_module_filter(model: torch.nn.Module) -> Callable[[torch.nn.Module, 
 
 
 def float8_config_for(
-    config: Any, *, emulate: bool | None = None, fsdp_all_gather: bool | None = None
-) -> Any:
+    config: Float8LinearConfig, *, emulate: bool | None = None, fsdp_all_gather: bool | None = None
+) -> Float8LinearConfig:
     """A copy of a ``Float8LinearConfig`` with ``emulate`` / ``enable_fsdp_float8_all_gather`` replaced.
 
     Args:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from accelerando.common.imports import is_transformer_engine_available
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = [
     "apply_fp8_autowrap",
@@ -26,7 +29,7 @@ __all__ = [
 
 _ORIGINAL_FORWARD = "_accelerando_te_original_forward"
 # TERecipeKwargs' defaults, for a handler that leaves a field unset (or none at all).
-_TE_DEFAULTS: dict[str, Any] = {
+_TE_DEFAULTS: dict[str, object] = {
     "margin": 0,
     "interval": 1,
     "fp8_format": "HYBRID",
@@ -37,7 +40,30 @@ _TE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _require_te(what: str) -> Any:
+class _TELinear(Protocol):
+    """What :func:`_from_te` reads of a ``transformer_engine.pytorch.Linear`` (the package ships no types)."""
+
+    @property
+    def in_features(self) -> int: ...
+
+    @property
+    def out_features(self) -> int: ...
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+
+class _TELayerNorm(Protocol):
+    """What :func:`_from_te` reads of a ``transformer_engine.pytorch.LayerNorm``."""
+
+    @property
+    def eps(self) -> float: ...
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+
+def _require_te(what: str) -> ModuleType:
 
     if not is_transformer_engine_available():
         raise ImportError(
@@ -60,14 +86,21 @@ def has_transformer_engine_layers(model: torch.nn.Module) -> bool:
     return any(isinstance(module, kinds) for module in model.modules())
 
 
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)  # the layers converted here all hold a weight parameter
+    return weight
+
+
 def _copy_params(target: torch.nn.Module, source: torch.nn.Module) -> None:
     with torch.no_grad():
-        target.weight.copy_(source.weight)
-        if getattr(source, "bias", None) is not None and getattr(target, "bias", None) is not None:
-            target.bias.copy_(source.bias)
+        _weight(target).copy_(_weight(source))
+        source_bias, target_bias = getattr(source, "bias", None), getattr(target, "bias", None)
+        if source_bias is not None and target_bias is not None:
+            target_bias.copy_(source_bias)
 
 
-def _to_te(te: Any, module: torch.nn.Module, linear: bool, norm: bool) -> torch.nn.Module | None:
+def _to_te(te: ModuleType, module: torch.nn.Module, linear: bool, norm: bool) -> torch.nn.Module | None:
     if linear and type(module) is torch.nn.Linear:
         # TE's FP8 GEMMs need both dimensions divisible by 16; other layers stay as they are.
         if module.in_features % 16 or module.out_features % 16:
@@ -92,19 +125,23 @@ def _to_te(te: Any, module: torch.nn.Module, linear: bool, norm: bool) -> torch.
     return new
 
 
-def _from_te(te: Any, module: torch.nn.Module, linear: bool, norm: bool) -> torch.nn.Module | None:
+def _from_te(te: ModuleType, module: torch.nn.Module, linear: bool, norm: bool) -> torch.nn.Module | None:
     if linear and isinstance(module, te.Linear):
-        weight = module.weight
+        layer = cast("_TELinear", module)  # Transformer Engine ships no type information
+        weight = layer.weight
         new: torch.nn.Module = torch.nn.Linear(
-            module.in_features,
-            module.out_features,
+            layer.in_features,
+            layer.out_features,
             bias=getattr(module, "use_bias", getattr(module, "bias", None) is not None),
             dtype=weight.dtype,
             device=weight.device,
         )
     elif norm and isinstance(module, te.LayerNorm):
-        weight = module.weight
-        new = torch.nn.LayerNorm(weight.shape[0], eps=module.eps, dtype=weight.dtype, device=weight.device)
+        norm_layer = cast("_TELayerNorm", module)  # Transformer Engine ships no type information
+        weight = norm_layer.weight
+        new = torch.nn.LayerNorm(
+            weight.shape[0], eps=norm_layer.eps, dtype=weight.dtype, device=weight.device
+        )
     else:
         return None
     _copy_params(new, module)
@@ -139,7 +176,8 @@ def convert_model(
             setattr(model, name, new)
 
 
-def te_recipe(handler: Any = None) -> Any:
+# Returns Any: a transformer_engine recipe object (the package ships no type information).
+def te_recipe(handler: object = None) -> Any:
     """The Transformer Engine recipe a ``TERecipeKwargs`` / ``FP8RecipeKwargs`` describes.
 
     ``DelayedScaling`` by default; ``MXFP8BlockScaling`` with ``use_mxfp8_block_scaling=True``. Fields
@@ -151,6 +189,7 @@ def te_recipe(handler: Any = None) -> Any:
     _require_te("an FP8 recipe")
     from transformer_engine.common import recipe as te_recipes
 
+    # Any: a recipe field's value as the handler holds it (a str, int, bool or tuple; TE checks it).
     def field(name: str) -> Any:
         value = getattr(handler, name, None)
         return _TE_DEFAULTS[name] if value is None else value
@@ -158,7 +197,7 @@ def te_recipe(handler: Any = None) -> Any:
     fmt = getattr(te_recipes.Format, str(field("fp8_format")).upper())
     if field("use_mxfp8_block_scaling"):
         return te_recipes.MXFP8BlockScaling(fp8_format=fmt)
-    wanted: dict[str, Any] = {
+    wanted: dict[str, object] = {
         "margin": field("margin"),
         "interval": field("interval"),
         "fp8_format": fmt,
@@ -173,8 +212,8 @@ def te_recipe(handler: Any = None) -> Any:
 
 
 def contextual_fp8_autocast(
-    model_forward: Callable[..., Any], fp8_recipe: Any, use_during_eval: bool = False
-) -> Callable[..., Any]:
+    model_forward: Callable[..., object], fp8_recipe: object, use_during_eval: bool = False
+) -> Callable[..., object]:
     """Wrap a forward so that it runs under Transformer Engine's FP8 autocast.
 
     The returned function takes the module as first argument (bind it with ``types.MethodType``);
@@ -185,7 +224,7 @@ def contextual_fp8_autocast(
     """
     te = _require_te("contextual_fp8_autocast")
 
-    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def forward(self: torch.nn.Module, *args: object, **kwargs: object) -> object:
         enabled = use_during_eval or self.training
         with te.fp8_autocast(enabled=enabled, fp8_recipe=fp8_recipe):
             return model_forward(*args, **kwargs)
@@ -194,7 +233,7 @@ def contextual_fp8_autocast(
     return forward
 
 
-def apply_fp8_autowrap(model: torch.nn.Module, fp8_recipe_handler: Any) -> torch.nn.Module:
+def apply_fp8_autowrap(model: torch.nn.Module, fp8_recipe_handler: object) -> torch.nn.Module:
     """Make ``model.forward`` run under FP8 autocast with the recipe ``fp8_recipe_handler`` describes.
 
     Args:
