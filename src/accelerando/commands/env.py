@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from shutil import which
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.commands.config.config_args import default_config_file
 from accelerando.commands.utils import CustomArgumentParser
@@ -19,6 +19,33 @@ from accelerando.settings.fields import machine_range
 from accelerando.settings.machine import detect_machine
 from accelerando.settings.resolve import env_layer, resolve
 from accelerando.version import __version__ as version
+
+if TYPE_CHECKING:
+    from accelerando.settings.resolve import Settings
+
+
+class Hardware(TypedDict):
+    """What :func:`collect_hardware` reports."""
+
+    cpus: int | None
+    ram_gib: float
+    gpus: list[str]
+
+
+# The reference's summary keys (they hold spaces and backticks, hence the functional form).
+EnvSummary = TypedDict(
+    "EnvSummary",
+    {
+        "`Accelerate` version": "str | None",
+        "Platform": "str | None",
+        "`accelerate` bash location": str,
+        "Python version": "str | None",
+        "PyTorch version": "str | None",
+        "System RAM": str,
+        "`Accelerate` configs": "str | dict[str, object]",
+        "status": int,
+    },
+)
 
 __all__ = [
     "add_parser",
@@ -99,7 +126,7 @@ def _gpus() -> list[str]:
     return rows
 
 
-def collect_hardware(with_gpus: bool = True) -> dict[str, Any]:
+def collect_hardware(with_gpus: bool = True) -> Hardware:
     """Return CPU, RAM and GPU facts about this machine.
 
     Args:
@@ -119,7 +146,9 @@ def collect_hardware(with_gpus: bool = True) -> dict[str, Any]:
     }
 
 
-def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def env_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the ``env`` parser (``--config_file``, ``--all``).
 
     Args:
@@ -141,7 +170,7 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando env`` (see :func:`env_command_parser`).
 
     Args:
@@ -155,7 +184,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def env_command(args: argparse.Namespace) -> dict[str, Any]:
+def env_command(args: argparse.Namespace) -> EnvSummary:
     """Print the environment report and return its summary under the reference's keys.
 
     Args:
@@ -176,7 +205,7 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
     print("  GPUs: " + ("none" if not hardware["gpus"] else "\n    " + "\n    ".join(hardware["gpus"])))
     location = which("accelerando") or which("accelerate") or "Not found"
     print(f"Command: {location}")
-    info: dict[str, Any] = {
+    info: EnvSummary = {
         "`Accelerate` version": versions.get("accelerando"),
         "Platform": versions.get("platform"),
         "`accelerate` bash location": location,
@@ -215,7 +244,7 @@ def env_command(args: argparse.Namespace) -> dict[str, Any]:
     return info
 
 
-def _print_layout(settings: Any) -> None:
+def _print_layout(settings: Settings) -> None:
     """The automatic parallel layout of these settings (``parallelism: auto``), with its reasons."""
     # Here, not at the top: the launch plan imports torch, and `accelerando env` reports versions without it.
     from accelerando.launchers.plan import automatic_layout

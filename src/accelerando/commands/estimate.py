@@ -14,12 +14,16 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.big_modeling.empty_init import init_empty_weights
 from accelerando.big_modeling.offload import read_safetensors_header
 from accelerando.big_modeling.sizes import calculate_maximum_sizes
 from accelerando.commands.utils import CustomArgumentParser
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelInfo
+    from torch import nn
 
 __all__ = [
     "EstimateError",
@@ -59,7 +63,9 @@ _LAYER_INDEX = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 _DESCRIPTION = "Estimate the memory a model needs to load (per dtype) and to train with Adam."
 
 
-def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def estimate_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the ``estimate-memory`` parser (model name, ``--library_name``, ``--dtypes``,
     ``--trust_remote_code``).
 
@@ -95,11 +101,20 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         action="store_true",
         help="Allow the model's own code from the Hub or folder to run. Only for repositories you trust.",
     )
+    parser.add_argument(
+        "--plan",
+        nargs=argparse.REMAINDER,
+        default=None,
+        metavar="PLAN_ARGS",
+        help="Instead of the table, simulate a training step per parallel layout on a cluster, as `accelerando "
+        "plan MODEL_NAME PLAN_ARGS` does; the arguments after --plan are its options (e.g. --gpus_per_machine 8 "
+        "--device_memory 80GiB; see `accelerando plan --help`). Must come last.",
+    )
     parser.set_defaults(func=estimate_command)
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando estimate-memory`` (see :func:`estimate_command_parser`).
 
     Args:
@@ -147,13 +162,14 @@ def _from_config(path: str, trust_remote_code: bool) -> tuple[int, int, str]:
     return _count_model(create_empty_model(path, "transformers", trust_remote_code=trust_remote_code))
 
 
-def _count_model(model: Any) -> tuple[int, int, str]:
+def _count_model(model: nn.Module) -> tuple[int, int, str]:
     """Count the elements of a (meta) model: ``(total, largest layer, largest layer's name)``."""
     total_bytes, (largest_bytes, names) = calculate_maximum_sizes(model)
     # Count elements: the empty model is float32 unless the config says otherwise.
     first = next(iter(model.parameters()), None)
     per_element = first.element_size() if first is not None else 4
-    return total_bytes // per_element, largest_bytes // per_element, ", ".join(names)
+    # Sizes are floats when boolean tensors (one bit each) are counted; the element counts are whole.
+    return int(total_bytes // per_element), int(largest_bytes // per_element), ", ".join(names)
 
 
 def estimate_sizes(path: str, trust_remote_code: bool = False) -> tuple[int, int, str]:
@@ -234,7 +250,7 @@ def _hub_offline() -> bool:
     return bool(hub_constants.HF_HUB_OFFLINE)
 
 
-def verify_on_hub(repo: str, token: str | None = None) -> Any:
+def verify_on_hub(repo: str, token: str | None = None) -> ModelInfo | str:
     """Look ``repo`` up on the Hugging Face Hub.
 
     Args:
@@ -311,7 +327,7 @@ def create_empty_model(
     library_name: str | None,
     trust_remote_code: bool = False,
     access_token: str | None = None,
-) -> Any:
+) -> nn.Module:
     """Build ``model_name`` on the ``meta`` device (no weights are downloaded or allocated).
 
     Args:
@@ -533,9 +549,20 @@ def estimate_command(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """``accelerando estimate-memory``: :func:`estimate_command`, a failure printed as one line.
 
+    With ``--plan``, ``accelerando plan MODEL_NAME PLAN_ARGS`` instead (the planner loads only then).
+
     Returns:
-        0 on success, 1 when the model cannot be found or built (the reason and the fix on stderr).
+        0 on success, 1 when the model cannot be found or built (the reason and the fix on stderr), or
+        with ``--plan`` the plan's code (1 when no layout fits).
+
+    Raises:
+        SystemExit: with ``--plan``, a bad plan argument or model (the message names it).
     """
+    plan_args = getattr(args, "plan", None)
+    if plan_args is not None:
+        from accelerando.commands import plan
+
+        return plan.run(plan.plan_command_parser().parse_args([args.model_name, *plan_args]))
     try:
         return estimate_command(args)
     except (ValueError, ImportError, OSError) as error:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from accelerando.commands.utils import CustomArgumentParser
 
@@ -20,7 +19,9 @@ _DESCRIPTION = (
 )
 
 
-def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def merge_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the ``merge-weights`` parser.
 
     Args:
@@ -62,7 +63,7 @@ def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando merge-weights`` (see :func:`merge_command_parser`).
 
     Args:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from accelerando.commands import launch
 from accelerando.commands.utils import CustomArgumentParser
@@ -20,7 +19,9 @@ __all__ = ["add_parser", "main", "run", "test_command", "test_command_parser"]
 _HELP = "Check that training works with the current configuration."
 
 
-def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def test_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the ``test`` parser (``--config_file``).
 
     Args:
@@ -38,7 +39,7 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando test`` (see :func:`test_command_parser`).
 
     Args:

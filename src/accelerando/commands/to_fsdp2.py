@@ -13,9 +13,8 @@ import enum
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from accelerando.commands.utils import CustomArgumentParser
 from accelerando.settings.configfile import read_config_file, write_config_file
@@ -67,7 +66,7 @@ _RESHARD_AFTER_FORWARD = {
 _SHARDING_BY_NUMBER = {str(i + 1): name for i, name in enumerate(_RESHARD_AFTER_FORWARD)}
 
 
-def _reshard_after_forward(strategy: Any) -> bool:
+def _reshard_after_forward(strategy: object) -> bool:
     name = _SHARDING_BY_NUMBER.get(str(strategy), str(strategy).upper())
     if name not in _RESHARD_AFTER_FORWARD:
         raise ValueError(
@@ -77,7 +76,7 @@ def _reshard_after_forward(strategy: Any) -> bool:
     return _RESHARD_AFTER_FORWARD[name]
 
 
-def load_config(config_file: str) -> dict[str, Any]:
+def load_config(config_file: str) -> dict[str, object]:
     """Read a YAML or JSON config file.
 
     Args:
@@ -95,7 +94,7 @@ def load_config(config_file: str) -> dict[str, Any]:
     return read_config_file(config_file)
 
 
-def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
+def convert_config_to_fsdp2(config: dict[str, object]) -> dict[str, object]:
     """Return ``config`` with its ``fsdp_config`` section in FSDP2 form (``fsdp_version: 2``).
 
     A config without an FSDP section, or already at version 2, is returned unchanged (with a log line).
@@ -108,16 +107,21 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
         The converted mapping.
 
     Raises:
-        ValueError: ``fsdp_sharding_strategy`` holds an unknown strategy.
+        ValueError: ``fsdp_sharding_strategy`` holds an unknown strategy, or ``fsdp_config`` is not a
+            mapping.
     """
     fsdp = config.get("fsdp_config") or {}
     if not fsdp:
         logger.info("The config has no fsdp_config section; nothing to convert.")
         return config
+    if not isinstance(fsdp, Mapping):
+        raise ValueError(
+            f"fsdp_config must be a mapping of fsdp_* options, got {fsdp!r}. Fix: check the file."
+        )
     if str(fsdp.get("fsdp_version", 1)) == "2":
         logger.warning("Config already specifies FSDP2, skipping conversion...")
         return config
-    converted: dict[str, Any] = {}
+    converted: dict[str, object] = {}
     for key, value in fsdp.items():
         target = _KEY_MAP.get(key, key)
         if target is ConversionStatus.REMOVED:
@@ -125,14 +129,16 @@ def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
         elif target is ConversionStatus.NOT_YET_IMPLEMENTED:
             logger.warning("%s has no FSDP2 equivalent yet; it is left out of the converted config.", key)
         elif key == "fsdp_sharding_strategy":
-            converted[target] = _reshard_after_forward(value)
+            converted[str(target)] = _reshard_after_forward(value)
         elif key != "fsdp_version":
             converted[str(target)] = value
     converted["fsdp_version"] = 2
     return {**config, "fsdp_config": converted}
 
 
-def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def to_fsdp2_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the ``to-fsdp2`` parser (``--config_file``, ``--output_file``, ``--overwrite``).
 
     Args:
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando to-fsdp2`` (see :func:`to_fsdp2_command_parser`).
 
     Args:

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from accelerando.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
 from accelerando.commands.utils import CustomArgumentParser
@@ -40,7 +39,9 @@ class TPUConfigError(ValueError):
     """The options do not say which TPU to use or what to run; the message names the fix."""
 
 
-def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def tpu_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the ``tpu-config`` parser with the reference's flags.
 
     Args:
@@ -184,7 +185,7 @@ def tpu_command_launcher(args: argparse.Namespace) -> int:
     return status
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando tpu-config`` (see :func:`tpu_command_parser`).
 
     Args:

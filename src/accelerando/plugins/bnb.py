@@ -26,7 +26,7 @@ _COMPUTE_DTYPES: dict[str, torch.dtype] = {
 _QUANT_TYPES = ("fp4", "nf4")
 
 
-def _as_dtype(value: Any, field_name: str) -> torch.dtype:
+def _as_dtype(value: object, field_name: str) -> torch.dtype:
     """Turn a dtype name or ``torch.dtype`` into a floating ``torch.dtype``; raise ValueError otherwise."""
     if isinstance(value, str):
         key = value.strip().lower().removeprefix("torch.")
@@ -45,7 +45,7 @@ def _as_dtype(value: Any, field_name: str) -> torch.dtype:
     )
 
 
-def _check_names(value: Any, field_name: str) -> list[str] | None:
+def _check_names(value: object, field_name: str) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, tuple):

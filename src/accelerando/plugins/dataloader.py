@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 __all__ = ["DataLoaderConfiguration"]
 
@@ -60,7 +59,7 @@ class DataLoaderConfiguration:
                     f"pass e.g. {field.name}={field.default!r}."
                 )
 
-    def to_kwargs(self) -> dict[str, Any]:
+    def to_kwargs(self) -> dict[str, object]:
         """Return the settings as keyword arguments of ``prepare_data_loader``.
 
         Returns:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.enums import DistributedType, DynamoBackend
 from accelerando.plugins.kwargs import KwargsHandler
 from accelerando.settings import fill_unset
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from accelerando.common.other import CompileKwargs
 
 # Backends whose wrapped model must be compiled in place: DeepSpeed's engine holds the model, FSDP2
 # holds the shards (DTensor parameters); other models get a compiled copy.
 _IN_PLACE_REGIONS = {DistributedType.DEEPSPEED: "engine", DistributedType.FSDP: "shards"}
 
 
-def _as_distributed_type(value: Any) -> DistributedType | None:
+def _as_distributed_type(value: object) -> DistributedType | None:
     try:
         return DistributedType(str(getattr(value, "value", value) or "").upper())
     except ValueError:
@@ -49,7 +56,7 @@ class TorchDynamoPlugin(KwargsHandler):
     mode: str | None = None
     fullgraph: bool | None = None
     dynamic: bool | None = None
-    options: dict[str, Any] | None = None
+    options: dict[str, str | int | bool | Callable[..., object]] | None = None
     disable: bool = False
     use_regional_compilation: bool | None = None
 
@@ -82,31 +89,33 @@ class TorchDynamoPlugin(KwargsHandler):
         """Whether compilation should happen."""
         return not self.disable and self.backend not in (None, DynamoBackend.NO)
 
-    def compile_kwargs(self) -> dict[str, Any]:
+    def compile_kwargs(self) -> CompileKwargs:
         """Arguments for ``torch.compile``."""
-        kwargs: dict[str, Any] = {"backend": str(self.backend).lower()}
-        for key in ("mode", "fullgraph", "dynamic"):
-            value = getattr(self, key)
-            if value is not None:
-                kwargs[key] = value
+        kwargs: CompileKwargs = {"backend": str(self.backend).lower()}
+        if self.mode is not None:
+            kwargs["mode"] = self.mode
+        if self.fullgraph is not None:
+            kwargs["fullgraph"] = self.fullgraph
+        if self.dynamic is not None:
+            kwargs["dynamic"] = self.dynamic
         if self.options:
             kwargs["options"] = self.options
         return kwargs
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """All fields as a dict, the backend as ``torch.compile`` spells it (``"inductor"``)."""
         out = super().to_dict()
         if out.get("backend") is not None:
             out["backend"] = str(getattr(out["backend"], "value", out["backend"])).lower()
         return out
 
-    def to_kwargs(self) -> dict[str, Any]:
+    def to_kwargs(self) -> dict[str, object]:
         """The changed fields that ``torch.compile`` accepts (``use_regional_compilation`` removed)."""
         kwargs = super().to_kwargs()
         kwargs.pop("use_regional_compilation", None)
         return kwargs
 
-    def compile(self, model: Any, distributed_type: Any = None) -> Any:
+    def compile(self, model: torch.nn.Module, distributed_type: object = None) -> torch.nn.Module:
         """Compile a prepared ``model`` as these options say (returned as is when disabled or compiled).
 
         With ``use_regional_compilation`` each repeated block is compiled once
@@ -128,8 +137,11 @@ class TorchDynamoPlugin(KwargsHandler):
             return model
         kwargs = self.compile_kwargs()
         if not self.use_regional_compilation:
-            return torch.compile(model, **kwargs)
-        in_place = _IN_PLACE_REGIONS.get(_as_distributed_type(distributed_type))
+            compiled = torch.compile(model, **kwargs)
+            assert isinstance(compiled, torch.nn.Module)  # a compiled module is an OptimizedModule
+            return compiled
+        kind = _as_distributed_type(distributed_type)
+        in_place = _IN_PLACE_REGIONS.get(kind) if kind is not None else None
         if in_place == "engine":
             other.compile_regions_deepspeed(model, **kwargs)
             return model

@@ -54,7 +54,7 @@ _SETTINGS = {
 }
 _ATTRIBUTE_OF = {setting: attr for attr, setting in _SETTINGS.items()}
 
-_DEFAULTS: dict[str, Any] = {
+_DEFAULTS: dict[str, object] = {
     "fsdp_version": 2,
     "state_dict_type": "FULL_STATE_DICT",
     "forward_prefetch": False,
@@ -68,13 +68,16 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def _name_of(value: Any) -> str:
+_NO_ATTRIBUTE = object()
+
+
+def _name_of(value: object) -> str:
     """Upper-case name of an enum member or string ("ShardingStrategy.FULL_SHARD" -> "FULL_SHARD")."""
     name = getattr(value, "name", None) or str(value)
     return name.rsplit(".", 1)[-1].strip().upper()
 
 
-def _choice(field_name: str, value: Any, choices: tuple[str, ...]) -> str:
+def _choice(field_name: str, value: object, choices: tuple[str, ...]) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(choices):
         return choices[value - 1]  # the config wizard's numbered answers (1 = first choice)
     name = _name_of(value)
@@ -87,7 +90,7 @@ def _choice(field_name: str, value: Any, choices: tuple[str, ...]) -> str:
     return name
 
 
-def _bool(field_name: str, value: Any) -> bool:
+def _bool(field_name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -222,6 +225,7 @@ class FullyShardedDataParallelPlugin:
                 self.sources.setdefault(attr, "default")
 
     def _normalise(self) -> None:
+        assert self.fsdp_version is not None  # _fill_defaults set every unset field
         self.fsdp_version = int(self.fsdp_version)
         if self.fsdp_version not in (1, 2):
             raise ValueError(f"fsdp_version={self.fsdp_version!r} is not supported; use 1 or 2")
@@ -243,6 +247,7 @@ class FullyShardedDataParallelPlugin:
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             # Ranks other than 0 hold empty weights; without the broadcast they would train garbage.
             self.sync_module_states = True
+        assert self.min_num_params is not None  # _fill_defaults set every unset field
         self.min_num_params = int(self.min_num_params)
         if self.min_num_params < 0:
             raise ValueError(f"min_num_params={self.min_num_params} must be >= 0")
@@ -298,7 +303,7 @@ class FullyShardedDataParallelPlugin:
         self.sharding_strategy = _choice("sharding_strategy", strategy, SHARDING_STRATEGIES)
         self.reshard_after_forward = None
 
-    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
+    def set_state_dict_type(self, state_dict_type: object = None) -> None:
         """Switch between FULL_STATE_DICT and SHARDED_STATE_DICT (None re-reads the settings).
 
         Args:
@@ -340,7 +345,7 @@ class FullyShardedDataParallelPlugin:
         if dtype is None:
             self.mixed_precision_policy = None
             return
-        policy: dict[str, Any] = {"param_dtype": dtype, "reduce_dtype": torch.float32}
+        policy: dict[str, torch.dtype] = {"param_dtype": dtype, "reduce_dtype": torch.float32}
         if buffer_autocast:
             policy["buffer_dtype"] = dtype
         self.mixed_precision_policy = policy
@@ -492,18 +497,19 @@ class FullyShardedDataParallelPlugin:
             )
 
 
-def _offload_flag(value: Any) -> bool:
+def _offload_flag(value: object) -> bool:
     """Whether ``cpu_offload`` (bool or FSDP object) asks for parameters in CPU memory."""
     if value is None or isinstance(value, bool):
         return bool(value)
-    if hasattr(value, "offload_params"):  # FSDP1 CPUOffload
-        return bool(value.offload_params)
+    offload_params = getattr(value, "offload_params", _NO_ATTRIBUTE)
+    if offload_params is not _NO_ATTRIBUTE:  # FSDP1 CPUOffload
+        return bool(offload_params)
     return type(value).__name__ == "CPUOffloadPolicy" or any(
         cls.__name__ == "CPUOffloadPolicy" for cls in type(value).__mro__
     )
 
 
-def _fsdp_object_kind(value: Any, fsdp1: tuple[str, ...], fsdp2: tuple[str, ...]) -> int | None:
+def _fsdp_object_kind(value: object, fsdp1: tuple[str, ...], fsdp2: tuple[str, ...]) -> int | None:
     """1 or 2 when ``value`` is an instance of the named ``torch.distributed.fsdp`` classes, else None.
 
     Compares class names along the MRO so that checking needs no import of ``torch.distributed.fsdp``.

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.plugins.kwargs import KwargsHandler
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PipelineParallelPlugin"]
 
@@ -51,7 +54,7 @@ class PipelineParallelPlugin(KwargsHandler):
     split_points: str | list[str] = "auto"
     schedule: str = "GPipe"
     num_microbatches: int | None = None
-    loss_fn: Callable[..., Any] | None = None
+    loss_fn: Callable[..., torch.Tensor] | None = None
     pp_size: int | None = None
     no_split_module_classes: list[str] | None = None
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.plugins.kwargs import KwargsHandler
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["TorchTensorParallelPlugin"]
 
@@ -35,8 +38,8 @@ class TorchTensorParallelPlugin(KwargsHandler):
     """
 
     tp_size: int = 1
-    torch_device_mesh: Any = None
-    tp_plan: Mapping[str, Any] | None = None
+    torch_device_mesh: DeviceMesh | None = None
+    tp_plan: Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -73,7 +76,7 @@ class TorchTensorParallelPlugin(KwargsHandler):
         """
         mesh = self.torch_device_mesh
         if mesh is not None:
-            names = tuple(mesh.mesh_dim_names)
+            names = tuple(mesh.mesh_dim_names or ())  # a mesh without names was refused when built
             unknown = [name for name in names if name not in _MESH_AXES]
             if unknown:
                 raise ValueError(

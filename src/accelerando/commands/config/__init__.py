@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 
-def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def get_config_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build ``accelerando config`` with its ``default`` and ``update`` subcommands.
 
     ``--config_file`` is accepted before or after the subcommand
@@ -72,7 +74,7 @@ def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando config`` on the ``accelerando`` command line.
 
     Args:

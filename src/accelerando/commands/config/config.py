@@ -9,7 +9,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from accelerando.commands.config.cluster import get_cluster_input
 from accelerando.commands.config.config_args import (
@@ -55,7 +54,9 @@ def get_user_input() -> BaseConfig | None:
     return get_cluster_input()
 
 
-def config_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def config_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """Build the parser of the interactive ``accelerando config`` (no subcommands).
 
     Args:

@@ -96,7 +96,7 @@ def write_basic_config(
 
 
 def default_command_parser(
-    parser: Any, parents: Sequence[argparse.ArgumentParser]
+    parser: argparse._SubParsersAction[argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
 ) -> argparse.ArgumentParser:
     """Register ``default`` on the subcommands of ``accelerando config``.
 

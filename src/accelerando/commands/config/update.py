@@ -11,7 +11,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from accelerando.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
@@ -59,7 +58,9 @@ def update_config(args: argparse.Namespace) -> str:
     return str(config_file)
 
 
-def update_command_parser(parser: Any, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def update_command_parser(
+    parser: argparse._SubParsersAction[argparse.ArgumentParser], parents: Sequence[argparse.ArgumentParser]
+) -> argparse.ArgumentParser:
     """Register ``update`` on the subcommands of ``accelerando config``.
 
     Args:

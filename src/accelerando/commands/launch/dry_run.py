@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.launchers.limits import clip
+
+if TYPE_CHECKING:
+    from accelerando.launchers.plan import LaunchPlan
+    from accelerando.settings.resolve import Settings
 
 __all__ = ["print_dry_run", "print_settings"]
 
 
-def print_settings(settings: Any) -> None:
+def print_settings(settings: Settings) -> None:
     """Print each setting whose value does not come from its default, with its source.
 
     A value longer than :data:`~accelerando.launchers.limits.ECHO_LIMIT` characters is cut, with its size.
@@ -23,7 +27,7 @@ def print_settings(settings: Any) -> None:
             print(f"  {name} = {clip(repr(value))}  [{source}]")  # a huge value is cut: "... (N bytes)"
 
 
-def print_dry_run(settings: Any, plan: Any) -> None:
+def print_dry_run(settings: Settings, plan: LaunchPlan) -> None:
     """Print the non-default settings, then the plan's topology, command and environment.
 
     Args:

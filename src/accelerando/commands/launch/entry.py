@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.dry_run import print_dry_run
 from accelerando.commands.launch.emit import emit
@@ -27,10 +27,17 @@ from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
 from accelerando.settings.fields import FIELDS
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from accelerando.launchers.ft import FaultTolerantPlan
+    from accelerando.launchers.plan import LaunchPlan
+    from accelerando.settings.resolve import Settings
+
 __all__ = ["add_parser", "main", "run", "script_problem"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``accelerando launch`` on the CLI's subparsers.
 
     Args:
@@ -55,7 +62,7 @@ def _usage_error(args: argparse.Namespace) -> str:
     return refused_message(args)
 
 
-def script_problem(args: argparse.Namespace, plan: Any = None) -> str:
+def script_problem(args: argparse.Namespace, plan: LaunchPlan | None = None) -> str:
     """Why the script of ``args`` cannot be started on this machine, or ``""``.
 
     Checked before any process starts, so a mistyped path is one line instead of one traceback per
@@ -135,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     return _run_plan(args, settings, plan)
 
 
-def _fault_tolerant_plan(args: argparse.Namespace, settings: Any, plan: Any) -> Any:
+def _fault_tolerant_plan(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) -> FaultTolerantPlan:
     """The replica groups of a ``--fault_tolerance`` launch (group 0 runs ``plan``; each has its own port).
 
     Raises:
@@ -146,7 +153,7 @@ def _fault_tolerant_plan(args: argparse.Namespace, settings: Any, plan: Any) -> 
     return build_fault_tolerant(settings, plan, lambda: plan_for(args)[1])
 
 
-def _describe_fault_tolerant(args: argparse.Namespace, settings: Any, plan: Any) -> int:
+def _describe_fault_tolerant(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) -> int:
     """For ``--dry_run``: print the replica groups of a ``--fault_tolerance`` launch; the exit status."""
     if not settings.fault_tolerance:
         return 0
@@ -158,7 +165,7 @@ def _describe_fault_tolerant(args: argparse.Namespace, settings: Any, plan: Any)
     return 0
 
 
-def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
+def _run_plan(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) -> int:
     """Start the processes of ``plan``: one job, or one per replica group with ``--fault_tolerance``."""
     if settings.fault_tolerance:
         try:
@@ -173,7 +180,7 @@ def _run_plan(args: argparse.Namespace, settings: Any, plan: Any) -> int:
     return runner.run(plan, quiet=args.quiet)
 
 
-def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
+def _run_on_ray(settings: Settings, plan: LaunchPlan, args: argparse.Namespace) -> int:
     """Run the plan's processes on the Ray cluster of ``--ray``; exit 2 when Ray is missing or unreachable."""
     from accelerando.launchers.ray import run_on_ray
 
@@ -200,7 +207,7 @@ def _run_on_ray(settings: Any, plan: Any, args: argparse.Namespace) -> int:
         return 2
 
 
-def _carried_settings(settings: Any, env: Any) -> dict[str, str]:
+def _carried_settings(settings: Settings, env: Mapping[str, str]) -> dict[str, str]:
     """For each variable of ``env`` that carries a setting: ``"setting <name>, from <source>"``."""
     names: dict[str, str] = {}
     for field in FIELDS:

@@ -9,8 +9,7 @@ before parsing, so the script's own flags are never taken for the launcher's.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from accelerando.commands.launch.flags import (
     COMPAT_SWITCHES,
@@ -125,7 +124,7 @@ class ParserDefault(str):
 _PARSER_DEFAULTS = {"fsdp_sync_module_states": ParserDefault("true")}
 
 
-def is_given(field: Field, value: Any) -> bool:
+def is_given(field: Field, value: object) -> bool:
     """Whether ``value``, read from a launch namespace for ``field``, was given on the command line.
 
     Args:
@@ -140,17 +139,22 @@ def is_given(field: Field, value: Any) -> bool:
     return not (field.switch and value is False)
 
 
-def _typed(field: Field) -> Any:
+def _as_given(text: str) -> str:
+    # What argparse does without a ``type`` (its registry's identity): a default object stays itself.
+    return text
+
+
+def _typed(field: Field) -> Callable[[str], int | float | str]:
     """The argparse ``type`` of a setting flag: a number as a number, anything else as typed.
 
     Text that is not a number stays text, so the settings resolver reports it with the setting, the
     flag and the fix (argparse's own message would say less).
     """
     if field.kind not in ("int", "float"):
-        return None
+        return _as_given
     kind = int if field.kind == "int" else float
 
-    def convert(text: str) -> Any:
+    def convert(text: str) -> int | float | str:
         try:
             return kind(text)
         except ValueError:
@@ -177,7 +181,7 @@ def _add_own_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    groups: dict[str, Any] = {}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for field in FIELDS:
         if field.cli is None:
             continue
@@ -190,11 +194,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(field.cli, dest=field.name, action="store_true", help=_help(field))
         else:
             metavar = _METAVARS.get(field.name, field.kind.upper())
-            optional = (
-                {"nargs": "?", "const": _OPTIONAL_VALUES[field.name]}
-                if field.name in _OPTIONAL_VALUES
-                else {}
-            )
+            # A flag with an optional value takes that value when given bare (nargs=None, const=None
+            # are argparse's defaults for the others).
             group.add_argument(
                 field.cli,
                 dest=field.name,
@@ -202,7 +203,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 type=_typed(field),
                 default=_PARSER_DEFAULTS.get(field.name),
                 help=_help(field),
-                **optional,
+                nargs="?" if field.name in _OPTIONAL_VALUES else None,
+                const=_OPTIONAL_VALUES.get(field.name),
             )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.entry import run
 from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_message
@@ -20,6 +20,11 @@ from accelerando.launchers.mpirun import MpiRun
 from accelerando.launchers.plan import check_files
 from accelerando.settings.configfile import default_config_path
 from accelerando.settings.fields import FIELDS
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from accelerando.settings.resolve import Settings
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -55,7 +60,9 @@ def _default_config_file() -> str:
 default_config_file = _default_config_file()
 
 
-def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def launch_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """The parser of ``launch``: standalone, or registered on a CLI's ``subparsers``.
 
     Args:
@@ -74,7 +81,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
+def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Settings, bool]:
     """Resolve and check the settings of a launch namespace without starting anything.
 
     Args:
@@ -103,7 +110,7 @@ def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespac
     return args, settings, settings.source("mixed_precision").startswith("config:")
 
 
-def _fill_namespace(args: argparse.Namespace, settings: Any) -> None:
+def _fill_namespace(args: argparse.Namespace, settings: Settings) -> None:
     """Write into ``args`` every flag's setting that some layer (config file, environment, flag) gave.
 
     As the reference's validation does, so code reading ``args`` afterwards sees the config file's
@@ -118,7 +125,7 @@ def _fill_namespace(args: argparse.Namespace, settings: Any) -> None:
 
 
 def _start(
-    args: argparse.Namespace, allowed: tuple[str, ...], who: str, forced: dict[str, Any] | None = None
+    args: argparse.Namespace, allowed: tuple[str, ...], who: str, forced: Mapping[str, object] | None = None
 ) -> None:
     """Plan ``args``, check the plan is one ``who`` starts, run it; a failure raises as the reference does."""
     validate_launch_command(args)
@@ -237,7 +244,7 @@ def tpu_pod_launcher(args: argparse.Namespace) -> None:
     )
 
 
-def sagemaker_launcher(sagemaker_config: Any, args: argparse.Namespace) -> None:
+def sagemaker_launcher(sagemaker_config: object, args: argparse.Namespace) -> None:
     """Refuse a SageMaker launch: accelerando starts jobs on this machine or a cluster of its own.
 
     Args:

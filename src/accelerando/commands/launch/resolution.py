@@ -8,7 +8,7 @@ and adds the compatibility variables. Heavy imports (yaml, the planner) happen i
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.flags import compat_env
 from accelerando.commands.launch.parser import is_given
@@ -18,10 +18,17 @@ from accelerando.settings.fields import FIELDS
 from accelerando.settings.machine import detect_machine
 from accelerando.settings.resolve import Sourced, env_layer, resolve
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from accelerando.launchers.mpirun import MpiRun
+    from accelerando.launchers.plan import LaunchPlan
+    from accelerando.settings.resolve import Settings
+
 __all__ = ["cli_layer", "command_of", "plan_for", "resolve_launch_settings"]
 
 
-def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+def cli_layer(args: argparse.Namespace) -> dict[str, Sourced]:
     """The settings given as flags in ``args``, each tagged with its flag as the source.
 
     Args:
@@ -30,7 +37,7 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         Setting name -> :class:`~accelerando.settings.resolve.Sourced` (``cli:--flag``), given ones only.
     """
-    layer = {}
+    layer: dict[str, Sourced] = {}
     for field in FIELDS:
         value = getattr(args, field.name, None) if field.cli else None
         if is_given(field, value):
@@ -39,8 +46,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolve_launch_settings(
-    args: argparse.Namespace, forced: dict[str, Any] | None = None
-) -> tuple[Any, list[str]]:
+    args: argparse.Namespace, forced: Mapping[str, object] | None = None
+) -> tuple[Settings, list[str]]:
     """Resolve the launcher's settings: defaults < config file < environment < CLI flags.
 
     Args:
@@ -61,7 +68,7 @@ def resolve_launch_settings(
     return resolve([config, env_layer(), cli_layer(args), implied], warn_sources=()), notes
 
 
-def command_of(args: argparse.Namespace) -> Any:
+def command_of(args: argparse.Namespace) -> Command:
     """The :class:`~accelerando.launchers.plan.Command` each process of ``args`` runs.
 
     Args:
@@ -79,8 +86,11 @@ def command_of(args: argparse.Namespace) -> Any:
 
 
 def plan_for(
-    args: argparse.Namespace, forced: dict[str, Any] | None = None, *, find_mpirun: Any = None
-) -> tuple[Any, Any]:
+    args: argparse.Namespace,
+    forced: Mapping[str, object] | None = None,
+    *,
+    find_mpirun: Callable[[], MpiRun] | None = None,
+) -> tuple[Settings, LaunchPlan]:
     """Resolve the settings of ``args`` and plan the launch.
 
     Args:
@@ -104,7 +114,10 @@ def plan_for(
     agent_options = [
         f"--{k}={getattr(args, k)}" for k in ("role", "tee", "log_dir") if getattr(args, k, None)
     ]
-    extra = {"mpirun": find_mpirun} if find_mpirun is not None else {}
-    plan = build(settings, command, detect_machine(), agent_options=agent_options, **extra)
+    machine = detect_machine()
+    if find_mpirun is None:
+        plan = build(settings, command, machine, agent_options=agent_options)
+    else:
+        plan = build(settings, command, machine, agent_options=agent_options, mpirun=find_mpirun)
     check_command(command, settings)
     return settings, replace(plan, env={**plan.env, **compat_env(args)}, notes=(*notes, *plan.notes))
