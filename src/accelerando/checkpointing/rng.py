@@ -36,6 +36,8 @@ def _to_plain(value: object) -> object:
     if isinstance(value, dict):
         return {k: _to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if all(type(v) is int for v in value):  # e.g. Python's random state (625 ints): nothing to convert
+            return value
         return type(value)(_to_plain(v) for v in value)
     return value
 
