@@ -11,7 +11,6 @@ which plain argparse would call ambiguous.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 __all__ = ["SpellingParser", "add_dash_spellings", "other_spelling", "canonical_key", "SPELLING_NOTE"]
 
@@ -58,11 +57,12 @@ class SpellingParser(argparse.ArgumentParser):
     Subparsers made through ``add_subparsers`` are of this class too (argparse uses the parent's).
     """
 
-    def _get_option_tuples(self, option_string: str) -> list[Any]:
+    def _get_option_tuples(self, option_string: str) -> list[tuple[argparse.Action, str, str | None]]:
+        # The tuples are argparse's (Python 3.12 adds a fourth item); only their action is read here.
         # Prefix matching sees both registered spellings of one flag; keep one match per action so an
         # abbreviation stays as valid as it was with one spelling.
         seen: set[int] = set()
-        unique = []
+        unique: list[tuple[argparse.Action, str, str | None]] = []
         for match in super()._get_option_tuples(option_string):
             if id(match[0]) not in seen:
                 seen.add(id(match[0]))

@@ -9,14 +9,26 @@ pass. ``--help`` keeps showing the spelling the option was declared with.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from accelerando.commands.spellings import SPELLING_NOTE, SpellingParser, other_spelling
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class GroupOptions(TypedDict, total=False):
+    """The keyword-only options of ``argparse``'s argument groups."""
+
+    prefix_chars: str
+    argument_default: object
+    conflict_handler: str
+
 
 __all__ = ["CustomArgumentGroup", "CustomArgumentParser"]
 
 
-def _register_other_spellings(container: Any, action: argparse.Action) -> None:
+def _register_other_spellings(container: argparse._ActionsContainer, action: argparse.Action) -> None:
     """Make each long option of ``action`` reachable with its other spelling (lookup only)."""
     lookup = container._option_string_actions
     for option in action.option_strings:
@@ -32,8 +44,12 @@ class CustomArgumentGroup(argparse._ArgumentGroup):
     """
 
     def __init__(
-        self, container: Any, title: str | None = None, description: str | None = None, **kwargs: Any
-    ):
+        self,
+        container: argparse._ActionsContainer,
+        title: str | None = None,
+        description: str | None = None,
+        **kwargs: Unpack[GroupOptions],
+    ) -> None:
         super().__init__(container, title=title, description=description, **kwargs)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
@@ -76,12 +92,14 @@ class CustomArgumentParser(SpellingParser):
         _register_other_spellings(self, action)
         return action
 
-    def add_argument_group(self, *args: Any, **kwargs: Any) -> CustomArgumentGroup:
+    def add_argument_group(
+        self, title: str | None = None, description: str | None = None, **kwargs: Unpack[GroupOptions]
+    ) -> CustomArgumentGroup:
         """Add a :class:`CustomArgumentGroup` (same arguments as argparse's ``add_argument_group``).
 
         Returns:
             The new group.
         """
-        group = CustomArgumentGroup(self, *args, **kwargs)
+        group = CustomArgumentGroup(self, title, description, **kwargs)
         self._action_groups.append(group)
         return group

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.common import imports
 from accelerando.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
@@ -26,6 +26,11 @@ from accelerando.devices.detect import detect_device_backend
 from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
 from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
 from accelerando.settings import environment_setting, fill_unset
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
 
 __all__ = [
     "AUTO",
@@ -64,7 +69,7 @@ _RENAMED_SETTINGS = {
 MAX_CONFIG_BYTES = 64 * 2**20
 
 
-def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+def load_config(config: str | os.PathLike[str] | Mapping[str, object]) -> dict[str, Any]:
     """Return a private copy of a DeepSpeed config given as a JSON file path or a mapping.
 
     Args:
@@ -102,9 +107,12 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
     raise TypeError(f"a DeepSpeed config must be a JSON file path or a dict, got {type(config).__name__}")
 
 
-def get_value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    """Read a dotted key (``"zero_optimization.stage"``); ``default`` when any level is missing."""
-    node: Any = config
+def get_value(config: Mapping[str, object], key: str, default: object = None) -> Any:
+    """Read a dotted key (``"zero_optimization.stage"``); ``default`` when any level is missing.
+
+    The result is a JSON value of the config (a number, string, list or section), hence ``Any``.
+    """
+    node: object = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return default
@@ -112,7 +120,7 @@ def get_value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return node
 
 
-def set_value(config: dict[str, Any], key: str, value: Any) -> None:
+def set_value(config: dict[str, Any], key: str, value: object) -> None:
     """Write a dotted key, creating the intermediate sections."""
     *parents, last = key.split(".")
     node = config
@@ -146,7 +154,7 @@ def zero_init_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def import_deepspeed(device_type: str | None = None) -> Any:
+def import_deepspeed(device_type: str | None = None) -> ModuleType:
     """Import and return the ``deepspeed`` module.
 
     On a CPU run (``device_type`` "cpu", or no accelerator found when it is None) DeepSpeed is
@@ -204,7 +212,9 @@ def _refuse_config_file_fields() -> None:
         )
 
 
-def _as_hf_config(config: Any) -> Any:
+def _as_hf_config(
+    config: str | os.PathLike[str] | Mapping[str, object] | HfDeepSpeedConfig,
+) -> HfDeepSpeedConfig:
     """Return ``config`` as an :class:`~accelerando.utils.deepspeed.HfDeepSpeedConfig`.
 
     An ``HfDeepSpeedConfig`` (transformers' ``HfTrainerDeepSpeedConfig`` included) is kept as is, so
@@ -258,7 +268,7 @@ class DeepSpeedPlugin:
         ValueError / TypeError: an invalid value or a contradiction with the config, naming the fix.
     """
 
-    hf_ds_config: Any = None
+    hf_ds_config: str | os.PathLike[str] | Mapping[str, object] | HfDeepSpeedConfig | None = None
     gradient_accumulation_steps: int | str | None = None
     gradient_clipping: float | str | None = None
     zero_stage: int | str | None = None
@@ -283,14 +293,14 @@ class DeepSpeedPlugin:
         self._validate_fields()
         if self.hf_ds_config is not None:
             _refuse_config_file_fields()
-            self.hf_ds_config = _as_hf_config(self.hf_ds_config)
+            hf_config = self.hf_ds_config = _as_hf_config(self.hf_ds_config)
             # The very dict of the config object: transformers fills its "auto" values later.
-            self.deepspeed_config = self.hf_ds_config.config
+            self.deepspeed_config = hf_config.config
             self._merge_fields_into_config(code_given)
         else:
-            self.hf_ds_config = _as_hf_config(self._config_from_fields())
-            self.deepspeed_config = self.hf_ds_config.config
-        self.hf_ds_config.set_stage_and_offload()
+            hf_config = self.hf_ds_config = _as_hf_config(self._config_from_fields())
+            self.deepspeed_config = hf_config.config
+        hf_config.set_stage_and_offload()
         self._sync_fields_from_config()
         self._finish_zero3_flags()
         if self.enable_msamp:
@@ -333,9 +343,9 @@ class DeepSpeedPlugin:
         if gas is not None and gas != AUTO and (not isinstance(gas, int) or gas < 1):
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1 or 'auto', got {gas!r}")
 
-    def _config_from_fields(self) -> dict[str, Any]:
+    def _config_from_fields(self) -> dict[str, object]:
         """A complete config from the fields; batch sizes and precision stay "auto" until prepare."""
-        config: dict[str, Any] = {
+        config: dict[str, object] = {
             "train_batch_size": AUTO,
             "train_micro_batch_size_per_gpu": AUTO,
             "gradient_accumulation_steps": self.gradient_accumulation_steps or AUTO,
@@ -415,7 +425,7 @@ class DeepSpeedPlugin:
         """Whether the dotted key ``ds_key_long`` of the config is still "auto" (False when absent)."""
         return get_value(self.deepspeed_config, ds_key_long) == AUTO
 
-    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+    def get_value(self, ds_key_long: str, default: object = None) -> Any:
         """Read the dotted key ``ds_key_long`` of the config (``"zero_optimization.stage"``).
 
         Returns ``default`` when any level of the key is missing.
@@ -423,7 +433,7 @@ class DeepSpeedPlugin:
         return get_value(self.deepspeed_config, ds_key_long, default)
 
     def fill_match(
-        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any
+        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: object
     ) -> None:
         """Fill ``ds_key_long`` from ``kwargs[ds_key_long]`` when the config says "auto".
 
@@ -463,9 +473,9 @@ class DeepSpeedPlugin:
         self,
         prefix: str = "",
         mismatches: list[str] | None = None,
-        config: dict[str, Any] | None = None,
+        config: dict[str, object] | None = None,
         must_match: bool = True,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         """Fill every "auto" value of the config (or of the sub-``config`` under ``prefix``) from ``kwargs``.
 
@@ -496,7 +506,7 @@ class DeepSpeedPlugin:
                 '"auto" in the config to take the script\'s values'
             )
 
-    def set_moe_leaf_modules(self, model: Any) -> None:
+    def set_moe_leaf_modules(self, model: torch.nn.Module) -> None:
         """Mark the mixture-of-experts layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaves.
 
         ZeRO-3 then gathers each such layer's parameters as one unit instead of hooking its experts
@@ -572,7 +582,7 @@ class DeepSpeedPlugin:
         if not self.is_zero3_init_enabled() or not imports.is_package_available("transformers"):
             return
         try:
-            from transformers.integrations import HfDeepSpeedConfig
+            from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
             self._hf_config = HfDeepSpeedConfig(zero_init_config(self.deepspeed_config))
         except (ImportError, LookupError) as exc:

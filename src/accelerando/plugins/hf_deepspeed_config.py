@@ -23,7 +23,7 @@ __all__ = ["HfDeepSpeedConfig"]
 _OFFLOAD_DEVICES = frozenset({"cpu", "nvme"})
 
 
-def _read_config(config_file_or_dict: Any) -> dict[str, Any]:
+def _read_config(config_file_or_dict: object) -> dict[str, Any]:
     """Turn a dict, a JSON file path or a base64-encoded JSON string into a private dict."""
     if isinstance(config_file_or_dict, Mapping):
         # A deep copy: callers (and transformers' "auto" filling) edit the config in place.
@@ -78,7 +78,7 @@ class HfDeepSpeedConfig:
         ValueError: the argument is none of the accepted forms, or the file is not a JSON object.
     """
 
-    def __init__(self, config_file_or_dict: Any) -> None:
+    def __init__(self, config_file_or_dict: str | os.PathLike[str] | Mapping[str, object]) -> None:
         self.config: dict[str, Any] = _read_config(config_file_or_dict)
         self._stage: int = -1
         self._offload: bool = False
@@ -110,15 +110,18 @@ class HfDeepSpeedConfig:
             ``(None, last_key)`` when an intermediate section is missing.
         """
         *parents, last = ds_key_long.split(".")
-        node: Any = self.config
+        node: object = self.config
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
             if node is None:
                 return None, last
         return (node if isinstance(node, dict) else None), last
 
-    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """Read a dotted key's value, or ``default`` when it (or a section above it) is absent."""
+    def get_value(self, ds_key_long: str, default: object = None) -> Any:
+        """Read a dotted key's value, or ``default`` when it (or a section above it) is absent.
+
+        The value is a JSON value of the config (a number, string, list or section), hence ``Any``.
+        """
         node, key = self.find_config_node(ds_key_long)
         if node is None:
             return default

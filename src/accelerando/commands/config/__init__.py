@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from accelerando.commands.config.config import config_command, config_command_parser
 from accelerando.commands.config.config_args import default_config_file, load_config_from_file
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     return config_command(args)
 
 
-def ask_questions() -> dict[str, Any] | None:
+def ask_questions() -> dict[str, object] | None:
     """Ask the interactive questions (see :mod:`accelerando.commands.config.questions`).
 
     Returns:

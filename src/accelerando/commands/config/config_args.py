@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from accelerando.common.constants import (
     SAGEMAKER_PYTHON_VERSION,
@@ -78,7 +78,7 @@ def _live_default_file(suffix: str) -> str:
     return str(default_config_path().with_suffix(suffix))
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """Enum members become their value, recursively, so YAML and JSON writers see plain data."""
     if isinstance(value, Enum):
         return value.value
@@ -114,7 +114,7 @@ class BaseConfig:
         self.distributed_type = _enum(kinds, self.distributed_type, "distributed_type")
         self.mixed_precision = str(self.mixed_precision).lower()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Return the config as a plain mapping, as written to a file.
 
         Enum members become strings; ``None`` values and empty sections are left out.
@@ -122,7 +122,7 @@ class BaseConfig:
         Returns:
             Key -> value.
         """
-        result: dict[str, Any] = {}
+        result: dict[str, object] = {}
         for item in dataclasses.fields(self):
             value = _plain(getattr(self, item.name))
             if value is None or (isinstance(value, dict) and not value):
@@ -183,7 +183,7 @@ class BaseConfig:
         return cls._from_mapping(read_config_file(path), path)
 
     @staticmethod
-    def process_config(config_dict: Mapping[str, Any]) -> dict[str, Any]:
+    def process_config(config_dict: Mapping[str, object]) -> dict[str, Any]:
         """Bring a config mapping up to date: current key names and defaults for missing keys.
 
         Renames old keys (top-level ``dynamo_backend``, ``fsdp_backward_prefetch_policy``, a boolean
@@ -196,7 +196,7 @@ class BaseConfig:
         Returns:
             A new, updated mapping.
         """
-        data = dict(config_dict)
+        data: dict[str, Any] = dict(config_dict)  # the file's values, checked by the dataclass
         if "fp16" in data and "mixed_precision" not in data:
             data["mixed_precision"] = "fp16" if data.pop("fp16") else "no"
         if data.get("dynamo_backend") in ("NO", "no"):
@@ -211,7 +211,7 @@ class BaseConfig:
         return data
 
     @classmethod
-    def _from_mapping(cls, raw: Mapping[str, Any], path: str) -> BaseConfig:
+    def _from_mapping(cls, raw: Mapping[str, object], path: str) -> BaseConfig:
         data = cls.process_config(raw)
         names = {item.name for item in dataclasses.fields(cls)}
         extra = {key: data.pop(key) for key in list(data) if key not in names}
@@ -225,7 +225,7 @@ class BaseConfig:
             raise ConfigError(f"Config file {path!r}: {err}") from None
 
     @classmethod
-    def _check_extra(cls, extra: Mapping[str, Any], path: str) -> None:
+    def _check_extra(cls, extra: Mapping[str, object], path: str) -> None:
         if extra:
             raise ConfigError(
                 f"Config file {path!r} has keys {cls.__name__} does not know: {', '.join(sorted(extra))}. "
@@ -233,11 +233,14 @@ class BaseConfig:
             )
 
     @classmethod
-    def _validate(cls, data: Mapping[str, Any], path: str) -> None:
+    def _validate(cls, data: Mapping[str, object], path: str) -> None:
         """Hook for subclasses: check values beyond the field types."""
 
 
-def _enum(kind: type[Enum], value: Any, key: str) -> Any:
+EnumT = TypeVar("EnumT", bound=Enum)
+
+
+def _enum(kind: type[EnumT], value: object, key: str) -> EnumT:
     try:
         return kind(str(value))
     except ValueError:
@@ -287,7 +290,7 @@ class ClusterConfig(BaseConfig):
     tpu_vm: list[str] | None = None
     tpu_env: list[str] | None = None
     dynamo_config: dict | None = None
-    extra_settings: dict[str, Any] = field(default_factory=dict)
+    extra_settings: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -295,27 +298,31 @@ class ClusterConfig(BaseConfig):
             if getattr(self, section) is None:
                 setattr(self, section, {})
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Return the config as a plain mapping (``extra_settings`` merged in at the top level).
 
         Returns:
             Key -> value, ``None`` values, empty sections and an unset ``num_processes`` (-1) left out.
         """
         result = super().to_dict()
-        result.update(_plain(result.pop("extra_settings", {})))
+        extra = _plain(result.pop("extra_settings", {}))
+        if isinstance(extra, dict):  # extra_settings is a dict, so its plain form is one too
+            result.update(extra)
         if result.get("num_processes") == -1:
             del result["num_processes"]  # -1 means "not set"; a file holds a real count or nothing
         return result
 
     @classmethod
-    def _check_extra(cls, extra: Mapping[str, Any], path: str) -> None:
+    def _check_extra(cls, extra: Mapping[str, object], path: str) -> None:
         unknown = {key: value for key, value in extra.items() if key not in _OWN_TOP_KEYS}
         super()._check_extra(unknown, path)
 
     @classmethod
-    def _validate(cls, data: Mapping[str, Any], path: str) -> None:
+    def _validate(cls, data: Mapping[str, object], path: str) -> None:
         flat = {key: value for key, value in data.items() if key != "extra_settings"}
-        flat.update(data.get("extra_settings", {}))
+        extra = data.get("extra_settings", {})
+        if isinstance(extra, Mapping):  # _from_mapping stores a dict there
+            flat.update(extra)
         config_to_layer(flat, path)
 
 

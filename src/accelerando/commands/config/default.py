@@ -7,7 +7,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from accelerando.commands.config.config_args import default_json_config_file
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
@@ -33,7 +32,7 @@ __all__ = [
 description = "Create a default config file for accelerando with only a few flags set."
 
 
-def basic_config_values(mixed_precision: str = "no", gpu_count: int | None = None) -> dict[str, Any]:
+def basic_config_values(mixed_precision: str = "no", gpu_count: int | None = None) -> dict[str, object]:
     """Setting values of a sane single-machine config for a machine with ``gpu_count`` GPUs.
 
     Args:

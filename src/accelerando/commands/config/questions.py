@@ -6,12 +6,17 @@ the same parser that reads config files, so a typo is re-asked instead of writte
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.settings.fields import get_field, machine_range
 from accelerando.settings.machine import visible_gpu_count
 from accelerando.settings.resolve import parse_value
 from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from questionary import Question
 
 __all__ = ["ask_questions", "MACHINE_TYPES"]
 
@@ -21,7 +26,7 @@ MACHINE_TYPES: dict[str, str] = {label: k.distributed_type for label, k in _KIND
 
 # A backend's own questions, by the settings group of its options: (how to ask, setting, question,
 # default). "choice" offers the setting's choices, "value" takes typed text, "confirm" is yes/no.
-_GROUP_QUESTIONS: dict[str, tuple[tuple[str, str, str, Any], ...]] = {
+_GROUP_QUESTIONS: dict[str, tuple[tuple[str, str, str, str | int | float | bool | None], ...]] = {
     "fsdp": (
         ("choice", "fsdp_version", "FSDP version?", "2"),
         ("choice", "fsdp_sharding_strategy", "Sharding strategy?", None),
@@ -59,14 +64,14 @@ class _Cancelled(Exception):
     """The user pressed Ctrl-C or Ctrl-D."""
 
 
-def _answer(question: Any) -> Any:
+def _answer(question: Question) -> Any:
     value = question.ask()
     if value is None:
         raise _Cancelled
     return value
 
 
-def _validator(name: str) -> Any:
+def _validator(name: str) -> Callable[[str], bool | str]:
     def check(text: str) -> bool | str:
         """The questionary validator: True, or the message shown under the prompt."""
         try:
@@ -78,7 +83,7 @@ def _validator(name: str) -> Any:
     return check
 
 
-def _ask_value(name: str, message: str, default: Any) -> Any:
+def _ask_value(name: str, message: str, default: object) -> object:
     import questionary
 
     text = _answer(questionary.text(message, default=str(default), validate=_validator(name)))
@@ -103,16 +108,17 @@ def _ask_precision(cpu: bool) -> str:
     return _answer(questionary.select("Mixed precision?", choices=choices, default=choices[0]))
 
 
-def _ask_topology(values: dict[str, Any], kind: DistributedKind, gpus: int) -> None:
+def _ask_topology(values: dict[str, object], kind: DistributedKind, gpus: int) -> None:
     import questionary
 
     if kind.one_process:
         values["num_processes"] = 1
         values["cpu"] = gpus == 0 or _answer(questionary.confirm("Run on CPU only?", default=False))
         return
-    values["num_machines"] = _ask_value("num_machines", "How many machines?", 1)
+    num_machines = values["num_machines"] = _ask_value("num_machines", "How many machines?", 1)
 
-    most_machines = machine_range(values["num_machines"])[1]
+    # parse_value gives num_machines as an int, or a "MIN:MAX" range as text.
+    most_machines = machine_range(num_machines if isinstance(num_machines, (int, str)) else None)[1]
     if most_machines > 1:
         values["machine_rank"] = _ask_value("machine_rank", "Rank of this machine?", 0)
         values["main_process_ip"] = _ask_value("main_process_ip", "IP address of the machine of rank 0?", "")
@@ -124,19 +130,19 @@ def _ask_topology(values: dict[str, Any], kind: DistributedKind, gpus: int) -> N
         values["gpu_ids"] = _ask_value("gpu_ids", "Which GPUs (ids separated by commas, or all)?", "all")
 
 
-def _ask_backend(values: dict[str, Any], kind: DistributedKind) -> None:
+def _ask_backend(values: dict[str, object], kind: DistributedKind) -> None:
     import questionary
 
     for how, name, message, default in _GROUP_QUESTIONS.get(kind.settings_group or "", ()):
-        if how == "choice":
-            values[name] = _ask_choice(name, message, default)
-        elif how == "confirm":
-            values[name] = _answer(questionary.confirm(message, default=default))
+        if how == "choice":  # a choice's default is a choice name, or None for the first
+            values[name] = _ask_choice(name, message, default if isinstance(default, str) else None)
+        elif how == "confirm":  # a yes/no question's default is a bool
+            values[name] = _answer(questionary.confirm(message, default=bool(default)))
         else:
             values[name] = _ask_value(name, message, default)
 
 
-def ask_questions(gpu_count: int | None = None) -> dict[str, Any] | None:
+def ask_questions(gpu_count: int | None = None) -> dict[str, object] | None:
     """Ask where and how to train, and return the implied setting values.
 
     Args:
@@ -152,7 +158,7 @@ def ask_questions(gpu_count: int | None = None) -> dict[str, Any] | None:
     offered = [k.label for k in DISTRIBUTED_KINDS if k.label is not None and (gpus or k.offered_without_gpu)]
     try:
         kind = _KIND_BY_LABEL[_answer(questionary.select("Which kind of training?", choices=offered))]
-        values: dict[str, Any] = {
+        values: dict[str, object] = {
             "distributed_type": kind.distributed_type,
             "num_machines": 1,
             "machine_rank": 0,

@@ -7,16 +7,20 @@ SageMaker jobs (it says so when given such a file).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.commands.config.config_args import SageMakerConfig
 from accelerando.commands.config.config_utils import DYNAMO_BACKENDS
 from accelerando.common.constants import SAGEMAKER_PARALLEL_EC2_INSTANCES, TORCH_DYNAMO_MODES
+from accelerando.enums import ComputeEnvironment
+
+if TYPE_CHECKING:
+    from questionary import Question
 
 __all__ = ["DYNAMO_BACKENDS", "SAGEMAKER_PARALLEL_EC2_INSTANCES", "TORCH_DYNAMO_MODES", "get_sagemaker_input"]
 
 
-def _ask(question: Any) -> Any:
+def _ask(question: Question) -> Any:
     answer = question.ask()
     if answer is None:
         raise KeyboardInterrupt
@@ -55,7 +59,7 @@ def get_sagemaker_input() -> SageMakerConfig | None:
         else:
             instance = _ask(questionary.text("EC2 instance type?", default="ml.p3.2xlarge"))
             machines = 1
-        dynamo: dict[str, Any] = {}
+        dynamo: dict[str, str] = {}
         if _ask(questionary.confirm("Compile the model with torch.compile?", default=False)):
             dynamo["dynamo_backend"] = _ask(
                 questionary.select("Backend?", choices=DYNAMO_BACKENDS, default="INDUCTOR")
@@ -65,7 +69,7 @@ def get_sagemaker_input() -> SageMakerConfig | None:
     except KeyboardInterrupt:
         return None
     return SageMakerConfig(
-        compute_environment="AMAZON_SAGEMAKER",
+        compute_environment=ComputeEnvironment.AMAZON_SAGEMAKER,
         distributed_type=kind,
         mixed_precision=precision,
         use_cpu=False,
