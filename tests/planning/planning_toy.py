@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from accelerando.planning.models import ModelSource
 
-__all__ = ["Block", "ToyLM", "toy_source"]
+__all__ = ["Block", "ToyLM", "toy_model", "toy_source"]
 
 VOCAB = 64
 WIDTH = 32
@@ -47,3 +49,12 @@ class ToyLM(torch.nn.Module):
 def toy_source(layers: int = 2) -> ModelSource:
     """A ModelSource building :class:`ToyLM`."""
     return ModelSource(f"toy{layers}", lambda: ToyLM(layers), VOCAB)
+
+
+def toy_model() -> ToyLM:
+    """A two-block :class:`ToyLM` (the ``planning_toy:toy_model`` factory of the command-line tests)."""
+    return ToyLM()
+
+
+# The planner reads a factory's ``config.vocab_size`` to draw token ids below it.
+toy_model.config = SimpleNamespace(vocab_size=VOCAB)  # type: ignore[attr-defined]

@@ -170,3 +170,22 @@ def test_the_plan_command_refuses_a_bad_memory_size() -> None:
 
     with pytest.raises(SystemExit, match="not a memory size"):
         main(["plan", "tiny-llama", "--device_memory", "lots"])
+
+
+def test_estimate_memory_with_plan_runs_the_planner(capsys: pytest.CaptureFixture[str]) -> None:
+    from accelerando.commands.cli import main
+
+    code = main(
+        ["estimate-memory", "planning_toy:toy_model", "--plan", "--gpus_per_machine", "1", "--layouts", "ddp"]
+    )
+    out = capsys.readouterr().out
+    assert code in (0, None)
+    assert out.startswith("SIMULATION") and "planning_toy:toy_model on 1 x 1 devices" in out
+    assert "chosen ddp" in out and "Training using Adam" not in out
+
+
+def test_estimate_memory_with_plan_names_a_bad_plan_argument() -> None:
+    from accelerando.commands.cli import main
+
+    with pytest.raises(SystemExit, match="not a memory size"):
+        main(["estimate-memory", "tiny-llama", "--plan", "--device_memory", "lots"])

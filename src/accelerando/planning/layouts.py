@@ -14,8 +14,9 @@ buckets and all-reduce by formula).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import math
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, overload
 
 import torch
 
@@ -25,21 +26,93 @@ from accelerando.strategies.composable.checks import check_heads
 from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
 from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing
 
-__all__ = ["apply_layout", "build_mesh", "layer_units", "tp_plan_available"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["apply_layout", "build_mesh", "layer_units", "one_rank_chunks", "tp_plan_available"]
 
 
-def build_mesh(candidate: Candidate) -> Any:
-    """The ``(dp_replicate, dp_shard, tp)`` CPU device mesh of ``candidate`` on the current process group.
+def build_mesh(candidate: Candidate) -> DeviceMesh:
+    """The CPU device mesh of ``candidate`` on the current process group.
+
+    Its dimensions are ``dp_replicate`` (when above 1), ``dp_shard`` (always: FSDP2 shards on it) and
+    ``tp`` (when above 1), in that order. A dimension of size 1 is left out: it would cost one process
+    group per rank (4,096 groups at 4,096 ranks) and changes nothing of the layout.
 
     Built outside any fake-tensor mode (the mesh reads its rank layout as real numbers).
     """
     from torch.distributed.device_mesh import init_device_mesh
 
+    dims = [("dp_replicate", candidate.dp_replicate), ("dp_shard", candidate.dp_shard), ("tp", candidate.tp)]
+    kept = [(name, size) for name, size in dims if size > 1 or name == "dp_shard"]
     return init_device_mesh(
-        "cpu",
-        (candidate.dp_replicate, candidate.dp_shard, candidate.tp),
-        mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
+        "cpu", tuple(size for _, size in kept), mesh_dim_names=tuple(name for name, _ in kept)
     )
+
+
+class _LazyChunks(Sequence[torch.Tensor]):
+    """``torch.chunk(tensor, num_chunks, dim)`` padded with empty tensors to ``num_chunks``, made on demand.
+
+    Each item is the view (or the empty tensor) FSDP2's ``_chunk_with_empty`` would have put there.
+    """
+
+    def __init__(self, tensor: torch.Tensor, num_chunks: int, dim: int) -> None:
+        self._tensor, self._num_chunks, self._dim = tensor, num_chunks, dim
+        size = tensor.size(dim)
+        self._chunk_size = math.ceil(size / num_chunks)
+        self._nonempty = math.ceil(size / self._chunk_size)
+        self._made: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self._num_chunks
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._num_chunks))]
+        if index < 0:
+            index += self._num_chunks
+        if not 0 <= index < self._num_chunks:
+            raise IndexError(f"chunk {index} of {self._num_chunks}")
+        if index not in self._made:
+            if index < self._nonempty:
+                start = index * self._chunk_size
+                length = min(self._chunk_size, self._tensor.size(self._dim) - start)
+                self._made[index] = self._tensor.narrow(self._dim, start, length)
+            else:
+                self._made[index] = self[0].new_empty(0)
+        return self._made[index]
+
+
+@contextlib.contextmanager
+def one_rank_chunks() -> Iterator[None]:
+    """Let FSDP2 cut each parameter into the one shard the simulated rank holds, not one per rank.
+
+    ``fully_shard`` splits every parameter into world-size chunks (``_chunk_with_empty``: the views of
+    ``torch.chunk`` plus one new empty tensor per rank past the last non-empty chunk) and keeps only its
+    own rank's and the first; under a fake-tensor mode each chunk is a fake-tensor operation, so laying
+    out a model cost time proportional to the world size (10,000 operations at 512 ranks). Inside this
+    context the chunks are made when FSDP2 reads them: the same views and empty tensors, two per
+    parameter. Only the simulator uses it; a measured run lays out with torch's own function.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty as original
+
+    def chunk_with_empty(tensor: torch.Tensor, num_chunks: int, dim: int) -> Sequence[torch.Tensor]:
+        if tensor.size(dim) == 0:
+            return original(tensor, num_chunks, dim)
+        return _LazyChunks(tensor, num_chunks, dim)
+
+    setattr(_fsdp_param, "_chunk_with_empty", chunk_with_empty)  # noqa: B010 (a module attribute of torch)
+    try:
+        yield
+    finally:
+        setattr(_fsdp_param, "_chunk_with_empty", original)  # noqa: B010
 
 
 def layer_units(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -55,7 +128,7 @@ def tp_plan_available(model: torch.nn.Module) -> bool:
     return bool(module_plan(model))
 
 
-def _apply_tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> None:
+def _apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     check_heads(model, tp_mesh.size())
@@ -84,7 +157,7 @@ def _real_mesh_arithmetic() -> Iterator[None]:
 
     original = DeviceMesh._concatenate
 
-    def concatenate(meshes: list[Any]) -> Any:
+    def concatenate(meshes: list[DeviceMesh]) -> DeviceMesh:
         with unset_fake_temporarily():
             return original(meshes)
 
@@ -96,7 +169,11 @@ def _real_mesh_arithmetic() -> Iterator[None]:
 
 
 def apply_layout(
-    model: torch.nn.Module, candidate: Candidate, shape: TrainingShape, mesh: Any, wrap_ddp: bool
+    model: torch.nn.Module,
+    candidate: Candidate,
+    shape: TrainingShape,
+    mesh: DeviceMesh | None,
+    wrap_ddp: bool,
 ) -> torch.nn.Module:
     """Lay ``model`` out as ``candidate`` says and return the model to train.
 
@@ -109,18 +186,23 @@ def apply_layout(
         wrap_ddp: wrap a stage-0 model in ``DistributedDataParallel`` (real process groups only).
 
     Raises:
-        ValueError: ``tp > 1`` on a model without a tensor-parallel plan, or a degree its heads refuse.
+        ValueError: ``tp > 1`` on a model without a tensor-parallel plan, or a degree its heads refuse;
+            a sharded or split candidate without a mesh.
     """
     if candidate.tp > 1:
         if not tp_plan_available(model):
             raise ValueError(
                 f"{type(model).__name__} declares no tensor-parallel plan (tp_plan); drop the fsdp2_tp layouts"
             )
+        if mesh is None:
+            raise ValueError(f"{candidate.name} splits tensors and needs build_mesh's mesh")
         _apply_tensor_parallel(model, mesh["tp"])
     units = layer_units(model)
     if shape.activation_checkpointing:
         units = apply_activation_checkpointing(model, units)
     if candidate.zero_stage >= 2:
+        if mesh is None:
+            raise ValueError(f"{candidate.name} shards and needs build_mesh's mesh")
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dims = ("dp_replicate", "dp_shard") if candidate.dp_replicate > 1 else ("dp_shard",)

@@ -12,14 +12,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 __all__ = ["BUILTIN_CONFIGS", "ModelSource", "resolve_model"]
 
 #: Named configs shipped with the planner: three tiny ones (validation) and Llama-2-7B's shape.
-BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
+BUILTIN_CONFIGS: dict[str, dict[str, object]] = {
     "tiny-llama": {
         "model_type": "llama",
         "hidden_size": 64,
@@ -87,7 +86,7 @@ class ModelSource:
     build: Callable[[], torch.nn.Module]
     vocab_size: int
     seq2seq: bool = False
-    config: dict[str, Any] | None = None
+    config: dict[str, object] | None = None
 
     @property
     def num_layers(self) -> int | None:
@@ -95,8 +94,9 @@ class ModelSource:
         if self.config is None:
             return None
         for key in _LAYER_KEYS:
-            if isinstance(self.config.get(key), int):
-                return int(self.config[key])
+            value = self.config.get(key)
+            if isinstance(value, int):
+                return value
         return None
 
     def with_layers(self, num_layers: int) -> ModelSource:
@@ -119,11 +119,11 @@ class ModelSource:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _from_config(name: str, data: dict[str, Any]) -> ModelSource:
+def _from_config(name: str, data: dict[str, object]) -> ModelSource:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     fields = {k: v for k, v in data.items() if k != "model_type"}
-    config = AutoConfig.for_model(data["model_type"], **fields)
+    config = AutoConfig.for_model(str(data["model_type"]), **fields)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
 
@@ -146,7 +146,14 @@ def _from_factory(spec: str) -> ModelSource:
         raise ValueError(f"{spec!r} is not callable; point at a function returning a torch.nn.Module")
     config = getattr(factory, "config", None)
     vocab = int(getattr(config, "vocab_size", 0) or 32000)
-    return ModelSource(spec, factory, vocab)
+
+    def build() -> torch.nn.Module:
+        model = factory()
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+        return model
+
+    return ModelSource(spec, build, vocab)
 
 
 def resolve_model(spec: str) -> ModelSource:

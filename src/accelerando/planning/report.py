@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from accelerando.planning.planner import Plan
 from accelerando.planning.spec import CATEGORIES, LayoutEstimate
@@ -68,7 +67,7 @@ def format_table(plan: Plan) -> str:
     return "\n".join([*head, "", *lines, *comms, *tail])
 
 
-def plan_to_json(plan: Plan) -> dict[str, Any]:
+def plan_to_json(plan: Plan) -> dict[str, object]:
     """The plan as JSON-ready data."""
     return {
         "model": plan.model,
@@ -126,7 +125,7 @@ def write_plot(plan: Plan, path: str | Path) -> Path:
     return target
 
 
-def launch_config(plan: Plan, estimate: LayoutEstimate | None = None) -> dict[str, Any]:
+def launch_config(plan: Plan, estimate: LayoutEstimate | None = None) -> dict[str, object]:
     """The ``accelerando launch`` config file content for ``estimate`` (default: the chosen layout).
 
     Raises:
@@ -138,7 +137,7 @@ def launch_config(plan: Plan, estimate: LayoutEstimate | None = None) -> dict[st
             "no layout fits, so there is no config to write; see the plan's reasons for the fixes"
         )
     c, s, cand = plan.cluster, plan.shape, chosen.candidate
-    config: dict[str, Any] = {
+    config: dict[str, object] = {
         "compute_environment": "LOCAL_MACHINE",
         "num_machines": c.num_machines,
         "num_processes": c.world_size,

@@ -4,22 +4,29 @@
 tensors, any world size, one CPU process) or a real gloo group (the validation's measured runs). Both
 take the same path: build the model, lay it out (:func:`~accelerando.planning.layouts.apply_layout`),
 build the optimizer, then two steps of forward, backward, optimizer step and ``zero_grad`` under the
-memory tracker; collectives are counted during the second (steady-state) step only.
+memory tracker; collectives are counted during the second (steady-state) step only. A measured DDP run
+takes one step more and counts the third: DDP's reducer rebuilds its buckets in its second iteration
+and broadcasts their order from rank 0 then (``(parameters + 1 + buckets) x 4`` bytes, once per job),
+so its steady state starts at the third.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
 
-from accelerando.planning.layouts import apply_layout, build_mesh
+from accelerando.planning.layouts import apply_layout, build_mesh, one_rank_chunks
 from accelerando.planning.models import ModelSource
 from accelerando.planning.spec import Candidate, MemoryBreakdown, TrainingShape
 from accelerando.planning.tracking import CollectiveCounter, memory_tracker, tracked_breakdown
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 __all__ = ["StepCount", "ddp_bucket_bytes", "run_steps", "simulate"]
 
@@ -48,11 +55,12 @@ def ddp_bucket_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def _loss(output: Any) -> torch.Tensor:
+def _loss(output: object) -> torch.Tensor:
     loss = getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
-    tensor = output if isinstance(output, torch.Tensor) else output[0]
+    # A model output without a loss: a tensor, or a tuple-like output (transformers' ModelOutput) led by one.
+    tensor = output if isinstance(output, torch.Tensor) else cast("Sequence[torch.Tensor]", output)[0]
     return tensor.float().mean()
 
 
@@ -83,7 +91,7 @@ def _optimizer(model: torch.nn.Module, shape: TrainingShape) -> torch.optim.Opti
 
 
 def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, fake: bool) -> StepCount:
-    """Build, lay out and train ``source``'s model for two steps on the active process group.
+    """Build, lay out and train ``source``'s model for two steps (a measured DDP run: three) on the active group.
 
     Args:
         source: the model and its batches.
@@ -107,14 +115,15 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
     sharded_or_split = candidate.zero_stage >= 2 or candidate.tp > 1
     mesh = build_mesh(candidate) if sharded_or_split else None
     counter = CollectiveCounter()
-    mode: contextlib.AbstractContextManager[Any]
+    mode: contextlib.AbstractContextManager[object]
+    chunks: contextlib.AbstractContextManager[None]
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode, chunks = FakeTensorMode(allow_non_fake_inputs=True), one_rank_chunks()
     else:
-        mode = contextlib.nullcontext()
-    with mode:
+        mode, chunks = contextlib.nullcontext(), contextlib.nullcontext()
+    with mode, chunks:
         torch.manual_seed(0)
         model = source.build()
         model.train()
@@ -123,7 +132,8 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
         model = apply_layout(model, candidate, shape, mesh, wrap_ddp=False)
         optimizer = _optimizer(model, shape)
-        batches = [source.batch(shape.micro_batch, shape.seq_length) for _ in range(_STEPS)]
+        steps = _STEPS + 1 if not sharded_or_split and not fake else _STEPS
+        batches = [source.batch(shape.micro_batch, shape.seq_length) for _ in range(steps)]
     # The steps run with the fake mode off the stack: fake tensors still compute as fake tensors (each
     # carries its mode), and the tracker then sees every op, including the local ops of DTensors, the
     # way it sees them in a real run (with the mode on the stack below it, DTensor's local ops bypass it).
@@ -135,7 +145,7 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
             model = apply_layout(model, replace(candidate, zero_stage=0), shape, None, wrap_ddp=True)
             after_wrap = _current_total(tracker)
         for step, batch in enumerate(batches):
-            with counter if step == _STEPS - 1 else contextlib.nullcontext():
+            with counter if step == steps - 1 else contextlib.nullcontext():
                 _step(model, optimizer, batch, shape)
             if hasattr(tracker, "reset_mod_stats"):
                 tracker.reset_mod_stats()
@@ -159,12 +169,14 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
     return StepCount(memory, collectives, trainable, num_parameters)
 
 
-def _current_total(tracker: Any) -> int:
+def _current_total(tracker: MemTracker) -> int:
     return sum(int(snap.get("Total", 0)) for snap in tracker.get_tracker_snapshot("current").values())
 
 
 def _local_bytes(param: torch.Tensor) -> int:
-    local = param.to_local() if hasattr(param, "to_local") else param
+    from torch.distributed.tensor import DTensor
+
+    local = param.to_local() if isinstance(param, DTensor) else param
     return local.numel() * local.element_size()
 
 

@@ -16,14 +16,18 @@ reduce-scatter (the sizes a ring algorithm's cost is proportional to).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from accelerando.planning.spec import MemoryBreakdown
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 __all__ = ["CollectiveCounter", "memory_tracker", "tracked_breakdown"]
 
@@ -53,7 +57,7 @@ _CATEGORY_OF = {
 }
 
 
-def _bytes(value: Any) -> int:
+def _bytes(value: object) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
@@ -84,11 +88,11 @@ class CollectiveCounter(TorchDispatchMode):
 
     def __torch_dispatch__(
         self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+        func: OpOverload,
+        types: Sequence[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         """Run ``func``; when it is a collective, add its largest buffer's bytes to its kind."""
         result = func(*args, **(kwargs or {}))
         if func.namespace in _COLLECTIVE_NAMESPACES:
@@ -102,7 +106,7 @@ class CollectiveCounter(TorchDispatchMode):
         return result
 
 
-def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> MemTracker:
     """The torch tracker for ``model``: ``FSDPMemTracker`` when it is an FSDP2 module, else ``MemTracker``.
 
     The model and optimizer are registered so that tensors created before the tracker starts count.
@@ -119,7 +123,7 @@ def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 
 def tracked_breakdown(
-    tracker: Any, extra: Callable[[MemoryBreakdown], MemoryBreakdown] | None = None
+    tracker: MemTracker, extra: Callable[[MemoryBreakdown], MemoryBreakdown] | None = None
 ) -> MemoryBreakdown:
     """The tracker's peak snapshot as a :class:`MemoryBreakdown` (all devices summed; one here).
 

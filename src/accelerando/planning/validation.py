@@ -97,35 +97,18 @@ class ValidationRow:
 
     @property
     def collectives_equal(self) -> bool | None:
-        """True when the predicted bytes per collective kind equal the measured ones.
-
-        DDP's per-forward buffer broadcast is left out: it is predicted as the buffers' bytes, and the
-        measured broadcast is larger by an amount not established yet (a few hundred bytes; see
-        :attr:`broadcast_note`).
-        """
+        """True when the predicted bytes per collective kind equal the measured ones (None without numbers)."""
         if self.predicted is None or self.measured is None:
             return None
-        return _compared(self.predicted.collective_bytes) == _compared(self.measured.collective_bytes)
-
-    @property
-    def broadcast_note(self) -> str:
-        """``broadcast predicted P B / measured M B`` when the two differ, else empty."""
-        if self.predicted is None or self.measured is None:
-            return ""
-        key = "broadcast (dp)"
-        predicted, measured = (
-            self.predicted.collective_bytes.get(key, 0),
-            self.measured.collective_bytes.get(key, 0),
-        )
-        return f"; broadcast predicted {predicted} B / measured {measured} B" if predicted != measured else ""
+        return _nonzero(self.predicted.collective_bytes) == _nonzero(self.measured.collective_bytes)
 
 
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v}
 
 
-def _compared(counts: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in _nonzero(counts).items() if not k.startswith("broadcast")}
+def _listed(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(_nonzero(counts).items())) or "-"
 
 
 def compare(
@@ -146,7 +129,7 @@ def compare(
 
 
 def format_rows(rows: list[ValidationRow]) -> str:
-    """The rows as a Markdown table (KiB; collective bytes predicted = measured, per kind)."""
+    """The rows as a Markdown table: peaks in KiB, the predicted collective bytes (measured when they differ)."""
     lines = [
         "| model | layout | world | predicted peak KiB | measured peak KiB | error | collectives equal | "
         "collective bytes per step (predicted) |",
@@ -156,12 +139,13 @@ def format_rows(rows: list[ValidationRow]) -> str:
         if row.predicted is None or row.measured is None:
             lines.append(f"| {row.model} | {row.layout} | {row.world_size} | - | - | - | - | {row.note} |")
             continue
-        comms = ", ".join(f"{k}: {v}" for k, v in sorted(_compared(row.predicted.collective_bytes).items()))
-        comms += row.broadcast_note
+        comms = _listed(row.predicted.collective_bytes)
+        if not row.collectives_equal:
+            comms += f"; measured: {_listed(row.measured.collective_bytes)}"
         error = row.peak_error or 0.0
         lines.append(
             f"| {row.model} | {row.layout} | {row.world_size} | {row.predicted.memory.peak / 1024:.1f} | "
             f"{row.measured.memory.peak / 1024:.1f} | {error:+.1%} | "
-            f"{'yes' if row.collectives_equal else 'NO'} | {comms or '-'} |"
+            f"{'yes' if row.collectives_equal else 'NO'} | {comms} |"
         )
     return "\n".join(lines)
