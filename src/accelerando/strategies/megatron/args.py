@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
 
 __all__ = ["ARG_DEFAULTS", "build_args", "clear_args", "get_args", "set_args"]
 
 #: Values Megatron-LM assumes when the plugin does not set them (names as Megatron spells them).
-ARG_DEFAULTS: dict[str, Any] = {
+ARG_DEFAULTS: dict[str, object] = {
     "seed": 1234,
     "make_vocab_size_divisible_by": 128,
     "init_method_std": 0.02,
@@ -80,7 +79,9 @@ def _padded_vocab_size(orig: int, divisible_by: int, tp: int) -> int:
     return int(math.ceil(orig / multiple) * multiple)
 
 
-def build_args(default_args: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> SimpleNamespace:
+def build_args(
+    default_args: Mapping[str, object], extra: Mapping[str, object] | None = None
+) -> SimpleNamespace:
     """Merge :data:`ARG_DEFAULTS`, the plugin's arguments and ``extra`` (later wins) and derive sizes.
 
     Derived: ``virtual_pipeline_model_parallel_size`` (layers / pipeline stages / layers per

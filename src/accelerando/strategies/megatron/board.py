@@ -11,9 +11,12 @@ import math
 import warnings
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["TrainingBoard"]
 
@@ -44,7 +47,7 @@ class TrainingBoard:
 
     def __init__(self, args: SimpleNamespace) -> None:
         self.args = args
-        self.writer: Any = None
+        self.writer: SummaryWriter | None = None
         rank, world = _process()
         if not getattr(args, "tensorboard_dir", None) or rank != world - 1:
             return
@@ -70,7 +73,7 @@ class TrainingBoard:
     def train_step(
         self,
         iteration: int,
-        loss_dict: Mapping[str, Any],
+        loss_dict: Mapping[str, torch.Tensor | float],
         learning_rate: float | None,
         loss_scale: float | None,
         grad_norm: float | None,

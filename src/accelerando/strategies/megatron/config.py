@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
+
+if TYPE_CHECKING:
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
 
 __all__ = ["check_supported", "ddp_config", "optimizer_config", "scheduler_steps", "transformer_config"]
 
@@ -52,7 +57,9 @@ def _params_dtype(args: SimpleNamespace) -> torch.dtype:
     return torch.float32
 
 
-def transformer_config(args: SimpleNamespace, *, use_cpu_initialization: bool | None = None) -> Any:
+def transformer_config(
+    args: SimpleNamespace, *, use_cpu_initialization: bool | None = None
+) -> TransformerConfig:
     """megatron-core's ``TransformerConfig`` for the model these arguments describe.
 
     Every argument whose name is a ``TransformerConfig`` field is passed through (the plugin's
@@ -79,6 +86,7 @@ def transformer_config(args: SimpleNamespace, *, use_cpu_initialization: bool | 
             "(accelerando.plugins.megatron_parsers) or set them in MegatronLMPlugin(other_megatron_args={...})"
         )
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    # Field name -> value of TransformerConfig's many differently typed fields.
     values: dict[str, Any] = {}
     for name, value in vars(args).items():
         target = _RENAMED.get(name, name)
@@ -113,7 +121,7 @@ def transformer_config(args: SimpleNamespace, *, use_cpu_initialization: bool | 
     return TransformerConfig(**values)
 
 
-def optimizer_config(args: SimpleNamespace) -> Any:
+def optimizer_config(args: SimpleNamespace) -> OptimizerConfig:
     """megatron-core's ``OptimizerConfig`` (Adam or SGD, learning rate, clipping, precision).
 
     Raises:
@@ -140,7 +148,7 @@ def optimizer_config(args: SimpleNamespace) -> Any:
     return OptimizerConfig(**values)
 
 
-def ddp_config(args: SimpleNamespace) -> Any:
+def ddp_config(args: SimpleNamespace) -> DistributedDataParallelConfig:
     """megatron-core's ``DistributedDataParallelConfig`` (fp32 gradient reduction under bf16, distributed optimizer)."""
     from megatron.core.distributed import DistributedDataParallelConfig  # type: ignore[import-not-found]
 
@@ -151,7 +159,22 @@ def ddp_config(args: SimpleNamespace) -> Any:
     return DistributedDataParallelConfig(**values)
 
 
-def scheduler_steps(args: SimpleNamespace) -> dict[str, Any]:
+class SchedulerSteps(TypedDict):
+    """The keyword arguments of megatron-core's ``OptimizerParamScheduler`` that :func:`scheduler_steps` gives."""
+
+    init_lr: float
+    max_lr: float
+    min_lr: float
+    lr_warmup_steps: int
+    lr_decay_steps: int
+    lr_decay_style: str
+    start_wd: float
+    end_wd: float
+    wd_incr_steps: int
+    wd_incr_style: str
+
+
+def scheduler_steps(args: SimpleNamespace) -> SchedulerSteps:
     """The keyword arguments of megatron-core's ``OptimizerParamScheduler`` (counted in samples).
 
     Iteration-based runs count ``iters * global_batch_size`` samples; sample-based runs

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -22,7 +22,19 @@ from accelerando.strategies.fsdp.state import weights_only_dcp_reads
 from accelerando.strategies.megatron.args import get_args
 from accelerando.strategies.megatron.board import TrainingBoard
 from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
-from accelerando.strategies.megatron.train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
+from accelerando.strategies.megatron.train_steps import (
+    AbstractTrainStep,
+    BertTrainStep,
+    GPTTrainStep,
+    T5TrainStep,
+)
+
+if TYPE_CHECKING:
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from accelerando.strategies.megatron.holder import MegatronAccelerator
 
 __all__ = [
     "MegatronEngine",
@@ -45,13 +57,15 @@ class MegatronLMOptimizerWrapper(AcceleratedOptimizer):
         optimizer: Megatron's optimizer.
     """
 
-    def __init__(self, optimizer: Any) -> None:
-        super().__init__(optimizer, device_placement=False, scaler=None)
+    def __init__(self, optimizer: MegatronOptimizer) -> None:
+        # AcceleratedOptimizer forwards attribute access to what it wraps; Megatron's optimizer has
+        # torch's optimizer interface without being a torch.optim.Optimizer.
+        super().__init__(cast(torch.optim.Optimizer, optimizer), device_placement=False, scaler=None)
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """No-op: the engine zeroes the gradients in its train step."""
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """No-op: the engine steps the optimizer in its train step."""
 
     @property
@@ -68,14 +82,18 @@ class MegatronLMSchedulerWrapper(AcceleratedScheduler):
         optimizers: the wrapped optimizer(s).
     """
 
-    def __init__(self, scheduler: Any, optimizers: Any) -> None:
+    def __init__(
+        self,
+        scheduler: OptimizerParamScheduler,
+        optimizers: AcceleratedOptimizer | list[AcceleratedOptimizer],
+    ) -> None:
         super().__init__(scheduler, optimizers, num_processes=1)
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
+    def step(self, *args: object, **kwargs: object) -> None:
         """No-op: the engine's train step advances the schedule."""
 
 
-def split_micro_batches(batch_data: Mapping[str, Any], num_micro_batches: int) -> list[dict[str, Any]]:
+def split_micro_batches(batch_data: Mapping[str, object], num_micro_batches: int) -> list[dict[str, object]]:
     """Cut one global batch (a dict of ``[batch, ...]`` tensors) into ``num_micro_batches`` equal parts.
 
     Values that are not tensors with a batch dimension are repeated in every part.
@@ -104,18 +122,25 @@ def split_micro_batches(batch_data: Mapping[str, Any], num_micro_batches: int) -
     ]
 
 
-def _average_loss_dicts(losses: list[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+def _average_loss_dicts(losses: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Per key: the mean over micro-batches of scalar losses, the concatenation of other tensors."""
     if not losses:
         return {}
-    reduced = {}
+    reduced: dict[str, torch.Tensor] = {}
     for key in losses[0]:
         values = [item[key] for item in losses]
         if torch.as_tensor(values[0]).dim() == 0:
-            reduced[key] = sum(values) / len(values)
+            reduced[key] = _mean(values)
         else:
             reduced[key] = torch.cat(values)
     return reduced
+
+
+def _mean(values: list[torch.Tensor]) -> torch.Tensor:
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total / len(values)
 
 
 class MegatronEngine(torch.nn.Module):
@@ -133,15 +158,24 @@ class MegatronEngine(torch.nn.Module):
         RuntimeError: Megatron-LM is not initialised (``prepare`` initialises it).
     """
 
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any) -> None:
+    def __init__(
+        self,
+        accelerator: MegatronAccelerator,
+        model: torch.nn.Module | Sequence[torch.nn.Module],
+        optimizer: MegatronOptimizer,
+        scheduler: OptimizerParamScheduler,
+    ) -> None:
         super().__init__()
         require_megatron_and_cuda("MegatronEngine")
         args = get_args()
-        self.module = torch.nn.ModuleList(model if isinstance(model, (list, tuple)) else [model])
+        self.module = torch.nn.ModuleList([model] if isinstance(model, torch.nn.Module) else list(model))
         self.base_model = self.module[0]
         self.optimizer = optimizer
         self.scheduler = scheduler
         plugin = accelerator.state.megatron_lm_plugin
+        if plugin is None:
+            raise RuntimeError("MegatronEngine needs an Accelerator with a MegatronLMPlugin")
+        self.train_step_handler: AbstractTrainStep
         if plugin.custom_train_step_class is not None:
             self.train_step_handler = plugin.custom_train_step_class(
                 args, **(plugin.custom_train_step_kwargs or {})
@@ -154,13 +188,14 @@ class MegatronEngine(torch.nn.Module):
                     "MegatronLMPlugin(custom_train_step_class=...)"
                 )
             self.train_step_handler = _TRAIN_STEPS[kind](accelerator, args)
-        self.optimizer.skipped_iter = False
+        # An attribute of ours on megatron-core's optimizer: MegatronLMOptimizerWrapper reads it.
+        setattr(self.optimizer, "skipped_iter", False)  # noqa: B010
         self.iteration = 0
-        self.eval_total_loss_dict: dict[str, Any] = {}
+        self.eval_total_loss_dict: dict[str, torch.Tensor | float] = {}
         self.module_config = self.get_module_config()
         self.board = TrainingBoard(args)
 
-    def get_module_config(self) -> Any:
+    def get_module_config(self) -> TransformerConfig:
         """megatron-core's model config, set up for the schedule: loss scaling, no-sync and gradient finalisation.
 
         Returns:
@@ -193,7 +228,9 @@ class MegatronEngine(torch.nn.Module):
         """Put every model chunk in evaluation mode; returns the engine."""
         return self.train(False)
 
-    def get_batch_data_iterator(self, batch_data: Mapping[str, Any]) -> Any:
+    def get_batch_data_iterator(
+        self, batch_data: Mapping[str, object]
+    ) -> Iterator[dict[str, object]] | list[Iterator[dict[str, object]] | None] | None:
         """Split a batch into the micro-batch iterator(s) megatron-core's schedule reads.
 
         Returns:
@@ -206,7 +243,9 @@ class MegatronEngine(torch.nn.Module):
             return [iter(chunks) if chunks is not None else None for _ in self.module]
         return iter(chunks) if chunks is not None else None
 
-    def _run_schedule(self, batch_data: Mapping[str, Any], forward_only: bool) -> list[Any]:
+    def _run_schedule(
+        self, batch_data: Mapping[str, object], forward_only: bool
+    ) -> list[Mapping[str, torch.Tensor]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func  # type: ignore[import-not-found]
 
         args = get_args()
@@ -215,7 +254,8 @@ class MegatronEngine(torch.nn.Module):
         seq = [int(v.shape[1]) for v in batch_data.values() if isinstance(v, torch.Tensor) and v.dim() > 1]
         return get_forward_backward_func()(
             forward_step_func=self.train_step_handler.forward_step,
-            data_iterator=self.get_batch_data_iterator(batch_data),
+            # megatron-core's annotation omits the None its schedules accept (no data on this stage).
+            data_iterator=self.get_batch_data_iterator(batch_data),  # pyright: ignore[reportArgumentType]
             model=list(self.module),
             num_microbatches=num_micro,
             seq_length=max(seq) if seq else int(args.seq_length or 0),
@@ -229,7 +269,9 @@ class MegatronEngine(torch.nn.Module):
 
         return ps.is_pipeline_last_stage(ignore_virtual=True)
 
-    def train_step(self, **batch_data: Any) -> tuple[dict[str, torch.Tensor], int, Any, Any]:
+    def train_step(
+        self, **batch_data: object
+    ) -> tuple[dict[str, torch.Tensor], int, float | None, int | None]:
         """One training step over a global batch: every micro-batch, gradient reduction, optimizer and schedule step.
 
         Returns:
@@ -238,17 +280,19 @@ class MegatronEngine(torch.nn.Module):
         """
         args = get_args()
         for chunk in self.module:
-            chunk.zero_grad_buffer()
+            # megatron-core's DDP chunks; torch types a Module's attributes as Tensor | Module.
+            chunk.zero_grad_buffer()  # pyright: ignore[reportCallIssue]
         self.optimizer.zero_grad()
         losses = self._run_schedule(batch_data, forward_only=False)
-        update_successful, grad_norm, num_zeros_in_grad = self.optimizer.step()
+        # megatron-core leaves the abstract step unannotated; its optimizers return these three.
+        update_successful, grad_norm, num_zeros_in_grad = self.optimizer.step()  # pyright: ignore[reportGeneralTypeIssues]
         if update_successful:
             self.scheduler.step(increment=int(args.global_batch_size))
-        self.optimizer.skipped_iter = not update_successful
+        setattr(self.optimizer, "skipped_iter", not update_successful)  # noqa: B010
         loss_dict = _average_loss_dicts(losses) if self._is_last_stage() else {}
         return loss_dict, int(not update_successful), grad_norm, num_zeros_in_grad
 
-    def eval_step(self, **batch_data: Any) -> dict[str, torch.Tensor]:
+    def eval_step(self, **batch_data: object) -> dict[str, torch.Tensor]:
         """One evaluation step (forward only) over a global batch.
 
         Returns:
@@ -264,14 +308,12 @@ class MegatronEngine(torch.nn.Module):
         from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
 
         if ps.get_pipeline_model_parallel_world_size() > 1:
-            torch.distributed.broadcast(
-                loss,
-                src=ps.get_pipeline_model_parallel_last_rank(),
-                group=ps.get_pipeline_model_parallel_group(),
-            )
+            group = ps.get_pipeline_model_parallel_group()
+            assert isinstance(group, torch.distributed.ProcessGroup), "one pipeline group per process"
+            torch.distributed.broadcast(loss, src=ps.get_pipeline_model_parallel_last_rank(), group=group)
         return loss
 
-    def forward(self, **batch_data: Any) -> Any:
+    def forward(self, **batch_data: object) -> object:
         """A train step in training mode, an eval step otherwise; returns the summed scalar losses.
 
         Returns:
@@ -315,7 +357,7 @@ class MegatronEngine(torch.nn.Module):
         if not self.eval_total_loss_dict:
             return
         values = {
-            key: float(total) / self.eval_total_loss_dict[key + "_num_iters"]
+            key: float(total) / float(self.eval_total_loss_dict[key + "_num_iters"])
             for key, total in self.eval_total_loss_dict.items()
             if not key.endswith("_num_iters")
         }
@@ -328,11 +370,11 @@ class MegatronEngine(torch.nn.Module):
         self.eval_total_loss_dict = {}
 
     # ------------------------------------------------------------------ checkpoints
-    def _sharded_state_dict(self, is_loading: bool) -> dict[str, Any]:
+    def _sharded_state_dict(self, is_loading: bool) -> dict[str, object]:
         from megatron.core.utils import unwrap_model  # type: ignore[import-not-found]
 
         args = get_args()
-        state: dict[str, Any] = {}
+        state: dict[str, object] = {}
         for index, chunk in enumerate(unwrap_model(list(self.module))):
             state["model" if len(self.module) == 1 else f"model{index}"] = chunk.sharded_state_dict()
         if not (args.no_load_optim if is_loading else args.no_save_optim):
@@ -388,6 +430,7 @@ class MegatronEngine(torch.nn.Module):
         # which would unpickle the .metadata and every non-tensor item fully: weights-only here.
         with weights_only_dcp_reads(source):
             state = dist_checkpointing.load(self._sharded_state_dict(is_loading=True), source)
+        assert isinstance(state, dict), "megatron-core's load returns the state dict (strict handling is off)"
         for index, chunk in enumerate(unwrap_model(list(self.module))):
             chunk.load_state_dict(state["model" if len(self.module) == 1 else f"model{index}"], strict=True)
         if args.no_load_optim:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
 __all__ = ["build_model", "build_model_chunks"]
 
@@ -33,7 +37,21 @@ def _position_embedding_type(args: SimpleNamespace, default: str = "learned_abso
     return "rope" if getattr(args, "use_rotary_position_embeddings", False) else default
 
 
-def _common_model_kwargs(args: SimpleNamespace, config: Any, pre: bool, post: bool) -> dict[str, Any]:
+class _ModelKwargs(TypedDict):
+    config: TransformerConfig
+    vocab_size: int
+    max_sequence_length: int
+    pre_process: bool
+    post_process: bool
+    parallel_output: bool
+    share_embeddings_and_output_weights: bool
+    # Each megatron-core model accepts its own Literal set of names; the model checks the one given.
+    position_embedding_type: Any
+
+
+def _common_model_kwargs(
+    args: SimpleNamespace, config: TransformerConfig, pre: bool, post: bool
+) -> _ModelKwargs:
     """The constructor arguments megatron-core's GPT, BERT and T5 models share."""
     vocab, length = _vocab_and_length(args)
     return {
@@ -48,7 +66,9 @@ def _common_model_kwargs(args: SimpleNamespace, config: Any, pre: bool, post: bo
     }
 
 
-def _gpt(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: int | None) -> Any:
+def _gpt(
+    args: SimpleNamespace, config: TransformerConfig, pre: bool, post: bool, vp_stage: int | None
+) -> MegatronModule:
     from megatron.core.models.gpt import GPTModel  # type: ignore[import-not-found]
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # type: ignore[import-not-found]
 
@@ -60,7 +80,9 @@ def _gpt(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: in
     return GPTModel(transformer_layer_spec=spec, vp_stage=vp_stage, **kwargs)
 
 
-def _bert(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: int | None) -> Any:
+def _bert(
+    args: SimpleNamespace, config: TransformerConfig, pre: bool, post: bool, vp_stage: int | None
+) -> MegatronModule:
     from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec  # type: ignore[import-not-found]
     from megatron.core.models.bert.bert_model import BertModel  # type: ignore[import-not-found]
 
@@ -79,8 +101,13 @@ def _bert(args: SimpleNamespace, config: Any, pre: bool, post: bool, vp_stage: i
 
 
 def _t5(
-    args: SimpleNamespace, config: Any, pre: bool, post: bool, add_encoder: bool, add_decoder: bool
-) -> Any:
+    args: SimpleNamespace,
+    config: TransformerConfig,
+    pre: bool,
+    post: bool,
+    add_encoder: bool,
+    add_decoder: bool,
+) -> MegatronModule:
     from megatron.core.models.T5 import t5_spec  # type: ignore[import-not-found]
     from megatron.core.models.T5.t5_model import T5Model  # type: ignore[import-not-found]
     from megatron.core.transformer.transformer_block import (  # type: ignore[import-not-found]
@@ -91,15 +118,18 @@ def _t5(
     # The local block specs of megatron-core 0.16 put Transformer Engine's norm at the end of each
     # block; the plain torch norm keeps T5 free of Transformer Engine like GPT and BERT.
     encoder = TransformerBlockSubmodules(
-        [t5_spec.encoder_model_with_local_spec()] * layers, layer_norm=t5_spec.LNImpl
+        [t5_spec.encoder_model_with_local_spec()] * layers,
+        layer_norm=t5_spec.LNImpl,  # pyright: ignore[reportArgumentType]  # megatron builds a class too
     )
     decoder = TransformerBlockSubmodules(
-        [t5_spec.decoder_model_with_local_spec()] * layers, layer_norm=t5_spec.LNImpl
+        [t5_spec.decoder_model_with_local_spec()] * layers,
+        layer_norm=t5_spec.LNImpl,  # pyright: ignore[reportArgumentType]  # megatron builds a class too
     )
     return T5Model(
         encoder_config=config,
-        transformer_encoder_layer_spec=encoder,
-        transformer_decoder_layer_spec=decoder,
+        # megatron-core annotates a ModuleSpec; its own T5 helpers pass block submodules, as here.
+        transformer_encoder_layer_spec=encoder,  # pyright: ignore[reportArgumentType]
+        transformer_decoder_layer_spec=decoder,  # pyright: ignore[reportArgumentType]
         add_encoder=add_encoder,
         add_decoder=add_decoder,
         **_common_model_kwargs(args, config, pre, post),
@@ -108,13 +138,13 @@ def _t5(
 
 def build_model(
     args: SimpleNamespace,
-    config: Any,
+    config: TransformerConfig,
     pre_process: bool = True,
     post_process: bool = True,
     add_encoder: bool = True,
     add_decoder: bool = True,
     vp_stage: int | None = None,
-) -> Any:
+) -> MegatronModule:
     """megatron-core's model of ``args.model_type_name`` (``gpt``, ``bert``, ``t5``) for one pipeline stage.
 
     Args:
@@ -147,7 +177,9 @@ def build_model(
     )
 
 
-def build_model_chunks(provider: Callable[..., Any], args: SimpleNamespace) -> list[Any]:
+def build_model_chunks(
+    provider: Callable[..., MegatronModule], args: SimpleNamespace
+) -> list[MegatronModule]:
     """Call ``provider(pre_process=, post_process=)`` once per (virtual) pipeline stage this process holds.
 
     With an interleaved schedule (``virtual_pipeline_model_parallel_size``) megatron-core's
@@ -166,7 +198,7 @@ def build_model_chunks(provider: Callable[..., Any], args: SimpleNamespace) -> l
     vpp = args.virtual_pipeline_model_parallel_size
     if ps.get_pipeline_model_parallel_world_size() == 1 or vpp is None:
         return [provider(pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())]
-    chunks = []
+    chunks: list[MegatronModule] = []
     for stage in range(int(vpp)):
         ps.set_virtual_pipeline_model_parallel_rank(stage)
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)

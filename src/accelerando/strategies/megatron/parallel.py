@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
@@ -14,7 +12,7 @@ __all__ = [
 ]
 
 
-def data_parallel_group() -> Any:
+def data_parallel_group() -> dist.ProcessGroup | None:
     """The data-parallel process group: megatron-core's when its model parallelism is initialised,
     else the default group; None when torch.distributed is not initialised (one process).
     """
@@ -25,7 +23,9 @@ def data_parallel_group() -> Any:
     except ImportError:
         return dist.group.WORLD
     if parallel_state.model_parallel_is_initialized():
-        return parallel_state.get_data_parallel_group()
+        group = parallel_state.get_data_parallel_group()
+        assert isinstance(group, dist.ProcessGroup), "megatron-core's data-parallel group is initialised"
+        return group
     return dist.group.WORLD
 
 
@@ -47,7 +47,7 @@ def avg_losses_across_data_parallel_group(losses: list[torch.Tensor]) -> torch.T
     return averaged / dist.get_world_size(group=group)
 
 
-def gather_across_data_parallel_groups(tensor: Any) -> Any:
+def gather_across_data_parallel_groups(tensor: object) -> object:
     """Concatenate ``tensor`` (or every tensor of a nested list / tuple / dict) over the data-parallel group.
 
     Tensors are gathered along dimension 0 (0-d tensors become one entry per process); one process

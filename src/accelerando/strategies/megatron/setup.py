@@ -11,9 +11,9 @@ CPU over gloo; seeding, DDP, the optimizer and training need CUDA and say so.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, cast, overload
 
 import torch
 
@@ -31,6 +31,18 @@ from accelerando.strategies.megatron.models import build_model, build_model_chun
 from accelerando.strategies.megatron.requirements import require_cuda, require_megatron_core
 from accelerando.strategies.megatron.train_steps import MegatronLMDummyDataLoader
 
+if TYPE_CHECKING:
+    from megatron.core.optimizer import MegatronOptimizer
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig, ParamKey
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler, ParamGroupOverride
+    from megatron.core.transformer.module import MegatronModule
+
+    from accelerando.plugins.megatron import MegatronLMPlugin
+    from accelerando.strategies.megatron.holder import MegatronAccelerator, MegatronState
+
+#: The reference's hook adding options to Megatron-LM's parser (returns the parser, or None: changed in place).
+ExtraArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser | None]
+
 __all__ = [
     "finish_mpu_init",
     "init_model_parallel",
@@ -43,8 +55,8 @@ __all__ = [
 ]
 
 
-def _plugin(accelerator: Any) -> Any:
-    plugin = getattr(accelerator.state, "megatron_lm_plugin", None)
+def _plugin(accelerator: MegatronAccelerator) -> MegatronLMPlugin:
+    plugin: MegatronLMPlugin | None = getattr(accelerator.state, "megatron_lm_plugin", None)
     if plugin is None:
         raise RuntimeError(
             "No Megatron-LM plugin is set: create the Accelerator with megatron_lm_plugin=MegatronLMPlugin(...) "
@@ -98,7 +110,7 @@ def init_model_parallel(args: SimpleNamespace) -> None:
     )
 
 
-def _ensure_process_group(state: Any) -> None:
+def _ensure_process_group(state: MegatronState) -> None:
     """Start a one-process NCCL group for a single-GPU run (megatron-core's groups need a default group).
 
     Raises:
@@ -128,7 +140,7 @@ def _ensure_process_group(state: Any) -> None:
     )
 
 
-def _extra_defaults(extra_args_provider: Callable[[argparse.ArgumentParser], Any] | None) -> dict[str, Any]:
+def _extra_defaults(extra_args_provider: ExtraArgsProvider | None) -> dict[str, object]:
     # The reference's hook adds options to Megatron-LM's parser; their defaults become arguments.
     if extra_args_provider is None:
         return {}
@@ -138,9 +150,9 @@ def _extra_defaults(extra_args_provider: Callable[[argparse.ArgumentParser], Any
 
 
 def initialize(
-    accelerator: Any,
-    extra_args_provider: Callable[[argparse.ArgumentParser], Any] | None = None,
-    args_defaults: Mapping[str, Any] | None = None,
+    accelerator: MegatronAccelerator,
+    extra_args_provider: ExtraArgsProvider | None = None,
+    args_defaults: Mapping[str, object] | None = None,
 ) -> None:
     """Initialise Megatron-LM (arguments, model-parallel groups, seeds) from the plugin's arguments.
 
@@ -196,7 +208,7 @@ def finish_mpu_init() -> None:
 
 def model_provider_func(
     pre_process: bool = True, post_process: bool = True, add_encoder: bool = True, add_decoder: bool = True
-) -> Any:
+) -> MegatronModule:
     """Build megatron-core's GPT / BERT / T5 model (per ``model_type_name``) for this pipeline stage.
 
     The virtual pipeline stage is read from megatron-core's parallel state (set by the caller
@@ -219,14 +231,14 @@ def model_provider_func(
     )
 
 
-def _wrap_chunks(chunks: list[Any], args: SimpleNamespace) -> list[Any]:
+def _wrap_chunks(chunks: list[MegatronModule], args: SimpleNamespace) -> list[MegatronModule]:
     """Move each chunk to this GPU, wrap it for fp16/bf16, then in megatron-core's DDP (in that order:
     DDP's gradient buffers take the dtype and device of the parameters it sees).
     """
     from megatron.core.distributed import DistributedDataParallel  # type: ignore[import-not-found]
     from megatron.core.transformer.module import Float16Module  # type: ignore[import-not-found]
 
-    wrapped = []
+    wrapped: list[MegatronModule] = []
     for index, chunk in enumerate(chunks):
         chunk.cuda(torch.cuda.current_device())
         config = chunk.config
@@ -244,7 +256,9 @@ def _wrap_chunks(chunks: list[Any], args: SimpleNamespace) -> list[Any]:
     return wrapped
 
 
-def _config_overrides(args: SimpleNamespace, config: Any) -> Any:
+def _config_overrides(
+    args: SimpleNamespace, config: OptimizerConfig
+) -> dict[ParamKey, ParamGroupOverride] | None:
     """The plugin's ``no_wd_decay_cond`` / ``scale_lr_cond`` / ``lr_mult`` as megatron-core parameter-group overrides."""
     from megatron.core.optimizer import get_standard_config_overrides  # type: ignore[import-not-found]
     from megatron.core.optimizer.optimizer_config import (  # type: ignore[import-not-found]
@@ -256,22 +270,26 @@ def _config_overrides(args: SimpleNamespace, config: Any) -> Any:
     scale_lr = getattr(args, "scale_lr_cond", None)
     if no_wd is None and scale_lr is None:
         return None
-    overrides = {} if no_wd is not None else dict(get_standard_config_overrides(config))
+    overrides: dict[ParamKey, ParamGroupOverride] = (
+        {} if no_wd is not None else dict(get_standard_config_overrides(config))
+    )
     if no_wd is not None:
         key = ParamKey(
             with_name_predicate=ParamWithNamePredicate("no_wd_decay_cond", lambda p, n: no_wd(n, p))
         )
-        overrides[key] = {"wd_mult": 0.0}
+        # megatron-core's ParamGroupOverride is declared total, yet its own docs build it with some keys.
+        overrides[key] = {"wd_mult": 0.0}  # pyright: ignore[reportArgumentType]
     if scale_lr is not None:
         mult = float(getattr(args, "lr_mult", 1.0))
+        assert config.lr is not None and config.min_lr is not None, "optimizer_config sets both"
         key = ParamKey(
             with_name_predicate=ParamWithNamePredicate("scale_lr_cond", lambda p, n: scale_lr(n, p))
         )
-        overrides[key] = {"max_lr": config.lr * mult, "min_lr": config.min_lr * mult}
+        overrides[key] = {"max_lr": config.lr * mult, "min_lr": config.min_lr * mult}  # pyright: ignore[reportArgumentType]
     return overrides
 
 
-def prepare_optimizer(accelerator: Any, model: list[Any]) -> Any:
+def prepare_optimizer(accelerator: object, model: list[MegatronModule]) -> MegatronOptimizer:
     """Build megatron-core's optimizer (Adam or SGD, mixed-precision and distributed variants) for ``model``.
 
     Args:
@@ -291,7 +309,9 @@ def prepare_optimizer(accelerator: Any, model: list[Any]) -> Any:
     return get_megatron_optimizer(config, list(model), config_overrides=_config_overrides(args, config))
 
 
-def prepare_scheduler(accelerator: Any, optimizer: Any, scheduler: Any) -> Any:
+def prepare_scheduler(
+    accelerator: object, optimizer: MegatronOptimizer, scheduler: object
+) -> OptimizerParamScheduler:
     """Build megatron-core's learning-rate / weight-decay schedule (``OptimizerParamScheduler``).
 
     Args:
@@ -308,7 +328,9 @@ def prepare_scheduler(accelerator: Any, optimizer: Any, scheduler: Any) -> Any:
     return OptimizerParamScheduler(optimizer, **scheduler_steps(get_args()))
 
 
-def prepare_model_optimizer_scheduler(accelerator: Any) -> tuple[list[Any], Any, Any]:
+def prepare_model_optimizer_scheduler(
+    accelerator: MegatronAccelerator,
+) -> tuple[list[MegatronModule], MegatronOptimizer, OptimizerParamScheduler]:
     """Build Megatron's model chunks, optimizer and schedule from the plugin's arguments.
 
     The model comes from the plugin's ``custom_prepare_model_function(custom_model_provider_function)``
@@ -324,15 +346,18 @@ def prepare_model_optimizer_scheduler(accelerator: Any) -> tuple[list[Any], Any,
 
     plugin = _plugin(accelerator)
     args = get_args()
-    provider = plugin.custom_model_provider_function or model_provider_func
+    # The plugin's callables are the user's: a provider returns a model chunk (a MegatronModule).
+    provider = cast(
+        "Callable[..., MegatronModule]", plugin.custom_model_provider_function or model_provider_func
+    )
     if plugin.custom_prepare_model_function is not None:
         if plugin.custom_model_provider_function is None:
             raise ValueError(
                 "MegatronLMPlugin.custom_prepare_model_function needs custom_model_provider_function too "
                 "(it is called with the provider)"
             )
-        model = plugin.custom_prepare_model_function(provider)
-        model = list(model) if isinstance(model, (list, tuple)) else [model]
+        made = plugin.custom_prepare_model_function(provider)
+        model = cast("list[MegatronModule]", list(made) if isinstance(made, (list, tuple)) else [made])
     else:
         model = _wrap_chunks(build_model_chunks(provider, args), args)
     optimizer = prepare_optimizer(accelerator, model)
@@ -341,7 +366,18 @@ def prepare_model_optimizer_scheduler(accelerator: Any) -> tuple[list[Any], Any,
     return model, optimizer, scheduler
 
 
-def prepare_data_loader(accelerator: Any, dataloader: Any) -> Any:
+@overload
+def prepare_data_loader(
+    accelerator: MegatronAccelerator, dataloader: MegatronLMDummyDataLoader
+) -> tuple[Iterator[object] | None, Iterator[object] | None, Iterator[object] | None]: ...
+@overload
+def prepare_data_loader(
+    accelerator: MegatronAccelerator, dataloader: torch.utils.data.DataLoader[object]
+) -> Iterable[object]: ...
+def prepare_data_loader(
+    accelerator: MegatronAccelerator,
+    dataloader: torch.utils.data.DataLoader[object] | MegatronLMDummyDataLoader,
+) -> Iterable[object] | tuple[Iterator[object] | None, Iterator[object] | None, Iterator[object] | None]:
     """Rebuild ``dataloader`` for Megatron's data-parallel ranks: each batch holds every micro-batch of one step.
 
     A torch ``DataLoader`` is re-made with ``micro_batch_size * num_micro_batches`` samples per batch

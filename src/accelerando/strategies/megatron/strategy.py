@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from types import SimpleNamespace
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
@@ -18,6 +17,7 @@ from accelerando.strategies.megatron.engine import (
     MegatronLMOptimizerWrapper,
     MegatronLMSchedulerWrapper,
 )
+from accelerando.strategies.megatron.holder import Holder, HolderState
 from accelerando.strategies.megatron.requirements import require_megatron_and_cuda
 from accelerando.strategies.megatron.setup import (
     initialize,
@@ -29,13 +29,15 @@ from accelerando.strategies.megatron.train_steps import (
     MegatronLMDummyScheduler,
 )
 
+if TYPE_CHECKING:
+    from accelerando.plugins.megatron import MegatronLMPlugin
+
 __all__ = ["MegatronStrategy"]
 
 _WHAT = "Megatron-LM training (megatron_lm_plugin or --use_megatron_lm)"
 
 
-def _kind(obj: Any) -> str | None:
-
+def _kind(obj: object) -> str | None:
     if isinstance(obj, torch.nn.Module):
         return "model"
     if isinstance(obj, torch.optim.Optimizer):
@@ -83,17 +85,17 @@ class MegatronStrategy(Strategy):
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)
-        self.engine: Any = None
+        self.engine: MegatronEngine | None = None
 
-    def _holder(self) -> SimpleNamespace:
+    def _holder(self) -> Holder:
         # The reference's Megatron functions take the Accelerator and read only these of its state.
         runtime = self.runtime
-        state = SimpleNamespace(
+        state = HolderState(
             megatron_lm_plugin=runtime.plugins.megatron_lm,
             device=runtime.device,
             num_processes=runtime.num_processes,
         )
-        return SimpleNamespace(state=state)
+        return Holder(state=state)
 
     # ------------------------------------------------------------------ prepare
     def prepare_all(self, request: PrepareRequest) -> Prepared:
@@ -120,7 +122,8 @@ class MegatronStrategy(Strategy):
         if len(found["model"]) > 1 or (found["model"] and self.engine is not None):
             raise ValueError("Megatron-LM trains one model per Accelerator: prepare a single model")
         pick = {kind: (request.objects[where[0]] if where else None) for kind, where in found.items()}
-        plugin = self.runtime.plugins.megatron_lm
+        plugin: MegatronLMPlugin | None = self.runtime.plugins.megatron_lm
+        assert plugin is not None, "the connector chooses this strategy for a MegatronLMPlugin only"
         self._fill_arguments(plugin, pick, request)
 
         if pick["model"] is not None or not _initialized():
@@ -165,15 +168,19 @@ class MegatronStrategy(Strategy):
                     iterators = prepare_data_loader(self._holder(), loader)
                 prepared.objects[index] = iterators[position] if position < len(iterators) else None
             else:
+                assert isinstance(loader, torch.utils.data.DataLoader), "_kind found a DataLoader here"
                 prepared.objects[index] = prepare_data_loader(self._holder(), loader)
 
-    def _fill_arguments(self, plugin: Any, pick: dict[str, Any], request: PrepareRequest) -> None:
+    def _fill_arguments(
+        self, plugin: MegatronLMPlugin, pick: dict[str, object], request: PrepareRequest
+    ) -> None:
         """Read batch size, architecture, optimizer, schedule and precision into the plugin's arguments."""
         loader, batch_data, micro_batch_size = pick["dataloader"], None, None
         if isinstance(loader, MegatronLMDummyDataLoader):
             loader.set_megatron_data_args()
-            micro_batch_size = int(loader.dataset_args.get("micro_batch_size", 1))
-        elif loader is not None:
+            given = loader.dataset_args.get("micro_batch_size", 1)
+            micro_batch_size = int(given) if isinstance(given, (int, float, str)) else 1
+        elif isinstance(loader, torch.utils.data.DataLoader):  # what _kind calls the other loaders
             batch_data = next(iter(loader))
             sizes = [
                 int(getattr(o, "batch_size", 0) or 0) for o in request.objects if _kind(o) == "dataloader"
@@ -184,7 +191,11 @@ class MegatronStrategy(Strategy):
             if request.split_batches:
                 micro_batch_size //= self.runtime.num_processes
         if micro_batch_size is not None:
-            model_parallel = plugin.tp_degree * plugin.pp_degree * int(plugin.context_parallel_size or 1)
+            model_parallel = (
+                int(plugin.tp_degree or 1)
+                * int(plugin.pp_degree or 1)
+                * int(plugin.context_parallel_size or 1)
+            )
             plugin.set_training_args(micro_batch_size, self.runtime.num_processes // model_parallel)
         if pick["model"] is not None and plugin.custom_model_provider_function is None:
             plugin.set_network_size_args(pick["model"], batch_data)
@@ -212,7 +223,7 @@ class MegatronStrategy(Strategy):
         """
         _refuse_alone("prepare_model", "its model, optimizer and schedule together")
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Refuse: see :meth:`prepare_model`.
 
         Raises:
@@ -222,7 +233,7 @@ class MegatronStrategy(Strategy):
         _refuse_alone("prepare_optimizer", "its optimizer with the model")
 
     # ------------------------------------------------------------------ training
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """No-op: the engine's train step (the prepared model's call) already ran the backward passes."""
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:

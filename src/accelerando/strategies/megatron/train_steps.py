@@ -8,9 +8,9 @@ Megatron-LM's own sample format instead. Only building Megatron's data iterators
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,10 @@ from accelerando.strategies.megatron.requirements import (
     require_megatron_and_cuda,
 )
 
+if TYPE_CHECKING:
+    from accelerando.plugins.megatron import MegatronLMPlugin
+    from accelerando.strategies.megatron.holder import MegatronAccelerator
+
 __all__ = [
     "AbstractTrainStep",
     "BertTrainStep",
@@ -34,17 +38,23 @@ __all__ = [
     "get_ltor_masks_and_position_ids",
 ]
 
+#: One batch as the data iterators give it: Hugging Face (or Megatron-LM) field name -> tensor.
+Batch = Mapping[str, torch.Tensor]
+#: A train step's ``(loss, {name: data-parallel average})``.
+LossResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
+_T = TypeVar("_T")
 
-def _megatron_plugin(accelerator: Any) -> Any:
+
+def _megatron_plugin(accelerator: MegatronAccelerator | None) -> MegatronLMPlugin:
     """The Megatron-LM plugin of ``accelerator`` (or of the process state when None)."""
     if accelerator is None:
         # The reference's public train-step classes may be built without an Accelerator, reading the
         # process state; this is that API, not a strategy reading global state.
 
-        state = accelerando.state.AcceleratorState()
+        state: object = accelerando.state.AcceleratorState()
     else:
         state = accelerator.state
-    plugin = getattr(state, "megatron_lm_plugin", None)
+    plugin: MegatronLMPlugin | None = getattr(state, "megatron_lm_plugin", None)
     if plugin is None:
         raise RuntimeError(
             "No Megatron-LM plugin is set: create the Accelerator with megatron_lm_plugin=MegatronLMPlugin(...) "
@@ -67,7 +77,11 @@ class MegatronLMDummyScheduler:
     """
 
     def __init__(
-        self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any
+        self,
+        optimizer: object,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        **kwargs: object,
     ) -> None:
         self.optimizer = optimizer
         self.total_num_steps = total_num_steps
@@ -83,8 +97,8 @@ class MegatronLMDummyDataLoader:
             ...), kept in ``dataset_args`` with ``megatron_dataset_flag=True``.
     """
 
-    def __init__(self, **dataset_kwargs: Any) -> None:
-        self.dataset_args: dict[str, Any] = dict(dataset_kwargs)
+    def __init__(self, **dataset_kwargs: object) -> None:
+        self.dataset_args: dict[str, object] = dict(dataset_kwargs)
         self.dataset_args["megatron_dataset_flag"] = True
 
     def set_megatron_data_args(self) -> None:
@@ -101,10 +115,13 @@ class MegatronLMDummyDataLoader:
                 value = [value]
             plugin.megatron_lm_default_args[key] = value
         plugin.megatron_dataset_flag = True
-        if self.dataset_args.get("seq_length") is not None:
-            plugin.seq_length = self.dataset_args["seq_length"]
+        seq_length = self.dataset_args.get("seq_length")
+        if isinstance(seq_length, int):
+            plugin.seq_length = seq_length
 
-    def get_train_valid_test_datasets_provider(self, accelerator: Any) -> Callable[..., Any]:
+    def get_train_valid_test_datasets_provider(
+        self, accelerator: MegatronAccelerator | None
+    ) -> Callable[..., object]:
         """The function that builds the train / valid / test datasets.
 
         The plugin's ``custom_megatron_datasets_provider_function``: it is called with the sample
@@ -125,7 +142,9 @@ class MegatronLMDummyDataLoader:
             f"Without megatron-core and CUDA, use the {MEGATRON_ALTERNATIVES}."
         )
 
-    def build_train_valid_test_data_iterators(self, accelerator: Any) -> tuple[Any, Any, Any]:
+    def build_train_valid_test_data_iterators(
+        self, accelerator: MegatronAccelerator | None
+    ) -> tuple[Iterator[object] | None, Iterator[object] | None, Iterator[object] | None]:
         """Build the train / valid / test iterators over the provider's datasets.
 
         Sample counts follow Megatron-LM: ``train_samples`` (or ``train_iters * global_batch_size``),
@@ -143,7 +162,9 @@ class MegatronLMDummyDataLoader:
         return _dataset_iterators(provider)
 
 
-def _dataset_iterators(provider: Callable[..., Any]) -> tuple[Any, Any, Any]:
+def _dataset_iterators(
+    provider: Callable[..., object],
+) -> tuple[Iterator[object] | None, Iterator[object] | None, Iterator[object] | None]:
     from megatron.core import parallel_state as ps  # type: ignore[import-not-found]
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
@@ -154,8 +175,13 @@ def _dataset_iterators(provider: Callable[..., Any]) -> tuple[Any, Any, Any]:
     train = int(args.train_samples) if args.train_samples is not None else train_iters * gbs
     evals = (train_iters // int(args.eval_interval) + 1) * int(args.eval_iters)
     datasets = provider([train, evals * gbs, int(args.eval_iters) * gbs])
+    if not isinstance(datasets, Iterable):
+        raise TypeError(
+            f"custom_megatron_datasets_provider_function returned a {type(datasets).__name__}, not the "
+            "(train, valid, test) datasets"
+        )
     consumed = list(args.consumed_samples or [0, 0, 0])
-    iterators = []
+    iterators: list[Iterator[object] | None] = []
     for split, dataset in enumerate(datasets):
         if dataset is None:
             iterators.append(None)
@@ -214,8 +240,11 @@ def get_ltor_masks_and_position_ids(
     return (allowed.unsqueeze(1) < 0.5), loss_mask, position_ids
 
 
-def _next_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> Mapping[str, Any] | None:
-    return next(data_iterator) if data_iterator is not None else None
+def _next_batch(data_iterator: Iterator[Batch] | None) -> Batch:
+    if data_iterator is None:
+        # What reading fields of the missing batch raised before: a train step needs its data.
+        raise TypeError("this Megatron-LM train step reads a batch, but its data iterator is None")
+    return next(data_iterator)
 
 
 def _masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -230,20 +259,25 @@ class AbstractTrainStep:
         name: the step's name (``"GPTTrainStep"`` ...).
     """
 
+    #: The ``(data_iterator, model) -> (output, loss_fn)`` step megatron-core's schedule calls (set by subclasses).
+    forward_step: Callable[..., tuple[object, Callable[..., LossResult]]]
+
     def __init__(self, name: str) -> None:
         self.name = name
         # What the engine returns from a step: a transformers output class built with (loss=, logits=), or None.
-        self.model_output_class: Any = None
+        self.model_output_class: Callable[..., object] | None = None
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: MegatronAccelerator | None, megatron_dataset_flag: bool
+    ) -> Callable[[Iterator[Batch] | None], tuple[torch.Tensor | None, ...]]:
         """The function turning a data iterator into model inputs. Raises NotImplementedError here."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_batch_func")
 
-    def get_forward_step_func(self) -> Callable[..., Any]:
+    def get_forward_step_func(self) -> Callable[..., tuple[object, Callable[..., LossResult]]]:
         """The ``(data_iterator, model) -> (output, loss_fn)`` step. Raises NotImplementedError here."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_forward_step_func")
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: MegatronAccelerator | None) -> Callable[..., LossResult]:
         """The function reducing the model's output to a loss. Raises NotImplementedError here."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_loss_func")
 
@@ -253,7 +287,7 @@ def _b1ss(mask: torch.Tensor) -> torch.Tensor:
     return mask.unsqueeze(1) if mask.dim() == 3 else mask
 
 
-def _output_class(args: Any, name: str) -> Any:
+def _output_class(args: object, name: str) -> Callable[..., object] | None:
     """Transformers' output class ``name`` when the model returned dicts (``model_return_dict``), else None."""
     if not getattr(args, "model_return_dict", False):
         return None
@@ -264,8 +298,12 @@ def _output_class(args: Any, name: str) -> Any:
     return getattr(modeling_outputs, name, None)
 
 
-def _custom_or(plugin_value: Any, built: Callable[[], Any]) -> Any:
+def _custom_or(plugin_value: _T | None, built: Callable[[], _T]) -> _T:
     return plugin_value if plugin_value is not None else built()
+
+
+def _plugin_of(accelerator: MegatronAccelerator | None) -> MegatronLMPlugin | None:
+    return getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
 
 
 class GPTTrainStep(AbstractTrainStep):
@@ -278,10 +316,10 @@ class GPTTrainStep(AbstractTrainStep):
             (also return the logits: the engine's output then carries them).
     """
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: MegatronAccelerator | None, args: object) -> None:
         super().__init__("GPTTrainStep")
         self.model_output_class = _output_class(args, "CausalLMOutputWithCrossAttentions")
-        plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
+        plugin = _plugin_of(accelerator)
         self.eod_token = getattr(args, "eod_token", None)
         self.reset_position_ids = bool(getattr(args, "reset_position_ids", False))
         self.reset_attention_mask = bool(getattr(args, "reset_attention_mask", False))
@@ -296,7 +334,9 @@ class GPTTrainStep(AbstractTrainStep):
         )
         self.forward_step = self.get_forward_step_func()
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: MegatronAccelerator | None, megatron_dataset_flag: bool
+    ) -> Callable[[Iterator[Batch] | None], tuple[torch.Tensor, ...]]:
         """``data_iterator -> (tokens, labels, loss_mask, attention_mask, position_ids)``.
 
         Labels are ``input_ids`` shifted left by one; the inputs drop the last token. With
@@ -304,7 +344,7 @@ class GPTTrainStep(AbstractTrainStep):
         megatron-core ``GPTDataset``'s ``tokens`` / ``labels`` / ``loss_mask`` / ``position_ids``.
         """
 
-        def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
+        def get_batch(data_iterator: Iterator[Batch] | None) -> tuple[torch.Tensor, ...]:
             data = _next_batch(data_iterator)
             if megatron_dataset_flag and "tokens" in data:  # megatron-core's GPTDataset samples
                 tokens, labels = data["tokens"].long(), data["labels"].long()
@@ -327,10 +367,12 @@ class GPTTrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: MegatronAccelerator | None) -> Callable[..., LossResult]:
         """``(loss_mask, output_tensor) -> (loss, {"lm loss": data-parallel average})``."""
 
-        def loss_func(loss_mask: torch.Tensor, output_tensor: Any) -> tuple[torch.Tensor, dict]:
+        def loss_func(
+            loss_mask: torch.Tensor, output_tensor: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+        ) -> LossResult:
             logits = None
             if isinstance(output_tensor, tuple):  # return_logits: (per-token losses, logits)
                 output_tensor, logits = output_tensor
@@ -342,14 +384,16 @@ class GPTTrainStep(AbstractTrainStep):
 
         return loss_func
 
-    def get_forward_step_func(self) -> Callable[..., Any]:
+    def get_forward_step_func(self) -> Callable[..., tuple[object, Callable[..., LossResult]]]:
         """``(data_iterator, model) -> (output, loss_fn)``; calls ``model(tokens, position_ids, mask, labels=)``.
 
         With ``return_logits`` the last stage computes the logits, then the per-token losses from
         them, and hands both on (the logits gathered over the tensor-parallel ranks, detached).
         """
 
-        def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+        def forward_step(
+            data_iterator: Iterator[Batch] | None, model: torch.nn.Module
+        ) -> tuple[object, Callable[..., LossResult]]:
             tokens, labels, loss_mask, attention_mask, position_ids = self.get_batch(data_iterator)
             if not self.return_logits:
                 output = model(tokens, position_ids, attention_mask, labels=labels)
@@ -361,7 +405,9 @@ class GPTTrainStep(AbstractTrainStep):
         return forward_step
 
 
-def _with_logits(output: torch.Tensor, model: Any, labels: torch.Tensor) -> Any:
+def _with_logits(
+    output: torch.Tensor, model: torch.nn.Module, labels: torch.Tensor
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """On the last pipeline stage: ``(per-token losses, full-vocabulary logits)`` from the ``[b, s, v/tp]`` logits."""
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel  # type: ignore[import-not-found]
@@ -373,6 +419,7 @@ def _with_logits(output: torch.Tensor, model: Any, labels: torch.Tensor) -> Any:
     logits = output.detach().clone()
     losses = tensor_parallel.vocab_parallel_cross_entropy(output.float(), labels)
     group = parallel_state.get_tensor_model_parallel_group()
+    assert isinstance(group, dist.ProcessGroup), "megatron-core's tensor-parallel group is initialised"
     size = dist.get_world_size(group=group)
     if size > 1:
         parts = [torch.empty_like(logits) for _ in range(size)]
@@ -390,10 +437,10 @@ class BertTrainStep(AbstractTrainStep):
             ``bert_binary_head`` (default True), ``num_labels`` (classification, default 2).
     """
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: MegatronAccelerator | None, args: object) -> None:
         super().__init__("BertTrainStep")
         self.model_output_class = _output_class(args, "SequenceClassifierOutput")
-        plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
+        plugin = _plugin_of(accelerator)
         pretraining = bool(getattr(args, "pretraining_flag", True))
         binary_head = bool(getattr(args, "bert_binary_head", True))
         num_labels = int(getattr(args, "num_labels", 2))
@@ -407,7 +454,9 @@ class BertTrainStep(AbstractTrainStep):
         )
         self.forward_step = self.get_forward_step_func(pretraining, binary_head)
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: MegatronAccelerator | None, megatron_dataset_flag: bool
+    ) -> Callable[[Iterator[Batch] | None], tuple[torch.Tensor | None, ...]]:
         """``data_iterator -> (tokens, types, sentence_order, loss_mask, labels, padding_mask)``.
 
         ``loss_mask`` is 1 where ``labels != -100``; missing ``token_type_ids`` /
@@ -415,7 +464,7 @@ class BertTrainStep(AbstractTrainStep):
         Megatron-LM's (``text``, ``types``, ``is_random``, ``loss_mask``, ``labels``, ``padding_mask``).
         """
 
-        def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[Any, ...]:
+        def get_batch(data_iterator: Iterator[Batch] | None) -> tuple[torch.Tensor | None, ...]:
             data = _next_batch(data_iterator)
             if megatron_dataset_flag:  # Megatron-LM's BERT samples
                 types = data.get("types")
@@ -437,15 +486,19 @@ class BertTrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self, accelerator: Any, pretraining_flag: bool, num_labels: int) -> Callable[..., Any]:
+    def get_loss_func(
+        self, accelerator: MegatronAccelerator | None, pretraining_flag: bool, num_labels: int
+    ) -> Callable[..., LossResult]:
         """The loss: masked-LM mean (+ sentence-order cross entropy) when pretraining, else
         regression (``num_labels == 1``: MSE), single-label (integer labels: cross entropy) or
         multi-label (BCE with logits) classification.
         """
 
         def pretraining_loss(
-            loss_mask: torch.Tensor, sentence_order: torch.Tensor | None, output_tensor: Any
-        ) -> tuple[torch.Tensor, dict]:
+            loss_mask: torch.Tensor,
+            sentence_order: torch.Tensor | None,
+            output_tensor: tuple[torch.Tensor, torch.Tensor | None],
+        ) -> LossResult:
             lm_loss_, sop_logits = output_tensor
             lm_loss = _masked_mean(lm_loss_, loss_mask)
             if sop_logits is None or sentence_order is None:  # no sentence-order head or labels
@@ -456,7 +509,7 @@ class BertTrainStep(AbstractTrainStep):
             averaged = avg_losses_across_data_parallel_group([lm_loss, sop_loss])
             return lm_loss + sop_loss, {"lm loss": averaged[0], "sop loss": averaged[1]}
 
-        def classification_loss(labels: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        def classification_loss(labels: torch.Tensor, logits: torch.Tensor) -> LossResult:
             if num_labels == 1:
                 loss = F.mse_loss(logits.view(-1).float(), labels.view(-1).float())
             elif labels.dtype in (torch.long, torch.int):
@@ -467,10 +520,14 @@ class BertTrainStep(AbstractTrainStep):
 
         return pretraining_loss if pretraining_flag else classification_loss
 
-    def get_forward_step_func(self, pretraining_flag: bool, bert_binary_head: bool) -> Callable[..., Any]:
+    def get_forward_step_func(
+        self, pretraining_flag: bool, bert_binary_head: bool
+    ) -> Callable[..., tuple[object, Callable[..., LossResult]]]:
         """``(data_iterator, model) -> (output, loss_fn)`` for pretraining or classification."""
 
-        def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+        def forward_step(
+            data_iterator: Iterator[Batch] | None, model: torch.nn.Module
+        ) -> tuple[object, Callable[..., LossResult]]:
             tokens, types, sentence_order, loss_mask, labels, padding_mask = self.get_batch(data_iterator)
             if not bert_binary_head:
                 types = None
@@ -495,10 +552,10 @@ class T5TrainStep(AbstractTrainStep):
             (default 0) used when a batch has no ``decoder_input_ids``.
     """
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: MegatronAccelerator | None, args: object) -> None:
         super().__init__("T5TrainStep")
         self.model_output_class = _output_class(args, "Seq2SeqLMOutput")
-        plugin = getattr(accelerator.state, "megatron_lm_plugin", None) if accelerator is not None else None
+        plugin = _plugin_of(accelerator)
         self.decoder_start_token_id = int(getattr(args, "decoder_start_token_id", 0) or 0)
         flag = bool(getattr(args, "megatron_dataset_flag", False))
         self.get_batch = _custom_or(
@@ -516,18 +573,22 @@ class T5TrainStep(AbstractTrainStep):
         return keep.unsqueeze(1) < 0.5
 
     @staticmethod
-    def get_decoder_mask(seq_length: int, device: Any) -> torch.Tensor:
+    def get_decoder_mask(seq_length: int, device: torch.device | str | None) -> torch.Tensor:
         """``[1, s, s]`` causal mask of the decoder, True above the diagonal (future positions)."""
         return torch.tril(torch.ones((1, seq_length, seq_length), device=device)) < 0.5
 
     @staticmethod
-    def get_enc_dec_mask(attention_mask: torch.Tensor, dec_seq_length: int, device: Any) -> torch.Tensor:
+    def get_enc_dec_mask(
+        attention_mask: torch.Tensor, dec_seq_length: int, device: torch.device | str | None
+    ) -> torch.Tensor:
         """``[b, dec_s, enc_s]`` cross-attention mask, True where the encoder position is padding."""
         batch = attention_mask.shape[0]
         decoder_side = torch.ones((batch, dec_seq_length, 1), device=device)
         return (decoder_side * attention_mask.unsqueeze(1)) < 0.5
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: MegatronAccelerator | None, megatron_dataset_flag: bool
+    ) -> Callable[[Iterator[Batch] | None], tuple[torch.Tensor, ...]]:
         """``data_iterator -> (tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask)``.
 
         Without ``decoder_input_ids`` the decoder reads the labels shifted right (start token first,
@@ -536,7 +597,7 @@ class T5TrainStep(AbstractTrainStep):
         come back ``[b or 1, 1, sq, sk]``, True where attention is forbidden.
         """
 
-        def get_batch(data_iterator: Iterator[Mapping[str, Any]] | None) -> tuple[torch.Tensor, ...]:
+        def get_batch(data_iterator: Iterator[Batch] | None) -> tuple[torch.Tensor, ...]:
             data = _next_batch(data_iterator)
             if megatron_dataset_flag:  # Megatron-LM's T5 samples: masks hold 1 where attention is allowed
                 return (
@@ -564,19 +625,21 @@ class T5TrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: MegatronAccelerator | None) -> Callable[..., LossResult]:
         """``(loss_mask, output_tensor) -> (loss, {"loss": data-parallel average})``."""
 
-        def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> LossResult:
             loss = _masked_mean(output_tensor, loss_mask)
             return loss, {"loss": avg_losses_across_data_parallel_group([loss])[0]}
 
         return loss_func
 
-    def get_forward_step_func(self) -> Callable[..., Any]:
+    def get_forward_step_func(self) -> Callable[..., tuple[object, Callable[..., LossResult]]]:
         """``(data_iterator, model) -> (output, loss_fn)``; the model gets both token streams and the three masks."""
 
-        def forward_step(data_iterator: Any, model: Any) -> tuple[Any, Callable[..., Any]]:
+        def forward_step(
+            data_iterator: Iterator[Batch] | None, model: torch.nn.Module
+        ) -> tuple[object, Callable[..., LossResult]]:
             tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask = self.get_batch(
                 data_iterator
             )
