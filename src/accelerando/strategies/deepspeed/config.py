@@ -8,7 +8,6 @@ Whatever stays ``"auto"`` afterwards is an error naming the key.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 # The dotted-key helpers are plain dict operations the plugin needs at construction; they live with
 # it (plugins import nothing from strategies) and are re-exported here for the config filling.
@@ -25,7 +24,7 @@ __all__ = [
 ]
 
 
-def _walk(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+def _walk(node: object, prefix: str) -> Iterator[tuple[str, object]]:
     if isinstance(node, Mapping):
         for key, value in node.items():
             yield from _walk(value, f"{prefix}.{key}" if prefix else str(key))
@@ -33,12 +32,12 @@ def _walk(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
-def auto_keys(config: Mapping[str, Any]) -> list[str]:
+def auto_keys(config: Mapping[str, object]) -> list[str]:
     """Every dotted key whose value is still ``"auto"``."""
     return [key for key, value in _walk(config, "") if value == AUTO]
 
 
-def fill_auto(config: dict[str, Any], values: Mapping[str, Any]) -> list[str]:
+def fill_auto(config: dict[str, object], values: Mapping[str, object]) -> list[str]:
     """Replace ``"auto"`` at each given dotted key by its value (None values are skipped).
 
     Concrete values in the config are never overwritten: the user's file wins.
@@ -46,7 +45,7 @@ def fill_auto(config: dict[str, Any], values: Mapping[str, Any]) -> list[str]:
     Returns:
         The keys that were filled.
     """
-    filled = []
+    filled: list[str] = []
     for key, value in values.items():
         if value is not None and get_value(config, key) == AUTO:
             set_value(config, key, value)
@@ -67,7 +66,7 @@ _HINTS = {
 }
 
 
-def require_no_auto(config: Mapping[str, Any]) -> None:
+def require_no_auto(config: Mapping[str, object]) -> None:
     """Raise when some value is still ``"auto"`` after filling.
 
     Raises:

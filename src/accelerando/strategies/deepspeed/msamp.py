@@ -12,13 +12,17 @@ is kept as written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from accelerando.common import imports
 from accelerando.plugins.deepspeed import import_deepspeed
+from accelerando.precision.fp8.base import FP8Precision
 from accelerando.precision.fp8.gpu import msamp_deepspeed_config
 from accelerando.strategies.deepspeed.config import fill_auto, get_value
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
 __all__ = [
     "apply_msamp_block",
@@ -31,7 +35,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def msamp_opt_level(precision: Any) -> str | None:
+def msamp_opt_level(precision: object) -> str | None:
     """The MS-AMP level the run's FP8 recipe asks for; None when the precision is not MS-AMP.
 
     Args:
@@ -40,18 +44,18 @@ def msamp_opt_level(precision: Any) -> str | None:
     Raises:
         RuntimeError: the kwargs handlers select another FP8 backend than the one built.
     """
-    if getattr(precision, "backend_name", None) != "msamp":
+    if not isinstance(precision, FP8Precision) or precision.backend_name != "msamp":
         return None
     return str(precision.resolve_recipe().opt_level)
 
 
-def msamp_enabled(config: dict[str, Any]) -> bool:
+def msamp_enabled(config: Mapping[str, object]) -> bool:
     """Whether the DeepSpeed ``config`` turns MS-AMP on (``"msamp": {"enabled": true}``)."""
     block = config.get("msamp")
     return isinstance(block, dict) and bool(block.get("enabled"))
 
 
-def converts_in_engine(precision: Any, config: dict[str, Any]) -> bool:
+def converts_in_engine(precision: object, config: Mapping[str, object]) -> bool:
     """Whether MS-AMP (inside the engine) converts the model, so the precision must not.
 
     True when the run's FP8 backend is MS-AMP, or when the DeepSpeed config enables MS-AMP itself
@@ -76,7 +80,7 @@ def converts_in_engine(precision: Any, config: dict[str, Any]) -> bool:
     return True
 
 
-def apply_msamp_block(config: dict[str, Any], opt_level: str | None, mixed_precision: str = "fp8") -> None:
+def apply_msamp_block(config: dict[str, object], opt_level: str | None, mixed_precision: str = "fp8") -> None:
     """Add ``{"msamp": {"enabled": True, "opt_level": opt_level}}`` to ``config`` (in place).
 
     A block the config has already wins; a missing ``opt_level`` in it is filled, a different one
@@ -98,7 +102,7 @@ def apply_msamp_block(config: dict[str, Any], opt_level: str | None, mixed_preci
         fill_auto(config, {"bf16.enabled": True})
 
 
-def _merge_block(config: dict[str, Any], opt_level: str) -> None:
+def _merge_block(config: dict[str, object], opt_level: str) -> None:
     block = config.get("msamp")
     if not isinstance(block, dict) or not block:
         config.update(msamp_deepspeed_config({}, opt_level))
@@ -118,7 +122,9 @@ def _merge_block(config: dict[str, Any], opt_level: str) -> None:
         )
 
 
-def engine_initializer(config: dict[str, Any]) -> Callable[..., Any]:
+def engine_initializer(
+    config: Mapping[str, object],
+) -> Callable[..., tuple[DeepSpeedEngine, object, object, object]]:
     """``deepspeed.initialize``, or MS-AMP's wrapper of it when ``config`` enables MS-AMP.
 
     Raises:

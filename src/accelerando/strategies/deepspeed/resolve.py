@@ -15,7 +15,7 @@ import copy
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +24,10 @@ from accelerando.strategies.deepspeed.auto_stage import ZeroChoice, choose_zero_
 from accelerando.strategies.deepspeed.config import AUTO, fill_auto, get_value, require_no_auto, set_value
 from accelerando.strategies.deepspeed.msamp import apply_msamp_block
 from accelerando.strategies.deepspeed.wrappers import DummyOptim, DummyScheduler
+
+if TYPE_CHECKING:
+    from accelerando.devices import DeviceBackend
+    from accelerando.plugins.deepspeed import DeepSpeedPlugin
 
 __all__ = ["PrepareInputs", "resolve_config", "zero_init_config"]
 
@@ -51,14 +55,14 @@ class PrepareInputs:
     """
 
     model: torch.nn.Module
-    optimizer: Any
-    scheduler: Any
+    optimizer: torch.optim.Optimizer | DummyOptim | None
+    scheduler: object
     batch_sizes: list[int]
     num_processes: int
     gradient_accumulation_steps: int
     mixed_precision: str
     device: torch.device
-    device_backend: Any = None
+    device_backend: type[DeviceBackend] | None = None
     is_train_batch_min: bool = True
     local_processes: int = 1
     msamp_opt_level: str | None = None
@@ -76,7 +80,7 @@ def _num_params(model: torch.nn.Module) -> int:
     return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
 
 
-def _apply_auto_zero(config: dict[str, Any], inputs: PrepareInputs) -> ZeroChoice | None:
+def _apply_auto_zero(config: dict[str, object], inputs: PrepareInputs) -> ZeroChoice | None:
     """Resolve ``stage`` / offload devices left "auto" from the model size and device memory."""
     stage = get_value(config, "zero_optimization.stage")
     off_opt = get_value(config, "zero_optimization.offload_optimizer.device")
@@ -126,7 +130,7 @@ def _offload_for_fixed_stage(
     return ZeroChoice(stage, "cpu" if off_opt else "none", "cpu" if off_par else "none", dev, cpu, reason)
 
 
-def _resolve_batch(config: dict[str, Any], inputs: PrepareInputs, gas: int) -> None:
+def _resolve_batch(config: dict[str, object], inputs: PrepareInputs, gas: int) -> None:
     """Fill / check ``train_micro_batch_size_per_gpu`` and ``train_batch_size``.
 
     Raises:
@@ -156,7 +160,7 @@ def _resolve_batch(config: dict[str, Any], inputs: PrepareInputs, gas: int) -> N
     fill_auto(config, {"train_batch_size": total})
 
 
-def _resolve_accumulation(config: dict[str, Any], inputs: PrepareInputs) -> int:
+def _resolve_accumulation(config: dict[str, object], inputs: PrepareInputs) -> int:
     gas = get_value(config, "gradient_accumulation_steps")
     if gas in (None, AUTO):
         gas = inputs.gradient_accumulation_steps
@@ -174,7 +178,7 @@ def _hidden_size(model: torch.nn.Module) -> int | None:
     return int(hidden) if hidden is not None else None
 
 
-def _resolve_numerics(config: dict[str, Any], inputs: PrepareInputs, plugin: Any) -> None:
+def _resolve_numerics(config: dict[str, object], inputs: PrepareInputs, plugin: DeepSpeedPlugin) -> None:
     for fmt in ("fp16", "bf16"):
         fill_auto(config, {f"{fmt}.enabled": inputs.mixed_precision == fmt})
     clip = plugin.gradient_clipping if isinstance(plugin.gradient_clipping, (int, float)) else 0.0
@@ -193,7 +197,7 @@ def _resolve_numerics(config: dict[str, Any], inputs: PrepareInputs, plugin: Any
         )
 
 
-def _resolve_optimizer(config: dict[str, Any], inputs: PrepareInputs) -> None:
+def _resolve_optimizer(config: dict[str, object], inputs: PrepareInputs) -> None:
     """Check the optimizer matches the config's "optimizer" section and fill its "auto" values.
 
     Raises:
@@ -213,7 +217,7 @@ def _resolve_optimizer(config: dict[str, Any], inputs: PrepareInputs) -> None:
             {
                 "optimizer.params.lr": opt.lr,
                 "optimizer.params.weight_decay": opt.weight_decay,
-                "optimizer.params.betas": list(betas) if betas is not None else None,
+                "optimizer.params.betas": list(betas) if isinstance(betas, (list, tuple)) else None,
                 "optimizer.params.eps": opt.kwargs.get("eps"),
             },
         )
@@ -227,10 +231,11 @@ def _resolve_optimizer(config: dict[str, Any], inputs: PrepareInputs) -> None:
         group = opt.param_groups[0]
         # The script's optimizer is used as is; its values only fill "auto" left elsewhere.
         fill_auto(config, {"optimizer.params.lr": group.get("lr")})
-    if has_section and inputs.device.type == "cpu":
-        params = config["optimizer"].setdefault("params", {})
-        kind = str(config["optimizer"].get("type", "")).lower()
-        if kind in ("adam", "adamw") and "torch_adam" not in params:
+    section = config.get("optimizer")
+    if isinstance(section, dict) and inputs.device.type == "cpu":
+        params = section.setdefault("params", {})
+        kind = str(section.get("type", "")).lower()
+        if isinstance(params, dict) and kind in ("adam", "adamw") and "torch_adam" not in params:
             # DeepSpeed's fused/CPU Adam are compiled ops; torch's Adam needs no build on CPU.
             params["torch_adam"] = True
             params.setdefault("adam_w_mode", kind == "adamw")
@@ -241,7 +246,7 @@ def _resolve_optimizer(config: dict[str, Any], inputs: PrepareInputs) -> None:
             config.setdefault("zero_force_ds_cpu_optimizer", False)
 
 
-def _resolve_scheduler(config: dict[str, Any], inputs: PrepareInputs) -> None:
+def _resolve_scheduler(config: dict[str, object], inputs: PrepareInputs) -> None:
     """Check the scheduler matches the config's "scheduler" section and fill its "auto" values.
 
     Raises:
@@ -275,7 +280,9 @@ def _resolve_scheduler(config: dict[str, Any], inputs: PrepareInputs) -> None:
         raise ValueError('a DeepSpeed "scheduler" section with DummyOptim needs an "optimizer" section too')
 
 
-def resolve_config(plugin: Any, inputs: PrepareInputs) -> tuple[dict[str, Any], ZeroChoice | None]:
+def resolve_config(
+    plugin: DeepSpeedPlugin, inputs: PrepareInputs
+) -> tuple[dict[str, object], ZeroChoice | None]:
     """Return the concrete config for ``deepspeed.initialize`` and the automatic ZeRO choice (or None).
 
     Raises:

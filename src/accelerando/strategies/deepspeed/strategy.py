@@ -11,7 +11,8 @@ import contextlib
 import logging
 import os
 import warnings
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 
@@ -23,6 +24,7 @@ from accelerando.precision.base import Precision
 from accelerando.runtime import Runtime
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
 from accelerando.strategies.deepspeed.auto_stage import ZeroChoice
+from accelerando.strategies.deepspeed.config import get_value
 from accelerando.strategies.deepspeed.msamp import converts_in_engine, engine_initializer, msamp_opt_level
 from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config
 from accelerando.strategies.deepspeed.selection import active_plugin
@@ -35,12 +37,16 @@ from accelerando.strategies.deepspeed.wrappers import (
     DummyScheduler,
 )
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from torch.serialization import MAP_LOCATION
+
 __all__ = ["DeepSpeedStrategy"]
 
 logger = logging.getLogger(__name__)
 
 
-def _is_engine(obj: Any) -> bool:
+def _is_engine(obj: object) -> TypeGuard[DeepSpeedEngine]:
     return type(obj).__name__ == "DeepSpeedEngine" or hasattr(obj, "zero_optimization_stage")
 
 
@@ -56,7 +62,7 @@ _DEEPSPEED_SAFE_TYPES = (
 )
 
 
-def _refuse_full_unpickling(engine: Any, folder: str) -> None:
+def _refuse_full_unpickling(engine: object, folder: str) -> None:
     """Refuse, without the caller's opt-in, a DeepSpeed load that DeepSpeed would unpickle fully itself.
 
     Two such loads cannot be made weights-only from outside DeepSpeed: a checkpoint engine whose
@@ -88,12 +94,12 @@ def _refuse_full_unpickling(engine: Any, folder: str) -> None:
 
 
 @contextlib.contextmanager
-def _weights_only_engine_loads(engine: Any) -> Any:
+def _weights_only_engine_loads(engine: object) -> Iterator[None]:
     """Within the block, the engine's checkpoint engine reads files weights-only (see load_model_checkpoint)."""
     import importlib
 
     checkpoint_engine = getattr(engine, "checkpoint_engine", None)
-    if type(checkpoint_engine).__name__ not in _PLAIN_LOAD_ENGINES:
+    if checkpoint_engine is None or type(checkpoint_engine).__name__ not in _PLAIN_LOAD_ENGINES:
         yield
         return
     safe = []
@@ -101,7 +107,7 @@ def _weights_only_engine_loads(engine: Any) -> Any:
         with contextlib.suppress(ImportError, AttributeError):
             safe.append(getattr(importlib.import_module(module), name))
 
-    def load(path: str, map_location: Any = None) -> Any:
+    def load(path: str, map_location: MAP_LOCATION = None) -> object:
         with torch.serialization.safe_globals(safe):
             return F.torch_load(path, map_location)
 
@@ -112,7 +118,7 @@ def _weights_only_engine_loads(engine: Any) -> Any:
         del checkpoint_engine.load
 
 
-def _kind(obj: Any) -> str | None:
+def _kind(obj: object) -> str | None:
     if isinstance(obj, torch.nn.Module):
         return "model"
     if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
@@ -121,12 +127,17 @@ def _kind(obj: Any) -> str | None:
         hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
     ):
         return "scheduler"
-    if isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "total_batch_size"):
+    if _is_dataloader(obj):
         return "dataloader"
     return None
 
 
-def _batch_size_per_process(loader: Any, num_processes: int, split_batches: bool) -> int | None:
+def _is_dataloader(obj: object) -> TypeGuard[torch.utils.data.DataLoader[object]]:
+    """Whether the facade prepares ``obj`` as a dataloader (a DataLoader, or a loader with ``total_batch_size``)."""
+    return isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "total_batch_size")
+
+
+def _batch_size_per_process(loader: object, num_processes: int, split_batches: bool) -> int | None:
     size = getattr(loader, "batch_size", None)
     if size is None:
         size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
@@ -135,7 +146,7 @@ def _batch_size_per_process(loader: Any, num_processes: int, split_batches: bool
     return int(size) // num_processes if split_batches else int(size)
 
 
-def _mark_moe_leaves(plugin: Any, model: Any, config: dict[str, Any]) -> None:
+def _mark_moe_leaves(plugin: DeepSpeedPlugin, model: torch.nn.Module, config: Mapping[str, object]) -> None:
     """Under ZeRO-3, make the plugin's ``transformer_moe_cls_names`` layers of ``model`` ZeRO-3 leaves.
 
     Other stages keep whole parameters on every rank, so there is nothing to gather per layer.
@@ -143,7 +154,8 @@ def _mark_moe_leaves(plugin: Any, model: Any, config: dict[str, Any]) -> None:
     Raises:
         ValueError: a class name matches no submodule of ``model``.
     """
-    stage = config.get("zero_optimization", {}).get("stage")
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage") if isinstance(zero, Mapping) else None
     if plugin.transformer_moe_cls_names and str(stage) == "3":
         plugin.set_moe_leaf_modules(model)
 
@@ -165,7 +177,7 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)
-        self.engines: list[Any] = []
+        self.engines: list[DeepSpeedEngine] = []
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self.auto_choice: ZeroChoice | None = None
         self._batch_sizes: list[int] = []
@@ -198,7 +210,7 @@ class DeepSpeedStrategy(Strategy):
         found: dict[str, list[int]] = {"model": [], "optimizer": [], "scheduler": []}
         for i, obj in enumerate(objects):
             kind = _kind(obj)
-            if kind == "dataloader":
+            if kind == "dataloader" and _is_dataloader(obj):
                 self._note_batch_size(obj, request.split_batches)
                 prepared.objects[i] = request.prepare_data_loader(obj, request.device_placement[i])
             elif kind in found and not request.is_prepared(obj):
@@ -216,27 +228,36 @@ class DeepSpeedStrategy(Strategy):
                     f"DeepSpeed builds one engine per prepare() call, which got {len(where)} {kind}s; "
                     "prepare each model (with its optimizer and scheduler) in its own call"
                 )
-        pick = {k: (objects[v[0]] if v else None) for k, v in found.items()}
+        pick: dict[str, object] = {k: (objects[v[0]] if v else None) for k, v in found.items()}
+        model = pick["model"]
+        assert isinstance(model, torch.nn.Module), "_kind found a model"  # found["model"] is not empty
         # Autocast around the user's forward (the engine holds low-precision weights; the inputs
         # the script passes stay fp32), exactly as for the other strategies.
         # Except MS-AMP, which converts the model with its optimizer inside its engine wrapper.
         plugin = self._active_plugin()
         if not converts_in_engine(self.precision, plugin.deepspeed_config):
-            pick["model"] = self.precision.convert_module(pick["model"])
-        self._build_engine(prepared, request, pick["model"], pick["optimizer"], pick["scheduler"])
+            model = self.precision.convert_module(model)
+        optimizer = pick["optimizer"]
+        assert optimizer is None or isinstance(optimizer, (torch.optim.Optimizer, DummyOptim)), "see _kind"
+        self._build_engine(prepared, request, model, optimizer, pick["scheduler"])
         made = {"model": prepared.models, "optimizer": prepared.optimizers, "scheduler": prepared.schedulers}
         for kind, where in found.items():
             if where:
                 prepared.objects[where[0]] = made[kind][0] if made[kind] else None
         return prepared
 
-    def _note_batch_size(self, loader: Any, split_batches: bool) -> None:
+    def _note_batch_size(self, loader: object, split_batches: bool) -> None:
         size = _batch_size_per_process(loader, self.runtime.num_processes, split_batches)
         if size is not None:
             self._batch_sizes.append(size)
 
     def _build_engine(
-        self, prepared: Prepared, request: PrepareRequest, model: Any, optimizer: Any, scheduler: Any
+        self,
+        prepared: Prepared,
+        request: PrepareRequest,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | DummyOptim | None,
+        scheduler: object,
     ) -> None:
         plugin = self._active_plugin()
         num_processes = self.runtime.num_processes
@@ -258,7 +279,7 @@ class DeepSpeedStrategy(Strategy):
         if choice is not None:
             self.auto_choice = choice
         _mark_moe_leaves(plugin, model, config)
-        gas = int(config["gradient_accumulation_steps"])
+        gas = int(get_value(config, "gradient_accumulation_steps"))  # resolve_config filled it
         if gas != request.gradient_accumulation_steps:
             logger.warning(
                 "the DeepSpeed config sets gradient_accumulation_steps=%d; the Accelerator's %d is replaced",
@@ -266,7 +287,7 @@ class DeepSpeedStrategy(Strategy):
                 request.gradient_accumulation_steps,
             )
             prepared.fixed_settings["gradient_accumulation_steps"] = gas
-        kwargs: dict[str, Any] = {"model": model, "config": config}
+        kwargs: dict[str, object] = {"model": model, "config": config}
         if isinstance(optimizer, DummyOptim):
             kwargs["model_parameters"] = optimizer.params
         elif optimizer is not None:
@@ -282,11 +303,11 @@ class DeepSpeedStrategy(Strategy):
     def _record(
         self,
         prepared: Prepared,
-        engine: Any,
-        optimizer: Any,
-        ds_optimizer: Any,
-        scheduler: Any,
-        ds_scheduler: Any,
+        engine: DeepSpeedEngine,
+        optimizer: object,
+        ds_optimizer: object,
+        scheduler: object,
+        ds_scheduler: object,
     ) -> None:
         """Keep the engine (the strategy steps through it) and list what the facade registers."""
         self.engines.append(engine)
@@ -302,7 +323,7 @@ class DeepSpeedStrategy(Strategy):
             prepared.schedulers.append(DeepSpeedSchedulerWrapper(ds_scheduler, wrappers))
 
     # ----------------------------------------------------------------- training
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """Backward, gradient reduction and (on sync micro-batches) the optimizer step, by the engine.
 
         Raises:
@@ -320,7 +341,7 @@ class DeepSpeedStrategy(Strategy):
         return contextlib.nullcontext()
 
     def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor | None:
         """Return the norm the engine computed; clipping itself is the config's ``gradient_clipping``."""
         if not self._warned_clip and self.engines:
@@ -336,7 +357,7 @@ class DeepSpeedStrategy(Strategy):
         norm = self.engine_wrapper.get_global_grad_norm() if self.engine_wrapper is not None else None
         return torch.tensor(norm) if norm is not None else None
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Unsupported: DeepSpeed clips by norm only.
 
         Raises:
@@ -356,7 +377,9 @@ class DeepSpeedStrategy(Strategy):
         self.engines.clear()
         self.engine_wrapper = None
 
-    def sequence_parallel_dataloader(self, dataloader: Any, model: torch.nn.Module) -> Any:
+    def sequence_parallel_dataloader(
+        self, dataloader: torch.utils.data.DataLoader[object], model: torch.nn.Module
+    ) -> Iterable[object]:
         """Wrap a prepared dataloader in DeepSpeed Ulysses' adapter: each sequence-parallel rank gets its slice.
 
         Raises:
@@ -379,8 +402,8 @@ class DeepSpeedStrategy(Strategy):
         return self.unwrap_model(model, keep_torch_compile=False).state_dict()
 
     def load_model_state_dict(
-        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
-    ) -> Any:
+        self, model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+    ) -> object:
         """Load a full state dict (under ZeRO-3 the main process's copy is scattered to the shards)."""
         module = self.unwrap_model(model, keep_torch_compile=False)
         if not (_is_engine(model) and model.zero_optimization_partition_weights()):

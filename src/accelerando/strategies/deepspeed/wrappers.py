@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from accelerando.gradient_state import GradientState
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
 __all__ = [
     "DeepSpeedEngineWrapper",
@@ -37,7 +40,11 @@ class DummyOptim:
     """
 
     def __init__(
-        self, params: Iterable[Any], lr: float = 0.001, weight_decay: float = 0.0, **kwargs: Any
+        self,
+        params: Iterable[torch.nn.Parameter] | Iterable[dict[str, object]],
+        lr: float = 0.001,
+        weight_decay: float = 0.0,
+        **kwargs: object,
     ) -> None:
         self.params = list(params)
         self.lr = lr
@@ -58,11 +65,11 @@ class DummyScheduler:
 
     def __init__(
         self,
-        optimizer: Any,
+        optimizer: object,
         total_num_steps: int | None = None,
         warmup_num_steps: int = 0,
-        lr_scheduler_callable: Callable[[Any], Any] | None = None,
-        **kwargs: Any,
+        lr_scheduler_callable: Callable[[torch.optim.Optimizer], object] | None = None,
+        **kwargs: object,
     ) -> None:
         self.optimizer = optimizer
         self.total_num_steps = total_num_steps
@@ -81,10 +88,10 @@ class DeepSpeedEngineWrapper:
         engine: the ``deepspeed.DeepSpeedEngine``.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: DeepSpeedEngine) -> None:
         self.engine = engine
 
-    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: object) -> None:
         """Back-propagate ``loss``; on a sync micro-batch also reduce gradients and step.
 
         The engine's own micro-step counter is overridden by ``sync_gradients`` so that its
@@ -97,7 +104,9 @@ class DeepSpeedEngineWrapper:
             **kwargs: forwarded to ``engine.backward``.
         """
         self.engine.set_gradient_accumulation_boundary(bool(sync_gradients))
-        self.engine.backward(loss, **kwargs)
+        # The caller's options go to DeepSpeed's backward as they are (its own keywords).
+        backward: Callable[..., object] = self.engine.backward
+        backward(loss, **kwargs)
         # step() on a non-boundary micro-batch only advances the engine's counters; on the boundary
         # it runs clipping (from the config), the optimizer, the scheduler and zeroes gradients.
         self.engine.step()
@@ -119,23 +128,25 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         optimizer: ``engine.optimizer`` (a ZeRO optimizer or the user's).
     """
 
-    def __init__(self, optimizer: Any) -> None:
-        super().__init__(optimizer, device_placement=False, scaler=None)
+    def __init__(self, optimizer: object) -> None:
+        # AcceleratedOptimizer forwards attribute access to what it wraps; ZeRO's optimizers have
+        # torch's optimizer interface without being torch.optim.Optimizer subclasses.
+        super().__init__(cast(torch.optim.Optimizer, optimizer), device_placement=False, scaler=None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """No-op: the engine zeroes gradients after its step."""
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """No-op: the engine stepped in ``backward``; records whether it skipped on overflow."""
         if GradientState().sync_gradients:
             self._accelerate_step_called = True
         self._is_overflow = bool(getattr(self.optimizer, "overflow", False))
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, object]:  # type: ignore[override]
         """A marker; the real state is in the engine checkpoint written by ``save_state``."""
         return {ENGINE_CHECKPOINT_MARKER: True}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:  # type: ignore[override]
         """Accept the marker (the engine checkpoint restored the state) or a full optimizer state.
 
         Raises:
@@ -160,8 +171,8 @@ class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
         optimizers: the ``DeepSpeedOptimizerWrapper``(s).
     """
 
-    def __init__(self, scheduler: Any, optimizers: Any) -> None:
+    def __init__(self, scheduler: object, optimizers: Sequence[AcceleratedOptimizer]) -> None:
         super().__init__(scheduler, optimizers, step_with_optimizer=True, split_batches=True, num_processes=1)
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
+    def step(self, *args: object, **kwargs: object) -> None:
         """No-op: the engine stepped the schedule after its optimizer step."""
