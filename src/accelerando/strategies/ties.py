@@ -15,7 +15,7 @@ to the enclosing one (transformers' FSDP plan rewrite for tied embeddings does t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +27,8 @@ __all__ = [
     "share_tied_entries",
     "units_keeping_ties",
 ]
+
+_V = TypeVar("_V")
 
 
 def find_ties(model: torch.nn.Module) -> list[list[str]]:
@@ -67,7 +69,7 @@ def _same_split(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _style_of(name: str, styles: Mapping[str, Any]) -> str:
+def _style_of(name: str, styles: Mapping[str, object]) -> str:
     module_name = name.rpartition(".")[0]
     style = styles.get(module_name)
     if style is None:
@@ -76,7 +78,7 @@ def _style_of(name: str, styles: Mapping[str, Any]) -> str:
 
 
 def check_ties(
-    model: torch.nn.Module, ties: Sequence[Sequence[str]], styles: Mapping[str, Any] | None = None
+    model: torch.nn.Module, ties: Sequence[Sequence[str]], styles: Mapping[str, object] | None = None
 ) -> list[list[str]]:
     """Check that each tie group's names still split the shared tensor alike; return the groups to re-tie.
 
@@ -145,7 +147,7 @@ def units_keeping_ties(
     return kept, dropped
 
 
-def share_tied_entries(state_dict: dict[str, Any], ties: Sequence[Sequence[str]]) -> dict[str, Any]:
+def share_tied_entries(state_dict: dict[str, _V], ties: Sequence[Sequence[str]]) -> dict[str, _V]:
     """Make the entries of each tie group one tensor again (the first name's); returns ``state_dict``.
 
     A gathered state dict holds a separate full copy per name of a tied parameter; sharing one
@@ -159,7 +161,7 @@ def share_tied_entries(state_dict: dict[str, Any], ties: Sequence[Sequence[str]]
     return state_dict
 
 
-def fill_tied_entries(state_dict: dict[str, Any], ties: Sequence[Sequence[str]]) -> dict[str, Any]:
+def fill_tied_entries(state_dict: Mapping[str, _V], ties: Sequence[Sequence[str]]) -> dict[str, _V]:
     """A copy of ``state_dict`` where the names of a tie group it lacks take the value of one it has.
 
     Weights files store a tied tensor once (e.g. ``model.embed_tokens.weight`` without

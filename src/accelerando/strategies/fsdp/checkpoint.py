@@ -11,15 +11,16 @@ re-exports them at the reference's path.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import torch
 
 from accelerando.state import PartialState
-from accelerando.strategies.fsdp import state
+from accelerando.strategies.fsdp import state as S
 from accelerando.strategies.fsdp.auto import (
     ShardingChoice,
     choose_sharding_strategy,
@@ -33,6 +34,11 @@ from accelerando.strategies.fsdp.helpers import (
 )
 from accelerando.strategies.fsdp.strategy import _clean
 from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing, wrap_units
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = [
     "ShardingChoice",
@@ -56,6 +62,19 @@ __all__ = [
     "save_fsdp_model",
     "save_fsdp_optimizer",
 ]
+
+_V = TypeVar("_V")
+
+
+class GradScalerOptions(TypedDict, total=False):
+    """The options of ``torch.amp.GradScaler`` that :func:`get_fsdp2_grad_scaler` passes on."""
+
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    enabled: bool
+
 
 # The variables transformers' ``from_pretrained`` reads to decide whether only rank 0 materialises
 # weights; both the reference's names and ours are set so either reader sees the switch.
@@ -111,7 +130,7 @@ def _is_peft(model: torch.nn.Module) -> bool:
     return hasattr(_inner_module(model), "peft_config")
 
 
-def _adapter_state(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
+def _adapter_state(model: torch.nn.Module, state_dict: dict[str, _V]) -> dict[str, _V]:
     """Keep only the active PEFT adapter's entries of a state dict, under the model's own names.
 
     PEFT stores each adapter's weights in containers keyed by the adapter's name
@@ -129,7 +148,7 @@ def _adapter_state(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[s
     return {key: value for key, value in state_dict.items() if names & set(key.split("."))}
 
 
-def _local_state_dict(model: torch.nn.Module) -> Any:
+def _local_state_dict(model: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
     from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
     if not isinstance(model, FullyShardedDataParallel):
@@ -154,19 +173,13 @@ def _sharded_location(input_dir: str, stem: str, index: int) -> tuple[str, int]:
     return input_dir, index
 
 
-def _plain_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+def _plain_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     # AcceleratedOptimizer keeps the torch optimizer in ``.optimizer``.
     inner = getattr(optimizer, "optimizer", None)
     return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
-def _strategy_state() -> Any:
-    # Imported at call time: it pulls in torch.distributed.checkpoint, which only checkpointing needs.
-
-    return state
-
-
-def _read_weights(job: _Job, kind: str, suffix: str) -> Any:
+def _read_weights(job: _Job, kind: str, suffix: str) -> dict[str, torch.Tensor]:
     path = _weights_file(job.folder, _MODEL_STEM, job.index, suffix)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No FSDP {kind} weights at {path}; check input_dir and model_index.")
@@ -182,14 +195,24 @@ class _Job:
     index: int  # model_index or optimizer_index
     use_dcp: bool
     adapter_only: bool = False
-    optimizer: Any = None  # the plain torch optimizer, for the optimizer handlers
+    optimizer: torch.optim.Optimizer | None = None  # the plain torch optimizer, for the optimizer handlers
+
+    def plain_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer of an optimizer handler's job.
+
+        Raises:
+            ValueError: the job was made without one (a model handler's job).
+        """
+        if self.optimizer is None:
+            raise ValueError("an FSDP optimizer handler needs the optimizer")
+        return self.optimizer
 
 
 # --- one handler per (state_dict_type, operation); every process calls it -------------------------
 
 
 def _save_full_model(job: _Job) -> str:
-    state = _strategy_state().full_model_state_dict(job.model)  # a collective: every rank gathers
+    state = S.full_model_state_dict(job.model)  # a collective: every rank gathers
     path = _weights_file(job.folder, _MODEL_STEM, job.index)
     if _rank() == 0:
         torch.save(_adapter_state(job.model, state) if job.adapter_only else state, path)
@@ -207,22 +230,22 @@ def _save_local_model(job: _Job) -> str:
 def _save_sharded_model(job: _Job) -> str:
     _require_dcp(job.use_dcp, "save_fsdp_model")
     if not (job.adapter_only and _is_peft(job.model)):
-        return _strategy_state().save_sharded_model(job.model, job.folder, job.index)
-    import torch.distributed.checkpoint as dcp
+        return S.save_sharded_model(job.model, job.folder, job.index)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     folder = os.path.join(job.folder, f"{_MODEL_STEM}_{job.index}")
-    dcp.save({"model": _adapter_state(job.model, get_model_state_dict(job.model))}, checkpoint_id=folder)
+    save({"model": _adapter_state(job.model, get_model_state_dict(job.model))}, checkpoint_id=folder)
     return folder
 
 
-def _load_full_model(job: _Job) -> Any:
+def _load_full_model(job: _Job) -> object:
     state = _read_weights(job, "FULL_STATE_DICT", "")
     strict = not (job.adapter_only and _is_peft(job.model))
-    return _strategy_state().load_full_model_state_dict(job.model, state, strict=strict)
+    return S.load_full_model_state_dict(job.model, state, strict=strict)
 
 
-def _load_local_model(job: _Job) -> Any:
+def _load_local_model(job: _Job) -> object:
     state = _read_weights(job, "LOCAL_STATE_DICT", f"_rank{_rank()}")
     strict = not (job.adapter_only and _is_peft(job.model))
     with _local_state_dict(job.model):
@@ -232,14 +255,14 @@ def _load_local_model(job: _Job) -> Any:
 def _load_sharded_model(job: _Job) -> None:
     _require_dcp(job.use_dcp, "load_fsdp_model")
     parent, index = _sharded_location(job.folder, _MODEL_STEM, job.index)
-    if not _strategy_state().load_sharded_model(job.model, parent, index):
+    if not S.load_sharded_model(job.model, parent, index):
         raise FileNotFoundError(
             f"No sharded FSDP weights folder {os.path.join(parent, f'{_MODEL_STEM}_{index}')}; check input_dir."
         )
 
 
 def _save_full_optimizer(job: _Job) -> str:
-    state = _strategy_state().full_optimizer_state_dict(job.model, job.optimizer)  # a collective
+    state = S.full_optimizer_state_dict(job.model, job.plain_optimizer())  # a collective
     path = _weights_file(job.folder, _OPTIMIZER_STEM, job.index)
     if _rank() == 0:
         torch.save(state, path)
@@ -248,7 +271,7 @@ def _save_full_optimizer(job: _Job) -> str:
 
 def _save_sharded_optimizer(job: _Job) -> str:
     _require_dcp(job.use_dcp, "save_fsdp_optimizer")
-    return _strategy_state().save_sharded_optimizer(job.model, job.optimizer, job.folder, job.index)
+    return S.save_sharded_optimizer(job.model, job.plain_optimizer(), job.folder, job.index)
 
 
 def _load_full_optimizer(job: _Job) -> None:
@@ -256,13 +279,13 @@ def _load_full_optimizer(job: _Job) -> None:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No FSDP optimizer state at {path}; check input_dir and optimizer_index.")
     state = torch.load(path, map_location="cpu", weights_only=True)
-    _strategy_state().load_full_optimizer_state_dict(job.model, job.optimizer, state)
+    S.load_full_optimizer_state_dict(job.model, job.plain_optimizer(), state)
 
 
 def _load_sharded_optimizer(job: _Job) -> None:
     _require_dcp(job.use_dcp, "load_fsdp_optimizer")
     parent, index = _sharded_location(job.folder, _OPTIMIZER_STEM, job.index)
-    if not _strategy_state().load_sharded_optimizer(job.model, job.optimizer, parent, index):
+    if not S.load_sharded_optimizer(job.model, job.plain_optimizer(), parent, index):
         raise FileNotFoundError(
             f"No sharded optimizer folder {os.path.join(parent, f'{_OPTIMIZER_STEM}_{index}')}; check input_dir."
         )
@@ -271,7 +294,7 @@ def _load_sharded_optimizer(job: _Job) -> None:
 @dataclass(frozen=True)
 class _Handlers:
     save_model: Callable[[_Job], str]
-    load_model: Callable[[_Job], Any]
+    load_model: Callable[[_Job], object]
     save_optimizer: Callable[[_Job], str]
     load_optimizer: Callable[[_Job], None]
 
@@ -291,7 +314,7 @@ _HANDLERS: dict[str, _Handlers] = {
 }
 
 
-def _handlers(fsdp_plugin: Any) -> _Handlers:
+def _handlers(fsdp_plugin: object) -> _Handlers:
     """The handlers for the plugin's state_dict_type (plugins may hold a string or torch's enum)."""
     value = getattr(fsdp_plugin, "state_dict_type", None) or "FULL_STATE_DICT"
     name = (getattr(value, "name", None) or str(value)).rpartition(".")[2].upper()
@@ -301,8 +324,8 @@ def _handlers(fsdp_plugin: Any) -> _Handlers:
 
 
 def save_fsdp_model(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: object,
     model: torch.nn.Module,
     output_dir: str,
     model_index: int = 0,
@@ -341,14 +364,14 @@ def save_fsdp_model(
 
 
 def load_fsdp_model(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: object,
     model: torch.nn.Module,
     input_dir: str,
     model_index: int = 0,
     adapter_only: bool = False,
     use_dcp: bool = True,
-) -> Any:
+) -> object:
     """Load weights written by :func:`save_fsdp_model` into the FSDP model; every process must call it.
 
     Full checkpoints are read by every process (weights only, no code runs) and each keeps its shard;
@@ -377,9 +400,9 @@ def load_fsdp_model(
 
 
 def save_fsdp_optimizer(
-    fsdp_plugin: Any,
-    accelerator: Any,
-    optimizer: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: object,
+    optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     output_dir: str,
     optimizer_index: int = 0,
@@ -413,9 +436,9 @@ def save_fsdp_optimizer(
 
 
 def load_fsdp_optimizer(
-    fsdp_plugin: Any,
-    accelerator: Any,
-    optimizer: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: object,
+    optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     input_dir: str,
     optimizer_index: int = 0,
@@ -443,7 +466,7 @@ def load_fsdp_optimizer(
     load(_Job(model, input_dir, optimizer_index, use_dcp, optimizer=_plain_optimizer(optimizer)))
 
 
-def fsdp2_canonicalize_names(named_params: dict) -> dict:
+def fsdp2_canonicalize_names(named_params: dict[str, _V]) -> dict[str, _V]:
     """Drop the wrapper levels (activation checkpointing, ``torch.compile``, FSDP1) from parameter names.
 
     ``"layers.0._checkpoint_wrapped_module.weight"`` becomes ``"layers.0.weight"``, so names before and
@@ -482,7 +505,7 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
         group["params"] = switched
 
 
-def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
+def get_fsdp2_grad_scaler(**kwargs: Unpack[GradScalerOptions]) -> torch.amp.GradScaler:
     """A gradient scaler for fp16 training of an FSDP2 model on the current device.
 
     FSDP2's gradients are DTensors, which ``torch.amp.GradScaler`` handles directly.
@@ -497,7 +520,9 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 
-def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: Any, model: torch.nn.Module) -> Any:
+def fsdp2_prepare_auto_wrap_policy(
+    fsdp2_plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module
+) -> Callable[[torch.nn.Module], bool] | None:
     """The plugin's auto-wrap policy as a predicate ``fn(module) -> bool`` (True: shard it on its own).
 
     Args:
@@ -520,7 +545,7 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: Any, model: torch.nn.Module) ->
     return policy
 
 
-def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_apply_ac(accelerator: object, model: torch.nn.Module) -> torch.nn.Module:
     """Wrap the model's auto-wrap units in activation checkpointing, as ``prepare`` does for FSDP2.
 
     The plugin's ``activation_checkpointing_offload`` also keeps the units' saved activations on CPU
@@ -546,7 +571,9 @@ def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def get_parameters_from_modules(modules: Any, model: torch.nn.Module, device: Any) -> set[torch.nn.Parameter]:
+def get_parameters_from_modules(
+    modules: str | Iterable[torch.nn.Module] | None, model: torch.nn.Module, device: torch.device | str | None
+) -> set[torch.nn.Parameter]:
     """The parameters of some modules, given as modules or as a regex over module names.
 
     The modules are moved to ``device`` first (FSDP leaves ignored modules unsharded, so they must
@@ -575,7 +602,9 @@ def get_parameters_from_modules(modules: Any, model: torch.nn.Module, device: An
     return params
 
 
-def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: torch.device) -> Any:
+def ensure_weights_retied(
+    param_init_fn: Callable[[torch.nn.Module], torch.nn.Module], model: torch.nn.Module, device: torch.device
+) -> Callable[[torch.nn.Module], torch.nn.Module]:
     """Wrap an FSDP ``param_init_fn`` so that tied weights stay tied when modules are materialised.
 
     Materialising modules one by one (from ``meta``) gives each name of a tied weight its own new

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 
@@ -28,7 +28,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_prepare_model(accelerator: object, model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` with FSDP2 (``fully_shard``) the way ``accelerator.prepare`` would.
 
     Wraps each layer chosen by the plugin's auto-wrap policy, then the root, applying activation
@@ -51,7 +51,7 @@ def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Mo
 
 
 def fsdp2_load_full_state_dict(
-    accelerator: Any, model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
+    accelerator: object, model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
 ) -> None:
     """Load a full (unsharded) state dict into an FSDP2-sharded ``model``.
 
@@ -93,7 +93,7 @@ def load_sharded_checkpoint(checkpoint_dir: str) -> dict[str, torch.Tensor]:
             "pytorch_model_fsdp_<i> folder inside a save_state checkpoint"
         )
 
-    state: dict[str, Any] = {}
+    state: dict[str, object] = {}
     # torch's own reader and planner would unpickle the metadata and the non-tensor items fully.
     load_shards(state, checkpoint_dir, everything=True)
     if set(state) == {"model"} and isinstance(state["model"], dict):
@@ -107,7 +107,7 @@ def merge_fsdp_weights(
     safe_serialization: bool = True,
     remove_checkpoint_dir: bool = False,
     max_shard_size: int | str = "10GB",
-    load_kwargs: dict[str, Any] | None = None,
+    load_kwargs: Mapping[str, object] | None = None,
 ) -> str:
     """Merge a sharded FSDP checkpoint into full weights (``model.safetensors`` or ``pytorch_model.bin``).
 

@@ -10,8 +10,8 @@ import contextlib
 import io
 import os
 import pickle
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,15 @@ from accelerando.checkpointing.manifest import CheckpointError, check_name
 from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 from accelerando.common.serialization import refused_type
 from accelerando.strategies.ties import find_ties, share_tied_entries
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import ReadItem
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, StateDictOptions, ValueType
+
+_V = TypeVar("_V")
 
 __all__ = [
     "MODEL_SHARDS_NAME",
@@ -48,13 +57,15 @@ MODEL_SHARDS_NAME = FSDP_MODEL_NAME
 OPTIMIZER_SHARDS_NAME = OPTIMIZER_NAME
 
 
-def _options(**kwargs: Any) -> Any:
+def _options(
+    *, full_state_dict: bool = False, cpu_offload: bool = False, strict: bool = True
+) -> StateDictOptions:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(**kwargs)
+    return StateDictOptions(full_state_dict=full_state_dict, cpu_offload=cpu_offload, strict=strict)
 
 
-def _gather_options(model: torch.nn.Module) -> Any:
+def _gather_options(model: torch.nn.Module) -> StateDictOptions:
     """Full-state-dict options: gathered on rank 0 and moved to CPU.
 
     FSDP1 modules whose shards already live on the CPU crash (segfault, torch 2.13) when asked to
@@ -118,17 +129,18 @@ def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(model, options=_gather_options(model))
     if dist.get_rank() != 0:
         return {}
-    return _share_tied_entries(model, state)
+    # Gathered in full, a model's entries are plain tensors (torch types them with DCP's wider values).
+    return cast("dict[str, torch.Tensor]", _share_tied_entries(model, state))
 
 
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 
-def _share_tied_entries(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+def _share_tied_entries(model: torch.nn.Module, state: dict[str, _V]) -> dict[str, _V]:
     """Names of one tied parameter share one tensor in the gathered dict, so writers store it once."""
-    ties = []
+    ties: list[list[str]] = []
     for group in find_ties(model):
-        clean = []
+        clean: list[str] = []
         for name in group:
             for prefix in _WRAPPER_PREFIXES:
                 name = name.replace(prefix, "")
@@ -138,15 +150,16 @@ def _share_tied_entries(model: torch.nn.Module, state: dict[str, Any]) -> dict[s
 
 
 def load_full_model_state_dict(
-    model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
-) -> Any:
-    """Load a full state dict (present on every rank) into a sharded model."""
+    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+) -> object:
+    """Load a full state dict (present on every rank) into a sharded model; torch's missing / unexpected keys."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    return set_model_state_dict(model, state_dict, options=_options(full_state_dict=True, strict=strict))
+    state: dict[str, ValueType] = dict(state_dict)
+    return set_model_state_dict(model, state, options=_options(full_state_dict=True, strict=strict))
 
 
-def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> OptimizerStateType:
     """The optimizer's full (unsharded) state on rank 0, keyed by parameter names; ``{}`` elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -155,7 +168,7 @@ def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Opt
 
 
 def load_full_optimizer_state_dict(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: OptimizerStateType
 ) -> None:
     """Load a full optimizer state (present on every rank); each rank keeps its shard of it."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
@@ -210,7 +223,7 @@ class _RefusedGlobal(pickle.UnpicklingError):
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP metadata and nothing else (see ``_METADATA_TYPES``)."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         if name in _METADATA_TYPES.get(module, ()):
             return super().find_class(module, name)
         value = getattr(torch, name, None) if module == "torch" else None
@@ -223,7 +236,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 MAX_METADATA_BYTES = 2**30
 
 
-def _read_metadata(path: str) -> Any:
+def _read_metadata(path: str) -> Metadata:
     """A DCP ``.metadata`` file, unpickled through the allowlist (fully only inside the opt-in).
 
     Raises:
@@ -242,7 +255,7 @@ def _read_metadata(path: str) -> Any:
             raise F.UnsafeCheckpointError(path, err.name) from None
 
 
-def _shard_reader(folder: str) -> Any:
+def _shard_reader(folder: str) -> FileSystemReader:
     """DCP's file reader for ``folder``, with its metadata read here first, without running code from it.
 
     DCP reads ``.metadata`` with a plain ``pickle.load`` and wraps every error it meets; here it is
@@ -257,7 +270,7 @@ def _shard_reader(folder: str) -> Any:
         CheckpointError: If it names a shard file outside the folder or one that is not a regular
             file, or the metadata itself is not a regular file of a sane size.
     """
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     path = os.path.join(folder, ".metadata")
@@ -274,16 +287,17 @@ def _shard_reader(folder: str) -> Any:
             ) from None
 
     class Reader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
+        def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
+            storage_meta = getattr(metadata, "storage_meta", None)
+            if storage_meta is None:
+                storage_meta = metadata.storage_meta = StorageMeta()
+            storage_meta.load_id = self.load_id
             return metadata
 
     return Reader(folder)
 
 
-def _load_byte_item(folder: str, planner: Any, read_item: Any, value: Any) -> Any:
+def _load_byte_item(folder: str, planner: object, read_item: ReadItem, value: io.BytesIO) -> object:
     """One non-tensor item of a DCP checkpoint, read with ``torch.load(weights_only=True)``.
 
     Full unpickling only inside the caller's opt-in (``load_kwargs={"weights_only": False}``).
@@ -315,7 +329,7 @@ def _load_byte_item(folder: str, planner: Any, read_item: Any, value: Any) -> An
         ) from None
 
 
-def safe_load_planner(folder: str, empty: bool = False) -> Any:
+def safe_load_planner(folder: str, empty: bool = False) -> DefaultLoadPlanner:
     """A DCP load planner that reads non-tensor items without running code from the checkpoint.
 
     torch's ``DefaultLoadPlanner.load_bytes`` reads each non-tensor item (an optimizer's ``lr``,
@@ -334,14 +348,14 @@ def safe_load_planner(folder: str, empty: bool = False) -> Any:
     """
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    base: type = DefaultLoadPlanner
+    base: type[DefaultLoadPlanner] = DefaultLoadPlanner
     if empty:
         from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
         base = _EmptyStateDictLoadPlanner
 
     class SafeLoadPlanner(base):  # type: ignore[misc, valid-type]
-        def load_bytes(self, read_item: Any, value: Any) -> None:
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             loaded = _load_byte_item(folder, self, read_item, value)
             if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
@@ -378,7 +392,7 @@ def weights_only_dcp_reads(folder: str) -> Iterator[None]:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
+    def load_bytes(self: DefaultLoadPlanner, read_item: ReadItem, value: io.BytesIO) -> None:
         loaded = _load_byte_item(folder, self, read_item, value)
         if self.flatten_state_dict:
             from torch.distributed.checkpoint._traverse import set_element
@@ -387,15 +401,16 @@ def weights_only_dcp_reads(folder: str) -> Iterator[None]:
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
 
-    def read_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def read_metadata(self: FileSystemReader, *args: object, **kwargs: object) -> Metadata:
         where = getattr(self, "_get_metadata_path", None)  # torch >= 2.7; before: <path>/.metadata
         path = os.fspath(
             where(kwargs.get("rank")) if where else os.path.join(os.fspath(self.path), ".metadata")
         )
         metadata = _read_metadata(path)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
     saved = (DefaultLoadPlanner.load_bytes, FileSystemReader.read_metadata)
@@ -407,7 +422,7 @@ def weights_only_dcp_reads(folder: str) -> Iterator[None]:
         DefaultLoadPlanner.load_bytes, FileSystemReader.read_metadata = saved  # type: ignore[method-assign]
 
 
-def load_shards(state: dict[str, Any], folder: str, everything: bool = False) -> None:
+def load_shards(state: dict[str, object], folder: str, everything: bool = False) -> None:
     """``dcp.load`` of ``folder`` into ``state`` in place, reading nothing that could run code.
 
     Args:
@@ -426,8 +441,8 @@ def load_shards(state: dict[str, Any], folder: str, everything: bool = False) ->
             not opt in (``load_kwargs={"weights_only": False}``).
         CheckpointError: If the folder is damaged.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     try:
         if everything:
@@ -441,7 +456,7 @@ def load_shards(state: dict[str, Any], folder: str, everything: bool = False) ->
                 no_dist=True,
             )
         else:
-            dcp.load(state, storage_reader=_shard_reader(folder), planner=safe_load_planner(folder))
+            load(state, storage_reader=_shard_reader(folder), planner=safe_load_planner(folder))
     except CheckpointException as err:
         for failure in (getattr(err, "failures", None) or {}).values():
             cause = failure[0] if isinstance(failure, tuple) else failure
@@ -457,9 +472,11 @@ def load_sharded_model(model: torch.nn.Module, input_dir: str, index: int) -> bo
     folder = _folder(input_dir, MODEL_SHARDS_NAME, index)
     if not os.path.isdir(folder):
         return False
-    state = {"model": get_model_state_dict(model)}
+    state: dict[str, object] = {"model": get_model_state_dict(model)}
     load_shards(state, folder)
-    set_model_state_dict(model, state["model"])
+    loaded = state["model"]
+    assert isinstance(loaded, dict), "DCP loads into the template in place"
+    set_model_state_dict(model, loaded)
     return True
 
 
@@ -484,7 +501,9 @@ def load_sharded_optimizer(
     if not os.path.isdir(folder):
         return False
     # The template holds initialised (empty) state for every parameter, so DCP knows every shape.
-    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    state: dict[str, object] = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     load_shards(state, folder)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    loaded = state["optimizer"]
+    assert isinstance(loaded, dict), "DCP loads into the template in place"
+    set_optimizer_state_dict(model, optimizer, loaded)
     return True

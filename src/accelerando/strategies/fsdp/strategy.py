@@ -14,8 +14,8 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 
@@ -27,8 +27,11 @@ from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 from accelerando.precision.base import Precision
 from accelerando.runtime import Runtime
 from accelerando.strategies.base import Strategy
-from accelerando.strategies.fsdp.auto import choose_sharding_strategy
+from accelerando.strategies.fsdp.auto import ShardingChoice, choose_sharding_strategy
 from accelerando.strategies.fsdp.sync import FSDP2GradientSync
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
 __all__ = ["FSDPStrategy"]
 
@@ -43,7 +46,7 @@ def _clean(name: str) -> str:
     return name
 
 
-def _is_fsdp1(model: object) -> bool:
+def _is_fsdp1(model: object) -> TypeGuard[FullyShardedDataParallel]:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     return isinstance(model, FullyShardedDataParallel)
@@ -89,7 +92,7 @@ class FSDPStrategy(Strategy):
                 f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}"
             )
         self.plugin = plugin
-        self.last_choice: Any = None
+        self.last_choice: ShardingChoice | None = None
         # id(original parameter) -> (weak ref to the original, sharded). Weak: holding the originals
         # would keep a full unsharded copy of every model alive; the ref also detects a reused id.
         self._param_map: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
@@ -250,8 +253,8 @@ class FSDPStrategy(Strategy):
         return S.full_model_state_dict(model)
 
     def load_model_state_dict(
-        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
-    ) -> Any:
+        self, model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+    ) -> object:
         """Load a full state dict (on every rank) into the sharded model."""
         if not (_is_fsdp1(model) or _is_fsdp2(model)):
             return super().load_model_state_dict(model, state_dict, strict)

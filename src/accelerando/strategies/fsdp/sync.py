@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = ["FSDP2GradientSync", "is_fsdp2"]
 
 
-def is_fsdp2(model: Any) -> bool:
+def is_fsdp2(model: object) -> TypeGuard[FSDPModule]:
     """Whether ``model`` was sharded by FSDP2 ``fully_shard`` (an ``FSDPModule``)."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -37,7 +40,7 @@ class FSDP2GradientSync:
         self._unsynced: set[int] = set()  # ids of FSDP2 models inside no_sync
 
     @contextlib.contextmanager
-    def no_sync(self, model: Any) -> Iterator[None]:
+    def no_sync(self, model: object) -> Iterator[None]:
         """Accumulate gradients locally: backwards inside skip FSDP2's reduce-scatter.
 
         Reduction is turned back on when the context ends (also on an exception). A model that is
@@ -55,7 +58,7 @@ class FSDP2GradientSync:
             model.set_requires_gradient_sync(True)
 
     @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: Any) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: object) -> Iterator[None]:
         """Force backwards inside this context to reduce gradients, even within :meth:`no_sync`.
 
         When it ends inside :meth:`no_sync`, reduction is turned off again. A model that is not

@@ -16,7 +16,7 @@ import functools
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +26,10 @@ from accelerando.strategies.fsdp.state import (
     broadcast_full_state_dict,
     broadcast_params,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 __all__ = [
     "activation_wrapper_fn",
@@ -58,6 +62,7 @@ def wrap_units(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -
         classes = tuple(plugin.set_auto_wrap_policy(model))
         return [m for m in model.modules() if m is not model and isinstance(m, classes)] if classes else []
     if policy == "SIZE_BASED_WRAP":
+        assert plugin.min_num_params is not None, "the plugin's __post_init__ sets it"
         return _size_units(model, plugin.min_num_params)
     return []
 
@@ -99,7 +104,7 @@ def reshard_after_forward_for(strategy: str) -> bool:
     return strategy in ("FULL_SHARD", "HYBRID_SHARD")
 
 
-def make_mesh(strategy: str, world_size: int, local_world_size: int, device_type: str) -> Any:
+def make_mesh(strategy: str, world_size: int, local_world_size: int, device_type: str) -> DeviceMesh:
     """The device mesh FSDP2 shards over for ``strategy``.
 
     NO_SHARD is a hybrid mesh whose shard axis has size 1 (every process keeps everything and
@@ -139,9 +144,11 @@ def activation_wrapper_fn(checkpoint: bool, offload: bool) -> Callable[[torch.nn
 
 
 def _innermost(module: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(module, "_checkpoint_wrapped_module"):
-        module = module._checkpoint_wrapped_module
-    return module
+    while True:
+        inner = getattr(module, "_checkpoint_wrapped_module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return module
+        module = inner
 
 
 def apply_activation_checkpointing(
@@ -171,7 +178,7 @@ def apply_activation_checkpointing(
     return [outermost.get(id(u), u) for u in units]
 
 
-def _mp_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
+def _mp_policy(plugin: FullyShardedDataParallelPlugin) -> MixedPrecisionPolicy:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     dtypes = plugin.mixed_precision_dtypes()
@@ -182,7 +189,7 @@ def _mp_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
     )
 
 
-def _offload_policy(plugin: FullyShardedDataParallelPlugin, device: torch.device) -> Any:
+def _offload_policy(plugin: FullyShardedDataParallelPlugin, device: torch.device) -> OffloadPolicy:
     """The ``offload_policy`` for ``fully_shard``: the plugin's policy object, or one built from its flag."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
@@ -196,12 +203,12 @@ def fsdp2_wrap(
     plugin: FullyShardedDataParallelPlugin,
     model: torch.nn.Module,
     strategy: str,
-    mesh: Any,
+    mesh: DeviceMesh,
     device: torch.device,
     is_main: bool,
 ) -> torch.nn.Module:
     """Shard ``model`` in place with ``fully_shard`` (steps 1-5 of the module docstring); return it."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
     units = wrap_units(plugin, model)  # 1
     efficient = plugin.cpu_ram_efficient_loading
@@ -224,28 +231,31 @@ def fsdp2_wrap(
     offload_policy = _offload_policy(plugin, device)
     # A bare OffloadPolicy() is truthy yet means "no offload": ask the policy, not the field.
     params_on_cpu = isinstance(offload_policy, CPUOffloadPolicy)
-    kwargs = {
-        "mesh": mesh,
-        "reshard_after_forward": reshard_after_forward_for(strategy),
-        "mp_policy": _mp_policy(plugin),
-        "offload_policy": offload_policy,
-    }
-    if ignored:
-        kwargs["ignored_params"] = ignored
-    for unit in units:  # 4
-        fully_shard(unit, **kwargs)
-    fully_shard(model, **kwargs)
+    reshard = reshard_after_forward_for(strategy)
+    mp_policy = _mp_policy(plugin)
+    ignored_params = ignored or None  # fully_shard's default
+    for unit in [*units, model]:  # 4: the units, then the root
+        fully_shard(
+            unit,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
+            ignored_params=ignored_params,
+        )
     if plugin.forward_prefetch:
         for current, upcoming in zip(units, units[1:], strict=False):
-            current.set_modules_to_forward_prefetch([upcoming])
+            if isinstance(current, FSDPModule) and isinstance(upcoming, FSDPModule):  # every unit now is
+                current.set_modules_to_forward_prefetch([upcoming])
     if efficient:  # 5
         model.to_empty(device="cpu" if params_on_cpu else device)
         broadcast_full_state_dict(model, full_sd, cpu_offload=params_on_cpu)
         for name, value in buffers.items():
             _set_buffer(model, name, value.to(device))
         broadcast_buffers(model)
-        if callable(getattr(model, "tie_weights", None)):
-            model.tie_weights()
+        tie_weights = getattr(model, "tie_weights", None)
+        if callable(tie_weights):
+            tie_weights()
     return model
 
 
@@ -275,28 +285,33 @@ def fsdp1_wrap(
 
     dtypes = plugin.mixed_precision_dtypes()
     offload = plugin.cpu_offload
-    kwargs: dict[str, Any] = {
-        "sharding_strategy": ShardingStrategy[strategy],
-        "cpu_offload": offload
-        if isinstance(offload, CPUOffload)
-        else CPUOffload(offload_params=bool(offload)),
-        "auto_wrap_policy": policy if units else None,
-        "backward_prefetch": BackwardPrefetch[plugin.backward_prefetch]
+    param_init_fn = plugin.param_init_fn
+    if plugin.cpu_ram_efficient_loading and not is_main and param_init_fn is None:
+        # Non-zero ranks hold meta weights: give them storage, sync_module_states fills it from rank 0.
+        param_init_fn = functools.partial(_materialise, device=device)
+    wrapped = FSDP(
+        model,
+        sharding_strategy=ShardingStrategy[strategy],
+        cpu_offload=offload if isinstance(offload, CPUOffload) else CPUOffload(offload_params=bool(offload)),
+        auto_wrap_policy=policy if units else None,
+        backward_prefetch=BackwardPrefetch[plugin.backward_prefetch]
         if plugin.backward_prefetch not in (None, "NO_PREFETCH")
         else None,
-        "mixed_precision": MixedPrecision(**dtypes) if dtypes else None,
-        "ignored_modules": ignored_modules(plugin, model) or None,
-        "param_init_fn": plugin.param_init_fn,
-        "device_id": device,
-        "sync_module_states": plugin.sync_module_states,
-        "forward_prefetch": plugin.forward_prefetch,
-        "limit_all_gathers": plugin.limit_all_gathers,
-        "use_orig_params": plugin.use_orig_params,
-    }
-    if plugin.cpu_ram_efficient_loading and not is_main and kwargs["param_init_fn"] is None:
-        # Non-zero ranks hold meta weights: give them storage, sync_module_states fills it from rank 0.
-        kwargs["param_init_fn"] = functools.partial(_materialise, device=device)
-    wrapped = FSDP(model, **kwargs)
+        mixed_precision=MixedPrecision(
+            param_dtype=dtypes.get("param_dtype"),
+            reduce_dtype=dtypes.get("reduce_dtype"),
+            buffer_dtype=dtypes.get("buffer_dtype"),
+        )
+        if dtypes
+        else None,
+        ignored_modules=ignored_modules(plugin, model) or None,
+        param_init_fn=param_init_fn,
+        device_id=device,
+        sync_module_states=bool(plugin.sync_module_states),
+        forward_prefetch=bool(plugin.forward_prefetch),
+        limit_all_gathers=plugin.limit_all_gathers,
+        use_orig_params=bool(plugin.use_orig_params),
+    )
     if (plugin.activation_checkpointing or plugin.activation_checkpointing_offload) and units:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             apply_activation_checkpointing as apply_ac,
