@@ -9,9 +9,8 @@ without string comparisons of their own (``Strategy`` and the prepare records lo
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
@@ -103,7 +102,15 @@ DISTRIBUTED_KINDS: tuple[DistributedKind, ...] = (
 )
 
 
-def distributed_kind(distributed_type: Any) -> DistributedKind | None:
+class SettingsView(Protocol):
+    """What :func:`requested_backends` reads: setting values by name (a mapping or a ``Settings``)."""
+
+    def __getitem__(self, key: str, /) -> object:
+        """The value of the setting ``key``."""
+        ...
+
+
+def distributed_kind(distributed_type: object) -> DistributedKind | None:
     """The :class:`DistributedKind` of a ``distributed_type`` value (str or enum); None when unset/unknown."""
     if distributed_type is None:
         return None
@@ -111,7 +118,7 @@ def distributed_kind(distributed_type: Any) -> DistributedKind | None:
     return next((k for k in DISTRIBUTED_KINDS if k.distributed_type == value), None)
 
 
-def requested_backends(values: Mapping[str, Any]) -> list[DistributedKind]:
+def requested_backends(values: SettingsView) -> list[DistributedKind]:
     """The backends whose switch (``use_fsdp``, ``use_deepspeed``, ...) is set in ``values``.
 
     Args:
@@ -148,7 +155,7 @@ def strategy_class(name: str) -> type[Strategy]:
 _LAZY = {"Strategy", "PrepareRequest", "Prepared"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     # The base module imports torch; the launcher and the CLI read the tables above without it.
     if name in _LAZY:
         from accelerando.strategies import base

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -15,7 +15,12 @@ from accelerando.precision.base import Precision
 from accelerando.runtime import Plugins, ProcessContext, Runtime
 
 if TYPE_CHECKING:
+    from torch.distributed.algorithms.join import Joinable
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils.data import DataLoader
+
+    from accelerando.optimizer import AcceleratedOptimizer
+    from accelerando.scheduler import AcceleratedScheduler
 
 __all__ = ["SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "Strategy"]
 
@@ -40,12 +45,21 @@ class PrepareRequest:
         is_prepared: whether an object is already registered with the facade.
     """
 
-    objects: tuple[Any, ...]
+    objects: tuple[object, ...]
     device_placement: tuple[bool | None, ...]
     gradient_accumulation_steps: int
     split_batches: bool
-    prepare_data_loader: Callable[[Any, bool | None], Any]
-    is_prepared: Callable[[Any], bool]
+    prepare_data_loader: Callable[[DataLoader[object], bool | None], object]
+    is_prepared: Callable[[object], bool]
+
+
+# Typed empty lists for Prepared's fields (the wrapper classes are imported for type checking only).
+def _no_optimizers() -> list[AcceleratedOptimizer]:
+    return []
+
+
+def _no_schedulers() -> list[AcceleratedScheduler]:
+    return []
 
 
 @dataclass
@@ -61,12 +75,12 @@ class Prepared:
         fixed_settings: Accelerator settings the backend fixed, e.g. ``{"gradient_accumulation_steps": 4}``.
     """
 
-    objects: list[Any]
-    models: list[Any] = field(default_factory=list)
-    optimizers: list[Any] = field(default_factory=list)
-    schedulers: list[Any] = field(default_factory=list)
-    engine: Any = None
-    fixed_settings: dict[str, Any] = field(default_factory=dict)
+    objects: list[object]
+    models: list[torch.nn.Module] = field(default_factory=lambda: list[torch.nn.Module]())
+    optimizers: list[AcceleratedOptimizer] = field(default_factory=_no_optimizers)
+    schedulers: list[AcceleratedScheduler] = field(default_factory=_no_schedulers)
+    engine: object = None
+    fixed_settings: dict[str, int] = field(default_factory=lambda: dict[str, int]())
 
 
 class Strategy:
@@ -170,7 +184,7 @@ class Strategy:
         return unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
 
     # -------------------------------------------------------------- training
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """Back-propagate ``loss`` through the precision plugin."""
         self.precision.backward(loss, **kwargs)
 
@@ -207,9 +221,9 @@ class Strategy:
         return state
 
     def load_model_state_dict(
-        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
-    ) -> Any:
-        """Load a full state dict into ``model``."""
+        self, model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+    ) -> object:
+        """Load a full state dict into ``model``; what ``torch.nn.Module.load_state_dict`` returns."""
         return self.unwrap_model(model, keep_torch_compile=False).load_state_dict(state_dict, strict=strict)
 
     # ------------------------------------------------------------ checkpoints
@@ -240,7 +254,9 @@ class Strategy:
         """Load an optimizer's state written by ``save_optimizer_checkpoint``; False = default."""
         return False
 
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
+    def join_uneven_inputs(
+        self, joinables: list[Joinable], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[object]:
         """Context letting processes with fewer batches finish (a no-op without DDP)."""
         return contextlib.nullcontext()
 
@@ -271,7 +287,9 @@ class Strategy:
             no_restore_buffers=no_restore_buffers,
         )
 
-    def sequence_parallel_dataloader(self, dataloader: Any, model: torch.nn.Module) -> Any:
+    def sequence_parallel_dataloader(
+        self, dataloader: DataLoader[object], model: torch.nn.Module
+    ) -> Iterable[object]:
         """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice of every batch.
 
         Only DeepSpeed runs sequence parallelism (Ulysses), and overrides this.

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from accelerando.parallelism_config import ParallelismConfig
 
 __all__ = ["check_context_parallel_device", "context_parallel_context", "maybe_context_parallel"]
 
@@ -44,7 +49,7 @@ def check_context_parallel_device(cp_size: int, device_type: str) -> None:
 
 @contextlib.contextmanager
 def context_parallel_context(
-    mesh: Any,
+    mesh: DeviceMesh,
     buffers: Sequence[torch.Tensor] | None = None,
     buffer_seq_dims: Sequence[int] | None = None,
     no_restore_buffers: set[torch.Tensor] | None = None,
@@ -83,8 +88,8 @@ def context_parallel_context(
 
 
 def maybe_context_parallel(
-    parallelism_config: Any,
-    mesh: Any,
+    parallelism_config: ParallelismConfig | None,
+    mesh: DeviceMesh | None,
     device_type: str,
     buffers: Sequence[torch.Tensor] | None = None,
     buffer_seq_dims: Sequence[int] | None = None,
@@ -105,6 +110,8 @@ def maybe_context_parallel(
     if cp_size <= 1:
         return contextlib.nullcontext()
     check_context_parallel_device(cp_size, device_type)
+    if mesh is None:
+        raise ValueError("context parallelism needs a mesh with a 'cp' axis, got axes ()")
     handler = getattr(parallelism_config, "cp_handler", None)
     return context_parallel_context(
         mesh,

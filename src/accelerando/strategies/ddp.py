@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -13,6 +13,9 @@ from accelerando.plugins.kwargs import DistributedDataParallelKwargs
 from accelerando.precision.base import Precision
 from accelerando.runtime import Runtime
 from accelerando.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from torch.distributed.algorithms.join import Joinable
 
 __all__ = ["DDPStrategy"]
 
@@ -84,7 +87,9 @@ class DDPStrategy(Strategy):
             model.require_backward_grad_sync, model.require_forward_param_sync = old_grad, old_param
 
     @override
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Any:
+    def join_uneven_inputs(
+        self, joinables: list[Joinable], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[object]:
         from torch.distributed.algorithms.join import Join
 
         return Join(joinables)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 __all__ = ["check_heads"]
@@ -11,7 +9,7 @@ __all__ = ["check_heads"]
 _HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads")
 
 
-def _configs(model: torch.nn.Module) -> list[Any]:
+def _configs(model: torch.nn.Module) -> list[object]:
     config = getattr(model, "config", None)
     if config is None:
         return []

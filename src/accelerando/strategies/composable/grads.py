@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.placement_types import Placement
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 __all__ = [
     "clip_grad_norm",
@@ -24,7 +31,7 @@ __all__ = [
 ]
 
 
-def _layout(tensor: torch.Tensor) -> Any:
+def _layout(tensor: torch.Tensor) -> tuple[DeviceMesh, tuple[Placement, ...]] | None:
     from torch.distributed.tensor import DTensor
 
     if isinstance(tensor, DTensor):
@@ -34,7 +41,7 @@ def _layout(tensor: torch.Tensor) -> Any:
 
 def group_by_layout(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
     """Split ``tensors`` into lists of one layout each (plain tensors together; DTensors by mesh and placements)."""
-    groups: dict[Any, list[torch.Tensor]] = {}
+    groups: dict[tuple[DeviceMesh, tuple[Placement, ...]] | None, list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault(_layout(tensor), []).append(tensor)
     return list(groups.values())
@@ -64,7 +71,10 @@ def clip_grad_norm(
         return torch.tensor(0.0)
     norm_type = float(norm_type)
     groups = group_by_layout(params)
-    norms = [_full(torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)) for group in groups]
+    norms = [
+        _full(torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None], norm_type))
+        for group in groups
+    ]
     device = norms[0].device
     total = torch.nn.utils.get_total_norm([n.to(device) for n in norms], norm_type)
     for group in groups:
@@ -79,7 +89,7 @@ def clip_grad_value(parameters: Iterable[torch.Tensor], clip_value: float) -> No
         torch.nn.utils.clip_grad_value_(group, clip_value)
 
 
-def step_with_replication(method: Callable[..., Any]) -> Callable[..., Any]:
+def step_with_replication(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """Wrap an optimizer method so that plain tensors count as replicated DTensors inside it.
 
     The plain parameters of a tensor-parallel model are whole on every rank, so treating them as
@@ -88,7 +98,7 @@ def step_with_replication(method: Callable[..., Any]) -> Callable[..., Any]:
     from torch.distributed.tensor.experimental import implicit_replication
 
     @functools.wraps(method)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with implicit_replication():
             return method(*args, **kwargs)
 

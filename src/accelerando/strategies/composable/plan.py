@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = ["STYLE_NAMES", "module_plan", "resolve_plan", "to_parallel_style"]
 
@@ -40,7 +43,7 @@ _STRING_STYLES: dict[str, tuple[str | None, bool, bool]] = {
 STYLE_NAMES: tuple[str, ...] = tuple(_STRING_STYLES)
 
 
-def module_plan(model: torch.nn.Module) -> dict[str, Any]:
+def module_plan(model: torch.nn.Module) -> dict[str, object]:
     """The tensor-parallel plan a model declares, with names relative to ``model``; ``{}`` when none.
 
     Transformers models expose the whole plan (the base model's ``base_model_tp_plan`` under its
@@ -50,7 +53,7 @@ def module_plan(model: torch.nn.Module) -> dict[str, Any]:
     whole = getattr(model, "tp_plan", None)
     if isinstance(whole, Mapping) and whole:
         return dict(whole)
-    plan: dict[str, Any] = {}
+    plan: dict[str, object] = {}
     own = getattr(model, "_tp_plan", None)
     if isinstance(own, Mapping):
         plan.update(own)
@@ -68,7 +71,7 @@ def _pattern(key: str) -> re.Pattern[str]:
     return re.compile(r"\.".join(parts))
 
 
-def resolve_plan(model: torch.nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_plan(model: torch.nn.Module, plan: Mapping[str, object]) -> dict[str, object]:
     """Expand a plan's wildcards into the concrete submodule names of ``model``, in module order.
 
     Args:
@@ -82,7 +85,7 @@ def resolve_plan(model: torch.nn.Module, plan: Mapping[str, Any]) -> dict[str, A
         ValueError: no key of the plan matches any submodule (the plan is for another model).
     """
     patterns = [(_pattern(key), key, style) for key, style in plan.items()]
-    resolved: dict[str, Any] = {}
+    resolved: dict[str, object] = {}
     matched: set[str] = set()
     for name, _ in model.named_modules():
         if not name:
@@ -100,7 +103,7 @@ def resolve_plan(model: torch.nn.Module, plan: Mapping[str, Any]) -> dict[str, A
     return resolved
 
 
-def to_parallel_style(style: Any, module: torch.nn.Module, name: str) -> Any:
+def to_parallel_style(style: object, module: torch.nn.Module, name: str) -> ParallelStyle | None:
     """The torch ``ParallelStyle`` for one plan entry; None for a module left whole.
 
     Raises:

@@ -18,8 +18,8 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -51,6 +51,7 @@ from accelerando.strategies.fsdp.wrap import (
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = ["ComposableStrategy"]
 
@@ -176,7 +177,7 @@ class ComposableStrategy(Strategy):
                 if not isinstance(tensor, DTensor):
                     dist.broadcast(tensor.data, src=0)
 
-    def _plan_for(self, model: torch.nn.Module) -> dict[str, Any]:
+    def _plan_for(self, model: torch.nn.Module) -> dict[str, object]:
         given = getattr(self.tp_plugin, "tp_plan", None)
         plan = dict(given) if given else module_plan(model)
         if not plan:
@@ -202,7 +203,7 @@ class ComposableStrategy(Strategy):
             self._note(f"1. tensor parallel: {label} already split over tp={tp_size}; left as loaded")
             return
         check_heads(model, tp_size)
-        styles: dict[str, Any] = {}
+        styles: dict[str, ParallelStyle] = {}
         counts: dict[str, int] = {}
         resolved = resolve_plan(model, self._plan_for(model))
         for name, style in resolved.items():
@@ -228,7 +229,9 @@ class ComposableStrategy(Strategy):
 
         plugin = self.fsdp_plugin
         units, dropped = self._fsdp_units(model)
-        kwargs: dict[str, Any] = {"mesh": self.fsdp_mesh}
+        reshard_after_forward: bool | None = None  # fully_shard's defaults, unless the plugin says
+        mp_policy = MixedPrecisionPolicy()
+        offload_policy = OffloadPolicy()
         if plugin is not None:
             if plugin.cpu_ram_efficient_loading:
                 raise ValueError(
@@ -239,18 +242,23 @@ class ComposableStrategy(Strategy):
                 units = apply_activation_checkpointing(model, units)
 
             dtypes = plugin.mixed_precision_dtypes() or {}
-            kwargs["reshard_after_forward"] = reshard_after_forward_for(plugin.resolved_sharding())
-            kwargs["mp_policy"] = MixedPrecisionPolicy(
+            reshard_after_forward = reshard_after_forward_for(plugin.resolved_sharding())
+            mp_policy = MixedPrecisionPolicy(
                 param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype")
             )
             offload = plugin.cpu_offload
             if isinstance(offload, OffloadPolicy):
-                kwargs["offload_policy"] = offload
+                offload_policy = offload
             elif offload:
-                kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.runtime.device.type == "cuda")
-        for unit in units:
-            fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
+                offload_policy = CPUOffloadPolicy(pin_memory=self.runtime.device.type == "cuda")
+        for unit in [*units, model]:  # the units, then the root
+            fully_shard(
+                unit,
+                mesh=self.fsdp_mesh,
+                reshard_after_forward=reshard_after_forward,
+                mp_policy=mp_policy,
+                offload_policy=offload_policy,
+            )
         sizes = " x ".join(
             f"{d}={getattr(self.config, f'{d}_size')}"
             for d in ("dp_replicate", "dp_shard")
@@ -340,8 +348,8 @@ class ComposableStrategy(Strategy):
         return T.share_tied_entries(full_model_state_dict(module), self._ties(module))
 
     def load_model_state_dict(
-        self, model: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
-    ) -> Any:
+        self, model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+    ) -> object:
         """Load a full state dict (given on every rank); each rank keeps its slice."""
         module = self.unwrap_model(model, keep_torch_compile=False)
         if not self._is_laid_out(module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torchft.optim import OptimizerWrapper
@@ -29,7 +29,7 @@ class FaultTolerantOptimizer(OptimizerWrapper):
         super().__init__(manager, optimizer)
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, object]:  # type: ignore[override]
         """The wrapped optimizer's defaults."""
         return self.optim.defaults
 

@@ -16,10 +16,15 @@ any schedule and is skipped exactly when the Accelerator says so.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from accelerando.parallelism_config import ParallelismConfig
 
 __all__ = [
     "DP_AXIS",
@@ -42,7 +47,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def pipeline_data_parallel_sizes(
-    pp_size: int | None, num_processes: int, parallelism_config: Any = None
+    pp_size: int | None, num_processes: int, parallelism_config: ParallelismConfig | None = None
 ) -> tuple[int, int]:
     """Check the pipeline layout and return ``(pp, dp)`` with ``pp * dp == num_processes``.
 
@@ -87,7 +92,7 @@ def pipeline_data_parallel_sizes(
     return pp, dp
 
 
-def _replicas(config: Any) -> int:
+def _replicas(config: ParallelismConfig | None) -> int:
     """``config.dp_replicate_size`` (1 without a config).
 
     Raises:
@@ -110,7 +115,7 @@ def _replicas(config: Any) -> int:
     return int(getattr(config, "dp_replicate_size", 1) or 1)
 
 
-def _check_parallelism_config(config: Any, pp: int, dp: int, num_processes: int) -> None:
+def _check_parallelism_config(config: ParallelismConfig, pp: int, dp: int, num_processes: int) -> None:
     others = {axis: int(getattr(config, f"{axis}_size", 1) or 1) for axis in ("dp_shard", "tp", "cp", "sp")}
     if any(size > 1 for size in others.values()):
         sizes = ", ".join(f"{axis}_size={size}" for axis, size in others.items() if size > 1)
@@ -128,7 +133,7 @@ def _check_parallelism_config(config: Any, pp: int, dp: int, num_processes: int)
         )
 
 
-def build_pipeline_mesh(device_type: str, pp: int, dp: int) -> Any:
+def build_pipeline_mesh(device_type: str, pp: int, dp: int) -> DeviceMesh:
     """The job's mesh: ``("pp",)`` for one pipeline, ``("dp_replicate", "pp")`` (and a flattened ``"dp"``) for several.
 
     Collective: every process of the job calls it (it creates the axes' process groups).
@@ -148,7 +153,9 @@ def build_pipeline_mesh(device_type: str, pp: int, dp: int) -> Any:
     return mesh
 
 
-def all_reduce_gradients(parameters: Iterable[torch.Tensor], group: Any, size: int) -> None:
+def all_reduce_gradients(
+    parameters: Iterable[torch.Tensor], group: dist.ProcessGroup | None, size: int
+) -> None:
     """Average the gradients of ``parameters`` over ``group`` (``size`` processes) with one all-reduce.
 
     Parameters without a gradient are skipped; every process of the group must pass the same

@@ -8,9 +8,9 @@ stage, is averaged over the micro-batches and broadcast to every stage for loggi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,10 @@ from accelerando.strategies.pipeline.stage import (
     build_traced_stage,
     microbatch,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = ["PipelineModel", "PipelineOutput"]
 
@@ -38,13 +42,13 @@ class PipelineOutput:
     """
 
     loss: torch.Tensor | None
-    output: Any
+    output: object
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: str | int) -> object:
         return getattr(self, key) if isinstance(key, str) else (self.loss, self.output)[key]
 
 
-def _shape_key(value: Any) -> Any:
+def _shape_key(value: object) -> Hashable:
     if isinstance(value, torch.Tensor):
         return (tuple(value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
@@ -76,7 +80,7 @@ class PipelineModel(torch.nn.Module):
         split_points: Sequence[str],
         schedule: str,
         num_microbatches: int,
-        loss_fn: Callable[..., Any] | None,
+        loss_fn: Callable[..., torch.Tensor] | None,
         loss_divisor: Callable[[], int],
         device: torch.device,
     ) -> None:
@@ -89,7 +93,7 @@ class PipelineModel(torch.nn.Module):
         self.loss_fn = loss_fn
         self._loss_divisor = loss_divisor
         self.device = device
-        self._built: dict[Any, tuple[Any, Any]] = {}
+        self._built: dict[Hashable, tuple[_PipelineStageBase, PipelineScheduleSingle]] = {}
         #: training steps whose backward already ran and that ``accelerator.backward`` has not seen yet.
         self.pending_backward = 0
         #: whether a training call averages the stage's gradients over the data-parallel pipelines
@@ -97,9 +101,13 @@ class PipelineModel(torch.nn.Module):
         self.require_grad_sync = True
 
     # A stage module per micro-batch shape: the traced stage is specialised to its example shapes.
-    def _stage(self, args: tuple, kwargs: dict, training: bool) -> tuple[Any, Any]:
+    def _stage(
+        self, args: tuple[object, ...], kwargs: dict[str, object], training: bool
+    ) -> tuple[_PipelineStageBase, PipelineScheduleSingle]:
         mb_args = microbatch(args, self.num_microbatches)
         mb_kwargs = microbatch(kwargs, self.num_microbatches)
+        assert isinstance(mb_args, tuple) and isinstance(mb_kwargs, dict), "microbatch keeps containers"
+
         key = (_shape_key(mb_args), _shape_key(mb_kwargs), training)
         if key not in self._built:
             stage = build_traced_stage(
@@ -112,7 +120,7 @@ class PipelineModel(torch.nn.Module):
             )
         return self._built[key]
 
-    def _scaled_loss(self, output: Any, target: Any) -> torch.Tensor:
+    def _scaled_loss(self, output: object, target: object) -> torch.Tensor:
         assert self.loss_fn is not None
         # Divided here rather than by the schedule's ``scale_grads``, which rescales every gradient of
         # the stage, including those accumulated by earlier calls (gradient accumulation).
@@ -124,7 +132,7 @@ class PipelineModel(torch.nn.Module):
             return stage.submod
         return None
 
-    def _check_batch(self, args: tuple, kwargs: dict) -> None:
+    def _check_batch(self, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         first = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
         if first is None:
             raise ValueError(
@@ -137,7 +145,7 @@ class PipelineModel(torch.nn.Module):
                 "num_microbatches"
             )
 
-    def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> PipelineOutput:
+    def forward(self, *args: object, target: object = None, **kwargs: object) -> PipelineOutput:
         """Run the pipeline on one batch.
 
         In training mode with a ``target``: forward and backward of every micro-batch; returns the
@@ -160,10 +168,12 @@ class PipelineModel(torch.nn.Module):
         stage, schedule = self._stage(args, kwargs, training)
         layout = self.layout
         first_inputs = (args, kwargs) if layout.is_first else ((), {})
+        # The user's keyword inputs go to the first stage's forward as they are.
+        step: Callable[..., object] = schedule.step
         if training:
             losses: list[torch.Tensor] = []
             target = target.to(self.device) if isinstance(target, torch.Tensor) else target
-            output = schedule.step(
+            output = step(
                 *first_inputs[0], target=target if layout.is_last else None, losses=losses, **first_inputs[1]
             )
             divisor = self.num_microbatches * max(int(self._loss_divisor()), 1)
@@ -178,7 +188,7 @@ class PipelineModel(torch.nn.Module):
             self.pending_backward += 1
             return PipelineOutput(loss=loss, output=output if layout.is_last else None)
         with torch.no_grad():
-            output = schedule.step(*first_inputs[0], **first_inputs[1])
+            output = step(*first_inputs[0], **first_inputs[1])
         holder = [output if layout.is_last else None]
         dist.broadcast_object_list(holder, src=layout.last_rank, group=layout.group)
         output = holder[0]

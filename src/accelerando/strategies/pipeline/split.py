@@ -42,9 +42,12 @@ def parameter_units(
     Returns:
         ``[(module name, bytes), ...]``; the root is never a piece of its own unless it has no children.
     """
-    if no_split_module_classes is None:
-        no_split_module_classes = getattr(model, "_no_split_modules", None) or ()
-    keep = set(no_split_module_classes)
+    classes: Iterable[str] = (
+        no_split_module_classes
+        if no_split_module_classes is not None
+        else (getattr(model, "_no_split_modules", None) or ())
+    )
+    keep = set(classes)
     seen: set[int] = set()
     units: list[tuple[str, int]] = []
 

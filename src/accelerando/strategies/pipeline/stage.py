@@ -9,12 +9,17 @@ submodule of its stage. Stage submodules share their parameters with the user's 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = [
     "SCHEDULES",
@@ -45,9 +50,9 @@ class PipelineLayout:
 
     stage_index: int
     num_stages: int
-    group: Any
+    group: dist.ProcessGroup | None
     ranks: tuple[int, ...]
-    dp_group: Any = None
+    dp_group: dist.ProcessGroup | None = None
     dp_size: int = 1
     dp_rank: int = 0
 
@@ -82,7 +87,7 @@ class PipelineLayout:
         return cls(dist.get_rank(), world, None, tuple(range(world)))
 
     @classmethod
-    def from_mesh(cls, mesh: Any) -> PipelineLayout:
+    def from_mesh(cls, mesh: DeviceMesh) -> PipelineLayout:
         """This process's place on a mesh with a ``"pp"`` axis and, optionally, a ``"dp_replicate"`` axis.
 
         Raises:
@@ -112,12 +117,12 @@ def no_kv_cache(model: torch.nn.Module) -> Iterator[None]:
     """Turn off ``config.use_cache`` (transformers) while tracing: cache objects cannot be exported."""
     config = getattr(model, "config", None)
     old = getattr(config, "use_cache", None)
-    if old:
+    if config is not None and old:
         config.use_cache = False
     try:
         yield
     finally:
-        if old:
+        if config is not None and old:
             config.use_cache = old
 
 
@@ -138,7 +143,7 @@ def _restored_forwards(model: torch.nn.Module, names: Sequence[str]) -> Iterator
             module.__dict__.update(own)
 
 
-def microbatch(value: Any, num_chunks: int) -> Any:
+def microbatch(value: object, num_chunks: int) -> object:
     """The first of ``num_chunks`` micro-batches of ``value`` (tensors are cut along dim 0)."""
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
@@ -154,11 +159,11 @@ def microbatch(value: Any, num_chunks: int) -> Any:
 def build_traced_stage(
     model: torch.nn.Module,
     split_points: Sequence[str],
-    example_args: tuple[Any, ...],
-    example_kwargs: Mapping[str, Any] | None,
+    example_args: tuple[object, ...],
+    example_kwargs: Mapping[str, object] | None,
     layout: PipelineLayout,
     device: torch.device,
-) -> Any:
+) -> _PipelineStageBase:
     """Trace ``model`` on micro-batch example inputs, cut it and build this process's stage.
 
     Args:
@@ -199,7 +204,12 @@ def build_traced_stage(
     return pipe.build_stage(layout.stage_index, device, group=layout.group)
 
 
-def build_schedule(stage: Any, schedule: str, num_microbatches: int, loss_fn: Any = None) -> Any:
+def build_schedule(
+    stage: _PipelineStageBase,
+    schedule: str,
+    num_microbatches: int,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+) -> PipelineScheduleSingle:
     """A torch pipeline schedule (``"GPipe"`` or ``"1F1B"``) over ``stage``.
 
     The schedule does not rescale gradients (``scale_grads=False``): the caller's ``loss_fn`` divides

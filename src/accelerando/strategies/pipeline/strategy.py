@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -144,7 +144,7 @@ class PipelineStrategy(Strategy):
         return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
 
     # -------------------------------------------------------------- training
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """Nothing to run: the pipeline call already back-propagated; checks that one happened.
 
         Raises:
@@ -171,10 +171,10 @@ class PipelineStrategy(Strategy):
         The norm is reduced over the pipeline's stages only: the data-parallel copies of a stage hold
         the same (already averaged) gradients, so counting them again would inflate the norm.
         """
-        params = self._stage_parameters(parameters)
+        grads = [p.grad for p in self._stage_parameters(parameters) if p.grad is not None]
         device = self.runtime.device
         norm_type = float(norm_type)
-        norms = [p.grad.detach().norm(norm_type).float() for p in params]
+        norms = [g.detach().norm(norm_type).float() for g in grads]
         if norm_type == float("inf"):
             local = torch.stack(norms).max() if norms else torch.zeros((), device=device)
             dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.layout.group)
@@ -186,8 +186,8 @@ class PipelineStrategy(Strategy):
             dist.all_reduce(local, group=self.layout.group)
             total = local ** (1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in params:
-            p.grad.detach().mul_(coef.to(p.grad.device))
+        for grad in grads:
+            grad.detach().mul_(coef.to(grad.device))
         return total
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
@@ -210,7 +210,7 @@ class PipelineStrategy(Strategy):
         mine = {}
         if stage is not None:
             mine = {k: v.detach().cpu() for k, v in stage.state_dict().items() if k in full}
-        gathered: list[Any] = [None] * self.layout.num_stages
+        gathered: list[dict[str, torch.Tensor] | None] = [None] * self.layout.num_stages
         dist.all_gather_object(gathered, mine, group=self.layout.group)
         for part in gathered:
             for key, value in (part or {}).items():
@@ -243,7 +243,9 @@ class PipelineStrategy(Strategy):
         return True
 
 
-def merge_stage_optimizer_states(state_dict: dict[str, Any], group: Any, num_stages: int) -> dict[str, Any]:
+def merge_stage_optimizer_states(
+    state_dict: Mapping[str, object], group: dist.ProcessGroup | None, num_stages: int
+) -> dict[str, object]:
     """The optimizer state dict of the whole model from each stage's (collective over ``group``).
 
     Every stage's optimizer is built over the whole model (same parameter groups and indices) but has
@@ -252,13 +254,15 @@ def merge_stage_optimizer_states(state_dict: dict[str, Any], group: Any, num_sta
     Raises:
         ValueError: two stages hold state for the same parameter (a parameter trained by two stages).
     """
+    per_parameter = state_dict["state"]
+    assert isinstance(per_parameter, dict), "an optimizer state dict holds a 'state' dict"
     mine = {
         k: {n: v.detach().cpu() if isinstance(v, torch.Tensor) else v for n, v in st.items()}
-        for k, st in state_dict["state"].items()
+        for k, st in per_parameter.items()
     }
-    gathered: list[Any] = [None] * num_stages
+    gathered: list[dict[int, dict[str, object]] | None] = [None] * num_stages
     dist.all_gather_object(gathered, mine, group=group)
-    state: dict[Any, Any] = {}
+    state: dict[int, dict[str, object]] = {}
     for part in gathered:
         for key, value in (part or {}).items():
             if key in state:
