@@ -6,18 +6,44 @@ carry the mixin; the adapter is for code that wraps an existing loader object in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 
 from torch.utils.data import BatchSampler, DataLoader
 
 from accelerando.common.imports import is_torchdata_stateful_dataloader_available
 from accelerando.gradient_state import GradientState
 
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+    from typing_extensions import Self, Unpack
+
+    from accelerando.data_loader._typing import DataLoaderOptions
+
 __all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "get_sampler", "set_sampler", "with_stateful_base"]
 
+_C = TypeVar("_C")
+_Owner = TypeVar("_Owner")
 
-def get_sampler(dataloader: Any) -> Any:
+
+class _SavesState(Protocol):
+    def state_dict(self) -> dict[str, object]: ...
+
+
+class _LoadsState(Protocol):
+    def load_state_dict(self, state_dict: dict[str, object], /) -> object: ...
+
+
+def _saves_state(loader: object) -> TypeGuard[_SavesState]:
+    """Whether ``loader`` has a ``state_dict`` (torchdata's ``StatefulDataLoader`` does, a ``DataLoader`` not)."""
+    return hasattr(loader, "state_dict")
+
+
+def _loads_state(loader: object) -> TypeGuard[_LoadsState]:
+    return hasattr(loader, "load_state_dict")
+
+
+def get_sampler(dataloader: object) -> object:
     """Return the index sampler a loader draws from (under its batch sampler), or None.
 
     Args:
@@ -29,7 +55,7 @@ def get_sampler(dataloader: Any) -> Any:
     return getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
 
 
-def set_sampler(dataloader: Any, sampler: Any) -> None:
+def set_sampler(dataloader: object, sampler: Iterable[int]) -> None:
     """Make ``dataloader`` draw its indices from ``sampler`` (at every batch-sampler level it has).
 
     Raises:
@@ -57,7 +83,13 @@ def set_sampler(dataloader: Any, sampler: Any) -> None:
 _STATEFUL_VARIANTS: dict[type, type] = {}
 
 
-def with_stateful_base(cls: type) -> type:
+def _combined(cls: type, base: type) -> type:
+    """A subclass of ``cls`` and ``base`` that presents itself as ``cls`` (name, module, docstring)."""
+    namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
+    return type(cls.__name__, (cls, base), namespace)
+
+
+def with_stateful_base(cls: type[_C]) -> type[_C]:
     """Return ``cls`` combined with torchdata's ``StatefulDataLoader`` when torchdata is installed.
 
     The combination passes ``isinstance(loader, StatefulDataLoader)`` checks (as with the reference
@@ -78,9 +110,10 @@ def with_stateful_base(cls: type) -> type:
     if issubclass(cls, StatefulDataLoader):
         return cls
     if cls not in _STATEFUL_VARIANTS:
-        namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
-        _STATEFUL_VARIANTS[cls] = type(cls.__name__, (cls, StatefulDataLoader), namespace)
-    return _STATEFUL_VARIANTS[cls]
+        _STATEFUL_VARIANTS[cls] = _combined(cls, StatefulDataLoader)
+    variant = _STATEFUL_VARIANTS[cls]
+    assert issubclass(variant, cls)  # built above as a subclass of cls
+    return variant
 
 
 class _SelfAsBase:
@@ -89,7 +122,7 @@ class _SelfAsBase:
     reference library, whose loaders set it per instance.
     """
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    def __get__(self, instance: _Owner | None, owner: type | None = None) -> _Owner:
         if instance is None:
             raise AttributeError("base_dataloader is set on each loader, not on its class")
         return instance
@@ -108,20 +141,19 @@ class DataLoaderStateMixin:
     remainder: int = -1
     base_dataloader = _SelfAsBase()
 
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+    def __new__(cls, *args: object, use_stateful_dataloader: bool = False, **kwargs: object) -> Self:
         """With ``use_stateful_dataloader=True``, build the class combined with torchdata's
         ``StatefulDataLoader`` (see ``with_stateful_base``), so ``isinstance`` checks against it hold.
         """
-        if use_stateful_dataloader:
-            cls = with_stateful_base(cls)
-        return super().__new__(cls)
+        target = with_stateful_base(cls) if use_stateful_dataloader else cls
+        return super().__new__(target)
 
     @property
-    def gradient_state(self) -> Any:
+    def gradient_state(self) -> GradientState:
         """The process's ``GradientState`` (a view of the shared state; holding it keeps nothing alive)."""
         return GradientState()
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.end_of_dataloader = False
         cls.remainder = -1
@@ -158,7 +190,11 @@ class DataLoaderAdapter:
     """
 
     def __init__(
-        self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any
+        self,
+        dataset: Dataset[object],
+        use_stateful_dataloader: bool = False,
+        batch_sampler: Iterable[list[int]] | None = None,
+        **kwargs: Unpack[DataLoaderOptions],
     ) -> None:
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
         if self.use_stateful_dataloader:
@@ -169,17 +205,19 @@ class DataLoaderAdapter:
                 )
             from torchdata.stateful_dataloader import StatefulDataLoader
 
-            self.base_dataloader: Any = StatefulDataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+            self.base_dataloader: DataLoader[object] = StatefulDataLoader(
+                dataset, batch_sampler=batch_sampler, **kwargs
+            )
         else:
             self.base_dataloader = DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
-        self.dl_state_dict: dict[str, Any] = {}
+        self.dl_state_dict: dict[str, object] = {}
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name == "base_dataloader":  # not set yet (during unpickling): avoid endless recursion
             raise AttributeError(name)
         return getattr(self.base_dataloader, name)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         return iter(self.base_dataloader)
 
     def __len__(self) -> int:
@@ -190,36 +228,39 @@ class DataLoaderAdapter:
         """The wrapped loader's class, so ``isinstance(adapter, DataLoader)`` checks pass."""
         return self.base_dataloader.__class__
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """The wrapped stateful loader's state (as of the last batch given out).
 
         Raises:
             TypeError: When the wrapped loader is a plain ``DataLoader`` (it has no state).
         """
-        if not hasattr(self.base_dataloader, "state_dict"):
+        loader = self.base_dataloader
+        if not _saves_state(loader):
             raise TypeError(
                 "This loader was built without use_stateful_dataloader=True, so it has no state_dict; "
                 "rebuild it with use_stateful_dataloader=True (needs torchdata)."
             )
-        return self.dl_state_dict or self.base_dataloader.state_dict()
+        return self.dl_state_dict or loader.state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """Restore a state returned by ``state_dict``.
 
         Raises:
             TypeError: When the wrapped loader is a plain ``DataLoader``.
         """
-        if not hasattr(self.base_dataloader, "load_state_dict"):
+        loader = self.base_dataloader
+        if not _loads_state(loader):
             raise TypeError(
                 "This loader was built without use_stateful_dataloader=True, so it cannot load a state; "
                 "rebuild it with use_stateful_dataloader=True (needs torchdata)."
             )
-        self.base_dataloader.load_state_dict(state_dict)
+        loader.load_state_dict(state_dict)
 
     def _update_state_dict(self) -> None:
         """Record the wrapped loader's state now (call right after giving out a batch)."""
-        if hasattr(self.base_dataloader, "state_dict"):
-            self.dl_state_dict = self.base_dataloader.state_dict()
+        loader = self.base_dataloader
+        if _saves_state(loader):
+            self.dl_state_dict = loader.state_dict()
             self.adjust_state_dict_for_prefetch()
 
     def adjust_state_dict_for_prefetch(self) -> None:

@@ -7,8 +7,8 @@ a tensor. Any other list or tuple is a container and is walked into.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar, cast
 
 import torch
 
@@ -24,23 +24,29 @@ __all__ = [
 ]
 
 _CONTAINERS = (torch.Tensor, Mapping, list, tuple)
+_T = TypeVar("_T")
 
 
-def _is_leaf_sequence(obj: Any) -> bool:
+def _is_leaf_sequence(obj: object) -> bool:
     return isinstance(obj, (list, tuple)) and not any(isinstance(item, _CONTAINERS) for item in obj)
 
 
-def _rebuild(template: Any, items: list[Any]) -> Any:
+def _constructor(obj: _T) -> Callable[..., _T]:
+    """``type(obj)`` as a callable: a container's constructor is not part of its abstract interface."""
+    return type(obj)
+
+
+def _rebuild(template: _T, items: list[object]) -> _T:
     if isinstance(template, tuple) and hasattr(template, "_fields"):
-        return type(template)(*items)
-    return type(template)(items)
+        return _constructor(template)(*items)
+    return _constructor(template)(items)
 
 
 # Values torch.load(weights_only=True) rebuilds as they were (containers are walked separately).
 _PLAIN_LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type(None))
 
 
-def to_plain(obj: Any) -> Any:
+def to_plain(obj: object) -> object:
     """Return ``obj`` made of plain data only, so that ``torch.load(weights_only=True)`` reads it back.
 
     A ``dict``, ``list`` or ``tuple`` keeps its type; any other mapping (``UserDict``, a transformers
@@ -71,7 +77,7 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def like_sample(plain: Any, live: Any) -> Any:
+def like_sample(plain: object, live: object) -> object:
     """Give ``plain`` (from :func:`to_plain`) the container type of ``live``, a sample of the stream.
 
     Only the outer container is rebuilt, and only with a type the running stream produced itself
@@ -91,15 +97,15 @@ def like_sample(plain: Any, live: Any) -> Any:
         return plain
     try:
         if type(plain) is dict and isinstance(live, Mapping):
-            return kind(plain)
+            return _constructor(live)(plain)
         if type(plain) is tuple and isinstance(live, tuple) and hasattr(live, "_fields"):
-            return kind._make(plain)  # type: ignore[attr-defined]
+            return getattr(kind, "_make")(plain)  # noqa: B009 - a namedtuple class's method, unknown to Tuple
     except Exception:  # a type whose constructor wants other arguments: keep the plain value
         return plain
     return plain
 
 
-def batch_size_of(batch: Any) -> int | None:
+def batch_size_of(batch: object) -> int | None:
     """Return the batch dimension of the first tensor (or leaf sequence) found in ``batch``.
 
     Args:
@@ -111,10 +117,10 @@ def batch_size_of(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() > 0 else None
     if isinstance(batch, Mapping):
-        values: Any = batch.values()
-    elif _is_leaf_sequence(batch):
-        return len(batch)
+        values: Iterable[object] = batch.values()
     elif isinstance(batch, (list, tuple)):
+        if _is_leaf_sequence(batch):
+            return len(batch)
         values = batch
     else:
         return None
@@ -125,7 +131,7 @@ def batch_size_of(batch: Any) -> int | None:
     return None
 
 
-def slice_batch(batch: Any, index: slice, process_index: int = 0, num_processes: int = 1) -> Any:
+def slice_batch(batch: _T, index: slice, process_index: int = 0, num_processes: int = 1) -> _T:
     """Take the rows ``index`` of every tensor and leaf sequence in ``batch``.
 
     Args:
@@ -138,17 +144,18 @@ def slice_batch(batch: Any, index: slice, process_index: int = 0, num_processes:
         A batch of the same structure holding only the selected rows.
     """
     if isinstance(batch, torch.Tensor):
-        return batch[index] if batch.dim() > 0 else batch
+        # A tensor's rows are a tensor of the same type.
+        return cast("_T", batch[index]) if batch.dim() > 0 else batch
     if isinstance(batch, Mapping):
-        return type(batch)({key: slice_batch(value, index) for key, value in batch.items()})
-    if _is_leaf_sequence(batch):
-        return _rebuild(batch, list(batch[index]))
+        return _constructor(batch)({key: slice_batch(value, index) for key, value in batch.items()})
     if isinstance(batch, (list, tuple)):
+        if _is_leaf_sequence(batch):
+            return _rebuild(batch, list(batch[index]))
         return _rebuild(batch, [slice_batch(value, index) for value in batch])
     return batch
 
 
-def concat_batches(batches: list[Any]) -> Any:
+def concat_batches(batches: list[_T]) -> _T:
     """Concatenate batches of the same structure along the batch dimension.
 
     Args:
@@ -160,17 +167,21 @@ def concat_batches(batches: list[Any]) -> Any:
     first = batches[0]
     if len(batches) == 1:
         return first
+    # Every batch has the first one's structure (the documented contract), so each is read as a
+    # container of the same kind as the first.
     if isinstance(first, torch.Tensor):
-        return torch.cat(batches) if first.dim() > 0 else first
+        return cast("_T", torch.cat(cast("list[torch.Tensor]", batches))) if first.dim() > 0 else first
     if isinstance(first, Mapping):
-        return type(first)({key: concat_batches([b[key] for b in batches]) for key in first})
-    if _is_leaf_sequence(first):
-        return _rebuild(first, [item for b in batches for item in b])
+        maps = cast("Sequence[Mapping[object, object]]", batches)
+        return _constructor(first)({key: concat_batches([b[key] for b in maps]) for key in first})
     if isinstance(first, (list, tuple)):
-        return _rebuild(first, [concat_batches([b[i] for b in batches]) for i in range(len(first))])
+        rows = cast("Sequence[Sequence[object]]", batches)
+        if _is_leaf_sequence(first):
+            return _rebuild(first, [item for b in rows for item in b])
+        return _rebuild(first, [concat_batches([b[i] for b in rows]) for i in range(len(first))])
     return first
 
 
-def resolve_send_to_device() -> Callable[..., Any]:
+def resolve_send_to_device() -> Callable[..., object]:
     """Return ``accelerando.common.operations.send_to_device``."""
     return send_to_device

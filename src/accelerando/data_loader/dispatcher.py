@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch.utils.data import DataLoader
@@ -21,10 +21,23 @@ from accelerando.data_loader.samplers import BatchSamplerShard, _consume
 from accelerando.data_loader.scatter import scatter_parts, wait_all
 from accelerando.data_loader.shard import _wrap_batch_sampler
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils.data import Dataset
+    from typing_extensions import Unpack
+
+    from accelerando.data_loader._typing import DataLoaderKwargs, DispatcherArgs, RngTypes
+    from accelerando.data_loader.scatter import Message as _Message
+    from accelerando.data_loader.scatter import Pending
+
 __all__ = ["DataLoaderDispatcher"]
 
-# One message per process and step: None (no more data) or (is_last, remainder, batch or None).
-_Message = tuple[bool, int, Any] | None
+
+class _Steps(TypedDict):
+    """What the main process remembers across the steps of an epoch."""
+
+    first: object  # the first global batch (padding for the last step), once read
+    size: int | None  # the batch size of the first base batch
 
 
 def _world() -> tuple[int, int]:
@@ -56,32 +69,32 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: Dataset[object],
         split_batches: bool = False,
         skip_batches: int = 0,
         use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
-        slice_fn: Callable[..., Any] | None = None,
-        torch_device_mesh: Any = None,
+        slice_fn: Callable[..., object] | None = None,
+        torch_device_mesh: DeviceMesh | None = None,
         device: torch.device | str | None = None,
-        rng_types: list[Any] | None = None,
+        rng_types: RngTypes | None = None,
         even_batches: bool = True,
-        **kwargs: Any,
+        **kwargs: Unpack[DataLoaderKwargs],
     ) -> None:
         _wrap_batch_sampler(dataset, kwargs)
-        self._init_args = dict(
-            split_batches=split_batches,
-            use_stateful_dataloader=use_stateful_dataloader,
-            _drop_last=_drop_last,
-            _non_blocking=_non_blocking,
-            slice_fn=slice_fn,
-            torch_device_mesh=torch_device_mesh,
-            device=device,
-            rng_types=rng_types,
-            even_batches=even_batches,
+        self._init_args: DispatcherArgs = {
+            "split_batches": split_batches,
+            "use_stateful_dataloader": use_stateful_dataloader,
+            "_drop_last": _drop_last,
+            "_non_blocking": _non_blocking,
+            "slice_fn": slice_fn,
+            "torch_device_mesh": torch_device_mesh,
+            "device": device,
+            "rng_types": rng_types,
+            "even_batches": even_batches,
             **kwargs,
-        )
+        }
         super().__init__(dataset, **kwargs)
         self.split_batches = bool(split_batches)
         self.even_batches = bool(even_batches)
@@ -123,7 +136,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         """
         return -1
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         start = self._start_epoch()
         self.begin()
         completed = False
@@ -133,13 +146,13 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         finally:
             self.end(completed)
 
-    def _receive(self, start: int) -> Iterator[Any]:
+    def _receive(self, start: int) -> Iterator[object]:
         processes, rank = _world()
         steps = self._steps(start, processes) if rank == 0 else None
         device = self.device
         send = resolve_send_to_device() if device is not None and device.type != "cpu" else None
         progress, position = self._progress, start
-        in_flight: list[Any] = []  # the main process's sends of the previous step, still under way
+        in_flight: list[Pending] = []  # the main process's sends of the previous step, still under way
         try:
             while True:
                 message = self._scatter(steps, processes, rank, in_flight)
@@ -163,15 +176,17 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     @staticmethod
     def _scatter(
-        steps: Iterator[list[_Message]] | None, processes: int, rank: int, in_flight: list[Any]
+        steps: Iterator[list[_Message]] | None, processes: int, rank: int, in_flight: list[Pending]
     ) -> _Message:
         parts = next(steps, None) if steps is not None else None
         if processes == 1:
             return None if parts is None else parts[0]
-        main_parts = (parts if parts is not None else [None] * processes) if rank == 0 else None
+        main_parts: list[_Message] | None = None
+        if rank == 0:
+            main_parts = parts if parts is not None else [None for _ in range(processes)]
         return scatter_parts(main_parts, rank, processes, in_flight)
 
-    def _base_batches(self, start_steps: int, processes: int) -> Iterator[Any]:
+    def _base_batches(self, start_steps: int, processes: int) -> Iterator[object]:
         skip = start_steps * (1 if self.split_batches else processes)
         if isinstance(self.batch_sampler, BatchSamplerShard):
             self.batch_sampler._next_start = skip
@@ -192,7 +207,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         """
         per_step = 1 if self.split_batches else processes
         base = self._base_batches(start, processes)
-        state: dict[str, Any] = {"first": None, "size": None}
+        state: _Steps = {"first": None, "size": None}
         group = [batch for _, batch in zip(range(per_step), base, strict=False)]
         sizes = [batch_size_of(batch) for batch in group]
         if sizes:
@@ -205,7 +220,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             yield self._cut(group, sizes, not upcoming, per_step, processes, state)
             group, sizes = upcoming, upcoming_sizes
 
-    def _regular(self, sizes: list[int | None], per_step: int, processes: int, state: dict[str, Any]) -> bool:
+    def _regular(self, sizes: list[int | None], per_step: int, processes: int, state: _Steps) -> bool:
         """Whether a step of batches of ``sizes`` is a full one (cut evenly, no padding needed)."""
         regular = len(sizes) == per_step and all(s == state["size"] for s in sizes)
         if regular and self.split_batches and (sizes[0] or 0) % processes != 0:
@@ -214,12 +229,12 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     def _cut(
         self,
-        group: list[Any],
+        group: list[object],
         sizes: list[int | None],
         is_last: bool,
         per_step: int,
         processes: int,
-        state: dict[str, Any],
+        state: _Steps,
     ) -> list[_Message]:
         regular = self._regular(sizes, per_step, processes, state)
         # One concatenation per step only where a step is cut across batches: with split_batches a
@@ -243,7 +258,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             return [(True, -1, None)] * processes
         return self._cut_last(whole, processes, state["first"])
 
-    def _cut_last(self, whole: Any, processes: int, first: Any) -> list[_Message]:
+    def _cut_last(self, whole: object, processes: int, first: object) -> list[_Message]:
         real = batch_size_of(whole) or 0
         width = math.ceil(real / processes)
         if self.even_batches and width * processes > real:
@@ -257,5 +272,5 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             messages.append((True, remainder, self._slice(whole, lo, hi, i) if hi > lo else None))
         return messages
 
-    def _slice(self, batch: Any, lo: int, hi: int, index: int) -> Any:
+    def _slice(self, batch: object, lo: int, hi: int, index: int) -> object:
         return self.slice_fn(batch, slice(lo, hi), process_index=index, num_processes=_world()[0])

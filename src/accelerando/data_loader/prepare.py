@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import TYPE_CHECKING, Protocol, TypeGuard, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
@@ -22,6 +22,13 @@ from accelerando.data_loader.samplers import (
 )
 from accelerando.data_loader.shard import DataLoaderShard, with_stateful_base
 from accelerando.state import PartialState
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils.data import Dataset
+    from typing_extensions import Unpack
+
+    from accelerando.data_loader._typing import DataLoaderKwargs, DataLoaderOptions, LoaderArgs, RngTypes
 
 _END = object()
 
@@ -46,20 +53,26 @@ _NON_DATA_AXES = ("tp", "cp", "pp")
 logger = logging.getLogger(__name__)
 
 
-def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+def _loader_kwargs(dataloader: DataLoader) -> DataLoaderOptions:
     import inspect
 
     accepted = inspect.signature(DataLoader.__init__).parameters
-    kwargs = {
-        name: getattr(dataloader, name) for name in _CARRIED if name in accepted and hasattr(dataloader, name)
-    }
+    # The DataLoader's own settings, read back by their parameter names.
+    kwargs = cast(
+        "DataLoaderOptions",
+        {
+            name: getattr(dataloader, name)
+            for name in _CARRIED
+            if name in accepted and hasattr(dataloader, name)
+        },
+    )
     if not kwargs.get("num_workers"):
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
     return kwargs
 
 
-def _data_parallel_layout(num_processes: int, process_index: int, mesh: Any) -> tuple[int, int]:
+def _data_parallel_layout(num_processes: int, process_index: int, mesh: DeviceMesh | None) -> tuple[int, int]:
     """Data-parallel size and rank: ranks that differ only along tp/cp/pp axes read the same data."""
     if mesh is None:
         return num_processes, process_index
@@ -72,7 +85,10 @@ def _data_parallel_layout(num_processes: int, process_index: int, mesh: Any) -> 
 
 
 def _layout(
-    num_processes: int | None, process_index: int | None, device: Any, mesh: Any
+    num_processes: int | None,
+    process_index: int | None,
+    device: torch.device | str | int | None,
+    mesh: DeviceMesh | None,
 ) -> tuple[int, int, torch.device]:
     """Fill what the caller left out from ``PartialState``; then keep only data-parallel ranks."""
     if num_processes is None or process_index is None or device is None:
@@ -83,7 +99,7 @@ def _layout(
     return (*_data_parallel_layout(num_processes, process_index, mesh), torch.device(device))
 
 
-def _check_not_empty(dataset: Any) -> None:
+def _check_not_empty(dataset: object) -> None:
     if isinstance(dataset, Sized) and len(dataset) == 0:
         raise ValueError(
             "prepare_data_loader got an empty dataset (len 0): there is nothing to shard between "
@@ -91,17 +107,20 @@ def _check_not_empty(dataset: Any) -> None:
         )
 
 
-def _with_sampler(batch_sampler: Any, sampler: Any) -> Any:
+def _with_sampler(batch_sampler: Iterable[list[int]], sampler: Iterable[int]) -> Iterable[list[int]]:
     if type(batch_sampler) is BatchSampler:
         return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     clone = copy.copy(batch_sampler)
-    clone.sampler = sampler
+    setattr(clone, "sampler", sampler)  # noqa: B010 - a user's batch sampler class, read by its attribute
     return clone
 
 
 def _prepare_sampling(
-    batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None, num_processes: int = 2
-) -> tuple[Any, torch.Generator | None]:
+    batch_sampler: Iterable[list[int]],
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+    num_processes: int = 2,
+) -> tuple[Iterable[list[int]], torch.Generator | None]:
     """Make shuffling reproducible while drawing the same order as the reference library.
 
     One process keeps PyTorch's own draw (a seed from the global generator when each epoch starts),
@@ -141,15 +160,15 @@ def prepare_data_loader(
     process_index: int | None = None,
     split_batches: bool = False,
     put_on_device: bool = False,
-    rng_types: list[Any] | None = None,
+    rng_types: RngTypes | None = None,
     dispatch_batches: bool | None = None,
     even_batches: bool = True,
-    slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    slice_fn_for_dispatch: Callable[..., object] | None = None,
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
-    torch_device_mesh: Any = None,
+    torch_device_mesh: DeviceMesh | None = None,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that each process gets its share of every epoch.
 
@@ -206,7 +225,6 @@ def prepare_data_loader(
     target = device if put_on_device else None
     if non_blocking and target is not None and target.type == "cuda":
         kwargs["pin_memory"] = True
-    common = dict(use_stateful_dataloader=use_stateful_dataloader, _non_blocking=non_blocking)
     shard_cls, dispatch_cls = DataLoaderShard, DataLoaderDispatcher
     if use_stateful_dataloader:
         shard_cls, dispatch_cls = (
@@ -214,6 +232,11 @@ def prepare_data_loader(
             with_stateful_base(DataLoaderDispatcher),
         )
     if dispatch_batches:
+        # Sampling arguments and carried settings have no key in common.
+        sampling: DataLoaderKwargs = {
+            **_sampling_kwargs(dataloader, use_seedable_sampler, data_seed),
+            **kwargs,
+        }
         return dispatch_cls(
             dataset,
             split_batches=split_batches,
@@ -223,23 +246,34 @@ def prepare_data_loader(
             device=target,
             rng_types=rng_types,
             even_batches=even_batches,
-            **_sampling_kwargs(dataloader, use_seedable_sampler, data_seed),
-            **common,
-            **kwargs,
+            use_stateful_dataloader=use_stateful_dataloader,
+            _non_blocking=non_blocking,
+            **sampling,
         )
-    shard_args = dict(
+    if isinstance(dataset, IterableDataset):
+        loader_args = _shard_iterable(dataloader, num_processes, process_index, split_batches, even_batches)
+        generator = None
+    else:
+        loader_args, generator = _shard_map_style(
+            dataloader,
+            num_processes,
+            process_index,
+            split_batches,
+            even_batches,
+            use_seedable_sampler,
+            data_seed,
+        )
+    args: LoaderArgs = {**loader_args, **kwargs}
+    return shard_cls(
+        synchronized_generator=generator,
         device=target,
         rng_types=rng_types,
         torch_device_mesh=torch_device_mesh,
         _drop_last=dataloader.drop_last,
+        use_stateful_dataloader=use_stateful_dataloader,
+        _non_blocking=non_blocking,
+        **args,
     )
-    if isinstance(dataset, IterableDataset):
-        loader_args = _shard_iterable(dataloader, num_processes, process_index, split_batches, even_batches)
-        return shard_cls(**loader_args, **shard_args, **common, **kwargs)
-    loader_args, generator = _shard_map_style(
-        dataloader, num_processes, process_index, split_batches, even_batches, use_seedable_sampler, data_seed
-    )
-    return shard_cls(synchronized_generator=generator, **loader_args, **shard_args, **common, **kwargs)
 
 
 def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int) -> None:
@@ -264,7 +298,7 @@ def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int
 
 def _sampling_kwargs(
     dataloader: DataLoader, use_seedable_sampler: bool = False, data_seed: int | None = None
-) -> dict[str, Any]:
+) -> DataLoaderKwargs:
     if dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
         batch_sampler, _ = _prepare_sampling(dataloader.batch_sampler, use_seedable_sampler, data_seed, 2)
         return {"batch_sampler": batch_sampler}
@@ -273,7 +307,13 @@ def _sampling_kwargs(
     return {"batch_size": None, "sampler": dataloader.sampler}
 
 
-def _has_shards_for(dataset: Any, num_processes: int) -> bool:
+class _Shardable(Protocol):
+    """A Hugging Face streaming dataset: split into file shards, each process can read its own."""
+
+    def shard(self, num_shards: int, index: int) -> Dataset[object]: ...
+
+
+def _has_shards_for(dataset: object, num_processes: int) -> TypeGuard[_Shardable]:
     """Whether ``dataset`` is a Hugging Face ``IterableDataset`` with at least one shard per process."""
     if type(dataset).__module__.split(".")[0] != "datasets":
         return False
@@ -281,7 +321,7 @@ def _has_shards_for(dataset: Any, num_processes: int) -> bool:
     return isinstance(shards, int) and shards >= num_processes
 
 
-def _splits_by_worker(dataset: Any) -> bool:
+def _splits_by_worker(dataset: object) -> bool:
     """Whether the dataset already gives each loader worker its own part (Hugging Face datasets do)."""
     if getattr(dataset, "splits_by_worker", False):
         return True
@@ -290,7 +330,7 @@ def _splits_by_worker(dataset: Any) -> bool:
 
 def _shard_iterable(
     dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool, even_batches: bool
-) -> dict[str, Any]:
+) -> LoaderArgs:
     dataset, size = dataloader.dataset, dataloader.batch_size
     if num_processes == 1:
         return {"dataset": dataset, "batch_size": size, "drop_last": dataloader.drop_last}
@@ -299,6 +339,7 @@ def _shard_iterable(
         # only its own contiguous run of shards, as the reference library does.
         own = dataset.shard(num_shards=num_processes, index=process_index)
         return {"dataset": own, "batch_size": size, "drop_last": dataloader.drop_last}
+    assert isinstance(dataset, IterableDataset)  # only iterable data is sharded here
     shard = IterableDatasetShard(
         dataset,
         batch_size=size or 1,
@@ -321,7 +362,7 @@ def _shard_map_style(
     even_batches: bool,
     use_seedable_sampler: bool,
     data_seed: int | None,
-) -> tuple[dict[str, Any], torch.Generator | None]:
+) -> tuple[LoaderArgs, torch.Generator | None]:
     dataset = dataloader.dataset
     batch_sampler = dataloader.batch_sampler
     sampler_is_batch_sampler = batch_sampler is None and isinstance(dataloader.sampler, BatchSampler)
@@ -367,7 +408,7 @@ class SkipBatchSampler(BatchSampler):
         skip_batches: Number of batches to leave out.
     """
 
-    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0) -> None:
         self.batch_sampler = batch_sampler
         self.skip_batches = int(skip_batches)
         self.sampler = getattr(batch_sampler, "sampler", None)
@@ -378,13 +419,13 @@ class SkipBatchSampler(BatchSampler):
     @property
     def total_length(self) -> int:
         """Number of batches of the wrapped sampler, skipped ones included."""
-        return len(self.batch_sampler)
+        return len(cast("Sized", self.batch_sampler))  # a batch sampler with a length, as BatchSampler
 
     def __iter__(self) -> Iterator[list[int]]:
         return self._view._iter_from(self.skip_batches)
 
     def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.skip_batches, 0)
+        return max(len(cast("Sized", self.batch_sampler)) - self.skip_batches, 0)
 
 
 class SkipDataLoader(DataLoaderStateMixin, DataLoader):
@@ -401,23 +442,28 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     """
 
     def __init__(
-        self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any
+        self,
+        dataset: Dataset[object],
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Unpack[DataLoaderKwargs],
     ) -> None:
         super().__init__(dataset, **kwargs)
         self.skip_batches = int(skip_batches)
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         self.begin()
         # With torchdata underneath, the state as of the batch given out (before the one read ahead to
         # see the end), so that a resume continues right after it, as torchdata's own loader does.
-        stateful = callable(getattr(super(), "state_dict", None))
+        save = getattr(super(), "state_dict", None)
+        save = save if callable(save) else None
         try:
             iterator = super().__iter__()
             _consume(iterator, self.skip_batches)
             current = next(iterator, _END)
             while current is not _END:
-                given_out = super().state_dict() if stateful else None
+                given_out = save() if save is not None else None
                 upcoming = next(iterator, _END)
                 if upcoming is _END:
                     self.end_of_dataloader = True
@@ -428,7 +474,7 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
         finally:
             self.end()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """The torchdata loader state as of the last batch given out (``use_stateful_dataloader`` only).
 
         Raises:
@@ -437,7 +483,7 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
         held = self.__dict__.get("_state_given_out")
         return held if held is not None else super().state_dict()  # type: ignore[misc]
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """Restore a torchdata loader state (``use_stateful_dataloader`` only).
 
         Raises:
@@ -480,4 +526,5 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         return DataLoader(
             dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs
         )
-    return SkipDataLoader(dataset, skip_batches=num_batches, **_sampling_kwargs(dataloader), **kwargs)
+    sampling: DataLoaderKwargs = {**_sampling_kwargs(dataloader), **kwargs}
+    return SkipDataLoader(dataset, skip_batches=num_batches, **sampling)

@@ -7,8 +7,9 @@ either describes the same run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeGuard, cast
 
 import torch
 
@@ -20,8 +21,14 @@ from accelerando.data_loader.samplers import (
     IterableDatasetShard,
     SeedableRandomSampler,
     _GlobalDrawRandomSampler,
+    _has_set_epoch,
 )
 from accelerando.gradient_state import GradientState
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from accelerando.data_loader._typing import RngTypes
 
 __all__ = ["PreparedLoaderMixin"]
 
@@ -40,11 +47,22 @@ class _Progress:
     pending_position: int = 0
     seed_synced: bool = False
     generator_synced: bool = False
-    loader_state: Any = None
-    pending_loader_state: Any = None
+    loader_state: dict[str, object] | None = None
+    pending_loader_state: dict[str, object] | None = None
     # Every batch of the epoch was given out (the underlying iterator is already exhausted): a state
     # captured now describes the start of the next epoch.
     exhausted: bool = False
+
+
+class _Totalled(Protocol):
+    """A dataset that knows the length of the whole data (an ``IterableDatasetShard``'s source, say)."""
+
+    @property
+    def total_length(self) -> SupportsInt: ...
+
+
+def _has_total_length(dataset: object) -> TypeGuard[_Totalled]:
+    return hasattr(dataset, "total_length")
 
 
 def _distributed() -> bool:
@@ -53,11 +71,11 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _find_sampler(batch_sampler: Any) -> Any:
+def _find_sampler(batch_sampler: object) -> object:
     """The index sampler under one or two levels of batch samplers, if any."""
     sampler = getattr(batch_sampler, "sampler", None)
-    if sampler is None and hasattr(batch_sampler, "batch_sampler"):
-        sampler = getattr(batch_sampler.batch_sampler, "sampler", None)
+    if sampler is None:
+        sampler = getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None)
     return sampler
 
 
@@ -68,13 +86,13 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     ``begin`` / ``end``.
     """
 
-    dataset: Any
-    batch_sampler: Any
+    dataset: Dataset[object]
+    batch_sampler: Iterable[list[int]] | None
 
     def _init_prepared(
         self,
         device: torch.device | str | None,
-        rng_types: list[Any] | None,
+        rng_types: RngTypes | None,
         synchronized_generator: torch.Generator | None,
         skip_batches: int,
         use_stateful_dataloader: bool,
@@ -149,11 +167,11 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if position:
             progress.pending_position = progress.position = int(position)
 
-    def get_sampler(self) -> Any:
+    def get_sampler(self) -> object:
         """The index sampler this loader draws from (see :func:`accelerando.data_loader.get_sampler`)."""
         return get_sampler(self)
 
-    def set_sampler(self, sampler: Any) -> None:
+    def set_sampler(self, sampler: Iterable[int]) -> None:
         """Draw indices from ``sampler`` from the next iteration on (every batch-sampler level)."""
         set_sampler(self, sampler)
 
@@ -184,13 +202,14 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         batch_sampler = self.batch_sampler
         # A user's batch sampler is kept inside this library's BatchSamplerShard: reach it too.
         wrapped = batch_sampler.batch_sampler if isinstance(batch_sampler, BatchSamplerShard) else None
-        reached: list[Any] = []
+        reached: list[object] = []
         for target in (_find_sampler(batch_sampler), batch_sampler, wrapped):
-            if target is not None and hasattr(target, "set_epoch") and all(t is not target for t in reached):
+            if target is not None and _has_set_epoch(target) and all(t is not target for t in reached):
                 target.set_epoch(epoch)
                 reached.append(target)
-        if not reached and hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
+        dataset = self.dataset
+        if not reached and _has_set_epoch(dataset):
+            dataset.set_epoch(epoch)
 
     def _sync_seed(self) -> None:
         sampler = _find_sampler(self.batch_sampler)
@@ -293,7 +312,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         except TypeError:
             return -1
 
-    def _last_remainder(self, last_batch: Any) -> int:
+    def _last_remainder(self, last_batch: object) -> int:
         """``remainder`` once the last batch of iterable data is given out: the real samples in the
         final global batch (a full global batch when nothing was left over or the rest was dropped).
 
@@ -323,14 +342,15 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def total_dataset_length(self) -> int:
         """Number of samples in the whole dataset (all processes together)."""
         dataset = self.dataset
-        if hasattr(dataset, "total_length"):
+        if _has_total_length(dataset):
             return int(dataset.total_length)
         if isinstance(dataset, IterableDatasetShard):
             return len(dataset.dataset)  # type: ignore[arg-type]
-        return len(dataset)
+        # A map-style dataset has a length; len raises TypeError for one that has not.
+        return len(cast("Sized", dataset))
 
     # ------------------------------------------------------------ state dicts
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """Capture where this loader stands, for an exact resume.
 
         A state captured after the last batch of an epoch was given out (inside the loop, after the
@@ -345,7 +365,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         progress = self._progress
         finished = progress.in_epoch and progress.exhausted
         in_epoch = progress.in_epoch and not finished
-        state: dict[str, Any] = {
+        state: dict[str, object] = {
             "version": _STATE_VERSION,
             "epoch": progress.epoch + 1 if finished else progress.epoch,
             "position": progress.position if in_epoch else 0,
@@ -367,7 +387,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             state["loader_state"] = progress.loader_state
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state from ``state_dict()``; the next iteration replays that epoch's order.
 
         Without ``use_stateful_dataloader`` the position inside the epoch is not restored: call
@@ -409,7 +429,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             sampler.pending_seed = None if seed is None else int(seed)
 
 
-def _from_torchdata_state(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
+def _from_torchdata_state(loader: PreparedLoaderMixin, state: Mapping[str, Any]) -> dict[str, Any]:
     """Translate a torchdata ``StatefulDataLoader`` state (the reference's ``dl_state_dict.bin``)."""
     import warnings
 

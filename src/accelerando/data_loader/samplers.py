@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
@@ -22,13 +22,27 @@ from accelerando.data_loader.batches import like_sample, to_plain
 __all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler"]
 
 
-def _consume(iterator: Iterator[Any], count: int) -> None:
+_T = TypeVar("_T")
+
+
+class _SetsEpoch(Protocol):
+    """An object with ``set_epoch(epoch)``: a seeded sampler, a batch sampler or a dataset."""
+
+    def set_epoch(self, epoch: int, /) -> object: ...
+
+
+def _has_set_epoch(obj: object) -> TypeGuard[_SetsEpoch]:
+    """Whether ``obj`` has a ``set_epoch`` (samplers, batch samplers and datasets may)."""
+    return hasattr(obj, "set_epoch")
+
+
+def _consume(iterator: Iterator[object], count: int) -> None:
     """Advance ``iterator`` by ``count`` items at C speed (no Python-level loop per item)."""
     if count > 0:
         next(itertools.islice(iterator, count, count), None)
 
 
-def _cycle_to(items: list[Any], count: int) -> list[Any]:
+def _cycle_to(items: list[_T], count: int) -> list[_T]:
     """Return the first ``count`` items of ``items`` repeated as often as needed."""
     if count <= 0 or not items:
         return []
@@ -433,7 +447,7 @@ class IterableDatasetShard(IterableDataset):
 
     def __init__(
         self,
-        dataset: Iterable[Any],
+        dataset: Iterable[object],
         batch_size: int = 1,
         drop_last: bool = False,
         num_processes: int = 1,
@@ -458,7 +472,8 @@ class IterableDatasetShard(IterableDataset):
         self.last_remainder = -1
         self.split_by_worker = True
         self._batches = 0
-        self._first: list[Any] | None = None
+        self._first: list[object] | None = None
+        # A state restored from a checkpoint: untyped data read back from disk.
         self._resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -468,8 +483,9 @@ class IterableDatasetShard(IterableDataset):
             epoch: The epoch number.
         """
         self.epoch = epoch
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
+        dataset = self.dataset
+        if _has_set_epoch(dataset):
+            dataset.set_epoch(epoch)
 
     @property
     def global_batch_size(self) -> int:
@@ -491,7 +507,7 @@ class IterableDatasetShard(IterableDataset):
         full, extra = divmod(total, gbs)
         return full * width + min(max(extra - self.process_index * width, 0), width)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """Where the current pass over the stream stands (used by torchdata's ``StatefulDataLoader``).
 
         The first global batch is stored as plain data (see :func:`~accelerando.data_loader.batches.
@@ -505,12 +521,13 @@ class IterableDatasetShard(IterableDataset):
             padding) and, when the wrapped dataset has ``state_dict``, its ``dataset`` state.
         """
         first = None if self._first is None else [to_plain(sample) for sample in self._first]
-        state: dict[str, Any] = {"batches": self._batches, "first": first}
-        if callable(getattr(self.dataset, "state_dict", None)):
-            state["dataset"] = self.dataset.state_dict()
+        state: dict[str, object] = {"batches": self._batches, "first": first}
+        dataset_state = getattr(self.dataset, "state_dict", None)
+        if callable(dataset_state):
+            state["dataset"] = dataset_state()
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Make the next pass continue from ``state_dict`` (from ``state_dict()``).
 
         Without a ``dataset`` state the next pass reads through the batches already seen, and takes
@@ -524,10 +541,12 @@ class IterableDatasetShard(IterableDataset):
                 directly; otherwise the next pass reads through the batches already seen.
         """
         self._resume = dict(state_dict)
-        if "dataset" in state_dict and callable(getattr(self.dataset, "load_state_dict", None)):
-            self.dataset.load_state_dict(state_dict["dataset"])
+        if "dataset" in state_dict:
+            load = getattr(self.dataset, "load_state_dict", None)
+            if callable(load):
+                load(state_dict["dataset"])
 
-    def _stream(self) -> Iterator[Any]:
+    def _stream(self) -> Iterator[object]:
         resume, self._resume = self._resume, None
         self._batches, self._first = 0, None
         iterator = iter(self.dataset)
@@ -539,16 +558,16 @@ class IterableDatasetShard(IterableDataset):
                 _consume(iterator, (self._batches - 1) * self.global_batch_size)
         return iterator
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         from torch.utils.data import get_worker_info
 
         # A dataset that splits itself between workers must not be split again.
         info = get_worker_info()
         split = info is not None and self.split_by_worker
-        workers, worker = (info.num_workers, info.id) if split else (1, 0)
+        workers, worker = (info.num_workers, info.id) if info is not None and split else (1, 0)
         gbs, width = self.global_batch_size, self.process_batch_size
         lo, hi = self.process_index * width, (self.process_index + 1) * width
-        current: list[Any] = []
+        current: list[object] = []
         self.last_remainder = -1
         for sample in self._stream():
             current.append(sample)

@@ -15,13 +15,23 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
 
 from accelerando.common.operations import recursively_apply
 
-__all__ = ["scatter_parts", "wait_all"]
+if TYPE_CHECKING:
+    from torch.distributed import Work
+
+__all__ = ["Message", "Pending", "scatter_parts", "wait_all"]
+
+# One process's item of a step: None (no more data) or (is_last, remainder, batch or None).
+Message: TypeAlias = "tuple[bool, int, object] | None"
+# A send under way: its request and the tensor it reads, kept alive until the send is done.
+Pending: TypeAlias = "tuple[Work, torch.Tensor]"
+# The first message of a step: a part pickled whole, or its skeleton with the tensors sent after it.
+_Header: TypeAlias = "tuple[Literal['object'], Message] | tuple[Literal['tensors'], bool, int, object]"
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _pack(part: Any) -> tuple[Any, list[torch.Tensor]] | None:
+def _pack(part: object) -> tuple[object, list[torch.Tensor]] | None:
     """``(skeleton, tensors)`` of one process's part, or None when it must be pickled whole."""
     tensors: list[torch.Tensor] = []
     unsendable = False
@@ -62,7 +72,7 @@ def _pack(part: Any) -> tuple[Any, list[torch.Tensor]] | None:
     return None if unsendable else (skeleton, tensors)
 
 
-def _receive(skeleton: Any) -> Any:
+def _receive(skeleton: object) -> object:
     """Receive the tensors a skeleton stands for from the main process, in order, and put them in."""
     import torch.distributed as dist
 
@@ -76,8 +86,8 @@ def _receive(skeleton: Any) -> Any:
 
 
 def scatter_parts(
-    parts: list[Any] | None, rank: int, processes: int, in_flight: list[Any] | None = None
-) -> Any:
+    parts: list[Message] | None, rank: int, processes: int, in_flight: list[Pending] | None = None
+) -> Message:
     """Give every process its item of ``parts`` (a list, one item per process, on the main process).
 
     Collective over the default process group: every process calls it; ``parts`` is read on rank 0
@@ -99,24 +109,22 @@ def scatter_parts(
     backend = str(dist.get_backend())
     if backend != "gloo" and "cpu:gloo" not in backend:
         # NCCL and the like move only device tensors: let torch pickle everything and move it for us.
-        received: list[Any] = [None]
+        received: list[Message] = [None]
         dist.scatter_object_list(received, parts if rank == 0 else None, src=0)
         return received[0]
     if rank == 0:
         assert parts is not None
-        requests: list[Any] = []
+        requests: list[Pending] = []
         for index in range(1, processes):  # the main process keeps parts[0]: nothing to pickle or copy
             item = parts[index]
             packed = _pack(item[2]) if item is not None else None
-            if packed is None:
+            if item is None or packed is None:
                 requests += _send_object(("object", item), index)
                 continue
             skeleton, tensors = packed
             requests += _send_object(("tensors", item[0], item[1], skeleton), index)
             # the tensor stays referenced beside its request until the send is done
-            requests += [
-                (dist.isend(data, dst=index), data) for data in map(_as_bytes, tensors) if data.numel()
-            ]
+            requests += [_start_send(data, index) for data in map(_as_bytes, tensors) if data.numel()]
         if in_flight is None:
             wait_all(requests)
         else:
@@ -132,36 +140,42 @@ def scatter_parts(
 _HEADER_BYTES = 4096  # first message of every step: 8 bytes of length, then the pickle's start
 
 
-def _send_object(obj: Any, dst: int) -> list[Any]:
+def _start_send(data: torch.Tensor, dst: int) -> Pending:
+    import torch.distributed as dist
+
+    request = dist.isend(data, dst=dst)
+    assert request is not None  # None only on a process outside the group; the default group has all
+    return request, data
+
+
+def _send_object(obj: _Header, dst: int) -> list[Pending]:
     """Start sending a pickled object to ``dst``; returns the ``(request, tensor)`` pairs.
 
     Point-to-point instead of ``scatter_object_list``, whose three collectives cost about 1.7 ms per
     step even for a few bytes over gloo. One fixed-size message carries the length and, for the usual
     small skeleton, the whole pickle; a longer pickle sends its rest in a second message.
     """
-    import torch.distributed as dist
-
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     head = bytearray(_HEADER_BYTES)
     head[:8] = len(data).to_bytes(8, "little")
     inline = min(len(data), _HEADER_BYTES - 8)
     head[8 : 8 + inline] = data[:inline]
     first = torch.frombuffer(head, dtype=torch.uint8)
-    requests = [(dist.isend(first, dst=dst), first)]
+    requests = [_start_send(first, dst)]
     if len(data) > inline:
         rest = torch.frombuffer(bytearray(data[inline:]), dtype=torch.uint8)
-        requests.append((dist.isend(rest, dst=dst), rest))
+        requests.append(_start_send(rest, dst))
     return requests
 
 
-def wait_all(requests: list[Any]) -> None:
+def wait_all(requests: list[Pending]) -> None:
     """Wait for the ``(request, tensor)`` pairs of earlier sends and empty the list."""
     for request, _ in requests:
         request.wait()
     requests.clear()
 
 
-def _receive_object() -> Any:
+def _receive_object() -> _Header:
     import torch.distributed as dist
 
     first = torch.empty(_HEADER_BYTES, dtype=torch.uint8)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -13,12 +13,19 @@ from accelerando.data_loader.batches import resolve_send_to_device
 from accelerando.data_loader.progress import PreparedLoaderMixin
 from accelerando.data_loader.samplers import BatchSamplerShard, _consume
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils.data import Dataset
+    from typing_extensions import Unpack
+
+    from accelerando.data_loader._typing import DataLoaderKwargs, RngTypes, ShardArgs
+
 __all__ = ["DataLoaderShard", "with_stateful_base"]
 
 _END = object()
 
 
-def _wrap_batch_sampler(dataset: Any, kwargs: dict[str, Any]) -> None:
+def _wrap_batch_sampler(dataset: object, kwargs: DataLoaderKwargs) -> None:
     """Give a map-style loader a ``BatchSamplerShard`` so that it can start an epoch anywhere."""
     if isinstance(dataset, IterableDataset):
         return
@@ -31,13 +38,17 @@ def _wrap_batch_sampler(dataset: Any, kwargs: dict[str, Any]) -> None:
         sampler = kwargs.pop("sampler", None)
         if sampler is None:
             shuffle = kwargs.pop("shuffle", None)
+            # A map-style dataset has a length (what DataLoader's own samplers rely on too).
+            sized = cast("Sized", dataset)
             sampler = (
-                RandomSampler(dataset, generator=kwargs.get("generator"))
+                RandomSampler(sized, generator=kwargs.get("generator"))
                 if shuffle
-                else SequentialSampler(dataset)
+                else SequentialSampler(sized)
             )
         kwargs.pop("shuffle", None)
-        batch_sampler = BatchSampler(sampler, batch_size, bool(kwargs.pop("drop_last", False)))
+        # A batching loader's sampler gives indices.
+        indices = cast("Iterable[int]", sampler)
+        batch_sampler = BatchSampler(indices, batch_size, bool(kwargs.pop("drop_last", False)))
     if not isinstance(batch_sampler, BatchSamplerShard):
         batch_sampler = BatchSamplerShard(batch_sampler, num_processes=1, process_index=0)
     kwargs["batch_sampler"] = batch_sampler
@@ -50,19 +61,19 @@ class _CudaPrefetch:
     the next one, which is already under way while the current batch is used.
     """
 
-    def __init__(self, device: torch.device, send: Callable[..., Any]) -> None:
+    def __init__(self, device: torch.device, send: Callable[..., object]) -> None:
         self.device = device
         self.send = send
         self.stream = torch.cuda.Stream(device=device)
 
-    def __call__(self, batch: Any) -> tuple[Any, Any]:
+    def __call__(self, batch: object) -> tuple[object, torch.cuda.Event]:
         with torch.cuda.stream(self.stream):
             moved = self.send(batch, self.device, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record(self.stream)
         return moved, copied
 
-    def ready(self, pending: tuple[Any, Any]) -> Any:
+    def ready(self, pending: tuple[object, torch.cuda.Event]) -> object:
         batch, copied = pending
         current = torch.cuda.current_stream(self.device)
         current.wait_event(copied)
@@ -70,7 +81,7 @@ class _CudaPrefetch:
         return batch
 
 
-def _record_stream(batch: Any, stream: Any) -> None:
+def _record_stream(batch: object, stream: torch.cuda.Stream) -> None:
     # The copies were allocated on the side stream; tell the allocator the compute stream uses them.
     if isinstance(batch, torch.Tensor):
         if batch.is_cuda:
@@ -83,12 +94,42 @@ def _record_stream(batch: Any, stream: Any) -> None:
             _record_stream(value, stream)
 
 
-def _stateful_base(cls: type) -> Any:
+class _StatefulIterator(Protocol):
+    """The iterator of torchdata's ``StatefulDataLoader``: batches, and the state as of the last one."""
+
+    def __iter__(self) -> Iterator[object]: ...
+
+    def __next__(self) -> object: ...
+
+    def state_dict(self) -> dict[str, object]: ...
+
+
+class _StatefulBase(Protocol):
+    """torchdata's ``StatefulDataLoader`` class, whose methods are called on a loader that derives from it."""
+
+    def load_state_dict(self, loader: DataLoader, state_dict: dict[str, object], /) -> None: ...
+
+    def __iter__(self, loader: DataLoader, /) -> _StatefulIterator: ...
+
+
+def _stateful_base(cls: type) -> _StatefulBase | None:
     """The torchdata ``StatefulDataLoader`` when ``cls`` derives from it, else None."""
     for base in cls.__mro__:
         if base.__name__ == "StatefulDataLoader" and base.__module__.startswith("torchdata"):
-            return base
+            # Found by name, so torchdata is not imported here; its methods take the loader as self.
+            return cast("_StatefulBase", base)
     return None
+
+
+def _in_flight(item: object) -> tuple[object, torch.cuda.Event]:
+    """``item`` read through a ``_CudaPrefetch``: its ``(batch, copy event)`` pair."""
+    assert isinstance(item, tuple)  # what _CudaPrefetch.__call__ returns
+    return item
+
+
+def _batch_of(item: object) -> object:
+    """The batch of an ``item`` read through a ``_CudaPrefetch`` (its copy may still be under way)."""
+    return _in_flight(item)[0]
 
 
 class DataLoaderShard(PreparedLoaderMixin, DataLoader):
@@ -113,28 +154,28 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: Dataset[object],
         device: torch.device | str | None = None,
-        rng_types: list[Any] | None = None,
+        rng_types: RngTypes | None = None,
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
         use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
-        torch_device_mesh: Any = None,
-        **kwargs: Any,
+        torch_device_mesh: DeviceMesh | None = None,
+        **kwargs: Unpack[DataLoaderKwargs],
     ) -> None:
         _wrap_batch_sampler(dataset, kwargs)
-        self._init_args = dict(
-            device=device,
-            rng_types=rng_types,
-            synchronized_generator=synchronized_generator,
-            use_stateful_dataloader=use_stateful_dataloader,
-            _drop_last=_drop_last,
-            _non_blocking=_non_blocking,
-            torch_device_mesh=torch_device_mesh,
+        self._init_args: ShardArgs = {
+            "device": device,
+            "rng_types": rng_types,
+            "synchronized_generator": synchronized_generator,
+            "use_stateful_dataloader": use_stateful_dataloader,
+            "_drop_last": _drop_last,
+            "_non_blocking": _non_blocking,
+            "torch_device_mesh": torch_device_mesh,
             **kwargs,
-        )
+        }
         super().__init__(dataset, **kwargs)
         self.torch_device_mesh = torch_device_mesh
         self._init_prepared(
@@ -155,7 +196,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         clone._progress = self._progress
         return clone
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         start = self._start_epoch()
         self.begin()
         completed = False
@@ -165,7 +206,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         finally:
             self.end(completed)
 
-    def _transfer(self) -> Callable[[Any], Any] | _CudaPrefetch | None:
+    def _transfer(self) -> Callable[[object], object] | _CudaPrefetch | None:
         device = self.device
         if device is None or device.type == "cpu":
             # Batches come out of the DataLoader on the CPU already: nothing to move.
@@ -176,7 +217,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         non_blocking = self._non_blocking
         return lambda batch: send(batch, device, non_blocking=non_blocking)
 
-    def _iterate(self, start: int) -> Iterator[Any]:
+    def _iterate(self, start: int) -> Iterator[object]:
         transfer = self._transfer()
         shard = self._shard()
         if shard is None:
@@ -190,7 +231,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         else:
             yield from self._iterate_ahead(self._base_iterator(shard, start), start, transfer)
 
-    def _iterable_iterator(self) -> tuple[Any, bool, Callable[[], Any] | None]:
+    def _iterable_iterator(self) -> tuple[Iterator[object], bool, Callable[[], dict[str, object]] | None]:
         """The underlying iterator; with torchdata, resumed from a loaded state when there is one."""
         stateful = _stateful_base(type(self))
         if stateful is None:
@@ -202,7 +243,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         iterator = stateful.__iter__(self)
         return iterator, pending is not None, iterator.state_dict
 
-    def _base_iterator(self, shard: BatchSamplerShard, start: int) -> Iterator[Any]:
+    def _base_iterator(self, shard: BatchSamplerShard, start: int) -> Iterator[object]:
         shard._next_start = start
         # Creating a DataLoader iterator without a generator of its own draws a base seed from the
         # global RNG. An epoch entered mid-way (resume / skip_first_batches) had that draw made when
@@ -217,8 +258,12 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
                 torch.set_rng_state(rng_state)
 
     def _iterate_counted(
-        self, iterator: Iterator[Any], position: int, total: int, transfer: Callable[[Any], Any] | None
-    ) -> Iterator[Any]:
+        self,
+        iterator: Iterator[object],
+        position: int,
+        total: int,
+        transfer: Callable[[object], object] | None,
+    ) -> Iterator[object]:
         """Give out batches without reading ahead, except past the last one.
 
         Before the last batch is given out the underlying iterator is read to its end, as a loader
@@ -229,7 +274,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         last = total - 1
         current = next(iterator, _END)
         while current is not _END:
-            upcoming: Any = _END
+            upcoming: object = _END
             if position >= last:
                 upcoming = next(iterator, _END)
                 if upcoming is _END:
@@ -243,8 +288,12 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
             current = upcoming if upcoming is not _END or position > last else next(iterator, _END)
 
     def _iterate_ahead(
-        self, iterator: Iterator[Any], position: int, transfer: Any, capture: Callable[[], Any] | None = None
-    ) -> Iterator[Any]:
+        self,
+        iterator: Iterator[object],
+        position: int,
+        transfer: Callable[[object], object] | _CudaPrefetch | None,
+        capture: Callable[[], dict[str, object]] | None = None,
+    ) -> Iterator[object]:
         """Read one batch ahead: needed to see the end of iterable data, and to overlap copies.
 
         ``capture`` (torchdata's iterator ``state_dict``) is called before each read-ahead, so the
@@ -265,10 +314,12 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
                 self.end_of_dataloader = True
                 progress.exhausted = True
                 if iterable:
-                    self.remainder = self._last_remainder(current[0] if prefetch is not None else current)
+                    self.remainder = self._last_remainder(
+                        _batch_of(current) if prefetch is not None else current
+                    )
             elif transfer is not None:
                 upcoming = transfer(upcoming)
             position += 1
             progress.position = position
-            yield prefetch.ready(current) if prefetch is not None else current
+            yield prefetch.ready(_in_flight(current)) if prefetch is not None else current
             current = upcoming
