@@ -8,14 +8,51 @@ docs/guides/planning.md) and exits 1 when a peak differs by more than 10 % or a 
 differ.
 
 Run: ``python benchmarks/bench_plan_validation.py [--world_sizes 1 2 4] [--models tiny-llama ...]``.
+
+``--scale 8 64 512 4096`` instead times one FSDP2 simulation of the tests' small model
+(``tests/planning/planning_toy.py``) per world size, after a warm-up one, and counts its Python calls
+(cProfile: the figure a shared machine's load does not change); it prints the per-rank peak and
+collective bytes too, so two revisions can be checked for identical results.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
+import time
+from pathlib import Path
 
 __all__ = ["main"]
+
+
+def scale(world_sizes: list[int]) -> str:
+    """One FSDP2 simulation of the toy model per world size: a Markdown table of time, calls and counts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "planning"))
+    from planning_toy import toy_source
+
+    from accelerando.planning.simulate import simulate
+    from accelerando.planning.spec import Candidate, TrainingShape
+
+    shape = TrainingShape(micro_batch=2, seq_length=16, mixed_precision="no")
+    simulate(toy_source(), Candidate("fsdp2", dp_shard=8, zero_stage=3), shape)  # imports and warm-up
+    lines = [
+        "| world size | wall s | Python calls | peak B per rank | collective bytes per rank |",
+        "|---|---|---|---|---|",
+    ]
+    for world in world_sizes:
+        profile = cProfile.Profile()
+        start = time.perf_counter()
+        profile.enable()
+        count = simulate(toy_source(), Candidate("fsdp2", dp_shard=world, zero_stage=3), shape)
+        profile.disable()
+        wall = time.perf_counter() - start
+        calls = pstats.Stats(profile).total_calls  # pyright: ignore[reportAttributeAccessIssue]
+        comms = ", ".join(f"{k}: {v}" for k, v in sorted(count.collective_bytes.items()))
+        lines.append(f"| {world} | {wall:.1f} | {calls:,} | {count.memory.peak} | {comms} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     from accelerando.test_utils.distributed import run_distributed
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "bench_plan_validation").splitlines()[0])
     parser.add_argument("--world_sizes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--models", nargs="+", default=list(VALIDATION_MODELS))
+    parser.add_argument("--scale", type=int, nargs="+", default=None, metavar="WORLD_SIZE")
     args = parser.parse_args(argv)
+    if args.scale:
+        print(scale(args.scale))
+        return 0
     rows = []
     for world in args.world_sizes:
         per_rank = run_distributed(measure_on_rank, world, args.models, world, VALIDATION_SHAPE, timeout=1800)
