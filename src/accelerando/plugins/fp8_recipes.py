@@ -24,14 +24,15 @@ _OPT_LEVELS = ("O1", "O2")
 _FP8_BACKENDS = ("AO", "TE", "MSAMP")
 
 
-def _fill_fp8_from_settings(handler: Any) -> None:
+def _fill_fp8_from_settings(handler: object) -> None:
     """Fill the handler's unset fields from the fp8_* settings (launcher flags, config, environment)."""
     fill_unset(handler, "fp8", prefix="fp8_", rename={"fp8_format": "fp8_format"})
     if getattr(handler, "use_mxfp8_block_scaling", False) is None:
-        handler.use_mxfp8_block_scaling = environment_value("fp8_use_mxfp8_block_scaling")
+        # Only the TE handler has this field (the getattr above found it unset).
+        setattr(handler, "use_mxfp8_block_scaling", environment_value("fp8_use_mxfp8_block_scaling"))  # noqa: B010
 
 
-def _wrong_type(handler: Any, name: str, expected: str, example: str) -> TypeError:
+def _wrong_type(handler: object, name: str, expected: str, example: str) -> TypeError:
     value = getattr(handler, name)
     return TypeError(
         f"{type(handler).__name__}.{name} must be {expected}, got {type(value).__name__} ({value!r}); "
@@ -39,14 +40,14 @@ def _wrong_type(handler: Any, name: str, expected: str, example: str) -> TypeErr
     )
 
 
-def _check_bool(handler: Any, name: str, default: bool) -> None:
+def _check_bool(handler: object, name: str, default: bool) -> None:
     if getattr(handler, name) is None:
         setattr(handler, name, default)
     elif not isinstance(getattr(handler, name), bool):
         raise _wrong_type(handler, name, "a bool", str(default))
 
 
-def _check_int(handler: Any, name: str, default: int, minimum: int) -> None:
+def _check_int(handler: object, name: str, default: int, minimum: int) -> None:
     value = getattr(handler, name)
     if value is None:
         setattr(handler, name, default)
@@ -57,7 +58,7 @@ def _check_int(handler: Any, name: str, default: int, minimum: int) -> None:
         raise ValueError(f"{type(handler).__name__}.{name} must be >= {minimum}, got {value}")
 
 
-def _check_choice(handler: Any, name: str, default: str, choices: tuple[str, ...], upper: bool) -> None:
+def _check_choice(handler: object, name: str, default: str, choices: tuple[str, ...], upper: bool) -> None:
     value = getattr(handler, name)
     if value is None:
         value = default
@@ -238,7 +239,8 @@ class AORecipeKwargs(KwargsHandler):
         if is_torchao_available():
             from torchao.float8 import Float8LinearConfig
 
+            # Both flags are bools here (_check_bool filled and checked them above).
             self.config = Float8LinearConfig(
-                pad_inner_dim=self.pad_inner_dim,
-                enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather,
+                pad_inner_dim=bool(self.pad_inner_dim),
+                enable_fsdp_float8_all_gather=bool(self.enable_fsdp_float8_all_gather),
             )

@@ -11,13 +11,18 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
 from accelerando._lazy import lazy_getattr
 from accelerando.enums import DDPCommunicationHookType
 from accelerando.settings import environment_hidden
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+    from torch.nn.parallel import DistributedDataParallel
 
 # Defined in accelerando.plugins.fp8_recipes, loaded the first time one is read from here (below).
 _FP8_RECIPES = ("AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
@@ -106,7 +111,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
             kwargs.pop(key, None)
         return kwargs
 
-    def register_comm_hook(self, model: Any) -> None:
+    def register_comm_hook(self, model: DistributedDataParallel) -> None:
         """Install the configured communication hook on a DDP-wrapped ``model``.
 
         Raises:
@@ -124,14 +129,14 @@ class DistributedDataParallelKwargs(KwargsHandler):
             DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
         }
         hook = hooks[hook_name]
-        state: Any = None
+        state: PowerSGDState | None = None
         if hook_name in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
             state = powerSGD_hook.PowerSGDState(process_group=None, **self.comm_state_option)
             wrapper = DDPCommunicationHookType(self.comm_wrapper)
             if wrapper is DDPCommunicationHookType.FP16:
-                hook = default_hooks.fp16_wrapper(hook)
+                hook = default_hooks.fp16_compress_wrapper(hook)
             elif wrapper is DDPCommunicationHookType.BF16:
-                hook = default_hooks.bf16_wrapper(hook)
+                hook = default_hooks.bf16_compress_wrapper(hook)
         model.register_comm_hook(state, hook)
 
 
@@ -196,7 +201,7 @@ class ProfileKwargs(KwargsHandler):
     with_modules: bool = False
     output_trace_dir: str | None = None
 
-    def build(self) -> Any:
+    def build(self) -> torch.profiler.profile:
         """Create the ``torch.profiler.profile`` object these options describe.
 
         Raises:

@@ -114,7 +114,7 @@ class DeepSpeedSequenceParallelConfig:
             "DeepSpeedSequenceParallelConfig", "sp_seq_length_is_variable", self.sp_seq_length_is_variable
         )
         if self.sp_seq_length is None:
-            raw = environment_text(f"{_ENV_PREFIX}SP_SEQ_LENGTH", "").strip()
+            raw = (environment_text(f"{_ENV_PREFIX}SP_SEQ_LENGTH") or "").strip()
             if raw:
                 try:
                     self.sp_seq_length = int(raw)
