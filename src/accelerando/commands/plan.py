@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from accelerando.parallelism_layout import parse_memory
 from accelerando.planning import report
@@ -27,7 +26,9 @@ _DESCRIPTION = (
 )
 
 
-def plan_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+def plan_command_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
     """The ``plan`` parser (registered on ``subparsers`` when given)."""
     if subparsers is not None:
         parser = subparsers.add_parser("plan", help=_DESCRIPTION, description=_DESCRIPTION)
@@ -70,7 +71,7 @@ def plan_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``plan`` on the CLI's subparsers."""
     return plan_command_parser(subparsers)
 
