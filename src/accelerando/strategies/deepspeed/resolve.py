@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -217,7 +218,7 @@ def _resolve_optimizer(config: dict[str, object], inputs: PrepareInputs) -> None
             {
                 "optimizer.params.lr": opt.lr,
                 "optimizer.params.weight_decay": opt.weight_decay,
-                "optimizer.params.betas": list(betas) if isinstance(betas, (list, tuple)) else None,
+                "optimizer.params.betas": list(betas) if isinstance(betas, Iterable) else None,
                 "optimizer.params.eps": opt.kwargs.get("eps"),
             },
         )
