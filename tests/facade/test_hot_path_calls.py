@@ -72,5 +72,6 @@ def test_micro_batch_step_call_count(prepared) -> None:  # type: ignore[no-untyp
 
     micro_batches()
     calls = _calls_in_accelerando(micro_batches)
-    # + backward (3 layers: facade, strategy, precision), num_steps, step, zero_grad per micro-batch.
-    assert len(calls) <= 24, calls
+    # + backward (one call: torch's backward directly when neither the strategy nor the precision
+    # has its own), step, zero_grad per micro-batch: 17 counted when written.
+    assert len(calls) <= 18, calls
