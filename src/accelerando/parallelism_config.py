@@ -450,7 +450,8 @@ class ParallelismConfig:
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if names:
-                mesh[tuple(names)]._flatten(flat)
+                # torch types the index as str | tuple[str, ...]; the reference passes the list, as here.
+                mesh[names]._flatten(flat)  # pyright: ignore[reportArgumentType]
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> DeviceMesh | None:
