@@ -12,7 +12,7 @@ strings alike, and the lists can name types (``TP``, ``MULTI_NEURON``) without i
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # built on first read by ``__getattr__`` below
     SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING: tuple[type, ...]
@@ -180,7 +180,7 @@ def _supported_layers_for_upcasting() -> tuple[type, ...]:
 _LAZY = {"SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING": _supported_layers_for_upcasting}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> tuple[type, ...]:
     """Build the constants that need torch on first read (PEP 562).
 
     ``SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING``: the layer classes whose weights

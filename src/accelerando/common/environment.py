@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 from accelerando.common import imports
 from accelerando.devices.affinity import set_numa_affinity
@@ -52,6 +52,8 @@ _FALSE_STRINGS = frozenset({"n", "no", "f", "false", "off", "0"})
 _PURGED_PREFIXES = ("ACCELERATE_", "ACCELERANDO_")
 
 T = TypeVar("T")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def str_to_bool(value: str | bool | int, to_bool: bool = False) -> int | bool:
@@ -150,7 +152,7 @@ def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
 
 
 @contextlib.contextmanager
-def patch_environment(**kwargs: Any) -> Iterator[None]:
+def patch_environment(**kwargs: object) -> Iterator[None]:
     """Set environment variables for the duration of a ``with`` block, then restore them.
 
     Names are upper-cased and values converted with ``str`` (so ``patch_environment(master_port=29501)``
@@ -208,12 +210,12 @@ def _restore_launch_variables(before: dict[str, str]) -> None:
         os.environ[key] = value
 
 
-def _purging(func: Callable[..., Any]) -> Callable[..., Any]:
+def _purging(func: Callable[_P, _R]) -> Callable[_P, _R]:
     if getattr(func, "_purges_launch_variables", False):
         return func
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         before = {k: v for k, v in os.environ.items() if k.startswith(_PURGED_PREFIXES)}
         try:
             return func(*args, **kwargs)
@@ -235,7 +237,7 @@ def _purge_class(cls: type) -> None:
     _purge_test_methods(cls)
     inherited = cls.__dict__.get("__init_subclass__")
 
-    def __init_subclass__(subclass: type, **kwargs: Any) -> None:
+    def __init_subclass__(subclass: type, **kwargs: object) -> None:
         if inherited is not None:
             inherited.__get__(None, subclass)(**kwargs)
         else:

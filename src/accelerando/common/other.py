@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import functools
 import socket
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, TypedDict, TypeGuard, TypeVar
 
 import torch
 
@@ -18,6 +18,24 @@ from accelerando.common.operations import wait_for_everyone
 from accelerando.common.serialization import clean_state_dict_for_safetensors, load, save
 from accelerando.common.unwrap import is_compiled_module, unwrap_model
 from accelerando.settings.machine import free_port
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+    from typing_extensions import Unpack
+
+_K = TypeVar("_K")
+
+
+class CompileKwargs(TypedDict, total=False):
+    """The keyword arguments of ``torch.compile`` that regional compilation passes on."""
+
+    fullgraph: bool
+    dynamic: bool | None
+    backend: str | Callable[..., object]
+    mode: str | None
+    options: dict[str, str | int | bool | Callable[..., object]] | None
+    disable: bool
+
 
 __all__ = [
     "FSDP_PYTORCH_VERSION",
@@ -87,7 +105,9 @@ def extract_model_from_parallel(
     return model
 
 
-def merge_dicts(source: Mapping[Any, Any], destination: MutableMapping[Any, Any]) -> MutableMapping[Any, Any]:
+def merge_dicts(
+    source: Mapping[_K, object], destination: MutableMapping[_K, object]
+) -> MutableMapping[_K, object]:
     """Recursively merge ``source`` into ``destination`` (in place); values of ``source`` win.
 
     Nested mappings present on both sides are merged key by key rather than replaced.
@@ -118,7 +138,7 @@ def merge_dicts(source: Mapping[Any, Any], destination: MutableMapping[Any, Any]
     return destination
 
 
-def get_pretty_name(obj: Any) -> str:
+def get_pretty_name(obj: object) -> str:
     """Return a readable name for a function, class or instance.
 
     Args:
@@ -130,10 +150,9 @@ def get_pretty_name(obj: Any) -> str:
     """
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
-    if hasattr(obj, "__qualname__"):
-        return obj.__qualname__
-    if hasattr(obj, "__name__"):
-        return obj.__name__
+    for attribute in ("__qualname__", "__name__"):
+        if hasattr(obj, attribute):
+            return getattr(obj, attribute)
     return str(obj)
 
 
@@ -168,7 +187,7 @@ def convert_bytes(size: float) -> str:
     return f"{round(value, 2)} PB"
 
 
-def recursive_getattr(obj: Any, attr: str) -> Any:
+def recursive_getattr(obj: object, attr: str) -> object:
     """Read a dotted attribute path: ``recursive_getattr(model, "encoder.layer.0")``.
 
     Args:
@@ -219,7 +238,7 @@ def get_free_port() -> int:
 # --- regional compilation --------------------------------------------------------------------------------
 
 
-def is_repeated_blocks(module: torch.nn.Module) -> bool:
+def is_repeated_blocks(module: torch.nn.Module) -> TypeGuard[torch.nn.ModuleList]:
     """Tell whether ``module`` is a non-empty ``ModuleList`` of blocks of one class (transformer layers).
 
     Args:
@@ -260,14 +279,20 @@ def has_compiled_regions(module: torch.nn.Module) -> bool:
     )
 
 
-def _check_module(module: Any, name: str) -> None:
+def _check_module(module: object, name: str) -> None:
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{name} compiles a torch.nn.Module, got {type(module).__name__}.")
 
 
-def _compile_regions(module: torch.nn.Module, compile_kwargs: dict[str, Any]) -> torch.nn.Module:
+def _compiled(module: torch.nn.Module, compile_kwargs: CompileKwargs) -> torch.nn.Module:
+    compiled = torch.compile(module, **compile_kwargs)
+    assert isinstance(compiled, torch.nn.Module)  # compiling a module gives an OptimizedModule
+    return compiled
+
+
+def _compile_regions(module: torch.nn.Module, compile_kwargs: CompileKwargs) -> torch.nn.Module:
     if is_repeated_blocks(module):
-        return torch.nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
+        return torch.nn.ModuleList(_compiled(block, compile_kwargs) for block in module)
     if has_repeated_blocks(module):
         # A shallow copy: same parameters and buffers, own table of children, so the original module
         # keeps its plain children and unwrapping can return it.
@@ -277,10 +302,10 @@ def _compile_regions(module: torch.nn.Module, compile_kwargs: dict[str, Any]) ->
         for child_name, child in module.named_children():
             copy.add_module(child_name, _compile_regions(child, compile_kwargs))
         return copy
-    return torch.compile(module, **compile_kwargs)
+    return _compiled(module, compile_kwargs)
 
 
-def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+def compile_regions(module: torch.nn.Module, **compile_kwargs: Unpack[CompileKwargs]) -> torch.nn.Module:
     """Compile each repeated block of ``module`` once instead of the whole model ("regional compilation").
 
     Transformer layers are identical, so dynamo compiles the first and reuses the code for the others:
@@ -308,7 +333,7 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.
     return compiled
 
 
-def _compile_in_place(module: torch.nn.Module, compile_kwargs: dict[str, Any]) -> None:
+def _compile_in_place(module: torch.nn.Module, compile_kwargs: CompileKwargs) -> None:
     if is_repeated_blocks(module):
         for block in module:
             block.compile(**compile_kwargs)
@@ -319,7 +344,7 @@ def _compile_in_place(module: torch.nn.Module, compile_kwargs: dict[str, Any]) -
         module.compile(**compile_kwargs)
 
 
-def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Any) -> None:
+def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Unpack[CompileKwargs]) -> None:
     """Regional compilation in place, for a model DeepSpeed has wrapped or will wrap.
 
     DeepSpeed keeps references to the modules it hooks, so no module may be replaced: each repeated
@@ -337,7 +362,9 @@ def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Any) ->
     _compile_in_place(module, compile_kwargs)
 
 
-def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+def compile_regions_fsdp2(
+    module: torch.nn.Module, **compile_kwargs: Unpack[CompileKwargs]
+) -> torch.nn.Module:
     """Regional compilation in place, for a model sharded with FSDP2 (``fully_shard``).
 
     ``fully_shard`` registers its hooks and sharded parameters on the module objects themselves, so
@@ -361,7 +388,7 @@ def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs: Any) -> tor
 # --- distributed tensors -------------------------------------------------------------------------------
 
 
-def _dtensor_class() -> type | None:
+def _dtensor_class() -> type[DTensor] | None:
     if not torch.distributed.is_available():
         return None
     try:
@@ -443,7 +470,7 @@ def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | Non
     return None
 
 
-def _safe_globals() -> list[Any]:
+def _safe_globals() -> list[Callable[..., object]]:
     """The numpy types a checkpoint of RNG states pickles (for ``torch.serialization.add_safe_globals``)."""
     import codecs
 
@@ -451,9 +478,9 @@ def _safe_globals() -> list[Any]:
         import numpy as np  # torch imports it already when installed
     except ImportError:
         return []
-    core = getattr(np, "_core", None) or np.core
+    core = getattr(np, "_core", None) or getattr(np, "core")  # noqa: B009 - numpy < 2 only, gone from 2's stubs
     return [core.multiarray._reconstruct, np.ndarray, codecs.encode, np.dtype, type(np.dtype(np.uint32))]
 
 
 # Allow-list for ``torch.load(weights_only=True)`` of files holding numpy RNG states (empty without numpy).
-TORCH_SAFE_GLOBALS: list[Any] = _safe_globals()
+TORCH_SAFE_GLOBALS: list[Callable[..., object]] = _safe_globals()

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import types
-from typing import Any
+from collections.abc import Iterable, Sized
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from accelerando.common.imports import is_tqdm_available
 from accelerando.logging import _process_view
 
+if TYPE_CHECKING:
+    from tqdm.std import tqdm as ProgressBar
+
 __all__ = ["CallableProgressModule", "tqdm", "progress"]
 
+_T = TypeVar("_T")
 
-def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+
+# The arguments go to tqdm's own constructor unchanged, so they take its (many, per-position) types.
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> ProgressBar:
     """Build a ``tqdm.auto.tqdm`` bar that only the local main process displays.
 
     Args:
@@ -43,14 +50,14 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     return _tqdm(*args, disable=disable, **kwargs)
 
 
-def progress(iterable: Any, desc: str, total: int | None = None, min_items: int = 2) -> Any:
+def progress(iterable: Iterable[_T], desc: str, total: int | None = None, min_items: int = 2) -> Iterable[_T]:
     """Wrap the library's own long loops in a main-process progress bar.
 
     Returns ``iterable`` unchanged when tqdm is not installed, when there are fewer than
     ``min_items`` items, or when ``ACCELERANDO_DISABLE_PROGRESS_BARS``-style disabling is in effect
     through tqdm's own ``TQDM_DISABLE`` variable.
     """
-    if total is None:
+    if total is None and isinstance(iterable, Sized):
         try:
             total = len(iterable)
         except TypeError:
@@ -68,6 +75,6 @@ class CallableProgressModule(types.ModuleType):
     the two a lookup finds first.
     """
 
-    def __call__(self, *args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, main_process_only: bool = True, **kwargs: Any) -> ProgressBar:
         """Build a progress bar, as ``accelerando.utils.tqdm(...)`` does."""
         return tqdm(*args, main_process_only=main_process_only, **kwargs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random as _py_random
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ _HOST_TYPES = ("python", "numpy", "torch", "generator")
 _ACCEPTED = (*_HOST_TYPES, *_DEVICE_FAMILIES, "mps", "xla")
 
 
-def _numpy() -> Any | None:
+def _numpy() -> ModuleType | None:
     try:
         import numpy
     except ImportError:
@@ -49,7 +50,7 @@ def _numpy() -> Any | None:
     return numpy
 
 
-def _device_module(family: str) -> Any | None:
+def _device_module(family: str) -> ModuleType | None:
     """Return ``torch.<family>`` when that accelerator is present, without initialising others."""
     if family == "cuda":
         return torch.cuda if is_cuda_available() else None
@@ -115,7 +116,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-def _read_state(name: str, generator: torch.Generator | None) -> Any:
+def _read_state(name: str, generator: torch.Generator | None) -> object:
     if name == "python":
         return _py_random.getstate()
     if name == "numpy":
@@ -133,6 +134,7 @@ def _read_state(name: str, generator: torch.Generator | None) -> Any:
     return None if module is None else module.get_rng_state()
 
 
+# ``state`` comes from the main process over the wire: whatever that generator's getstate gave.
 def _write_state(name: str, state: Any, generator: torch.Generator | None) -> None:
     if name == "python":
         _py_random.setstate(state)
@@ -204,7 +206,7 @@ def synchronize_rng_states(
         synchronize_rng_state(name, generator=generator)
 
 
-def get_rng_states() -> dict[str, Any]:
+def get_rng_states() -> dict[str, object]:
     """Capture the state of every global random number generator of this process.
 
     Includes Python's ``random``, NumPy's global generator (if NumPy is installed), torch's CPU
@@ -214,7 +216,7 @@ def get_rng_states() -> dict[str, Any]:
     Returns:
         A picklable dict, to be given back to :func:`set_rng_states` (e.g. saved in a checkpoint).
     """
-    states: dict[str, Any] = {"python": _py_random.getstate(), "torch": torch.get_rng_state()}
+    states: dict[str, object] = {"python": _py_random.getstate(), "torch": torch.get_rng_state()}
     np = _numpy()
     if np is not None:
         states["numpy"] = np.random.get_state()
@@ -230,6 +232,7 @@ def get_rng_states() -> dict[str, Any]:
     return states
 
 
+# ``states`` is read back from a checkpoint: each value has the type its generator's getstate gives.
 def set_rng_states(states: dict[str, Any]) -> None:
     """Restore generator states captured by :func:`get_rng_states`.
 

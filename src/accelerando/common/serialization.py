@@ -12,7 +12,7 @@ import os
 import pickle
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -31,7 +31,15 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
     return (str(tensor.device), storage.data_ptr(), storage.nbytes())
 
 
-def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+@overload
+def clean_state_dict_for_safetensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
+@overload
+def clean_state_dict_for_safetensors(state_dict: Mapping[str, object]) -> dict[str, object]: ...
+
+
+def clean_state_dict_for_safetensors(state_dict: Mapping[str, object]) -> Mapping[str, object]:
     """Make a state dict writable by safetensors.
 
     safetensors refuses tensors that share memory (tied weights such as an embedding and its output
@@ -58,7 +66,7 @@ def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str,
         )
     first_name: dict[tuple[str, int, int], str] = {}
     dropped: list[str] = []
-    cleaned: dict[str, Any] = {}
+    cleaned: dict[str, object] = {}
     for name, value in state_dict.items():
         if not isinstance(value, torch.Tensor):
             cleaned[name] = value
@@ -87,7 +95,7 @@ def _should_write(save_on_each_node: bool) -> bool:
 
 
 def save(
-    obj: Any,
+    obj: object,
     f: str | os.PathLike,
     save_on_each_node: bool = False,
     safe_serialization: bool = False,
@@ -118,7 +126,7 @@ def save(
         torch.save(obj, f)
 
 
-def _as_tensor_dict(obj: Any) -> dict[str, torch.Tensor]:
+def _as_tensor_dict(obj: object) -> dict[str, torch.Tensor]:
     """Clean a mapping for safetensors and check every value is a tensor."""
     if not isinstance(obj, Mapping):
         raise TypeError(
@@ -132,9 +140,11 @@ def _as_tensor_dict(obj: Any) -> dict[str, torch.Tensor]:
             f"safe_serialization=True can only write tensors, but {bad[:5]} are not tensors; "
             "save this object with safe_serialization=False."
         )
-    return {name: value.detach() for name, value in cleaned.items()}
+    return {name: value.detach() for name, value in cleaned.items() if isinstance(value, torch.Tensor)}
 
 
+# What a file holds is known only once read (the reference's contract too), and the keyword arguments
+# are torch.load's own (weights_only, mmap, pickle_module, pickle's load arguments).
 def load(f: str | os.PathLike, map_location: str | torch.device | None = None, **kwargs: Any) -> Any:
     """Load an object written by :func:`save` (or ``torch.save`` / safetensors).
 

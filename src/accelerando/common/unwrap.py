@@ -13,9 +13,12 @@ FSDP2 models are their own module (``fully_shard`` changes the class in place): 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import torch
+
+if TYPE_CHECKING:
+    from torch._dynamo.eval_frame import OptimizedModule
 
 __all__ = ["MODULE_WRAPPER_NAMES", "is_compiled_module", "unwrap_model"]
 
@@ -32,7 +35,7 @@ MODULE_WRAPPER_NAMES = frozenset(
 )
 
 
-def is_compiled_module(module: Any) -> bool:
+def is_compiled_module(module: object) -> TypeGuard[OptimizedModule]:
     """Tell whether ``module`` is the wrapper ``torch.compile`` returns for a module.
 
     Args:
@@ -46,7 +49,13 @@ def is_compiled_module(module: Any) -> bool:
     )
 
 
-def _is_module_wrapper(module: Any) -> bool:
+class _ModuleWrapper(Protocol):
+    """A wrapper (DDP, FSDP, an engine...) holding the wrapped model in ``module``."""
+
+    module: torch.nn.Module
+
+
+def _is_module_wrapper(module: object) -> TypeGuard[_ModuleWrapper]:
     if not isinstance(getattr(module, "module", None), torch.nn.Module):
         return False
     return any(cls.__name__ in MODULE_WRAPPER_NAMES for cls in type(module).__mro__)
