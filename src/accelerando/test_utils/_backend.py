@@ -79,5 +79,6 @@ def get_backend() -> tuple[str, int, Callable[[], int]]:
     if name == "cpu":
         return "cpu", 1, _cpu_memory_allocated
     count = family_count(name) or 1
-    memory = getattr(getattr(torch, name, None), "memory_allocated", None)
+    # torch.<family>.memory_allocated(), when the family module has one.
+    memory: Callable[[], int] | None = getattr(getattr(torch, name, None), "memory_allocated", None)
     return name, count, memory if callable(memory) else _cpu_memory_allocated

@@ -6,7 +6,7 @@ import shutil
 import tempfile
 import unittest
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from accelerando.state import AcceleratorState, PartialState
 
@@ -61,15 +61,23 @@ class TempDirTestCase(unittest.TestCase):
                     entry.unlink()
 
 
+class _Patcher(Protocol):
+    """A ``unittest.mock.patch(...)`` object: started, then stopped."""
+
+    def start(self) -> object: ...
+
+    def stop(self) -> object: ...
+
+
 class MockingTestCase(unittest.TestCase):
     """Starts ``unittest.mock`` patchers for a test and stops them when it ends.
 
     Call ``self.add_mocks(patcher_or_list)`` in ``setUp`` (or in the test).
     """
 
-    mocks: list[Any]
+    mocks: list[_Patcher]
 
-    def add_mocks(self, mocks: Any) -> None:
+    def add_mocks(self, mocks: _Patcher | list[_Patcher] | tuple[_Patcher, ...]) -> None:
         """Start each patcher in ``mocks`` (one patcher or a list) and stop it at cleanup.
 
         Raises:

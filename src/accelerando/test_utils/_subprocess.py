@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 __all__ = ["SubprocessCallException", "execute_subprocess_async", "run_command"]
 
@@ -31,7 +31,7 @@ class _RunOutput:
     stderr: list[str] = field(default_factory=list)
 
 
-def _as_strings(cmd: Sequence[Any]) -> list[str]:
+def _as_strings(cmd: Sequence[object]) -> list[str]:
     # Callers build commands from pathlib paths; subprocess accepts them but " ".join does not.
     return [str(part) for part in cmd]
 
@@ -55,7 +55,7 @@ def _pump(pipe: IO[bytes], sink: list[str], echo_to: IO[str] | None, label: str)
 def execute_subprocess_async(
     cmd: list,
     env: Mapping[str, str] | None = None,
-    stdin: Any = None,
+    stdin: int | IO[bytes] | IO[str] | None = None,
     timeout: float | None = 180,
     quiet: bool = False,
     echo: bool = True,

@@ -20,9 +20,18 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
 
 __all__ = ["DistributedTestError", "execute_subprocess", "get_free_port", "launch_script", "run_distributed"]
+
+
+_R = TypeVar("_R")
+# What a rank reports: (rank, True, its pickled result) or (rank, False, its traceback).
+_Report: TypeAlias = "tuple[int, bool, bytes | str]"
 
 
 class DistributedTestError(RuntimeError):
@@ -37,13 +46,13 @@ def get_free_port() -> int:
 
 
 def _rank_main(
-    fn: Callable[..., Any],
+    fn: Callable[..., object],
     rank: int,
     world_size: int,
     port: int,
     env: Mapping[str, str],
-    args: tuple,
-    results: Any,
+    args: tuple[object, ...],
+    results: Queue[_Report],
     stack_file: str,
 ) -> None:
     _dump_stack_on_request(stack_file)
@@ -91,14 +100,16 @@ def _dump_stack_on_request(stack_file: str) -> None:
     faulthandler.register(_STACK_SIGNAL, file=handle, all_threads=True)
 
 
-def _stacks_of_hung_ranks(procs: Sequence[Any], stack_files: Sequence[str], done: set[int]) -> str:
+def _stacks_of_hung_ranks(procs: Sequence[BaseProcess], stack_files: Sequence[str], done: set[int]) -> str:
     """Ask every rank still running for its Python stacks; return them, innermost frames first."""
     if _STACK_SIGNAL is None:
         return ""
     waiting = [rank for rank, proc in enumerate(procs) if rank not in done and proc.is_alive()]
     for rank in waiting:
+        pid = procs[rank].pid
+        assert pid is not None  # a running process has one
         try:
-            os.kill(procs[rank].pid, _STACK_SIGNAL)
+            os.kill(pid, _STACK_SIGNAL)
         except OSError:
             pass
     time.sleep(1.0)
@@ -117,12 +128,12 @@ def _stacks_of_hung_ranks(procs: Sequence[Any], stack_files: Sequence[str], done
 
 
 def run_distributed(
-    fn: Callable[..., Any],
+    fn: Callable[..., _R],
     world_size: int = 2,
-    *args: Any,
+    *args: object,
     env: Mapping[str, str] | None = None,
     timeout: float = 240.0,
-) -> list[Any]:
+) -> list[_R]:
     """Run ``fn(*args)`` in ``world_size`` fresh processes and return the per-rank results.
 
     Args:
@@ -140,7 +151,7 @@ def run_distributed(
             without reporting, or the run timed out.
     """
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results: Queue[_Report] = ctx.Queue()
     port = get_free_port()
     stack_dir = tempfile.TemporaryDirectory(prefix="run_distributed_stacks_")
     stack_files = [os.path.join(stack_dir.name, f"rank{rank}.txt") for rank in range(world_size)]
@@ -153,7 +164,7 @@ def run_distributed(
     ]
     for proc in procs:
         proc.start()
-    outcome: dict[int, Any] = {}
+    outcome: dict[int, _R] = {}
     failures: dict[int, str] = {}
     try:
         while len(outcome) + len(failures) < world_size:
@@ -170,8 +181,10 @@ def run_distributed(
                     + _stacks_of_hung_ranks(procs, stack_files, set(outcome))
                 ) from exc
             if ok:
+                assert isinstance(value, bytes)  # a result travels pickled
                 outcome[rank] = pickle.loads(value)
             else:
+                assert isinstance(value, str)  # a failure travels as its traceback's text
                 failures[rank] = value
         if failures:
             report = "\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in sorted(failures.items()))

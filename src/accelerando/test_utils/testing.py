@@ -22,7 +22,7 @@ import unittest
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar, overload
 
 import torch
 
@@ -41,7 +41,8 @@ from accelerando.test_utils._backend import available, family_count, get_backend
 from accelerando.test_utils._cases import AccelerateTestCase, MockingTestCase, TempDirTestCase
 from accelerando.test_utils._subprocess import SubprocessCallException, execute_subprocess_async, run_command
 
-T = TypeVar("T")
+# A test: a test function or a TestCase class.
+T = TypeVar("T", bound=Callable[..., object])
 
 torch_device, device_count, memory_allocated_func = get_backend()
 
@@ -49,7 +50,7 @@ torch_device, device_count, memory_allocated_func = get_backend()
 # --- launching -------------------------------------------------------------------------------------
 
 
-def get_launch_command(**kwargs: Any) -> list:
+def get_launch_command(**kwargs: object) -> list[str]:
     """Build an ``accelerando launch`` command line from keyword arguments.
 
     ``True`` adds ``--name``; ``False`` and ``None`` add nothing; any other value adds ``--name=value``.
@@ -157,7 +158,15 @@ def run_first(test_case: T) -> T:
     return test_case
 
 
-def require_torch_min_version(test_case: Any = None, version: str | None = None) -> Any:
+@overload
+def require_torch_min_version(test_case: None = None, version: str | None = None) -> Callable[[T], T]: ...
+
+
+@overload
+def require_torch_min_version(test_case: T, version: str | None = None) -> T: ...
+
+
+def require_torch_min_version(test_case: T | None = None, version: str | None = None) -> T | Callable[[T], T]:
     """Skip the decorated test unless torch is at least ``version``.
 
     Use as ``@require_torch_min_version(version="2.4.0")``.
@@ -364,7 +373,7 @@ def assert_exception(exception_class: type[BaseException], msg: str | None = Non
     raise AssertionError(f"Expected exception of type {exception_class} but ran without issue.")
 
 
-def capture_call_output(func: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+def capture_call_output(func: Callable[..., object], *args: object, **kwargs: object) -> str:
     """Call ``func(*args, **kwargs)`` and return what it printed to stdout.
 
     Raises:

@@ -6,13 +6,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
+
+if TYPE_CHECKING:
+    from datasets import Dataset as HFDataset
+    from datasets import DatasetDict
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 __all__ = [
     "RegressionDataset",
@@ -43,6 +48,13 @@ class RegressionDataset(torch.utils.data.Dataset):
         return {"x": self.x[index], "y": self.y[index]}
 
 
+def _needed(x: torch.Tensor | None) -> torch.Tensor:
+    # ``x`` defaults to None only to keep the reference's signature; the model needs it.
+    if x is None:
+        raise TypeError("RegressionModel.forward needs the input tensor x, got None.")
+    return x
+
+
 class RegressionModel(nn.Module):
     """``y = a * x + b`` with scalar parameters ``a`` and ``b``.
 
@@ -59,8 +71,12 @@ class RegressionModel(nn.Module):
         self.double_output = double_output
 
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Return ``a * x + b`` (twice when ``double_output``)."""
-        out = x * self.a + self.b
+        """Return ``a * x + b`` (twice when ``double_output``).
+
+        Raises:
+            TypeError: ``x`` is None.
+        """
+        out = _needed(x) * self.a + self.b
         return (out, out) if self.double_output else out
 
 
@@ -74,7 +90,7 @@ class RegressionModel4XPU(RegressionModel):
 
     @override
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        out = x * self.a[0] + self.b[0]
+        out = _needed(x) * self.a[0] + self.b[0]
         return (out, out) if self.double_output else out
 
 
@@ -91,7 +107,7 @@ SEQUENCE_TOKENIZER = "bert-base-cased"
 AUTOREGRESSIVE_TOKENIZER = "gpt2"
 
 
-def _load_mrpc(data_files: dict[str, str] | None) -> Any:
+def _load_mrpc(data_files: dict[str, str] | None) -> DatasetDict:
     from pathlib import Path
 
     files = dict(data_files or MRPC_DATA_FILES)
@@ -102,13 +118,15 @@ def _load_mrpc(data_files: dict[str, str] | None) -> Any:
             "(the reference repository's layout) or pass data_files={'train': ..., 'validation': ...}."
         )
     try:
-        from datasets import load_dataset
+        from datasets import DatasetDict, load_dataset
     except ImportError as err:
         raise ImportError("mocked dataloaders need the `datasets` package: pip install datasets") from err
-    return load_dataset("csv", data_files=files)
+    splits = load_dataset("csv", data_files=files)
+    assert isinstance(splits, DatasetDict)  # CSV files by split name load as a DatasetDict
+    return splits
 
 
-def _tokenizer(tokenizer: Any, default_name: str) -> Any:
+def _tokenizer(tokenizer: PreTrainedTokenizerBase | str | None, default_name: str) -> PreTrainedTokenizerBase:
     if tokenizer is not None and not isinstance(tokenizer, str):
         return tokenizer
     try:
@@ -120,15 +138,21 @@ def _tokenizer(tokenizer: Any, default_name: str) -> Any:
     return AutoTokenizer.from_pretrained(tokenizer or default_name)
 
 
-def _is_xla(accelerator: Any) -> bool:
+def _map_style(split: HFDataset) -> Dataset[dict[str, object]]:
+    # A Hugging Face Dataset is a map-style dataset (__getitem__ and __len__) without deriving from
+    # torch's Dataset class, which is all DataLoader's annotation knows.
+    return cast("Dataset[dict[str, object]]", split)
+
+
+def _is_xla(accelerator: object) -> bool:
     return str(getattr(accelerator, "distributed_type", "")).upper().endswith("XLA")
 
 
 def mocked_dataloaders(
-    accelerator: Any,
+    accelerator: object,
     batch_size: int = 16,
     *,
-    tokenizer: Any = None,
+    tokenizer: PreTrainedTokenizerBase | str | None = None,
     data_files: dict[str, str] | None = None,
 ) -> tuple[DataLoader, DataLoader]:
     """Build MRPC train/validation dataloaders from the small CSV samples instead of the Hub dataset.
@@ -154,7 +178,7 @@ def mocked_dataloaders(
     tok = _tokenizer(tokenizer, SEQUENCE_TOKENIZER)
     label_ids = {label: index for index, label in enumerate(raw["train"].unique("label"))}
 
-    def tokenize(examples: dict[str, list]) -> Any:
+    def tokenize(examples: dict[str, list]) -> BatchEncoding:
         encoded = tok(
             examples["sentence1"],
             examples["sentence2"],
@@ -168,21 +192,25 @@ def mocked_dataloaders(
 
     tokenized = raw.map(tokenize, batched=True, remove_columns=raw["train"].column_names)
 
-    def collate(examples: list[dict]) -> Any:
+    def collate(examples: list[dict]) -> BatchEncoding:
         if _is_xla(accelerator):
             return tok.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
         return tok.pad(examples, padding="longest", return_tensors="pt")
 
-    train = DataLoader(tokenized["train"], shuffle=True, collate_fn=collate, batch_size=batch_size)
-    evaluation = DataLoader(tokenized["validation"], shuffle=False, collate_fn=collate, batch_size=batch_size)
+    train = DataLoader(
+        _map_style(tokenized["train"]), shuffle=True, collate_fn=collate, batch_size=batch_size
+    )
+    evaluation = DataLoader(
+        _map_style(tokenized["validation"]), shuffle=False, collate_fn=collate, batch_size=batch_size
+    )
     return train, evaluation
 
 
 def mocked_dataloaders_for_autoregressive_models(
-    accelerator: Any,
+    accelerator: object,
     batch_size: int = 16,
     *,
-    tokenizer: Any = None,
+    tokenizer: PreTrainedTokenizerBase | str | None = None,
     data_files: dict[str, str] | None = None,
 ) -> tuple[DataLoader, DataLoader]:
     """Build causal-LM train/validation dataloaders from the MRPC CSV samples.
@@ -210,7 +238,7 @@ def mocked_dataloaders_for_autoregressive_models(
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
 
-    def tokenize(examples: dict[str, list]) -> Any:
+    def tokenize(examples: dict[str, list]) -> BatchEncoding:
         return tok(
             examples["sentence1"],
             examples["sentence2"],
@@ -221,7 +249,7 @@ def mocked_dataloaders_for_autoregressive_models(
 
     tokenized = raw.map(tokenize, batched=True, remove_columns=raw["train"].column_names)
 
-    def collate(examples: list[dict]) -> Any:
+    def collate(examples: list[dict]) -> BatchEncoding:
         if _is_xla(accelerator):
             batch = tok.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
         else:
@@ -232,6 +260,10 @@ def mocked_dataloaders_for_autoregressive_models(
         batch["labels"] = labels
         return batch
 
-    train = DataLoader(tokenized["train"], shuffle=True, collate_fn=collate, batch_size=batch_size)
-    evaluation = DataLoader(tokenized["validation"], shuffle=False, collate_fn=collate, batch_size=batch_size)
+    train = DataLoader(
+        _map_style(tokenized["train"]), shuffle=True, collate_fn=collate, batch_size=batch_size
+    )
+    evaluation = DataLoader(
+        _map_style(tokenized["validation"]), shuffle=False, collate_fn=collate, batch_size=batch_size
+    )
     return train, evaluation

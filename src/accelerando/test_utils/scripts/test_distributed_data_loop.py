@@ -31,6 +31,7 @@ def _uneven_loader(accelerator: Accelerator, batch_size: int = 1) -> DataLoader:
 
 def _batch_counts(accelerator: Accelerator) -> list[int]:
     loader = accelerator.prepare(_uneven_loader(accelerator))
+    assert isinstance(loader, DataLoader)
     return gather_object([sum(1 for _ in loader)])
 
 
@@ -49,10 +50,17 @@ def check_even_batches(accelerator: Accelerator) -> None:
 def check_join_uneven_inputs(accelerator: Accelerator) -> None:
     """A DDP training loop with more batches on one process finishes under ``join_uneven_inputs``."""
     model = accelerator.prepare(RegressionModel())
+    assert isinstance(model, torch.nn.Module)
     optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.01))
+    assert isinstance(optimizer, torch.optim.Optimizer)
     loader = accelerator.prepare(_uneven_loader(accelerator))
+    assert isinstance(loader, DataLoader)
     seen = 0
-    with accelerator.join_uneven_inputs([model], even_batches=False):
+    from torch.distributed.algorithms.join import Joinable
+
+    # Only DDP's wrapper joins (other strategies ignore the list): a plain model has nothing to join.
+    joinables: list[Joinable] = [model] if isinstance(model, Joinable) else []
+    with accelerator.join_uneven_inputs(joinables, even_batches=False):
         for (x,) in loader:
             accelerator.backward(model(x).sum())
             optimizer.step()
@@ -70,9 +78,11 @@ def check_split_between_processes(accelerator: Accelerator) -> None:
     """Every item lands on exactly one process, in order; padding repeats the last item."""
     items = list(range(2 * accelerator.num_processes + 1))
     with accelerator.split_between_processes(items) as mine:
+        assert isinstance(mine, list)  # a list's share is a list
         parts = gather_object([list(mine)])
     assert [item for part in parts for item in part] == items, f"split gave {parts}"
     with accelerator.split_between_processes(items, apply_padding=True) as mine:
+        assert isinstance(mine, list)
         sizes = gather_object([len(mine)])
     assert len(set(sizes)) == 1, f"padded split sizes differ: {sizes}"
 
@@ -80,6 +90,7 @@ def check_split_between_processes(accelerator: Accelerator) -> None:
 def check_skip_first_batches(accelerator: Accelerator) -> None:
     """``skip_first_batches`` resumes the prepared loader after the given number of batches."""
     loader = accelerator.prepare(_uneven_loader(accelerator))
+    assert isinstance(loader, DataLoader)
     full = [batch[0].tolist() for batch in loader]
     resumed = [batch[0].tolist() for batch in accelerator.skip_first_batches(loader, num_batches=1)]
     assert resumed == full[1:], f"after skipping one batch got {resumed}, expected {full[1:]}"

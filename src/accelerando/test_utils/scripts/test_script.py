@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelerando import Accelerator
-from accelerando.test_utils import RegressionDataset, RegressionModel
+from accelerando.test_utils.training import RegressionDataset, RegressionModel
 
 __all__ = ["check_training", "check_gather_for_metrics", "main"]
 
@@ -61,7 +61,12 @@ def check_training(accelerator: Accelerator) -> tuple[bool, str]:
     model = RegressionModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
     loader = DataLoader(dataset, batch_size=_BATCH)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    prepared = accelerator.prepare(model, optimizer, loader)
+    assert isinstance(prepared, tuple)
+    model, optimizer, loader = prepared
+    assert isinstance(model, torch.nn.Module)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert isinstance(loader, DataLoader)
     for batch in loader:
         with accelerator.accumulate(model):
             loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
@@ -71,6 +76,7 @@ def check_training(accelerator: Accelerator) -> tuple[bool, str]:
     steps = accelerator.gradient_accumulation_steps
     expected = _plain_training(dataset, _BATCH * accelerator.num_processes, steps)
     unwrapped = accelerator.unwrap_model(model)
+    assert isinstance(unwrapped, RegressionModel)
     got = (unwrapped.a.item(), unwrapped.b.item())
     want = (expected.a.item(), expected.b.item())
     error = max(abs(got[0] - want[0]), abs(got[1] - want[1]))
@@ -91,11 +97,13 @@ def check_gather_for_metrics(accelerator: Accelerator) -> tuple[bool, str]:
     dataset = RegressionDataset(length=_BATCH * accelerator.num_processes * 3 + 1, seed=7)
     model = RegressionModel(a=1.5, b=-0.5)
     loader = accelerator.prepare(DataLoader(dataset, batch_size=_BATCH))
-    model = accelerator.prepare(model)
+    assert isinstance(loader, DataLoader)
+    prepared = accelerator.prepare(model)
+    assert isinstance(prepared, torch.nn.Module)
     predictions = []
     with torch.no_grad():
         for batch in loader:
-            predictions.append(accelerator.gather_for_metrics(model(batch["x"])))
+            predictions.append(accelerator.gather_for_metrics(prepared(batch["x"])))
     got = torch.cat([p.reshape(-1).float().cpu() for p in predictions])
     expected = torch.from_numpy(dataset.x) * 1.5 - 0.5
     if got.shape != expected.shape:

@@ -25,7 +25,11 @@ def _batch(accelerator: Accelerator, step: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _grads(model: torch.nn.Module) -> torch.Tensor:
-    return torch.stack([p.grad.detach().reshape(-1)[0] for p in model.parameters()])
+    grads = []
+    for p in model.parameters():
+        assert p.grad is not None  # read after a backward, which gives every parameter one
+        grads.append(p.grad.detach().reshape(-1)[0])
+    return torch.stack(grads)
 
 
 def _local_grads(x: torch.Tensor, y: torch.Tensor, divide_by: int = 1) -> torch.Tensor:
@@ -39,6 +43,7 @@ def _local_grads(x: torch.Tensor, y: torch.Tensor, divide_by: int = 1) -> torch.
 def check_no_sync(accelerator: Accelerator) -> None:
     """Under ``no_sync`` gradients stay local; outside it they are averaged over processes."""
     model = accelerator.prepare(RegressionModel())
+    assert isinstance(model, torch.nn.Module)
     x, y = _batch(accelerator, 0)
     steps = accelerator.gradient_accumulation_steps
     with accelerator.no_sync(model):
@@ -60,6 +65,7 @@ def check_accumulate(accelerator: Accelerator) -> None:
     """Inside ``accumulate`` only every ``gradient_accumulation_steps``-th step synchronises."""
     steps = accelerator.gradient_accumulation_steps
     model = accelerator.prepare(RegressionModel())
+    assert isinstance(model, torch.nn.Module)
     local = torch.zeros(2, device=accelerator.device)
     for step in range(2 * steps):
         x, y = _batch(accelerator, step)
