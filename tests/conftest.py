@@ -43,6 +43,18 @@ def _deepspeed_extensions_folder() -> Path:
     return Path.home() / ".cache" / "accelerando" / "test-torch-extensions"
 
 
+def _remove_stale_build_locks(folder: Path, older_than_s: float = 1800.0) -> None:
+    """Delete torch-extension build locks left by a killed build (torch would wait on them forever).
+
+    A lock is stale when it is older than any build takes here and its op's library already exists.
+    """
+    import time
+
+    for lock in folder.glob("*/lock"):
+        if time.time() - lock.stat().st_mtime > older_than_s and any(lock.parent.glob("*.so")):
+            lock.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def deepspeed_cpu_op(request: pytest.FixtureRequest) -> Path:
     """Build DeepSpeed's CPU shared-memory communication op once, before any DeepSpeed process starts.
@@ -57,6 +69,7 @@ def deepspeed_cpu_op(request: pytest.FixtureRequest) -> Path:
     pytest.importorskip("deepspeed")
     folder = _deepspeed_extensions_folder()
     folder.mkdir(parents=True, exist_ok=True)
+    _remove_stale_build_locks(folder)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not any(folder.rglob("*.so")):

@@ -2,8 +2,8 @@
 
 - The five contract modules (runtime, connector, strategies/base, precision/base,
   checkpointing/target) pass pyright in strict mode with no error.
-- pyright in basic mode over all of src/ reports no more errors than the ratchet below (slow: a
-  whole-tree analysis takes over a minute of CPU). Lower the ratchet when you fix some; never raise it.
+- pyright in basic mode over all of src/ reports no error (a whole-tree analysis takes about a minute
+  of CPU; it is part of the default run because a type error is a broken contract).
 - ``Any`` in annotations (parameters, returns, annotated assignments; string annotations included)
   stays at or under its ratchet, on the way to the issue's ceiling of 300.
 
@@ -31,12 +31,14 @@ CONTRACT_MODULES = [
     "src/accelerando/checkpointing/target.py",
 ]
 # Measured with this file's counter over src/accelerando: 2028 before issue 28 item 2, 1867 after its
-# first pass (the issue's goal is under 300). Lower it with every file you type; never raise it.
-ANY_RATCHET = 1867
+# first pass, 133 after the second (the issue's goal is under 300). Each one left is commented where it
+# stands (loaded or JSON data, keywords forwarded to an untyped library, a plugin type one layer up).
+# Lower it with every file you type; never raise it.
+ANY_RATCHET = 133
 ANY_GOAL = 300
-# pyright basic over src/ (reportMissingImports off, see pyproject.toml): 496 errors after the first pass
-# (the goal is 0). Lower it when you fix some; never raise it.
-PYRIGHT_BASIC_RATCHET = 496
+# pyright basic over src/ (reportMissingImports off, see pyproject.toml): 508 errors before issue 28,
+# 496 after the first pass, 0 after the second. A new error fails the default run.
+PYRIGHT_BASIC_RATCHET = 0
 
 
 def _pyright(*paths: str) -> dict:
@@ -69,7 +71,6 @@ def test_contract_modules_pass_pyright_strict():
     assert errors == [], "\n".join(errors)
 
 
-@pytest.mark.slow
 def test_pyright_basic_over_src_does_not_grow():
     report = _pyright()
     errors = _errors(report)
