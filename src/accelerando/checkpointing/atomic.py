@@ -34,7 +34,7 @@ import threading
 import uuid
 from collections.abc import Iterable
 
-from accelerando.checkpointing import written
+import accelerando.checkpointing.written as written
 from accelerando.checkpointing.digest import FileEntry, PendingDigests, default_algorithm, file_digest
 from accelerando.checkpointing.manifest import (
     MANIFEST_NAME,

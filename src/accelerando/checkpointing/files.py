@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelerando.checkpointing import written
+import accelerando.checkpointing.written as written
 from accelerando.checkpointing.headers import check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.common.constants import (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from accelerando import common
+import accelerando.common as common
 from accelerando.facade.observing import Observability
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects, Stateful

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from accelerando import common
+import accelerando.common as common
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.gradient_state import GradientState
 from accelerando.state import AcceleratorState, PartialState
