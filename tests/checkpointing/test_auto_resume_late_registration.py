@@ -69,6 +69,7 @@ def test_a_counter_registered_after_prepare_is_restored_by_auto_resume(tmp_path)
     assert _line(second, "END") == "END [8, 16]"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_late_object_the_checkpoint_lacks_is_refused_with_the_order_to_follow(tmp_path) -> None:
     first = _run(tmp_path, 2, 1)

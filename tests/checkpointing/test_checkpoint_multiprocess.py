@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from accelerando.test_utils import get_free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -93,6 +95,7 @@ with open(os.path.join(out, f"{acc.process_index}.json"), "w") as handle:
 """
 
 
+@pytest.mark.slow
 def test_save_on_each_node_over_a_shared_file_system_commits_once(tmp_path) -> None:
     """Two torchrun agents as two nodes of one process each, on one machine: both local mains see the
     same folder, so the checkpoint must be staged and committed once (with a warning), not raced."""

@@ -114,6 +114,7 @@ def _per_rank(tmp: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)")
 @pytest.mark.usefixtures("deepspeed_cpu_op")
 def test_deepspeed_engine_files_are_read_weights_only(tmp_path) -> None:

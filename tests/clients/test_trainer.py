@@ -97,6 +97,7 @@ def test_trainer_matches_the_reference_accelerate(scenario: Scenario, tmp_path) 
         assert abs(loss - reference["losses_a"][step]) <= 1e-6, (step, loss, reference["losses_a"][step])
 
 
+@pytest.mark.slow
 def test_trainer_auto_find_batch_size_completes_the_loop_once(scenario: Scenario) -> None:
     """``auto_find_batch_size=True`` wraps the whole training loop in find_executable_batch_size: after
     out-of-memory errors at 8 and 7 samples it runs again at the reference's next sizes (int(size *

@@ -45,6 +45,7 @@ def test_tpu_config_answers_clearly_and_help_lists_commands(env, capsys):
         assert command in out
 
 
+@pytest.mark.slow
 def test_accelerando_test_passes_with_two_processes_and_accumulation(env, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(

@@ -48,6 +48,7 @@ def _rendered_names() -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_site_builds_strictly(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")

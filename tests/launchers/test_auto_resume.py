@@ -221,6 +221,7 @@ def test_sigterm_checkpoints_exits_143_and_the_next_launch_resumes_bit_exact(tmp
     _same_weights(out / "final.pt", uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_hung_collective_names_the_rank_that_did_not_arrive(tmp_path, env):
     script = tmp_path / "hung.py"
     script.write_text(HUNG_COLLECTIVE)

@@ -142,6 +142,7 @@ def test_killed_process_ends_the_launch_and_is_named(tmp_path, env):
     assert "rank 1 finished" not in done.stdout
 
 
+@pytest.mark.slow
 def test_destroying_the_group_before_exit_still_exits_zero(tmp_path, env):
     done = _launch(tmp_path, env, "destroy")
     assert done.returncode == 0, done.stderr
@@ -157,6 +158,7 @@ def test_a_gloo_worker_never_enters_python_during_finalization(tmp_path, env):
     assert not any("terminate called" in out for _, out in results)
 
 
+@pytest.mark.slow
 def test_survivor_does_not_wait_past_the_bound_for_a_vanished_peer(tmp_path, env):
     (code0, out0), (code1, _) = _plain_pair(tmp_path, env, "vanish", bound_s=3)
     assert code1 == -9

@@ -28,6 +28,7 @@ def test_partial_state_shared_dict_is_filled_after_an_accelerator() -> None:
     assert {"backend", "debug", "distributed_type", "local_process_index", "fork_launched"} <= set(shared)
 
 
+@pytest.mark.slow
 def test_transformers_use_configured_state_accepts_an_existing_state(tmp_path) -> None:
     """transformers reads ``PartialState._shared_state`` to find a configured state (fresh interpreter)."""
     pytest.importorskip("transformers")

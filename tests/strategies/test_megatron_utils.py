@@ -82,6 +82,7 @@ def _gloo_worker(rank: int, world: int, port: int, queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_loss_averaging_over_a_gloo_group():
     import socket
 

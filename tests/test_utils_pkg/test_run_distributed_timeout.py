@@ -20,6 +20,7 @@ def _wait_for_a_peer_that_never_comes() -> None:
     time.sleep(120)
 
 
+@pytest.mark.slow
 def test_timeout_names_the_hung_rank_and_its_stack() -> None:
     with pytest.raises(DistributedTestError) as caught:
         run_distributed(_rank_one_sleeps_in_a_named_function, 2, timeout=10)
