@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,29 +21,6 @@ from accelerando.checkpointing.written import StreamDigest
 from accelerando.plugins.project import ProjectConfiguration
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
-
-
-class FsyncCounter:
-    """Wraps ``os.fsync``: records the path each call flushed (any thread)."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        self._lock = threading.Lock()
-        self._real = os.fsync
-
-    def __call__(self, fd: int) -> None:
-        with self._lock:
-            self.paths.append(os.readlink(f"/proc/self/fd/{fd}"))
-        self._real(fd)
-
-
-@pytest.fixture
-def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncCounter]:
-    if not os.path.isdir("/proc/self/fd"):
-        pytest.skip("needs /proc to name the flushed files")
-    counter = FsyncCounter()
-    monkeypatch.setattr(os, "fsync", counter)
-    yield counter
 
 
 def _prepared(tmp_path, **config: object) -> Accelerator:

@@ -8,8 +8,6 @@ makes no fsync at all, and keeps the staging folder, the manifest and the atomic
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,33 +18,6 @@ from accelerando.checkpointing.atomic import MANIFEST_NAME
 from accelerando.plugins.project import ProjectConfiguration
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
-
-
-class FsyncCounter:
-    """Wraps ``os.fsync`` for the test: counts the calls and records what each flushed (any thread)."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        self._lock = threading.Lock()
-        self._real = os.fsync
-
-    def __call__(self, fd: int) -> None:
-        with self._lock:
-            self.paths.append(os.readlink(f"/proc/self/fd/{fd}"))
-        self._real(fd)
-
-    def clear(self) -> None:
-        with self._lock:
-            self.paths.clear()
-
-
-@pytest.fixture
-def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncCounter]:
-    if not os.path.isdir("/proc/self/fd"):
-        pytest.skip("needs /proc to name the flushed files")
-    counter = FsyncCounter()
-    monkeypatch.setattr(os, "fsync", counter)
-    yield counter
 
 
 def _prepared(tmp_path, **config: object) -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
