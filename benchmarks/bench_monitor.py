@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from accelerando.monitoring import MemoryMonitor
+from accelerando.backends.monitoring import MemoryMonitor
 
 
 def _train_block(

@@ -1,6 +1,6 @@
 """Validation of the planner's simulator: predicted vs measured per-rank peak memory and collective bytes.
 
-For the tiny Llama, GPT-2 and T5 configs (``accelerando.planning.validation``), at world sizes 1, 2 and
+For the tiny Llama, GPT-2 and T5 configs (``accelerando.backends.planning.validation``), at world sizes 1, 2 and
 4, for DDP, ZeRO-3 / FSDP2 and FSDP2 x TP (tp=2): the simulation (fake tensors, fake process group,
 one process) against a measured run (real tensors, gloo, ``world_size`` CPU processes), both counted by
 the same live-tensor tracker and collective counter. Prints a Markdown table (the one in
@@ -32,8 +32,8 @@ def scale(world_sizes: list[int]) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "planning"))
     from planning_toy import toy_source
 
-    from accelerando.planning.simulate import simulate
-    from accelerando.planning.spec import Candidate, TrainingShape
+    from accelerando.backends.planning.simulate import simulate
+    from accelerando.backends.planning.spec import Candidate, TrainingShape
 
     shape = TrainingShape(micro_batch=2, seq_length=16, mixed_precision="no")
     simulate(toy_source(), Candidate("fsdp2", dp_shard=8, zero_stage=3), shape)  # imports and warm-up
@@ -57,7 +57,7 @@ def scale(world_sizes: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, simulate, print the table; 0 when every row is within tolerance."""
-    from accelerando.planning.validation import (
+    from accelerando.backends.planning.validation import (
         TOLERANCE,
         VALIDATION_MODELS,
         VALIDATION_SHAPE,

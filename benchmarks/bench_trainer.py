@@ -48,7 +48,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     """Train in this process with the chosen library; rank 0 writes the timed steps/s to --result."""
     if args.worker == "accelerando":
-        from accelerando.stand_in import install_as_accelerate
+        from accelerando.core.stand_in import install_as_accelerate
 
         install_as_accelerate()
     import torch

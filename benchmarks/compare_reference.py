@@ -289,7 +289,7 @@ def child_checkpoint(_: str, args: argparse.Namespace) -> dict[str, list[float]]
     from bench_checkpoint import _fsync, build
     from safetensors.torch import load_file, save_file
 
-    from accelerando.settings.fields import FIELDS_BY_NAME
+    from accelerando.core.settings.fields import FIELDS_BY_NAME
 
     model, optimizer = build(args.size_mb)
     ours = _accelerator_class("accelerando")(cpu=True)

@@ -1,6 +1,6 @@
 """mkdocs hook: generate ``reference/cli.md`` from the settings table at build time.
 
-The page is never stored in ``docs/``: it is rendered from :data:`accelerando.settings.fields.FIELDS`
+The page is never stored in ``docs/``: it is rendered from :data:`accelerando.core.settings.fields.FIELDS`
 (and the launcher's own options) on every build, so a new setting row appears in the site without
 anyone editing a page. :func:`render_cli_reference` is also used by the tests.
 """
@@ -95,13 +95,13 @@ def render_cli_reference() -> str:
     """
     from accelerando.commands.cli import HELP, SUBCOMMANDS
     from accelerando.commands.launch.parser import _GROUP_TITLES
-    from accelerando.settings.fields import FIELDS, GROUPS
+    from accelerando.core.settings.fields import FIELDS, GROUPS
 
     out: list[str] = [
         "# Command line",
         "",
         "This page is generated at build time from the settings table "
-        "(`src/accelerando/settings/fields.py`), the same table the launcher, the config-file "
+        "(`src/accelerando/core/settings/fields.py`), the same table the launcher, the config-file "
         "validator and the resolver are built from, so it cannot drift from the code.",
         "",
         "## Subcommands",

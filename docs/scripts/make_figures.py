@@ -4,7 +4,7 @@
 
 Three pictures, each produced by the library itself or from its own output:
 
-* ``memory_timeline.png``: the PNG timeline :class:`accelerando.monitoring.MemoryMonitor` writes at
+* ``memory_timeline.png``: the PNG timeline :class:`accelerando.backends.monitoring.MemoryMonitor` writes at
   the end of a run, from a short CPU training that grows a list of tensors on purpose (a leak).
 * ``device_map.png``: where :func:`accelerando.infer_auto_device_map` places each module of a small
   transformer-shaped model under a ``max_memory`` budget (two accelerators, CPU, disk).

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelerando._lazy import lazy_getattr
-from accelerando.version import __version__
+from accelerando.core._lazy import lazy_getattr
+from accelerando.core.version import __version__
 
 _EXPORTS: dict[str, str] = {
     "Accelerator": "accelerando.accelerator",
@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "prepare_pippy": "accelerando.inference",
     "notebook_launcher": "accelerando.launchers",
     "debug_launcher": "accelerando.launchers",
-    "find_executable_batch_size": "accelerando.monitoring.oom",
+    "find_executable_batch_size": "accelerando.backends.monitoring.oom",
     "infer_auto_device_map": "accelerando.big_modeling.device_map",
     "load_checkpoint_in_model": "accelerando.big_modeling.loading",
     "compute_module_sizes": "accelerando.big_modeling.sizes",
@@ -45,8 +45,8 @@ _EXPORTS: dict[str, str] = {
     "DataLoaderConfiguration": "accelerando.plugins.dataloader",
     "DeepSpeedPlugin": "accelerando.plugins.deepspeed",
     "FullyShardedDataParallelPlugin": "accelerando.plugins.fsdp",
-    "DDPCommunicationHookType": "accelerando.enums",
-    "DistributedType": "accelerando.enums",
+    "DDPCommunicationHookType": "accelerando.core.enums",
+    "DistributedType": "accelerando.core.enums",
     "save_accelerator_state": "accelerando.checkpointing",
     "load_accelerator_state": "accelerando.checkpointing",
     "save_custom_state": "accelerando.checkpointing",
@@ -58,7 +58,7 @@ _EXPORTS: dict[str, str] = {
     "PipelineParallelPlugin": "accelerando.plugins.pipeline",
     "FaultTolerancePlugin": "accelerando.plugins.fault_tolerance",
     "is_rich_available": "accelerando.common.imports",
-    "install_as_accelerate": "accelerando.stand_in",
+    "install_as_accelerate": "accelerando.core.stand_in",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import torch
 
-import accelerando.connector as connector
+import accelerando.backends.connector as connector
+from accelerando.backends.precision.base import Precision
+from accelerando.backends.strategies.base import Strategy
 
 # The reference's accelerate.accelerator module exposes these constants; scripts import them from it.
 from accelerando.common.constants import (  # noqa: F401
@@ -39,7 +41,9 @@ from accelerando.common.constants import (  # noqa: F401
 # Looked up in this module when a quantized model is prepared (as in the reference, whose tests patch
 # ``accelerate.accelerator.is_bitsandbytes_multi_backend_available``).
 from accelerando.common.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
-from accelerando.enums import FP8BackendType
+from accelerando.core.enums import FP8BackendType
+from accelerando.core.gradient_state import GradientState
+from accelerando.core.runtime import Plugins, set_active_accelerator
 from accelerando.facade import options as arguments
 from accelerando.facade.accumulation import Accumulation, override_even_batches
 from accelerando.facade.checkpoint_service import CheckpointService
@@ -52,7 +56,6 @@ from accelerando.facade.preparer import Preparer, verify_device_map
 from accelerando.facade.registry import PreparedObjects
 from accelerando.facade.resume import resume_on_prepare
 from accelerando.facade.topology import MeshRanks
-from accelerando.gradient_state import GradientState
 from accelerando.plugins.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -61,17 +64,15 @@ from accelerando.plugins.kwargs import (
     KwargsHandler,
     ProfileKwargs,
 )
-from accelerando.precision.base import Precision
-from accelerando.runtime import Plugins, set_active_accelerator
 from accelerando.state import AcceleratorState
-from accelerando.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from torch.distributed.algorithms.join import Joinable
     from torch.utils.data import DataLoader
 
+    from accelerando.backends.trackers.base import GeneralTracker
     from accelerando.checkpointing.project import ResumePoint
-    from accelerando.enums import DynamoBackend, LoggerType
+    from accelerando.core.enums import DynamoBackend, LoggerType
     from accelerando.parallelism_config import ParallelismConfig
     from accelerando.plugins.accumulation import GradientAccumulationPlugin
     from accelerando.plugins.dataloader import DataLoaderConfiguration
@@ -81,7 +82,6 @@ if TYPE_CHECKING:
     from accelerando.plugins.megatron import MegatronLMPlugin
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.plugins.tensor_parallel import TorchTensorParallelPlugin
-    from accelerando.trackers.base import GeneralTracker
 
     #: What ``log_with`` accepts: tracker names, ``LoggerType`` members, trackers (classes or
     #: instances), or a list of them.

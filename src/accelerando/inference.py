@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from accelerando.big_modeling.budgets import convert_file_size_to_int
-from accelerando.state import PartialState
-from accelerando.strategies.pipeline.split import (
+from accelerando.backends.strategies.pipeline.split import (
     balanced_split_points,
     generate_stage_map,
     validate_split_points,
 )
-from accelerando.strategies.pipeline.stage import (
+from accelerando.backends.strategies.pipeline.stage import (
     PipelineLayout,
     build_schedule,
     build_traced_stage,
     microbatch,
 )
+from accelerando.big_modeling.budgets import convert_file_size_to_int
+from accelerando.state import PartialState
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle

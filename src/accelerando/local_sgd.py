@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from accelerando.runtime import Runtime
+    from accelerando.core.runtime import Runtime
 
 __all__ = ["LocalSGD"]
 

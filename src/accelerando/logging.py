@@ -19,7 +19,7 @@ from typing import NamedTuple, TypeAlias, TypedDict, TypeVar
 
 from typing_extensions import Unpack
 
-from accelerando.settings.resolve import environment_value
+from accelerando.core.settings.resolve import environment_value
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
 

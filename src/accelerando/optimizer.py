@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 import torch
 from typing_extensions import override
 
-from accelerando.gradient_state import GradientState
+from accelerando.core.gradient_state import GradientState
 
 if TYPE_CHECKING:
-    from accelerando.runtime import PrecisionContract
+    from accelerando.core.runtime import PrecisionContract
 
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 

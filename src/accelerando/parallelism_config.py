@@ -12,7 +12,7 @@ passes on), else 1 / the only backend.
 
 Beyond the reference, ``dp_replicate_size``, ``dp_shard_size`` and ``tp_size`` may be ``"auto"``:
 :meth:`ParallelismConfig.resolve_auto` then chooses them from the model and the machine
-(:func:`accelerando.parallelism_layout.choose_layout`) before the mesh is built.
+(:func:`accelerando.core.parallelism_layout.choose_layout`) before the mesh is built.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict
 
 from typing_extensions import Unpack
 
-from accelerando.settings import environment_text
+from accelerando.core.settings import environment_text
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from accelerando.parallelism_layout import Layout, MachineShape, ModelFacts
+    from accelerando.core.parallelism_layout import Layout, MachineShape, ModelFacts
     from accelerando.plugins.parallel_configs import (
         DeepSpeedSequenceParallelConfig,
         TorchContextParallelConfig,
@@ -230,7 +230,7 @@ class ParallelismConfig:
         machine: MachineShape | None = None,
         **layout_options: Unpack[LayoutOptions],
     ) -> Layout:
-        """Choose the ``"auto"`` sizes from the model and the machine (:func:`~accelerando.parallelism_layout.choose_layout`).
+        """Choose the ``"auto"`` sizes from the model and the machine (:func:`~accelerando.core.parallelism_layout.choose_layout`).
 
         Args:
             model: a ``torch.nn.Module`` or a transformers config (or ``config.json`` path); or give
@@ -244,7 +244,7 @@ class ParallelismConfig:
                 ``mixed_precision``, ``optimizer``, ``activation_checkpointing``, ``headroom``...).
 
         Returns:
-            The chosen :class:`~accelerando.parallelism_layout.Layout` (also kept as ``self.layout``);
+            The chosen :class:`~accelerando.core.parallelism_layout.Layout` (also kept as ``self.layout``);
             its reasons are logged at INFO level.
 
         Raises:
@@ -252,7 +252,7 @@ class ParallelismConfig:
                 stages (no ``pp`` axis here: use ``PipelineParallelPlugin``), or it contradicts a size
                 given as a number.
         """
-        import accelerando.parallelism_layout as pl
+        import accelerando.core.parallelism_layout as pl
 
         if model_facts is None:
             if model is None:

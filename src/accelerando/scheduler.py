@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from accelerando.gradient_state import GradientState
+from accelerando.core.gradient_state import GradientState
 from accelerando.state import PartialState
 
 if TYPE_CHECKING:

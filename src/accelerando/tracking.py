@@ -22,20 +22,20 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from accelerando.backends.trackers.aim import AimTracker
+from accelerando.backends.trackers.base import GeneralTracker, on_main_process, scalar_value
+from accelerando.backends.trackers.clearml import ClearMLTracker
+from accelerando.backends.trackers.comet import CometMLTracker
+from accelerando.backends.trackers.dvclive import DVCLiveTracker
+from accelerando.backends.trackers.mlflow import MLflowTracker
+from accelerando.backends.trackers.neptune import NeptuneTracker
+from accelerando.backends.trackers.swanlab import SwanLabTracker
+from accelerando.backends.trackers.tensorboard import TensorBoardTracker
+from accelerando.backends.trackers.trackio import TrackioTracker
+from accelerando.backends.trackers.wandb import WandBTracker
 from accelerando.common import imports
-from accelerando.enums import LoggerType
+from accelerando.core.enums import LoggerType
 from accelerando.logging import _process_view, get_logger
-from accelerando.trackers.aim import AimTracker
-from accelerando.trackers.base import GeneralTracker, on_main_process, scalar_value
-from accelerando.trackers.clearml import ClearMLTracker
-from accelerando.trackers.comet import CometMLTracker
-from accelerando.trackers.dvclive import DVCLiveTracker
-from accelerando.trackers.mlflow import MLflowTracker
-from accelerando.trackers.neptune import NeptuneTracker
-from accelerando.trackers.swanlab import SwanLabTracker
-from accelerando.trackers.tensorboard import TensorBoardTracker
-from accelerando.trackers.trackio import TrackioTracker
-from accelerando.trackers.wandb import WandBTracker
 
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",

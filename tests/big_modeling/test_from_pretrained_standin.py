@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 _CHILD = r"""
 import json, os, sys, tempfile
-from accelerando.stand_in import install_as_accelerate
+from accelerando.core.stand_in import install_as_accelerate
 install_as_accelerate()
 import torch
 import transformers
@@ -125,7 +125,7 @@ print("RESULT " + json.dumps(out))
 
 def _stand_in_available() -> bool:
     try:
-        from accelerando.stand_in import install_as_accelerate  # noqa: F401
+        from accelerando.core.stand_in import install_as_accelerate  # noqa: F401
     except ImportError:
         return False
     return True
@@ -134,7 +134,7 @@ def _stand_in_available() -> bool:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     if not _stand_in_available():
-        pytest.skip("accelerando.stand_in (install_as_accelerate) is not available")
+        pytest.skip("accelerando.core.stand_in (install_as_accelerate) is not available")
     root = tmp_path_factory.mktemp("from_pretrained")
     env = {
         **os.environ,

@@ -32,7 +32,7 @@ from accelerando.big_modeling.budgets import get_max_memory
 from accelerando.big_modeling.device_map import infer_auto_device_map
 from accelerando.big_modeling.loading import checkpoint_files, load_state_dict
 from accelerando.big_modeling.offload import read_safetensors_header, safetensors_view
-from accelerando.settings.fields import quote_value
+from accelerando.core.settings.fields import quote_value
 
 MAX_MESSAGE = 1_000
 
@@ -412,7 +412,7 @@ def test_a_shard_in_a_subfolder_of_the_index_still_loads(tmp_path):
 
 def test_an_index_past_the_visible_accelerators_names_how_many_there_are(monkeypatch):
     from accelerando.big_modeling import budgets
-    from accelerando.devices.families import CUDABackend
+    from accelerando.core.devices.families import CUDABackend
 
     monkeypatch.setattr(budgets, "_VISIBLE", {})
     monkeypatch.setattr(CUDABackend, "device_count", classmethod(lambda cls: 2))

@@ -132,8 +132,8 @@ def _optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
 def _per_rank(root: str) -> dict[str, Any]:
     import torch.distributed as dist
 
+    from accelerando.backends.strategies.fsdp.state import OPTIMIZER_SHARDS_NAME
     from accelerando.checkpointing.files import UnsafeCheckpointError
-    from accelerando.strategies.fsdp.state import OPTIMIZER_SHARDS_NAME
 
     accelerator, model, optimizer = _setup()
     torch.manual_seed(1 + accelerator.process_index)
@@ -170,9 +170,9 @@ def _per_rank(root: str) -> dict[str, Any]:
 
 
 def _merge_checks(root: str) -> dict[str, Any]:
+    from accelerando.backends.strategies.fsdp.checkpoint import merge_fsdp_weights
+    from accelerando.backends.strategies.fsdp.state import OPTIMIZER_SHARDS_NAME
     from accelerando.checkpointing.files import UnsafeCheckpointError
-    from accelerando.strategies.fsdp.checkpoint import merge_fsdp_weights
-    from accelerando.strategies.fsdp.state import OPTIMIZER_SHARDS_NAME
 
     out: dict[str, Any] = {}
     shards = os.path.join(root, "hostile", f"{OPTIMIZER_SHARDS_NAME}_0")
@@ -216,8 +216,8 @@ def test_dcp_loads_driven_by_other_libraries_are_weights_only(tmp_path) -> None:
 
     import torch.distributed.checkpoint as dcp
 
+    from accelerando.backends.strategies.fsdp.state import weights_only_dcp_reads
     from accelerando.checkpointing.files import UnsafeCheckpointError, unpickling
-    from accelerando.strategies.fsdp.state import weights_only_dcp_reads
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)

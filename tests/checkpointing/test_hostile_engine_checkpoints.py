@@ -151,7 +151,7 @@ def _dcp_load(folder: str, template: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from accelerando.strategies.fsdp.state import _shard_reader
+    from accelerando.backends.strategies.fsdp.state import _shard_reader
 
     state = {
         "model": {k: torch.zeros_like(v) for k, v in template["model"].items()},

@@ -34,7 +34,7 @@ from accelerando.checkpointing.foreign import (
     is_reference_checkpoint,
 )
 from accelerando.checkpointing.manifest import MANIFEST_NAME, CheckpointError, Manifest, read_manifest
-from accelerando.settings.configfile import ConfigError, load_config_layer, read_config_file
+from accelerando.core.settings.configfile import ConfigError, load_config_layer, read_config_file
 
 FUZZ = settings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -31,8 +31,8 @@ from accelerando import Accelerator
 from accelerando.checkpointing import latest_checkpoint
 from accelerando.checkpointing import lock as L
 from accelerando.checkpointing.manifest import CheckpointError
+from accelerando.core.settings.configfile import ConfigError, find_config_file, read_config_file
 from accelerando.plugins.project import ProjectConfiguration
-from accelerando.settings.configfile import ConfigError, find_config_file, read_config_file
 from suite_support import reset_accelerator_state
 
 BOUND_S = 10.0  # far above what a regular-file check takes; a hang never ends

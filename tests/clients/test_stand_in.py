@@ -26,7 +26,7 @@ def test_import_names_metadata_and_patching_resolve_to_accelerando() -> None:
         """
         import importlib.metadata, importlib.util, sys
         from unittest import mock
-        from accelerando.stand_in import ACCELERATE_COMPAT_VERSION, install_as_accelerate
+        from accelerando.core.stand_in import ACCELERATE_COMPAT_VERSION, install_as_accelerate
 
         install_as_accelerate()
         install_as_accelerate()  # idempotent
@@ -75,7 +75,7 @@ def test_refuses_after_real_accelerate_was_imported() -> None:
     result = _run(
         """
         import accelerate
-        from accelerando.stand_in import AccelerateAlreadyImportedError, install_as_accelerate
+        from accelerando.core.stand_in import AccelerateAlreadyImportedError, install_as_accelerate
         try:
             install_as_accelerate()
         except AccelerateAlreadyImportedError as error:
@@ -91,12 +91,12 @@ def test_stand_in_wins_over_installed_accelerate_for_transformers() -> None:
     pytest.importorskip("transformers")
     out = _ok(
         """
-        from accelerando.stand_in import install_as_accelerate
+        from accelerando.core.stand_in import install_as_accelerate
         install_as_accelerate()
         from transformers.utils import is_accelerate_available
         assert is_accelerate_available("1.12.0")
         import accelerate
-        assert type(accelerate).__module__ == "accelerando.stand_in"
+        assert type(accelerate).__module__ == "accelerando.core.stand_in"
         print("ok")
         """
     )
@@ -117,14 +117,14 @@ def test_accelerate_console_command_launches_scripts_on_the_stand_in(tmp_path) -
         sys.exit(accelerate_console_main(["launch", "--num_processes", "1", {str(script)!r}]))
         """
     )
-    assert "CHILD accelerando.stand_in 1.15.0 accelerando.accelerator" in out
+    assert "CHILD accelerando.core.stand_in 1.15.0 accelerando.accelerator" in out
 
 
 def test_reference_logger_names_are_accelerandos_loggers() -> None:
     out = _ok(
         """
         import logging
-        from accelerando.stand_in import install_as_accelerate
+        from accelerando.core.stand_in import install_as_accelerate
 
         install_as_accelerate()
         assert logging.getLogger("accelerate.utils.environment") is logging.getLogger("accelerando.utils.environment")

@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     if args.accelerate == "accelerando":
-        from accelerando.stand_in import install_as_accelerate
+        from accelerando.core.stand_in import install_as_accelerate
 
         install_as_accelerate()
 

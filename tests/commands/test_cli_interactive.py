@@ -84,7 +84,7 @@ def _answer_in_process(keys: str, gpu_count: int):
 
 
 def test_gpu_backend_questions_fsdp_and_deepspeed(tmp_path):
-    from accelerando.settings.configfile import config_to_layer, settings_to_config
+    from accelerando.core.settings.configfile import config_to_layer, settings_to_config
 
     fsdp_keys = (DOWN * 3 + ENTER) + ENTER + (BACKSPACE + "2" + ENTER) + ENTER  # FSDP, 1 machine, 2, all GPUs
     fsdp_keys += ENTER + (DOWN + ENTER) + ENTER + "y" + ENTER  # v2, SHARD_GRAD_OP, wrap, offload, state dict

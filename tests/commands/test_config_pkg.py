@@ -10,8 +10,8 @@ import yaml
 
 from accelerando.commands.config import config_args, get_config_parser, load_config_from_file, main
 from accelerando.commands.config.config_args import BaseConfig, ClusterConfig, SageMakerConfig
-from accelerando.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
-from accelerando.settings.configfile import ConfigError, load_config_layer
+from accelerando.core.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
+from accelerando.core.settings.configfile import ConfigError, load_config_layer
 
 # What the reference's `accelerate config` writes for two GPUs with DeepSpeed.
 REFERENCE_YAML = """\

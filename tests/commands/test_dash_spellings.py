@@ -11,7 +11,7 @@ import pytest
 from accelerando.commands import launch
 from accelerando.commands.cli import build_parser
 from accelerando.commands.spellings import SPELLING_NOTE, other_spelling
-from accelerando.settings.fields import FIELDS
+from accelerando.core.settings.fields import FIELDS
 
 
 def _dashed(argv: list[str]) -> list[str]:

@@ -16,7 +16,7 @@ from accelerando.commands.to_fsdp2 import (
     to_fsdp2_command,
     to_fsdp2_command_parser,
 )
-from accelerando.settings.configfile import load_config_layer
+from accelerando.core.settings.configfile import load_config_layer
 
 FSDP1 = """\
 compute_environment: LOCAL_MACHINE

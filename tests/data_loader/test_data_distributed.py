@@ -34,7 +34,7 @@ def _gather_ids(loader, key) -> list[int]:
     """gather_for_metrics by hand: all-gather each step, cut the last global batch to remainder."""
     import torch.distributed as dist
 
-    from accelerando.gradient_state import GradientState
+    from accelerando.core.gradient_state import GradientState
 
     ids: list[int] = []
     for batch in loader:

@@ -125,8 +125,8 @@ def test_orders_match_reference(processes: int) -> None:
 
 
 def test_sampler_access_and_gradient_state_on_skip_loader() -> None:
+    from accelerando.core.gradient_state import GradientState
     from accelerando.data_loader import DataLoaderAdapter, SkipDataLoader, get_sampler, prepare_data_loader
-    from accelerando.gradient_state import GradientState
 
     plain = DataLoader(TensorDataset(torch.arange(6)), batch_size=2, shuffle=True)
     assert get_sampler(plain) is plain.sampler

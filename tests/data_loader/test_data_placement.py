@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
+from accelerando.core.gradient_state import GradientState
 from accelerando.data_loader import DataLoaderDispatcher, prepare_data_loader
-from accelerando.gradient_state import GradientState
 
 
 class Counting(Dataset):

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
+from accelerando.core.gradient_state import GradientState
 from accelerando.data_loader import (
     BatchSamplerShard,
     DataLoaderShard,
@@ -22,7 +23,6 @@ from accelerando.data_loader import (
     SeedableRandomSampler,
     prepare_data_loader,
 )
-from accelerando.gradient_state import GradientState
 from accelerando.plugins.dataloader import DataLoaderConfiguration
 
 

@@ -80,8 +80,8 @@ def test_prefetch_copies_the_next_batch_on_a_side_stream_before_the_current_one_
 
 def test_memory_monitor_reads_cuda_counters_and_nvml_sensors(tmp_path):
     """#7 item 3: device allocated / reserved / peak follow a 1 GiB allocation; NVML sensors are read."""
+    from accelerando.backends.monitoring import MemoryMonitor
     from accelerando.common.imports import is_pynvml_available
-    from accelerando.monitoring import MemoryMonitor
 
     torch.cuda.init()
     monitor = MemoryMonitor(window=3, output_dir=tmp_path, nvml_every=1, plot=False).start()
@@ -106,7 +106,7 @@ def test_memory_monitor_reads_cuda_counters_and_nvml_sensors(tmp_path):
 
 def test_allocator_snapshot_opens_as_a_memory_viz_pickle(tmp_path):
     """#7 item 3: one profiled CUDA step names the big allocators and writes an allocator snapshot."""
-    from accelerando.monitoring.profiling import profile_memory_step
+    from accelerando.backends.monitoring.profiling import profile_memory_step
 
     model = torch.nn.Sequential(
         torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)
@@ -263,8 +263,8 @@ def test_torchao_fp8_runs_natively_and_equals_torchao_by_hand(fresh_state):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     from accelerando import Accelerator
+    from accelerando.backends.precision.fp8.torchao import default_module_filter
     from accelerando.plugins.kwargs import AORecipeKwargs
-    from accelerando.precision.fp8.torchao import default_module_filter
 
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
     assert accelerator._precision.emulated is False
@@ -287,9 +287,9 @@ def test_torchao_fp8_runs_natively_and_equals_torchao_by_hand(fresh_state):
 def test_transformer_engine_fp8_or_clear_error(fresh_state):
     """#18 item 3: fp8_backend te swaps layers for TE ones and trains; without the package, the error names 'ao'."""
     from accelerando import Accelerator
+    from accelerando.backends.precision.fp8.transformer_engine import has_transformer_engine_layers
     from accelerando.common.imports import is_transformer_engine_available
     from accelerando.plugins.kwargs import TERecipeKwargs
-    from accelerando.precision.fp8.transformer_engine import has_transformer_engine_layers
 
     if not is_transformer_engine_available():
         with pytest.raises(RuntimeError, match="'ao'"):

@@ -82,7 +82,7 @@ def test_site_builds_strictly(tmp_path: pathlib.Path) -> None:
 
 
 def test_cli_reference_covers_every_setting() -> None:
-    from accelerando.settings.fields import FIELDS
+    from accelerando.core.settings.fields import FIELDS
 
     page = _load_hook().render_cli_reference()
     assert "| setting |" not in page  # definition lists, not a 7-column table that wraps names mid-word

@@ -36,7 +36,7 @@ import os, signal, sys, time
 import torch
 import torch.distributed as dist
 from accelerando import Accelerator
-from accelerando.runtime import current_process
+from accelerando.core.runtime import current_process
 from accelerando.utils import ProjectConfiguration, set_seed
 
 project, out, fault, fault_step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

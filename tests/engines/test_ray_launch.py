@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from accelerando.commands.launch.flags import split_unknown
 from accelerando.commands.launch.parser import build_parser, parse
-from accelerando.environments import RayTrainEnvironment, detect_environment
+from accelerando.core.environments import RayTrainEnvironment, detect_environment
+from accelerando.core.settings import Sourced, resolve
 from accelerando.launchers.emit import emit_job
 from accelerando.launchers.plan import Command
 from accelerando.launchers.ray import Failure, failure_summary, process_env, rank_by_machine
-from accelerando.settings import Sourced, resolve
 
 
 def _settings(**values):
@@ -90,7 +90,7 @@ def test_each_process_gets_a_torchrun_processes_variables() -> None:
                       world_size=4, num_machines=2, address="10.0.0.2", port=1234, attempt=2,
                       max_restarts=3)  # fmt: skip
     assert env["ACCELERANDO_CPU"] == "true"
-    from accelerando.environments import TorchElasticEnvironment
+    from accelerando.core.environments import TorchElasticEnvironment
 
     cluster = detect_environment(env)
     assert isinstance(cluster, TorchElasticEnvironment)
@@ -144,7 +144,7 @@ def test_a_ray_train_worker_reads_its_place_from_rays_context() -> None:
 def test_outside_ray_train_the_environment_is_not_detected_and_ray_is_not_imported() -> None:
     code = (
         "import json, sys\n"
-        "from accelerando.environments import detect_environment\n"
+        "from accelerando.core.environments import detect_environment\n"
         "env = detect_environment({'RANK': '0', 'WORLD_SIZE': '2', 'MASTER_ADDR': 'h', 'MASTER_PORT': '1'})\n"
         "print(json.dumps([env.name, 'ray' in sys.modules]))\n"
     )

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from accelerando.backends.connector import decide
 from accelerando.commands.launch.parser import build_parser, parse
 from accelerando.commands.launch.resolution import plan_for
-from accelerando.connector import decide
-from accelerando.enums import DistributedType
+from accelerando.core.enums import DistributedType
 from accelerando.launchers import ft
 from accelerando.parallelism_config import ParallelismConfig
 from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
@@ -90,7 +90,7 @@ def test_connector_picks_the_fault_tolerant_strategy_and_refuses_mixtures() -> N
 
 @pytest.mark.usefixtures("isolated_env")
 def test_plugin_fills_from_the_launch_and_checks_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelerando.settings import forget_process_settings
+    from accelerando.core.settings import forget_process_settings
 
     monkeypatch.setenv("ACCELERANDO_FT_REPLICA_ID", "1")
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://lh:1")
@@ -106,7 +106,7 @@ def test_plugin_fills_from_the_launch_and_checks_values(monkeypatch: pytest.Monk
 @pytest.mark.usefixtures("isolated_env")
 def test_a_process_without_lighthouse_or_replica_id_is_told_how_to_launch() -> None:
     pytest.importorskip("torchft")
-    from accelerando.strategies.fault_tolerance.manager import start_manager
+    from accelerando.backends.strategies.fault_tolerance.manager import start_manager
 
     with pytest.raises(ValueError, match="accelerando launch --fault_tolerance"):
         start_manager(FaultTolerancePlugin(replica_id=0), 0, 1)
@@ -118,7 +118,7 @@ _PROBE = """
 import json, sys, io, contextlib
 import accelerando
 from accelerando import FaultTolerancePlugin
-import accelerando.launchers.ft, accelerando.strategies
+import accelerando.launchers.ft, accelerando.backends.strategies
 from accelerando.commands.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     try:

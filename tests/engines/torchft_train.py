@@ -24,7 +24,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from accelerando import Accelerator
-from accelerando.strategies.fault_tolerance import current_step
+from accelerando.backends.strategies.fault_tolerance import current_step
 
 
 def _local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

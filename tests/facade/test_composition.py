@@ -16,8 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-import accelerando.connector as connector
+import accelerando.backends.connector as connector
 from accelerando import Accelerator, DataLoaderConfiguration
+from accelerando.backends.strategies.base import Strategy
+from accelerando.core.gradient_state import GradientState
+from accelerando.core.runtime import Plugins
 from accelerando.facade.checkpoint_service import CheckpointService
 from accelerando.facade.collectives import Collectives
 from accelerando.facade.observing import Observability
@@ -25,14 +28,11 @@ from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.preparer import Preparer
 from accelerando.facade.registry import PreparedObjects
 from accelerando.facade.topology import MeshRanks
-from accelerando.gradient_state import GradientState
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.plugins.dynamo import TorchDynamoPlugin
 from accelerando.plugins.project import ProjectConfiguration
-from accelerando.runtime import Plugins
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
-from accelerando.strategies.base import Strategy
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 

@@ -64,7 +64,7 @@ def test_gpu_only_backends_refuse_clearly_on_cpu():
 
 def test_multi_device_parallelism_config_and_stateful_flags(fresh_state):
     from accelerando import Accelerator, DataLoaderConfiguration, DistributedType, ParallelismConfig
-    from accelerando.connector import is_multi_device
+    from accelerando.backends.connector import is_multi_device
 
     accelerator = Accelerator(
         cpu=True,

@@ -48,8 +48,8 @@ def test_sagemaker_and_tpu_pod_are_refused_at_process_start(
 
 @pytest.mark.usefixtures("fresh_state")
 def test_torch_device_names_the_process_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelerando import runtime
-    from accelerando.devices import CPUBackend, CUDABackend
+    from accelerando.core import runtime
+    from accelerando.core.devices import CPUBackend, CUDABackend
     from accelerando.state import PartialState
 
     monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)

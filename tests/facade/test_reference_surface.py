@@ -205,7 +205,7 @@ def test_gradient_state_properties(fresh_state: Any) -> None:
 
 
 def test_multi_neuron_type() -> None:
-    from accelerando.connector import is_multi_device
+    from accelerando.backends.connector import is_multi_device
 
     assert DistributedType("MULTI_NEURON") is DistributedType.MULTI_NEURON
     assert is_multi_device(DistributedType.MULTI_NEURON)

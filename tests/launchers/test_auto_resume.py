@@ -101,7 +101,7 @@ ATTEMPT_PREFIX = """\
 import json, os, sys
 import torch
 from torch.distributed import TCPStore
-from accelerando import process_group
+from accelerando.core import process_group
 
 agent = TCPStore("127.0.0.1", 0, 1, is_master=True, multi_tenant=True)  # the agent's store
 os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # what the agent tells its processes
@@ -112,7 +112,7 @@ print(json.dumps(agent.list_keys()))  # what the group wrote: gloo's addresses a
 
 
 def test_the_elastic_restart_count_is_read_by_the_cluster_environment():
-    from accelerando.environments.torchrun import TorchElasticEnvironment
+    from accelerando.core.environments.torchrun import TorchElasticEnvironment
 
     job = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     assert TorchElasticEnvironment(job).restart_count == 0

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from accelerando.commands import launch
+from accelerando.core.settings import Sourced, resolve, resolve_runtime_settings
+from accelerando.core.settings.fields import machine_range
+from accelerando.core.settings.machine import MachineInfo
 from accelerando.launchers.plan import Command, build, check_settings, machine_counts
-from accelerando.settings import Sourced, resolve, resolve_runtime_settings
-from accelerando.settings.fields import machine_range
-from accelerando.settings.machine import MachineInfo
 from accelerando.test_utils.distributed import get_free_port
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=8, python="py")

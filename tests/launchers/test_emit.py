@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from accelerando.core.settings import Sourced, resolve
 from accelerando.launchers.emit import emit_job, job_spec
 from accelerando.launchers.emit.kubernetes import pytorchjob_manifest
 from accelerando.launchers.emit.slurm import render_sbatch, setting_flags
 from accelerando.launchers.plan import Command
-from accelerando.settings import Sourced, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Path(__file__).parent / "schemas" / "pytorchjob-kubeflow-v1.schema.json"

@@ -23,11 +23,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from accelerando.core.settings.fields import FIELDS_BY_NAME
 from accelerando.launchers.emit import JobSpec
 from accelerando.launchers.emit.kubernetes import render_manifest
 from accelerando.launchers.emit.slurm import render_sbatch, setting_flags
 from accelerando.launchers.plan import Command
-from accelerando.settings.fields import FIELDS_BY_NAME
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="runs bash and stub executables")
 

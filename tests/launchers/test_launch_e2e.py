@@ -19,7 +19,7 @@ import pytest
 PROBE = """\
 import json, os, sys
 import torch
-from accelerando.settings import resolve_runtime_settings
+from accelerando.core.settings import resolve_runtime_settings
 from accelerando.state import PartialState
 
 out, code = sys.argv[1], json.loads(sys.argv[2])

@@ -16,8 +16,8 @@ import pytest
 
 from accelerando.commands import launch
 from accelerando.commands.spellings import other_spelling
+from accelerando.core.settings.machine import MachineInfo
 from accelerando.launchers.plan import Command, build
-from accelerando.settings.machine import MachineInfo
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=4, python="py", omp_threads_set=True)
 

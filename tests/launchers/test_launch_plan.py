@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from accelerando.commands import launch
+from accelerando.core.settings import Sourced, resolve, resolve_runtime_settings
+from accelerando.core.settings.machine import MachineInfo
 from accelerando.launchers.plan import Command, build, check_files, export_env
-from accelerando.settings import Sourced, resolve, resolve_runtime_settings
-from accelerando.settings.machine import MachineInfo
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=8, python="py")
 GPU_BOX = MachineInfo(gpu_count=4, cpu_count=32, python="py")
@@ -70,7 +70,7 @@ def test_backend_flags_are_exported_before_backends_exist():
 
 
 def test_exported_env_round_trips_through_the_process_resolver():
-    from accelerando.settings import resolve_runtime_settings
+    from accelerando.core.settings import resolve_runtime_settings
 
     settings = cli(
         mixed_precision="fp16", gradient_accumulation_steps="4", use_fsdp=True, fsdp_offload_params="yes"
@@ -220,7 +220,7 @@ def test_public_names_resolve_lazily():
 
 
 def test_launcher_sources_travel_with_the_values():
-    from accelerando.settings import resolve_runtime_settings
+    from accelerando.core.settings import resolve_runtime_settings
 
     config = {"mixed_precision": Sourced("bf16", "config:/c.yaml")}
     flags = {"gradient_accumulation_steps": Sourced("4", "cli:--gradient_accumulation_steps")}

@@ -45,14 +45,14 @@ NOT_FOR_ONE_PROCESS = {
     "torch",
     "accelerando.launchers.preflight",
     "accelerando.launchers.watchdog",
-    "accelerando.stand_in",
+    "accelerando.core.stand_in",
 }
 # accelerando modules a one-process launcher imports today (31: the settings table, the plan, the
 # CLI; the --emit job writers load only with --emit). A new one on this path costs every launch its
 # import time; raise with care.
 LAUNCHER_MODULE_CEILING = 33
 # The shim itself runs as ``__main__`` (``python -m accelerando.launchers._child``), so it is not listed.
-SHIM_MODULES = {"accelerando", "accelerando._lazy", "accelerando.version", "accelerando.launchers"}
+SHIM_MODULES = {"accelerando", "accelerando.core._lazy", "accelerando.core.version", "accelerando.launchers"}
 
 
 @pytest.fixture

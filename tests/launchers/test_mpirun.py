@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from accelerando.core.settings import Sourced, resolve
+from accelerando.core.settings.machine import MachineInfo
 from accelerando.launchers.mpirun import MpiRun, detect_mpirun, flavour_of, mpirun_argv
 from accelerando.launchers.plan import Command, build, check_files
-from accelerando.settings import Sourced, resolve
-from accelerando.settings.machine import MachineInfo
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=4, python="py", omp_threads_set=True)
 OPEN_MPI = MpiRun("/usr/bin/mpirun", "openmpi")
@@ -97,7 +97,7 @@ def test_mpirun_refuses_what_it_cannot_do(tmp_path: Path, values: dict, message:
 
 PROBE = """\
 import json, os, sys
-from accelerando.environments import detect_environment
+from accelerando.core.environments import detect_environment
 env = detect_environment()
 result = {"rank": env.rank, "world": env.world_size, "kind": env.name}
 result["env"] = {k: v for k, v in os.environ.items() if k.startswith(("ACCELERATE", "MASTER", "CCL"))}

@@ -27,7 +27,7 @@ accelerator = Accelerator(cpu=True)
 assert accelerator.num_processes == 2, accelerator.num_processes
 total = torch.tensor([accelerator.process_index + 1.0])
 torch.distributed.all_reduce(total)
-from accelerando.environments import detect_environment
+from accelerando.core.environments import detect_environment
 cluster = detect_environment()
 report = {"rank": accelerator.process_index, "world": accelerator.num_processes, "sum": total.item(),
           "local": accelerator.local_process_index, "node": cluster.node_rank, "kind": cluster.name,

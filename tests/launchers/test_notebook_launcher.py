@@ -23,7 +23,7 @@ def fresh_parent_state():
 def _train_and_report(steps: int):
     import torch
 
-    from accelerando.settings import resolve_runtime_settings
+    from accelerando.core.settings import resolve_runtime_settings
     from accelerando.state import PartialState
     from accelerando.test_utils import RegressionDataset
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from accelerando.commands import launch
+from accelerando.core.settings import Sourced, resolve
+from accelerando.core.settings.machine import MachineInfo, detect_machine
 from accelerando.launchers.plan import Command, build
-from accelerando.settings import Sourced, resolve
-from accelerando.settings.machine import MachineInfo, detect_machine
 
 TRAIN = Command("train.py")
 
@@ -75,7 +75,7 @@ def test_the_launch_prints_the_warning_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     import accelerando.launchers.runner as runner
-    from accelerando.settings import machine as machine_module
+    from accelerando.core.settings import machine as machine_module
 
     started = []
     monkeypatch.setattr(

@@ -12,8 +12,8 @@ import psutil
 import pytest
 import torch
 
-from accelerando.monitoring import MemoryMonitor, linear_trend
-from accelerando.monitoring.profiling import profile_context, profile_memory_step
+from accelerando.backends.monitoring import MemoryMonitor, linear_trend
+from accelerando.backends.monitoring.profiling import profile_context, profile_memory_step
 from accelerando.plugins.kwargs import ProfileKwargs
 
 _MIB = 1 << 20
@@ -38,7 +38,7 @@ def test_linear_trend() -> None:
 def test_leaking_loop_warns_once_and_files_are_written(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="accelerando.monitoring")
+    caplog.set_level(logging.WARNING, logger="accelerando.backends.monitoring")
     tracker = ListTracker()
     monitor = MemoryMonitor(
         trackers=[tracker], window=16, output_dir=tmp_path, leak_min_growth_mb=16, log_every=1

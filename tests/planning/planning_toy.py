@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from accelerando.planning.models import ModelSource
+from accelerando.backends.planning.models import ModelSource
 
 __all__ = ["Block", "ToyLM", "toy_model", "toy_source"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelerando import parallelism_layout as pl
+from accelerando.core import parallelism_layout as pl
 
 GIB = 1024**3
 FACTS = pl.ModelFacts(

@@ -7,13 +7,19 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accelerando.planning import report
-from accelerando.planning.cost import communication_seconds, step_flops
-from accelerando.planning.derive import offload_from, pp_dp_from_ddp, zero1_from_ddp
-from accelerando.planning.planner import Plan, _scale, candidates
-from accelerando.planning.simulate import StepCount
-from accelerando.planning.spec import Candidate, ClusterSpec, LayoutEstimate, MemoryBreakdown, TrainingShape
-from accelerando.settings.configfile import config_to_layer
+from accelerando.backends.planning import report
+from accelerando.backends.planning.cost import communication_seconds, step_flops
+from accelerando.backends.planning.derive import offload_from, pp_dp_from_ddp, zero1_from_ddp
+from accelerando.backends.planning.planner import Plan, _scale, candidates
+from accelerando.backends.planning.simulate import StepCount
+from accelerando.backends.planning.spec import (
+    Candidate,
+    ClusterSpec,
+    LayoutEstimate,
+    MemoryBreakdown,
+    TrainingShape,
+)
+from accelerando.core.settings.configfile import config_to_layer
 
 GIB = 1024**3
 

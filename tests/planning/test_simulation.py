@@ -14,11 +14,11 @@ import sys
 import pytest
 from planning_toy import ToyLM, toy_source
 
-from accelerando.planning.models import resolve_model
-from accelerando.planning.planner import _scale
-from accelerando.planning.simulate import simulate
-from accelerando.planning.spec import Candidate, TrainingShape
-from accelerando.planning.validation import (
+from accelerando.backends.planning.models import resolve_model
+from accelerando.backends.planning.planner import _scale
+from accelerando.backends.planning.simulate import simulate
+from accelerando.backends.planning.spec import Candidate, TrainingShape
+from accelerando.backends.planning.validation import (
     TOLERANCE,
     VALIDATION_MODELS,
     VALIDATION_SHAPE,
@@ -73,7 +73,7 @@ def test_importing_accelerando_or_listing_commands_does_not_load_the_planner() -
         "import sys, accelerando\n"
         "from accelerando.commands.cli import main\n"
         "main(['--help'])\n"
-        "assert 'accelerando.planning' not in sys.modules, 'planner loaded'\n"
+        "assert 'accelerando.backends.planning' not in sys.modules, 'planner loaded'\n"
         "assert 'transformers' not in sys.modules\n"
     )
     done = subprocess.run(

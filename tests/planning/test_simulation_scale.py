@@ -19,8 +19,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from accelerando.planning.layouts import _LazyChunks, apply_layout, build_mesh, one_rank_chunks
-from accelerando.planning.spec import Candidate, TrainingShape
+from accelerando.backends.planning.layouts import _LazyChunks, apply_layout, build_mesh, one_rank_chunks
+from accelerando.backends.planning.spec import Candidate, TrainingShape
 
 SHAPE = TrainingShape(micro_batch=2, seq_length=16, mixed_precision="no")
 

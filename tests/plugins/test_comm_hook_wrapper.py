@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from accelerando.core.settings.machine import free_port
 from accelerando.plugins.kwargs import DistributedDataParallelKwargs
-from accelerando.settings.machine import free_port
 
 
 @pytest.fixture

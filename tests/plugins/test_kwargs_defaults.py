@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from accelerando.core.settings import environment_hidden, environment_text, process_settings
 from accelerando.plugins.dynamo import TorchDynamoPlugin
 from accelerando.plugins.kwargs import KwargsHandler
-from accelerando.settings import environment_hidden, environment_text, process_settings
 
 
 @dataclass

@@ -79,7 +79,7 @@ def by_hand(model: torch.nn.Module, all_gather: bool = False) -> torch.nn.Module
     """The model converted with torchao directly, as the Accelerator converts it on CPU."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    from accelerando.precision.fp8.torchao import default_module_filter
+    from accelerando.backends.precision.fp8.torchao import default_module_filter
 
     config = Float8LinearConfig(emulate=True, pad_inner_dim=True, enable_fsdp_float8_all_gather=all_gather)
     return convert_to_float8_training(model, module_filter_fn=default_module_filter(model), config=config)

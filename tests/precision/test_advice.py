@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from accelerando.precision import advice, build_precision
+from accelerando.backends.precision import advice, build_precision
 
 
 @pytest.fixture

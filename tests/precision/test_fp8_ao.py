@@ -81,7 +81,7 @@ def test_save_state_load_state_continue_equals_uninterrupted(fresh_state, tmp_pa
 def test_save_model_writes_high_precision_weights_loadable_without_torchao(fresh_state, tmp_path):
     from safetensors.torch import load_file
 
-    from accelerando.precision.fp8.torchao import has_ao_layers
+    from accelerando.backends.precision.fp8.torchao import has_ao_layers
 
     _, acc, model = _accelerated(3, mixed_precision="fp8")
     assert has_ao_layers(model)
@@ -100,8 +100,8 @@ def test_save_model_writes_high_precision_weights_loadable_without_torchao(fresh
 def test_filters_and_user_filter(fresh_state):
     from torchao.float8 import Float8LinearConfig
 
+    from accelerando.backends.precision.fp8 import torchao as ao
     from accelerando.plugins.kwargs import AORecipeKwargs
-    from accelerando.precision.fp8 import torchao as ao
 
     model = make_model()
     assert ao.find_first_last_linear_layers(model) == ("proj", "head")

@@ -20,8 +20,8 @@ def _build_and_prepare(**kwargs):
 
 
 def test_automatic_choice_is_torchao_here_and_logged(fresh_state, caplog):
-    from accelerando.precision.fp8 import choose_fp8_backend
-    from accelerando.settings import process_settings
+    from accelerando.backends.precision.fp8 import choose_fp8_backend
+    from accelerando.core.settings import process_settings
 
     backend, recipe, reason = choose_fp8_backend({}, process_settings(), "cpu")
     assert (backend, type(recipe).__name__) == ("ao", "AORecipeKwargs") and "automatic" in reason
@@ -35,9 +35,9 @@ def test_automatic_choice_is_torchao_here_and_logged(fresh_state, caplog):
 
 
 def test_settings_choose_the_backend_and_fill_the_recipes(fresh_state, monkeypatch):
+    from accelerando.backends.precision.fp8 import choose_fp8_backend
+    from accelerando.core.settings import process_settings
     from accelerando.plugins.kwargs import AORecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-    from accelerando.precision.fp8 import choose_fp8_backend
-    from accelerando.settings import process_settings
 
     monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "ao")
     monkeypatch.setenv("ACCELERATE_FP8_PAD_INNER_DIM", "false")
@@ -67,8 +67,8 @@ def test_backend_that_cannot_run_here_names_ao(fresh_state, monkeypatch):
 
 
 def test_unknown_backend_two_recipes_wrong_types(fresh_state, monkeypatch):
+    from accelerando.backends.precision.fp8 import choose_fp8_backend
     from accelerando.plugins.kwargs import AORecipeKwargs, FP8RecipeKwargs, TERecipeKwargs
-    from accelerando.precision.fp8 import choose_fp8_backend
 
     monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "fp4")
     with pytest.raises(ValueError, match="fp8_backend"):
@@ -97,8 +97,8 @@ def test_unknown_backend_two_recipes_wrong_types(fresh_state, monkeypatch):
 
 
 def test_no_backend_installed(fresh_state, monkeypatch):
+    from accelerando.backends.precision.fp8 import choose_fp8_backend
     from accelerando.common import imports
-    from accelerando.precision.fp8 import choose_fp8_backend
 
     monkeypatch.setattr(imports, "is_torchao_available", lambda: False)
     with pytest.raises(RuntimeError, match="pip install torchao"):
@@ -106,7 +106,7 @@ def test_no_backend_installed(fresh_state, monkeypatch):
 
 
 def test_transformer_engine_helpers_without_it_name_ao():
-    from accelerando.precision.fp8 import transformer_engine
+    from accelerando.backends.precision.fp8 import transformer_engine
 
     model = torch.nn.Linear(16, 16)
     assert transformer_engine.has_transformer_engine_layers(model) is False

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from accelerando.precision.fp8 import choice as fp8_choice
+from accelerando.backends.precision.fp8 import choice as fp8_choice
 
 # --------------------------------------------------------------------------------- test doubles
 FAKE_MSAMP_INIT = '''\
@@ -109,7 +109,7 @@ def _no_fp8_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _msamp_precision(handlers: dict[type, Any] | None = None) -> Any:
-    from accelerando.precision.fp8 import build_fp8_precision
+    from accelerando.backends.precision.fp8 import build_fp8_precision
 
     return build_fp8_precision("cuda", handlers or {})
 
@@ -117,8 +117,8 @@ def _msamp_precision(handlers: dict[type, Any] | None = None) -> Any:
 def _ds_config(precision: Any, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The DeepSpeed config resolved for one prepare call under ``precision``."""
     from accelerando import DeepSpeedPlugin
-    from accelerando.strategies.deepspeed.msamp import msamp_opt_level
-    from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config
+    from accelerando.backends.strategies.deepspeed.msamp import msamp_opt_level
+    from accelerando.backends.strategies.deepspeed.resolve import PrepareInputs, resolve_config
 
     plugin = DeepSpeedPlugin(hf_ds_config=config) if config is not None else DeepSpeedPlugin(zero_stage=1)
     model = torch.nn.Linear(4, 2)
@@ -203,9 +203,9 @@ def test_deepspeed_plugin_enable_msamp_makes_the_engine_convert(
 ) -> None:
     """DeepSpeedPlugin(enable_msamp=True) alone: its block is used and no precision converts the model."""
     from accelerando import DeepSpeedPlugin
-    from accelerando.precision import Precision
-    from accelerando.precision.fp8.ao import AOPrecision
-    from accelerando.strategies.deepspeed.msamp import converts_in_engine
+    from accelerando.backends.precision import Precision
+    from accelerando.backends.precision.fp8.ao import AOPrecision
+    from accelerando.backends.strategies.deepspeed.msamp import converts_in_engine
 
     plugin = DeepSpeedPlugin(zero_stage=1, enable_msamp=True, msamp_opt_level="O1")
     assert plugin.deepspeed_config["msamp"] == {"enabled": True, "opt_level": "O1"}
@@ -217,8 +217,8 @@ def test_deepspeed_plugin_enable_msamp_makes_the_engine_convert(
 
 
 def test_no_block_without_msamp(fresh_state: Any) -> None:
-    from accelerando.precision import Precision
-    from accelerando.strategies.deepspeed.msamp import engine_initializer
+    from accelerando.backends.precision import Precision
+    from accelerando.backends.strategies.deepspeed.msamp import engine_initializer
 
     config = _ds_config(Precision())
     assert "msamp" not in config
@@ -230,8 +230,8 @@ def test_no_block_without_msamp(fresh_state: Any) -> None:
 def test_engine_initializer_is_msamp_deepspeed_when_enabled(
     fake_msamp: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from accelerando.backends.strategies.deepspeed import msamp as ds_msamp
     from accelerando.common import imports
-    from accelerando.strategies.deepspeed import msamp as ds_msamp
 
     config = {"msamp": {"enabled": True, "opt_level": "O2"}}
     import msamp.deepspeed
@@ -292,7 +292,7 @@ def test_msamp_with_fsdp_is_refused(
 ) -> None:
     import types
 
-    import accelerando.runtime as rt
+    import accelerando.core.runtime as rt
 
     precision = _msamp_precision()
     fsdp_runtime = types.SimpleNamespace(plugins=types.SimpleNamespace(fsdp=object()))
@@ -334,7 +334,7 @@ def test_accelerator_prepare_calls_msamp_initialize(
 DS_SCRIPT = """
 import torch
 
-import accelerando.precision.fp8.choice as choice
+import accelerando.backends.precision.fp8.choice as choice
 # Test double for "a CUDA GPU and MS-AMP are here": msamp (the stand-in on sys.path) passes the check.
 choice.fp8_backend_problem = lambda backend, device: None
 

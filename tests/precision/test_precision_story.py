@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from accelerando.precision import advice
+from accelerando.backends.precision import advice
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -32,7 +32,7 @@ def _default_help() -> str:
 
 def _texts() -> dict[str, str]:
     from accelerando.commands.config.questions import _PRECISION_NOTES
-    from accelerando.settings.fields import get_field
+    from accelerando.core.settings.fields import get_field
 
     texts = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in sorted(DOCS.rglob("*.md"))}
     texts["README.md"] = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -77,7 +77,7 @@ def test_the_table_states_each_choice_on_cpu_and_gpu() -> None:
 
 def test_help_and_questions_agree_with_the_table() -> None:
     from accelerando.commands.config.questions import _PRECISION_NOTES
-    from accelerando.settings.fields import get_field
+    from accelerando.core.settings.fields import get_field
 
     help_ = get_field("mixed_precision").help
     assert "emulate" in help_ and "CPU" in help_ and "Ampere" in help_

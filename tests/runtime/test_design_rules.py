@@ -13,15 +13,15 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "accelerando"
 
 # Where os.environ may appear, and why.
 ENVIRON_ALLOWED = {
-    "settings",  # the resolver reads the launcher's variables
-    "environments",  # cluster environments read rank / world size
-    "devices",  # device visibility variables
+    "core/settings",  # the resolver reads the launcher's variables
+    "core/environments",  # cluster environments read rank / world size
+    "core/devices",  # device visibility variables
     "launchers",  # the only writers of child-process environments
     "common/torch_xla.py",  # tells a Colab / Kaggle host by its variables (install_xla only)
     "commands/tpu.py",  # hands the environment to the gcloud command it runs
     "commands/config/config_args.py",  # where the reference keeps its config file (HF_HOME)
     "common/environment.py",  # patch_environment & co. exist to edit os.environ
-    "strategies/fsdp/checkpoint.py",  # the reference API toggles FSDP RAM-efficient loading through an env var
+    "backends/strategies/fsdp/checkpoint.py",  # the reference API toggles FSDP RAM-efficient loading through an env var
     "logging.py",  # the log level must be readable before any state exists
     "test_utils",  # sets torchrun-style variables inside spawned test processes
 }
@@ -148,7 +148,7 @@ def test_backend_names_compared_as_strings_only_in_connector_and_strategies():
     offenders = []
     for p in _py_files():
         rel = p.relative_to(SRC).as_posix()
-        if rel == "connector.py" or rel.startswith("strategies/"):
+        if rel == "backends/connector.py" or rel.startswith("backends/strategies/"):
             continue
         offenders += [f"{rel}:{i}" for i in _string_comparisons(p.read_text())]
     assert offenders == []
@@ -168,7 +168,7 @@ def test_string_comparison_rule_catches_the_usual_spellings():
 
 
 def _tabled_variables() -> set[str]:
-    from accelerando.settings import FIELDS
+    from accelerando.core.settings import FIELDS
 
     return {var for field in FIELDS for var in field.env_names}
 
@@ -199,7 +199,7 @@ def test_tabled_settings_are_read_only_through_the_settings():
     offenders = []
     for p in _py_files():
         rel = p.relative_to(SRC).as_posix()
-        if rel.startswith("settings/"):
+        if rel.startswith("core/settings/"):
             continue
         offenders += [f"{rel}:{i}" for i in _tabled_reads(ast.parse(p.read_text()), tabled)]
     assert offenders == []

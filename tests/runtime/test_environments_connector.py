@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelerando.connector import decide, process_distributed_type
-from accelerando.devices import CPUBackend, CUDABackend, backend_for, detect_device_backend
-from accelerando.enums import DistributedType
-from accelerando.environments import (
+from accelerando.backends.connector import decide, process_distributed_type
+from accelerando.core.devices import CPUBackend, CUDABackend, backend_for, detect_device_backend
+from accelerando.core.enums import DistributedType
+from accelerando.core.environments import (
     MPIEnvironment,
     SingleProcessEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
     detect_environment,
 )
-from accelerando.environments.slurm import first_host
+from accelerando.core.environments.slurm import first_host
 from accelerando.state import PartialState, _split
 
 TORCHRUN = {

@@ -31,8 +31,8 @@ NOT_LOADED = (
     "accelerando.plugins.fault_tolerance",
     "accelerando.plugins.fp8_recipes",
     "accelerando.plugins.pipeline",
-    "accelerando.strategies.ddp",
-    "accelerando.trackers",
+    "accelerando.backends.strategies.ddp",
+    "accelerando.backends.trackers",
 )
 
 CODE = """\

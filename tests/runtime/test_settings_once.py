@@ -12,9 +12,9 @@ def count_resolutions(monkeypatch, fresh_state):
     """Count how often the environment is read into settings (what a "resolution" costs)."""
     import sys
 
-    import accelerando.settings  # noqa: F401 - loads the resolver module
+    import accelerando.core.settings  # noqa: F401 - loads the resolver module
 
-    resolve_module = sys.modules["accelerando.settings.resolve"]
+    resolve_module = sys.modules["accelerando.core.settings.resolve"]
 
     calls: list[int] = []
     real = resolve_module.env_layer
@@ -56,7 +56,7 @@ def test_one_resolution_per_accelerator_with_plugins(monkeypatch, count_resoluti
 
 
 def test_code_can_say_cpu_false_over_the_launcher(monkeypatch, fresh_state):
-    from accelerando.settings import resolve_runtime_settings
+    from accelerando.core.settings import resolve_runtime_settings
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     assert resolve_runtime_settings().cpu is True

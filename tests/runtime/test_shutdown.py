@@ -49,7 +49,7 @@ PLAIN = """\
 import os, signal, sys, time
 import torch
 import torch.distributed as dist
-from accelerando import process_group
+from accelerando.core import process_group
 
 mode, rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 handle = process_group.start(

@@ -24,10 +24,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "accelerando"
 CONTRACT_MODULES = [
-    "src/accelerando/runtime.py",
-    "src/accelerando/connector.py",
-    "src/accelerando/strategies/base.py",
-    "src/accelerando/precision/base.py",
+    "src/accelerando/core/runtime.py",
+    "src/accelerando/backends/connector.py",
+    "src/accelerando/backends/strategies/base.py",
+    "src/accelerando/backends/precision/base.py",
     "src/accelerando/checkpointing/target.py",
 ]
 # Measured with this file's counter over src/accelerando: 2028 before issue 28 item 2, 1867 after its
@@ -135,11 +135,11 @@ def test_any_in_annotations_stays_under_the_ratchet():
 
 
 def test_connector_builds_the_runtime_whole_then_activates_it(fresh_state, isolated_env, monkeypatch):
-    import accelerando.runtime as rt
-    import accelerando.strategies as strategies
-    from accelerando import connector
-    from accelerando.precision.base import Precision
-    from accelerando.strategies.base import Strategy
+    import accelerando.backends.strategies as strategies
+    import accelerando.core.runtime as rt
+    from accelerando.backends import connector
+    from accelerando.backends.precision.base import Precision
+    from accelerando.backends.strategies.base import Strategy
 
     seen: dict[str, object] = {}
 
@@ -165,8 +165,8 @@ def test_connector_builds_the_runtime_whole_then_activates_it(fresh_state, isola
 def test_a_runtime_cannot_be_copied_with_a_second_strategy(fresh_state, isolated_env):
     import dataclasses
 
-    import accelerando.runtime as rt
-    from accelerando import connector
+    import accelerando.core.runtime as rt
+    from accelerando.backends import connector
 
     built = connector.build(connector.resolve_settings({"cpu": True}), rt.Plugins())
     with pytest.raises(ValueError, match="make_strategy"):
@@ -176,9 +176,12 @@ def test_a_runtime_cannot_be_copied_with_a_second_strategy(fresh_state, isolated
 def test_strategies_read_no_global_state():
     offenders = [
         str(path.relative_to(PACKAGE))
-        for path in sorted((PACKAGE / "strategies").rglob("*.py"))
+        for path in sorted((PACKAGE / "backends" / "strategies").rglob("*.py"))
         if "AcceleratorState()" in path.read_text() or "PartialState()" in path.read_text()
     ]
     # The exceptions are the reference's public helpers that take no Accelerator and read the process
     # state: get_fsdp2_grad_scaler, and the Megatron train-step classes built without one; not strategies.
-    assert offenders == ["strategies/fsdp/checkpoint.py", "strategies/megatron/train_steps.py"]
+    assert offenders == [
+        "backends/strategies/fsdp/checkpoint.py",
+        "backends/strategies/megatron/train_steps.py",
+    ]

@@ -10,7 +10,7 @@ import yaml
 from accelerando.commands import config as config_cmd
 from accelerando.commands import launch
 from accelerando.commands.cli import main as cli_main
-from accelerando.settings.configfile import (
+from accelerando.core.settings.configfile import (
     ConfigError,
     find_config_file,
     load_config_layer,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelerando.settings import resolve
-from accelerando.settings.configfile import ConfigError, config_to_layer
+from accelerando.core.settings import resolve
+from accelerando.core.settings.configfile import ConfigError, config_to_layer
 
 
 def _layer(data: dict) -> dict:

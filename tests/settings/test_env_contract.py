@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from accelerando.core.settings import environment_setting, resolve_runtime_settings
+from accelerando.core.settings.fields import FIELDS
+from accelerando.core.settings.machine import MachineInfo
 from accelerando.launchers.plan import Command, build
-from accelerando.settings import environment_setting, resolve_runtime_settings
-from accelerando.settings.fields import FIELDS
-from accelerando.settings.machine import MachineInfo
 
 CPU_BOX = MachineInfo(gpu_count=0, cpu_count=4, python="py", omp_threads_set=True)
 
@@ -63,7 +63,7 @@ EXTRA_ALLOWED = {"ACCELERATE_USE_CPU", "ACCELERATE_NUM_PROCESSES"}
 
 DUMP = """\
 import json, os, sys
-from accelerando.settings import resolve_runtime_settings
+from accelerando.core.settings import resolve_runtime_settings
 names = ("ACCELERATE", "FSDP", "PARALLELISM", "MEGATRON")
 env = {k: v for k, v in os.environ.items() if k.startswith(names)}
 s = resolve_runtime_settings()

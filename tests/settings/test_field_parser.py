@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from accelerando.settings import Sourced, resolve
-from accelerando.settings.fields import Field, get_field, machine_range, parse_num_machines
-from accelerando.settings.resolve import parse_value
+from accelerando.core.settings import Sourced, resolve
+from accelerando.core.settings.fields import Field, get_field, machine_range, parse_num_machines
+from accelerando.core.settings.resolve import parse_value
 
 
 def _even(text: str) -> int | str:

@@ -8,10 +8,10 @@ import stat
 import pytest
 
 from accelerando.commands import launch
-from accelerando.settings import Sourced, resolve
-from accelerando.settings.configfile import ConfigError, load_config_layer
-from accelerando.settings.fields import get_field, quote_value
-from accelerando.settings.resolve import parse_value, resolve_runtime_settings
+from accelerando.core.settings import Sourced, resolve
+from accelerando.core.settings.configfile import ConfigError, load_config_layer
+from accelerando.core.settings.fields import get_field, quote_value
+from accelerando.core.settings.resolve import parse_value, resolve_runtime_settings
 
 HUGE = "x" * 50_000_000  # 50 MB: must never be echoed whole
 MAX_MESSAGE = 1_000  # no message here needs more characters than this

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from accelerando.settings import (
+from accelerando.core.settings import (
     FIELDS,
     GROUPS,
     Settings,
@@ -110,17 +110,17 @@ def test_unknown_code_setting_suggests_close_name():
 
 def test_code_overriding_env_logs_one_warning(caplog):
     env = {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}
-    with caplog.at_level(logging.WARNING, logger="accelerando.settings"):
+    with caplog.at_level(logging.WARNING, logger="accelerando.core.settings"):
         resolve_runtime_settings({"mixed_precision": "bf16", "gradient_accumulation_steps": 4}, environ=env)
-    records = [r for r in caplog.records if r.name == "accelerando.settings"]
+    records = [r for r in caplog.records if r.name == "accelerando.core.settings"]
     assert len(records) == 1
     message = records[0].getMessage()
     assert "code" in message and "env:ACCELERATE_MIXED_PRECISION" in message
     assert "env:ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in message
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="accelerando.settings"):
+    with caplog.at_level(logging.WARNING, logger="accelerando.core.settings"):
         resolve_runtime_settings({"mixed_precision": "fp16"}, environ=env)  # same value: no warning
-    assert not [r for r in caplog.records if r.name == "accelerando.settings"]
+    assert not [r for r in caplog.records if r.name == "accelerando.core.settings"]
 
 
 def test_resolve_layers_in_order_with_provenance():
@@ -164,22 +164,22 @@ def test_table_is_consistent():
 
 
 def test_settings_module_does_not_import_torch():
-    code = "import sys, accelerando.settings; sys.exit('torch' in sys.modules)"
+    code = "import sys, accelerando.core.settings; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_only_rank_zero_warns_about_overrides(caplog):
     env = {"ACCELERATE_MIXED_PRECISION": "fp16", "RANK": "1"}
-    with caplog.at_level(logging.WARNING, logger="accelerando.settings"):
+    with caplog.at_level(logging.WARNING, logger="accelerando.core.settings"):
         settings = resolve_runtime_settings({"mixed_precision": "bf16"}, environ=env)
     assert settings.mixed_precision == "bf16"
-    assert not [r for r in caplog.records if r.name == "accelerando.settings"]
+    assert not [r for r in caplog.records if r.name == "accelerando.core.settings"]
 
 
 def test_fill_unset_copies_launcher_values_into_unset_plugin_fields():
     from dataclasses import dataclass
 
-    from accelerando.settings import fill_unset
+    from accelerando.core.settings import fill_unset
 
     @dataclass
     class Plugin:

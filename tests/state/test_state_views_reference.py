@@ -126,8 +126,8 @@ def test_quantized_model_with_cpu_offload_is_refused(monkeypatch: pytest.MonkeyP
 def test_cpu_cannot_be_asked_for_once_placed_on_an_accelerator() -> None:
     import dataclasses
 
-    import accelerando.runtime as runtime
-    from accelerando.settings import resolve_runtime_settings
+    import accelerando.core.runtime as runtime
+    from accelerando.core.settings import resolve_runtime_settings
 
     context = PartialState()._process
     runtime.set_process(dataclasses.replace(context, device=torch.device("cuda", 0)))

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from accelerando.strategies.context_parallel import (
+from accelerando.backends.strategies.context_parallel import (
     check_context_parallel_device,
     context_parallel_context,
 )

@@ -9,10 +9,13 @@ import pytest
 import torch
 
 from accelerando import DeepSpeedPlugin
-from accelerando.strategies.deepspeed.auto_stage import choose_zero_config, estimate_zero_memory
-from accelerando.strategies.deepspeed.config import auto_keys, fill_auto, require_no_auto
-from accelerando.strategies.deepspeed.resolve import PrepareInputs, resolve_config, zero_init_config
-from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin, select_deepspeed_plugin
+from accelerando.backends.strategies.deepspeed.auto_stage import choose_zero_config, estimate_zero_memory
+from accelerando.backends.strategies.deepspeed.config import auto_keys, fill_auto, require_no_auto
+from accelerando.backends.strategies.deepspeed.resolve import PrepareInputs, resolve_config, zero_init_config
+from accelerando.backends.strategies.deepspeed.selection import (
+    get_active_deepspeed_plugin,
+    select_deepspeed_plugin,
+)
 from accelerando.utils.deepspeed import DummyOptim, DummyScheduler
 
 GIB = 1024**3
@@ -263,7 +266,7 @@ def test_zero_init_config_drops_unresolved_auto() -> None:
 
 def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import accelerando.common.imports as imports
-    from accelerando.strategies.deepspeed import import_deepspeed
+    from accelerando.backends.strategies.deepspeed import import_deepspeed
 
     monkeypatch.setattr(imports, "is_deepspeed_available", lambda: False)
     with pytest.raises(ImportError, match=r"pip install 'accelerando\[deepspeed\]'"):
@@ -341,7 +344,10 @@ def test_resolve_applies_auto_stage_and_offload() -> None:
 
 # ----------------------------------------------------------------------------- wrappers
 def test_optimizer_wrapper_defers_to_the_engine() -> None:
-    from accelerando.strategies.deepspeed.wrappers import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+    from accelerando.backends.strategies.deepspeed.wrappers import (
+        DeepSpeedOptimizerWrapper,
+        DeepSpeedSchedulerWrapper,
+    )
 
     model = torch.nn.Linear(2, 1)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -221,7 +221,7 @@ def _two_plugins(tmp: str) -> dict[str, Any]:
     import torch
 
     from accelerando import DeepSpeedPlugin
-    from accelerando.strategies.deepspeed.selection import (
+    from accelerando.backends.strategies.deepspeed.selection import (
         get_active_deepspeed_plugin,
         select_deepspeed_plugin,
     )

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from accelerando import DeepSpeedPlugin
-from accelerando.strategies.deepspeed.strategy import _mark_moe_leaves
+from accelerando.backends.strategies.deepspeed.strategy import _mark_moe_leaves
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +83,7 @@ def test_build_engine_marks_moe_leaves_before_initialize(monkeypatch: pytest.Mon
     import deepspeed
     from deepspeed.utils import z3_leaf_module
 
-    from accelerando.strategies.deepspeed import strategy as ds_strategy
+    from accelerando.backends.strategies.deepspeed import strategy as ds_strategy
 
     seen: dict[str, bool] = {}
 

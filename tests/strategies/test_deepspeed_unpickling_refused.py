@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from accelerando.backends.strategies.deepspeed.strategy import DeepSpeedStrategy
 from accelerando.checkpointing import files as F
-from accelerando.strategies.deepspeed.strategy import DeepSpeedStrategy
 
 
 class NebulaCheckpointEngine:  # named as DeepSpeed's: only the class name is looked at

@@ -12,17 +12,17 @@ import pytest
 import torch
 from torch import nn
 
-from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
-from accelerando.strategies.fsdp.auto import (
+from accelerando.backends.strategies.fsdp.auto import (
     ShardingChoice,
     choose_sharding_strategy,
     estimate_sharding_memory,
 )
-from accelerando.strategies.fsdp.checkpoint import (
+from accelerando.backends.strategies.fsdp.checkpoint import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
-from accelerando.strategies.fsdp.helpers import merge_fsdp_weights
+from accelerando.backends.strategies.fsdp.helpers import merge_fsdp_weights
+from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
 from suite_support import reset_accelerator_state
 
 MB = 10**6
@@ -153,7 +153,7 @@ class Net(nn.Module):
 
 
 def test_transformer_wrap_uses_names_or_no_split_modules():
-    from accelerando.strategies.fsdp.wrap import wrap_units
+    from accelerando.backends.strategies.fsdp.wrap import wrap_units
 
     net = Net()
     assert wrap_units(Plugin(), net) == list(net.blocks)  # from _no_split_modules
@@ -167,14 +167,14 @@ def test_transformer_wrap_uses_names_or_no_split_modules():
 
 
 def test_unknown_layer_class_is_a_clear_error():
-    from accelerando.strategies.fsdp.wrap import wrap_units
+    from accelerando.backends.strategies.fsdp.wrap import wrap_units
 
     with pytest.raises(ValueError, match=r"LlamaDecoderLayer.*match no submodule.*Block"):
         wrap_units(Plugin(transformer_cls_names_to_wrap=["LlamaDecoderLayer"]), Net())
 
 
 def test_size_based_wrap_is_bottom_up():
-    from accelerando.strategies.fsdp.wrap import wrap_units
+    from accelerando.backends.strategies.fsdp.wrap import wrap_units
 
     net = Net()  # embed 40, each block 72, head 18 parameters
     units = wrap_units(Plugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=70), net)
@@ -284,7 +284,7 @@ def test_merge_command_module_does_not_import_torch():
 
 # ----------------------------------------------------------------------- switches and errors
 def test_ram_efficient_loading_switches(monkeypatch):
-    from accelerando.strategies.fsdp.checkpoint import _RAM_EFFICIENT_VARS
+    from accelerando.backends.strategies.fsdp.checkpoint import _RAM_EFFICIENT_VARS
 
     # setenv (not delenv of an absent name) registers a restore, so nothing leaks to later tests.
     for name in (*_RAM_EFFICIENT_VARS, "ACCELERATE_USE_FSDP", "ACCELERANDO_USE_FSDP"):
@@ -300,7 +300,7 @@ def test_ram_efficient_loading_switches(monkeypatch):
 
 
 def test_fsdp_with_one_process_is_a_clear_error():
-    from accelerando.strategies.fsdp import FSDPStrategy
+    from accelerando.backends.strategies.fsdp import FSDPStrategy
 
     with pytest.raises(ValueError, match=r"only one.*--num_processes 2"):
         FSDPStrategy(SimpleNamespace(num_processes=1, plugins=SimpleNamespace(fsdp=None)), precision=None)

@@ -39,7 +39,7 @@ def _loss_and_grads(model: nn.Module) -> tuple[float, list[torch.Tensor]]:
 def test_activation_wrappers_keep_names_outputs_and_gradients(checkpoint: bool, offload: bool) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, OffloadWrapper
 
-    from accelerando.strategies.fsdp.wrap import apply_activation_checkpointing
+    from accelerando.backends.strategies.fsdp.wrap import apply_activation_checkpointing
 
     plain = _net()
     wrapped = copy.deepcopy(plain)
@@ -74,7 +74,7 @@ def test_ram_efficient_loading_device_follows_the_offload_policy(
     import torch.distributed.fsdp as fsdp
 
     from accelerando import FullyShardedDataParallelPlugin
-    from accelerando.strategies.fsdp import wrap
+    from accelerando.backends.strategies.fsdp import wrap
 
     given = {"policy": fsdp.OffloadPolicy(), "cpu": fsdp.CPUOffloadPolicy(), "true": True, "false": False}[
         offload

@@ -229,7 +229,7 @@ def _checkpoint_phase(root: str, phase: int, kind: str, version: int) -> dict:
         full = acc.get_state_dict(model)
         out["tail"] = _train(acc, model, opt, data, 2, 2)
         if acc.is_main_process and kind == "SHARDED_STATE_DICT":
-            from accelerando.strategies.fsdp.helpers import load_sharded_checkpoint
+            from accelerando.backends.strategies.fsdp.helpers import load_sharded_checkpoint
 
             merged = load_sharded_checkpoint(os.path.join(_checkpoint_dir(folder), "pytorch_model_fsdp_0"))
             out["merge_equal"] = set(merged) == set(full) and all(

@@ -15,9 +15,9 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from accelerando.strategies.megatron import args as margs  # noqa: E402
-from accelerando.strategies.megatron import config as mconfig  # noqa: E402
-from accelerando.strategies.megatron.engine import _average_loss_dicts, split_micro_batches  # noqa: E402
+from accelerando.backends.strategies.megatron import args as margs  # noqa: E402
+from accelerando.backends.strategies.megatron import config as mconfig  # noqa: E402
+from accelerando.backends.strategies.megatron.engine import _average_loss_dicts, split_micro_batches  # noqa: E402
 from accelerando.utils.megatron_lm import MegatronLMUnavailableError  # noqa: E402
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
@@ -123,9 +123,9 @@ def test_gpt_loss_with_logits():
 def test_strategy_reads_one_prepare_call_into_the_arguments():
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from accelerando.backends.strategies.base import PrepareRequest
+    from accelerando.backends.strategies.megatron.strategy import MegatronStrategy, _kind
     from accelerando.plugins.megatron import MegatronLMPlugin
-    from accelerando.strategies.base import PrepareRequest
-    from accelerando.strategies.megatron.strategy import MegatronStrategy, _kind
     from accelerando.utils.megatron_lm import MegatronLMDummyScheduler
 
     plugin = MegatronLMPlugin(tp_degree=2, num_micro_batches=2)
@@ -170,7 +170,7 @@ def test_tensorboard_scalars(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from accelerando.strategies.megatron.board import TrainingBoard
+    from accelerando.backends.strategies.megatron.board import TrainingBoard
 
     args = types.SimpleNamespace(
         tensorboard_dir=str(tmp_path), global_batch_size=8, log_batch_size_to_tensorboard=True,
@@ -223,14 +223,14 @@ def _parallel_state_on_gloo() -> dict:
     warnings.simplefilter("ignore")
     from megatron.core import parallel_state as ps
 
-    from accelerando.parallelism_config import ParallelismConfig
-    from accelerando.state import PartialState
-    from accelerando.strategies.megatron.models import build_model_chunks
-    from accelerando.strategies.megatron.setup import (
+    from accelerando.backends.strategies.megatron.models import build_model_chunks
+    from accelerando.backends.strategies.megatron.setup import (
         init_model_parallel,
         model_provider_func,
         prepare_data_loader,
     )
+    from accelerando.parallelism_config import ParallelismConfig
+    from accelerando.state import PartialState
 
     PartialState()  # starts the gloo process group, as the Accelerator does
     out: dict = {}
@@ -253,7 +253,7 @@ def _parallel_state_on_gloo() -> dict:
         b.flatten().tolist() for b in prepare_data_loader(types.SimpleNamespace(state=PartialState()), loader)
     ]
     # return_logits: per-token losses from vocabulary-parallel logits, logits gathered back whole.
-    from accelerando.strategies.megatron.train_steps import _with_logits
+    from accelerando.backends.strategies.megatron.train_steps import _with_logits
 
     full = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(0))
     labels = torch.tensor([[1, 200, 7], [255, 0, 128]])
@@ -271,7 +271,7 @@ def _parallel_state_on_gloo() -> dict:
     init_model_parallel(args)
     out["dp"] = (_group_ranks(ps.get_data_parallel_group()), args.data_parallel_size, args.global_batch_size)
     # Megatron-style data iterators from a custom provider: sample counts asked, sharding, resumption.
-    from accelerando.strategies.megatron.train_steps import _dataset_iterators
+    from accelerando.backends.strategies.megatron.train_steps import _dataset_iterators
 
     args.consumed_samples, args.train_iters, args.eval_interval, args.eval_iters = [4, 0, 0], 2, 1, 1
     asked = []
@@ -357,8 +357,8 @@ def _prepare_with_cuda_parts_stubbed() -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from accelerando import Accelerator
+    from accelerando.backends.strategies.megatron import engine, setup, strategy
     from accelerando.plugins.megatron import MegatronLMPlugin
-    from accelerando.strategies.megatron import engine, setup, strategy
     from accelerando.utils.megatron_lm import MegatronLMDummyScheduler
 
     # Only what needs CUDA is replaced: the checks, the CUDA RNG tracker, moving to the GPU + DDP, the optimizer.
@@ -419,8 +419,8 @@ def test_prepare_builds_the_engine_up_to_cuda():
 
 
 def test_gradient_accumulation_is_refused_for_micro_batches(monkeypatch):
-    from accelerando.strategies.base import PrepareRequest
-    from accelerando.strategies.megatron import strategy as mstrategy
+    from accelerando.backends.strategies.base import PrepareRequest
+    from accelerando.backends.strategies.megatron import strategy as mstrategy
 
     monkeypatch.setattr(mstrategy, "require_megatron_and_cuda", lambda what: None)  # as on a GPU machine
     runtime = types.SimpleNamespace(

@@ -30,7 +30,7 @@ def _check_message(message: str) -> None:
 
 
 def test_creation_succeeds_and_prepare_refuses_naming_the_alternatives(accelerator):
-    from accelerando.enums import DistributedType
+    from accelerando.core.enums import DistributedType
 
     assert accelerator.distributed_type == DistributedType.MEGATRON_LM
     assert type(accelerator._strategy).__name__ == "MegatronStrategy"

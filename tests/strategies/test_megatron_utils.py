@@ -231,7 +231,7 @@ def test_optimizer_and_scheduler_wrappers_leave_stepping_to_the_engine():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_megatron_core_parts_refuse_clearly():
-    from accelerando.strategies.megatron.requirements import megatron_core_missing
+    from accelerando.backends.strategies.megatron.requirements import megatron_core_missing
 
     # These need CUDA (megatron-core's RNG tracker, DDP buffers, kernels) and refuse here either way.
     calls = [

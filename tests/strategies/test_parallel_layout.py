@@ -18,8 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelerando.parallelism_config import ParallelismConfig
-from accelerando.parallelism_layout import (
+from accelerando.core.parallelism_layout import (
     MachineShape,
     ModelFacts,
     choose_layout,
@@ -28,6 +27,7 @@ from accelerando.parallelism_layout import (
     model_facts_from_module,
     parse_memory,
 )
+from accelerando.parallelism_config import ParallelismConfig
 
 G = 1024**3
 MODELS = {

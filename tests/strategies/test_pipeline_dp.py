@@ -16,7 +16,7 @@ import pytest
 import torch
 from parallel_support import Stack
 
-from accelerando.strategies.pipeline.data_parallel import pipeline_data_parallel_sizes
+from accelerando.backends.strategies.pipeline.data_parallel import pipeline_data_parallel_sizes
 from suite_support import reset_accelerator_state
 
 STEPS = 10  # optimizer steps

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelerando.connector import decide
-from accelerando.enums import DistributedType
+from accelerando.backends.connector import decide
+from accelerando.backends.strategies import STRATEGIES, strategy_class
+from accelerando.backends.strategies.composable.checks import check_heads
+from accelerando.backends.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
+from accelerando.core.enums import DistributedType
 from accelerando.parallelism_config import ParallelismConfig
 from accelerando.plugins.tensor_parallel import TorchTensorParallelPlugin
-from accelerando.strategies import STRATEGIES, strategy_class
-from accelerando.strategies.composable.checks import check_heads
-from accelerando.strategies.composable.plan import module_plan, resolve_plan, to_parallel_style
 
 
 def _decide(parallelism=None, *, deepspeed=False, fsdp=False, megatron=False, n=2):
@@ -134,8 +134,8 @@ def test_composable_strategy_needs_a_mesh():
 
 
 def test_tensor_parallel_plugin_becomes_a_mesh_config():
-    import accelerando.runtime as rt
-    from accelerando.connector import _fold_tensor_parallel_plugin
+    import accelerando.core.runtime as rt
+    from accelerando.backends.connector import _fold_tensor_parallel_plugin
 
     folded = _fold_tensor_parallel_plugin(rt.Plugins(torch_tp=TorchTensorParallelPlugin(tp_size=2)), 4)
     config = folded.parallelism_config

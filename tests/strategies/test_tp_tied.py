@@ -41,7 +41,7 @@ class _TiedToy(torch.nn.Module):
 
 # ----------------------------------------------------------------------------- unit tests
 def test_find_ties_lists_each_shared_parameter_once_in_module_order() -> None:
-    from accelerando.strategies.ties import find_ties
+    from accelerando.backends.strategies.ties import find_ties
 
     toy = _TiedToy({})
     assert find_ties(toy) == [["embed.weight", "head.weight"]]
@@ -49,7 +49,7 @@ def test_find_ties_lists_each_shared_parameter_once_in_module_order() -> None:
 
 
 def test_fsdp_units_holding_part_of_a_tie_are_left_to_the_enclosing_unit() -> None:
-    from accelerando.strategies.ties import units_keeping_ties
+    from accelerando.backends.strategies.ties import units_keeping_ties
 
     inner = torch.nn.Linear(4, 4)
     model = torch.nn.Sequential(torch.nn.Embedding(4, 4), torch.nn.Sequential(inner), torch.nn.Linear(4, 4))
@@ -61,7 +61,7 @@ def test_fsdp_units_holding_part_of_a_tie_are_left_to_the_enclosing_unit() -> No
 
 
 def test_check_ties_refuses_a_split_and_a_whole_half_naming_both_and_the_fix() -> None:
-    from accelerando.strategies.ties import check_ties
+    from accelerando.backends.strategies.ties import check_ties
 
     toy = _TiedToy({})
     assert check_ties(toy, [["embed.weight", "head.weight"]]) == []  # still one object: nothing to do
@@ -73,7 +73,7 @@ def test_check_ties_refuses_a_split_and_a_whole_half_naming_both_and_the_fix() -
 
 
 def test_tied_state_dict_entries_are_shared_and_filled() -> None:
-    from accelerando.strategies.ties import fill_tied_entries, share_tied_entries
+    from accelerando.backends.strategies.ties import fill_tied_entries, share_tied_entries
 
     ties = [["a", "b", "c"]]
     gathered = {"a": torch.ones(2), "b": torch.ones(2), "c": torch.ones(2), "d": torch.zeros(1)}
@@ -96,9 +96,9 @@ class _Recorder(torch.nn.Module):
 
 
 def test_shared_fsdp2_sync_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import accelerando.strategies.fsdp.sync as sync_module
-    from accelerando.strategies.composable.strategy import ComposableStrategy
-    from accelerando.strategies.fsdp.strategy import FSDPStrategy
+    import accelerando.backends.strategies.fsdp.sync as sync_module
+    from accelerando.backends.strategies.composable.strategy import ComposableStrategy
+    from accelerando.backends.strategies.fsdp.strategy import FSDPStrategy
 
     # one implementation serves both strategies
     for cls in (FSDPStrategy, ComposableStrategy):
@@ -322,7 +322,7 @@ from torch import nn
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
 dist.init_process_group("gloo", rank=0, world_size=1)
 from torch.distributed.fsdp import fully_shard
-from accelerando.strategies.fsdp.state import full_model_state_dict
+from accelerando.backends.strategies.fsdp.state import full_model_state_dict
 
 class Tied(nn.Module):
     def __init__(self):

@@ -82,7 +82,7 @@ def test_launch_command_carries_the_stand_in(monkeypatch):
     import types
 
     fake = types.SimpleNamespace(is_installed_as_accelerate=lambda: True)
-    monkeypatch.setitem(sys.modules, "accelerando.stand_in", fake)
+    monkeypatch.setitem(sys.modules, "accelerando.core.stand_in", fake)
     assert testing.get_launch_command(num_processes=2) == [
         "accelerando",
         "launch",

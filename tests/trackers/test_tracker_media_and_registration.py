@@ -70,7 +70,7 @@ def test_mlflow_log_artifacts_and_json_tags(tmp_path: Path, monkeypatch: pytest.
     top = {item.path for item in client.list_artifacts(run_id, "outs")}
     assert top == {"outs/a.txt", "outs/sub"}
     assert [item.path for item in client.list_artifacts(run_id, "outs/sub")] == ["outs/sub/b.txt"]
-    from accelerando.trackers.mlflow import MLflowTracker
+    from accelerando.backends.trackers.mlflow import MLflowTracker
 
     with pytest.raises(ValueError, match="JSON object"):
         MLflowTracker(tags="[1, 2]")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from accelerando import tracking
-from accelerando.enums import LoggerType
-from accelerando.trackers.base import flatten_config, sanitize_config
+from accelerando.backends.trackers.base import flatten_config, sanitize_config
+from accelerando.core.enums import LoggerType
 from accelerando.tracking import GeneralTracker, TrackingManager, filter_trackers, on_main_process
 
 
@@ -176,7 +176,7 @@ def test_non_main_rank_creates_no_run(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_importing_tracking_loads_no_tracker_library() -> None:
     code = (
-        "import sys, accelerando.tracking, accelerando.logging, accelerando.monitoring, accelerando.monitoring.profiling;"
+        "import sys, accelerando.tracking, accelerando.logging, accelerando.backends.monitoring, accelerando.backends.monitoring.profiling;"
         "bad=[m for m in ('wandb','mlflow','tensorboard','aim','comet_ml','clearml','dvclive','neptune',"
         "'swanlab','trackio','matplotlib') if m in sys.modules]; print(bad); assert not bad"
     )

@@ -203,7 +203,7 @@ def test_deepspeed_plugin_loads_no_strategy_code():
         "plugin = DeepSpeedPlugin(hf_ds_config={'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 2}})\n"
         "assert plugin.hf_ds_config.get_value('zero_optimization.stage') == 2\n"
         "DeepSpeedPlugin()\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('accelerando.strategies', 'accelerando.utils'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('accelerando.backends.strategies', 'accelerando.utils'))))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accelerando.strategies.fsdp import checkpoint as fsdp
+from accelerando.backends.strategies.fsdp import checkpoint as fsdp
 
 
 def _model() -> torch.nn.Module:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from accelerando.common.random import get_rng_states, set_rng_states
-from accelerando.enums import RNGType
+from accelerando.core.enums import RNGType
 from accelerando.utils import (
     convert_bytes,
     extract_model_from_parallel,

@@ -9,8 +9,8 @@ from unittest.mock import patch
 
 import pytest
 
+from accelerando.core.settings.machine import MachineInfo
 from accelerando.launchers import reference as launch
-from accelerando.settings.machine import MachineInfo
 
 
 @pytest.fixture(autouse=True)
@@ -315,7 +315,7 @@ def test_helpers_write_the_plans_variables_unchanged(monkeypatch, helper, values
     """The helpers' environment holds every variable of the launcher's plan with the plan's spelling."""
     import json
 
-    from accelerando.settings.resolve import ECHOED_DEFAULTS_ENV
+    from accelerando.core.settings.resolve import ECHOED_DEFAULTS_ENV
 
     monkeypatch.setattr(launch, "detect_machine", lambda: MachineInfo(gpu_count=gpus, cpu_count=8))
     args = _args(**values)

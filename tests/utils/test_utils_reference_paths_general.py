@@ -42,7 +42,7 @@ def test_constants_have_the_reference_values():
 
 
 def test_distributed_type_members_are_found_in_the_lists():
-    from accelerando.enums import DistributedType
+    from accelerando.core.enums import DistributedType
 
     assert DistributedType.MULTI_GPU in constants.CUDA_DISTRIBUTED_TYPES
     assert DistributedType.MULTI_CPU not in constants.CUDA_DISTRIBUTED_TYPES

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelerando._lazy import lazy_getattr
+from accelerando.core._lazy import lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "attach_layerwise_casting_hooks": "accelerando.big_modeling.attach",

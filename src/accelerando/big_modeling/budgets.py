@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from accelerando.big_modeling.sizes import compute_module_sizes, get_module_leaves
-from accelerando.devices.detect import backend_for
-from accelerando.settings.fields import quote_value
+from accelerando.core.devices.detect import backend_for
+from accelerando.core.settings.fields import quote_value
 
 __all__ = [
     "DeviceKey",

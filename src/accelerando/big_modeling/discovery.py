@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from accelerando.safe_files import describe_mode, read_regular
-from accelerando.settings.fields import quote_value
+from accelerando.core.safe_files import describe_mode, read_regular
+from accelerando.core.settings.fields import quote_value
 
 __all__ = ["checkpoint_files"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from accelerando.settings import environment_setting
+from accelerando.core.settings import environment_setting
 
 __all__ = ["init_empty_weights", "init_on_device"]
 

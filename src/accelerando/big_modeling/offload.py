@@ -22,8 +22,8 @@ import torch
 
 from accelerando.big_modeling.tensors import set_module_tensor_to_device
 from accelerando.common.progress import progress
-from accelerando.safe_files import NotRegularFileError, open_regular
-from accelerando.settings.fields import quote_value
+from accelerando.core.safe_files import NotRegularFileError, open_regular
+from accelerando.core.settings.fields import quote_value
 
 __all__ = [
     "OffloadedWeightsLoader",

@@ -17,7 +17,7 @@ import torch
 from accelerando.big_modeling.budgets import DeviceLike, check_device_visible
 from accelerando.big_modeling.offload import SAFETENSORS_DTYPES, read_safetensors_header
 from accelerando.big_modeling.tensors import to_torch_device
-from accelerando.settings.fields import quote_value
+from accelerando.core.settings.fields import quote_value
 
 __all__ = ["check_map_devices", "device_resolver", "iter_checkpoint_file", "load_state_dict"]
 

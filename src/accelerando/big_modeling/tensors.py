@@ -11,7 +11,7 @@ from torch import nn
 from accelerando.big_modeling.budgets import check_device_visible, normalize_device_key
 from accelerando.big_modeling.sizes import parse_dtype
 from accelerando.common.memory import clear_device_cache
-from accelerando.settings.fields import quote_value
+from accelerando.core.settings.fields import quote_value
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

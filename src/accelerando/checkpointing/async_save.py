@@ -49,7 +49,7 @@ import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.save as sync
 from accelerando.checkpointing.snapshot import _Snapshot, can_overlap, frozen_target, snapshot_tree
 from accelerando.checkpointing.target import CheckpointTarget
-from accelerando.runtime import set_active_accelerator
+from accelerando.core.runtime import set_active_accelerator
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

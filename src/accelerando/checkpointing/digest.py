@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     # What is hashed: a file's bytes read with pread, or a slice of its memory map.
     _Data = bytes | memoryview
-from accelerando.safe_files import open_regular_fd
+from accelerando.core.safe_files import open_regular_fd
 
 __all__ = [
     "PIECE_BYTES",

@@ -39,7 +39,7 @@ from accelerando.common.constants import (
     SCHEDULER_NAME,
 )
 from accelerando.common.serialization import clean_state_dict_for_safetensors, refused_type
-from accelerando.safe_files import NotRegularFileError, check_regular
+from accelerando.core.safe_files import NotRegularFileError, check_regular
 
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION

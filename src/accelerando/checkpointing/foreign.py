@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from accelerando.checkpointing.files import torch_load
 from accelerando.checkpointing.headers import _check_header, check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
-from accelerando.safe_files import open_regular
+from accelerando.core.safe_files import open_regular
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -11,7 +11,7 @@ import os
 import struct
 
 from accelerando.checkpointing.manifest import CheckpointError
-from accelerando.safe_files import open_regular
+from accelerando.core.safe_files import open_regular
 
 __all__ = ["check_file_header"]
 

@@ -36,7 +36,7 @@ from accelerando.checkpointing.state_io import (
     torch_load_options,
 )
 from accelerando.checkpointing.target import CheckpointTarget
-from accelerando.runtime import set_active_accelerator
+from accelerando.core.runtime import set_active_accelerator
 
 if TYPE_CHECKING:
     import torch

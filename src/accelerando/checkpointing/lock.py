@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.checkpointing.project import CHECKPOINTS_FOLDER
-from accelerando.safe_files import NotRegularFileError, describe_mode, open_regular_fd, read_regular
+from accelerando.core.safe_files import NotRegularFileError, describe_mode, open_regular_fd, read_regular
 
 __all__ = [
     "PROJECT_LOCK_NAME",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from accelerando.checkpointing.digest import FileEntry, available, digest_files, known
-from accelerando.safe_files import read_regular
+from accelerando.core.safe_files import read_regular
 
 __all__ = [
     "MANIFEST_NAME",

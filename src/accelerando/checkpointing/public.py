@@ -21,7 +21,7 @@ import torch
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
-import accelerando.runtime as runtime
+import accelerando.core.runtime as runtime
 from accelerando.checkpointing.manifest import (
     MANIFEST_NAME,
     CheckpointError,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from accelerando.checkpointing.target import CheckpointTarget
-from accelerando.runtime import current_process
+from accelerando.core.runtime import current_process
 
 __all__ = ["report_to_ray"]
 

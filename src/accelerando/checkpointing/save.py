@@ -52,8 +52,8 @@ from accelerando.checkpointing.state_io import (
     write_state_files,
 )
 from accelerando.checkpointing.target import CheckpointTarget
-from accelerando.runtime import set_active_accelerator
-from accelerando.version import __version__
+from accelerando.core.runtime import set_active_accelerator
+from accelerando.core.version import __version__
 
 if TYPE_CHECKING:
     from accelerando.checkpointing.collective import Exchange

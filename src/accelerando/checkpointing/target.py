@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from accelerando.core.runtime import StrategyContract
+    from accelerando.core.settings import Settings
     from accelerando.plugins.project import ProjectConfiguration
-    from accelerando.runtime import StrategyContract
-    from accelerando.settings import Settings
     from accelerando.state import AcceleratorState
 
 __all__ = ["CheckpointTarget", "Stateful"]

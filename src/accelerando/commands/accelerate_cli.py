@@ -45,7 +45,7 @@ def accelerate_console_main(argv: Sequence[str] | None = None) -> int:
     from accelerando.commands.cli import main
 
     args = list(sys.argv[1:] if argv is None else argv)
-    from accelerando.stand_in import install_as_accelerate
+    from accelerando.core.stand_in import install_as_accelerate
 
     install_as_accelerate()
     if (

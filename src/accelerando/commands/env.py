@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.commands.config.config_args import default_config_file
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.settings.configfile import ConfigError, find_config_file, load_config_layer
-from accelerando.settings.fields import machine_range
-from accelerando.settings.machine import detect_machine
-from accelerando.settings.resolve import env_layer, resolve
-from accelerando.version import __version__ as version
+from accelerando.core.settings.configfile import ConfigError, find_config_file, load_config_layer
+from accelerando.core.settings.fields import machine_range
+from accelerando.core.settings.machine import detect_machine
+from accelerando.core.settings.resolve import env_layer, resolve
+from accelerando.core.version import __version__ as version
 
 if TYPE_CHECKING:
-    from accelerando.settings.resolve import Settings
+    from accelerando.core.settings.resolve import Settings
 
 
 class Hardware(TypedDict):
@@ -117,7 +117,9 @@ def collect_versions() -> dict[str, str]:
 def _gpus() -> list[str]:
     import torch
 
-    from accelerando.devices import CUDABackend  # loads torch: `accelerando env` reports versions without it
+    from accelerando.core.devices import (
+        CUDABackend,  # loads torch: `accelerando env` reports versions without it
+    )
 
     rows = []
     for index in range(CUDABackend.device_count()):

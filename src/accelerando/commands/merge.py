@@ -85,8 +85,8 @@ def merge_command(args: argparse.Namespace) -> int:
         0 on success, 1 when the folder is not a sharded checkpoint, is damaged, or holds items only
         full unpickling can read (without ``--trust_checkpoint``).
     """
+    from accelerando.backends.strategies.fsdp.checkpoint import merge_fsdp_weights
     from accelerando.checkpointing.manifest import CheckpointError
-    from accelerando.strategies.fsdp.checkpoint import merge_fsdp_weights
 
     try:
         out = merge_fsdp_weights(

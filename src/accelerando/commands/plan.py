@@ -12,11 +12,11 @@ import argparse
 import json
 import sys
 
-from accelerando.parallelism_layout import parse_memory
-from accelerando.planning import report
-from accelerando.planning.models import resolve_model
-from accelerando.planning.planner import plan
-from accelerando.planning.spec import ClusterSpec, TrainingShape
+from accelerando.backends.planning import report
+from accelerando.backends.planning.models import resolve_model
+from accelerando.backends.planning.planner import plan
+from accelerando.backends.planning.spec import ClusterSpec, TrainingShape
+from accelerando.core.parallelism_layout import parse_memory
 
 __all__ = ["add_parser", "plan_command_parser", "run"]
 

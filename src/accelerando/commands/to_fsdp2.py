@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.settings.configfile import read_config_file, write_config_file
+from accelerando.core.settings.configfile import read_config_file, write_config_file
 
 __all__ = [
     "ConversionStatus",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from accelerando.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.settings.configfile import find_config_file
+from accelerando.core.settings.configfile import find_config_file
 
 __all__ = [
     "add_parser",

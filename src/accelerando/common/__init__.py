@@ -6,7 +6,7 @@ imports a strategy, a precision, the big-model code or the facade. The reference
 ``accelerate.utils.*`` import paths re-export from here (:mod:`accelerando.utils`).
 """
 
-from accelerando._lazy import lazy_getattr
+from accelerando.core._lazy import lazy_getattr
 
 __all__: list[str] = []
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 from accelerando.common import imports
-from accelerando.devices.affinity import set_numa_affinity
+from accelerando.core.devices.affinity import set_numa_affinity
 
 __all__ = [
     "CPUInformation",

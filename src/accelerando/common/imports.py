@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import torch
 
-from accelerando.devices.families import CUDABackend, MPSBackend
-from accelerando.settings import environment_text
+from accelerando.core.devices.families import CUDABackend, MPSBackend
+from accelerando.core.settings import environment_text
 
 if TYPE_CHECKING:
     from packaging.version import Version
@@ -196,7 +196,7 @@ def is_torch_version(operation: str, version: str) -> bool:
 def is_cuda_available() -> bool:
     """Tell whether at least one CUDA (or ROCm) device is visible, without initialising CUDA.
 
-    The answer is the CUDA device family's (``accelerando.devices``), so both always agree.
+    The answer is the CUDA device family's (``accelerando.core.devices``), so both always agree.
 
     Returns:
         True when torch was built with CUDA and reports one device or more.

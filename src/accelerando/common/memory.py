@@ -6,7 +6,7 @@ import gc
 
 import torch
 
-from accelerando.devices import DEVICE_BACKENDS
+from accelerando.core.devices import DEVICE_BACKENDS
 
 __all__ = ["clear_device_cache"]
 

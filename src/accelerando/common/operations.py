@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn, ParamSpec, Protocol, TypeGuard, Type
 
 import torch
 
-from accelerando.enums import DistributedType
+from accelerando.core.enums import DistributedType
 from accelerando.state import PartialState
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from accelerando.common.environment import check_os_kernel
 from accelerando.common.operations import wait_for_everyone
 from accelerando.common.serialization import clean_state_dict_for_safetensors, load, save
 from accelerando.common.unwrap import is_compiled_module, unwrap_model
-from accelerando.settings.machine import free_port
+from accelerando.core.settings.machine import free_port
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor

@@ -1,6 +1,6 @@
 """Seeding and random-number-generator state: set, synchronise across processes, capture, restore.
 
-RNG names accepted everywhere (as strings or :class:`~accelerando.enums.RNGType`): ``"python"``,
+RNG names accepted everywhere (as strings or :class:`~accelerando.core.enums.RNGType`): ``"python"``,
 ``"numpy"``, ``"torch"`` (the CPU generator), ``"generator"`` (a ``torch.Generator`` you pass) and the
 accelerator families ``"cuda"``, ``"xpu"``, ``"npu"``, ``"mlu"``, ``"musa"``, ``"sdaa"``, ``"hpu"``,
 ``"mps"``. An accelerator family that is not present on this machine is skipped, so a script written
@@ -20,7 +20,7 @@ import torch
 from accelerando.common.constants import CUDA_DISTRIBUTED_TYPES
 from accelerando.common.imports import is_cuda_available, is_mps_available, is_npu_available
 from accelerando.common.operations import broadcast_object_list
-from accelerando.enums import RNGType
+from accelerando.core.enums import RNGType
 from accelerando.state import PartialState
 
 __all__ = [

@@ -30,7 +30,7 @@ MODULE_WRAPPER_NAMES = frozenset(
         "DeepSpeedEngine",
         "PipelineEngine",
         "FullyShardedDataParallel",
-        "PipelineModel",  # accelerando.strategies.pipeline: every stage shares the user's module
+        "PipelineModel",  # accelerando.backends.strategies.pipeline: every stage shares the user's module
     }
 )
 
@@ -62,7 +62,7 @@ def _is_module_wrapper(module: object) -> TypeGuard[_ModuleWrapper]:
 
 
 def _remove_autocast_forward(model: torch.nn.Module) -> None:
-    # Contract with accelerando.precision: when it wraps forward in autocast / fp32 conversion, it
+    # Contract with accelerando.backends.precision: when it wraps forward in autocast / fp32 conversion, it
     # stores the forward it replaced in `_accelerando_original_forward`.
     # The reference's name for the same record, `_original_forward`, is honoured too: code written for
     # it (and transformers) sets it before wrapping forward itself.

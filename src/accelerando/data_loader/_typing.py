@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.utils.data import Dataset
 
-    from accelerando.enums import RNGType
+    from accelerando.core.enums import RNGType
 
 __all__ = ["DataLoaderKwargs", "DataLoaderOptions", "DispatcherArgs", "LoaderArgs", "RngTypes", "ShardArgs"]
 

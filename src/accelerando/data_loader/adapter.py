@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 from torch.utils.data import BatchSampler, DataLoader
 
 from accelerando.common.imports import is_torchdata_stateful_dataloader_available
-from accelerando.gradient_state import GradientState
+from accelerando.core.gradient_state import GradientState
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeGuard, cast
 import torch
 
 from accelerando.common.random import synchronize_rng_states
+from accelerando.core.gradient_state import GradientState
 from accelerando.data_loader.adapter import DataLoaderStateMixin, get_sampler, set_sampler
 from accelerando.data_loader.batches import batch_size_of
 from accelerando.data_loader.samplers import (
@@ -23,7 +24,6 @@ from accelerando.data_loader.samplers import (
     _GlobalDrawRandomSampler,
     _has_set_epoch,
 )
-from accelerando.gradient_state import GradientState
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from accelerando.core.gradient_state import GradientState
 from accelerando.facade.preemption import PreemptionWatch, checkpoint_and_exit
-from accelerando.gradient_state import GradientState
 
 if TYPE_CHECKING:
+    from accelerando.core.runtime import StrategyContract
     from accelerando.facade.preemption import PendingSave
-    from accelerando.runtime import StrategyContract
     from accelerando.state import AcceleratorState
 
 __all__ = ["Accumulating", "Accumulation", "override_even_batches"]

@@ -16,21 +16,21 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 import accelerando.common as common
+from accelerando.backends.precision.base import Precision
+from accelerando.backends.strategies.base import Strategy
+from accelerando.core.gradient_state import GradientState
 from accelerando.facade.observing import Observability
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects, Stateful
-from accelerando.gradient_state import GradientState
 from accelerando.optimizer import AcceleratedOptimizer
-from accelerando.precision.base import Precision
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
-from accelerando.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from accelerando.checkpointing.async_save import AsyncSaveHandle
     from accelerando.checkpointing.target import CheckpointTarget
+    from accelerando.core.settings import Settings
     from accelerando.plugins.project import ProjectConfiguration
-    from accelerando.settings import Settings
 
 __all__ = ["AcceleratorCheckpointTarget", "CheckpointParts", "CheckpointService", "StepOwner"]
 
@@ -265,7 +265,7 @@ class CheckpointService:
         Raises:
             ValueError: ``save_directory`` is a file.
         """
-        from accelerando.model_io import write_model_weights
+        from accelerando.backends.model_io import write_model_weights
 
         save_directory = os.fspath(save_directory)
         if os.path.isfile(save_directory):

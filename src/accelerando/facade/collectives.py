@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import torch
 
 import accelerando.common as common
+from accelerando.core.gradient_state import GradientState
 from accelerando.facade.options import AcceleratorOptions
-from accelerando.gradient_state import GradientState
 from accelerando.state import AcceleratorState, PartialState
 
 __all__ = ["Collectives", "process_filter"]

@@ -15,7 +15,7 @@ from accelerando.state import AcceleratorState
 if TYPE_CHECKING:
     import torch
 
-    from accelerando.monitoring.monitor import MemoryMonitor
+    from accelerando.backends.monitoring.monitor import MemoryMonitor
     from accelerando.tracking import GeneralTracker, TrackingManager
 
 __all__ = ["Observability"]
@@ -108,9 +108,9 @@ class Observability:
         Samples go to the active trackers; a steady growth over ``window`` steps triggers one leak
         warning; ``end_training()`` writes ``memory_rank<k>.json`` (and a PNG timeline with
         matplotlib) into ``output_dir`` (default ``<project_dir>/memory`` when a project dir is set).
-        Extra keyword arguments go to ``accelerando.monitoring.MemoryMonitor``. Returns the monitor.
+        Extra keyword arguments go to ``accelerando.backends.monitoring.MemoryMonitor``. Returns the monitor.
         """
-        from accelerando.monitoring.monitor import MemoryMonitor
+        from accelerando.backends.monitoring.monitor import MemoryMonitor
 
         project_dir = self.options.project_configuration.project_dir
         if output_dir is None and project_dir:
@@ -139,7 +139,7 @@ class Observability:
 
         With ``output_trace_dir`` set, each process writes a Chrome trace there on exit.
         """
-        from accelerando.monitoring.profiling import profile_context
+        from accelerando.backends.monitoring.profiling import profile_context
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with profile_context(handler, self.state.process_index) as prof:

@@ -20,7 +20,7 @@ from accelerando.plugins.kwargs import KwargsHandler
 from accelerando.plugins.project import ProjectConfiguration
 
 if TYPE_CHECKING:
-    from accelerando.settings import Settings
+    from accelerando.core.settings import Settings
 
 __all__ = [
     "AcceleratorOptions",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from accelerando.core.settings import environment_setting
 from accelerando.parallelism_config import ParallelismConfig
-from accelerando.settings import environment_setting
 
 __all__ = ["default_parallelism_config"]
 

@@ -13,16 +13,16 @@ from typing import cast
 
 import torch
 
+from accelerando.backends.precision.base import Precision
+from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
+from accelerando.core.gradient_state import GradientState
+from accelerando.core.settings import environment_setting
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects
-from accelerando.gradient_state import GradientState
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.plugins.dynamo import TorchDynamoPlugin
-from accelerando.precision.base import Precision
 from accelerando.scheduler import AcceleratedScheduler
-from accelerando.settings import environment_setting
 from accelerando.state import AcceleratorState
-from accelerando.strategies.base import Prepared, PrepareRequest, Strategy
 
 __all__ = ["Preparer", "kind_of", "mark_prepared", "verify_device_map"]
 

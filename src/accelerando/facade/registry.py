@@ -15,9 +15,9 @@ from typing import Protocol
 
 import torch
 
+from accelerando.backends.strategies.base import Prepared
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
-from accelerando.strategies.base import Prepared
 
 __all__ = ["PreparedObjects", "Stateful"]
 

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from accelerando._lazy import lazy_getattr
+from accelerando.core._lazy import lazy_getattr
 
 _EXPORTS = {
     "notebook_launcher": "accelerando.launchers.notebook",

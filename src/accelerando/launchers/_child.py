@@ -12,7 +12,7 @@ before the target runs, it:
 3. records an uncaught exception, with a nanosecond time stamp, in ``RUN_DIR/rank<N>.failure.json``
    (so the launcher names the process that failed first, not a peer that failed because of it);
 4. with ``ACCELERANDO_INSTALL_AS_ACCELERATE`` true (``accelerando launch --install_as_accelerate``),
-   calls :func:`accelerando.stand_in.install_as_accelerate` so that ``import accelerate`` anywhere in
+   calls :func:`accelerando.core.stand_in.install_as_accelerate` so that ``import accelerate`` anywhere in
    the process gets accelerando.
 
 RUN_DIR ``-`` skips steps 2-3 and LAUNCHER_PID ``0`` skips step 1: a one-process or ``mpirun`` launch
@@ -131,7 +131,7 @@ def install_if_asked(environ: Mapping[str, str] | None = None) -> bool:
         True when installed (``ACCELERANDO_INSTALL_AS_ACCELERATE`` is true), False otherwise.
 
     Raises:
-        accelerando.stand_in.AccelerateAlreadyImportedError: the real ``accelerate`` is already imported.
+        accelerando.core.stand_in.AccelerateAlreadyImportedError: the real ``accelerate`` is already imported.
     """
     env = os.environ if environ is None else environ
     if env.get(INSTALL_ENV, "").strip().lower() not in _TRUE:
@@ -139,7 +139,7 @@ def install_if_asked(environ: Mapping[str, str] | None = None) -> bool:
     # Imported only when asked for: the stand-in loads importlib.metadata (a third of a launch's start-up),
     # and every launch imports this module (the launcher, and each process's shim); counted by
     # tests/launchers/test_launch_startup_work.py.
-    from accelerando.stand_in import install_as_accelerate
+    from accelerando.core.stand_in import install_as_accelerate
 
     install_as_accelerate()
     return True

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from accelerando.core.settings.fields import FIELDS_BY_NAME
+from accelerando.core.settings.resolve import Settings
 from accelerando.launchers._child import set_parent_death_signal
 from accelerando.launchers.plan import LaunchPlan
-from accelerando.settings.fields import FIELDS_BY_NAME
-from accelerando.settings.resolve import Settings
 
 if TYPE_CHECKING:
     from torchft._torchft import LighthouseServer

@@ -1,7 +1,7 @@
 """Multi-CPU jobs started through ``mpirun`` (``--mpirun_hostfile``, ``mpirun_config`` in a config file).
 
 ``mpirun`` starts every process on the hosts of a hostfile; each process learns its rank and world
-size from the MPI implementation's variables (:class:`accelerando.environments.MPIEnvironment`) and
+size from the MPI implementation's variables (:class:`accelerando.core.environments.MPIEnvironment`) and
 meets the others at ``MASTER_ADDR:MASTER_PORT``, which the launcher exports. The options differ by
 implementation, so the installed one is recognised from ``mpirun --version``:
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.common.environment import patch_environment
-from accelerando.runtime import current_process
-from accelerando.settings.machine import detect_machine, free_port, visible_gpu_count
-from accelerando.settings.resolve import parse_value
+from accelerando.core.runtime import current_process
+from accelerando.core.settings.machine import detect_machine, free_port, visible_gpu_count
+from accelerando.core.settings.resolve import parse_value
 from accelerando.state import PartialState
 
 if TYPE_CHECKING:

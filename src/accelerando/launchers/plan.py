@@ -1,6 +1,6 @@
 """Launch plans: turn resolved settings and a command into the processes to start.
 
-:func:`build` is pure: given the :class:`~accelerando.settings.Settings` the launcher resolved
+:func:`build` is pure: given the :class:`~accelerando.core.settings.Settings` the launcher resolved
 (defaults < config file < environment < CLI flags), the user's command and a description of the
 machine, it returns a :class:`LaunchPlan` (the command line and the environment variables for the
 processes) without starting anything, so every rule is tested without spawning. :func:`run` executes
@@ -12,7 +12,7 @@ reference's spelling (``ACCELERATE_MIXED_PRECISION``, ``FSDP_*``, ``ACCELERATE_D
 ``ACCELERATE_DYNAMO_*``, ``MEGATRON_LM_*``, ``PARALLELISM_CONFIG_*``, ``ACCELERATE_FP8_*``, ...), so
 code written for the reference (transformers among it) reads what it expects. The variables the
 reference's launcher always writes (mixed precision and the dynamo options) are written with their
-default when nothing set them; :data:`~accelerando.settings.resolve.ECHOED_DEFAULTS_ENV` lists those,
+default when nothing set them; :data:`~accelerando.core.settings.resolve.ECHOED_DEFAULTS_ENV` lists those,
 so each process still reads them as "not set".
 
 Modes: ``simple`` (one process), ``elastic`` (``torch.distributed.run``), ``deepspeed`` (DeepSpeed's
@@ -28,9 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelerando.launchers.limits import check_process_count, clip
-from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
-from accelerando.settings.fields import (
+from accelerando.backends.strategies import (
+    DISTRIBUTED_KINDS,
+    DistributedKind,
+    distributed_kind,
+    requested_backends,
+)
+from accelerando.core.settings.fields import (
     FIELDS,
     FIELDS_BY_NAME,
     Field,
@@ -38,9 +42,10 @@ from accelerando.settings.fields import (
     machine_range,
     quote_value,
 )
-from accelerando.settings.machine import MachineInfo, detect_machine, free_port
-from accelerando.settings.resolve import ECHOED_DEFAULTS_ENV, SOURCES_ENV, Settings
-from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind, distributed_kind, requested_backends
+from accelerando.core.settings.machine import MachineInfo, detect_machine, free_port
+from accelerando.core.settings.resolve import ECHOED_DEFAULTS_ENV, SOURCES_ENV, Settings
+from accelerando.launchers.limits import check_process_count, clip
+from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
 
 __all__ = [
     "Command",
@@ -639,7 +644,7 @@ def _inert_notes(settings: Settings) -> list[str]:
 
 
 def automatic_layout(settings: Settings, machine: MachineInfo, num_processes: int, num_machines: int) -> Any:
-    """The :class:`~accelerando.parallelism_layout.Layout` of ``--parallelism auto`` (None without a model).
+    """The :class:`~accelerando.core.parallelism_layout.Layout` of ``--parallelism auto`` (None without a model).
 
     The model's facts come from ``parallelism_model`` (a transformers ``config.json``), the machine from
     the process count, the machine count and ``parallelism_device_memory`` (default: the first GPU's
@@ -650,7 +655,7 @@ def automatic_layout(settings: Settings, machine: MachineInfo, num_processes: in
     """
     if settings.parallelism != "auto" or not settings.parallelism_model:
         return None
-    from accelerando import parallelism_layout as pl
+    from accelerando.core import parallelism_layout as pl
 
     per_node = max(num_processes // num_machines, 1)
     on_gpu = not settings.cpu and machine.gpu_count > 0
@@ -666,7 +671,7 @@ def automatic_layout(settings: Settings, machine: MachineInfo, num_processes: in
     }
     simulator = None
     if settings.parallelism_simulate:
-        from accelerando.planning.auto import layout_simulator
+        from accelerando.backends.planning.auto import layout_simulator
 
         simulator = layout_simulator(settings.parallelism_model, **options)
     return pl.choose_layout(
@@ -826,10 +831,10 @@ def build(
     """Plan a launch without starting anything.
 
     Args:
-        settings: the launcher's resolved settings (see :func:`accelerando.settings.resolve`).
+        settings: the launcher's resolved settings (see :func:`accelerando.core.settings.resolve`).
         command: what each process runs.
         machine: the machine the launch runs on; ``None`` detects this one
-            (:func:`accelerando.settings.machine.detect_machine`).
+            (:func:`accelerando.core.settings.machine.detect_machine`).
         agent_options: extra ``torch.distributed.run`` options (``--role``, ``--tee``, ``--log_dir``).
         port: returns a free port for a single-machine job that did not choose one.
         mpirun: finds ``mpirun`` for an ``mpirun_hostfile`` launch (see
@@ -915,7 +920,7 @@ def oversubscription_warning(
 
     Each process then shares a core with others (oversubscription): the job runs slower than with
     fewer processes, and collectives wait on the slowest. Counted with the cores this process may run
-    on (``os.sched_getaffinity`` where available, see :func:`~accelerando.settings.machine.detect_machine`).
+    on (``os.sched_getaffinity`` where available, see :func:`~accelerando.core.settings.machine.detect_machine`).
 
     Args:
         settings: the launcher's resolved settings.

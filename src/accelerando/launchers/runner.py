@@ -28,9 +28,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from accelerando.core.settings.fields import quote_value
 from accelerando.launchers._child import set_parent_death_signal
 from accelerando.launchers.plan import LaunchPlan
-from accelerando.settings.fields import quote_value
 
 if TYPE_CHECKING:
     import argparse

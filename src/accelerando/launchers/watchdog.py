@@ -56,7 +56,7 @@ _WAITING_MARKERS = (
     "torch/distributed/",
     "torch/nn/parallel/distributed.py",
     "torch/autograd/",
-    "accelerando/process_group.py",
+    "accelerando/core/process_group.py",
 )
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _STACK_WAIT_S = 2.0  # how long a process is given to write its stacks after SIGUSR1

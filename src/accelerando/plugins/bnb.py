@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from accelerando.enums import CustomDtype
+from accelerando.core.enums import CustomDtype
 
 __all__ = ["BnbQuantizationConfig"]
 

@@ -2,8 +2,8 @@
 
 Besides the dataclass, this module holds the plain config-dict helpers the plugin needs when it is
 built (dotted-key access, loading, the ``deepspeed.zero.Init`` view of a config) and the lazy import
-of ``deepspeed``. They import nothing from ``accelerando.strategies``; the DeepSpeed strategy
-(``accelerando.strategies.deepspeed``) builds on them.
+of ``deepspeed``. They import nothing from ``accelerando.backends.strategies``; the DeepSpeed strategy
+(``accelerando.backends.strategies.deepspeed``) builds on them.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from accelerando.common import imports
-from accelerando.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
-from accelerando.devices.detect import detect_device_backend
+from accelerando.core.devices.deepspeed_accelerator import prefer_deepspeed_cpu_accelerator
+from accelerando.core.devices.detect import detect_device_backend
+from accelerando.core.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+from accelerando.core.settings import environment_setting, fill_unset
 from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
-from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
-from accelerando.settings import environment_setting, fill_unset
 
 if TYPE_CHECKING:
     from types import ModuleType

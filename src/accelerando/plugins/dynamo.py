@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelerando.enums import DistributedType, DynamoBackend
+from accelerando.core.enums import DistributedType, DynamoBackend
+from accelerando.core.settings import fill_unset
 from accelerando.plugins.kwargs import KwargsHandler
-from accelerando.settings import fill_unset
 
 if TYPE_CHECKING:
     from collections.abc import Callable

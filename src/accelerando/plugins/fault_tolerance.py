@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from accelerando.core.settings import fill_unset
 from accelerando.plugins.kwargs import KwargsHandler
-from accelerando.settings import fill_unset
 
 __all__ = ["FaultTolerancePlugin", "TorchFTPlugin"]
 

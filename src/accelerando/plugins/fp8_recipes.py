@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from accelerando.common.imports import is_torchao_available
+from accelerando.core.settings import environment_value, fill_unset
 from accelerando.plugins.kwargs import KwargsHandler
-from accelerando.settings import environment_value, fill_unset
 
 __all__ = ["AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"]
 

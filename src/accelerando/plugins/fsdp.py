@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from accelerando.settings import fill_unset
+from accelerando.core.settings import fill_unset
 
 __all__ = ["SHARDING_STRATEGIES", "STATE_DICT_TYPES", "FullyShardedDataParallelPlugin"]
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from accelerando.safe_files import FileTooLargeError, NotRegularFileError, read_regular
+from accelerando.core.safe_files import FileTooLargeError, NotRegularFileError, read_regular
 
 __all__ = ["HfDeepSpeedConfig"]
 

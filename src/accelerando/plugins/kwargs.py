@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
-from accelerando._lazy import lazy_getattr
-from accelerando.enums import DDPCommunicationHookType
-from accelerando.settings import environment_hidden
+from accelerando.core._lazy import lazy_getattr
+from accelerando.core.enums import DDPCommunicationHookType
+from accelerando.core.settings import environment_hidden
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, SupportsInt
 
+from accelerando.core.settings import fill_unset
 from accelerando.plugins.kwargs import KwargsHandler
 from accelerando.plugins.megatron_parsers import parse_model_config
-from accelerando.settings import fill_unset
 
 if TYPE_CHECKING:
     import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelerando.settings import environment_text
+from accelerando.core.settings import environment_text
 
 __all__ = ["DeepSpeedSequenceParallelConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig"]
 

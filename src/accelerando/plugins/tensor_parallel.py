@@ -29,7 +29,7 @@ class TorchTensorParallelPlugin(KwargsHandler):
         torch_device_mesh: a ready ``DeviceMesh`` with a ``"tp"`` dimension to use instead of
             building one.
         tp_plan: module-name pattern -> style (``"colwise"``, ``"rowwise"``, ... see
-            ``accelerando.strategies.composable.plan``, or torch ``ParallelStyle`` objects); None =
+            ``accelerando.backends.strategies.composable.plan``, or torch ``ParallelStyle`` objects); None =
             the plan the model declares (transformers ``tp_plan``).
 
     Raises:

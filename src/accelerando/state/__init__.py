@@ -2,15 +2,15 @@
 
 ``PartialState`` and ``AcceleratorState`` keep the reference's names and attributes but hold no
 decisions of their own: they are read-only views over the process's Runtime
-(:mod:`accelerando.runtime`), which the connector builds. Every instance shares one dictionary (the
+(:mod:`accelerando.core.runtime`), which the connector builds. Every instance shares one dictionary (the
 Borg pattern), so ``PartialState()`` anywhere is the same object. ``GradientState`` tracks
 accumulation and dataloader progress.
 """
 
 from __future__ import annotations
 
-from accelerando.enums import DistributedType
-from accelerando.gradient_state import GradientState
+from accelerando.core.enums import DistributedType
+from accelerando.core.gradient_state import GradientState
 from accelerando.state.accelerator_state import (
     AcceleratorState,
     get_active_deepspeed_plugin,

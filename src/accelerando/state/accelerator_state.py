@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import accelerando.runtime as runtime
-from accelerando.enums import DistributedType
+import accelerando.core.runtime as runtime
+from accelerando.core.enums import DistributedType
 from accelerando.state.partial import _STATE_KEYS, PartialState
 from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
 
@@ -41,7 +41,7 @@ _DECISION_KEYS = frozenset(
 class AcceleratorState:
     """What the newest Accelerator decided, on top of ``PartialState``; a read-only view.
 
-    Reads the process's :class:`~accelerando.runtime.Runtime`: ``mixed_precision``,
+    Reads the process's :class:`~accelerando.core.runtime.Runtime`: ``mixed_precision``,
     ``distributed_type`` (possibly FSDP, DEEPSPEED, MEGATRON_LM), ``deepspeed_plugins``,
     ``fsdp_plugin``, ``megatron_lm_plugin``, ``dynamo_plugin``, ``torch_tp_plugin``,
     ``parallelism_config``, ``device_mesh``. Before any Accelerator exists these are the process's

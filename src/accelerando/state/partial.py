@@ -1,6 +1,6 @@
 """PartialState: who am I, how many of us are there, which device do I use.
 
-A read-only view over the process's :class:`~accelerando.runtime.ProcessContext`, which the
+A read-only view over the process's :class:`~accelerando.core.runtime.ProcessContext`, which the
 connector builds. Every instance shares one dictionary (the Borg pattern), so ``PartialState()``
 anywhere is the same object.
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import torch
 
-import accelerando.runtime as runtime
-from accelerando.devices import DeviceBackend
-from accelerando.enums import DistributedType
-from accelerando.environments import ClusterEnvironment
-from accelerando.settings import resolve_runtime_settings
+import accelerando.core.runtime as runtime
+from accelerando.core.devices import DeviceBackend
+from accelerando.core.enums import DistributedType
+from accelerando.core.environments import ClusterEnvironment
+from accelerando.core.settings import resolve_runtime_settings
 from accelerando.state.shared import fork_launched, missing_attribute, view_is_read_only
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ _T = TypeVar("_T")
 class PartialState:
     """The state of this process in the job, shared by every instance in the process.
 
-    A read-only view over the process's :class:`~accelerando.runtime.ProcessContext`. The first
+    A read-only view over the process's :class:`~accelerando.core.runtime.ProcessContext`. The first
     construction in a process asks the connector to detect the cluster environment (torchrun, MPI,
     SLURM or single process) and the device family, pick this process's device, and, when there is
     more than one process, start the default ``torch.distributed`` process group (gloo on CPU, nccl
@@ -341,7 +341,7 @@ class PartialState:
         """Tear down the process group (the default one when ``group`` is None).
 
         For the default group every process should call this: they agree (bounded wait) before each
-        destroys its group; see :meth:`accelerando.process_group.ProcessGroupHandle.shutdown`.
+        destroys its group; see :meth:`accelerando.core.process_group.ProcessGroupHandle.shutdown`.
         """
         import torch.distributed as dist
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-import accelerando.runtime as runtime
-from accelerando.settings import environment_text
+import accelerando.core.runtime as runtime
+from accelerando.core.settings import environment_text
 
 __all__ = [
     "ThreadLocalSharedDict",

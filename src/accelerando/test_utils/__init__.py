@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from accelerando._lazy import lazy_getattr
+from accelerando.core._lazy import lazy_getattr
 
 _TESTING = "accelerando.test_utils.testing"
 _TRAINING = "accelerando.test_utils.training"

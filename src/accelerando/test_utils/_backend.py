@@ -1,6 +1,6 @@
 """Which device family tests run on here, how many devices it has, and what is installed.
 
-Hardware questions never initialise a device runtime (the answers come from ``accelerando.devices``
+Hardware questions never initialise a device runtime (the answers come from ``accelerando.core.devices``
 and ``accelerando.common.imports``), so importing the test helpers keeps a later ``fork`` possible.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from accelerando.common import imports
-from accelerando.devices.detect import detect_device_backend
+from accelerando.core.devices.detect import detect_device_backend
 
 __all__ = ["available", "family_count", "get_backend"]
 

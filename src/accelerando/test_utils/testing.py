@@ -55,7 +55,7 @@ def get_launch_command(**kwargs: object) -> list[str]:
 
     ``True`` adds ``--name``; ``False`` and ``None`` add nothing; any other value adds ``--name=value``.
     The script and its arguments are appended by the caller. When this process runs accelerando as
-    ``accelerate`` (``accelerando.stand_in.install_as_accelerate()``), ``--install_as_accelerate`` is
+    ``accelerate`` (``accelerando.core.stand_in.install_as_accelerate()``), ``--install_as_accelerate`` is
     added (unless given) so the launched scripts' ``import accelerate`` gets accelerando too.
 
     Example: ``get_launch_command(num_processes=2, cpu=True)`` gives
@@ -74,7 +74,7 @@ def get_launch_command(**kwargs: object) -> list[str]:
 
 
 def _stand_in_active() -> bool:
-    stand_in = sys.modules.get("accelerando.stand_in")  # never imported here: only asked if in use
+    stand_in = sys.modules.get("accelerando.core.stand_in")  # never imported here: only asked if in use
     return bool(stand_in is not None and stand_in.is_installed_as_accelerate())
 
 

@@ -5,21 +5,21 @@ Each name is read from its owner on first access (PEP 562), so importing this mo
 
 from __future__ import annotations
 
-from accelerando._lazy import lazy_dir, lazy_getattr
+from accelerando.core._lazy import lazy_dir, lazy_getattr
 
 _EXPORTS: dict[str, str] = {
-    "ComputeEnvironment": "accelerando.enums",
-    "CustomDtype": "accelerando.enums",
-    "DDPCommunicationHookType": "accelerando.enums",
-    "DistributedType": "accelerando.enums",
-    "DynamoBackend": "accelerando.enums",
-    "LoggerType": "accelerando.enums",
-    "PrecisionType": "accelerando.enums",
-    "RNGType": "accelerando.enums",
-    "SageMakerDistributedType": "accelerando.enums",
-    "EnumWithContains": "accelerando.enums",
-    "BaseEnum": "accelerando.enums",
-    "FP8BackendType": "accelerando.enums",
+    "ComputeEnvironment": "accelerando.core.enums",
+    "CustomDtype": "accelerando.core.enums",
+    "DDPCommunicationHookType": "accelerando.core.enums",
+    "DistributedType": "accelerando.core.enums",
+    "DynamoBackend": "accelerando.core.enums",
+    "LoggerType": "accelerando.core.enums",
+    "PrecisionType": "accelerando.core.enums",
+    "RNGType": "accelerando.core.enums",
+    "SageMakerDistributedType": "accelerando.core.enums",
+    "EnumWithContains": "accelerando.core.enums",
+    "BaseEnum": "accelerando.core.enums",
+    "FP8BackendType": "accelerando.core.enums",
     "BETA_CP_AVAILABLE_PYTORCH_VERSION": "accelerando.common.constants",
     "BETA_TP_AVAILABLE_PYTORCH_VERSION": "accelerando.common.constants",
     "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION": "accelerando.common.constants",

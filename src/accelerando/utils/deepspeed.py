@@ -1,15 +1,18 @@
 """DeepSpeed names at the reference's ``accelerate.utils.deepspeed`` path (re-exports only).
 
-The strategy's pieces live in :mod:`accelerando.strategies.deepspeed`; the queryable config object
+The strategy's pieces live in :mod:`accelerando.backends.strategies.deepspeed`; the queryable config object
 :class:`HfDeepSpeedConfig` lives with the plugin (:mod:`accelerando.plugins.hf_deepspeed_config`).
 Importing this module does not import ``deepspeed``.
 """
 
 from __future__ import annotations
 
-from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
-from accelerando.strategies.deepspeed.auto_stage import ZeroChoice, choose_zero_config, estimate_zero_memory
-from accelerando.strategies.deepspeed.config import (
+from accelerando.backends.strategies.deepspeed.auto_stage import (
+    ZeroChoice,
+    choose_zero_config,
+    estimate_zero_memory,
+)
+from accelerando.backends.strategies.deepspeed.config import (
     auto_keys,
     fill_auto,
     get_value,
@@ -17,15 +20,19 @@ from accelerando.strategies.deepspeed.config import (
     require_no_auto,
     set_value,
 )
-from accelerando.strategies.deepspeed.optim_map import map_pytorch_optim_to_deepspeed
-from accelerando.strategies.deepspeed.selection import get_active_deepspeed_plugin, select_deepspeed_plugin
-from accelerando.strategies.deepspeed.wrappers import (
+from accelerando.backends.strategies.deepspeed.optim_map import map_pytorch_optim_to_deepspeed
+from accelerando.backends.strategies.deepspeed.selection import (
+    get_active_deepspeed_plugin,
+    select_deepspeed_plugin,
+)
+from accelerando.backends.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
     DummyOptim,
     DummyScheduler,
 )
+from accelerando.plugins.hf_deepspeed_config import HfDeepSpeedConfig
 
 __all__ = [
     "DeepSpeedEngineWrapper",

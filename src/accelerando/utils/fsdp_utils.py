@@ -1,14 +1,13 @@
 """FSDP helpers at the reference's ``accelerate.utils.fsdp_utils`` path (re-exports only).
 
-They are defined in :mod:`accelerando.strategies.fsdp.checkpoint` (and, for sharding and merging, in
-:mod:`accelerando.strategies.fsdp`); the checkpoint file names come from
+They are defined in :mod:`accelerando.backends.strategies.fsdp.checkpoint` (and, for sharding and merging, in
+:mod:`accelerando.backends.strategies.fsdp`); the checkpoint file names come from
 :mod:`accelerando.common.constants`.
 """
 
 from __future__ import annotations
 
-from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from accelerando.strategies.fsdp.checkpoint import (
+from accelerando.backends.strategies.fsdp.checkpoint import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
@@ -26,6 +25,7 @@ from accelerando.strategies.fsdp.checkpoint import (
     save_fsdp_model,
     save_fsdp_optimizer,
 )
+from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 
 __all__ = [
     "FSDP_MODEL_NAME",

@@ -1,6 +1,6 @@
 """Megatron-LM names at the reference's ``accelerate.utils.megatron_lm`` path (re-exports only).
 
-They live in :mod:`accelerando.strategies.megatron`. The plain-torch parts (train-step batch / loss /
+They live in :mod:`accelerando.backends.strategies.megatron`. The plain-torch parts (train-step batch / loss /
 forward functions, T5 masks, dummy scheduler and dataloader, loss averaging, the wrappers) work
 anywhere; building Megatron's model, optimizer, engine or datasets needs megatron-core on CUDA and
 raises :class:`MegatronLMUnavailableError` naming the torch-native alternatives.
@@ -8,17 +8,17 @@ raises :class:`MegatronLMUnavailableError` naming the torch-native alternatives.
 
 from __future__ import annotations
 
-from accelerando.strategies.megatron.engine import (
+from accelerando.backends.strategies.megatron.engine import (
     MegatronEngine,
     MegatronLMOptimizerWrapper,
     MegatronLMSchedulerWrapper,
 )
-from accelerando.strategies.megatron.parallel import (
+from accelerando.backends.strategies.megatron.parallel import (
     avg_losses_across_data_parallel_group,
     gather_across_data_parallel_groups,
 )
-from accelerando.strategies.megatron.requirements import MegatronLMUnavailableError
-from accelerando.strategies.megatron.setup import (
+from accelerando.backends.strategies.megatron.requirements import MegatronLMUnavailableError
+from accelerando.backends.strategies.megatron.setup import (
     finish_mpu_init,
     initialize,
     model_provider_func,
@@ -27,7 +27,7 @@ from accelerando.strategies.megatron.setup import (
     prepare_optimizer,
     prepare_scheduler,
 )
-from accelerando.strategies.megatron.train_steps import (
+from accelerando.backends.strategies.megatron.train_steps import (
     AbstractTrainStep,
     BertTrainStep,
     GPTTrainStep,

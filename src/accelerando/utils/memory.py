@@ -1,17 +1,17 @@
 """The reference's import path ``accelerate.utils.memory``.
 
-Re-exports from :mod:`accelerando.monitoring.oom` and :mod:`accelerando.common.memory`.
+Re-exports from :mod:`accelerando.backends.monitoring.oom` and :mod:`accelerando.common.memory`.
 """
 
 from __future__ import annotations
 
-from accelerando.common.memory import clear_device_cache
-from accelerando.monitoring.oom import (
+from accelerando.backends.monitoring.oom import (
     BatchSizeFinder,
     find_executable_batch_size,
     release_memory,
     should_reduce_batch_size,
 )
+from accelerando.common.memory import clear_device_cache
 
 __all__ = [
     "BatchSizeFinder",

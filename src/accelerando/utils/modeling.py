@@ -2,12 +2,12 @@
 and checkpoint loading.
 
 The code lives in :mod:`accelerando.big_modeling` and, for the grad scaler and autocast helpers,
-:mod:`accelerando.precision.helpers`; each name is read from its owner on first access (PEP 562).
+:mod:`accelerando.backends.precision.helpers`; each name is read from its owner on first access (PEP 562).
 """
 
 from __future__ import annotations
 
-from accelerando._lazy import lazy_dir, lazy_getattr
+from accelerando.core._lazy import lazy_dir, lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "SAFE_WEIGHTS_NAME": "accelerando.common.constants",
@@ -28,10 +28,10 @@ _EXPORTS: dict[str, str] = {
     "fallback_allocate": "accelerando.big_modeling.allocation",
     "find_tied_parameters": "accelerando.big_modeling.tensors",
     "get_balanced_memory": "accelerando.big_modeling.budgets",
-    "get_grad_scaler": "accelerando.precision.helpers",
+    "get_grad_scaler": "accelerando.backends.precision.helpers",
     "get_max_layer_size": "accelerando.big_modeling.sizes",
     "get_max_memory": "accelerando.big_modeling.budgets",
-    "get_mixed_precision_context_manager": "accelerando.precision.helpers",
+    "get_mixed_precision_context_manager": "accelerando.backends.precision.helpers",
     "get_module_children_bottom_up": "accelerando.big_modeling.tensors",
     "get_module_leaves": "accelerando.big_modeling.allocation",
     "get_module_size_with_ties": "accelerando.big_modeling.allocation",

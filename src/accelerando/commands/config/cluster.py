@@ -19,7 +19,7 @@ from accelerando.common.constants import (
     FSDP_STATE_DICT_TYPE,
     TORCH_DYNAMO_MODES,
 )
-from accelerando.settings.configfile import settings_to_config
+from accelerando.core.settings.configfile import settings_to_config
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",

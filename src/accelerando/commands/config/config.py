@@ -20,7 +20,7 @@ from accelerando.commands.config.config_args import (
 )
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
 from accelerando.commands.utils import CustomArgumentParser
-from accelerando.settings.configfile import ConfigError, config_to_layer, default_config_path
+from accelerando.core.settings.configfile import ConfigError, config_to_layer, default_config_path
 
 __all__ = [
     "cache_dir",

@@ -25,8 +25,8 @@ from accelerando.common.constants import (
     SAGEMAKER_PYTORCH_VERSION,
     SAGEMAKER_TRANSFORMERS_VERSION,
 )
-from accelerando.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
-from accelerando.settings.configfile import (
+from accelerando.core.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
+from accelerando.core.settings.configfile import (
     CONFIG_KEYS,
     ConfigError,
     config_to_layer,

@@ -10,15 +10,15 @@ from pathlib import Path
 
 from accelerando.commands.config.config_args import default_json_config_file
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
-from accelerando.settings.configfile import (
+from accelerando.core.settings.configfile import (
     ConfigError,
     config_to_layer,
     default_config_path,
     settings_to_config,
     write_config_file,
 )
-from accelerando.settings.machine import visible_gpu_count
-from accelerando.settings.resolve import parse_value
+from accelerando.core.settings.machine import visible_gpu_count
+from accelerando.core.settings.resolve import parse_value
 
 __all__ = [
     "basic_config_values",
@@ -72,7 +72,7 @@ def write_basic_config(
     Args:
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
         save_location: where to write (``.json`` for JSON, else YAML); ``None`` = the default location
-            (see :func:`accelerando.settings.configfile.default_config_path`).
+            (see :func:`accelerando.core.settings.configfile.default_config_path`).
         use_xpu: accepted for compatibility; Intel XPUs are not detected here.
 
     Returns:

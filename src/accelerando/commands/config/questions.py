@@ -1,6 +1,6 @@
 """The interactive questions of ``accelerando config``, asked with questionary.
 
-Each question maps to one setting of :mod:`accelerando.settings.fields`; the answers are validated by
+Each question maps to one setting of :mod:`accelerando.core.settings.fields`; the answers are validated by
 the same parser that reads config files, so a typo is re-asked instead of written.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accelerando.settings.fields import get_field, machine_range
-from accelerando.settings.machine import visible_gpu_count
-from accelerando.settings.resolve import parse_value
-from accelerando.strategies import DISTRIBUTED_KINDS, DistributedKind
+from accelerando.backends.strategies import DISTRIBUTED_KINDS, DistributedKind
+from accelerando.core.settings.fields import get_field, machine_range
+from accelerando.core.settings.machine import visible_gpu_count
+from accelerando.core.settings.resolve import parse_value
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -149,7 +149,7 @@ def ask_questions(gpu_count: int | None = None) -> dict[str, object] | None:
         gpu_count: GPUs to offer choices for; ``None`` counts this machine's (without CUDA).
 
     Returns:
-        Setting name -> value (ready for :func:`accelerando.settings.configfile.settings_to_config`),
+        Setting name -> value (ready for :func:`accelerando.core.settings.configfile.settings_to_config`),
         or ``None`` when the user cancelled.
     """
     import questionary

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from accelerando.commands.config.config_args import ClusterConfig, default_config_file, load_config_from_file
 from accelerando.commands.config.config_utils import SubcommandHelpFormatter
-from accelerando.settings.configfile import ConfigError, config_to_layer, default_config_path
+from accelerando.core.settings.configfile import ConfigError, config_to_layer, default_config_path
 
 __all__ = [
     "default_config_file",

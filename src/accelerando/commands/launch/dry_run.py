@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from accelerando.launchers.limits import clip
 
 if TYPE_CHECKING:
+    from accelerando.core.settings.resolve import Settings
     from accelerando.launchers.plan import LaunchPlan
-    from accelerando.settings.resolve import Settings
 
 __all__ = ["print_dry_run", "print_settings"]
 
@@ -19,7 +19,7 @@ def print_settings(settings: Settings) -> None:
     A value longer than :data:`~accelerando.launchers.limits.ECHO_LIMIT` characters is cut, with its size.
 
     Args:
-        settings: resolved :class:`~accelerando.settings.Settings`.
+        settings: resolved :class:`~accelerando.core.settings.Settings`.
     """
     print("Settings (value, source) that differ from the defaults:")
     for name, value, source in settings.items():
@@ -31,7 +31,7 @@ def print_dry_run(settings: Settings, plan: LaunchPlan) -> None:
     """Print the non-default settings, then the plan's topology, command and environment.
 
     Args:
-        settings: resolved :class:`~accelerando.settings.Settings`.
+        settings: resolved :class:`~accelerando.core.settings.Settings`.
         plan: the :class:`~accelerando.launchers.plan.LaunchPlan` made from them.
     """
     print_settings(settings)

@@ -22,17 +22,17 @@ from accelerando.commands.launch.parser import (
     unknown_flags_message,
 )
 from accelerando.commands.launch.resolution import command_of, plan_for
+from accelerando.core.settings.fields import FIELDS
 from accelerando.launchers import runner
 from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
-from accelerando.settings.fields import FIELDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from accelerando.core.settings.resolve import Settings
     from accelerando.launchers.ft import FaultTolerantPlan
     from accelerando.launchers.plan import LaunchPlan
-    from accelerando.settings.resolve import Settings
 
 __all__ = ["add_parser", "main", "run", "script_problem"]
 

@@ -1,6 +1,6 @@
 """The flags of ``accelerando launch`` that have no setting of their own, and their spelling.
 
-The setting flags come from the settings table (:mod:`accelerando.settings.fields`); this module holds
+The setting flags come from the settings table (:mod:`accelerando.core.settings.fields`); this module holds
 the rest: the launcher's own value options, the reference's flags accepted for compatibility (passed to
 the script as ``ACCELERATE_<NAME>``), and the reference's flags refused with a reason. It also finds
 where the launcher's flags end and the target begins (:func:`split_unknown`). Pure: no I/O, no torch.
@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 
 from accelerando.commands.spellings import other_spelling
-from accelerando.settings.fields import FIELDS
+from accelerando.core.settings.fields import FIELDS
 
 __all__ = [
     "COMPAT_SWITCHES",

@@ -24,7 +24,7 @@ from accelerando.commands.spellings import (
     canonical_key,
     other_spelling,
 )
-from accelerando.settings.fields import FIELDS, Field, quote_value
+from accelerando.core.settings.fields import FIELDS, Field, quote_value
 
 __all__ = [
     "DESCRIPTION",

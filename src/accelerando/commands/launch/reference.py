@@ -15,16 +15,16 @@ from accelerando.commands.launch.entry import run
 from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_message
 from accelerando.commands.launch.parser import CustomHelpFormatter, build_parser, unknown_flags_message
 from accelerando.commands.launch.resolution import plan_for
+from accelerando.core.settings.configfile import default_config_path
+from accelerando.core.settings.fields import FIELDS
 from accelerando.launchers import runner
 from accelerando.launchers.mpirun import MpiRun
 from accelerando.launchers.plan import check_files
-from accelerando.settings.configfile import default_config_path
-from accelerando.settings.fields import FIELDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from accelerando.settings.resolve import Settings
+    from accelerando.core.settings.resolve import Settings
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -90,7 +90,7 @@ def validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespac
     Returns:
         ``(args, settings, mixed_precision_from_config)``: the same namespace, filled with every
         setting a config file, the environment or a flag gave (as the reference fills it), the resolved
-        :class:`~accelerando.settings.Settings` (defaults < config file < environment < flags), and
+        :class:`~accelerando.core.settings.Settings` (defaults < config file < environment < flags), and
         whether the mixed precision came from the config file.
 
     Raises:

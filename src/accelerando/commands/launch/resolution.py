@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.flags import compat_env
 from accelerando.commands.launch.parser import is_given
+from accelerando.core.settings.configfile import find_config_file, load_config_layer
+from accelerando.core.settings.fields import FIELDS
+from accelerando.core.settings.machine import detect_machine
+from accelerando.core.settings.resolve import Sourced, env_layer, resolve
 from accelerando.launchers.plan import Command, build, check_command
-from accelerando.settings.configfile import find_config_file, load_config_layer
-from accelerando.settings.fields import FIELDS
-from accelerando.settings.machine import detect_machine
-from accelerando.settings.resolve import Sourced, env_layer, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from accelerando.core.settings.resolve import Settings
     from accelerando.launchers.mpirun import MpiRun
     from accelerando.launchers.plan import LaunchPlan
-    from accelerando.settings.resolve import Settings
 
 __all__ = ["cli_layer", "command_of", "plan_for", "resolve_launch_settings"]
 
@@ -35,7 +35,7 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Sourced]:
         args: the parsed launch arguments.
 
     Returns:
-        Setting name -> :class:`~accelerando.settings.resolve.Sourced` (``cli:--flag``), given ones only.
+        Setting name -> :class:`~accelerando.core.settings.resolve.Sourced` (``cli:--flag``), given ones only.
     """
     layer: dict[str, Sourced] = {}
     for field in FIELDS:
@@ -58,7 +58,7 @@ def resolve_launch_settings(
         ``(settings, notes)``; notes are sentences for the user (e.g. which config file was used).
 
     Raises:
-        ValueError: a bad config file (:class:`~accelerando.settings.configfile.ConfigError`) or a
+        ValueError: a bad config file (:class:`~accelerando.core.settings.configfile.ConfigError`) or a
             bad value from any layer; the message names the source and the fix.
     """
     path, note = find_config_file(getattr(args, "config_file", None))

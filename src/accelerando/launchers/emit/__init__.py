@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from accelerando.core.settings.resolve import Settings
 from accelerando.launchers.emit.kubernetes import render_manifest
 from accelerando.launchers.emit.ray import render_ray_job
 from accelerando.launchers.emit.slurm import render_sbatch
 from accelerando.launchers.emit.spec import TOPOLOGY_SETTINGS, JobSpec, job_spec, value_text
 from accelerando.launchers.plan import Command
-from accelerando.settings.resolve import Settings
 
 __all__ = ["EMIT_FORMATS", "JobSpec", "TOPOLOGY_SETTINGS", "emit_job", "job_spec", "value_text", "write_job"]
 

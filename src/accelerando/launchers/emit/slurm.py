@@ -18,8 +18,8 @@ import re
 import shlex
 from pathlib import Path
 
+from accelerando.core.settings.fields import Field
 from accelerando.launchers.emit.spec import JobSpec, check_line, check_word, value_text
-from accelerando.settings.fields import Field
 
 __all__ = ["REQUEUE_SIGNAL", "SIGNAL_LEAD_SECONDS", "directive_value", "render_sbatch", "setting_flags"]
 

@@ -6,11 +6,11 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from accelerando.backends.strategies import distributed_kind
+from accelerando.core.settings.fields import FIELDS_BY_NAME, Field
+from accelerando.core.settings.machine import MachineInfo
+from accelerando.core.settings.resolve import Settings
 from accelerando.launchers.plan import Command, check_settings, machine_counts, rendezvous_backend
-from accelerando.settings.fields import FIELDS_BY_NAME, Field
-from accelerando.settings.machine import MachineInfo
-from accelerando.settings.resolve import Settings
-from accelerando.strategies import distributed_kind
 
 __all__ = ["JobSpec", "TOPOLOGY_SETTINGS", "check_line", "check_word", "job_spec", "value_text"]
 
@@ -85,7 +85,7 @@ def value_text(value: object) -> str:
     """A resolved setting value spelled as a flag value or an environment variable reads it back.
 
     Args:
-        value: a value from :class:`~accelerando.settings.Settings`.
+        value: a value from :class:`~accelerando.core.settings.Settings`.
 
     Returns:
         ``true``/``false`` for booleans, a comma-joined list for tuples, else ``str(value)``.

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from accelerando.core.settings.resolve import Settings
 from accelerando.launchers.plan import Command, LaunchPlan
 from accelerando.launchers.ray.worker import RankProcess
-from accelerando.settings.resolve import Settings
 
 if TYPE_CHECKING:
     from types import ModuleType

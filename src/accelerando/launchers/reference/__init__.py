@@ -3,7 +3,7 @@
 Each ``prepare_*`` function takes the ``argparse.Namespace`` of a launch command (the reference's
 attribute names: ``training_script``, ``num_processes``, ``mixed_precision``, ``use_fsdp``, ...) and
 returns the command and/or the environment for the processes, without starting anything. The settings
-are resolved and checked by :mod:`accelerando.settings` and the command comes from
+are resolved and checked by :mod:`accelerando.core.settings` and the command comes from
 :func:`accelerando.launchers.plan.build`, so these helpers and ``accelerando launch`` agree. The
 environment carries every given setting twice: under accelerando's ``ACCELERANDO_*`` names and under
 the reference's names (``ACCELERATE_MIXED_PRECISION``, ``FSDP_SHARDING_STRATEGY``, ...), which code
@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 from accelerando.common.constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from accelerando.common.environment import check_cuda_p2p_ib_support, get_current_device_type
+from accelerando.core.settings.fields import FIELDS_BY_NAME, machine_range
+from accelerando.core.settings.machine import MachineInfo, detect_machine, free_port
 from accelerando.launchers.mpirun import MpiRun
 from accelerando.launchers.plan import Command, build
 from accelerando.launchers.reference.agent import set_agent_args as _set_agent_args
@@ -47,12 +49,10 @@ from accelerando.launchers.reference.fork import PrepareForLaunch
 from accelerando.launchers.reference.namespace import settings_from_args as _settings_from_args
 from accelerando.launchers.reference.sagemaker import convert_nargs_to_dict as _convert_nargs_to_dict  # noqa: F401 (the reference's private name)
 from accelerando.launchers.reference.sagemaker import prepare_sagemager_args_inputs
-from accelerando.settings.fields import FIELDS_BY_NAME, machine_range
-from accelerando.settings.machine import MachineInfo, detect_machine, free_port
 
 if TYPE_CHECKING:
+    from accelerando.core.settings.resolve import Settings
     from accelerando.launchers.plan import LaunchPlan
-    from accelerando.settings.resolve import Settings
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",

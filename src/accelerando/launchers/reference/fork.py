@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 
 from accelerando.common.constants import TORCH_DISTRIBUTED_OPERATION_TYPES
-from accelerando.settings import environment_setting
+from accelerando.core.settings import environment_setting
 
 __all__ = ["PrepareForLaunch"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from accelerando.settings.fields import FIELDS_BY_NAME
-from accelerando.settings.resolve import Sourced, resolve
+from accelerando.core.settings.fields import FIELDS_BY_NAME
+from accelerando.core.settings.resolve import Sourced, resolve
 
 if TYPE_CHECKING:
-    from accelerando.settings.resolve import Settings
+    from accelerando.core.settings.resolve import Settings
 
 __all__ = ["settings_from_args"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from accelerando.common.other import merge_dicts
-from accelerando.enums import DynamoBackend, PrecisionType
+from accelerando.core.enums import DynamoBackend, PrecisionType
 from accelerando.launchers.reference.env import setting_text, setup_fp8_env
 
 __all__ = ["convert_nargs_to_dict", "prepare_sagemager_args_inputs"]

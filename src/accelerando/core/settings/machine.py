@@ -1,0 +1,59 @@
+"""Facts about this machine that launch checks need, read without importing torch.
+
+The launcher must decide how many processes to start before any process imports torch, so GPU and
+CPU counts are read from the driver's ``/proc`` entries and the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from accelerando.core.devices.counting import visible_gpu_count
+
+__all__ = ["MachineInfo", "detect_machine", "visible_gpu_count", "free_port"]
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """What the launch plan needs to know about the machine it runs on.
+
+    Attributes:
+        gpu_count: GPUs visible to processes started here.
+        cpu_count: CPU cores usable by this process.
+        python: the interpreter that runs the script.
+        omp_threads_set: ``OMP_NUM_THREADS`` is already set by the user (then it is left alone).
+    """
+
+    gpu_count: int = 0
+    cpu_count: int = 1
+    python: str = sys.executable
+    omp_threads_set: bool = False
+
+
+def detect_machine() -> MachineInfo:
+    """Describe this machine for :func:`accelerando.launchers.plan.build`.
+
+    Returns:
+        A :class:`MachineInfo` with the visible GPU count and usable CPU count.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return MachineInfo(
+        gpu_count=visible_gpu_count(),
+        cpu_count=cpus,
+        python=sys.executable,
+        omp_threads_set=bool(os.environ.get("OMP_NUM_THREADS")),
+    )
+
+
+def free_port() -> int:
+    """Return a TCP port that was free on the loopback interface a moment ago."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
