@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib
 import json
 import os
@@ -193,6 +194,11 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@functools.cache
+def _bytecode_folder() -> str:
+    return tempfile.mkdtemp(prefix="compare_reference_pyc_")
+
+
 def run_child(figure: str, lib: str, extra: list[str], processes: int = 1) -> dict[str, float]:
     """Run one child measurement in a fresh process (``processes`` > 1: under torchrun)."""
     if processes > 1:
@@ -203,7 +209,10 @@ def run_child(figure: str, lib: str, extra: list[str], processes: int = 1) -> di
     else:
         launcher = [sys.executable]
     command = [*launcher, __file__, "--child", figure, "--lib", lib, *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Bytecode is written and read under a private folder for both libraries: with the session's
+    # PYTHONDONTWRITEBYTECODE every child would recompile each module, which is not what users see.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": _bytecode_folder()}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -226,6 +235,8 @@ def measure_children(rows: list[Row], figure: str, extra: list[str], rounds: int
     """Fill ``rows[0]`` from alternating fresh-process children of each library (and raw)."""
     row = rows[0]
     names = [*LIBS, "raw"] if raw and figure == "big_model" else list(LIBS)
+    for name in names:  # one unrecorded round each: fills the bytecode folder, warms the file cache
+        run_child(figure, name, extra, processes)
     for _, name in _alternating(rounds, names):
         result = run_child(figure, name, extra, processes)
         column = {"accelerando": "acc", "accelerate": "ref", "raw": "raw"}[name]
