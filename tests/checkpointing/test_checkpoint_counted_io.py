@@ -1,9 +1,11 @@
-"""Counted work of ``save_state``: fsync calls and bytes written, against what the raw floor does.
+"""Counted work of ``save_state`` and ``load_state``: fsync calls and bytes written or read, against
+what the raw floor does.
 
 The raw floor of a durable save is each file written once and flushed once. ``save_state`` adds the
 manifest and one flush per folder it changes (the staging folder, its parent), and no more:
 overwriting a checkpoint or rotating old ones away adds at most one flush of the parent folder, and
 every payload byte is written once, hashed for the manifest as it is written (never read back).
+A load reads each file it needs once: the bytes whose checksum is verified are those deserialized.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 from accelerando import Accelerator
-from accelerando.checkpointing import list_checkpoints, verify_checkpoint
+from accelerando.checkpointing import CheckpointError, list_checkpoints, verify_checkpoint
 from accelerando.checkpointing.digest import PIECE_BYTES, available, file_digest
 from accelerando.checkpointing.written import StreamDigest
 from accelerando.plugins.project import ProjectConfiguration
@@ -123,3 +125,86 @@ def test_stream_digest_equals_the_digest_of_the_file(tmp_path, algorithm) -> Non
         for start in range(0, size, 3 * 2**20 + 7):  # chunks that straddle the piece boundary
             stream.update(memoryview(data)[start : min(size, start + 3 * 2**20 + 7)])
         assert stream.entry() == file_digest(str(path), algorithm), size
+
+
+def _read_bytes() -> int:
+    with open("/proc/self/io", encoding="ascii") as handle:
+        fields = dict(line.split(": ") for line in handle.read().splitlines())
+    return int(fields["rchar"])
+
+
+class _LoadReads:
+    """Every way the load could read a checkpoint file's bytes: memory maps made from Python (path and
+    length), maps made by torch or safetensors themselves (which read nothing through read(2)), and
+    the bytes read(2) returned to this process (``rchar``, any thread, C++ readers included)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import safetensors.torch
+
+        self.mapped: list[tuple[str, int]] = []
+        self.other_maps: list[str] = []
+        real_mmap, real_from_file = mmap.mmap, torch.UntypedStorage.from_file
+        real_safe_open = safetensors.torch.safe_open
+
+        def counting_mmap(fd: int, length: int, *args: object, **kwargs: object) -> mmap.mmap:
+            mapped = real_mmap(fd, length, *args, **kwargs)
+            self.mapped.append((os.readlink(f"/proc/self/fd/{fd}"), len(mapped)))
+            return mapped
+
+        def counting_from_file(path: str, *args: object, **kwargs: object) -> torch.UntypedStorage:
+            self.other_maps.append(f"torch.UntypedStorage.from_file({path})")
+            return real_from_file(path, *args, **kwargs)
+
+        def counting_safe_open(path: str, *args: object, **kwargs: object) -> object:
+            self.other_maps.append(f"safetensors.safe_open({path})")
+            return real_safe_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(mmap, "mmap", counting_mmap)
+        monkeypatch.setattr(torch.UntypedStorage, "from_file", counting_from_file)
+        monkeypatch.setattr(safetensors.torch, "safe_open", counting_safe_open)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs /proc/self/io")
+@pytest.mark.parametrize("size", ["small files", "mapped optimizer"])
+def test_a_load_reads_each_file_once(tmp_path, monkeypatch, size: str) -> None:
+    from accelerando.checkpointing import files
+
+    if size == "mapped optimizer":  # big files' tensors are views of the bytes read (no copy)
+        monkeypatch.setattr(files, "MAPPED_LOAD_MIN_BYTES", 1)
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    accelerator.load_state(folder)  # imports and lazy set-up are done
+    manifest = verify_checkpoint(folder)
+    sizes = {os.path.join(folder, name): entry.size for name, entry in manifest.files.items()}
+    assert sum(sizes.values()) > 700_000  # weights + AdamW state of a 256 x 256 layer
+    reads = _LoadReads(monkeypatch)
+    before = _read_bytes()
+    accelerator.load_state(folder)  # checksums verified (the default)
+    read = _read_bytes() - before
+    monkeypatch.undo()
+    # Each file mapped once, whole; its checksum and its tensors both come from that one map.
+    assert sorted(reads.mapped) == sorted(sizes.items()), reads.mapped
+    assert reads.other_maps == []
+    # Nothing else of any file is read(2): only the manifest (and this process's own /proc files).
+    manifest_size = os.path.getsize(os.path.join(folder, "checkpoint_manifest.json"))
+    assert read <= manifest_size + 4096, (read, manifest_size)
+
+
+def test_a_flipped_byte_is_refused_by_its_checksum_before_anything_is_applied(tmp_path) -> None:
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    path = os.path.join(folder, "optimizer.bin")
+    with open(path, "r+b") as handle:  # a byte inside the tensor data: size and zip structure intact
+        handle.seek(os.path.getsize(path) // 2)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    model = accelerator._models[0]
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(5.0)
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin' fails its .* checksum"):
+        accelerator.load_state(folder)
+    assert all(bool((param == 5.0).all()) for param in model.parameters())  # nothing applied

@@ -42,6 +42,7 @@ __all__ = [
     "PendingDigests",
     "available",
     "default_algorithm",
+    "digest_buffers",
     "digest_files",
     "file_digest",
     "known",
@@ -295,6 +296,69 @@ def digest_files(items: Sequence[tuple[str, str | None]], desc: str | None = Non
         return pending.result(desc)
     finally:
         pending.close()
+
+
+def digest_buffers(items: Sequence[tuple[_Data, str | None]]) -> list[FileEntry]:
+    """Size and checksum of each ``(bytes in memory, algorithm)``, in order: what :func:`digest_files`
+    gives for a file holding those bytes.
+
+    For checking bytes already read (or mapped) once, so that what is hashed is what is then
+    deserialized. All pieces of all buffers are hashed by one thread pool.
+
+    Raises:
+        ValueError: If an algorithm is unknown or its library is not installed.
+    """
+    jobs: list[tuple[str, int, list[Future[int]]]] = []
+    try:
+        for data, wanted in items:
+            algorithm = wanted or default_algorithm()
+            hash_once = _one_shot(_base(algorithm))
+            if not known(algorithm) or hash_once is None:
+                raise ValueError(
+                    f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
+                    "pip install xxhash."
+                )
+            size = len(data)
+            if algorithm.endswith(_PIECED_SUFFIX):
+                futures = [
+                    _pool().submit(_hash_slice, hash_once, data, start, min(size, start + PIECE_BYTES))
+                    for start in range(0, size, PIECE_BYTES)
+                ]
+            else:
+                futures = [_pool().submit(_hash_whole_buffer, _base(algorithm), data)]
+            jobs.append((algorithm, size, futures))
+        entries = []
+        for algorithm, size, futures in jobs:
+            digests = [future.result() for future in futures]
+            pieced = algorithm.endswith(_PIECED_SUFFIX)
+            checksum = _combine(_base(algorithm), digests) if pieced else digests[0]
+            entries.append(FileEntry(size, checksum, algorithm))
+        return entries
+    finally:
+        wait([future for _, _, futures in jobs for future in futures])  # none still reads a buffer
+
+
+def _hash_slice(hash_once: Callable[[_Data], int], data: _Data, start: int, stop: int) -> int:
+    with memoryview(data) as view, view[start:stop] as piece:
+        return hash_once(piece)
+
+
+def _hash_whole_buffer(base: str, data: _Data) -> int:
+    if base == "crc32":
+        crc = 0
+        with memoryview(data) as view:
+            for start in range(0, len(view), _WHOLE_FILE_STEP):
+                with view[start : start + _WHOLE_FILE_STEP] as piece:
+                    crc = zlib.crc32(piece, crc)
+        return crc
+    module = _xxhash()
+    assert module is not None
+    hasher = module.xxh3_64()
+    with memoryview(data) as view:
+        for start in range(0, len(view), _WHOLE_FILE_STEP):
+            with view[start : start + _WHOLE_FILE_STEP] as piece:
+                hasher.update(piece)
+    return hasher.intdigest()
 
 
 def file_digest(path: str, algorithm: str | None = None) -> FileEntry:

@@ -15,9 +15,13 @@ caller's explicit ``load_kwargs={"weights_only": False}`` unpickles it fully.
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import math
 import os
 import pickle
+import sys
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import accelerando.checkpointing.written as written
-from accelerando.checkpointing.headers import check_file_header
+from accelerando.checkpointing.headers import check_buffer_header, check_file_header
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.common.constants import (
     MODEL_NAME,
@@ -172,7 +176,11 @@ def unpickling(weights_only: bool, options: Mapping[str, object] | None = None) 
 
 # Returns Any: whatever the file holds, as torch.load returns it.
 def torch_load(
-    path: str, map_location: MAP_LOCATION = None, mapped: bool = False, weights_only: bool | None = None
+    path: str,
+    map_location: MAP_LOCATION = None,
+    mapped: bool = False,
+    weights_only: bool | None = None,
+    data: memoryview | None = None,
 ) -> Any:
     """``torch.load`` with ``weights_only=True`` (never falling back to full unpickling by itself).
 
@@ -182,6 +190,10 @@ def torch_load(
             memory. The caller must copy or clone them before the file may go away.
         weights_only: False to unpickle fully (runs whatever code the file holds: only for files the
             user trusts and opted in for). None: True, unless inside :func:`unpickling` ``(False)``.
+        data: The file's bytes, already read once (and verified) by
+            :func:`accelerando.checkpointing.sources.read_once`: they are deserialized instead of the
+            file being read again. A writable view of a private memory map is deserialized in place
+            (``mapped``: the tensors are views of it), anything else is copied out.
 
     Raises:
         UnsafeCheckpointError: If the file holds a type ``weights_only`` loading refuses (the message
@@ -189,12 +201,15 @@ def torch_load(
         CheckpointError: If ``path`` is not a regular file (a FIFO, a device such as ``/dev/zero`` or a
             folder would hang or fail the reader).
     """
+    weights_only = _WEIGHTS_ONLY.get() if weights_only is None else bool(weights_only)
+    extra = dict(_LOAD_OPTIONS.get() or {})
+    if data is not None:
+        in_place = bool(extra.pop("mmap", mapped and len(data) >= MAPPED_LOAD_MIN_BYTES))
+        return _load_buffer(path, data, map_location, in_place, weights_only, extra)
     try:
         check_regular(path)
     except NotRegularFileError as err:
         raise CheckpointError(f"Cannot load {err}; the checkpoint is damaged.") from None
-    weights_only = _WEIGHTS_ONLY.get() if weights_only is None else bool(weights_only)
-    extra = dict(_LOAD_OPTIONS.get() or {})
     if "mmap" in extra:  # the caller's explicit choice, for every file (torch refuses legacy files)
         return _load(path, map_location, bool(extra.pop("mmap")), weights_only, extra)
     # Legacy (non-zip) torch.save files cannot be memory-mapped.
@@ -220,6 +235,114 @@ def _load(
         raise UnsafeCheckpointError(path, refused) from None
 
 
+class _BufferReader(io.RawIOBase):
+    """A read-only, seekable file over bytes in memory (what ``torch.load`` reads a file object with)."""
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__()
+        self._view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # pyright: ignore[reportIncompatibleMethodOverride]
+        with memoryview(buffer) as target, target.cast("B") as out:
+            count = max(0, min(len(out), len(self._view) - self._pos))
+            out[:count] = self._view[self._pos : self._pos + count]
+        self._pos += count
+        return count
+
+
+def _in_place_loader() -> Callable[..., object] | None:
+    """The archive loader of torch that takes the archive's bytes as one storage (as ``torch.load(mmap=True)``
+    uses it), or None where this torch lacks it or an environment variable overrides ``weights_only``.
+    """
+    import inspect
+
+    import torch.serialization as serialization
+
+    loader = getattr(serialization, "_load", None)
+    if loader is None or "overall_storage" not in inspect.signature(loader).parameters:
+        return None
+    forced = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    if any(os.environ.get(name, "0").lower() in ("1", "y", "yes", "true") for name in forced):
+        return None
+    return loader
+
+
+def _load_in_place(data: memoryview, map_location: MAP_LOCATION, weights_only: bool, encoding: str) -> object:
+    """Deserialize a ``torch.save`` archive whose tensors become views of ``data`` (no copy), or return
+    ``_NOT_IN_PLACE`` when this archive or this torch cannot be read so (then it is copied out).
+    """
+    import torch.serialization as serialization
+
+    loader = _in_place_loader()
+    reader = _BufferReader(data)
+    if loader is None or not zipfile.is_zipfile(reader):
+        return _NOT_IN_PLACE
+    reader.seek(0)
+    storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+    # torch's stub asks for IO[bytes]; its reader only calls seek, tell and readinto.
+    with serialization._open_zipfile_reader(reader) as archive:  # pyright: ignore[reportArgumentType]
+        if serialization._is_torchscript_zip(archive):
+            return _NOT_IN_PLACE
+        if weights_only:
+            from torch import _weights_only_unpickler
+
+            return loader(
+                archive, map_location, _weights_only_unpickler, overall_storage=storage, encoding=encoding
+            )
+        return loader(archive, map_location, pickle, overall_storage=storage, encoding=encoding)
+
+
+_NOT_IN_PLACE = object()
+
+
+def _load_buffer(
+    path: str,
+    data: memoryview,
+    map_location: MAP_LOCATION,
+    in_place: bool,
+    weights_only: bool,
+    extra: dict[str, object],
+) -> object:
+    """``torch.load`` of the bytes ``data`` of the file ``path`` (see :func:`torch_load`'s ``data``)."""
+    try:
+        encoding = extra.get("encoding", "utf-8")
+        if in_place and set(extra) <= {"encoding"} and isinstance(encoding, str) and not data.readonly:
+            try:
+                loaded = _load_in_place(data, map_location, weights_only, encoding)
+            except pickle.UnpicklingError:
+                loaded = _NOT_IN_PLACE  # read again below through torch.load, for its own message
+            if loaded is not _NOT_IN_PLACE:
+                return loaded
+        reader = _BufferReader(data)  # copied out by torch.load (a file object cannot be mapped)
+        return torch.load(
+            reader,  # pyright: ignore[reportArgumentType]
+            map_location=map_location,
+            weights_only=weights_only,
+            mmap=False,
+            **extra,
+        )
+    except pickle.UnpicklingError as err:
+        refused = refused_type(err) if weights_only else None
+        if refused is None:
+            raise
+        raise UnsafeCheckpointError(path, refused) from None
+
+
 def save_model_weights(state_dict: Mapping[str, torch.Tensor], path: str, safe_serialization: bool) -> None:
     """Write one model's weights (safetensors or ``torch.save``)."""
     if safe_serialization:
@@ -234,8 +357,13 @@ def save_model_weights(state_dict: Mapping[str, torch.Tensor], path: str, safe_s
         torch_save(state_dict, path)
 
 
-def load_model_weights(path: str, map_location: MAP_LOCATION = None) -> dict[str, torch.Tensor]:
+def load_model_weights(
+    path: str, map_location: MAP_LOCATION = None, data: memoryview | None = None
+) -> dict[str, torch.Tensor]:
     """Read one model's weights written by :func:`save_model_weights` (``.bin``: see :func:`torch_load`).
+
+    With ``data`` (the file's bytes, read once and verified), they are deserialized instead of the
+    file: a safetensors file's tensors are views of them (no copy; ``load_state_dict`` copies them).
 
     Raises:
         CheckpointError: If a ``.safetensors`` file is not a regular file or is damaged (its header
@@ -246,6 +374,8 @@ def load_model_weights(path: str, map_location: MAP_LOCATION = None) -> dict[str
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        if data is not None:
+            return _safetensors_from_buffer(path, data, map_location)
         check_file_header(path)  # a regular file with a sane header, named in any refusal
         try:
             return load_file(path, device="cpu" if map_location is None else str(map_location))
@@ -253,7 +383,136 @@ def load_model_weights(path: str, map_location: MAP_LOCATION = None) -> dict[str
             raise CheckpointError(
                 f"{path!r} is not a readable safetensors file ({str(err)[:200]})."
             ) from None
-    return torch_load(path, map_location=map_location if map_location is not None else "cpu")
+    return torch_load(path, map_location=map_location if map_location is not None else "cpu", data=data)
+
+
+# safetensors dtype names -> torch dtypes (those this torch has); other names go through safetensors itself.
+_SAFETENSORS_DTYPES = {
+    name: getattr(torch, attr)
+    for name, attr in {
+        "BOOL": "bool",
+        "U8": "uint8",
+        "I8": "int8",
+        "I16": "int16",
+        "U16": "uint16",
+        "I32": "int32",
+        "U32": "uint32",
+        "I64": "int64",
+        "U64": "uint64",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "F32": "float32",
+        "F64": "float64",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+    }.items()
+    if hasattr(torch, attr)
+}
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("duplicate key in the header")
+    return found
+
+
+def _safetensors_entry(name: str, info: object) -> tuple[str, torch.dtype, list[int], int, int] | None:
+    """``(name, dtype, shape, start, stop)`` of one header entry (None: a dtype left to safetensors).
+
+    Raises:
+        ValueError: If the entry is malformed or its size does not match its dtype and shape.
+    """
+    if not isinstance(info, dict):
+        raise ValueError(f"tensor {name[:80]!r} is not described by an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise ValueError(f"tensor {name[:80]!r} has no dtype")
+    if dtype not in _SAFETENSORS_DTYPES:
+        return None
+    if not (
+        isinstance(shape, list)
+        and isinstance(offsets, list)
+        and all(type(x) is int and x >= 0 for x in [*shape, *offsets])
+        and len(offsets) == 2
+        and offsets[0] <= offsets[1]
+    ):
+        raise ValueError(f"tensor {name[:80]!r} has an invalid shape or data_offsets")
+    torch_dtype = _SAFETENSORS_DTYPES[dtype]
+    if offsets[1] - offsets[0] != math.prod(shape) * torch_dtype.itemsize:
+        raise ValueError(f"tensor {name[:80]!r} has data_offsets that do not match its shape")
+    return name, torch_dtype, shape, offsets[0], offsets[1]
+
+
+def _safetensors_layout(
+    path: str, data: memoryview
+) -> list[tuple[str, torch.dtype, list[int], int, int]] | None:
+    """The tensors of a safetensors file's bytes as ``(name, dtype, shape, start, stop)``, checked as
+    the safetensors reader checks them (every byte after the header belongs to exactly one tensor, in
+    order, of the size its dtype and shape give); None for a dtype this reader leaves to safetensors.
+
+    Raises:
+        CheckpointError: If the header is damaged (the message names the file).
+    """
+    length = check_buffer_header(path, data)  # the same checks and messages as for a file
+    header = json.loads(bytes(data[8 : 8 + length]), object_pairs_hook=_unique_keys)
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise ValueError("__metadata__ is not an object of strings")
+    layout = []
+    for name, info in header.items():
+        entry = _safetensors_entry(name, info)
+        if entry is None:
+            return None
+        layout.append(entry)
+    layout.sort(key=lambda item: (item[3], item[4]))
+    position, body = 0, len(data) - 8 - length
+    for name, _, _, start, stop in layout:
+        if start != position:
+            raise ValueError(f"tensor {name[:80]!r} does not start where the previous one ends")
+        position = stop
+    if position != body:
+        raise ValueError("the tensors do not cover the data exactly")
+    base = 8 + length
+    return [(name, dtype, shape, base + start, base + stop) for name, dtype, shape, start, stop in layout]
+
+
+def _safetensors_from_buffer(
+    path: str, data: memoryview, map_location: MAP_LOCATION
+) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file from its bytes, as views of them where their offsets allow."""
+    try:
+        layout = _safetensors_layout(path, data)
+    except ValueError as err:
+        raise CheckpointError(f"{path!r} is not a readable safetensors file ({str(err)[:200]}).") from None
+    if layout is None or sys.byteorder != "little":  # leave dtypes and byte orders to safetensors
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            tensors = load(bytes(data))
+        except SafetensorError as err:
+            raise CheckpointError(
+                f"{path!r} is not a readable safetensors file ({str(err)[:200]})."
+            ) from None
+    else:
+        view = data if not data.readonly else memoryview(bytearray(data))  # writable: torch may write
+        tensors = {}
+        for name, dtype, shape, start, stop in layout:
+            if start == stop:
+                tensors[name] = torch.empty(shape, dtype=dtype)
+            elif start % dtype.itemsize:  # unaligned: copied out
+                tensors[name] = torch.frombuffer(bytearray(view[start:stop]), dtype=dtype).reshape(shape)
+            else:
+                count = (stop - start) // dtype.itemsize
+                tensors[name] = torch.frombuffer(view, dtype=dtype, count=count, offset=start).reshape(shape)
+    if map_location is not None and str(map_location) != "cpu":
+        tensors = {name: tensor.to(str(map_location)) for name, tensor in tensors.items()}
+    return tensors
 
 
 def find_model_file(folder: str, index: int) -> str:

@@ -9,52 +9,62 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.core.safe_files import open_regular
 
-__all__ = ["check_file_header"]
+__all__ = ["check_buffer_header", "check_file_header"]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 # A safetensors header above this is not a real one (the format's own reader limit is 100 MB).
 _MAX_SAFETENSORS_HEADER = 100_000_000
 
 
-def _check_header(path: str, name: str, size: int) -> None:
+def _check_bytes(path: str, name: str, size: int, head: bytes, read: Callable[[int], bytes]) -> int:
+    """Check a file's first bytes ``head`` (at most 8) as its name says; ``read(n)`` gives the next ``n``.
 
+    Returns:
+        For a safetensors file the length of its JSON header, else 0.
+    """
+    if name.endswith(".safetensors"):
+        if len(head) < 8:
+            raise CheckpointError(
+                f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
+            )
+        (length,) = struct.unpack("<Q", head)
+        if length > _MAX_SAFETENSORS_HEADER:
+            raise CheckpointError(
+                f"{path!r} has a safetensors header length ({length}) above the format's limit "
+                f"({_MAX_SAFETENSORS_HEADER}): header too large; the file is damaged."
+            )
+        if length > size - 8:
+            raise CheckpointError(
+                f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
+            )
+        try:
+            json.loads(read(length))
+        except ValueError:
+            raise CheckpointError(
+                f"{path!r} has an unreadable safetensors header; the checkpoint is damaged."
+            ) from None
+        return length
+    if not head.startswith(_ZIP_MAGIC):
+        raise CheckpointError(
+            f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
+            "was not written by save_state."
+        )
+    return 0
+
+
+def _check_header(path: str, name: str, size: int = 0) -> None:
+    del size  # the open file's own size is used (the folder scan's may be stale)
     try:
         handle = open_regular(path, follow=False)
     except OSError as err:  # a link, a special file, or gone since the folder was scanned
         raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
     with handle:
-        size = os.fstat(handle.fileno()).st_size
-        head = handle.read(8)
-        if name.endswith(".safetensors"):
-            if len(head) < 8:
-                raise CheckpointError(
-                    f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
-                )
-            (length,) = struct.unpack("<Q", head)
-            if length > _MAX_SAFETENSORS_HEADER:
-                raise CheckpointError(
-                    f"{path!r} has a safetensors header length ({length}) above the format's limit "
-                    f"({_MAX_SAFETENSORS_HEADER}): header too large; the file is damaged."
-                )
-            if length > size - 8:
-                raise CheckpointError(
-                    f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
-                )
-            try:
-                json.loads(handle.read(length))
-            except ValueError:
-                raise CheckpointError(
-                    f"{path!r} has an unreadable safetensors header; the checkpoint is damaged."
-                ) from None
-        elif not head.startswith(_ZIP_MAGIC):
-            raise CheckpointError(
-                f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
-                "was not written by save_state."
-            )
+        _check_bytes(path, name, os.fstat(handle.fileno()).st_size, handle.read(8), handle.read)
 
 
 def check_file_header(path: str) -> None:
@@ -67,4 +77,19 @@ def check_file_header(path: str) -> None:
         CheckpointError: Naming the file, when it is not a regular file or its header is wrong
             (e.g. a safetensors header length of 2**62: "header too large").
     """
-    _check_header(path, os.path.basename(path), 0)
+    _check_header(path, os.path.basename(path))
+
+
+def check_buffer_header(path: str, data: bytes | memoryview) -> int:
+    """:func:`check_file_header` of the file ``path`` whose bytes were already read into ``data``.
+
+    Returns:
+        For a safetensors file the length of its JSON header (which follows the first 8 bytes), else 0.
+
+    Raises:
+        CheckpointError: As :func:`check_file_header`, with the same messages.
+    """
+    view = memoryview(data)
+    return _check_bytes(
+        path, os.path.basename(path), len(view), bytes(view[:8]), lambda n: bytes(view[8 : 8 + n])
+    )

@@ -27,6 +27,7 @@ from accelerando.checkpointing.project import (
     checkpoints_dir,
     owns_loading,
 )
+from accelerando.checkpointing.sources import read_once
 from accelerando.checkpointing.state_io import (
     LoadedState,
     apply_state,
@@ -175,22 +176,37 @@ def _read_candidate(
     )
     customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(target.custom_objects))]
     names = needed_files(folder, *counts, per_rank=per_rank) + [n for n in customs if n in present]
+    sources: dict[str, memoryview] = {}
     if manifest is not None:
         require_listed(folder, manifest, names)  # the manifest is the complete list of what is read
         if owns:
             _check_strategy_files(folder, manifest, present, names, verify_checksums, state)
-        if verify_checksums:
-            # Before reading: a damaged file is named by its checksum, not by whatever parse error it causes.
-            atomic.verify_checksums(folder, manifest, names)
-    loaded = read_state_files(folder, *counts, map_location=map_location, per_rank=per_rank, foreign=foreign)
-    custom_states = [_load_custom(target, folder, i, name, present) for i, name in enumerate(customs)]
+        # Each file read once, checked (size; checksum unless turned off) before anything in it is
+        # parsed: a damaged file is named by its checksum, not by whatever parse error it causes. The
+        # loaders below deserialize these same bytes.
+        sources = read_once(folder, manifest, names, verify_checksums)
+    customs_read = {name: sources.pop(name) for name in customs if name in sources}
+    loaded = read_state_files(
+        folder, *counts, map_location=map_location, per_rank=per_rank, foreign=foreign, sources=sources
+    )
+    custom_states = [
+        _load_custom(target, folder, i, name, present, customs_read.get(name))
+        for i, name in enumerate(customs)
+    ]
     return loaded, custom_states, per_rank
 
 
 def _load_custom(
-    target: CheckpointTarget, folder: str, index: int, name: str, present: dict[str, int]
+    target: CheckpointTarget,
+    folder: str,
+    index: int,
+    name: str,
+    present: dict[str, int],
+    data: memoryview | None = None,
 ) -> object:
-    """Read the state of the ``index``-th registered object (weights-only unless the caller opted in)."""
+    """Read the state of the ``index``-th registered object (weights-only unless the caller opted in);
+    from ``data`` when the file was already read (and verified) by ``read_once``.
+    """
     if name not in present:
         raise FileNotFoundError(
             f"Checkpoint {folder!r} has no {name!r}: fewer objects were registered with "
@@ -198,7 +214,7 @@ def _load_custom(
         )
     path = os.path.join(folder, name)
     try:
-        return F.torch_load(path)
+        return F.torch_load(path, data=data)
     except F.UnsafeCheckpointError as err:
         kind = type(target.custom_objects[index]).__name__
         hint = (
@@ -240,11 +256,13 @@ def restore_custom_objects(target: CheckpointTarget, folder: str | os.PathLike, 
             "Register the same objects in the same order as the run that saved it, or call "
             "accelerator.load_state() yourself after registering."
         )
+    sources: dict[str, memoryview] = {}
     if manifest is not None:
-        require_listed(folder, manifest, customs)
-        if _default_verification(target):
-            atomic.verify_checksums(folder, manifest, customs)
-    states = [_load_custom(target, folder, start + k, name, present) for k, name in enumerate(customs)]
+        sources = read_once(folder, manifest, customs, _default_verification(target))  # read once, checked
+    states = [
+        _load_custom(target, folder, start + k, name, present, sources.get(name))
+        for k, name in enumerate(customs)
+    ]
     for obj, custom in zip(objects[start:], states, strict=True):
         obj.load_state_dict(custom)
     logger.info("Restored %d late-registered object(s) from %s", len(states), folder)

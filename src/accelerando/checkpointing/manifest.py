@@ -33,6 +33,8 @@ __all__ = [
     "CheckpointError",
     "Manifest",
     "check_name",
+    "check_size",
+    "checksum_mismatch",
     "inspect_checkpoint",
     "read_manifest",
     "require_listed",
@@ -247,7 +249,12 @@ def require_listed(folder: str, manifest: Manifest, names: Iterable[str]) -> Non
             )
 
 
-def _check_size(folder: str, name: str, entry: FileEntry, present: dict[str, int]) -> None:
+def check_size(folder: str, name: str, entry: FileEntry, present: Mapping[str, int]) -> None:
+    """Compare the size of ``name`` in ``present`` (sizes by name) with its manifest ``entry``.
+
+    Raises:
+        CheckpointError: If the file is missing or its size differs (the message names it).
+    """
     size = present.get(name)
     if size is None:
         raise CheckpointError(
@@ -278,10 +285,15 @@ def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
     )
     for (name, entry), found in zip(checkable.items(), actual, strict=True):
         if found.checksum != entry.checksum or found.size != entry.size:
-            raise CheckpointError(
-                f"Checkpoint {folder!r} is damaged: file {name!r} fails its {entry.algorithm} checksum "
-                f"({found.checksum:#x}, manifest {entry.checksum:#x}); load another checkpoint."
-            )
+            raise checksum_mismatch(folder, name, entry, found)
+
+
+def checksum_mismatch(folder: str, name: str, entry: FileEntry, found: FileEntry) -> CheckpointError:
+    """The error for file ``name`` whose checksum ``found`` differs from its manifest ``entry``."""
+    return CheckpointError(
+        f"Checkpoint {folder!r} is damaged: file {name!r} fails its {entry.algorithm} checksum "
+        f"({found.checksum:#x}, manifest {entry.checksum:#x}); load another checkpoint."
+    )
 
 
 def verify_checksums(folder: str, manifest: Manifest, names: Iterable[str]) -> None:
@@ -309,7 +321,7 @@ def inspect_checkpoint(folder: str) -> tuple[Manifest, dict[str, int]]:
     manifest = read_manifest(folder)
     present = scan_folder(folder)
     for name, entry in manifest.files.items():
-        _check_size(folder, name, entry, present)
+        check_size(folder, name, entry, present)
     return manifest, present
 
 
@@ -342,7 +354,7 @@ def verify_checkpoint(folder: str, checksums: bool = False, names: Iterable[str]
         require_listed(folder, manifest, names)
         wanted = {n: manifest.files[n] for n in names}
         for name, entry in wanted.items():
-            _check_size(folder, name, entry, present)
+            check_size(folder, name, entry, present)
     if checksums:
         _check_checksums(folder, wanted)
     return manifest

@@ -31,7 +31,7 @@ from accelerando.checkpointing.manifest import (
     scan_folder,
     verify_checkpoint,
 )
-from accelerando.checkpointing.manifest import verify_checksums as verify_checksums_of
+from accelerando.checkpointing.sources import read_once
 from accelerando.checkpointing.state_io import (
     apply_state,
     check_load_kwargs,
@@ -253,17 +253,16 @@ def load_accelerator_state(
     schedulers, dataloaders = list(schedulers or []), list(dataloaders or [])
     rank = _process_index(process_index)
     counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
+    sources: dict[str, memoryview] = {}
     if os.path.lexists(os.path.join(folder, MANIFEST_NAME)):
         manifest, _ = inspect_checkpoint(folder)  # parse, scan (links refused), sizes of every file
-        names = needed_files(folder, *counts)
-        require_listed(folder, manifest, names)
-        if verify_checksums:
-            verify_checksums_of(folder, manifest, names)
+        # Each file read once and checked; the same bytes are deserialized below.
+        sources = read_once(folder, manifest, needed_files(folder, *counts), verify_checksums)
     else:
         scan_folder(folder, recursive=False)  # links refused before any name is looked up
         logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
     with F.unpickling(weights_only, load_options):
-        loaded = read_state_files(folder, *counts, map_location=map_location)
+        loaded = read_state_files(folder, *counts, map_location=map_location, sources=sources)
     apply_state(loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs)
     return {"step": loaded.step if loaded.step is not None else 0}
 

@@ -241,6 +241,7 @@ def read_state_files(
     map_location: MAP_LOCATION = None,
     per_rank: bool = True,
     foreign: bool = False,
+    sources: Mapping[str, memoryview] | None = None,
 ) -> LoadedState:
     """Read (without applying) the state files for the given numbers of objects.
 
@@ -248,18 +249,28 @@ def read_state_files(
         per_rank: Also read this process's random states and accumulated gradients.
         foreign: The folder was written by the reference library (its random-state format; its
             pickled ``sampler.bin`` objects are skipped with a warning).
+        sources: Files already read (and verified) by name
+            (:func:`accelerando.checkpointing.sources.read_once`): their bytes are deserialized
+            instead of the files being read again.
 
     Raises:
         FileNotFoundError: Naming a file the objects need that the folder lacks.
     """
+    read = dict(sources or {})
+
+    def data(path: str) -> memoryview | None:
+        return read.pop(os.path.basename(path), None)  # dropped here: the caller's tensors keep it
+
     out = LoadedState()
-    out.models = [F.load_model_weights(F.find_model_file(folder, i), map_location) for i in range(num_models)]
+    for i in range(num_models):
+        path = F.find_model_file(folder, i)
+        out.models.append(F.load_model_weights(path, map_location, data=data(path)))
     for i in range(num_optimizers):
-        name = F.indexed(F.OPTIMIZER_NAME, i, ".bin")
-        out.optimizers.append(F.torch_load(_require(folder, name, f"optimizer {i}"), "cpu", mapped=True))
+        path = _require(folder, F.indexed(F.OPTIMIZER_NAME, i, ".bin"), f"optimizer {i}")
+        out.optimizers.append(F.torch_load(path, "cpu", mapped=True, data=data(path)))
     for i in range(num_schedulers):
-        name = F.indexed(F.SCHEDULER_NAME, i, ".bin")
-        out.schedulers.append(F.torch_load(_require(folder, name, f"scheduler {i}")))
+        path = _require(folder, F.indexed(F.SCHEDULER_NAME, i, ".bin"), f"scheduler {i}")
+        out.schedulers.append(F.torch_load(path, data=data(path)))
     for i in range(num_dataloaders):
         found = _dataloader_file(folder, i)
         if found is not None and foreign and found[0] == F.SAMPLER_NAME:
@@ -269,11 +280,14 @@ def read_state_files(
                 stacklevel=2,
             )
             found = None
-        out.dataloaders.append(
-            None if found is None else (found[0], F.torch_load(os.path.join(folder, found[1])))
-        )
+        if found is None:
+            out.dataloaders.append(None)
+            continue
+        path = os.path.join(folder, found[1])
+        out.dataloaders.append((found[0], F.torch_load(path, data=data(path))))
     if with_scaler:
-        out.scaler = F.torch_load(_require(folder, F.SCALER_NAME, "the GradScaler"))
+        path = _require(folder, F.SCALER_NAME, "the GradScaler")
+        out.scaler = F.torch_load(path, data=data(path))
     if per_rank:
         name = f"{F.RNG_STATE_NAME}_{process_index}.pkl"
         path = _require(folder, name, f"random states of process {process_index}")
@@ -282,12 +296,12 @@ def read_state_files(
             out.step = int(payload.get("step", 0))
             out.rng = payload["rng"] if "rng" in payload else reference_rng_payload(payload)
         else:
-            payload = F.torch_load(path)
+            payload = F.torch_load(path, data=data(path))
             out.step = int(payload.get("step", 0))
             out.rng = payload.get("rng")
         grads = os.path.join(folder, f"{F.GRADIENTS_NAME}_{process_index}.safetensors")
         if os.path.exists(grads):
-            out.gradients = F.load_model_weights(grads)
+            out.gradients = F.load_model_weights(grads, data=data(grads))
     return out
 
 
