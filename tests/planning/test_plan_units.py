@@ -53,7 +53,7 @@ def test_a_bad_cluster_names_the_field(kwargs: dict, named: str) -> None:
 def test_candidates_respect_heads_layers_and_machines() -> None:
     cluster = ClusterSpec(num_machines=2, gpus_per_machine=8)
     names = [c.name for c in candidates(cluster, num_layers=32, heads=(32, 8))]
-    assert names[:5] == ["ddp", "zero1", "zero2", "fsdp2", "hsdp"]
+    assert names[:6] == ["ddp", "zero1", "zero2", "fsdp2", "zero3", "hsdp"]
     assert {"fsdp2_tp2", "fsdp2_tp4", "fsdp2_tp8", "pp2_dp", "pp4_dp", "pp8_dp", "fsdp2+offload"} <= set(
         names
     )

@@ -18,7 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from accelerando.backends.planning.cost import communication_seconds, compute_seconds, step_flops
-from accelerando.backends.planning.derive import offload_from, pp_dp_from_ddp, zero1_from_ddp
+from accelerando.backends.planning.derive import (
+    offload_from,
+    pp_dp_from_ddp,
+    zero1_from_ddp,
+    zero3_from_fsdp2,
+)
 from accelerando.backends.planning.models import ModelSource
 from accelerando.backends.planning.simulate import StepCount, simulate
 from accelerando.backends.planning.spec import (
@@ -36,7 +41,7 @@ __all__ = ["EXTRAPOLATE_ABOVE", "LAYOUT_NAMES", "Plan", "candidates", "plan", "s
 #: Models with more layers than this are simulated at 2 and 4 layers and extrapolated.
 EXTRAPOLATE_ABOVE = 4
 #: Layout families, in the order they are listed.
-LAYOUT_NAMES = ("ddp", "zero1", "zero2", "fsdp2", "hsdp", "fsdp2_tp", "pp_dp", "fsdp2+offload")
+LAYOUT_NAMES = ("ddp", "zero1", "zero2", "fsdp2", "zero3", "hsdp", "fsdp2_tp", "pp_dp", "fsdp2+offload")
 _SIMULATED = ("ddp", "zero2", "fsdp2", "hsdp", "fsdp2_tp")
 
 
@@ -80,7 +85,9 @@ def candidates(
 
     Tensor-parallel degrees divide the devices of one machine and both head counts; pipeline stages
     (2, 4, 8) divide the layer count and the world size; ``hsdp`` (shard inside a machine, replicate
-    across) needs more than one machine. ``only`` keeps the named families.
+    across) needs more than one machine. ``fsdp2`` and ``zero3`` shard the same state over the same ranks,
+    with torch's FSDP2 and with DeepSpeed's ZeRO-3 engine (which holds other buffers). ``only`` keeps the
+    named families.
     """
     world, per_node = cluster.world_size, cluster.gpus_per_machine
     found = [
@@ -88,6 +95,7 @@ def candidates(
         Candidate("zero1", dp_replicate=world, zero_stage=1),
         Candidate("zero2", dp_shard=world, zero_stage=2),
         Candidate("fsdp2", dp_shard=world, zero_stage=3),
+        Candidate("zero3", dp_shard=world, zero_stage=3),
     ]
     if cluster.num_machines > 1:
         found.append(Candidate("hsdp", dp_shard=per_node, dp_replicate=cluster.num_machines, zero_stage=3))
@@ -113,8 +121,13 @@ def _scale(a: StepCount, b: StepCount, low: int, high: int, target: int) -> Step
     memory = MemoryBreakdown(**{k: line(getattr(a.memory, k), getattr(b.memory, k)) for k in CATEGORIES})
     keys = set(a.collective_bytes) | set(b.collective_bytes)
     comms = {k: line(a.collective_bytes.get(k, 0), b.collective_bytes.get(k, 0)) for k in sorted(keys)}
+    sizes = {k: line(a.zero3_sizes.get(k, 0), b.zero3_sizes.get(k, 0)) for k in a.zero3_sizes}
     return StepCount(
-        memory, comms, line(a.trainable_bytes, b.trainable_bytes), line(a.num_parameters, b.num_parameters)
+        memory,
+        comms,
+        line(a.trainable_bytes, b.trainable_bytes),
+        line(a.num_parameters, b.num_parameters),
+        sizes,
     )
 
 
@@ -135,6 +148,8 @@ def simulate_scaled(source: ModelSource, candidate: Candidate, shape: TrainingSh
 def _base_name(candidate: Candidate) -> str:
     if candidate.name in ("zero1",) or candidate.name.startswith("pp"):
         return "ddp"
+    if candidate.name == "zero3":
+        return "fsdp2"
     return candidate.name.split("+")[0]
 
 
@@ -218,6 +233,8 @@ def _estimate(
         memory, comms, method = zero1_from_ddp(memory, comms, candidate, step.trainable_bytes)
     elif candidate.name.startswith("pp"):
         memory, comms, method = pp_dp_from_ddp(memory, comms, candidate, shape, hidden, forward_activations)
+    elif candidate.name == "zero3":
+        memory, comms, method = zero3_from_fsdp2(memory, comms, step.zero3_sizes, shape)
     elif candidate.offload:
         memory, comms, method = offload_from(memory, comms, step.trainable_bytes, _base_name(candidate))
     flops = step_flops(step.num_parameters, shape, candidate, num_layers, hidden)

@@ -151,9 +151,9 @@ def launch_config(plan: Plan, estimate: LayoutEstimate | None = None) -> dict[st
         "fsdp_offload_params": cand.offload,
         "fsdp_activation_checkpointing": s.activation_checkpointing,
     }
-    if cand.zero_stage == 1:
+    if cand.zero_stage == 1 or cand.name == "zero3":
         config["distributed_type"] = "DEEPSPEED"
-        config["deepspeed_config"] = {"zero_stage": 1}
+        config["deepspeed_config"] = {"zero_stage": cand.zero_stage}
     elif cand.zero_stage >= 2:
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = fsdp

@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from accelerando.backends.planning.derive import ZERO3_DEFAULTS
 from accelerando.backends.planning.layouts import apply_layout, build_mesh, one_rank_chunks
 from accelerando.backends.planning.models import ModelSource
 from accelerando.backends.planning.spec import Candidate, MemoryBreakdown, TrainingShape
 from accelerando.backends.planning.tracking import CollectiveCounter, memory_tracker, tracked_breakdown
 
 if TYPE_CHECKING:
+    from torch._ops import OpOverload
     from torch.distributed._tools.mem_tracker import MemTracker
 
-__all__ = ["StepCount", "ddp_bucket_bytes", "run_steps", "simulate"]
+__all__ = ["StepCount", "ddp_bucket_bytes", "run_steps", "simulate", "zero3_sizes"]
 
 _STEPS = 2
 
@@ -42,12 +45,55 @@ class StepCount:
         collective_bytes: bytes per collective kind in the steady-state step.
         trainable_bytes: bytes of the trainable parameters the rank holds (DDP's buckets hold as many).
         num_parameters: parameters of the whole model (before any split).
+        zero3_sizes: :func:`zero3_sizes` of the model at the candidate's data-parallel degree (what the
+            DeepSpeed ZeRO-3 formula of :mod:`.derive` needs); empty when not counted.
     """
 
     memory: MemoryBreakdown
     collective_bytes: dict[str, int]
     trainable_bytes: int
     num_parameters: int
+    zero3_sizes: dict[str, int] = field(default_factory=dict)
+
+
+def zero3_sizes(
+    model: torch.nn.Module, ranks: int, persistence_threshold: int | None = None
+) -> dict[str, int]:
+    """Element counts of ``model`` as DeepSpeed ZeRO-3 partitions it over ``ranks`` ranks.
+
+    DeepSpeed pads each parameter to a multiple of the ranks and gives every rank ``ceil(numel / ranks)``
+    elements of it; a parameter of at most ``persistence_threshold`` elements
+    (``stage3_param_persistence_threshold``, default :data:`~.derive.ZERO3_DEFAULTS`'s) is also kept whole on
+    every rank ("persistent": never gathered in forward or backward, all-gathered once after each optimizer
+    step).
+
+    Returns:
+        ``elements`` (all trainable parameters), ``partition`` (the elements one rank owns),
+        ``persistent`` (elements of the persistent parameters), ``persistent_aligned`` and
+        ``gathered_aligned`` (the padded elements of the persistent and of the other parameters), and
+        ``buffer_bytes`` (the model's buffers, which DeepSpeed leaves on every rank), and ``ranks``.
+    """
+    threshold = (
+        ZERO3_DEFAULTS.param_persistence_threshold if persistence_threshold is None else persistence_threshold
+    )
+    sizes = dict.fromkeys(
+        ("elements", "partition", "persistent", "persistent_aligned", "gathered_aligned"), 0
+    )
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        numel = param.numel()
+        share = -(-numel // ranks)
+        sizes["elements"] += numel
+        sizes["partition"] += share
+        if numel <= threshold:
+            sizes["persistent"] += numel
+            sizes["persistent_aligned"] += share * ranks
+        else:
+            sizes["gathered_aligned"] += share * ranks
+    sizes["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
+    sizes["ranks"] = ranks
+    return sizes
 
 
 def ddp_bucket_bytes(model: torch.nn.Module) -> int:
@@ -130,6 +176,7 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
         num_parameters = sum(p.numel() for p in model.parameters())
         buckets = ddp_bucket_bytes(model) if not sharded_or_split else 0
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        sizes = zero3_sizes(model, candidate.data_parallel)
         model = apply_layout(model, candidate, shape, mesh, wrap_ddp=False)
         optimizer = _optimizer(model, shape)
         steps = _STEPS + 1 if not sharded_or_split and not fake else _STEPS
@@ -139,7 +186,7 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
     # way it sees them in a real run (with the mode on the stack below it, DTensor's local ops bypass it).
     tracker = memory_tracker(model, optimizer)
     before_wrap = after_wrap = 0
-    with tracker:
+    with tracker, _FakeCollectiveAliases() if fake else contextlib.nullcontext():
         if not sharded_or_split and not fake:
             before_wrap = _current_total(tracker)
             model = apply_layout(model, replace(candidate, zero_stage=0), shape, None, wrap_ddp=True)
@@ -166,7 +213,33 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
             memory = replace(
                 memory, activations=memory.activations - moved, gradients=memory.gradients + moved
             )
-    return StepCount(memory, collectives, trainable, num_parameters)
+    return StepCount(memory, collectives, trainable, num_parameters, sizes)
+
+
+class _FakeCollectiveAliases(TorchDispatchMode):
+    """Give the fake functional collectives' autograd wrapper the aliasing the real one has.
+
+    DTensor wraps the output of each functional collective (``all_gather_into_tensor``, ``all_reduce``,
+    ...) in ``_c10d_functional._wrap_tensor_autograd``. The real op returns its input's storage; its
+    fake-tensor implementation allocates a new tensor of the same size. Under a tensor-parallel layout
+    that counted every gathered activation twice while it lived: at the all-gather of the logits (the
+    ``ColwiseParallel`` LM head's shards gathered into a replicated tensor, ``2 x 64 x 512`` fp32 for the
+    tiny Llama) the simulated total was 256 KiB above the real one, and the simulated peak 128 KiB
+    above the measured one (the validation's FSDP2 x TP rows). Under this mode (only in simulations)
+    the op returns its input, as ``MemTracker`` does for ``wait_tensor``.
+    """
+
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Sequence[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        """``args[0]`` for ``_wrap_tensor_autograd``; every other op runs as it is."""
+        if func.namespace == "_c10d_functional" and func.__name__.startswith("_wrap_tensor_autograd"):
+            return args[0]
+        return func(*args, **(kwargs or {}))
 
 
 def _current_total(tracker: MemTracker) -> int:

@@ -6,26 +6,35 @@ the fake process group. Both count with the same trackers (:mod:`.tracking`), so
 the largest sum of live tensor storage bytes on rank 0 during two training steps, not an allocator
 statistic (CPU has none). The benchmark ``benchmarks/bench_plan_validation.py`` prints the table; the
 slow tests in ``tests/planning`` fail when a prediction drifts past :data:`TOLERANCE`.
+
+DeepSpeed ZeRO-3 (row ``zero3``) is measured through ``Accelerator`` with a ``DeepSpeedPlugin(zero_stage=3)``
+(``tests/planning/planning_deepspeed.py``: the facade sits above this package) and predicted by the
+planner's formula from the ``fsdp2`` simulation (:func:`~accelerando.backends.planning.derive.zero3_from_fsdp2`),
+which :func:`compare` applies to rows keyed ``<model>/zero3``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch.distributed as dist
 
+from accelerando.backends.planning.derive import ZERO3_DEFAULTS, Zero3Settings, zero3_from_fsdp2
 from accelerando.backends.planning.models import resolve_model
-from accelerando.backends.planning.simulate import StepCount, run_steps, simulate
+from accelerando.backends.planning.simulate import StepCount, run_steps, simulate, zero3_sizes
 from accelerando.backends.planning.spec import Candidate, TrainingShape
 
 __all__ = [
     "TOLERANCE",
     "VALIDATION_MODELS",
     "VALIDATION_SHAPE",
+    "ZERO3_LAYOUT",
+    "ZERO3_VARIANTS",
     "ValidationRow",
     "compare",
     "format_rows",
     "measure_on_rank",
+    "predict",
     "validation_candidates",
 ]
 
@@ -33,6 +42,22 @@ __all__ = [
 TOLERANCE = 0.10
 #: The models validated (built-in tiny configs).
 VALIDATION_MODELS: tuple[str, ...] = ("tiny-llama", "tiny-gpt2", "tiny-t5")
+#: The row label of DeepSpeed ZeRO-3 (measured through ``Accelerator``, predicted by formula).
+ZERO3_LAYOUT = "zero3"
+#: DeepSpeed ZeRO-3 rows -> the ``zero_optimization`` keys set over DeepSpeed's defaults. ``zero3`` is the
+#: plain ``DeepSpeedPlugin(zero_stage=3)``: its 5e8-element reduce bucket (2 GB in fp32, allocated whole)
+#: dominates a tiny model's peak and its persistence threshold (1e5 elements) keeps every tiny parameter
+#: whole on every rank. ``zero3_small_buckets`` sets what transformers' DeepSpeed integration fills in for
+#: ``"auto"`` at hidden size 64 (reduce bucket h^2, prefetch 0.9 h^2, persistence 10 h): parameters are then
+#: partitioned and gathered, and the rest of the formula carries the peak.
+ZERO3_VARIANTS: dict[str, dict[str, int]] = {
+    ZERO3_LAYOUT: {},
+    "zero3_small_buckets": {
+        "reduce_bucket_size": 4096,
+        "stage3_prefetch_bucket_size": 3686,
+        "stage3_param_persistence_threshold": 640,
+    },
+}
 #: The training shape of the validation runs (fp32 on CPU).
 VALIDATION_SHAPE = TrainingShape(micro_batch=2, seq_length=64, mixed_precision="no", optimizer="adamw")
 
@@ -111,20 +136,43 @@ def _listed(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(_nonzero(counts).items())) or "-"
 
 
+def predict(name: str, layout: str, world_size: int, shape: TrainingShape = VALIDATION_SHAPE) -> StepCount:
+    """The simulator's count for one validation row (a :data:`ZERO3_VARIANTS` row: the formula on ``fsdp2``).
+
+    Raises:
+        ValueError: the layout cannot be laid out for this model (e.g. no ``tp_plan``).
+        StopIteration: an unknown layout name.
+    """
+    source = resolve_model(name)
+    if layout in ZERO3_VARIANTS:
+        zero3_settings = Zero3Settings.from_config(ZERO3_VARIANTS[layout])
+        fsdp2 = simulate(source, Candidate("fsdp2", dp_shard=world_size, zero_stage=3), shape)
+        sizes = fsdp2.zero3_sizes
+        if zero3_settings.param_persistence_threshold != ZERO3_DEFAULTS.param_persistence_threshold:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            with FakeTensorMode():
+                sizes = zero3_sizes(source.build(), world_size, zero3_settings.param_persistence_threshold)
+        memory, comms, _ = zero3_from_fsdp2(
+            fsdp2.memory, fsdp2.collective_bytes, sizes, shape, zero3_settings
+        )
+        return replace(fsdp2, memory=memory, collective_bytes=comms, zero3_sizes=sizes)
+    candidate = next(c for c in validation_candidates(world_size) if c.name == layout)
+    return simulate(source, candidate, shape)
+
+
 def compare(
     world_size: int, measured: dict[str, StepCount | str], shape: TrainingShape = VALIDATION_SHAPE
 ) -> list[ValidationRow]:
-    """Simulate every (model, candidate) ``measured`` holds and pair the counts into rows."""
+    """Simulate every (model, layout) ``measured`` holds (keys ``model/layout``) and pair the counts into rows."""
     rows = []
     for key, count in measured.items():
         name, layout = key.split("/")
-        candidate = next(c for c in validation_candidates(world_size) if c.name == layout)
         if isinstance(count, str):
             rows.append(ValidationRow(name, layout, world_size, None, None, count))
             continue
-        rows.append(
-            ValidationRow(name, layout, world_size, simulate(resolve_model(name), candidate, shape), count)
-        )
+        predicted = predict(name, layout, world_size, shape)
+        rows.append(ValidationRow(name, layout, world_size, predicted, count))
     return rows
 
 
