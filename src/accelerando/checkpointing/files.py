@@ -42,6 +42,7 @@ from accelerando.common.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
+from accelerando.common.environment import parse_flag_from_env
 from accelerando.common.serialization import clean_state_dict_for_safetensors, refused_type
 from accelerando.core.safe_files import NotRegularFileError, check_regular
 
@@ -276,9 +277,12 @@ def _in_place_loader() -> Callable[..., object] | None:
     loader = getattr(serialization, "_load", None)
     if loader is None or "overall_storage" not in inspect.signature(loader).parameters:
         return None
-    forced = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    if any(os.environ.get(name, "0").lower() in ("1", "y", "yes", "true") for name in forced):
-        return None
+    for name in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        try:
+            if parse_flag_from_env(name):
+                return None
+        except ValueError:  # an unknown spelling: let the public torch.load decide what it means
+            return None
     return loader
 
 
