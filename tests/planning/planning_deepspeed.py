@@ -12,6 +12,10 @@ over the training steps only (the tracker is re-entered for them, which restarts
 current total). Three steps run and the collectives of the third are counted: DeepSpeed records the
 order modules fetch their parameters in the first step and, at the end of the second, checks that every
 rank recorded the same order (broadcasts of pickled lists: once per job, not steady state).
+
+Only the peak total is comparable with the prediction: the tracker files what DeepSpeed allocates
+outside forward and backward (its partitions, master copy, reduce bucket) as activations, so the
+measured split by category is not DeepSpeed's.
 """
 
 from __future__ import annotations

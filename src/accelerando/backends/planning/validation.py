@@ -15,6 +15,7 @@ which :func:`compare` applies to rows keyed ``<model>/zero3``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch.distributed as dist
@@ -136,6 +137,12 @@ def _listed(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(_nonzero(counts).items())) or "-"
 
 
+@functools.lru_cache(maxsize=16)
+def _fsdp2_count(name: str, world_size: int, shape: TrainingShape) -> StepCount:
+    """The ``fsdp2`` simulation the DeepSpeed rows of one model and world size share (simulated once)."""
+    return simulate(resolve_model(name), Candidate("fsdp2", dp_shard=world_size, zero_stage=3), shape)
+
+
 def predict(name: str, layout: str, world_size: int, shape: TrainingShape = VALIDATION_SHAPE) -> StepCount:
     """The simulator's count for one validation row (a :data:`ZERO3_VARIANTS` row: the formula on ``fsdp2``).
 
@@ -146,7 +153,7 @@ def predict(name: str, layout: str, world_size: int, shape: TrainingShape = VALI
     source = resolve_model(name)
     if layout in ZERO3_VARIANTS:
         zero3_settings = Zero3Settings.from_config(ZERO3_VARIANTS[layout])
-        fsdp2 = simulate(source, Candidate("fsdp2", dp_shard=world_size, zero_stage=3), shape)
+        fsdp2 = _fsdp2_count(name, world_size, shape)
         sizes = fsdp2.zero3_sizes
         if zero3_settings.param_persistence_threshold != ZERO3_DEFAULTS.param_persistence_threshold:
             from torch._subclasses.fake_tensor import FakeTensorMode
