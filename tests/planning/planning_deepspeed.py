@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -74,7 +75,8 @@ def measure_zero3_on_rank(
         model.train()
         num_parameters = sum(p.numel() for p in model.parameters())
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-        model, optimizer = accelerator.prepare(model, optimizer)
+        prepared = accelerator.prepare(model, optimizer)
+        model, optimizer = cast("tuple[torch.nn.Module, torch.optim.Optimizer]", prepared)
     # made untracked, as the simulation's are (a batch is an input, not what a layout costs)
     batches = [source.batch(shape.micro_batch, shape.seq_length) for _ in range(_STEPS)]
     tracker.reset_mod_stats()

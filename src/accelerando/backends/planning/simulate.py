@@ -76,7 +76,7 @@ def zero3_sizes(
     threshold = (
         ZERO3_DEFAULTS.param_persistence_threshold if persistence_threshold is None else persistence_threshold
     )
-    sizes = dict.fromkeys(
+    sizes: dict[str, int] = dict.fromkeys(
         ("elements", "partition", "persistent", "persistent_aligned", "gathered_aligned"), 0
     )
     for param in model.parameters():
