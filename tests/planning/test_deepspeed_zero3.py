@@ -81,6 +81,7 @@ def test_the_planner_lists_zero3_beside_fsdp2_and_writes_a_deepspeed_config() ->
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # DeepSpeed's import and engine start in every rank: minutes on 2 shared cores
 @pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)")
 @pytest.mark.usefixtures("deepspeed_cpu_op")
 @pytest.mark.parametrize("layout", list(ZERO3_VARIANTS))
