@@ -6,7 +6,7 @@ in one of the two ways a user can:
 
 * ``textual``: the package name is replaced by ``accelerando`` in the sources;
 * ``stand_in``: the sources stay as they are and a conftest calls
-  ``accelerando.core.stand_in.install_as_accelerate()`` (launches then add ``--install_as_accelerate``).
+  ``accelerando.install_as_accelerate()`` (launches then add ``--install_as_accelerate``).
 
 It checks that the suite passed, that the hardware/slow decorators skipped what they should, that
 both launched processes ran accelerando's ``Accelerator``, and that the real ``accelerate`` package
@@ -43,7 +43,7 @@ def pytest_sessionfinish(session, exitstatus):
         json.dump({"real_accelerate": real, "accelerando": "accelerando" in sys.modules}, handle)
 """
 
-_STAND_IN = "import accelerando.core.stand_in\n\naccelerando.stand_in.install_as_accelerate()\n"
+_STAND_IN = "import accelerando\n\naccelerando.install_as_accelerate()\n"
 
 
 def _switch(source: str) -> str:
