@@ -24,8 +24,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pa
 SLEEPER = """\
 import os, sys, time
 rank = os.environ.get("RANK", "0")
-with open(os.path.join(sys.argv[1], f"worker{rank}.pid"), "w") as f:
+pid_file = os.path.join(sys.argv[1], f"worker{rank}.pid")
+with open(pid_file + ".tmp", "w") as f:  # renamed when written: the test never reads an empty file
     f.write(str(os.getpid()))
+os.replace(pid_file + ".tmp", pid_file)
 time.sleep(600)
 """
 
