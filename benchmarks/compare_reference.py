@@ -144,7 +144,11 @@ def child_big_model(lib: str, args: argparse.Namespace) -> dict[str, float]:
     """Wall seconds of loading the bench_big_model checkpoint and one forward ("raw": meta + assign)."""
     import bench_big_model
 
-    result = bench_big_model.run_loading("floor_single", args.workdir) if lib == "raw" else _load(lib, args)
+    result = (
+        bench_big_model.run_loading("floor_single", args.workdir)["seconds"]
+        if lib == "raw"
+        else _load(lib, args)
+    )
     return {"lib": result}
 
 
@@ -173,7 +177,7 @@ def child_device_map(lib: str, args: argparse.Namespace) -> dict[str, float]:
         model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(args.modules)])
     size = args.modules * (256 * 256 + 256) * 4
     start = time.process_time()
-    infer(model, {"cpu": size // 2, "disk": "1TB"})
+    infer(model, {"cpu": size // 2, "disk": "1000GB"})
     return {"lib": time.process_time() - start}
 
 
