@@ -154,34 +154,14 @@ class _OpenFile:
     def hash_range(self, hash_once: Callable[[_Data], int], start: int, stop: int) -> int:
         if self.map is None:
             return hash_once(os.pread(self.fd, stop - start, start))
-        with memoryview(self.map) as view, view[start:stop] as piece:
-            return hash_once(piece)
+        return _hash_slice(hash_once, self.map, start, stop)
 
     def hash_whole(self, base: str) -> int:
-        update: Callable[[_Data], None]
-        result: Callable[[], int]
-        if base == "crc32":
-            crc = [0]
-
-            def crc_update(data: _Data) -> None:
-                crc[0] = zlib.crc32(data, crc[0])
-
-            def crc_result() -> int:
-                return crc[0]
-
-            update, result = crc_update, crc_result
-        else:
-            module = _xxhash()
-            assert module is not None
-            hasher = module.xxh3_64()
-            update, result = hasher.update, hasher.intdigest
+        if self.map is not None:
+            return _hash_whole_buffer(base, self.map)
+        update, result = _whole_hasher(base)
         for start in range(0, self.size, _WHOLE_FILE_STEP):
-            stop = min(self.size, start + _WHOLE_FILE_STEP)
-            if self.map is None:
-                update(os.pread(self.fd, stop - start, start))
-            else:
-                with memoryview(self.map) as view, view[start:stop] as piece:
-                    update(piece)
+            update(os.pread(self.fd, min(self.size, start + _WHOLE_FILE_STEP) - start, start))
         return result()
 
     def close(self) -> None:
@@ -338,27 +318,33 @@ def digest_buffers(items: Sequence[tuple[_Data, str | None]]) -> list[FileEntry]
         wait([future for _, _, futures in jobs for future in futures])  # none still reads a buffer
 
 
-def _hash_slice(hash_once: Callable[[_Data], int], data: _Data, start: int, stop: int) -> int:
+def _hash_slice(hash_once: Callable[[_Data], int], data: _Data | mmap.mmap, start: int, stop: int) -> int:
     with memoryview(data) as view, view[start:stop] as piece:
         return hash_once(piece)
 
 
-def _hash_whole_buffer(base: str, data: _Data) -> int:
+def _whole_hasher(base: str) -> tuple[Callable[[_Data], None], Callable[[], int]]:
+    """``(update, result)`` of one in-order digest of ``base`` (crc32 or xxh3_64)."""
     if base == "crc32":
-        crc = 0
-        with memoryview(data) as view:
-            for start in range(0, len(view), _WHOLE_FILE_STEP):
-                with view[start : start + _WHOLE_FILE_STEP] as piece:
-                    crc = zlib.crc32(piece, crc)
-        return crc
+        crc = [0]
+
+        def crc_update(data: _Data) -> None:
+            crc[0] = zlib.crc32(data, crc[0])
+
+        return crc_update, lambda: crc[0]
     module = _xxhash()
     assert module is not None
     hasher = module.xxh3_64()
+    return hasher.update, hasher.intdigest
+
+
+def _hash_whole_buffer(base: str, data: _Data | mmap.mmap) -> int:
+    update, result = _whole_hasher(base)
     with memoryview(data) as view:
         for start in range(0, len(view), _WHOLE_FILE_STEP):
             with view[start : start + _WHOLE_FILE_STEP] as piece:
-                hasher.update(piece)
-    return hasher.intdigest()
+                update(piece)
+    return result()
 
 
 def file_digest(path: str, algorithm: str | None = None) -> FileEntry:
