@@ -19,9 +19,8 @@ import pytest
 LAUNCHER = """\
 import json, sys
 from accelerando.commands.cli import main
-sys.argv = ["accelerando", "launch", *sys.argv[1:]]
 try:
-    main()
+    main(["launch", *sys.argv[1:]])  # argv given: the launch returns here (no exec into the script)
 except SystemExit as exit:
     assert not exit.code, exit.code
 print(json.dumps(sorted(sys.modules)), file=sys.stderr)

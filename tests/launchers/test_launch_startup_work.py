@@ -1,11 +1,13 @@
 """The work a launch does before the user's script runs, counted (modules imported, interpreters started).
 
-A one-process launch imports none of the multi-process machinery (rendezvous preflight and its
-``socket``, the hang watchdog, the stand-in and its ``importlib.metadata``, torch); a two-process
-launch runs each process's shim in the script's own interpreter (no extra Python start-up per
-process), and the shim imports only the standard library and five small accelerando modules (two of
-them package __init__ files) before
-the script's first line.
+A one-process launch from the command line becomes the script (``os.execvp``): one process, the
+script's pid is the launcher's, and the launcher imports none of the multi-process machinery
+(rendezvous preflight and its ``socket``, the hang watchdog, the stand-in and its
+``importlib.metadata``, torch) nor the standard-library modules only other launches use
+(``subprocess``, ``ctypes`` for the parent-death signal, ``logging``, the shim); a
+two-process launch runs each process's shim in the script's own interpreter (no extra Python
+start-up per process), and the shim imports only the standard library (no accelerando package, no
+``typing``, ``re`` or ``pkgutil``) before the script's first line.
 """
 
 from __future__ import annotations
@@ -18,22 +20,28 @@ from pathlib import Path
 
 import pytest
 
-# The launcher's modules are imported in the test's own interpreter, as the console script does.
+# The launcher runs as the console script does (``main()`` reads sys.argv); the modules it imported are
+# written just before it execs the script (os.execvp is wrapped only to look).
 LAUNCHER = """\
-import json, sys
+import json, os, sys
 from accelerando.commands.cli import main
 sys.argv = ["accelerando", "launch", "--num_processes", "1", sys.argv[1], sys.argv[2]]
-try:
-    main()
-except SystemExit as exit:
-    assert not exit.code, exit.code
-print(json.dumps(sorted(sys.modules)))
+real_execvp = os.execvp
+
+def execvp(file, args):
+    with open(os.path.join(sys.argv[-1], "launcher.json"), "w") as handle:
+        json.dump({"modules": sorted(sys.modules), "pid": os.getpid()}, handle)
+    real_execvp(file, args)
+
+os.execvp = execvp
+sys.exit(main())
 """
 
 # What the script sees at its first line: the modules already imported, and who started it.
 PROBE = """\
-import json, os, sys
+import os, sys
 first_line = sorted(sys.modules)
+import json
 rank = os.environ.get("RANK", "0")
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
     json.dump({"modules": first_line, "parent": os.getppid(), "pid": os.getpid()}, handle)
@@ -48,18 +56,24 @@ NOT_FOR_ONE_PROCESS = {
     "accelerando.launchers.watchdog",
     "accelerando.core.stand_in",
 }
-# accelerando modules a one-process launcher imports today (31: the settings table, the plan, the
-# CLI; the --emit job writers load only with --emit). A new one on this path costs every launch its
-# import time; raise with care.
-LAUNCHER_MODULE_CEILING = 33
-# The shim itself runs as ``__main__`` (``python -m accelerando.launchers._child``), so it is not listed.
-SHIM_MODULES = {
-    "accelerando",
-    "accelerando.core",
-    "accelerando.core._lazy",
-    "accelerando.core.version",
-    "accelerando.launchers",
+# Standard-library modules a one-process launcher needs no longer: subprocess (it execs), ctypes (nothing
+# can outlive the script), logging (nothing to log), the shim and its runpy.
+NOT_FOR_THE_EXEC_LAUNCH = {
+    "subprocess",
+    "ctypes",
+    "logging",
+    "runpy",
+    "accelerando.launchers._child",
 }
+# accelerando modules a one-process launcher imports today (33: the settings table, its records, the
+# plan, the CLI; the --emit job writers load only with --emit; the shim no longer). A new one on this path costs every
+# launch its import time; raise with care.
+LAUNCHER_MODULE_CEILING = 33
+# The shim is started by path (``python -u .../launchers/_start.py``) and loads as the top-level module
+# ``_child``: no accelerando package, so no ``typing`` (and its ``re``); it runs a script as runpy.run_path
+# would, without the ``pkgutil`` (typing again) that run_path imports. Each was a third of the shim.
+SHIM_MODULES: set[str] = set()
+NOT_BEFORE_THE_FIRST_LINE = {"typing", "re", "pkgutil", "json", "traceback", "torch", "socket"}
 
 
 @pytest.fixture
@@ -76,23 +90,49 @@ def _script(tmp_path: Path) -> tuple[str, Path]:
     return str(script), out
 
 
-def test_one_process_launcher_imports_no_multi_process_machinery(tmp_path: Path, env: dict[str, str]) -> None:
+def test_one_process_launcher_becomes_the_script_and_imports_little(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
     script, out = _script(tmp_path)
-    done = subprocess.run(
+    launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, script, str(out)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
-    assert done.returncode == 0, done.stderr
-    modules = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    _, stderr = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, stderr
+    before_exec = json.loads((out / "launcher.json").read_text())
+    modules = set(before_exec["modules"])
     assert not modules & NOT_FOR_ONE_PROCESS, modules & NOT_FOR_ONE_PROCESS
+    assert not modules & NOT_FOR_THE_EXEC_LAUNCH, modules & NOT_FOR_THE_EXEC_LAUNCH
     ours = sorted(m for m in modules if m.split(".")[0] == "accelerando")
     assert len(ours) <= LAUNCHER_MODULE_CEILING, ours
-    # The script ran directly in its own interpreter (no shim), as with `python script.py`.
+    # One process in all: the script runs in the launcher's own process (its pid), in a fresh
+    # interpreter (no accelerando module, no shim), as with `python script.py`.
     seen = json.loads((out / "rank0.json").read_text())
+    assert seen["pid"] == before_exec["pid"] == launcher.pid
     assert not {m for m in seen["modules"] if m.split(".")[0] == "accelerando"}
+
+
+def test_one_process_launch_from_python_returns(tmp_path: Path, env: dict[str, str]) -> None:
+    """A caller that passes argv (tests, ``launch_command``) gets the exit status back: no exec."""
+    script, out = _script(tmp_path)
+    code = (
+        "import os, sys\n"
+        "from accelerando.commands.cli import main\n"
+        "status = main(['launch', '--num_processes', '1', *sys.argv[1:]])\n"
+        "print('returned', status, os.getpid())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, script, str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    _, status, pid = done.stdout.split()
+    assert status == "0"
+    seen = json.loads((out / "rank0.json").read_text())
+    assert seen["parent"] == int(pid)  # a child of the caller, which went on
 
 
 def test_two_process_shim_runs_in_the_script_interpreter_and_imports_little(
@@ -117,4 +157,5 @@ def test_two_process_shim_runs_in_the_script_interpreter_and_imports_little(
         assert seen["parent"] == launcher.pid
         ours = {m for m in seen["modules"] if m.split(".")[0] == "accelerando"}
         assert ours == SHIM_MODULES
-        assert not set(seen["modules"]) & {"torch", "importlib.metadata", "socket"}
+        assert not set(seen["modules"]) & {*NOT_BEFORE_THE_FIRST_LINE, "importlib.metadata"}
+        assert "_child" in seen["modules"]  # the shim did run in this interpreter

@@ -96,13 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status of the subcommand (2 for a usage error).
     """
+    as_program = argv is None  # the console script: a one-process launch may become the script
     argv = list(sys.argv[1:] if argv is None else argv)
     first = argv[0] if argv else None
     if first == "launch":
         # Launch splits its own flags from the script's before argparse sees them.
         from accelerando.commands import launch
 
-        return launch.main(argv[1:])
+        return launch.main(argv[1:], replace_process=as_program)
     parser = build_parser(first, listing_only=first not in SUBCOMMANDS)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "accepts_unknown", False):

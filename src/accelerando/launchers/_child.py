@@ -1,8 +1,9 @@
 """The first code each process of a multi-process launch runs, before the user's script.
 
-``accelerando launch`` starts every process as ``python -u -m accelerando.launchers._child RUN_DIR
-LAUNCHER_PID KIND TARGET [ARGS...]`` (KIND: ``script``, ``module`` or ``program``). In this process,
-before the target runs, it:
+``accelerando launch`` starts every process as ``python -u .../accelerando/launchers/_start.py RUN_DIR
+LAUNCHER_PID KIND TARGET [ARGS...]`` (KIND: ``script``, ``module`` or ``program``), which runs this
+module without importing the accelerando package (:mod:`accelerando.launchers._start`);
+``python -m accelerando.launchers._child`` works the same. In this process, before the target runs, it:
 
 1. asks the kernel to SIGKILL it when the launcher dies (Linux ``PR_SET_PDEATHSIG``), so that a
    launcher killed by any signal, SIGKILL included, leaves no process behind to go on writing into
@@ -29,17 +30,19 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import json
 import os
 import runpy
 import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Mapping
-from types import TracebackType
-from typing import IO
+
+# Only the type checker reads these: typing (and the re it imports) would double the shim's start-up.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import TracebackType
+    from typing import IO
 
 __all__ = ["INSTALL_ENV", "SHIM_FILES", "main", "install_if_asked", "set_parent_death_signal"]
 
@@ -49,8 +52,14 @@ _TRUE = frozenset({"1", "true", "yes", "y", "on", "t"})
 _PR_SET_PDEATHSIG = 1
 _KINDS = ("script", "module", "program")
 _MESSAGE_LIMIT = 300
-# Frames of this module and of runpy, which start every traceback of the target (runpy is frozen).
-SHIM_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
+_HERE = os.path.dirname(os.path.realpath(__file__))
+# Frames of this module, its starter and runpy, which start every traceback of the target (runpy is frozen).
+SHIM_FILES = (
+    os.path.abspath(__file__),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "_start.py"),
+    os.path.abspath(runpy.__file__),
+    "<frozen runpy>",
+)
 _stack_file: IO[str] | None = None  # kept open: faulthandler writes to its descriptor
 
 
@@ -84,6 +93,8 @@ def _rank() -> str:
 
 
 def _where(tb: TracebackType | None) -> str:
+    import traceback  # json and traceback load only when the target raised: not before its first line
+
     frames = traceback.extract_tb(tb)
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
@@ -112,6 +123,8 @@ def _install_failure_record(path: str) -> None:
             "where": _where(tb),
         }
         try:
+            import json
+
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(record, handle)
         except OSError:
@@ -182,7 +195,13 @@ def _run(kind: str, target: str, args: list[str]) -> dict[str, object]:
         return runpy.run_module(target, run_name="__main__", alter_sys=True)
     # As ``python script.py``: the script's folder first on the path, not this process's working folder.
     sys.path[0] = os.path.dirname(os.path.abspath(target))
-    return runpy.run_path(target, run_name="__main__")
+    if not (target.endswith(".py") and os.path.isfile(target)):  # a folder, a zip file, byte code
+        return runpy.run_path(target, run_name="__main__")
+    # What runpy.run_path does for a source file, without the pkgutil it imports for the other cases
+    # (pkgutil imports typing and re: a third of the shim's start-up, before the script's first line).
+    with open(os.path.abspath(target), "rb") as handle:
+        code = compile(handle.read(), target, "exec")
+    return runpy._run_module_code(code, None, "__main__", None, "", target)  # noqa: SLF001
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         SystemExit: 2 for a malformed command line (only the launcher writes it); otherwise
             whatever the target raises.
     """
+    if sys.path and os.path.realpath(sys.path[0]) == _HERE:  # started by _start.py: not the target's folder
+        sys.path[0] = os.getcwd()  # as `python -m` sets it; a script's own folder replaces it in _run
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 4 or argv[2] not in _KINDS or not argv[1].isdigit():
         print("usage: python -m accelerando.launchers._child RUN_DIR LAUNCHER_PID KIND TARGET [ARGS...]",

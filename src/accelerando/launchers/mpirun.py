@@ -17,8 +17,6 @@ Only the standard library is used; nothing here starts the job (see
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -66,13 +64,13 @@ def flavour_of(version_text: str) -> str | None:
 
 
 def detect_mpirun(
-    which: Callable[[str], str | None] = shutil.which,
+    which: Callable[[str], str | None] | None = None,
     version: Callable[[str], str] | None = None,
 ) -> MpiRun:
     """Find ``mpirun`` on ``PATH`` and recognise its implementation.
 
     Args:
-        which: finds an executable like :func:`shutil.which` (a test passes a fake).
+        which: finds an executable like :func:`shutil.which` (a test passes a fake; default: that).
         version: returns the ``--version`` output of the given executable (default: runs it).
 
     Returns:
@@ -82,7 +80,11 @@ def detect_mpirun(
         ValueError: ``mpirun`` is not on ``PATH``, cannot be run, or is of an unknown implementation;
             the message says how to fix it.
     """
-    path = which("mpirun")
+    # shutil and subprocess load only here: every launch imports this module, few run mpirun.
+    import shutil
+    import subprocess
+
+    path = (which or shutil.which)("mpirun")
     if path is None:
         raise ValueError(
             f"--mpirun_hostfile starts the job with mpirun, but mpirun is not on PATH. Fix: {_INSTALL_HINT}."
@@ -102,6 +104,8 @@ def detect_mpirun(
 
 
 def _version_text(path: str) -> str:
+    import subprocess
+
     done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
     return done.stdout + done.stderr
 

@@ -22,9 +22,8 @@ multi-machine runner) and ``mpirun`` (a multi-CPU job started by ``mpirun --host
 from __future__ import annotations
 
 import json
-import shlex
-import shutil
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,12 +166,18 @@ class LaunchPlan:
             topology = f"Topology: {self.num_processes} process(es) on {self.num_machines} machine(s)"
         lines = [
             f"{topology}; this machine (rank {self.machine_rank}) starts {self.nproc_per_node} ({self.mode} launch)",
-            "Command: " + shlex.join(clip(arg) for arg in self.argv),  # each value bounded (limits.clip)
+            "Command: " + _shell_join(clip(arg) for arg in self.argv),  # each value bounded (limits.clip)
             "Environment:",
             *(f"  {key}={clip(value)}" for key, value in sorted(self.env.items())),
         ]
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _shell_join(words: Iterable[str]) -> str:
+    import shlex  # only --dry_run describes a plan
+
+    return shlex.join(words)
 
 
 def _where(settings: Settings, name: str) -> str:
@@ -369,14 +374,12 @@ def check_files(s: Settings) -> None:
         ValueError: the mpirun hostfile, or the DeepSpeed config file of a DeepSpeed launch, is not a
             file; the message names the setting, where it came from and the fix.
     """
-    from pathlib import Path
-
-    if s.mpirun_hostfile and not Path(s.mpirun_hostfile).is_file():
+    if s.mpirun_hostfile and not os.path.isfile(s.mpirun_hostfile):
         raise ValueError(
             f"{_where(s, 'mpirun_hostfile')}={quote_value(s.mpirun_hostfile)} is not a file. Fix: give the path "
             "of an MPI hostfile (one host per line, e.g. `node0 slots=4`)."
         )
-    if s.use_deepspeed and s.deepspeed_config_file and not Path(s.deepspeed_config_file).is_file():
+    if s.use_deepspeed and s.deepspeed_config_file and not os.path.isfile(s.deepspeed_config_file):
         raise ValueError(
             f"{_where(s, 'deepspeed_config_file')}={quote_value(s.deepspeed_config_file)} is not a file. "
             "Fix: give the path of an existing DeepSpeed JSON config."
@@ -392,7 +395,7 @@ def _check_deepspeed_paths(s: Settings) -> None:
 
 
 def check_command(
-    command: Command, settings: Settings | None = None, which: Callable[[str], str | None] = shutil.which
+    command: Command, settings: Settings | None = None, which: Callable[[str], str | None] | None = None
 ) -> None:
     """Check, before anything starts, that a ``--no_python`` program can be run on this machine.
 
@@ -401,7 +404,7 @@ def check_command(
     Args:
         command: what each process runs.
         settings: the launcher's resolved settings (to recognise a launch run on other hosts).
-        which: finds an executable like :func:`shutil.which` (a test passes a fake).
+        which: finds an executable like :func:`shutil.which` (a test passes a fake; default: that).
 
     Raises:
         ValueError: the program is not found on ``PATH`` or is not executable; the message names it
@@ -416,6 +419,10 @@ def check_command(
         return
     if settings is not None and _multinode_runner(settings, machine_counts(settings)[1]) is not None:
         return
+    if which is None:
+        import shutil  # only a --no_python launch looks a program up
+
+        which = shutil.which
     if which(command.target) is None:
         where = "is not an executable file" if "/" in command.target else "is not found on PATH"
         raise ValueError(

@@ -1,13 +1,15 @@
 """Execute a :class:`~accelerando.launchers.plan.LaunchPlan`.
 
-One process is started directly with :mod:`subprocess`. Several are started by PyTorch's elastic
+One process is started directly with :mod:`subprocess`, or, for the command line (``accelerando
+launch``), the launcher becomes the script (:func:`os.execvp`: one interpreter start-up, no process
+left to wait or to orphan). Several are started by PyTorch's elastic
 agent, called in this process (``torch.distributed.run``) so that a launch costs one interpreter
 start-up less than ``torchrun`` in a subprocess would; torch is imported only here, never for
 ``--help`` or ``--dry-run``.
 
 Every process dies with the launcher, whatever ended it (Linux's parent-death signal, set in the one
 process of a simple launch before exec, and by :mod:`accelerando.launchers._child` in each process
-the agent starts). A multi-process launch also runs a hang watchdog
+the agent starts; a launcher that became its script has nothing to outlive it). A multi-process launch also runs a hang watchdog
 (:mod:`accelerando.launchers.watchdog`) and, when processes fail, names the one that failed first.
 
 Signals: SIGTERM, SIGINT, SIGHUP reach every process (the agent sends its processes the signal it got,
@@ -20,24 +22,25 @@ status of a job stopped by SIGTERM, which SLURM and Kubernetes requeue or restar
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from accelerando.core.settings.fields import quote_value
-from accelerando.launchers._child import set_parent_death_signal
-from accelerando.launchers.plan import LaunchPlan
 
+# subprocess, logging, ctypes (the parent-death signal) and the shim load only for the launches that
+# use them: a command-line one-process launch execs the script and needs none of them (counted by
+# tests/launchers/test_launch_startup_work.py).
 if TYPE_CHECKING:
     import argparse
+    import subprocess
     from types import FrameType
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+    from accelerando.launchers.plan import LaunchPlan
     from accelerando.launchers.watchdog import FailureRecord, RunFolder, Watchdog
 
     # What ``signal.signal`` returns (typeshed's private ``_HANDLER``).
@@ -47,10 +50,14 @@ __all__ = ["HANG_EXIT_CODE", "run", "write_deepspeed_env"]
 
 #: exit status of a launch the hang watchdog stopped (as ``timeout(1)`` uses).
 HANG_EXIT_CODE = 124
-_CHILD_MODULE = "accelerando.launchers._child"
+# The shim is started by its starter's path (python -u .../_start.py), not as a module: no accelerando
+# package is imported in a process before its target (counted by tests/launchers/test_launch_startup_work.py).
+_CHILD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_start.py")
 
 
 def _die_with(launcher_pid: int) -> Callable[[], None]:
+    from accelerando.launchers._child import set_parent_death_signal
+
     def _in_child() -> None:  # between fork and exec: the kernel keeps the request across exec
         set_parent_death_signal(launcher_pid)
 
@@ -75,7 +82,25 @@ def _forward_signals(child: subprocess.Popen[bytes]) -> dict[int, _Handler]:
     return previous
 
 
+def _exec_simple(plan: LaunchPlan) -> int:
+    """Become the one process of ``plan`` (:func:`os.execvp`); return only when it cannot start (127).
+
+    The script keeps the launcher's pid: it gets every signal sent to the launch itself, its exit
+    status (or the signal that ended it) is the launch's, and no process of the launch can outlive it.
+    """
+    os.environ.update(plan.env)  # the script inherits the plan's variables, as a child would
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(plan.argv[0], list(plan.argv))
+    except FileNotFoundError as err:
+        print(f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}.", file=sys.stderr)
+    return 127
+
+
 def _run_simple(plan: LaunchPlan) -> int:
+    import subprocess
+
     # The launcher is the one place that writes the processes' environment; the child inherits ours.
     os.environ.update(plan.env)
     # The script dies with the launcher, whatever ended the launcher (SIGKILL included).
@@ -197,11 +222,12 @@ def _through_child(args: argparse.Namespace, run_dir: str) -> argparse.Namespace
     kind = "program" if args.no_python else "module" if args.module else "script"
     args.training_script_args = [run_dir, str(os.getpid()), kind, args.training_script,
                                  *args.training_script_args]  # fmt: skip
-    args.training_script, args.module, args.no_python = _CHILD_MODULE, True, False
+    args.training_script, args.module, args.no_python = _CHILD_FILE, False, False
     return args
 
 
 def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
+    import logging
     import tempfile
 
     from torch.distributed.run import parse_args
@@ -259,12 +285,16 @@ def _wait_elastic(start: Callable[[], None], folder: RunFolder | None, watchdog:
     return 0
 
 
-def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
+def run(plan: LaunchPlan, *, quiet: bool = False, replace_process: bool = False) -> int:
     """Start the processes of ``plan`` and wait for them.
 
     Args:
         plan: built by :func:`accelerando.launchers.plan.build`.
         quiet: silence the elastic agent's own log lines.
+        replace_process: for a one-process (``"simple"``) plan on a POSIX system, replace this
+            process by the script (:func:`os.execvp`) instead of starting it as a child and waiting:
+            the call does not return unless the program cannot be found (127). Only for the
+            command line (``accelerando launch``): it ends the calling program.
 
     Returns:
         The exit status: the script's for one process; 0 when every process succeeded, else the
@@ -285,7 +315,8 @@ def run(plan: LaunchPlan, *, quiet: bool = False) -> int:
             print(f"accelerando launch: warning: {warning}.", file=sys.stderr)
     # One process, mpirun (one command that starts them all), or DeepSpeed's own runner; every other
     # plan goes to the elastic agent.
-    direct = {"simple": _run_simple, "mpirun": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)
+    simple = _exec_simple if replace_process and os.name == "posix" else _run_simple
+    direct = {"simple": simple, "mpirun": _run_simple, "deepspeed": _run_deepspeed}.get(plan.mode)
     # The processes inherit the plan's variables through our environment; it is put back afterwards, so
     # a launch run from Python (launch_command, `accelerando test`) leaves the caller's as it was.
     saved = os.environ.copy()
@@ -318,6 +349,7 @@ def write_deepspeed_env(env: Mapping[str, object], path: str) -> None:
 
 
 def _run_deepspeed(plan: LaunchPlan) -> int:
+    import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="accelerando-ds-") as folder:

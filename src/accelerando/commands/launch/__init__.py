@@ -20,6 +20,7 @@ Also runnable as ``python -m accelerando.commands.launch``.
 
 from __future__ import annotations
 
+from accelerando.commands.launch import reference
 from accelerando.commands.launch.entry import add_parser, main, run
 from accelerando.commands.launch.flags import clean_option
 from accelerando.commands.launch.parser import CustomHelpFormatter, build_parser, parse
@@ -28,7 +29,6 @@ from accelerando.commands.launch.reference import (
     DYNAMO_BACKENDS,
     TORCH_DYNAMO_MODES,
     deepspeed_launcher,
-    default_config_file,
     launch_command,
     launch_command_parser,
     multi_gpu_launcher,
@@ -65,6 +65,18 @@ __all__ = [
     "tpu_launcher",
     "tpu_pod_launcher",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``default_config_file``, computed on first use (see :mod:`.reference`).
+
+    Raises:
+        AttributeError: for any other name.
+    """
+    if name != "default_config_file":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return reference.default_config_file
+
 
 if __name__ == "__main__":  # pragma: no cover - `python -m` runs __main__.py; kept for direct runs
     import sys

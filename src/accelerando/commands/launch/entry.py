@@ -92,12 +92,14 @@ def script_problem(args: argparse.Namespace, plan: LaunchPlan | None = None) -> 
     return ""
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, replace_process: bool = False) -> int:
     """Execute ``accelerando launch`` with parsed arguments.
 
     Args:
         args: from :func:`~accelerando.commands.launch.parser.build_parser`, plus ``unknown_args``:
             launcher-position flags we do not know (an error naming them and the closest known flags).
+        replace_process: a one-process launch replaces this process by the script (see
+            :func:`accelerando.launchers.runner.run`) and does not return; for the command line only.
 
     Returns:
         The exit status (the script's, or 2 for a configuration error, an unknown flag, a script
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"accelerando launch: {note}", file=sys.stderr)
     if settings.ray is not None:
         return _run_on_ray(settings, plan, args)
-    return _run_plan(args, settings, plan)
+    return _run_plan(args, settings, plan, replace_process)
 
 
 def _fault_tolerant_plan(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) -> FaultTolerantPlan:
@@ -165,7 +167,9 @@ def _describe_fault_tolerant(args: argparse.Namespace, settings: Settings, plan:
     return 0
 
 
-def _run_plan(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) -> int:
+def _run_plan(
+    args: argparse.Namespace, settings: Settings, plan: LaunchPlan, replace_process: bool = False
+) -> int:
     """Start the processes of ``plan``: one job, or one per replica group with ``--fault_tolerance``."""
     if settings.fault_tolerance:
         try:
@@ -177,7 +181,7 @@ def _run_plan(args: argparse.Namespace, settings: Settings, plan: LaunchPlan) ->
 
         return run_fault_tolerant(fault_tolerant, quiet=args.quiet)
 
-    return runner.run(plan, quiet=args.quiet)
+    return runner.run(plan, quiet=args.quiet, replace_process=replace_process)
 
 
 def _run_on_ray(settings: Settings, plan: LaunchPlan, args: argparse.Namespace) -> int:
@@ -217,14 +221,19 @@ def _carried_settings(settings: Settings, env: Mapping[str, str]) -> dict[str, s
     return names
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, replace_process: bool | None = None) -> int:
     """Entry point of ``python -m accelerando.commands.launch`` and the ``accelerando-launch`` script.
 
     Args:
         argv: arguments (default: ``sys.argv[1:]``).
+        replace_process: whether a one-process launch replaces this process by the script
+            (:func:`os.execvp`: one interpreter start-up, the script's exit status and signals as
+            its own) instead of waiting for it as a child; default: only when run as a program
+            (``argv`` not given). A caller that continues after the launch passes ``argv``.
 
     Returns:
-        The exit status.
+        The exit status (a launch that replaced this process does not return).
     """
     parser = build_parser()
-    return run(parse(parser, sys.argv[1:] if argv is None else argv))
+    replace = argv is None if replace_process is None else replace_process
+    return run(parse(parser, sys.argv[1:] if argv is None else argv), replace_process=replace)

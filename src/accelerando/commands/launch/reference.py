@@ -51,13 +51,24 @@ DYNAMO_BACKENDS = [
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 
 
-def _default_config_file() -> str:
+#: Where the config file is read from when --config_file is not given (it may not exist); made by
+#: :func:`__getattr__` on first use.
+default_config_file: str
 
-    return str(default_config_path())
 
+def __getattr__(name: str) -> str:
+    """``default_config_file``: where the config file is read from without --config_file (it may not exist).
 
-#: Where the config file is read from when --config_file is not given (it may not exist).
-default_config_file = _default_config_file()
+    Computed on first use, not at import: the launcher itself looks for the file without pathlib.
+
+    Raises:
+        AttributeError: for any other name.
+    """
+    if name != "default_config_file":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = str(default_config_path())
+    globals()[name] = value
+    return value
 
 
 def launch_command_parser(

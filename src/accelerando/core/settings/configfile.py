@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accelerando.core.safe_files import FileTooLargeError, NotRegularFileError, describe_mode, read_regular
 from accelerando.core.settings.fields import FIELDS, Field, get_field, quote_value
 from accelerando.core.settings.resolve import Sourced, parse_value
+
+# pathlib loads only where a path object is made: a launch without a config file looks for one with
+# os.path alone (pathlib is a twentieth of a one-process launch; tests/launchers/test_launch_startup_work.py).
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "ConfigError",
@@ -81,20 +86,37 @@ def default_config_path() -> Path:
     Returns:
         ``$ACCELERANDO_CONFIG_FILE`` if set, else ``<XDG cache>/accelerando/default_config.yaml``.
     """
+    from pathlib import Path
+
+    return Path(_default_config_text())
+
+
+def _default_config_text() -> str:
+    """:func:`default_config_path` as text, found with :mod:`os.path` alone."""
     explicit = os.environ.get("ACCELERANDO_CONFIG_FILE")
     if explicit:
-        return Path(explicit).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "accelerando" / "default_config.yaml"
+        return os.path.expanduser(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "accelerando", "default_config.yaml")
 
 
 def reference_config_path() -> Path | None:
     """Return the reference project's default config file if one exists on this machine."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    hf_home = Path(os.environ.get("HF_HOME") or Path(cache) / "huggingface")
+    found = _reference_config_text()
+    if found is None:
+        return None
+    from pathlib import Path
+
+    return Path(found)
+
+
+def _reference_config_text() -> str | None:
+    """:func:`reference_config_path` as text, found with :mod:`os.path` alone."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    hf_home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
     for name in ("default_config.yaml", "default_config.json"):
-        candidate = hf_home / "accelerate" / name
-        if candidate.is_file():
+        candidate = os.path.join(hf_home, "accelerate", name)
+        if os.path.isfile(candidate):
             return candidate
     return None
 
@@ -113,6 +135,11 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
         ConfigError: when ``explicit`` names a file that does not exist or is not a regular file
             (a directory, a device, a FIFO: the message says which).
     """
+    from_os = _default_config_text()
+    if explicit is None and not os.path.isfile(from_os) and _reference_config_text() is None:
+        return None, ""  # the common case: no file anywhere, and no path object made
+    from pathlib import Path
+
     if explicit is not None:
         path = Path(explicit).expanduser()
         if not path.is_file():
@@ -146,6 +173,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, object]:
         ConfigError: when the file cannot be parsed or is not a mapping.
     """
     import json
+    from pathlib import Path
 
     path = Path(path)
     text = _read_text(path)
@@ -403,6 +431,8 @@ def write_config_file(data: Mapping[str, object], path: str | os.PathLike[str]) 
     Returns:
         The path written.
     """
+    from pathlib import Path
+
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":

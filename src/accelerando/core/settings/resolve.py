@@ -14,7 +14,6 @@ Who calls what:
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,7 +50,9 @@ __all__ = [
     "environment_hidden",
 ]
 
-logger = logging.getLogger("accelerando.core.settings")
+# The logger is looked up when a warning is due: logging (and its traceback, threading, string) is a
+# tenth of a one-process launch's start-up, which never warns (tests/launchers/test_launch_startup_work.py).
+_LOGGER = "accelerando.core.settings"
 
 _TRUE = frozenset({"1", "true", "yes", "y", "on", "t"})
 _FALSE = frozenset({"0", "false", "no", "n", "off", "f", "none", ""})
@@ -335,7 +336,11 @@ def resolve(
             if entry.origin and entry.origin != entry.source:
                 origins[name] = entry.origin
     if overrides:
-        logger.warning("Explicit settings override the launcher/environment: %s", "; ".join(overrides))
+        import logging
+
+        logging.getLogger(_LOGGER).warning(
+            "Explicit settings override the launcher/environment: %s", "; ".join(overrides)
+        )
     return Settings(values=values, sources=sources, origins=origins)
 
 

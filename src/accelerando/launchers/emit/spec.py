@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelerando.backends.strategies import distributed_kind
@@ -218,10 +218,10 @@ def job_spec(settings: Settings, command: Command) -> JobSpec:
     per_node = max(1, total // machines)
     # Checked as a launch on one machine of the cluster would be: it has the GPUs the job asks for, and
     # the scheduler gives it machine 0's address.
-    as_run = replace(
-        settings,
+    as_run = type(settings)(  # a copy, whether Settings is a dataclass or a record
         values={**settings.values, "main_process_ip": "scheduler", "machine_rank": 0},
         sources={**settings.sources, "main_process_ip": "scheduler", "machine_rank": "scheduler"},
+        origins=settings.origins,
     )
     check_settings(as_run, MachineInfo(gpu_count=per_node if gpus else 0, cpu_count=per_node))
     threads = settings.num_cpu_threads_per_process
