@@ -201,7 +201,7 @@ def _run(kind: str, target: str, args: list[str]) -> dict[str, object]:
     # (pkgutil imports typing and re: a third of the shim's start-up, before the script's first line).
     with open(os.path.abspath(target), "rb") as handle:
         code = compile(handle.read(), target, "exec")
-    return runpy._run_module_code(code, None, "__main__", None, "", target)  # noqa: SLF001
+    return runpy._run_module_code(code, None, "__main__", None, "", target)  # noqa: SLF001  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def main(argv: list[str] | None = None) -> None:

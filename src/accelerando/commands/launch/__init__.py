@@ -66,6 +66,9 @@ __all__ = [
     "tpu_pod_launcher",
 ]
 
+#: Where the config file is read from without --config_file; made on first use (see :mod:`.reference`).
+default_config_file: str
+
 
 def __getattr__(name: str) -> object:
     """``default_config_file``, computed on first use (see :mod:`.reference`).
