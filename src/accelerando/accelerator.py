@@ -51,19 +51,9 @@ from accelerando.facade.collectives import Collectives, process_filter
 from accelerando.facade.delegation import delegate, forwarded
 from accelerando.facade.observing import Observability
 from accelerando.facade.parallelism_settings import default_parallelism_config
-from accelerando.facade.preemption import PreemptionWatch, install
 from accelerando.facade.preparer import Preparer, verify_device_map
 from accelerando.facade.registry import PreparedObjects
-from accelerando.facade.resume import resume_on_prepare
 from accelerando.facade.topology import MeshRanks
-from accelerando.plugins.kwargs import (
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    ProfileKwargs,
-)
 from accelerando.state import AcceleratorState
 
 if TYPE_CHECKING:
@@ -73,12 +63,14 @@ if TYPE_CHECKING:
     from accelerando.backends.trackers.base import GeneralTracker
     from accelerando.checkpointing.project import ResumePoint
     from accelerando.core.enums import DynamoBackend, LoggerType
+    from accelerando.facade.preemption import PreemptionWatch
     from accelerando.parallelism_config import ParallelismConfig
     from accelerando.plugins.accumulation import GradientAccumulationPlugin
     from accelerando.plugins.dataloader import DataLoaderConfiguration
     from accelerando.plugins.deepspeed import DeepSpeedPlugin
     from accelerando.plugins.dynamo import TorchDynamoPlugin
     from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
+    from accelerando.plugins.kwargs import AutocastKwargs, KwargsHandler
     from accelerando.plugins.megatron import MegatronLMPlugin
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.plugins.tensor_parallel import TorchTensorParallelPlugin
@@ -100,9 +92,18 @@ def _bitsandbytes_runs_on_cpu() -> bool:
     return bool(is_bitsandbytes_multi_backend_available())
 
 
-def _handler(kind: type[KwargsHandler], doc: str) -> property:
-    """A property returning the kwargs handler of class ``kind`` given in code, or None."""
-    return property(lambda self: self.runtime.plugins.handler(kind), doc=doc)
+def _handler(kind: str, doc: str) -> property:
+    """A property returning the kwargs handler of class ``kind`` (named in ``plugins.kwargs``) given in code, or None."""
+
+    def read(self: Accelerator) -> object:
+        if not self.runtime.plugins.handlers:
+            return None
+        # Deferred: the handler classes load only once a script has built one (then this import is free).
+        from accelerando.plugins import kwargs
+
+        return self.runtime.plugins.handler(getattr(kwargs, kind))
+
+    return property(read, doc=doc)
 
 
 def _loader_flag(name: str, doc: str, writable: bool = False) -> property:
@@ -241,8 +242,12 @@ class Accelerator:
         auto_resume = bool(getattr(self.settings, "auto_resume", False))
         self._preemption: PreemptionWatch | None = None
         if auto_resume or bool(getattr(self.settings, "preemption_checkpoint", False)):
+            from accelerando.facade.preemption import install  # deferred: opt-in, off by default
+
             self._preemption = install(options.project_configuration)
         if auto_resume:
+            from accelerando.facade.resume import resume_on_prepare  # deferred: opt-in, off by default
+
             self._preparer.after_first_prepare = functools.partial(resume_on_prepare, self._checkpoints)
 
     # ------------------------------------------------- the reference's attributes
@@ -269,11 +274,11 @@ class Accelerator:
     settings = forwarded("runtime.settings", "The resolved settings, each with its source.")
     dynamo_plugin = forwarded("runtime.plugins.dynamo", "The TorchDynamoPlugin in effect.")
     parallelism_config = forwarded("runtime.plugins.parallelism_config", "The ParallelismConfig, or None.")
-    ddp_handler = _handler(DistributedDataParallelKwargs, "The DDP kwargs given in code, or None.")
-    scaler_handler = _handler(GradScalerKwargs, "The GradScalerKwargs given in code, or None.")
-    init_handler = _handler(InitProcessGroupKwargs, "The InitProcessGroupKwargs given, or None.")
-    autocast_handler = _handler(AutocastKwargs, "The AutocastKwargs given in code, or None.")
-    profile_handler = _handler(ProfileKwargs, "The ProfileKwargs given in code, or None.")
+    ddp_handler = _handler("DistributedDataParallelKwargs", "The DDP kwargs given in code, or None.")
+    scaler_handler = _handler("GradScalerKwargs", "The GradScalerKwargs given in code, or None.")
+    init_handler = _handler("InitProcessGroupKwargs", "The InitProcessGroupKwargs given, or None.")
+    autocast_handler = _handler("AutocastKwargs", "The AutocastKwargs given in code, or None.")
+    profile_handler = _handler("ProfileKwargs", "The ProfileKwargs given in code, or None.")
     device = forwarded("state.device", "The device this process computes on.")
     distributed_type = forwarded("state.distributed_type", "How processes cooperate (DistributedType).")
     num_processes = forwarded("state.num_processes", "Total number of processes.")

@@ -163,14 +163,13 @@ def test_connector_builds_the_runtime_whole_then_activates_it(fresh_state, isola
 
 
 def test_a_runtime_cannot_be_copied_with_a_second_strategy(fresh_state, isolated_env):
-    import dataclasses
-
     import accelerando.core.runtime as rt
     from accelerando.backends import connector
+    from accelerando.core import records
 
     built = connector.build(connector.resolve_settings({"cpu": True}), rt.Plugins())
     with pytest.raises(ValueError, match="make_strategy"):
-        dataclasses.replace(built, reason="copied")
+        records.replace(built, reason="copied")
 
 
 def test_strategies_read_no_global_state():

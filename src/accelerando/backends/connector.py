@@ -20,37 +20,39 @@ once per process); plugins read the same process settings through ``settings.fil
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import accelerando.backends.strategies as strategies
 import accelerando.core.runtime as rt
 from accelerando.backends.precision import build_precision
+from accelerando.core import records
 from accelerando.core.devices import DeviceBackend
 from accelerando.core.enums import DistributedType
+from accelerando.core.records import record
 from accelerando.core.settings import Settings, resolve_runtime_settings
-from accelerando.parallelism_config import ParallelismConfig
 from accelerando.plugins.dynamo import TorchDynamoPlugin
-from accelerando.plugins.kwargs import (
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from accelerando.backends.precision.base import Precision
     from accelerando.backends.strategies.base import Strategy
+    from accelerando.parallelism_config import ParallelismConfig
     from accelerando.plugins.deepspeed import DeepSpeedPlugin
+    from accelerando.plugins.kwargs import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+    )
 
 __all__ = [
+    "CodeHandlers",
     "Decision",
     "build",
+    "code_handlers",
     "decide",
     "is_multi_device",
     "normalise_deepspeed_plugins",
@@ -84,7 +86,7 @@ def is_multi_device(distributed_type: DistributedType) -> bool:
     return distributed_type in _MULTI_DEVICE
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     """What the connector decided, with the reason for the strategy choice."""
 
@@ -208,7 +210,10 @@ def _fold_tensor_parallel_plugin(plugins: rt.Plugins, num_processes: int) -> rt.
             )
         return plugins
 
-    return dataclasses.replace(
+    # Deferred: the ParallelismConfig dataclass loads only when a mesh is asked for.
+    from accelerando.parallelism_config import ParallelismConfig
+
+    return records.replace(
         plugins, parallelism_config=ParallelismConfig(**plugin.parallelism_sizes(num_processes))
     )
 
@@ -344,21 +349,49 @@ def _default_backend_plugins(decision: Decision, plugins: rt.Plugins) -> rt.Plug
     if decision.distributed_type is DistributedType.FSDP and plugins.fsdp is None:
         from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 
-        return dataclasses.replace(plugins, fsdp=FullyShardedDataParallelPlugin())
+        return records.replace(plugins, fsdp=FullyShardedDataParallelPlugin())
     if decision.distributed_type is DistributedType.DEEPSPEED and plugins.deepspeed is None:
         from accelerando.plugins.deepspeed import DeepSpeedPlugin
 
-        return dataclasses.replace(plugins, deepspeed={"default": DeepSpeedPlugin()})
+        return records.replace(plugins, deepspeed={"default": DeepSpeedPlugin()})
     return plugins
+
+
+@record
+class CodeHandlers:
+    """The kwargs handlers given in code that the connector reads (None where not given)."""
+
+    init: InitProcessGroupKwargs | None = None
+    scaler: GradScalerKwargs | None = None
+    autocast: AutocastKwargs | None = None
+    ddp: DistributedDataParallelKwargs | None = None
+
+
+def code_handlers(plugins: rt.Plugins) -> CodeHandlers:
+    """The process-group, scaler, autocast and DDP handlers among ``plugins.handlers``.
+
+    Raises:
+        TypeError: a handler is recorded under a class it is not an instance of.
+    """
+    if not plugins.handlers:
+        return CodeHandlers()
+    # Deferred: the handler classes (five dataclasses) load only once a script has built one.
+    from accelerando.plugins import kwargs
+
+    return CodeHandlers(
+        init=plugins.handler(kwargs.InitProcessGroupKwargs),
+        scaler=plugins.handler(kwargs.GradScalerKwargs),
+        autocast=plugins.handler(kwargs.AutocastKwargs),
+        ddp=plugins.handler(kwargs.DistributedDataParallelKwargs),
+    )
 
 
 # ------------------------------------------------------------------------------------ step 6
 def _build_precision(
-    settings: Settings, plugins: rt.Plugins, device_type: str, loss_scaling: bool
+    settings: Settings, plugins: rt.Plugins, handlers: CodeHandlers, device_type: str, loss_scaling: bool
 ) -> Precision:
 
-    scaler = plugins.handler(GradScalerKwargs)
-    autocast = plugins.handler(AutocastKwargs)
+    scaler, autocast = handlers.scaler, handlers.autocast
     scaler_kwargs: dict[str, object] = scaler.scaler_kwargs() if scaler is not None else {}
     return build_precision(
         settings.mixed_precision,
@@ -404,7 +437,8 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
         ValueError: contradictory requests or a bad mesh, naming where each value came from.
         NotImplementedError: a backend or precision this version cannot run.
     """
-    init_handler = plugins.handler(InitProcessGroupKwargs)
+    handlers = code_handlers(plugins)
+    init_handler = handlers.init
     # 1-3. cluster environment, device, process group: once per process, shared by later Accelerators
     process = rt.start_process(settings, init_handler.to_kwargs() if init_handler is not None else {})
     plugins = _fold_tensor_parallel_plugin(plugins, process.num_processes)
@@ -415,7 +449,7 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     mesh = None if own_layout else _build_mesh(plugins.parallelism_config, process)
     decision = _strategy_rule(settings, plugins, process)
     plugins = _default_backend_plugins(decision, plugins)
-    plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
+    plugins = records.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
     strategy_cls = strategies.strategy_class(decision.strategy_name)
     if mesh is None:
         # A strategy that lays the processes out itself (the pipeline's ("dp_replicate", "pp") mesh) makes
@@ -423,9 +457,9 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
         mesh = strategy_cls.own_mesh(plugins, process)
     # 6. A strategy whose engine scales the loss itself (DeepSpeed) keeps autocast but gets no scaler.
     precision = _build_precision(
-        settings, plugins, process.device.type, loss_scaling=not strategy_cls.manages_precision
+        settings, plugins, handlers, process.device.type, loss_scaling=not strategy_cls.manages_precision
     )
-    ddp_kwargs = plugins.handler(DistributedDataParallelKwargs)
+    ddp_kwargs = handlers.ddp
 
     def make_strategy(runtime: rt.Runtime) -> Strategy:
         return strategy_cls(runtime, precision, ddp_kwargs=ddp_kwargs)

@@ -28,13 +28,14 @@ import contextlib
 import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from accelerando.core.devices import backend_for, detect_device_backend
 from accelerando.core.enums import DistributedType
 from accelerando.core.environments import detect_environment
+from accelerando.core.records import entry, record
 from accelerando.core.settings import environment_setting
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record
 class ProcessContext:
     """Where this process runs: cluster environment, device, process group.
 
@@ -114,7 +115,7 @@ class ProcessContext:
         return None if self.process_group is None else self.process_group.backend
 
 
-@dataclass(frozen=True)
+@record
 class Plugins:
     """The backend plugins and handlers in effect (given in code, or made from the settings).
 
@@ -134,7 +135,7 @@ class Plugins:
     torch_tp: Any = None
     parallelism_config: Any = None
     dynamo: Any = None
-    handlers: dict[type, object] = field(default_factory=dict[type, object])
+    handlers: dict[type, object] = entry(default_factory=dict[type, object])
 
     def handler(self, kind: type[HandlerT]) -> HandlerT | None:
         """The kwargs handler of class ``kind`` given in code, or None.
@@ -230,7 +231,7 @@ class StrategyContract(Protocol):
         """What ``accelerator.distributed_type`` reports for this strategy."""
         ...
 
-    def prepare_all(self, request: Any) -> Any:
+    def prepare_all(self, request: Any) -> object:
         """Prepare every object of one ``prepare`` call at once (a ``Prepared``), or None."""
         ...
 
@@ -326,14 +327,14 @@ class StrategyContract(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@record
 class Runtime:
     """What the connector built for one ``Accelerator``: frozen once built.
 
     Built in one expression, in dependency order: every decided field first, then the strategy,
     made by ``make_strategy`` from the finished record (its constructor reads every field but
     ``strategy``, which does not exist until it returns). Nothing else sees the record before it
-    is complete: the connector activates it afterwards. ``dataclasses.replace`` refuses to copy it
+    is complete: the connector activates it afterwards. ``records.replace`` refuses to copy it
     (``make_strategy`` is required), so a strategy is never rebuilt by accident.
 
     Attributes:
@@ -356,7 +357,7 @@ class Runtime:
     plugins: Plugins
     reason: str
     make_strategy: InitVar[Callable[[Runtime], StrategyContract]]
-    strategy: StrategyContract = field(init=False, compare=False)
+    strategy: StrategyContract = entry(init=False, compare=False)
 
     def __post_init__(self, make_strategy: Callable[[Runtime], StrategyContract]) -> None:
         # Frozen: the one write, from inside the constructor, of the field that needs the record.
@@ -570,7 +571,7 @@ def _install_rich_tracebacks() -> None:
     install(show_locals=False)
 
 
-@dataclass
+@record(frozen=False)
 class _Registry:
     """The process's records. One module global on purpose: one process, one of each; tests reset it
     through ``forget``.

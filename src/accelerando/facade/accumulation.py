@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from accelerando.core.gradient_state import GradientState
-from accelerando.facade.preemption import PreemptionWatch, checkpoint_and_exit
 
 if TYPE_CHECKING:
     from accelerando.core.runtime import StrategyContract
-    from accelerando.facade.preemption import PendingSave
+    from accelerando.facade.preemption import PendingSave, PreemptionWatch
     from accelerando.state import AcceleratorState
 
 __all__ = ["Accumulating", "Accumulation", "override_even_batches"]
@@ -103,6 +102,9 @@ class Accumulation:
             accelerator = self._accelerator
             preemption = accelerator._preemption
             if preemption is not None and preemption.should_stop(accelerator.state.num_processes):
+                # Deferred: a watch exists only if the preemption module was loaded to install it.
+                from accelerando.facade.preemption import checkpoint_and_exit
+
                 checkpoint_and_exit(accelerator, preemption)
         return False
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
@@ -19,6 +18,7 @@ import accelerando.common as common
 from accelerando.backends.precision.base import Precision
 from accelerando.backends.strategies.base import Strategy
 from accelerando.core.gradient_state import GradientState
+from accelerando.core.records import record
 from accelerando.facade.observing import Observability
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects, Stateful
@@ -41,7 +41,7 @@ class StepOwner(Protocol):
     step: int
 
 
-@dataclass(frozen=True)
+@record
 class CheckpointParts:
     """The objects a checkpoint reads, shared by the service and its target (neither links to the other)."""
 

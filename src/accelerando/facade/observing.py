@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects
-from accelerando.plugins.kwargs import ProfileKwargs
 from accelerando.state import AcceleratorState
 
 if TYPE_CHECKING:
     import torch
 
     from accelerando.backends.monitoring.monitor import MemoryMonitor
+    from accelerando.plugins.kwargs import ProfileKwargs
     from accelerando.tracking import GeneralTracker, TrackingManager
 
 __all__ = ["Observability"]
@@ -140,6 +140,7 @@ class Observability:
         With ``output_trace_dir`` set, each process writes a Chrome trace there on exit.
         """
         from accelerando.backends.monitoring.profiling import profile_context
+        from accelerando.plugins.kwargs import ProfileKwargs
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with profile_context(handler, self.state.process_index) as prof:

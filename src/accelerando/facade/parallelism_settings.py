@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from accelerando.core.settings import environment_setting
-from accelerando.parallelism_config import ParallelismConfig
+
+if TYPE_CHECKING:
+    from accelerando.parallelism_config import ParallelismConfig
 
 __all__ = ["default_parallelism_config"]
 
@@ -24,5 +28,7 @@ def default_parallelism_config(parallelism_config: ParallelismConfig | None) -> 
 
     if not environment_setting("use_parallelism_config"):
         return None
+    # Deferred: the ParallelismConfig dataclass loads only when the launcher asked for a mesh.
+    from accelerando.parallelism_config import ParallelismConfig
 
     return ParallelismConfig()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from accelerando.parallelism_config import ParallelismConfig
+from typing import TYPE_CHECKING
+
 from accelerando.state import AcceleratorState
+
+if TYPE_CHECKING:
+    from accelerando.parallelism_config import ParallelismConfig
 
 __all__ = ["MeshRanks"]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from accelerando.core.enums import DistributedType, DynamoBackend
 from accelerando.core.settings import fill_unset
-from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.kwargs_handler import KwargsHandler
 
 if TYPE_CHECKING:
     from collections.abc import Callable

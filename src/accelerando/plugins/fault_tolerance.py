@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accelerando.core.settings import fill_unset
-from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.kwargs_handler import KwargsHandler
 
 __all__ = ["FaultTolerancePlugin", "TorchFTPlugin"]
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from accelerando.common.imports import is_torchao_available
 from accelerando.core.settings import environment_value, fill_unset
-from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.kwargs_handler import KwargsHandler
 
 __all__ = ["AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"]
 

@@ -6,7 +6,6 @@ user changed (``to_kwargs``), so library defaults stay in one place: the object'
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing_extensions import override
 
 from accelerando.core._lazy import lazy_getattr
 from accelerando.core.enums import DDPCommunicationHookType
-from accelerando.core.settings import environment_hidden
+from accelerando.plugins.kwargs_handler import KwargsHandler
 
 if TYPE_CHECKING:
     import torch
@@ -36,25 +35,6 @@ __all__ = [
     "ProfileKwargs",
     *_FP8_RECIPES,
 ]
-
-
-class KwargsHandler:
-    """Base class of the handlers: ``to_kwargs()`` returns the fields that differ from the defaults."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """All fields as a dict (deep-copied)."""
-        return copy.deepcopy(self.__dict__)
-
-    def to_kwargs(self) -> dict[str, Any]:
-        """Only the fields whose value differs from the default.
-
-        The default is the handler built with no argument and no environment: a value a field took
-        from an ``ACCELERATE_*`` variable (or a launcher's setting) counts as changed, like one given
-        in code.
-        """
-        with environment_hidden():
-            default = type(self)().to_dict()
-        return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
 
 
 @dataclass

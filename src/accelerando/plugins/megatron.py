@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, SupportsInt
 
 from accelerando.core.settings import fill_unset
-from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.kwargs_handler import KwargsHandler
 from accelerando.plugins.megatron_parsers import parse_model_config
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.kwargs_handler import KwargsHandler
 
 if TYPE_CHECKING:
     import torch

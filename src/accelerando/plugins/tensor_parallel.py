@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelerando.plugins.kwargs import KwargsHandler
+from accelerando.plugins.kwargs_handler import KwargsHandler
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -18,7 +18,7 @@ _EXPORTS: dict[str, str] = {
     "SageMakerDistributedType": "accelerando.core.enums",
     "DDPCommunicationHookType": "accelerando.core.enums",
     "CustomDtype": "accelerando.core.enums",
-    "KwargsHandler": "accelerando.plugins.kwargs",
+    "KwargsHandler": "accelerando.plugins.kwargs_handler",
     "AutocastKwargs": "accelerando.plugins.kwargs",
     "DistributedDataParallelKwargs": "accelerando.plugins.kwargs",
     "FP8RecipeKwargs": "accelerando.plugins.kwargs",

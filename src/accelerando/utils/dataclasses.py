@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "TorchTensorParallelConfig": "accelerando.plugins.parallel_configs",
     "get_module_class_from_name": "accelerando.common.other",
     "TYPE_CHECKING": "typing",
-    "KwargsHandler": "accelerando.plugins.kwargs",
+    "KwargsHandler": "accelerando.plugins.kwargs_handler",
     "AutocastKwargs": "accelerando.plugins.kwargs",
     "DistributedDataParallelKwargs": "accelerando.plugins.kwargs",
     "GradScalerKwargs": "accelerando.plugins.kwargs",

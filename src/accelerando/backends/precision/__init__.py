@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accelerando.backends.precision.advice import warn_if_emulated
 from accelerando.backends.precision.base import Precision
 
 if TYPE_CHECKING:
@@ -46,6 +45,9 @@ def build_precision(
 
     if mixed_precision == "no":
         return Precision()
+    # Deferred: full precision (the default) needs no advice about emulated low-precision maths.
+    from accelerando.backends.precision.advice import warn_if_emulated
+
     if mixed_precision in ("fp16", "bf16"):
         from accelerando.backends.precision.amp import AMPPrecision
 

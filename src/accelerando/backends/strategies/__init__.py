@@ -9,8 +9,9 @@ without string comparisons of their own (``Strategy`` and the prepare records lo
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from accelerando.core.records import record
 
 if TYPE_CHECKING:
     from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
@@ -39,7 +40,7 @@ STRATEGIES: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class DistributedKind:
     """One ``distributed_type`` value as the launcher and ``accelerando config`` see it.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -12,6 +11,7 @@ import torch
 from accelerando.backends.precision.base import Precision
 from accelerando.common.unwrap import unwrap_model
 from accelerando.core.enums import DistributedType
+from accelerando.core.records import entry, record
 from accelerando.core.runtime import Plugins, ProcessContext, Runtime
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ SEQUENCE_PARALLEL_NEEDED = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class PrepareRequest:
     """What the facade hands a strategy for one ``Accelerator.prepare`` call.
 
@@ -62,7 +62,7 @@ def _no_schedulers() -> list[AcceleratedScheduler]:
     return []
 
 
-@dataclass
+@record(frozen=False)
 class Prepared:
     """What a strategy made of one ``prepare`` call; the facade registers it (the strategy never does).
 
@@ -76,11 +76,11 @@ class Prepared:
     """
 
     objects: list[object]
-    models: list[torch.nn.Module] = field(default_factory=lambda: list[torch.nn.Module]())
-    optimizers: list[AcceleratedOptimizer] = field(default_factory=_no_optimizers)
-    schedulers: list[AcceleratedScheduler] = field(default_factory=_no_schedulers)
+    models: list[torch.nn.Module] = entry(default_factory=lambda: list[torch.nn.Module]())
+    optimizers: list[AcceleratedOptimizer] = entry(default_factory=_no_optimizers)
+    schedulers: list[AcceleratedScheduler] = entry(default_factory=_no_schedulers)
     engine: object = None
-    fixed_settings: dict[str, int] = field(default_factory=lambda: dict[str, int]())
+    fixed_settings: dict[str, int] = entry(default_factory=lambda: dict[str, int]())
 
 
 class Strategy:

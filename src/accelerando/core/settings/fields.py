@@ -11,14 +11,15 @@ This module must stay importable without torch: the command line uses it before 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from accelerando.core.enums import DistributedType, DynamoBackend, PrecisionType
+from accelerando.core.records import entry, record
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from typing_extensions import Unpack
 
 __all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "GROUPS", "get_field", "fields_in_group", "quote_value"]
@@ -53,7 +54,7 @@ def quote_value(value: object, limit: int = QUOTE_LIMIT) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-@dataclass(frozen=True)
+@record
 class Field:
     """One setting: its type, default and every place it can come from.
 
@@ -91,7 +92,7 @@ class Field:
     group: str = "core"
     help: str = ""
     choices: tuple[str, ...] | None = None
-    aliases: dict[str, str] = field(default_factory=dict)
+    aliases: dict[str, str] = entry(default_factory=dict)
     minimum: float | None = None
     maximum: float | None = None
     env: tuple[str, ...] = ()
@@ -153,8 +154,10 @@ class Field:
         return "a string"
 
 
-# Two integers joined by a colon, spaces allowed around each (the numbers are checked by the launch plan).
-_MACHINE_RANGE_SHAPE = re.compile(r"\s*-?\d+\s*:\s*-?\d+\s*")
+def _is_machine_range(text: str) -> bool:
+    """Two integers joined by one colon, spaces allowed around each (the launch plan checks the numbers)."""
+    parts = text.split(":")
+    return len(parts) == 2 and all(part.strip().removeprefix("-").isdecimal() for part in parts)
 
 
 def parse_num_machines(text: str) -> int | str:
@@ -174,7 +177,7 @@ def parse_num_machines(text: str) -> int | str:
         ValueError: the text is neither an integer nor two integers joined by a colon.
     """
     stripped = text.strip()
-    if _MACHINE_RANGE_SHAPE.fullmatch(stripped):
+    if _is_machine_range(stripped):
         return stripped
     try:
         return int(stripped)
@@ -202,7 +205,7 @@ def machine_range(value: int | str | None) -> tuple[int, int]:
         return 1, 1
     if isinstance(value, int) and not isinstance(value, bool):
         return value, value
-    if isinstance(value, str) and _MACHINE_RANGE_SHAPE.fullmatch(value):
+    if isinstance(value, str) and _is_machine_range(value):
         low, high = value.split(":")
         return int(low), int(high)
     if isinstance(value, str) and value.strip().isdigit():
@@ -213,46 +216,46 @@ def machine_range(value: int | str | None) -> tuple[int, int]:
     )
 
 
-class _Shape(TypedDict, total=False):
-    """:class:`Field` attributes about the values, which every helper below passes through."""
+# Only the type checker reads these (``Unpack`` in the helpers' signatures): a TypedDict built at run
+# time compiles each of its annotations, which the first Accelerator would pay for nothing.
+if TYPE_CHECKING:
 
-    choices: tuple[str, ...] | None
-    aliases: dict[str, str]
-    minimum: float | None
-    maximum: float | None
-    switch: bool
-    export: bool
+    class _Shape(TypedDict, total=False):
+        """:class:`Field` attributes about the values, which every helper below passes through."""
 
+        choices: tuple[str, ...] | None
+        aliases: dict[str, str]
+        minimum: float | None
+        maximum: float | None
+        switch: bool
+        export: bool
 
-class _Described(_Shape, total=False):
-    """:class:`_Shape` plus the help text (for helpers that leave it to the row)."""
+    class _Described(_Shape, total=False):
+        """:class:`_Shape` plus the help text (for helpers that leave it to the row)."""
 
-    help: str
+        help: str
 
+    class _DeepSpeedOptions(_Described, total=False):
+        """What a DeepSpeed row may give :func:`_ds` (its config keys default to the ``deepspeed_config`` one)."""
 
-class _DeepSpeedOptions(_Described, total=False):
-    """What a DeepSpeed row may give :func:`_ds` (its config keys default to the ``deepspeed_config`` one)."""
+        config_keys: tuple[str, ...]
 
-    config_keys: tuple[str, ...]
+    class _Placed(_Described, total=False):
+        """:class:`_Described` plus where the value is read from (for helpers that only fix the group)."""
 
+        env: tuple[str, ...]
+        config_keys: tuple[str, ...]
+        cli: str | None
+        our_env: str
+        ref_bool: tuple[str, str]
+        in_config: bool
+        parser: Callable[[str], object] | None
+        parser_accepts: str
 
-class _Placed(_Described, total=False):
-    """:class:`_Described` plus where the value is read from (for helpers that only fix the group)."""
+    class _Options(_Placed, total=False):
+        """Every :class:`Field` attribute after name, kind and default (for :func:`_core`)."""
 
-    env: tuple[str, ...]
-    config_keys: tuple[str, ...]
-    cli: str | None
-    our_env: str
-    ref_bool: tuple[str, str]
-    in_config: bool
-    parser: Callable[[str], object] | None
-    parser_accepts: str
-
-
-class _Options(_Placed, total=False):
-    """Every :class:`Field` attribute after name, kind and default (for :func:`_core`)."""
-
-    group: str
+        group: str
 
 
 def _core(name: str, kind: str, default: object = None, **kw: Unpack[_Options]) -> Field:

@@ -19,10 +19,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple
 
+from accelerando.core.records import entry as record_entry
+from accelerando.core.records import record
 from accelerando.core.settings.fields import (
     FIELDS,
     FIELDS_BY_NAME,
@@ -200,7 +200,7 @@ def parse_value(field: Field | str, raw: object, source: str = "code") -> Any:
     return str(raw).lower() if isinstance(raw, bool) else str(raw)
 
 
-@dataclass(frozen=True)
+@record
 class Settings:
     """Resolved values of every setting, each with the label of the layer that set it.
 
@@ -215,7 +215,7 @@ class Settings:
 
     values: Mapping[str, object]
     sources: Mapping[str, str]
-    origins: Mapping[str, str] = dataclass_field(default_factory=dict)
+    origins: Mapping[str, str] = record_entry(default_factory=dict)
 
     # Any: a setting's value, whose type is its field's kind (bool, int, str...).
     def __getattr__(self, name: str) -> Any:
