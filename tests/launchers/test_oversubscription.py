@@ -81,7 +81,11 @@ def test_the_launch_prints_the_warning_before_starting(
     monkeypatch.setattr(
         machine_module, "detect_machine", lambda: MachineInfo(gpu_count=0, cpu_count=2, python=sys.executable)
     )
-    monkeypatch.setattr(runner, "run", lambda plan, quiet=False: started.append(capsys.readouterr().err) or 0)
+    monkeypatch.setattr(
+        runner,
+        "run",
+        lambda plan, quiet=False, replace_process=False: started.append(capsys.readouterr().err) or 0,
+    )
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
     assert launch.main(["--cpu", "--num_processes", "8", str(script)]) == 0

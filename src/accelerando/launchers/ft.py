@@ -19,9 +19,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from accelerando.core.records import replace
 from accelerando.core.settings.fields import FIELDS_BY_NAME
 from accelerando.core.settings.resolve import Settings
 from accelerando.launchers._child import set_parent_death_signal

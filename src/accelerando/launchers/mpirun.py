@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+
+from accelerando.core.records import record
 
 __all__ = ["MpiRun", "FLAVOURS", "detect_mpirun", "flavour_of", "mpirun_argv"]
 
@@ -31,7 +32,7 @@ _INSTALL_HINT = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class MpiRun:
     """The ``mpirun`` program found on this machine.
 

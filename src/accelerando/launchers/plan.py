@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.backends.strategies import (
@@ -33,6 +32,7 @@ from accelerando.backends.strategies import (
     distributed_kind,
     requested_backends,
 )
+from accelerando.core.records import record
 from accelerando.core.settings.fields import (
     FIELDS,
     FIELDS_BY_NAME,
@@ -81,7 +81,7 @@ _ALWAYS_WRITTEN = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Command:
     """What to run in each process.
 
@@ -102,7 +102,7 @@ class Command:
             raise ValueError("--module and --no_python cannot be combined. Fix: pass only one of them.")
 
 
-@dataclass(frozen=True)
+@record
 class LaunchPlan:
     """Everything needed to start the processes of one launch.
 
@@ -132,7 +132,7 @@ class LaunchPlan:
     nproc_per_node: int
     num_machines: int
     machine_rank: int
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = ()
     hang_timeout_s: float = 0.0
     min_machines: int | None = None
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.flags import compat_env
 from accelerando.commands.launch.parser import is_given
+from accelerando.core.records import replace
 from accelerando.core.settings.configfile import find_config_file, load_config_layer
 from accelerando.core.settings.fields import FIELDS
 from accelerando.core.settings.machine import detect_machine
@@ -107,8 +108,6 @@ def plan_for(
         ValueError: a bad value, config file or combination, or a target that cannot be run.
         KeyError: a setting the planner needs is missing (the message names it).
     """
-    from dataclasses import replace
-
     settings, notes = resolve_launch_settings(args, forced)
     command = command_of(args)
     agent_options = [

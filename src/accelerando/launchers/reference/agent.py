@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from accelerando.core.records import replace
+
 if TYPE_CHECKING:
     from accelerando.launchers.plan import LaunchPlan
 
@@ -48,8 +50,6 @@ def set_agent_args(args: argparse.Namespace, plan: LaunchPlan) -> None:
 
 def with_restarts(plan: LaunchPlan, restarts: int) -> LaunchPlan:
     """The plan of a one-process elastic launch, with the restart count the user asked for."""
-    from dataclasses import replace
-
     argv = list(plan.argv)
     if "--max_restarts" in argv:
         argv[argv.index("--max_restarts") + 1] = str(restarts)
