@@ -28,13 +28,13 @@ traceback. Only the standard library is imported here (accelerando's stand-in on
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import faulthandler
 import os
 import runpy
 import signal
 import sys
-import threading
 import time
 
 # Only the type checker reads these: typing (and the re it imports) would double the shim's start-up.
@@ -167,7 +167,8 @@ def _prepare(run_dir: str, launcher_pid: int, kind: str) -> None:
     base = os.path.join(run_dir, f"rank{_rank()}")
     # A program (--no_python) replaces this interpreter: no stack dump (SIGUSR1 would end it) and no
     # record; its thread id 0 tells the launcher so.
-    main_thread = (threading.main_thread().ident or 0) if kind != "program" else 0
+    # The shim runs in the main thread: its id is the main thread's (without threading's import).
+    main_thread = _thread.get_ident() if kind != "program" else 0
     try:
         if main_thread:
             _stack_file = open(base + ".stack", "w", encoding="utf-8")  # noqa: SIM115 - lives with us
