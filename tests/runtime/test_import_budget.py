@@ -21,8 +21,11 @@ ALLOW_LIST = pathlib.Path(__file__).with_name("deferred_imports.txt")
 
 # Ceilings: lower them when the code gets smaller; raise one only with a measured reason
 # (python benchmarks/bench_first_accelerator.py before and after).
-MAX_DEFERRED_IMPORTS = 59
-MAX_FIRST_ACCELERATOR_MODULES = 60
+# 62: raised from 59 on 2026-12-02 for eight deferrals on the first-Accelerator path (kwargs handlers,
+# ParallelismConfig, preemption, resume, precision advice), measured by bench_first_accelerator.py:
+# 77 -> 49 ms CPU without the full gc, 0.53x -> 0.30x the reference's (with core/records.py).
+MAX_DEFERRED_IMPORTS = 62
+MAX_FIRST_ACCELERATOR_MODULES = 56
 # The package root: the reference's root module paths (as modules or packages) plus five of our own.
 MAX_ROOT_ENTRIES = 25
 REFERENCE_ROOT_PATHS = {

@@ -7,12 +7,13 @@ from collections.abc import Mapping
 from typing_extensions import override
 
 from accelerando.core.environments.base import ClusterEnvironment, env_int
+from accelerando.core.environments.detection import MPI_RANK_VARIABLES, MPI_SIZE_VARIABLES, started_by_mpirun
 
 __all__ = ["MPIEnvironment"]
 
 # Each MPI flavour names the same facts differently; first match wins.
-_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE")
-_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK")
+_SIZE = MPI_SIZE_VARIABLES
+_RANK = MPI_RANK_VARIABLES
 _LOCAL_RANK = (
     "OMPI_COMM_WORLD_LOCAL_RANK",
     "MPI_LOCALRANKID",
@@ -34,7 +35,7 @@ class MPIEnvironment(ClusterEnvironment):
     @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        return any(environ.get(k) for k in _SIZE) and any(environ.get(k) for k in _RANK)
+        return started_by_mpirun(environ)
 
     @property
     @override

@@ -14,35 +14,18 @@ looks in :data:`sys.modules` first, and only then asks Ray whether a training co
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
 from accelerando.core.environments.base import ClusterEnvironment, env_int
+from accelerando.core.environments.detection import in_ray_train_worker, ray_train_context
 
 if TYPE_CHECKING:
     from ray.train import TrainContext
 
 __all__ = ["RayTrainEnvironment", "ray_train_context"]
-
-
-def ray_train_context() -> TrainContext | None:
-    """Ray Train's context of this worker (``ray.train.get_context()``), or None outside a Ray Train worker.
-
-    Returns:
-        The ``TrainContext`` (rank, world size, local rank, storage) when this process runs a
-        ``train_func`` of a Ray trainer; None when Ray Train was never imported here, or this process is
-        a driver, a plain Ray task or any other process.
-    """
-    if "ray.train" not in sys.modules:
-        return None
-    train = sys.modules["ray.train"]
-    try:
-        return train.get_context()
-    except (RuntimeError, AttributeError, ValueError):  # Ray raises RuntimeError outside a train_func
-        return None
 
 
 class RayTrainEnvironment(ClusterEnvironment):
@@ -63,7 +46,7 @@ class RayTrainEnvironment(ClusterEnvironment):
     @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        return ray_train_context() is not None
+        return in_ray_train_worker(environ)
 
     def _read(self, method: str, *names: str, default: int) -> int:
         if self._context is not None:

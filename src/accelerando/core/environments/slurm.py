@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing_extensions import override
 
 from accelerando.core.environments.base import ClusterEnvironment, env_int
+from accelerando.core.environments.detection import started_by_srun
 
 __all__ = ["SLURMEnvironment", "first_host"]
 
@@ -37,11 +38,7 @@ class SLURMEnvironment(ClusterEnvironment):
     @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        # An interactive allocation (salloc / a batch script's shell) sets SLURM_NTASKS too, but only
-        # srun-started tasks carry SLURM_PROCID together with a step id.
-        return bool(
-            environ.get("SLURM_PROCID") and environ.get("SLURM_NTASKS") and environ.get("SLURM_STEP_ID")
-        )
+        return started_by_srun(environ)
 
     @property
     @override

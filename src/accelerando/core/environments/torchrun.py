@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing_extensions import override
 
 from accelerando.core.environments.base import ClusterEnvironment, env_int
+from accelerando.core.environments.detection import started_by_torchrun
 
 __all__ = ["TorchElasticEnvironment"]
 
@@ -19,7 +20,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
     @override
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        return all(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+        return started_by_torchrun(environ)
 
     @property
     @override
