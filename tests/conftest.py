@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from suite_support import isolate_settings_environment, reset_accelerator_state
+from suite_support import PyrightRun, isolate_settings_environment, reset_accelerator_state
 
 # Worker processes started by a test import the shared helpers too, from whatever folder the test is in.
 _TESTS_FOLDER = str(Path(__file__).resolve().parent)
@@ -66,11 +67,16 @@ def deepspeed_cpu_op(request: pytest.FixtureRequest) -> Path:
 
     Fails the requesting test (with the compiler's last output lines and the fix) when the build fails.
     """
-    pytest.importorskip("deepspeed")
+    if importlib.util.find_spec("deepspeed") is None:  # not importorskip: importing DeepSpeed takes seconds
+        pytest.skip("needs deepspeed (pip install deepspeed)")
     folder = _deepspeed_extensions_folder()
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_build_locks(folder)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    stamp = folder / "deepspeed_shm_comm.loaded-by"
+    key = _deepspeed_op_key(folder)
+    if key and stamp.is_file() and stamp.read_text() == key and not any(folder.glob("*/lock")):
+        return folder  # this interpreter loaded this very library last time: nothing would be rebuilt
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not any(folder.rglob("*.so")):
         reporter.write_line(
@@ -95,4 +101,59 @@ def deepspeed_cpu_op(request: pytest.FixtureRequest) -> Path:
             f"a C++ compiler and Python headers are needed (Debian: apt-get install g++ python3-dev):\n{tail}",
             pytrace=False,
         )
+    stamp.write_text(_deepspeed_op_key(folder))
     return folder
+
+
+def _deepspeed_op_key(folder: Path) -> str:
+    """What a load of the op depends on: the interpreter, torch, DeepSpeed, and the library's file.
+
+    When it is unchanged since this interpreter last loaded the op, a load would find the library up to
+    date (ninja compares its commands and sources, which these versions fix), so the fixture skips the
+    load's subprocess (importing DeepSpeed alone takes seconds). Any other build into the folder (another
+    interpreter, other versions) rewrites the library, changes the key, and the load runs again.
+    """
+    from importlib.metadata import version
+
+    library = folder / "deepspeed_shm_comm" / "deepspeed_shm_comm.so"
+    if not library.is_file():
+        return ""
+    built = library.stat()
+    return (
+        f"{sys.executable} torch {version('torch')} deepspeed {version('deepspeed')} "
+        f"{built.st_size} {built.st_mtime_ns}\n"
+    )
+
+
+# ------------------------------------------------------------------ pyright over src/, in the background
+# tests/runtime/test_typing_contracts.py runs basedpyright in basic mode over all of src/: about 100 s of
+# one core, most of it binding torch and the other libraries src/ imports. The rest of the suite leaves
+# one of the 2 cores idle most of the time (it is serial, and a launch mostly waits), so the whole-tree
+# run starts in the background, at low priority, as soon as the collected tests include that test, and
+# the test reads its report when its turn comes. The check is the same pyright run over the same tree.
+PYRIGHT_OVER_SRC_TEST = "tests/runtime/test_typing_contracts.py::test_pyright_basic_over_src_does_not_grow"
+
+_pyright_over_src: dict[str, PyrightRun] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any(item.nodeid == PYRIGHT_OVER_SRC_TEST for item in session.items):
+        _pyright_over_src["run"] = PyrightRun(niceness=10)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    run = _pyright_over_src.pop("run", None)
+    if run is not None:
+        run.stop()
+
+
+@pytest.fixture(scope="session")
+def pyright_report_over_src() -> dict:
+    """basedpyright's JSON report over all of src/ (started at collection when this run needs it)."""
+    run = _pyright_over_src.pop("run", None) or PyrightRun()
+    try:
+        return run.report()
+    finally:
+        run.stop()

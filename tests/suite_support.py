@@ -7,7 +7,7 @@ folder imports the same helpers. Fixtures built on them live in the root ``conft
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -72,3 +72,44 @@ def tiny_llama(
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
+
+
+class PyrightRun:
+    """One ``basedpyright --outputjson`` run with the project's configuration (``[tool.pyright]``)."""
+
+    def __init__(self, *paths: str, niceness: int = 0) -> None:
+        import subprocess
+        import sys
+        import tempfile
+        from pathlib import Path
+
+        checker = Path(sys.executable).with_name("basedpyright")
+        assert checker.exists(), "basedpyright is missing: pip install -e '.[test]' (it is in the test extra)"
+        self._out = tempfile.TemporaryFile(mode="w+")
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [str(checker), "--outputjson", "--pythonpath", sys.executable, *paths],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=self._out,
+            stderr=self._err,
+            text=True,
+            preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+        )
+
+    def report(self, timeout: float = 1500) -> dict[str, Any]:
+        """Wait for the run; its JSON report."""
+        import json
+
+        self._proc.wait(timeout=timeout)
+        self._out.seek(0)
+        self._err.seek(0)
+        stdout = self._out.read()
+        assert stdout, self._err.read()
+        return json.loads(stdout)
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._out.close()
+        self._err.close()

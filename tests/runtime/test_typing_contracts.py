@@ -14,12 +14,11 @@ node bundled as a wheel, so it runs offline), from the test extra.
 from __future__ import annotations
 
 import ast
-import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from suite_support import PyrightRun
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "accelerando"
@@ -43,17 +42,11 @@ PYRIGHT_BASIC_RATCHET = 0
 
 def _pyright(*paths: str) -> dict:
     """Run basedpyright with the project's configuration; its JSON report."""
-    checker = pathlib.Path(sys.executable).with_name("basedpyright")
-    assert checker.exists(), "basedpyright is missing: pip install -e '.[test]' (it is in the test extra)"
-    done = subprocess.run(
-        [str(checker), "--outputjson", "--pythonpath", sys.executable, *paths],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert done.stdout, done.stderr
-    return json.loads(done.stdout)
+    run = PyrightRun(*paths)
+    try:
+        return run.report()
+    finally:
+        run.stop()
 
 
 def _errors(report: dict) -> list[str]:
@@ -71,8 +64,10 @@ def test_contract_modules_pass_pyright_strict():
     assert errors == [], "\n".join(errors)
 
 
-def test_pyright_basic_over_src_does_not_grow():
-    report = _pyright()
+def test_pyright_basic_over_src_does_not_grow(pyright_report_over_src):
+    # The same run as _pyright() with no path; tests/conftest.py starts it in the background at
+    # collection (it takes about 100 s of one core), and this test waits for its report.
+    report = pyright_report_over_src
     errors = _errors(report)
     assert len(errors) <= PYRIGHT_BASIC_RATCHET, "\n".join(errors[:50])
 
