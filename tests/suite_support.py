@@ -94,6 +94,7 @@ class PyrightRun:
             stderr=self._err,
             text=True,
             preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+            start_new_session=True,  # its own process group: stop() ends the wrapper and its node child
         )
 
     def report(self, timeout: float = 1500) -> dict[str, Any]:
@@ -108,8 +109,10 @@ class PyrightRun:
         return json.loads(stdout)
 
     def stop(self) -> None:
+        import signal
+
         if self._proc.poll() is None:
-            self._proc.kill()
+            os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._out.close()
         self._err.close()

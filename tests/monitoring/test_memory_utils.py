@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,6 +12,19 @@ import torch
 import accelerando
 from accelerando import memory_utils
 from accelerando.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+
+
+@pytest.fixture(autouse=True)
+def _collections_see_this_test_only() -> Iterator[None]:
+    """Each failed try runs ``gc.collect()`` (as the reference does). In the suite's process a collection
+    walks every object the earlier tests left, most of a second each; frozen first, they are skipped, and
+    the collector sees what a training script's would: this test's objects (the same calls, the same
+    results). ``gc.unfreeze()`` hands the earlier objects back to the collector afterwards."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _real_cpu_oom(batch_size: int) -> None:
