@@ -45,7 +45,7 @@ _EXPORTS: dict[str, str] = {
     "DataLoaderConfiguration": "accelerando.plugins.dataloader",
     "DeepSpeedPlugin": "accelerando.plugins.deepspeed",
     "FullyShardedDataParallelPlugin": "accelerando.plugins.fsdp",
-    "DDPCommunicationHookType": "accelerando.core.enums",
+    "DDPCommunicationHookType": "accelerando.core.enums_on_demand",
     "DistributedType": "accelerando.core.enums",
     "save_accelerator_state": "accelerando.checkpointing",
     "load_accelerator_state": "accelerando.checkpointing",

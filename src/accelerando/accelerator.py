@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
     from accelerando.backends.trackers.base import GeneralTracker
     from accelerando.checkpointing.project import ResumePoint
-    from accelerando.core.enums import DynamoBackend, LoggerType
+    from accelerando.core.enums import DynamoBackend
+    from accelerando.core.enums_on_demand import LoggerType
     from accelerando.facade.preemption import PreemptionWatch
     from accelerando.parallelism_config import ParallelismConfig
     from accelerando.plugins.accumulation import GradientAccumulationPlugin

@@ -34,7 +34,7 @@ from accelerando.backends.trackers.tensorboard import TensorBoardTracker
 from accelerando.backends.trackers.trackio import TrackioTracker
 from accelerando.backends.trackers.wandb import WandBTracker
 from accelerando.common import imports
-from accelerando.core.enums import LoggerType
+from accelerando.core.enums_on_demand import LoggerType
 from accelerando.logging import _process_view, get_logger
 
 __all__ = [

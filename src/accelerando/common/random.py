@@ -20,7 +20,7 @@ import torch
 from accelerando.common.constants import CUDA_DISTRIBUTED_TYPES
 from accelerando.common.imports import is_cuda_available, is_mps_available, is_npu_available
 from accelerando.common.operations import broadcast_object_list
-from accelerando.core.enums import RNGType
+from accelerando.core.enums_on_demand import RNGType
 from accelerando.state import PartialState
 
 __all__ = [

@@ -1,23 +1,21 @@
 """Enumerations shared across accelerando.
 
 Every enum is a ``str`` subclass so that each member equals the plain string users write in config
-files and on the command line: the text ``MULTI_GPU`` in a config file parses to that member.
+files and on the command line: the text ``MULTI_GPU`` in a config file parses to that member. The
+enums a first Accelerator does not use live in :mod:`accelerando.core.enums_on_demand` and are handed
+out from here on first use.
 """
 
 from __future__ import annotations
 
 import enum
 
+from accelerando.core._lazy import lazy_getattr
+
 __all__ = [
-    "ComputeEnvironment",
-    "DDPCommunicationHookType",
     "DistributedType",
     "DynamoBackend",
-    "LoggerType",
     "PrecisionType",
-    "RNGType",
-    "SageMakerDistributedType",
-    "CustomDtype",
     "EnumWithContains",
     "BaseEnum",
     "FP8BackendType",
@@ -55,21 +53,6 @@ class DistributedType(_StrEnum):
     MEGATRON_LM = "MEGATRON_LM"
 
 
-class SageMakerDistributedType(_StrEnum):
-    """Distribution modes of Amazon SageMaker jobs."""
-
-    NO = "NO"
-    DATA_PARALLEL = "DATA_PARALLEL"
-    MODEL_PARALLEL = "MODEL_PARALLEL"
-
-
-class ComputeEnvironment(_StrEnum):
-    """Where the run executes."""
-
-    LOCAL_MACHINE = "LOCAL_MACHINE"
-    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
-
-
 class DynamoBackend(_StrEnum):
     """Backends accepted by ``torch.compile`` (``NO`` disables compilation)."""
 
@@ -92,22 +75,6 @@ class DynamoBackend(_StrEnum):
     NEURON = "NEURON"
 
 
-class LoggerType(_StrEnum):
-    """Experiment trackers known by name."""
-
-    ALL = "all"
-    AIM = "aim"
-    TENSORBOARD = "tensorboard"
-    WANDB = "wandb"
-    COMETML = "comet_ml"
-    MLFLOW = "mlflow"
-    CLEARML = "clearml"
-    DVCLIVE = "dvclive"
-    SWANLAB = "swanlab"
-    TRACKIO = "trackio"
-    NEPTUNE = "neptune"
-
-
 class PrecisionType(_StrEnum):
     """Mixed-precision modes."""
 
@@ -115,41 +82,6 @@ class PrecisionType(_StrEnum):
     FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
-
-
-class RNGType(_StrEnum):
-    """Random number generators that can be synchronised across processes."""
-
-    TORCH = "torch"
-    CUDA = "cuda"
-    MLU = "mlu"
-    SDAA = "sdaa"
-    MUSA = "musa"
-    NPU = "npu"
-    XLA = "xla"
-    XPU = "xpu"
-    HPU = "hpu"
-    GENERATOR = "generator"
-    NUMPY = "numpy"
-    PYTHON = "python"
-
-
-class DDPCommunicationHookType(_StrEnum):
-    """Gradient communication hooks for DistributedDataParallel."""
-
-    NO = "no"
-    FP16 = "fp16"
-    BF16 = "bf16"
-    POWER_SGD = "power_sgd"
-    BATCHED_POWER_SGD = "batched_power_sgd"
-
-
-class CustomDtype(_StrEnum):
-    """Storage types that have no ``torch.dtype`` of their own (used by size computations)."""
-
-    FP8 = "fp8"
-    INT4 = "int4"
-    INT2 = "int2"
 
 
 class EnumWithContains(enum.EnumMeta):
@@ -185,3 +117,22 @@ class FP8BackendType(BaseEnum):
     TE = "TE"
     MSAMP = "MSAMP"
     AO = "AO"
+
+
+# Defined in enums_on_demand.py and created the first time one is read from here: a first Accelerator
+# uses none of them, and an Enum class costs about a quarter of a millisecond to build.
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        name: "accelerando.core.enums_on_demand"
+        for name in (
+            "ComputeEnvironment",
+            "CustomDtype",
+            "DDPCommunicationHookType",
+            "LoggerType",
+            "RNGType",
+            "SageMakerDistributedType",
+        )
+    },
+    globals(),
+)

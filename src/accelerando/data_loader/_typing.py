@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.utils.data import Dataset
 
-    from accelerando.core.enums import RNGType
+    from accelerando.core.enums_on_demand import RNGType
 
 __all__ = ["DataLoaderKwargs", "DataLoaderOptions", "DispatcherArgs", "LoaderArgs", "RngTypes", "ShardArgs"]
 

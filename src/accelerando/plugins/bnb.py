@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from accelerando.core.enums import CustomDtype
+from accelerando.core.enums_on_demand import CustomDtype
 
 __all__ = ["BnbQuantizationConfig"]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from typing_extensions import override
 
 from accelerando.core._lazy import lazy_getattr
-from accelerando.core.enums import DDPCommunicationHookType
+from accelerando.core.enums_on_demand import DDPCommunicationHookType
 from accelerando.plugins.kwargs_handler import KwargsHandler
 
 if TYPE_CHECKING:

@@ -9,15 +9,15 @@ from __future__ import annotations
 from accelerando.core._lazy import lazy_dir, lazy_getattr
 
 _EXPORTS: dict[str, str] = {
-    "ComputeEnvironment": "accelerando.core.enums",
+    "ComputeEnvironment": "accelerando.core.enums_on_demand",
     "DistributedType": "accelerando.core.enums",
     "DynamoBackend": "accelerando.core.enums",
-    "LoggerType": "accelerando.core.enums",
+    "LoggerType": "accelerando.core.enums_on_demand",
     "PrecisionType": "accelerando.core.enums",
-    "RNGType": "accelerando.core.enums",
-    "SageMakerDistributedType": "accelerando.core.enums",
-    "DDPCommunicationHookType": "accelerando.core.enums",
-    "CustomDtype": "accelerando.core.enums",
+    "RNGType": "accelerando.core.enums_on_demand",
+    "SageMakerDistributedType": "accelerando.core.enums_on_demand",
+    "DDPCommunicationHookType": "accelerando.core.enums_on_demand",
+    "CustomDtype": "accelerando.core.enums_on_demand",
     "KwargsHandler": "accelerando.plugins.kwargs_handler",
     "AutocastKwargs": "accelerando.plugins.kwargs",
     "DistributedDataParallelKwargs": "accelerando.plugins.kwargs",

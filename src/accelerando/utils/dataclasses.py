@@ -8,15 +8,15 @@ from __future__ import annotations
 from accelerando.core._lazy import lazy_dir, lazy_getattr
 
 _EXPORTS: dict[str, str] = {
-    "ComputeEnvironment": "accelerando.core.enums",
-    "CustomDtype": "accelerando.core.enums",
-    "DDPCommunicationHookType": "accelerando.core.enums",
+    "ComputeEnvironment": "accelerando.core.enums_on_demand",
+    "CustomDtype": "accelerando.core.enums_on_demand",
+    "DDPCommunicationHookType": "accelerando.core.enums_on_demand",
     "DistributedType": "accelerando.core.enums",
     "DynamoBackend": "accelerando.core.enums",
-    "LoggerType": "accelerando.core.enums",
+    "LoggerType": "accelerando.core.enums_on_demand",
     "PrecisionType": "accelerando.core.enums",
-    "RNGType": "accelerando.core.enums",
-    "SageMakerDistributedType": "accelerando.core.enums",
+    "RNGType": "accelerando.core.enums_on_demand",
+    "SageMakerDistributedType": "accelerando.core.enums_on_demand",
     "EnumWithContains": "accelerando.core.enums",
     "BaseEnum": "accelerando.core.enums",
     "FP8BackendType": "accelerando.core.enums",

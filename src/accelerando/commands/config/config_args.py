@@ -25,7 +25,8 @@ from accelerando.common.constants import (
     SAGEMAKER_PYTORCH_VERSION,
     SAGEMAKER_TRANSFORMERS_VERSION,
 )
-from accelerando.core.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
+from accelerando.core.enums import DistributedType
+from accelerando.core.enums_on_demand import ComputeEnvironment, SageMakerDistributedType
 from accelerando.core.settings.configfile import (
     CONFIG_KEYS,
     ConfigError,

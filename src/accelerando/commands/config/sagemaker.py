@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from accelerando.commands.config.config_args import SageMakerConfig
 from accelerando.commands.config.config_utils import DYNAMO_BACKENDS
 from accelerando.common.constants import SAGEMAKER_PARALLEL_EC2_INSTANCES, TORCH_DYNAMO_MODES
-from accelerando.core.enums import ComputeEnvironment
+from accelerando.core.enums_on_demand import ComputeEnvironment
 
 if TYPE_CHECKING:
     from questionary import Question
