@@ -57,12 +57,16 @@ NOT_FOR_ONE_PROCESS = {
     "accelerando.core.stand_in",
 }
 # Standard-library modules a one-process launcher needs no longer: subprocess (it execs), ctypes (nothing
-# can outlive the script), logging (nothing to log), the shim and its runpy.
+# can outlive the script), logging (nothing to log), the shim and its runpy; dataclasses, inspect and
+# typing_extensions (the settings table's records are built without them: core/records.py).
 NOT_FOR_THE_EXEC_LAUNCH = {
     "subprocess",
     "ctypes",
     "logging",
     "runpy",
+    "dataclasses",
+    "inspect",
+    "typing_extensions",
     "accelerando.launchers._child",
 }
 # accelerando modules a one-process launcher imports today (33: the settings table, its records, the

@@ -17,10 +17,16 @@ kwargs handlers, configurations) stay dataclasses, because users call ``dataclas
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import FrozenInstanceError
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from typing_extensions import dataclass_transform
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:  # only type checkers read the marker; typing_extensions imports inspect, which the launcher avoids
+
+    def dataclass_transform(**_options: object) -> Callable[[RecordT], RecordT]:
+        """At run time, leave the decorated function as it is."""
+        return lambda function: function
+
 
 RecordT = TypeVar("RecordT")
 ValueT = TypeVar("ValueT")
@@ -191,10 +197,16 @@ def _record_hash(self: object) -> int:
 
 
 def _refuse_setattr(self: object, name: str, value: object) -> None:
+    # Imported here: the launcher uses records but not dataclasses (with inspect, ast and dis, about a
+    # fifth of a one-process launch's start-up).
+    from dataclasses import FrozenInstanceError
+
     raise FrozenInstanceError(f"cannot assign to field {name!r} of a frozen {type(self).__qualname__}")
 
 
 def _refuse_delattr(self: object, name: str) -> None:
+    from dataclasses import FrozenInstanceError
+
     raise FrozenInstanceError(f"cannot delete field {name!r} of a frozen {type(self).__qualname__}")
 
 
