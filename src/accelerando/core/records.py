@@ -90,7 +90,18 @@ def entry(
 class _Layout:
     """The fields of one record class, resolved once when the class is decorated."""
 
-    __slots__ = ("name", "init_names", "init_only", "required", "defaults", "factories", "compared", "shown")
+    __slots__ = (
+        "name",
+        "init_names",
+        "init_set",
+        "init_only",
+        "required",
+        "defaults",
+        "factories",
+        "compared",
+        "shown",
+        "post_init",
+    )
 
     def __init__(self, cls: type) -> None:
         self.name = cls.__qualname__
@@ -108,6 +119,8 @@ class _Layout:
                 self._add_init_only(cls, name)
             elif not text.startswith(("ClassVar", "typing.ClassVar")):
                 self._add_field(cls, name)
+        self.init_set = frozenset(self.init_names)
+        self.post_init = getattr(cls, "__post_init__", None) is not None
 
     def _add_init_only(self, cls: type, name: str) -> None:
         if name in cls.__dict__:
@@ -151,7 +164,7 @@ class _Layout:
             if repeated:
                 raise TypeError(f"{self.name}() got multiple values for argument {min(repeated)!r}")
             kwargs = {**positional, **kwargs}
-        unknown = kwargs.keys() - set(self.init_names)
+        unknown = kwargs.keys() - self.init_set
         if unknown:
             raise TypeError(f"{self.name}() got an unexpected keyword argument {min(unknown)!r}")
         missing = self.required - kwargs.keys()
@@ -168,11 +181,10 @@ class _Layout:
 def _record_init(self: object, *args: object, **kwargs: object) -> None:
     layout: _Layout = type(self).__record_layout__  # type: ignore[attr-defined]
     values = layout.values(args, kwargs)
-    init_only = [values.pop(name) for name in layout.init_only]
+    init_only = [values.pop(name) for name in layout.init_only] if layout.init_only else ()
     self.__dict__.update(values)
-    post_init = getattr(self, "__post_init__", None)
-    if post_init is not None:
-        post_init(*init_only)
+    if layout.post_init:
+        self.__post_init__(*init_only)  # type: ignore[attr-defined]
 
 
 def _record_repr(self: object) -> str:
