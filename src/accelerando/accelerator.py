@@ -37,10 +37,6 @@ from accelerando.common.constants import (  # noqa: F401
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
 )
-
-# Looked up in this module when a quantized model is prepared (as in the reference, whose tests patch
-# ``accelerate.accelerator.is_bitsandbytes_multi_backend_available``).
-from accelerando.common.imports import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 from accelerando.core.enums import FP8BackendType
 from accelerando.core.gradient_state import GradientState
 from accelerando.core.runtime import Plugins, set_active_accelerator
@@ -88,9 +84,33 @@ F = TypeVar("F", bound=Callable[..., object])
 logger = logging.getLogger(__name__)
 
 
+# The reference's accelerate.accelerator module holds these two availability checks, and its tests patch
+# them there; here they are module attributes read from common.imports on first access (that module is
+# not needed by a first Accelerator), and a patched one is what _bitsandbytes_runs_on_cpu calls.
+_AVAILABILITY_CHECKS = ("is_bitsandbytes_multi_backend_available", "is_xpu_available")
+
+
+def __getattr__(name: str) -> Callable[..., bool]:
+    """The reference's availability checks as attributes of this module (PEP 562).
+
+    Raises:
+        AttributeError: for any other name.
+    """
+    if name not in _AVAILABILITY_CHECKS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from accelerando.common import imports
+
+    check: Callable[..., bool] = getattr(imports, name)
+    return check
+
+
 def _bitsandbytes_runs_on_cpu() -> bool:
-    # Looked up in this module at call time, so a patch of the module attribute is seen.
-    return bool(is_bitsandbytes_multi_backend_available())
+    # A patch of the module attribute (``mock.patch("accelerate.accelerator.<check>")``) lands in the
+    # module's namespace; without one, the check comes from common.imports.
+    check = globals().get("is_bitsandbytes_multi_backend_available") or __getattr__(
+        "is_bitsandbytes_multi_backend_available"
+    )
+    return bool(check())
 
 
 def _handler(kind: str, doc: str) -> property:

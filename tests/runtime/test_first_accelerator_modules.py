@@ -15,11 +15,11 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# 54 on 2026-12-02 (60 before: the kwargs handlers, ParallelismConfig, preemption, resume and precision
-# advice load when used, and only the cluster environment that matches is imported; 58 when first
+# 53 on 2026-12-02 (60 before: the kwargs handlers, ParallelismConfig, preemption, resume, precision
+# advice and the availability checks (common.imports) load when used, and only the cluster environment that matches is imported; 58 when first
 # written, 62 before that). The margin of 2 leaves room for a module split in two by a refactor, not
 # for a new subsystem on the path.
-MAX_MODULES = 56
+MAX_MODULES = 55
 
 # The dataclasses a default Accelerator builds: the reference's public configuration classes it
 # constructs itself. Internal records (core/records.py) generate no code; the kwargs handlers and
@@ -49,6 +49,7 @@ NOT_LOADED = (
     "accelerando.facade.preemption",
     "accelerando.facade.resume",
     "accelerando.backends.precision.advice",
+    "accelerando.common.imports",
     "accelerando.core.environments.mpi",
     "accelerando.core.environments.ray",
     "accelerando.core.environments.slurm",

@@ -25,7 +25,7 @@ ALLOW_LIST = pathlib.Path(__file__).with_name("deferred_imports.txt")
 # ParallelismConfig, preemption, resume, precision advice), measured by bench_first_accelerator.py:
 # 77 -> 49 ms CPU without the full gc, 0.53x -> 0.30x the reference's (with core/records.py).
 MAX_DEFERRED_IMPORTS = 62
-MAX_FIRST_ACCELERATOR_MODULES = 56
+MAX_FIRST_ACCELERATOR_MODULES = 55
 # The package root: the reference's root module paths (as modules or packages) plus five of our own.
 MAX_ROOT_ENTRIES = 25
 REFERENCE_ROOT_PATHS = {
