@@ -121,6 +121,13 @@ def test_a_required_field_after_a_default_is_refused_when_the_class_is_built():
             a: int = 1
             b: int  # type: ignore[misc]
 
+    @record
+    class Allowed:  # as with dataclasses, only __init__'s own arguments are ordered
+        a: int = entry(default=1, init=False)
+        b: int
+
+    assert Allowed(b=2).a == 1
+
     with pytest.raises(ValueError, match="not both"):
         entry(default=1, default_factory=list)
 

@@ -19,6 +19,7 @@ __all__ = [
     "EnumWithContains",
     "BaseEnum",
     "FP8BackendType",
+    "ON_DEMAND_ENUMS",
 ]
 
 
@@ -119,20 +120,17 @@ class FP8BackendType(BaseEnum):
     AO = "AO"
 
 
-# Defined in enums_on_demand.py and created the first time one is read from here: a first Accelerator
-# uses none of them, and an Enum class costs about a quarter of a millisecond to build.
+#: Defined in enums_on_demand.py and created the first time one is read from here: a first Accelerator
+#: uses none of them, and an Enum class costs about a quarter of a millisecond to build.
+ON_DEMAND_ENUMS = (
+    "ComputeEnvironment",
+    "CustomDtype",
+    "DDPCommunicationHookType",
+    "LoggerType",
+    "RNGType",
+    "SageMakerDistributedType",
+)
+
 __getattr__ = lazy_getattr(
-    __name__,
-    {
-        name: "accelerando.core.enums_on_demand"
-        for name in (
-            "ComputeEnvironment",
-            "CustomDtype",
-            "DDPCommunicationHookType",
-            "LoggerType",
-            "RNGType",
-            "SageMakerDistributedType",
-        )
-    },
-    globals(),
+    __name__, dict.fromkeys(ON_DEMAND_ENUMS, "accelerando.core.enums_on_demand"), globals()
 )

@@ -5,16 +5,9 @@ Read them from :mod:`accelerando.core.enums`, which hands them out from here on 
 
 from __future__ import annotations
 
-from accelerando.core.enums import _StrEnum  # pyright: ignore[reportPrivateUsage]
+from accelerando.core.enums import ON_DEMAND_ENUMS, _StrEnum  # pyright: ignore[reportPrivateUsage]
 
-__all__ = [
-    "ComputeEnvironment",
-    "CustomDtype",
-    "DDPCommunicationHookType",
-    "LoggerType",
-    "RNGType",
-    "SageMakerDistributedType",
-]
+__all__ = list(ON_DEMAND_ENUMS)
 
 
 class SageMakerDistributedType(_StrEnum):

@@ -139,7 +139,7 @@ class _Layout:
                 setattr(cls, name, spec.default)
         has_default = spec.default is not _NO_DEFAULT or spec.default_factory is not None
         if spec.init:
-            if not has_default and (self.defaults or self.factories):
+            if not has_default and any(n in self.defaults or n in self.factories for n in self.init_names):
                 raise TypeError(f"{self.name}: field {name!r} without a default follows one with a default")
             self.init_names.append(name)
             if not has_default:
