@@ -93,8 +93,12 @@ def _exec_simple(plan: LaunchPlan) -> int:
     sys.stderr.flush()
     try:
         os.execvp(plan.argv[0], list(plan.argv))
-    except FileNotFoundError as err:
-        print(f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}.", file=sys.stderr)
+    except OSError as err:  # not found, not executable, ...: one line, as a shell would say it
+        print(
+            f"accelerando launch: cannot start {plan.argv[0]!r}: {err.strerror}. "
+            "Fix: check that this program exists and is executable (with --no_python, the script itself).",
+            file=sys.stderr,
+        )
     return 127
 
 
