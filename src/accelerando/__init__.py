@@ -7,8 +7,6 @@ attributes too (``accelerando.utils.set_seed``), imported on first access.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from accelerando.core._lazy import lazy_getattr
 from accelerando.core.version import __version__
 
@@ -69,6 +67,8 @@ __getattr__ = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)
 def __dir__() -> list[str]:
     return sorted(__all__)
 
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:  # pragma: no cover - static analysers only
     from accelerando.accelerator import Accelerator  # noqa: F401

@@ -58,8 +58,15 @@ NOT_FOR_ONE_PROCESS = {
 }
 # Standard-library modules a one-process launcher needs no longer: subprocess (it execs), ctypes (nothing
 # can outlive the script), logging (nothing to log), the shim and its runpy; dataclasses, inspect and
-# typing_extensions (the settings table's records are built without them: core/records.py).
+# typing_extensions (the settings table's records are built without them: core/records.py); typing (the
+# modules on this path take TYPE_CHECKING as a constant of their own: typing and what it builds were a
+# sixth of the launcher's instructions); shutil and its compressors (argparse's help formatter imports it
+# for the terminal width: commands/spellings.py gives the width without it).
 NOT_FOR_THE_EXEC_LAUNCH = {
+    "typing",
+    "shutil",
+    "bz2",
+    "lzma",
     "subprocess",
     "ctypes",
     "logging",

@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def lazy_getattr(

@@ -17,19 +17,21 @@ kwargs handlers, configurations) stay dataclasses, because users call ``dataclas
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 if TYPE_CHECKING:
+    from typing import Any, TypeVar, overload
+
     from typing_extensions import dataclass_transform
-else:  # only type checkers read the marker; typing_extensions imports inspect, which the launcher avoids
+
+    RecordT = TypeVar("RecordT")
+    ValueT = TypeVar("ValueT")
+else:  # only type checkers read the markers; typing_extensions imports inspect, which the launcher avoids
 
     def dataclass_transform(**_options: object) -> Callable[[RecordT], RecordT]:
         """At run time, leave the decorated function as it is."""
         return lambda function: function
 
-
-RecordT = TypeVar("RecordT")
-ValueT = TypeVar("ValueT")
 
 _NO_DEFAULT = object()
 
@@ -48,16 +50,18 @@ class Entry:
         self.compare = compare
 
 
-@overload
-def entry(*, default: ValueT, init: bool = True, compare: bool = True) -> ValueT: ...
+if TYPE_CHECKING:  # the overloads are for type checkers only (typing.overload at run time costs an import)
 
+    @overload
+    def entry(*, default: ValueT, init: bool = True, compare: bool = True) -> ValueT: ...
 
-@overload
-def entry(*, default_factory: Callable[[], ValueT], init: bool = True, compare: bool = True) -> ValueT: ...
+    @overload
+    def entry(
+        *, default_factory: Callable[[], ValueT], init: bool = True, compare: bool = True
+    ) -> ValueT: ...
 
-
-@overload
-def entry(*, init: bool = True, compare: bool = True) -> Any: ...
+    @overload
+    def entry(*, init: bool = True, compare: bool = True) -> Any: ...
 
 
 def entry(
@@ -222,13 +226,14 @@ def _refuse_delattr(self: object, name: str) -> None:
     raise FrozenInstanceError(f"cannot delete field {name!r} of a frozen {type(self).__qualname__}")
 
 
-@overload
-@dataclass_transform(frozen_default=True, field_specifiers=(entry,))
-def record(cls: type[RecordT], /) -> type[RecordT]: ...
+if TYPE_CHECKING:
 
+    @overload
+    @dataclass_transform(frozen_default=True, field_specifiers=(entry,))
+    def record(cls: type[RecordT], /) -> type[RecordT]: ...
 
-@overload
-def record(*, frozen: bool = True) -> Callable[[type[RecordT]], type[RecordT]]: ...
+    @overload
+    def record(*, frozen: bool = True) -> Callable[[type[RecordT]], type[RecordT]]: ...
 
 
 def record(

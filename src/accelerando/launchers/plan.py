@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from accelerando.backends.strategies import (
     DISTRIBUTED_KINDS,
@@ -45,6 +44,10 @@ from accelerando.core.settings.machine import MachineInfo, detect_machine, free_
 from accelerando.core.settings.resolve import ECHOED_DEFAULTS_ENV, SOURCES_ENV, Settings
 from accelerando.launchers.limits import check_process_count, clip
 from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "Command",

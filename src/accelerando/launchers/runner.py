@@ -26,9 +26,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from accelerando.core.settings.fields import quote_value
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 # subprocess, logging, ctypes (the parent-death signal) and the shim load only for the launches that
 # use them: a command-line one-process launch execs the script and needs none of them (counted by

@@ -9,11 +9,13 @@ without string comparisons of their own (``Strategy`` and the prepare records lo
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Protocol
 
 from accelerando.core.records import record
 
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
 
 __all__ = [
@@ -103,12 +105,14 @@ DISTRIBUTED_KINDS: tuple[DistributedKind, ...] = (
 )
 
 
-class SettingsView(Protocol):
-    """What :func:`requested_backends` reads: setting values by name (a mapping or a ``Settings``)."""
+if TYPE_CHECKING:
 
-    def __getitem__(self, key: str, /) -> object:
-        """The value of the setting ``key``."""
-        ...
+    class SettingsView(Protocol):
+        """What :func:`requested_backends` reads: setting values by name (a mapping or a ``Settings``)."""
+
+        def __getitem__(self, key: str, /) -> object:
+            """The value of the setting ``key``."""
+            ...
 
 
 def distributed_kind(distributed_type: object) -> DistributedKind | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.dry_run import print_dry_run
 from accelerando.commands.launch.emit import emit
@@ -19,6 +18,7 @@ from accelerando.commands.launch.parser import (
     CustomHelpFormatter,
     build_parser,
     parse,
+    parser_for,
     unknown_flags_message,
 )
 from accelerando.commands.launch.resolution import command_of, plan_for
@@ -26,6 +26,8 @@ from accelerando.core.settings.fields import FIELDS
 from accelerando.launchers import runner
 from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -234,6 +236,6 @@ def main(argv: Sequence[str] | None = None, *, replace_process: bool | None = No
     Returns:
         The exit status (a launch that replaced this process does not return).
     """
-    parser = build_parser()
+    arguments = sys.argv[1:] if argv is None else list(argv)
     replace = argv is None if replace_process is None else replace_process
-    return run(parse(parser, sys.argv[1:] if argv is None else argv), replace_process=replace)
+    return run(parse(parser_for(arguments), arguments), replace_process=replace)

@@ -9,7 +9,7 @@ before parsing, so the script's own flags are never taken for the launcher's.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from accelerando.commands.launch.flags import (
     COMPAT_SWITCHES,
@@ -33,6 +33,7 @@ __all__ = [
     "ParserDefault",
     "build_parser",
     "is_given",
+    "parser_for",
     "parse",
     "unknown_flags_message",
 ]
@@ -69,6 +70,8 @@ _GROUP_TITLES = {
 _METAVARS = {"num_machines": "N|MIN:MAX", "ray": "ADDRESS"}
 # Flags whose value may be left out, with the value they then take (see flags.split_unknown).
 _OPTIONAL_VALUES = {"ray": "default"}
+# Whether a flag (given by its option string) goes into the parser being built.
+_Wanted = Callable[[str], bool]
 
 
 class CustomHelpFormatter(argparse.HelpFormatter):
@@ -180,10 +183,15 @@ def _add_own_options(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--log_dir", default=None, help="Folder for the elastic agent's per-process logs.")
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+def _add_setting_flags(parser: argparse.ArgumentParser, wanted: _Wanted) -> dict[str, object]:
+    """Add the setting flags ``wanted`` admits; return the namespace defaults of those left out."""
     groups: dict[str, argparse._ArgumentGroup] = {}
+    left_out: dict[str, object] = {}
     for field in FIELDS:
         if field.cli is None:
+            continue
+        if not wanted(field.cli):
+            left_out[field.name] = False if field.switch else _PARSER_DEFAULTS.get(field.name)
             continue
         group = groups.get(field.group)
         if group is None:
@@ -206,25 +214,95 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 nargs="?" if field.name in _OPTIONAL_VALUES else None,
                 const=_OPTIONAL_VALUES.get(field.name),
             )
+    return left_out
 
 
-def _add_compat_flags(parser: argparse.ArgumentParser) -> None:
+def _add_compat_flags(parser: argparse.ArgumentParser, wanted: _Wanted) -> dict[str, object]:
+    """Add the compatibility flags ``wanted`` admits; return the namespace defaults of those left out."""
     compat = parser.add_argument_group("Accepted for compatibility (passed to the script as ACCELERATE_*)")
+    left_out: dict[str, object] = {}
     for name in COMPAT_VALUE_FLAGS:
+        if not wanted("--" + name):
+            left_out["compat_" + name] = None
+            continue
         compat.add_argument("--" + name, dest="compat_" + name, help=argparse.SUPPRESS)
     for name in COMPAT_SWITCHES:
+        if not wanted("--" + name):
+            left_out["compat_" + name] = None
+            continue
         compat.add_argument(
             "--" + name, dest="compat_" + name, action="store_const", const="true", help=argparse.SUPPRESS
         )
     for flag, (takes_value, _why) in REFUSED_FLAGS.items():
         dest = "refused_" + flag[2:]
+        if not wanted(flag):
+            left_out[dest] = None
+            continue
         if takes_value:
             compat.add_argument(flag, dest=dest, help=argparse.SUPPRESS)
         else:
             compat.add_argument(flag, dest=dest, action="store_const", const=True, help=argparse.SUPPRESS)
+    return left_out
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+def _every_flag(option: str) -> bool:
+    return True
+
+
+def _naming_any_of(prefixes: Collection[str]) -> _Wanted:
+    """Admits a long option that one of ``prefixes`` names exactly or abbreviates, in either spelling."""
+
+    def wanted(option: str) -> bool:
+        other = other_spelling(option) or option
+        return any(option.startswith(prefix) or other.startswith(prefix) for prefix in prefixes)
+
+    return wanted
+
+
+def _long_option_prefixes(argv: Sequence[str]) -> list[str] | None:
+    """The long-option names typed in the launcher's part of ``argv`` (before any ``=``).
+
+    ``None`` when a token may ask for ``--help`` (its text lists every flag): a prefix of ``--help``,
+    or a short-option token holding an ``h`` (``-h``, ``-qh``).
+    """
+    head, _target = split_unknown(argv)
+    prefixes = []
+    for token in head:
+        if token == "--" or not token.startswith("-"):
+            continue
+        if not token.startswith("--"):
+            if "h" in token:
+                return None
+            continue  # a short option: only the launcher's own have one, and those are always added
+        name = token.split("=", 1)[0]
+        if "--help".startswith(name):
+            return None
+        prefixes.append(name)
+    return prefixes
+
+
+def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """A launch parser that holds only the flags ``argv`` can name: it parses ``argv`` as :func:`build_parser`'s would.
+
+    A setting or compatibility flag is added when a long option typed before the script names it
+    exactly or abbreviates it (either spelling), so argparse sees the same candidates, and reports
+    the same ambiguities, as with every flag; the flags left out get their usual value in the
+    namespace. Building all ~150 flags is most of a one-process launch's own work before the script
+    starts. ``--help`` (or anything that may abbreviate it) gets the full parser.
+
+    Args:
+        argv: the arguments after ``launch``.
+
+    Returns:
+        The parser, for :func:`parse` with the same ``argv``.
+    """
+    prefixes = _long_option_prefixes(argv)
+    return build_parser() if prefixes is None else build_parser(_wanted=_naming_any_of(prefixes))
+
+
+def build_parser(
+    parser: argparse.ArgumentParser | None = None, *, _wanted: _Wanted = _every_flag
+) -> argparse.ArgumentParser:
     """Add every launch flag to ``parser`` (or a new one) and return it.
 
     Args:
@@ -240,8 +318,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         parser = SpellingParser("accelerando launch", formatter_class=CustomHelpFormatter)
     parser.usage, parser.description, parser.epilog = USAGE, DESCRIPTION, EPILOG
     _add_own_options(parser)
-    _add_setting_flags(parser)
-    _add_compat_flags(parser)
+    left_out = _add_setting_flags(parser, _wanted)
+    left_out.update(_add_compat_flags(parser, _wanted))
+    if left_out:
+        parser.set_defaults(**left_out)
     parser.add_argument("training_script", nargs="?", help="The script, module or program to run.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Its arguments, untouched.")
     return add_dash_spellings(parser)

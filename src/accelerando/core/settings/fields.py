@@ -12,10 +12,11 @@ This module must stay importable without torch: the command line uses it before 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from accelerando.core.enums import DistributedType, DynamoBackend, PrecisionType
 from accelerando.core.records import entry, record
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:
     from typing import TypedDict

@@ -19,7 +19,6 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, NamedTuple
 
 from accelerando.core.records import entry as record_entry
 from accelerando.core.records import record
@@ -31,6 +30,10 @@ from accelerando.core.settings.fields import (
     get_field,
     quote_value,
 )
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "Sourced",
@@ -67,7 +70,8 @@ SOURCES_ENV = "ACCELERANDO_SOURCES"
 ECHOED_DEFAULTS_ENV = "ACCELERANDO_ECHOED_DEFAULTS"
 
 
-class Sourced(NamedTuple):
+@record
+class Sourced:
     """A raw value, the label of the place it came from, and where that place got it (if known).
 
     ``origin`` is set for values the launcher exported: the source it resolved them from
