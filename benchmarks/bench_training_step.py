@@ -49,7 +49,10 @@ def raw_epoch(
             opt.step()
             opt.zero_grad()
             continue
-        sync = (i + 1) % accumulation == 0
+        # The last batch of the epoch steps too, as the prepared loop's ``accumulate`` does (and as a
+        # correct hand-written loop must): left over, its gradients would leak into the next epoch,
+        # and the raw loop would do one all-reduce and one optimizer step fewer per epoch.
+        sync = (i + 1) % accumulation == 0 or i + 1 == len(loader)
         # DDP decides at forward time whether the backward all-reduces: forward inside no_sync too.
         skip = not sync and hasattr(model, "no_sync")
         with model.no_sync() if skip else contextlib.nullcontext():

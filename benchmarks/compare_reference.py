@@ -91,7 +91,9 @@ def child_step(lib: str, args: argparse.Namespace) -> dict[str, float]:
     acc = _accelerator_class(lib)(gradient_accumulation_steps=accumulation)
     world, rank = acc.num_processes, acc.process_index
     model, data = build(width, args.samples)
-    raw_model = copy.deepcopy(model)
+    # One process: both loops train the very same module (prepare returns it unchanged), so the
+    # comparison cannot be skewed by where two copies of the weights happen to sit in memory.
+    raw_model = model if world == 1 else copy.deepcopy(model)
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
