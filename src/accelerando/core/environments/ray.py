@@ -25,7 +25,7 @@ from accelerando.core.environments.detection import in_ray_train_worker, ray_tra
 if TYPE_CHECKING:
     from ray.train import TrainContext
 
-__all__ = ["RayTrainEnvironment", "ray_train_context"]
+__all__ = ["RayTrainEnvironment"]
 
 
 class RayTrainEnvironment(ClusterEnvironment):

@@ -136,12 +136,9 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
         ConfigError: when ``explicit`` names a file that does not exist or is not a regular file
             (a directory, a device, a FIFO: the message says which).
     """
-    from_os = _default_config_text()
-    if explicit is None and not os.path.isfile(from_os) and _reference_config_text() is None:
-        return None, ""  # the common case: no file anywhere, and no path object made
-    from pathlib import Path
-
     if explicit is not None:
+        from pathlib import Path
+
         path = Path(explicit).expanduser()
         if not path.is_file():
             raise ConfigError(
@@ -149,16 +146,23 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
                 "or create one with `accelerando config`."
             )
         return path, ""
-    ours = default_config_path()
-    if ours.is_file():
-        return ours, ""
-    reference = reference_config_path()
+    # Found as text, with os.path alone: the common launch (no file anywhere) makes no path object.
+    ours = _default_config_text()
+    if os.path.isfile(ours):
+        return _as_path(ours), ""
+    reference = _reference_config_text()
     if reference is not None:
-        return reference, (
+        return _as_path(reference), (
             f"No accelerando config at {ours}; using the reference project's config {reference}. "
             "Run `accelerando config update --config_file` on it to make your own copy."
         )
     return None, ""
+
+
+def _as_path(text: str) -> Path:
+    from pathlib import Path
+
+    return Path(text)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, object]:
