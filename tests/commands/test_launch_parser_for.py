@@ -90,3 +90,40 @@ def test_a_plain_launch_builds_a_handful_of_flags() -> None:
 @pytest.mark.parametrize("argv", [["--help"], ["--he"], ["-h"], ["-qh", "x.py"]])
 def test_help_gets_every_flag(argv: list[str]) -> None:
     assert len(parser_for(argv)._actions) == len(FULL._actions)
+
+
+def _unique_prefixes() -> list[tuple[str, bool]]:
+    """(an abbreviation only one flag's spellings start with, whether that flag takes a value)."""
+    found = []
+    for option, action in FULL._option_string_actions.items():
+        if not option.startswith("--") or option == "--ray":
+            continue
+        for cut in range(3, len(option) + 1):
+            prefix = option[:cut]
+            owners = {id(a) for o, a in FULL._option_string_actions.items() if o.startswith(prefix)}
+            if owners == {id(action)}:
+                found.append((prefix, action.nargs != 0))
+                break
+    return found
+
+
+ABBREVIATIONS = _unique_prefixes()
+
+
+@given(st.lists(st.sampled_from(ABBREVIATIONS), max_size=6), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_abbreviated_flags_take_their_value_and_the_script_is_found(
+    flags: list[tuple[str, bool]], with_script_flags: bool
+) -> None:
+    """``--num_proc 2 train.py``: an abbreviated value flag takes the next word, as argparse's would."""
+    from accelerando.commands.launch.flags import split_unknown
+
+    head = [token for prefix, takes_value in flags for token in ([prefix, "7"] if takes_value else [prefix])]
+    tail = ["train.py", *(["--num_processes", "3"] if with_script_flags else [])]
+    assert split_unknown(head + tail) == (head, tail)
+
+
+def test_an_abbreviated_value_flag_launches() -> None:
+    args = parse(FULL, ["--num_proc", "2", "--mixed", "bf16", "train.py", "--lr", "1"])
+    assert (args.num_processes, args.mixed_precision) == (2, "bf16")
+    assert (args.training_script, args.training_script_args) == ("train.py", ["--lr", "1"])

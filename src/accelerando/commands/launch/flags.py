@@ -19,6 +19,7 @@ __all__ = [
     "COMPAT_VALUE_FLAGS",
     "REFUSED_FLAGS",
     "SAGEMAKER",
+    "SWITCHES_OWN",
     "TPU_POD",
     "VALUE_OPTIONS_OWN",
     "clean_option",
@@ -62,8 +63,28 @@ def clean_option(option: str) -> str:
     return "--" + option[2:].replace("-", "_") if option.startswith("--") else option
 
 
+#: The launcher's own switches (see :func:`accelerando.commands.launch.parser.build_parser`; ``-h`` is argparse's).
+SWITCHES_OWN = ("-m", "--module", "--no_python", "-q", "--quiet", "--dry_run", "-h", "--help")
+
+
+def _launcher_options() -> tuple[set[str], set[str]]:
+    """Every launcher option that takes a value, and every switch, in both spellings."""
+    values = {f.cli for f in FIELDS if f.cli and not f.switch}
+    values |= {"--" + n for n in COMPAT_VALUE_FLAGS} | set(VALUE_OPTIONS_OWN)
+    values |= {flag for flag, (takes_value, _why) in REFUSED_FLAGS.items() if takes_value}
+    switches = {f.cli for f in FIELDS if f.cli and f.switch}
+    switches |= {"--" + n for n in COMPAT_SWITCHES} | set(SWITCHES_OWN)
+    switches |= {flag for flag, (takes_value, _why) in REFUSED_FLAGS.items() if not takes_value}
+    for options in (values, switches):
+        options |= {other for option in options if (other := other_spelling(option))}
+    return values, switches
+
+
 def split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split launcher tokens from the target: the first positional that is not an option value.
+
+    An option may be abbreviated, as argparse allows (``--num_proc 2``): a token that is the start of
+    options that all take a value takes the next word as its value.
 
     Args:
         argv: the arguments after ``launch``.
@@ -71,20 +92,29 @@ def split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     Returns:
         ``(launcher tokens, [target, *target args])``; either may be empty.
     """
-    value_options = {f.cli for f in FIELDS if f.cli and not f.switch}
-    value_options |= {"--" + n for n in COMPAT_VALUE_FLAGS} | set(VALUE_OPTIONS_OWN)
-    value_options |= {flag for flag, (takes_value, _why) in REFUSED_FLAGS.items() if takes_value}
-    value_options |= {other for option in value_options if (other := other_spelling(option))}
+    value_options, switches = _launcher_options()
     i = 0
     while i < len(argv):
         token = argv[i]
         if not token.startswith("-"):
             break
-        if token == "--ray":  # its value may be left out: `--ray script.py` runs script.py
+        named = _named_options(token, value_options, switches)
+        if named == {"--ray"}:  # its value may be left out: `--ray script.py` runs script.py
             i += 2 if i + 1 < len(argv) and is_ray_address(argv[i + 1]) else 1
             continue
-        i += 2 if token in value_options else 1
+        i += 2 if named and named <= value_options else 1
     return list(argv[:i]), list(argv[i:])
+
+
+def _named_options(token: str, value_options: set[str], switches: set[str]) -> set[str]:
+    """The options ``token`` names: itself when it is one, else those it abbreviates (none with ``=``)."""
+    if "=" in token or token == "--":
+        return set()
+    if token in value_options or token in switches:
+        return {token}
+    if not token.startswith("--"):
+        return set()
+    return {option for option in (*value_options, *switches) if option.startswith(token)}
 
 
 def is_ray_address(token: str) -> bool:
