@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from suite_support import PyrightRun, isolate_settings_environment, reset_accelerator_state
+from suite_support import (
+    PyrightRun,
+    deepspeed_extensions_folder,
+    isolate_settings_environment,
+    reset_accelerator_state,
+)
 
 # Worker processes started by a test import the shared helpers too, from whatever folder the test is in.
 _TESTS_FOLDER = str(Path(__file__).resolve().parent)
@@ -36,14 +41,6 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolate_settings_environment(monkeypatch, tmp_path)
 
 
-def _deepspeed_extensions_folder() -> Path:
-    """The tests' own torch-extensions folder (never the user's), kept between runs on one machine."""
-    configured = os.environ.get("ACCELERANDO_TEST_TORCH_EXTENSIONS_DIR")
-    if configured:
-        return Path(configured)
-    return Path.home() / ".cache" / "accelerando" / "test-torch-extensions"
-
-
 def _remove_stale_build_locks(folder: Path, older_than_s: float = 1800.0) -> None:
     """Delete torch-extension build locks left by a killed build (torch would wait on them forever).
 
@@ -62,14 +59,15 @@ def deepspeed_cpu_op(request: pytest.FixtureRequest) -> Path:
 
     Every process of a CPU DeepSpeed run loads this op; unbuilt, each one compiles it (about 2 minutes
     on 2 cores), concurrently, and a multi-process test times out waiting. The build goes to a private
-    folder (``ACCELERANDO_TEST_TORCH_EXTENSIONS_DIR``, default ``~/.cache/accelerando/test-torch-extensions``),
+    folder per interpreter (``ACCELERANDO_TEST_TORCH_EXTENSIONS_DIR``, default
+    ``~/.cache/accelerando/test-torch-extensions/<python>-<key>``: ``suite_support.deepspeed_extensions_folder``),
     exported as ``TORCH_EXTENSIONS_DIR`` for every process the tests start. Returns that folder.
 
     Fails the requesting test (with the compiler's last output lines and the fix) when the build fails.
     """
     if importlib.util.find_spec("deepspeed") is None:  # not importorskip: importing DeepSpeed takes seconds
         pytest.skip("needs deepspeed (pip install deepspeed)")
-    folder = _deepspeed_extensions_folder()
+    folder = deepspeed_extensions_folder()
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_build_locks(folder)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)

@@ -1,4 +1,6 @@
-"""broadcast_from_rank0: only rank 0 reads the checkpoint; every rank ends with the same weights."""
+"""Loading checkpoints in 2 real processes: ``broadcast_from_rank0`` (only rank 0 reads the checkpoint;
+every rank ends with the same weights) and loading into FSDP2's DTensor parameters (a full checkpoint and
+per-process shards). One launch runs both checks (each launch costs its processes' torch import)."""
 
 from __future__ import annotations
 
@@ -31,12 +33,8 @@ def _load_on_rank(folder: str) -> list[list[float]]:
     return [p.detach().flatten().tolist() for p in model.parameters()]
 
 
-def test_broadcast_from_rank0(tmp_path):
-    torch.manual_seed(0)
-    reference = _model()
-    save_file(reference.state_dict(), tmp_path / "model.safetensors")
-    results = test_utils.run_distributed(_load_on_rank, 2, str(tmp_path))
-    expected = [p.detach().flatten().tolist() for p in reference.parameters()]
+def test_broadcast_from_rank0(launched):
+    results, expected = [rank["broadcast"] for rank in launched["ranks"]], launched["broadcast_expected"]
     assert results[0] == expected and results[1] == expected
 
 
@@ -72,16 +70,32 @@ def _load_into_fully_sharded(full_path: str, shard_dir: str) -> dict:
     return {"full": full_ok, "shards": shard_ok, "missing": missing, "unexpected": unexpected}
 
 
-def test_load_into_dtensor_parameters_full_and_per_process_shards(tmp_path):
-    import torch
-    from safetensors.torch import save_file
+def _both_checks(broadcast_folder: str, full_path: str, shard_dir: str) -> dict:
+    return {
+        "broadcast": _load_on_rank(broadcast_folder),
+        "dtensor": _load_into_fully_sharded(full_path, shard_dir),
+    }
 
-    from accelerando.test_utils import run_distributed
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict:
+    """One 2-process launch running both checks; per-rank results and the broadcast's expected weights."""
+    broadcast_folder = tmp_path_factory.mktemp("broadcast")
     torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)).state_dict()
-    full_path = str(tmp_path / "full.safetensors")
-    save_file(reference, full_path)
-    torch.save(reference, str(tmp_path / "full.pt"))
-    results = run_distributed(_load_into_fully_sharded, 2, full_path, str(tmp_path))
+    reference = _model()
+    save_file(reference.state_dict(), broadcast_folder / "model.safetensors")
+    expected = [p.detach().flatten().tolist() for p in reference.parameters()]
+
+    sharded_folder = tmp_path_factory.mktemp("dtensor")
+    torch.manual_seed(0)
+    full = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)).state_dict()
+    full_path = str(sharded_folder / "full.safetensors")
+    save_file(full, full_path)
+    torch.save(full, str(sharded_folder / "full.pt"))
+    ranks = test_utils.run_distributed(_both_checks, 2, str(broadcast_folder), full_path, str(sharded_folder))
+    return {"ranks": ranks, "broadcast_expected": expected}
+
+
+def test_load_into_dtensor_parameters_full_and_per_process_shards(launched):
+    results = [rank["dtensor"] for rank in launched["ranks"]]
     assert results == [{"full": True, "shards": True, "missing": [], "unexpected": []}] * 2

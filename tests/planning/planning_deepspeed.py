@@ -21,7 +21,7 @@ measured split by category is not DeepSpeed's.
 from __future__ import annotations
 
 import contextlib
-import os
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -32,6 +32,12 @@ from accelerando.backends.planning.spec import TrainingShape
 from accelerando.backends.planning.tracking import CollectiveCounter, tracked_breakdown
 from accelerando.backends.planning.validation import ZERO3_LAYOUT, ZERO3_VARIANTS
 
+try:
+    from suite_support import deepspeed_extensions_folder
+except ImportError:  # imported by benchmarks/bench_plan_validation.py, with only this folder on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from suite_support import deepspeed_extensions_folder
+
 __all__ = ["DEEPSPEED_ENV", "measure_zero3_on_rank"]
 
 #: Environment of every rank: DeepSpeed's CPU accelerator, and its CPU op prebuilt by tests/conftest.py.
@@ -39,10 +45,7 @@ DEEPSPEED_ENV = {
     "OMP_NUM_THREADS": "1",
     "DS_ACCELERATOR": "cpu",
     "PYTHONWARNINGS": "ignore",
-    "TORCH_EXTENSIONS_DIR": os.environ.get(
-        "ACCELERANDO_TEST_TORCH_EXTENSIONS_DIR",
-        str(Path.home() / ".cache" / "accelerando" / "test-torch-extensions"),
-    ),
+    "TORCH_EXTENSIONS_DIR": str(deepspeed_extensions_folder()),
 }
 _STEPS = 3
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,19 +21,41 @@ print("after", os.environ.get("DS_ACCELERATOR"), get_accelerator().device_name()
 """
 
 
-def _run(env_extra: dict[str, str]) -> list[str]:
+def _start(env_extra: dict[str, str]) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     env.update(env_extra, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [line for line in out.stdout.splitlines() if line.startswith(("before", "after"))]
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _lines(probe: subprocess.Popen[str]) -> list[str]:
+    try:
+        stdout, stderr = probe.communicate(timeout=300)
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+    assert probe.returncode == 0, stderr[-3000:]
+    return [line for line in stdout.splitlines() if line.startswith(("before", "after"))]
+
+
+@pytest.fixture(scope="module")
+def probes() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Both probes start at once (each is one process importing DeepSpeed, mostly on one core)."""
+    started = {"unset": _start({}), "user": _start({"DS_ACCELERATOR": "cpu"})}
+    yield started
+    for probe in started.values():
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only machine's default")
-def test_cpu_run_gets_the_deepspeed_cpu_accelerator() -> None:
-    assert _run({}) == ["before None", "after cpu cpu"]
+def test_cpu_run_gets_the_deepspeed_cpu_accelerator(probes) -> None:
+    assert _lines(probes["unset"]) == ["before None", "after cpu cpu"]
 
 
-def test_a_user_choice_is_kept() -> None:
-    lines = _run({"DS_ACCELERATOR": "cpu"})
+def test_a_user_choice_is_kept(probes) -> None:
+    lines = _lines(probes["user"])
     assert lines[-1].startswith("after cpu")

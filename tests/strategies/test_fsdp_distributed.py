@@ -196,8 +196,8 @@ def _training_worker(steps: int, full_matrix: bool) -> dict:
     return _training_checks(steps, full_matrix)
 
 
-def test_fsdp_training_matches_ddp_and_errors():
-    _assert_training(run_distributed(_training_worker, 2, 3, False), full_matrix=False)
+def test_fsdp_training_matches_ddp_and_errors(first_launch):
+    _assert_training([rank["training"] for rank in first_launch["ranks"]], full_matrix=False)
 
 
 @pytest.mark.slow
@@ -341,8 +341,11 @@ def _ram_efficient_worker() -> dict:
     return {"growth": peak[0] - baseline, "full_bytes": full_bytes, "equal": equal}
 
 
-def _check_resume(root: str, variants: tuple) -> list[dict]:
-    first = run_distributed(_checkpoint_worker, 2, root, 0, variants)
+def _check_resume(root: str, variants: tuple, first: list[dict] | None = None) -> list[dict]:
+    """Phase 1 in fresh processes resumes each variant's checkpoint; ``first``: phase 0's results when
+    they were already taken (by the shared first launch)."""
+    if first is None:
+        first = run_distributed(_checkpoint_worker, 2, root, 0, variants)
     second = run_distributed(_checkpoint_worker, 2, root, 1, variants)
     for rank in range(2):
         for key, phase0 in first[rank].items():
@@ -351,13 +354,34 @@ def _check_resume(root: str, variants: tuple) -> list[dict]:
     return first
 
 
-def test_fsdp_checkpoints_resume_exactly_merge_and_ram_efficient_loading(tmp_path, monkeypatch):
+_FSDP2_VARIANTS = (("SHARDED_STATE_DICT", 2), ("FULL_STATE_DICT", 2))
+
+
+def _first_launch_worker(root: str, variants: tuple, steps: int) -> dict:
+    """Checkpoint phase 0 (RAM-efficient loading first, on a fresh process) then the training checks:
+    one launch for both tests below (each launch costs its processes' torch and transformers imports)."""
+    checkpoint = _checkpoint_worker(root, 0, variants)
+    return {"checkpoint": checkpoint, "training": _training_checks(steps, full_matrix=False)}
+
+
+@pytest.fixture(scope="module")
+def first_launch(tmp_path_factory) -> dict:
+    """The module's first 2-process launch: checkpoint phase 0 and the training checks, per rank."""
+    root = str(tmp_path_factory.mktemp("fsdp_checkpoints"))
     # glibc keeps freed blocks above its (self-raising) mmap threshold in the heap, so resident memory
     # drifts with the allocation history; a fixed low threshold returns every large tensor's pages on
     # free, and resident growth then follows the live tensors (0.56-0.57 of the model here, 0.62-0.82
     # without it). The variable is read at process start, so the spawned ranks inherit it.
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    first = _check_resume(str(tmp_path), (("SHARDED_STATE_DICT", 2), ("FULL_STATE_DICT", 2)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+        ranks = run_distributed(_first_launch_worker, 2, root, _FSDP2_VARIANTS, 3)
+    return {"root": root, "ranks": ranks}
+
+
+def test_fsdp_checkpoints_resume_exactly_merge_and_ram_efficient_loading(first_launch, monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # as phase 0 ran
+    phase0 = [rank["checkpoint"] for rank in first_launch["ranks"]]
+    first = _check_resume(first_launch["root"], _FSDP2_VARIANTS, first=phase0)
     main = first[0]
     assert main["SHARDED_STATE_DICT_2"]["merge_equal"]
     assert len(main["SHARDED_STATE_DICT_2"]["mid_cycle_warnings"]) == 1, main
