@@ -16,6 +16,8 @@ from suite_support import (
     deepspeed_extensions_folder,
     isolate_settings_environment,
     reset_accelerator_state,
+    run_distributed_preloaded,
+    start_fork_server,
 )
 
 # Worker processes started by a test import the shared helpers too, from whatever folder the test is in.
@@ -139,6 +141,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if any(item.nodeid == PYRIGHT_OVER_SRC_TEST for item in session.items):
         _pyright_over_src["run"] = PyrightRun(niceness=10)
+    # The fork server of run_distributed_preloaded imports torch in the background while the first
+    # tests run, when any collected test module launches through it.
+    modules = {getattr(item, "module", None) for item in session.items}
+    if any(
+        getattr(module, "run_distributed_preloaded", None) is run_distributed_preloaded for module in modules
+    ):
+        start_fork_server()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -143,3 +143,133 @@ class PyrightRun:
             self._proc.wait()
         self._out.close()
         self._err.close()
+
+
+# ------------------------------------------------- multi-process checks forked from preloaded libraries
+# A 2-process check started with ``run_distributed`` spends most of its time in each fresh interpreter
+# importing torch, torch._dynamo (which the first optimizer imports) and the test's libraries: 5-10 s
+# per launch on 2 cores, before any check runs. ``run_distributed_preloaded`` starts the same real gloo
+# processes (one per rank, the torchrun environment, the same result and failure reporting) by forking
+# them from a fork server that imported those libraries once for the session, as the checkpoint tests'
+# workers already are. Only for checks of what a run does, not of how a fresh interpreter starts: the
+# fork server imported torch before the rank's environment existed, so variables read at start-up
+# (MALLOC_*, LD_*, a library's import-time settings) and import counts keep ``run_distributed``. The
+# environment of the test at call time (what spawn would have passed) is given to each rank, and
+# torch's thread count follows its OMP_NUM_THREADS, as a fresh interpreter's would.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torch.distributed", "safetensors.torch"]
+
+
+def _preloaded_rank_main(
+    parent_pid: int, environ: dict[str, str], call: bytes, rank: int, *rank_args: Any
+) -> None:
+    """Give the forked rank what a spawned one starts with (the test process's current standard output and
+    error, where pytest captures them, and its environment), then run it as ``run_distributed``. ``call``:
+    the pickled function and arguments, loaded here, after the redirection (loading imports the test's
+    module, which may print)."""
+    import pickle
+    import warnings
+
+    import torch
+
+    from accelerando.test_utils.distributed import _rank_main
+
+    for fd in (1, 2):  # a forked rank inherits the fork server's, not the test's
+        try:
+            target = os.open(f"/proc/{parent_pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            continue
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(environ)
+    if os.environ.get("PYTHONWARNINGS"):  # what the interpreter does at start-up with the variable
+        warnings._processoptions(os.environ["PYTHONWARNINGS"].split(","))  # type: ignore[attr-defined]
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    world_size, port, env, results, stack_file = rank_args
+    try:
+        fn, args = pickle.loads(call)
+    except BaseException:  # noqa: BLE001 - the parent must hear of it, as of any failure
+        import traceback
+
+        results.put((rank, False, traceback.format_exc()))
+        return
+    _rank_main(fn, rank, world_size, port, env, args, results, stack_file)
+
+
+def start_fork_server() -> None:
+    """Start the session's fork server now (it imports ``FORKSERVER_PRELOAD`` in the background)."""
+    import multiprocessing as mp
+    from multiprocessing import forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    forkserver.ensure_running()
+
+
+def run_distributed_preloaded(
+    fn: Any, world_size: int = 2, *args: object, env: dict[str, str] | None = None, timeout: float = 240.0
+) -> list[Any]:
+    """``accelerando.test_utils.run_distributed`` with the ranks forked from a preloaded fork server."""
+    import multiprocessing as mp
+    import pickle
+    import queue
+    import tempfile
+
+    from accelerando.test_utils.distributed import DistributedTestError, _stacks_of_hung_ranks, get_free_port
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # used when the session's fork server starts
+    results = ctx.Queue()
+    port = get_free_port()
+    # The rank's own variables go in before it starts (run_distributed's ranks set them before any work).
+    environ = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    call = pickle.dumps((fn, args))
+    stack_dir = tempfile.TemporaryDirectory(prefix="run_distributed_stacks_")
+    stack_files = [os.path.join(stack_dir.name, f"rank{rank}.txt") for rank in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_preloaded_rank_main,
+            args=(
+                os.getpid(),
+                environ,
+                call,
+                rank,
+                world_size,
+                port,
+                dict(env or {}),
+                results,
+                stack_files[rank],
+            ),
+        )
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    outcome: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    try:
+        while len(outcome) + len(failures) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=10 if failures else timeout)
+            except queue.Empty as exc:
+                if failures:
+                    break
+                waiting = sorted(set(range(world_size)) - set(outcome))
+                raise DistributedTestError(
+                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}, still running: {waiting}\n"
+                    + _stacks_of_hung_ranks(procs, stack_files, set(outcome))
+                ) from exc
+            if ok:
+                outcome[rank] = pickle.loads(value)
+            else:
+                failures[rank] = value
+        if failures:
+            report = "\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in sorted(failures.items()))
+            raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        stack_dir.cleanup()
+    return [outcome[rank] for rank in range(world_size)]

@@ -11,6 +11,7 @@ from torch import nn
 
 from accelerando.big_modeling import init_empty_weights
 from accelerando.utils.modeling import load_checkpoint_in_model
+from suite_support import run_distributed_preloaded
 
 test_utils = pytest.importorskip("accelerando.test_utils.distributed")
 
@@ -92,7 +93,7 @@ def launched(tmp_path_factory) -> dict:
     full_path = str(sharded_folder / "full.safetensors")
     save_file(full, full_path)
     torch.save(full, str(sharded_folder / "full.pt"))
-    ranks = test_utils.run_distributed(_both_checks, 2, str(broadcast_folder), full_path, str(sharded_folder))
+    ranks = run_distributed_preloaded(_both_checks, 2, str(broadcast_folder), full_path, str(sharded_folder))
     return {"ranks": ranks, "broadcast_expected": expected}
 
 

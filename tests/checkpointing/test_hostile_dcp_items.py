@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from accelerando.test_utils import run_distributed
-from suite_support import reset_accelerator_state
+from suite_support import reset_accelerator_state, run_distributed_preloaded
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 ITEM = "optimizer.param_groups.0.lr"
@@ -192,7 +191,7 @@ def _merge_checks(root: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_planted_dcp_item_runs_nothing_and_clean_checkpoint_loads_bitwise(tmp_path) -> None:
-    results = run_distributed(_per_rank, 2, str(tmp_path), env=ENV, timeout=400)
+    results = run_distributed_preloaded(_per_rank, 2, str(tmp_path), env=ENV, timeout=400)
     for rank, out in enumerate(results):
         assert out["hostile"].startswith("UnsafeCheckpointError"), (rank, out["hostile"][:2000])
         assert "__0_0.distcp" in out["hostile"] and "system" in out["hostile"], out["hostile"]

@@ -10,7 +10,7 @@ from collections import namedtuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from accelerando.test_utils import run_distributed
+from suite_support import run_distributed_preloaded
 
 Pair = namedtuple("Pair", ["left", "right"])
 
@@ -193,7 +193,7 @@ def _check_all() -> dict:
 
 
 def test_two_processes_shard_and_dispatch():
-    results = run_distributed(_check_all, 2)
+    results = run_distributed_preloaded(_check_all, 2)
     assert results[0]["shard_shuffled_len"] == results[1]["shard_shuffled_len"] == 3
     # 21 samples, batches of 4: rank 0 gets batches 0, 2, 4 (the short one), rank 1 batches 1, 3.
     assert results[0]["uneven"] == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from accelerando import ParallelismConfig
-from accelerando.test_utils import run_distributed
+from suite_support import run_distributed_preloaded
 
 
 def _local_sgd_rank():
@@ -36,7 +36,7 @@ def _local_sgd_rank():
 
 
 def test_local_sgd_averages_every_k_steps():
-    (h0, f0), (h1, f1) = run_distributed(_local_sgd_rank, 2)
+    (h0, f0), (h1, f1) = run_distributed_preloaded(_local_sgd_rank, 2)
     assert not torch.equal(h0[0], h1[0])  # step 1: trained locally, no all-reduce
     torch.testing.assert_close(h0[1], h1[1])  # step 2: averaged
     assert not torch.equal(h0[2], h1[2])

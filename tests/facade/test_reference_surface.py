@@ -23,6 +23,7 @@ from accelerando import (
     ParallelismConfig,
     PartialState,
 )
+from suite_support import run_distributed_preloaded
 
 
 # ------------------------------------------------------------------------------ ParallelismConfig
@@ -362,9 +363,7 @@ def _mesh_ranks_per_rank() -> dict[str, Any]:
 
 
 def test_mesh_ranks_in_two_processes() -> None:
-    from accelerando.test_utils import run_distributed
-
-    results = run_distributed(_mesh_ranks_per_rank, 2, env={"OMP_NUM_THREADS": "1"})
+    results = run_distributed_preloaded(_mesh_ranks_per_rank, 2, env={"OMP_NUM_THREADS": "1"})
     for rank, got in enumerate(results):
         assert got["shard"] == {
             "shard_rank": rank,

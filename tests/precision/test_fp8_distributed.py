@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
-from suite_support import reset_accelerator_state
+from suite_support import reset_accelerator_state, run_distributed_preloaded
 
 pytest.importorskip("torchao")
 
@@ -126,7 +126,7 @@ def _check(results: list[dict]) -> None:
 
 
 def test_ddp_and_fsdp2_equal_torchao_by_hand():
-    _check(run_distributed(_worker, 2, 3, timeout=600))
+    _check(run_distributed_preloaded(_worker, 2, 3, timeout=600))
 
 
 @pytest.mark.slow

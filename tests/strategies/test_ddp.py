@@ -10,8 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accelerando.test_utils import run_distributed
-from suite_support import fresh_accelerator
+from suite_support import fresh_accelerator, run_distributed_preloaded
 
 N, MICRO = 48, 4
 
@@ -185,7 +184,7 @@ def _rank_main():
 
 @pytest.fixture(scope="module")
 def two_process_results():
-    return run_distributed(_rank_main, 2, timeout=400)
+    return run_distributed_preloaded(_rank_main, 2, timeout=400)
 
 
 def _single_process_full_batch(steps: int):

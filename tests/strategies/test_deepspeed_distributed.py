@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from accelerando.common.imports import is_deepspeed_available
-from suite_support import fresh_accelerator
+from suite_support import fresh_accelerator, run_distributed_preloaded
 
 pytestmark = [
     pytest.mark.skipif(not is_deepspeed_available(), reason="needs deepspeed (pip install deepspeed)"),
@@ -303,10 +303,8 @@ def _resume_per_rank(tmp: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: Any) -> tuple[dict[str, Any], Any]:
     """One 2-process launch running every check; (rank 0's observations, its folder)."""
-    from accelerando.test_utils import run_distributed
-
     tmp = tmp_path_factory.mktemp("deepspeed")
-    return run_distributed(_all_checks_per_rank, 2, str(tmp), env=ENV)[0], tmp
+    return run_distributed_preloaded(_all_checks_per_rank, 2, str(tmp), env=ENV)[0], tmp
 
 
 def test_zero_stages_match_plain_training_with_and_without_accumulation(launched: Any) -> None:
@@ -369,13 +367,12 @@ def test_two_plugins_and_zero3_save_model(launched: Any) -> None:
 
 
 def test_save_state_then_fresh_processes_resume_identically(launched: Any) -> None:
-    from accelerando.test_utils import run_distributed
 
     main, tmp = launched
     saved = [os.path.relpath(os.path.join(r, f), tmp) for r, _, fs in os.walk(tmp / "ckpt") for f in fs]
     # The engine checkpoint holds each process's optimizer shard.
     assert any("zero_pp_rank_1" in name for name in saved), saved
-    resumed = run_distributed(_resume_per_rank, 2, str(tmp), env=ENV)[0]
+    resumed = run_distributed_preloaded(_resume_per_rank, 2, str(tmp), env=ENV)[0]
     full = main["full"]
     assert _close(resumed["losses"], full["losses"][5:], 1e-6), (resumed["losses"], full["losses"][5:])
     for key, value in full["weights"].items():

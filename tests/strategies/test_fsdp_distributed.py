@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from accelerando.test_utils import run_distributed
-from suite_support import reset_accelerator_state
+from suite_support import reset_accelerator_state, run_distributed_preloaded
 
 pytest.importorskip("transformers")
 
@@ -346,7 +346,8 @@ def _check_resume(root: str, variants: tuple, first: list[dict] | None = None) -
     they were already taken (by the shared first launch)."""
     if first is None:
         first = run_distributed(_checkpoint_worker, 2, root, 0, variants)
-    second = run_distributed(_checkpoint_worker, 2, root, 1, variants)
+    # Phase 1 checks the resume, not memory: its fresh processes fork from the preloaded fork server.
+    second = run_distributed_preloaded(_checkpoint_worker, 2, root, 1, variants)
     for rank in range(2):
         for key, phase0 in first[rank].items():
             if key != "ram":  # resumed training continues exactly where the uninterrupted run went

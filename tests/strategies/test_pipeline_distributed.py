@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 from parallel_support import Stack
 
-from accelerando.test_utils import run_distributed
-from suite_support import reset_accelerator_state
+from suite_support import reset_accelerator_state, run_distributed_preloaded
 
 STEPS = 3
 
@@ -170,7 +169,7 @@ def _worker() -> dict:
 
 
 def test_pipeline_training_equals_single_process_and_prepare_pippy():
-    ranks = run_distributed(_worker, 2, timeout=600)
+    ranks = run_distributed_preloaded(_worker, 2, timeout=600)
     for rank, result in enumerate(ranks):
         for key in ("gpipe", "1f1b_accum_clip"):
             run = result[key]

@@ -10,8 +10,7 @@ import traceback
 
 import pytest
 
-from accelerando.test_utils import run_distributed
-from suite_support import reset_accelerator_state
+from suite_support import reset_accelerator_state, run_distributed_preloaded
 
 # One spawn of two processes running ~10 checks: about a minute on a shared CPU.
 pytestmark = pytest.mark.slow
@@ -46,7 +45,7 @@ def _run_all_checks() -> dict[str, str | None]:
 
 @pytest.fixture(scope="module")
 def outcomes() -> list[dict[str, str | None]]:
-    return run_distributed(_run_all_checks, 2)
+    return run_distributed_preloaded(_run_all_checks, 2)
 
 
 _KNOWN_BROKEN: set[str] = set()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accelerando.test_utils import run_distributed
+from suite_support import run_distributed_preloaded
 
 pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install tensorboard)")
 
@@ -44,7 +44,7 @@ def _observability_rank(tmp: str) -> dict:
 def test_one_run_reduced_metrics_and_ordered_logs(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    results = run_distributed(_observability_rank, 2, str(tmp_path))
+    results = run_distributed_preloaded(_observability_rank, 2, str(tmp_path))
     assert [r["started"] for r in results] == [[True], [False]]
     assert [r["bar_disabled"] for r in results] == [False, True]
 

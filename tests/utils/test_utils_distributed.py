@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from accelerando.test_utils import run_distributed
+from suite_support import run_distributed_preloaded
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
@@ -105,7 +105,7 @@ def _collectives_per_rank() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def observations() -> list[dict[str, Any]]:
-    return run_distributed(_collectives_per_rank, 2)
+    return run_distributed_preloaded(_collectives_per_rank, 2)
 
 
 def test_two_processes_are_distributed(observations):
