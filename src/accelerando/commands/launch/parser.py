@@ -287,8 +287,9 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
     A setting or compatibility flag is added when a long option typed before the script names it
     exactly or abbreviates it (either spelling), so argparse sees the same candidates, and reports
     the same ambiguities, as with every flag; the flags left out get their usual value in the
-    namespace. Building all ~150 flags is most of a one-process launch's own work before the script
-    starts. ``--help`` (or anything that may abbreviate it) gets the full parser.
+    namespace. Building all ~150 flags with their help texts was a tenth of a one-process launch's
+    instructions before the script starts. ``--help`` (or anything that may abbreviate it) gets the
+    full parser.
 
     Args:
         argv: the arguments after ``launch``.
