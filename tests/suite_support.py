@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import subprocess
     from pathlib import Path
 
     import pytest
@@ -273,3 +274,59 @@ def run_distributed_preloaded(
                 proc.join()
         stack_dir.cleanup()
     return [outcome[rank] for rank in range(world_size)]
+
+
+# ------------------------------------------------------------------ fresh-interpreter probes started together
+class ConcurrentProbes:
+    """A test module's independent fresh-interpreter probes, started together by a module fixture.
+
+    Each probe is one process that mostly imports, on one core; the suite runs one test at a time and
+    leaves the second core idle, so probes started together take about the longest one's time instead
+    of the sum. Each test reads its own probe's completed process (``result``): the same command, the
+    same environment, the same checks as a ``subprocess.run`` in the test. Only the probes of the tests
+    selected in this session start. Output goes to temporary files (a pipe nobody reads yet could fill).
+
+    ``commands``: test name (``test_x``, or ``test_x[case]`` for one case of a parametrized test) ->
+    ``subprocess.Popen`` keyword arguments (``args``, ``env``...).
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, commands: dict[str, dict[str, Any]]) -> None:
+        import subprocess
+        import tempfile
+
+        module = request.module
+        selected = set()  # a test's name, and a parametrized test's name with and without its case
+        for item in request.session.items:
+            if getattr(item, "module", None) is module:
+                selected.update({item.name, getattr(item, "originalname", item.name)})
+        self._running: dict[str, tuple[subprocess.Popen[bytes], Any, Any]] = {}
+        for name, popen_kwargs in commands.items():
+            if name not in selected:
+                continue
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            self._running[name] = (subprocess.Popen(stdout=out, stderr=err, **popen_kwargs), out, err)
+
+    def result(self, name: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """The finished probe of test ``name`` (``subprocess.TimeoutExpired`` past ``timeout`` seconds)."""
+        import subprocess
+
+        proc, out, err = self._running[name]
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        texts = []
+        for handle in (out, err):
+            handle.seek(0)
+            texts.append(handle.read().decode(errors="replace"))
+        return subprocess.CompletedProcess(proc.args, proc.returncode, texts[0], texts[1])
+
+    def close(self) -> None:
+        for proc, out, err in self._running.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()

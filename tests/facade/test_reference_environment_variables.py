@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch import nn
+
+from suite_support import ConcurrentProbes
 
 
 class _WithBuffer(nn.Module):
@@ -103,25 +107,44 @@ _RICH_PROBE = (
 )
 
 
-@pytest.mark.parametrize(("value", "expected"), [("false", "sys"), ("true", "rich.traceback")])
-def test_enable_rich_installs_rich_tracebacks_at_process_start(value: str, expected: str) -> None:
+_RICH_ON_IMPORT = "import sys, accelerando.utils.rich; print(sys.excepthook.__module__)"
+
+
+@pytest.fixture(scope="module")
+def rich_probes(request: pytest.FixtureRequest) -> Iterator[ConcurrentProbes]:
+    """The three fresh interpreters below, started together (each test checks its own)."""
     import os
-    import subprocess
     import sys
 
+    commands = {
+        f"test_enable_rich_installs_rich_tracebacks_at_process_start[{value}-{expected}]": {
+            "args": [sys.executable, "-c", _RICH_PROBE],
+            "env": {**os.environ, "ACCELERATE_ENABLE_RICH": value},
+        }
+        for value, expected in (("false", "sys"), ("true", "rich.traceback"))
+    }
+    commands["test_utils_rich_module_installs_on_import"] = {"args": [sys.executable, "-c", _RICH_ON_IMPORT]}
+    running = ConcurrentProbes(request, commands)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", "sys"), ("true", "rich.traceback")])
+def test_enable_rich_installs_rich_tracebacks_at_process_start(
+    rich_probes: ConcurrentProbes, value: str, expected: str
+) -> None:
     pytest.importorskip("rich")
-    env = {**os.environ, "ACCELERATE_ENABLE_RICH": value}
-    out = subprocess.run(
-        [sys.executable, "-c", _RICH_PROBE], env=env, capture_output=True, text=True, check=True
+    out = rich_probes.result(
+        f"test_enable_rich_installs_rich_tracebacks_at_process_start[{value}-{expected}]"
     )
+    assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["sys", expected]
 
 
-def test_utils_rich_module_installs_on_import() -> None:
-    import subprocess
-    import sys
-
+def test_utils_rich_module_installs_on_import(rich_probes: ConcurrentProbes) -> None:
     pytest.importorskip("rich")
-    code = "import sys, accelerando.utils.rich; print(sys.excepthook.__module__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = rich_probes.result("test_utils_rich_module_installs_on_import")
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "rich.traceback"

@@ -18,6 +18,7 @@ from parallel_support import fresh_accelerator as _fresh
 from parallel_support import sgd_optimizer as _optimizer
 
 from accelerando.test_utils import run_distributed
+from suite_support import run_distributed_preloaded
 
 STEPS = 6  # optimizer steps
 ACCUM = 2  # micro-batches per optimizer step
@@ -316,43 +317,31 @@ def test_fsdp2_x_tp_2x2_tied_llama(tmp_path) -> None:
     assert first[0]["applied"][1].startswith("2. FSDP2"), first[0]["applied"]
 
 
-_FSDP_TIED_PROBE = """
-import os, torch, torch.distributed as dist
-from torch import nn
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
-dist.init_process_group("gloo", rank=0, world_size=1)
-from torch.distributed.fsdp import fully_shard
-from accelerando.backends.strategies.fsdp.state import full_model_state_dict
+def _fsdp_tied_full_state_dict() -> tuple[bool, list[str]]:
+    """One FSDP2 process (world of 1, gloo): are both names of the tie one tensor in the full state dict?"""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
 
-class Tied(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(16, 8)
-        self.body = nn.Linear(8, 8)
-        self.head = nn.Linear(8, 16, bias=False)
-        self.head.weight = self.embed.weight
+    from accelerando.backends.strategies.fsdp.state import full_model_state_dict
 
-model = Tied()
-fully_shard(model)
-state = full_model_state_dict(model)
-print("SHARED", state["embed.weight"] is state["head.weight"], sorted(state))
-dist.destroy_process_group()
-"""
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.body = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 16, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    fully_shard(model)
+    state = full_model_state_dict(model)
+    return state["embed.weight"] is state["head.weight"], sorted(state)
 
 
 def test_fsdp_full_state_dict_keeps_a_tie_as_one_tensor() -> None:
     """FSDP's gathered full state dict holds one tensor for both names of a tied weight (written once)."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PORT": str(port), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", _FSDP_TIED_PROBE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "SHARED True" in out.stdout, out.stdout
+    ((shared, names),) = run_distributed_preloaded(_fsdp_tied_full_state_dict, 1, timeout=300)
+    assert shared is True, names
