@@ -6,8 +6,12 @@ import ast
 import json
 import pathlib
 import re
-import subprocess
 import sys
+from collections.abc import Iterator
+
+import pytest
+
+from suite_support import ConcurrentProbes
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "accelerando"
 
@@ -97,35 +101,57 @@ def test_no_optional_library_imported_at_module_level():
     assert offenders == []
 
 
-def test_import_accelerando_is_light():
-    code = (
-        "import json, sys; import torch; before = set(sys.modules); import accelerando; "
-        "print(json.dumps(sorted(set(sys.modules) - before)))"
+_LIGHT_IMPORT_PROBE = (
+    "import json, sys; import torch; before = set(sys.modules); import accelerando; "
+    "print(json.dumps(sorted(set(sys.modules) - before)))"
+)
+_ACCELERATOR_IMPORT_PROBE = (
+    "import json, sys, torch; before = set(sys.modules); from accelerando import Accelerator; Accelerator(); "
+    f"print(json.dumps([m for m in {OPTIONAL!r} if m in sys.modules and m not in before]))"
+)
+_CLI_HELP_PROBE = (
+    "import sys\nsys.argv = ['accelerando', '--help']\nfrom accelerando.commands.cli import main\n"
+    "try:\n    main()\nexcept SystemExit:\n    pass\nprint('TORCH', 'torch' in sys.modules)"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def import_probes(request: pytest.FixtureRequest) -> Iterator[ConcurrentProbes]:
+    """The three fresh interpreters below, started together with the module's first test (each test
+    checks its own; the source-tree checks run meanwhile)."""
+    commands = {
+        "test_import_accelerando_is_light": _LIGHT_IMPORT_PROBE,
+        "test_accelerator_import_loads_no_optional_library": _ACCELERATOR_IMPORT_PROBE,
+        "test_cli_help_does_not_import_torch": _CLI_HELP_PROBE,
+    }
+    running = ConcurrentProbes(
+        request, {test: {"args": [sys.executable, "-c", code]} for test, code in commands.items()}
     )
-    added = json.loads(
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    )
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _stdout(probes: ConcurrentProbes, test: str) -> str:
+    done = probes.result(test)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_import_accelerando_is_light(import_probes: ConcurrentProbes):
+    added = json.loads(_stdout(import_probes, "test_import_accelerando_is_light"))
     assert all(name.startswith("accelerando") for name in added), added
     assert len(added) <= 5, added
 
 
-def test_accelerator_import_loads_no_optional_library():
-    code = (
-        "import json, sys, torch; before = set(sys.modules); from accelerando import Accelerator; Accelerator(); "
-        f"print(json.dumps([m for m in {OPTIONAL!r} if m in sys.modules and m not in before]))"
-    )
-    loaded = json.loads(
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    )
+def test_accelerator_import_loads_no_optional_library(import_probes: ConcurrentProbes):
+    loaded = json.loads(_stdout(import_probes, "test_accelerator_import_loads_no_optional_library"))
     assert loaded == []
 
 
-def test_cli_help_does_not_import_torch():
-    code = (
-        "import sys\nsys.argv = ['accelerando', '--help']\nfrom accelerando.commands.cli import main\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('TORCH', 'torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+def test_cli_help_does_not_import_torch(import_probes: ConcurrentProbes):
+    out = _stdout(import_probes, "test_cli_help_does_not_import_torch")
     assert "TORCH False" in out
 
 

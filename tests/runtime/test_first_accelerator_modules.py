@@ -9,9 +9,13 @@ dataclasses), so the number of modules is the counted stand-in for it
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from suite_support import ConcurrentProbes
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -66,15 +70,31 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
-def _modules_loaded() -> list[str]:
+@pytest.fixture(scope="module")
+def probes(request: pytest.FixtureRequest) -> Iterator[ConcurrentProbes]:
+    """The two fresh interpreters of this module, started together (each test checks its own)."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)}
-    done = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    commands = {
+        "test_first_accelerator_loads_few_accelerando_modules": CODE,
+        "test_first_accelerator_builds_only_the_reference_s_public_dataclasses": DATACLASS_CODE,
+    }
+    running = ConcurrentProbes(
+        request, {test: {"args": [sys.executable, "-c", code], "env": env} for test, code in commands.items()}
+    )
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _last_line(probes: ConcurrentProbes, test: str) -> list[str]:
+    done = probes.result(test, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_first_accelerator_loads_few_accelerando_modules() -> None:
-    added = _modules_loaded()
+def test_first_accelerator_loads_few_accelerando_modules(probes: ConcurrentProbes) -> None:
+    added = _last_line(probes, "test_first_accelerator_loads_few_accelerando_modules")
     ours = [name for name in added if name.split(".")[0] == "accelerando"]
     assert len(ours) <= MAX_MODULES, f"{len(ours)} accelerando modules (ceiling {MAX_MODULES}): {ours}"
     loaded_optional = [
@@ -98,10 +118,6 @@ print(json.dumps(sorted(built)))
 """
 
 
-def test_first_accelerator_builds_only_the_reference_s_public_dataclasses() -> None:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)}
-    done = subprocess.run(
-        [sys.executable, "-c", DATACLASS_CODE], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == DATACLASSES_BUILT
+def test_first_accelerator_builds_only_the_reference_s_public_dataclasses(probes: ConcurrentProbes) -> None:
+    built = _last_line(probes, "test_first_accelerator_builds_only_the_reference_s_public_dataclasses")
+    assert built == DATACLASSES_BUILT
