@@ -212,10 +212,9 @@ def run_distributed_preloaded(
     """``accelerando.test_utils.run_distributed`` with the ranks forked from a preloaded fork server."""
     import multiprocessing as mp
     import pickle
-    import queue
     import tempfile
 
-    from accelerando.test_utils.distributed import DistributedTestError, _stacks_of_hung_ranks, get_free_port
+    from accelerando.test_utils.distributed import _run_ranks, get_free_port
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # used when the session's fork server starts
@@ -243,37 +242,7 @@ def run_distributed_preloaded(
         )
         for rank in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
-    outcome: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-    try:
-        while len(outcome) + len(failures) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=10 if failures else timeout)
-            except queue.Empty as exc:
-                if failures:
-                    break
-                waiting = sorted(set(range(world_size)) - set(outcome))
-                raise DistributedTestError(
-                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}, still running: {waiting}\n"
-                    + _stacks_of_hung_ranks(procs, stack_files, set(outcome))
-                ) from exc
-            if ok:
-                outcome[rank] = pickle.loads(value)
-            else:
-                failures[rank] = value
-        if failures:
-            report = "\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in sorted(failures.items()))
-            raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        stack_dir.cleanup()
-    return [outcome[rank] for rank in range(world_size)]
+    return _run_ranks(procs, results, stack_dir, stack_files, timeout)
 
 
 # ------------------------------------------------------------------ fresh-interpreter probes started together

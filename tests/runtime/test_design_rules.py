@@ -27,6 +27,7 @@ ENVIRON_ALLOWED = {
     "common/environment.py",  # patch_environment & co. exist to edit os.environ
     "backends/strategies/fsdp/checkpoint.py",  # the reference API toggles FSDP RAM-efficient loading through an env var
     "logging.py",  # the log level must be readable before any state exists
+    "commands/spellings.py",  # the help text's width: $COLUMNS, as shutil.get_terminal_size reads it
     "test_utils",  # sets torchrun-style variables inside spawned test processes
 }
 

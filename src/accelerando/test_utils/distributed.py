@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -162,41 +162,7 @@ def run_distributed(
         )
         for rank in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
-    outcome: dict[int, _R] = {}
-    failures: dict[int, str] = {}
-    try:
-        while len(outcome) + len(failures) < world_size:
-            try:
-                # Once one rank failed, the others usually fail soon after (a broken collective);
-                # wait a little for them so the report shows the root cause, not only the echo.
-                rank, ok, value = results.get(timeout=10 if failures else timeout)
-            except queue.Empty as exc:
-                if failures:
-                    break
-                waiting = sorted(set(range(world_size)) - set(outcome))
-                raise DistributedTestError(
-                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}, still running: {waiting}\n"
-                    + _stacks_of_hung_ranks(procs, stack_files, set(outcome))
-                ) from exc
-            if ok:
-                assert isinstance(value, bytes)  # a result travels pickled
-                outcome[rank] = pickle.loads(value)
-            else:
-                assert isinstance(value, str)  # a failure travels as its traceback's text
-                failures[rank] = value
-        if failures:
-            report = "\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in sorted(failures.items()))
-            raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        stack_dir.cleanup()
-    return [outcome[rank] for rank in range(world_size)]
+    return _run_ranks(procs, results, stack_dir, stack_files, timeout)
 
 
 def execute_subprocess(
@@ -245,3 +211,60 @@ def launch_script(
         *args,
     ]
     return execute_subprocess(cmd, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
+
+
+def _run_ranks(
+    procs: Sequence[BaseProcess],
+    results: Queue[_Report],
+    stack_dir: tempfile.TemporaryDirectory[str],
+    stack_files: Sequence[str],
+    timeout: float,
+) -> list[Any]:
+    """Start ``procs`` (one per rank, in rank order), gather what each reports on ``results``, then reap them.
+
+    Shared by :func:`run_distributed` and launchers of the same ranks by other start methods (the test
+    suite's fork server). ``stack_dir`` is removed at the end.
+
+    Returns:
+        ``[result_of_rank_0, ...]``.
+
+    Raises:
+        DistributedTestError: a rank raised, died without reporting, or the run timed out (the hung
+            ranks' stacks are in the message).
+    """
+    world_size = len(procs)
+    for proc in procs:
+        proc.start()
+    outcome: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    try:
+        while len(outcome) + len(failures) < world_size:
+            try:
+                # Once one rank failed, the others usually fail soon after (a broken collective);
+                # wait a little for them so the report shows the root cause, not only the echo.
+                rank, ok, value = results.get(timeout=10 if failures else timeout)
+            except queue.Empty as exc:
+                if failures:
+                    break
+                waiting = sorted(set(range(world_size)) - set(outcome))
+                raise DistributedTestError(
+                    f"timed out after {timeout}s; ranks done: {sorted(outcome)}, still running: {waiting}\n"
+                    + _stacks_of_hung_ranks(procs, stack_files, set(outcome))
+                ) from exc
+            if ok:
+                assert isinstance(value, bytes)  # a result travels pickled
+                outcome[rank] = pickle.loads(value)
+            else:
+                assert isinstance(value, str)  # a failure travels as its traceback's text
+                failures[rank] = value
+        if failures:
+            report = "\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in sorted(failures.items()))
+            raise DistributedTestError(f"{len(failures)} of {world_size} ranks failed\n{report}")
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        stack_dir.cleanup()
+    return [outcome[rank] for rank in range(world_size)]
