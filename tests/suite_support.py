@@ -7,7 +7,7 @@ folder imports the same helpers. Fixtures built on them live in the root ``conft
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import subprocess
@@ -268,7 +268,9 @@ class ConcurrentProbes:
         for item in request.session.items:
             if getattr(item, "module", None) is module:
                 selected.update({item.name, getattr(item, "originalname", item.name)})
-        self._running: dict[str, tuple[subprocess.Popen[bytes], Any, Any]] = {}
+        self._running: dict[
+            str, tuple[subprocess.Popen[str] | subprocess.Popen[bytes], IO[bytes], IO[bytes]]
+        ] = {}
         for name, popen_kwargs in commands.items():
             if name not in selected:
                 continue

@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -162,7 +162,8 @@ def run_distributed(
         )
         for rank in range(world_size)
     ]
-    return _run_ranks(procs, results, stack_dir, stack_files, timeout)
+    # Each rank returns fn's result, pickled: the caller's _R.
+    return cast("list[_R]", _run_ranks(procs, results, stack_dir, stack_files, timeout))
 
 
 def execute_subprocess(
@@ -219,7 +220,7 @@ def _run_ranks(
     stack_dir: tempfile.TemporaryDirectory[str],
     stack_files: Sequence[str],
     timeout: float,
-) -> list[Any]:
+) -> list[object]:
     """Start ``procs`` (one per rank, in rank order), gather what each reports on ``results``, then reap them.
 
     Shared by :func:`run_distributed` and launchers of the same ranks by other start methods (the test
@@ -235,7 +236,7 @@ def _run_ranks(
     world_size = len(procs)
     for proc in procs:
         proc.start()
-    outcome: dict[int, Any] = {}
+    outcome: dict[int, object] = {}
     failures: dict[int, str] = {}
     try:
         while len(outcome) + len(failures) < world_size:
