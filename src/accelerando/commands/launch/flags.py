@@ -9,6 +9,7 @@ where the launcher's flags end and the target begins (:func:`split_unknown`). Pu
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Sequence
 
 from accelerando.commands.spellings import other_spelling
@@ -67,7 +68,8 @@ def clean_option(option: str) -> str:
 SWITCHES_OWN = ("-m", "--module", "--no_python", "-q", "--quiet", "--dry_run", "-h", "--help")
 
 
-def _launcher_options() -> tuple[set[str], set[str]]:
+@functools.cache  # a launch splits its arguments twice (to narrow the parser, then to parse)
+def _launcher_options() -> tuple[frozenset[str], frozenset[str]]:
     """Every launcher option that takes a value, and every switch, in both spellings."""
     values = {f.cli for f in FIELDS if f.cli and not f.switch}
     values |= {"--" + n for n in COMPAT_VALUE_FLAGS} | set(VALUE_OPTIONS_OWN)
@@ -77,7 +79,7 @@ def _launcher_options() -> tuple[set[str], set[str]]:
     switches |= {flag for flag, (takes_value, _why) in REFUSED_FLAGS.items() if not takes_value}
     for options in (values, switches):
         options |= {other for option in options if (other := other_spelling(option))}
-    return values, switches
+    return frozenset(values), frozenset(switches)
 
 
 def split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -106,7 +108,7 @@ def split_unknown(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv[:i]), list(argv[i:])
 
 
-def _named_options(token: str, value_options: set[str], switches: set[str]) -> set[str]:
+def _named_options(token: str, value_options: frozenset[str], switches: frozenset[str]) -> set[str]:
     """The options ``token`` names: itself when it is one, else those it abbreviates (none with ``=``)."""
     if "=" in token or token == "--":
         return set()
