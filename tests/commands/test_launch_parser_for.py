@@ -127,3 +127,17 @@ def test_an_abbreviated_value_flag_launches() -> None:
     args = parse(FULL, ["--num_proc", "2", "--mixed", "bf16", "train.py", "--lr", "1"])
     assert (args.num_processes, args.mixed_precision) == (2, "bf16")
     assert (args.training_script, args.training_script_args) == ("train.py", ["--lr", "1"])
+
+
+def test_the_split_knows_exactly_the_parser_s_options() -> None:
+    """flags.py lists which options take a value (to find the script); it must agree with the parser."""
+    from accelerando.commands.launch.flags import _launcher_options
+
+    values, switches = _launcher_options()
+    parser_options = {
+        option: action.nargs != 0
+        for option, action in FULL._option_string_actions.items()
+        if option != "--ray"  # its value is optional: split_unknown decides by the word after it
+    }
+    assert values | switches == set(parser_options) | {"--ray"}
+    assert {option for option, takes_value in parser_options.items() if takes_value} == values - {"--ray"}
