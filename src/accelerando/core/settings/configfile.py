@@ -87,9 +87,7 @@ def default_config_path() -> Path:
     Returns:
         ``$ACCELERANDO_CONFIG_FILE`` if set, else ``<XDG cache>/accelerando/default_config.yaml``.
     """
-    from pathlib import Path
-
-    return Path(_default_config_text())
+    return _as_path(_default_config_text())
 
 
 def _default_config_text() -> str:
@@ -104,11 +102,7 @@ def _default_config_text() -> str:
 def reference_config_path() -> Path | None:
     """Return the reference project's default config file if one exists on this machine."""
     found = _reference_config_text()
-    if found is None:
-        return None
-    from pathlib import Path
-
-    return Path(found)
+    return None if found is None else _as_path(found)
 
 
 def _reference_config_text() -> str | None:
@@ -160,6 +154,7 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
 
 
 def _as_path(text: str) -> Path:
+    """``Path(text)``; pathlib is imported only here, where a path object is made."""
     from pathlib import Path
 
     return Path(text)
