@@ -208,3 +208,89 @@ def test_a_flipped_byte_is_refused_by_its_checksum_before_anything_is_applied(tm
     with pytest.raises(CheckpointError, match=r"optimizer\.bin' fails its .* checksum"):
         accelerator.load_state(folder)
     assert all(bool((param == 5.0).all()) for param in model.parameters())  # nothing applied
+
+
+def _record_calls(monkeypatch, calls: list[str]) -> None:
+    """Record, in order, when deserializing starts and when the checksums are compared."""
+    import accelerando.checkpointing.load as load_module
+    from accelerando.checkpointing.sources import CheckedFiles
+
+    read_state_files, verify = load_module.read_state_files, CheckedFiles.verify
+
+    def recorded_read(*args: object, **kwargs: object) -> object:
+        calls.append("deserialize")
+        return read_state_files(*args, **kwargs)  # type: ignore[arg-type]
+
+    def recorded_verify(self: CheckedFiles) -> dict[str, memoryview]:
+        calls.append("verify")
+        return verify(self)
+
+    monkeypatch.setattr(load_module, "read_state_files", recorded_read)
+    monkeypatch.setattr(CheckedFiles, "verify", recorded_verify)
+
+
+def test_weights_only_deserializing_overlaps_the_checksums_and_applies_after_them(
+    tmp_path, monkeypatch
+) -> None:
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    saved = [param.detach().clone() for param in accelerator._models[0].parameters()]
+    calls: list[str] = []
+    _record_calls(monkeypatch, calls)
+    with torch.no_grad():
+        for param in accelerator._models[0].parameters():
+            param.fill_(5.0)
+    accelerator.load_state(folder)
+    # The hashing runs while the bytes are deserialized; the comparison comes before anything is applied.
+    assert calls == ["deserialize", "verify"]
+    assert all(torch.equal(a, b) for a, b in zip(accelerator._models[0].parameters(), saved, strict=True))
+
+
+def test_full_unpickling_waits_for_the_checksums(tmp_path, monkeypatch) -> None:
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    path = os.path.join(folder, "optimizer.bin")
+    with open(path, "r+b") as handle:  # a byte inside the tensor data: size and zip structure intact
+        handle.seek(os.path.getsize(path) // 2)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    calls: list[str] = []
+    _record_calls(monkeypatch, calls)
+    # Opted in to running the file's code: nothing of it is unpickled before its checksum matched.
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin' fails its .* checksum"):
+        accelerator.load_state(folder, load_kwargs={"weights_only": False})
+    assert calls == ["verify"]
+
+
+@pytest.mark.parametrize("where", ["header", "end"])
+def test_a_parse_error_of_damaged_bytes_is_named_by_the_checksum(tmp_path, where: str) -> None:
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    for name in ("model.safetensors", "optimizer.bin"):
+        path = os.path.join(folder, name)
+        with open(path, "r+b") as handle:  # the safetensors header length or zip records: unparsable
+            handle.seek(0 if where == "header" else os.path.getsize(path) - 3)
+            handle.write(b"\xff\xff\xff")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors' fails its .* checksum") as caught:
+        accelerator.load_state(folder)
+    if where == "header":  # the safetensors header cannot be parsed: that error is not what the user sees
+        assert caught.value.__suppress_context__
+
+
+def test_a_parse_error_of_intact_bytes_is_raised_as_it_is(tmp_path, monkeypatch) -> None:
+    import accelerando.checkpointing.files as files
+
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+
+    def refuse(*_: object, **__: object) -> object:
+        raise ValueError("this torch cannot read it")
+
+    monkeypatch.setattr(files, "load_model_weights", refuse)
+    with pytest.raises(ValueError, match="this torch cannot read it"):
+        accelerator.load_state(folder)

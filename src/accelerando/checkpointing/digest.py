@@ -39,6 +39,7 @@ from accelerando.core.safe_files import open_regular_fd
 __all__ = [
     "PIECE_BYTES",
     "FileEntry",
+    "PendingBufferDigests",
     "PendingDigests",
     "available",
     "default_algorithm",
@@ -278,6 +279,62 @@ def digest_files(items: Sequence[tuple[str, str | None]], desc: str | None = Non
         pending.close()
 
 
+class PendingBufferDigests:
+    """Checksums of buffers in memory being computed by the thread pool; :meth:`result` waits for them.
+
+    The buffers must stay alive and unchanged until :meth:`result` or :meth:`close` has run (the
+    workers read them); the caller may use them meanwhile in any way that does not write to them.
+    """
+
+    def __init__(self, items: Sequence[tuple[_Data, str | None]]) -> None:
+        """Start hashing each ``(bytes in memory, algorithm)`` (``None``: :func:`default_algorithm`).
+
+        Raises:
+            ValueError: If an algorithm is unknown or its library is not installed (nothing is left
+                running).
+        """
+        self._jobs: list[tuple[str, int, list[Future[int]]]] = []
+        try:
+            for data, wanted in items:
+                algorithm = wanted or default_algorithm()
+                hash_once = _one_shot(_base(algorithm))
+                if not known(algorithm) or hash_once is None:
+                    raise ValueError(
+                        f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' "
+                        "need pip install xxhash."
+                    )
+                size = len(data)
+                if algorithm.endswith(_PIECED_SUFFIX):
+                    futures = [
+                        _pool().submit(_hash_slice, hash_once, data, start, min(size, start + PIECE_BYTES))
+                        for start in range(0, size, PIECE_BYTES)
+                    ]
+                else:
+                    futures = [_pool().submit(_hash_whole_buffer, _base(algorithm), data)]
+                self._jobs.append((algorithm, size, futures))
+        except BaseException:
+            self.close()
+            raise
+
+    def result(self) -> list[FileEntry]:
+        """Size and checksum of each buffer, in the order given (raises the first hashing error)."""
+        try:
+            entries = []
+            for algorithm, size, futures in self._jobs:
+                digests = [future.result() for future in futures]
+                pieced = algorithm.endswith(_PIECED_SUFFIX)
+                checksum = _combine(_base(algorithm), digests) if pieced else digests[0]
+                entries.append(FileEntry(size, checksum, algorithm))
+            return entries
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Wait until no worker reads a buffer any more (idempotent); results are then discarded."""
+        wait([future for _, _, futures in self._jobs for future in futures])
+        self._jobs = []
+
+
 def digest_buffers(items: Sequence[tuple[_Data, str | None]]) -> list[FileEntry]:
     """Size and checksum of each ``(bytes in memory, algorithm)``, in order: what :func:`digest_files`
     gives for a file holding those bytes.
@@ -288,34 +345,7 @@ def digest_buffers(items: Sequence[tuple[_Data, str | None]]) -> list[FileEntry]
     Raises:
         ValueError: If an algorithm is unknown or its library is not installed.
     """
-    jobs: list[tuple[str, int, list[Future[int]]]] = []
-    try:
-        for data, wanted in items:
-            algorithm = wanted or default_algorithm()
-            hash_once = _one_shot(_base(algorithm))
-            if not known(algorithm) or hash_once is None:
-                raise ValueError(
-                    f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
-                    "pip install xxhash."
-                )
-            size = len(data)
-            if algorithm.endswith(_PIECED_SUFFIX):
-                futures = [
-                    _pool().submit(_hash_slice, hash_once, data, start, min(size, start + PIECE_BYTES))
-                    for start in range(0, size, PIECE_BYTES)
-                ]
-            else:
-                futures = [_pool().submit(_hash_whole_buffer, _base(algorithm), data)]
-            jobs.append((algorithm, size, futures))
-        entries = []
-        for algorithm, size, futures in jobs:
-            digests = [future.result() for future in futures]
-            pieced = algorithm.endswith(_PIECED_SUFFIX)
-            checksum = _combine(_base(algorithm), digests) if pieced else digests[0]
-            entries.append(FileEntry(size, checksum, algorithm))
-        return entries
-    finally:
-        wait([future for _, _, futures in jobs for future in futures])  # none still reads a buffer
+    return PendingBufferDigests(items).result()
 
 
 def _hash_slice(hash_once: Callable[[_Data], int], data: _Data | mmap.mmap, start: int, stop: int) -> int:

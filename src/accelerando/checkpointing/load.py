@@ -27,7 +27,7 @@ from accelerando.checkpointing.project import (
     checkpoints_dir,
     owns_loading,
 )
-from accelerando.checkpointing.sources import read_once
+from accelerando.checkpointing.sources import CheckedFiles, read_once, start_reading
 from accelerando.checkpointing.state_io import (
     LoadedState,
     apply_state,
@@ -176,23 +176,41 @@ def _read_candidate(
     )
     customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(target.custom_objects))]
     names = needed_files(folder, *counts, per_rank=per_rank) + [n for n in customs if n in present]
+    reading: CheckedFiles | None = None
     sources: dict[str, memoryview] = {}
     if manifest is not None:
         require_listed(folder, manifest, names)  # the manifest is the complete list of what is read
         if owns:
             _check_strategy_files(folder, manifest, present, names, verify_checksums, state)
-        # Each file read once, checked (size; checksum unless turned off) before anything in it is
-        # parsed: a damaged file is named by its checksum, not by whatever parse error it causes. The
-        # loaders below deserialize these same bytes.
-        sources = read_once(folder, manifest, names, verify_checksums)
-    customs_read = {name: sources.pop(name) for name in customs if name in sources}
-    loaded = read_state_files(
-        folder, *counts, map_location=map_location, per_rank=per_rank, foreign=foreign, sources=sources
-    )
-    custom_states = [
-        _load_custom(target, folder, i, name, present, customs_read.get(name))
-        for i, name in enumerate(customs)
-    ]
+        # Each file is read once and checked (size now; checksum unless turned off) before anything in
+        # it is applied or fully unpickled; the loaders below deserialize these same bytes.
+        reading = start_reading(folder, manifest, names, verify_checksums)
+        sources = reading.files if F.weights_only_default() else reading.verify()
+    try:
+        customs_read = {name: sources.pop(name) for name in customs if name in sources}
+        try:
+            # Weights-only deserializing runs no code and writes nothing, so it overlaps the hashing.
+            loaded = read_state_files(
+                folder,
+                *counts,
+                map_location=map_location,
+                per_rank=per_rank,
+                foreign=foreign,
+                sources=sources,
+            )
+        except Exception:
+            if reading is not None:
+                reading.raise_damage()
+            raise
+        if reading is not None:
+            reading.verify()
+        custom_states = [
+            _load_custom(target, folder, i, name, present, customs_read.get(name))
+            for i, name in enumerate(customs)
+        ]
+    finally:
+        if reading is not None:
+            reading.close()
     return loaded, custom_states, per_rank
 
 

@@ -20,7 +20,7 @@ import os
 import warnings
 from collections.abc import Iterable
 
-from accelerando.checkpointing.digest import available, digest_buffers
+from accelerando.checkpointing.digest import FileEntry, PendingBufferDigests, available
 from accelerando.checkpointing.manifest import (
     CheckpointError,
     Manifest,
@@ -30,7 +30,7 @@ from accelerando.checkpointing.manifest import (
 )
 from accelerando.core.safe_files import open_regular_fd
 
-__all__ = ["read_file_once", "read_once"]
+__all__ = ["CheckedFiles", "read_file_once", "read_once", "start_reading"]
 
 
 def read_file_once(path: str) -> memoryview:
@@ -65,6 +65,98 @@ def read_file_once(path: str) -> memoryview:
         os.close(fd)
 
 
+class CheckedFiles:
+    """A checkpoint's files read once (:func:`start_reading`), their checksums being computed meanwhile.
+
+    The bytes may be deserialized while they are hashed (deserializing never writes to them), but
+    nothing in them may be applied to live objects before :meth:`verify` has returned.
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        files: dict[str, memoryview],
+        expected: dict[str, FileEntry],
+        pending: PendingBufferDigests | None,
+    ) -> None:
+        self.folder = folder
+        self.files = files
+        self._expected = expected
+        self._pending = pending
+
+    def verify(self) -> dict[str, memoryview]:
+        """Wait for the checksums and compare them with the manifest; return the files by name.
+
+        Raises:
+            CheckpointError: Naming the first file, in reading order, whose checksum differs.
+        """
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            for name, entry in zip(self._expected, pending.result(), strict=True):
+                wanted = self._expected[name]
+                if entry.checksum != wanted.checksum or entry.size != wanted.size:
+                    raise checksum_mismatch(self.folder, name, wanted, entry)
+        return self.files
+
+    def raise_damage(self) -> None:
+        """For an error raised while deserializing unverified bytes: wait for the checksums and raise
+        the first mismatch in place of that error (a damaged file is named by its checksum, not by
+        whatever parse error it caused); return when every file is as saved.
+
+        Raises:
+            CheckpointError: If a file's checksum differs (its context, the parse error, suppressed).
+        """
+        try:
+            self.verify()
+        except CheckpointError as damage:
+            raise damage from None
+
+    def close(self) -> None:
+        """Stop using the checksums (waits until no worker reads a file any more; idempotent)."""
+        if self._pending is not None:
+            self._pending.close()
+            self._pending = None
+
+
+def start_reading(
+    folder: str, manifest: Manifest, names: Iterable[str], checksums: bool, stacklevel: int = 2
+) -> CheckedFiles:
+    """Read each named file of ``folder`` once, compare its size with ``manifest`` and start hashing it.
+
+    Args:
+        folder: The checkpoint folder.
+        manifest: Its manifest.
+        names: The files to read; each must be listed in the manifest.
+        checksums: Also compare each file's checksum (by :meth:`CheckedFiles.verify`).
+        stacklevel: Of the warning about a checksum this installation cannot compute, as seen from
+            the caller.
+
+    Raises:
+        CheckpointError: Naming the first file that is unlisted, a link or not a regular file, or of
+            the wrong size.
+    """
+    names = list(dict.fromkeys(names))
+    require_listed(folder, manifest, names)
+    found = {name: read_file_once(os.path.join(folder, name)) for name in names}
+    for name, data in found.items():
+        check_size(folder, name, manifest.files[name], {name: len(data)})
+    if not checksums:
+        return CheckedFiles(folder, found, {}, None)
+    expected: dict[str, FileEntry] = {}
+    for name in names:
+        entry = manifest.files[name]
+        if available(entry.algorithm):
+            expected[name] = entry
+        else:
+            warnings.warn(
+                f"Cannot verify {name!r} in {folder!r}: its {entry.algorithm} checksum needs a library this "
+                "installation lacks (pip install xxhash); only its size was checked.",
+                stacklevel=stacklevel + 1,
+            )
+    pending = PendingBufferDigests([(found[name], entry.algorithm) for name, entry in expected.items()])
+    return CheckedFiles(folder, found, expected, pending)
+
+
 def read_once(
     folder: str, manifest: Manifest | None, names: Iterable[str], checksums: bool
 ) -> dict[str, memoryview]:
@@ -84,30 +176,6 @@ def read_once(
             the wrong size, or fails its checksum (the same messages as
             :func:`~accelerando.checkpointing.manifest.verify_checkpoint`).
     """
-    names = list(dict.fromkeys(names))
-    if manifest is not None:
-        require_listed(folder, manifest, names)
-    found = {name: read_file_once(os.path.join(folder, name)) for name in names}
     if manifest is None:
-        return found
-    for name, data in found.items():
-        check_size(folder, name, manifest.files[name], {name: len(data)})
-    if not checksums:
-        return found
-    checkable = []
-    for name in names:
-        entry = manifest.files[name]
-        if available(entry.algorithm):
-            checkable.append(name)
-        else:
-            warnings.warn(
-                f"Cannot verify {name!r} in {folder!r}: its {entry.algorithm} checksum needs a library this "
-                "installation lacks (pip install xxhash); only its size was checked.",
-                stacklevel=3,
-            )
-    actual = digest_buffers([(found[name], manifest.files[name].algorithm) for name in checkable])
-    for name, entry in zip(checkable, actual, strict=True):
-        expected = manifest.files[name]
-        if entry.checksum != expected.checksum or entry.size != expected.size:
-            raise checksum_mismatch(folder, name, expected, entry)
-    return found
+        return {name: read_file_once(os.path.join(folder, name)) for name in dict.fromkeys(names)}
+    return start_reading(folder, manifest, names, checksums, stacklevel=3).verify()
