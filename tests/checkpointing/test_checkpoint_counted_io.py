@@ -294,3 +294,24 @@ def test_a_parse_error_of_intact_bytes_is_raised_as_it_is(tmp_path, monkeypatch)
     monkeypatch.setattr(files, "load_model_weights", refuse)
     with pytest.raises(ValueError, match="this torch cannot read it"):
         accelerator.load_state(folder)
+
+
+def test_the_weights_are_copied_on_every_core_whatever_omp_num_threads_says(tmp_path) -> None:
+    from accelerando.checkpointing.workers import MAX_THREADS, usable_cores
+
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    seen: list[int] = []
+    model = accelerator._models[0]
+    handle = model.register_load_state_dict_post_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a launcher's OMP_NUM_THREADS=1 leaves it
+    try:
+        accelerator.load_state(folder)
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+        handle.remove()
+    assert seen == [min(MAX_THREADS, usable_cores())]  # the copies into the parameters
+    assert after == 1  # the user's setting is back once the load is done

@@ -22,10 +22,11 @@ import mmap
 import os
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from accelerando.checkpointing.workers import pool as worker_pool
 from accelerando.common.imports import is_tqdm_available
 from accelerando.common.progress import tqdm
 
@@ -53,7 +54,6 @@ PIECE_BYTES = 64 * 2**20
 PROGRESS_MIN_BYTES = 2 * 2**30  # checks of less than this finish in about a second: no bar
 _PIECED_SUFFIX = "-p64m"
 _WHOLE_FILE_STEP = 1 << 30  # update() size for whole-file digests of mapped files
-_MAX_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -110,23 +110,6 @@ def default_algorithm() -> str:
     zlib's CRC-32 here, see benchmarks/bench_checkpoint.py), else pieced CRC-32.
     """
     return ("xxh3_64" if _xxhash() is not None else "crc32") + _PIECED_SUFFIX
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool() -> ThreadPoolExecutor:
-    # One pool per process: a forked child inherits the pool object but not its threads.
-    pid = os.getpid()
-    pool = _POOLS.get(pid)
-    if pool is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        pool = ThreadPoolExecutor(
-            max_workers=max(1, min(_MAX_THREADS, cpus)), thread_name_prefix="accelerando-digest"
-        )
-        _POOLS.clear()
-        _POOLS[pid] = pool
-    return pool
 
 
 def _combine(base: str, digests: list[int]) -> int:
@@ -211,9 +194,11 @@ class PendingDigests:
             futures = []
             for start in range(0, handle.size, PIECE_BYTES):
                 stop = min(handle.size, start + PIECE_BYTES)
-                futures.append((_pool().submit(handle.hash_range, hash_once, start, stop), stop - start))
+                futures.append(
+                    (worker_pool().submit(handle.hash_range, hash_once, start, stop), stop - start)
+                )
         else:
-            futures = [(_pool().submit(handle.hash_whole, base), handle.size)]
+            futures = [(worker_pool().submit(handle.hash_whole, base), handle.size)]
         self._jobs.append((algorithm, futures))
 
     def result(self, desc: str | None = None) -> list[FileEntry]:
@@ -306,11 +291,13 @@ class PendingBufferDigests:
                 size = len(data)
                 if algorithm.endswith(_PIECED_SUFFIX):
                     futures = [
-                        _pool().submit(_hash_slice, hash_once, data, start, min(size, start + PIECE_BYTES))
+                        worker_pool().submit(
+                            _hash_slice, hash_once, data, start, min(size, start + PIECE_BYTES)
+                        )
                         for start in range(0, size, PIECE_BYTES)
                     ]
                 else:
-                    futures = [_pool().submit(_hash_whole_buffer, _base(algorithm), data)]
+                    futures = [worker_pool().submit(_hash_whole_buffer, _base(algorithm), data)]
                 self._jobs.append((algorithm, size, futures))
         except BaseException:
             self.close()

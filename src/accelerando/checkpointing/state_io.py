@@ -19,6 +19,7 @@ import accelerando.checkpointing.files as F
 from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
 from accelerando.checkpointing.target import Stateful
+from accelerando.checkpointing.workers import every_core_for_copies
 from accelerando.common.serialization import _should_write
 from accelerando.common.unwrap import unwrap_model
 
@@ -459,11 +460,12 @@ def apply_state(
     **load_model_func_kwargs: bool,
 ) -> None:
     """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``)."""
-    for model, state in zip(models, loaded.models, strict=True):
-        module = unwrap(model)
-        module.load_state_dict(_with_tied_aliases(module, state), **load_model_func_kwargs)
-    for optimizer, state in zip(optimizers, loaded.optimizers, strict=True):
-        load_optimizer_state(optimizer, state)
+    with every_core_for_copies():  # one-time copies of every weight and optimizer state
+        for model, state in zip(models, loaded.models, strict=True):
+            module = unwrap(model)
+            module.load_state_dict(_with_tied_aliases(module, state), **load_model_func_kwargs)
+        for optimizer, state in zip(optimizers, loaded.optimizers, strict=True):
+            load_optimizer_state(optimizer, state)
     for scheduler, state in zip(schedulers, loaded.schedulers, strict=True):
         scheduler.load_state_dict(state)
     for loader, entry in zip(dataloaders, loaded.dataloaders, strict=True):
