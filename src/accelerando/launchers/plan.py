@@ -21,7 +21,6 @@ multi-machine runner) and ``mpirun`` (a multi-CPU job started by ``mpirun --host
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -497,6 +496,34 @@ def reference_env(settings: Settings) -> tuple[dict[str, str], dict[str, str]]:
     return env, echoed
 
 
+_JSON_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _json_string(text: str) -> str:
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    parts = []
+    for char in text:
+        code = ord(char)
+        if char in _JSON_ESCAPES:
+            parts.append(_JSON_ESCAPES[char])
+        elif 0x20 <= code <= 0x7E:
+            parts.append(char)
+        elif code > 0xFFFF:  # a surrogate pair, as JSON spells characters beyond the first plane
+            code -= 0x10000
+            parts.append(f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}")
+        else:
+            parts.append(f"\\u{code:04x}")
+    return '"' + "".join(parts) + '"'
+
+
+def _json_object(values: Mapping[str, str]) -> str:
+    """``json.dumps(values, sort_keys=True)`` of a flat mapping of text, without importing ``json``
+    (whose decoder compiles regular expressions on every launch).
+    """
+    return "{" + ", ".join(f"{_json_string(k)}: {_json_string(v)}" for k, v in sorted(values.items())) + "}"
+
+
 def export_env(settings: Settings) -> dict[str, str]:
     """Environment variables that carry the settings to the processes.
 
@@ -511,13 +538,13 @@ def export_env(settings: Settings) -> dict[str, str]:
     exported = _exported(settings)
     env = {FIELDS_BY_NAME[name].our_env: _env_text(value) for name, value in exported.items()}
     if exported:  # lets each process say "from config:/x.yaml", not only "from ACCELERANDO_X"
-        env[SOURCES_ENV] = json.dumps({name: settings.origin(name) for name in exported}, sort_keys=True)
+        env[SOURCES_ENV] = _json_object({name: settings.origin(name) for name in exported})
     if parallelism_requested(settings) and not settings.use_parallelism_config:
         env[FIELDS_BY_NAME["use_parallelism_config"].our_env] = "true"
     reference, echoed = reference_env(settings)
     env.update(reference)
     if echoed:
-        env[ECHOED_DEFAULTS_ENV] = json.dumps(echoed, sort_keys=True)
+        env[ECHOED_DEFAULTS_ENV] = _json_object(echoed)
     return env
 
 
