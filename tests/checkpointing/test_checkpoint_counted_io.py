@@ -296,9 +296,16 @@ def test_a_parse_error_of_intact_bytes_is_raised_as_it_is(tmp_path, monkeypatch)
         accelerator.load_state(folder)
 
 
-def test_the_weights_are_copied_on_every_core_whatever_omp_num_threads_says(tmp_path) -> None:
+@pytest.mark.parametrize("local_processes", [None, "2"])
+def test_the_weights_are_copied_on_this_processs_share_of_the_cores(
+    tmp_path, monkeypatch, local_processes
+) -> None:
     from accelerando.checkpointing.workers import MAX_THREADS, usable_cores
 
+    if local_processes is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_processes)
     accelerator = _prepared(tmp_path)
     folder = str(tmp_path / "ckpt")
     accelerator.save_state(folder)
@@ -313,5 +320,6 @@ def test_the_weights_are_copied_on_every_core_whatever_omp_num_threads_says(tmp_
     finally:
         torch.set_num_threads(before)
         handle.remove()
-    assert seen == [min(MAX_THREADS, usable_cores())]  # the copies into the parameters
+    share = usable_cores() // int(local_processes or 1)
+    assert seen == [max(1, min(MAX_THREADS, share))]  # the copies into the parameters
     assert after == 1  # the user's setting is back once the load is done

@@ -19,7 +19,7 @@ import accelerando.checkpointing.files as F
 from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
 from accelerando.checkpointing.target import Stateful
-from accelerando.checkpointing.workers import every_core_for_copies
+from accelerando.checkpointing.workers import threads_for_copies
 from accelerando.common.serialization import _should_write
 from accelerando.common.unwrap import unwrap_model
 
@@ -460,7 +460,7 @@ def apply_state(
     **load_model_func_kwargs: bool,
 ) -> None:
     """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``)."""
-    with every_core_for_copies():  # one-time copies of every weight and optimizer state
+    with threads_for_copies():  # one-time copies of every weight and optimizer state
         for model, state in zip(models, loaded.models, strict=True):
             module = unwrap(model)
             module.load_state_dict(_with_tied_aliases(module, state), **load_model_func_kwargs)

@@ -1,8 +1,8 @@
 """The thread pool of checkpoint work that releases the GIL: hashing file pieces, copying tensors.
 
 One pool per process, with a thread per usable core (at most ``MAX_THREADS``): the work it runs is
-bound by memory bandwidth, and a load or a verification is one-time work that should use every
-core whatever ``OMP_NUM_THREADS`` says (launchers set it to 1 for each of several processes).
+bound by memory bandwidth, and a load or a verification is one-time work that should not be held to
+one core by ``OMP_NUM_THREADS=1``, which launchers set whether a machine runs one process or several.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-__all__ = ["MAX_THREADS", "every_core_for_copies", "pool", "usable_cores"]
+__all__ = ["MAX_THREADS", "copy_threads", "pool", "threads_for_copies", "usable_cores"]
 
 MAX_THREADS = 8
 
@@ -39,17 +39,30 @@ def pool() -> ThreadPoolExecutor:
     return found
 
 
-@contextmanager
-def every_core_for_copies() -> Iterator[None]:
-    """Within the block, torch's intra-op threads are at least the pool's size, then back as they were.
+def copy_threads() -> int:
+    """The threads a load's copies may use: this process's share of the usable cores (a launcher's
+    ``LOCAL_WORLD_SIZE`` processes on this machine share them), at most ``MAX_THREADS``, at least 1.
+    """
+    try:
+        local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_processes = 1
+    return max(1, min(MAX_THREADS, usable_cores() // local_processes))
 
-    For copies torch makes itself (``load_state_dict`` into a module's parameters), which the pool
-    cannot split: a launcher's ``OMP_NUM_THREADS=1`` would otherwise copy on one core.
+
+@contextmanager
+def threads_for_copies() -> Iterator[None]:
+    """Within the block, torch's intra-op threads are at least :func:`copy_threads`, then back as they
+    were.
+
+    For copies torch makes itself (``load_state_dict`` into a module's parameters, the optimizer's
+    state): a launcher's ``OMP_NUM_THREADS=1`` would otherwise have a process alone on its machine
+    copy on one core.
     """
     import torch
 
     before = torch.get_num_threads()
-    wanted = max(1, min(MAX_THREADS, usable_cores()))
+    wanted = copy_threads()
     if before >= wanted:
         yield
         return
