@@ -302,11 +302,15 @@ def test_the_weights_are_copied_on_this_processs_share_of_the_cores(
 ) -> None:
     from accelerando.checkpointing.workers import MAX_THREADS, usable_cores
 
-    if local_processes is None:
-        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    else:
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_processes)
     accelerator = _prepared(tmp_path)
+    if local_processes is not None:  # as the cluster environment of a 2-process launch reports it
+        from accelerando.core.runtime import current_process
+
+        process = current_process()
+        assert process is not None
+        monkeypatch.setattr(
+            type(process.cluster), "local_world_size", property(lambda _: int(local_processes))
+        )
     folder = str(tmp_path / "ckpt")
     accelerator.save_state(folder)
     seen: list[int] = []

@@ -40,13 +40,13 @@ def pool() -> ThreadPoolExecutor:
 
 
 def copy_threads() -> int:
-    """The threads a load's copies may use: this process's share of the usable cores (a launcher's
-    ``LOCAL_WORLD_SIZE`` processes on this machine share them), at most ``MAX_THREADS``, at least 1.
+    """The threads a load's copies may use: this process's share of the usable cores (the processes
+    the cluster environment places on this machine share them), at most ``MAX_THREADS``, at least 1.
     """
-    try:
-        local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local_processes = 1
+    from accelerando.core.runtime import current_process
+
+    process = current_process()
+    local_processes = max(1, process.cluster.local_world_size) if process is not None else 1
     return max(1, min(MAX_THREADS, usable_cores() // local_processes))
 
 
