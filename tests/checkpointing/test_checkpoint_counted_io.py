@@ -191,16 +191,20 @@ def test_a_load_reads_each_file_once(tmp_path, monkeypatch, size: str) -> None:
     assert read <= manifest_size + 4096, (read, manifest_size)
 
 
-def test_a_flipped_byte_is_refused_by_its_checksum_before_anything_is_applied(tmp_path) -> None:
-    accelerator = _prepared(tmp_path)
-    folder = str(tmp_path / "ckpt")
-    accelerator.save_state(folder)
-    path = os.path.join(folder, "optimizer.bin")
-    with open(path, "r+b") as handle:  # a byte inside the tensor data: size and zip structure intact
+def _flip_a_tensor_byte(path: str) -> None:
+    """Flip one bit of a byte inside the tensor data: size and zip structure stay intact."""
+    with open(path, "r+b") as handle:
         handle.seek(os.path.getsize(path) // 2)
         byte = handle.read(1)
         handle.seek(-1, os.SEEK_CUR)
         handle.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_flipped_byte_is_refused_by_its_checksum_before_anything_is_applied(tmp_path) -> None:
+    accelerator = _prepared(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    _flip_a_tensor_byte(os.path.join(folder, "optimizer.bin"))
     model = accelerator._models[0]
     with torch.no_grad():
         for param in model.parameters():
@@ -251,12 +255,7 @@ def test_full_unpickling_waits_for_the_checksums(tmp_path, monkeypatch) -> None:
     accelerator = _prepared(tmp_path)
     folder = str(tmp_path / "ckpt")
     accelerator.save_state(folder)
-    path = os.path.join(folder, "optimizer.bin")
-    with open(path, "r+b") as handle:  # a byte inside the tensor data: size and zip structure intact
-        handle.seek(os.path.getsize(path) // 2)
-        byte = handle.read(1)
-        handle.seek(-1, os.SEEK_CUR)
-        handle.write(bytes([byte[0] ^ 0x01]))
+    _flip_a_tensor_byte(os.path.join(folder, "optimizer.bin"))
     calls: list[str] = []
     _record_calls(monkeypatch, calls)
     # Opted in to running the file's code: nothing of it is unpickled before its checksum matched.

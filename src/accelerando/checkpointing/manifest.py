@@ -34,6 +34,7 @@ __all__ = [
     "Manifest",
     "check_name",
     "check_size",
+    "checkable_entries",
     "checksum_mismatch",
     "inspect_checkpoint",
     "read_manifest",
@@ -268,7 +269,10 @@ def check_size(folder: str, name: str, entry: FileEntry, present: Mapping[str, i
         )
 
 
-def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
+def checkable_entries(folder: str, wanted: Mapping[str, FileEntry], stacklevel: int) -> dict[str, FileEntry]:
+    """The entries of ``wanted`` whose checksum this installation can compute, in order; one warning
+    (at ``stacklevel``, as seen from the caller) for each of the others, which only their size checks.
+    """
     checkable = {}
     for name, entry in wanted.items():
         if available(entry.algorithm):
@@ -277,8 +281,13 @@ def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
             warnings.warn(
                 f"Cannot verify {name!r} in {folder!r}: its {entry.algorithm} checksum needs a library this "
                 "installation lacks (pip install xxhash); only its size was checked.",
-                stacklevel=4,
+                stacklevel=stacklevel + 1,
             )
+    return checkable
+
+
+def _check_checksums(folder: str, wanted: dict[str, FileEntry]) -> None:
+    checkable = checkable_entries(folder, wanted, stacklevel=4)
     actual = digest_files(
         [(os.path.join(folder, name), e.algorithm) for name, e in checkable.items()],
         desc=f"Verifying {os.path.basename(os.path.normpath(folder))}",

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import mmap
 import os
-import warnings
 from collections.abc import Iterable
 
-from accelerando.checkpointing.digest import FileEntry, PendingBufferDigests, available
+from accelerando.checkpointing.digest import FileEntry, PendingBufferDigests
 from accelerando.checkpointing.manifest import (
     CheckpointError,
     Manifest,
     check_size,
+    checkable_entries,
     checksum_mismatch,
     require_listed,
 )
@@ -142,17 +142,7 @@ def start_reading(
         check_size(folder, name, manifest.files[name], {name: len(data)})
     if not checksums:
         return CheckedFiles(folder, found, {}, None)
-    expected: dict[str, FileEntry] = {}
-    for name in names:
-        entry = manifest.files[name]
-        if available(entry.algorithm):
-            expected[name] = entry
-        else:
-            warnings.warn(
-                f"Cannot verify {name!r} in {folder!r}: its {entry.algorithm} checksum needs a library this "
-                "installation lacks (pip install xxhash); only its size was checked.",
-                stacklevel=stacklevel + 1,
-            )
+    expected = checkable_entries(folder, {name: manifest.files[name] for name in names}, stacklevel + 1)
     pending = PendingBufferDigests([(found[name], entry.algorithm) for name, entry in expected.items()])
     return CheckedFiles(folder, found, expected, pending)
 
