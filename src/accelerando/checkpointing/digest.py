@@ -154,6 +154,55 @@ class _OpenFile:
         os.close(self.fd)
 
 
+class _Buffer:
+    """Bytes in memory, hashed as :class:`_OpenFile` hashes a file."""
+
+    def __init__(self, data: _Data) -> None:
+        self.data = data
+
+    def hash_range(self, hash_once: Callable[[_Data], int], start: int, stop: int) -> int:
+        return _hash_slice(hash_once, self.data, start, stop)
+
+    def hash_whole(self, base: str) -> int:
+        return _hash_whole_buffer(base, self.data)
+
+
+def _usable(wanted: str | None) -> str:
+    """``wanted`` (``None``: :func:`default_algorithm`), checked to be computable here.
+
+    Raises:
+        ValueError: If the algorithm is unknown or its library is not installed.
+    """
+    algorithm = wanted or default_algorithm()
+    if not available(algorithm):
+        raise ValueError(
+            f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
+            "pip install xxhash."
+        )
+    return algorithm
+
+
+def _submit(source: _OpenFile | _Buffer, size: int, algorithm: str) -> list[tuple[Future[int], int]]:
+    """Start hashing ``size`` bytes of ``source`` on the pool: ``(future, bytes it hashes)`` per piece
+    (one for the whole-file algorithms).
+    """
+    base = _base(algorithm)
+    if not algorithm.endswith(_PIECED_SUFFIX):
+        return [(worker_pool().submit(source.hash_whole, base), size)]
+    hash_once = _one_shot(base)
+    assert hash_once is not None  # _usable() checked it
+    futures = []
+    for start in range(0, size, PIECE_BYTES):
+        stop = min(size, start + PIECE_BYTES)
+        futures.append((worker_pool().submit(source.hash_range, hash_once, start, stop), stop - start))
+    return futures
+
+
+def _checksum(algorithm: str, digests: list[int]) -> int:
+    """The checksum of a file from the digests of its pieces (or its one whole-file digest)."""
+    return _combine(_base(algorithm), digests) if algorithm.endswith(_PIECED_SUFFIX) else digests[0]
+
+
 class _Bar(Protocol):
     """The part of a ``tqdm`` bar the digests use."""
 
@@ -179,26 +228,10 @@ class PendingDigests:
             ValueError: If the algorithm is unknown or its library is not installed.
             OSError: If the file cannot be opened.
         """
-        algorithm = algorithm or default_algorithm()
-        if not available(algorithm):
-            raise ValueError(
-                f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' need "
-                "pip install xxhash."
-            )
+        algorithm = _usable(algorithm)
         handle = _OpenFile(path)
         self._opened.append(handle)
-        base = _base(algorithm)
-        if algorithm.endswith(_PIECED_SUFFIX):
-            hash_once = _one_shot(base)
-            assert hash_once is not None  # available() checked it above
-            futures = []
-            for start in range(0, handle.size, PIECE_BYTES):
-                stop = min(handle.size, start + PIECE_BYTES)
-                futures.append(
-                    (worker_pool().submit(handle.hash_range, hash_once, start, stop), stop - start)
-                )
-        else:
-            futures = [(worker_pool().submit(handle.hash_whole, base), handle.size)]
+        futures = _submit(handle, handle.size, algorithm)
         self._jobs.append((algorithm, futures))
 
     def result(self, desc: str | None = None) -> list[FileEntry]:
@@ -217,10 +250,7 @@ class PendingDigests:
                     digests.append(future.result())
                     if bar is not None:
                         bar.update(nbytes)
-                checksum = (
-                    _combine(_base(algorithm), digests) if algorithm.endswith(_PIECED_SUFFIX) else digests[0]
-                )
-                entries.append(FileEntry(handle.size, checksum, algorithm))
+                entries.append(FileEntry(handle.size, _checksum(algorithm, digests), algorithm))
             return entries
         finally:
             if bar is not None:
@@ -278,27 +308,11 @@ class PendingBufferDigests:
             ValueError: If an algorithm is unknown or its library is not installed (nothing is left
                 running).
         """
-        self._jobs: list[tuple[str, int, list[Future[int]]]] = []
+        self._jobs: list[tuple[str, int, list[tuple[Future[int], int]]]] = []
         try:
             for data, wanted in items:
-                algorithm = wanted or default_algorithm()
-                hash_once = _one_shot(_base(algorithm))
-                if not known(algorithm) or hash_once is None:
-                    raise ValueError(
-                        f"Checksum algorithm {algorithm!r} is not available; 'xxh3_64' and 'xxh3_64-p64m' "
-                        "need pip install xxhash."
-                    )
-                size = len(data)
-                if algorithm.endswith(_PIECED_SUFFIX):
-                    futures = [
-                        worker_pool().submit(
-                            _hash_slice, hash_once, data, start, min(size, start + PIECE_BYTES)
-                        )
-                        for start in range(0, size, PIECE_BYTES)
-                    ]
-                else:
-                    futures = [worker_pool().submit(_hash_whole_buffer, _base(algorithm), data)]
-                self._jobs.append((algorithm, size, futures))
+                algorithm = _usable(wanted)
+                self._jobs.append((algorithm, len(data), _submit(_Buffer(data), len(data), algorithm)))
         except BaseException:
             self.close()
             raise
@@ -308,17 +322,15 @@ class PendingBufferDigests:
         try:
             entries = []
             for algorithm, size, futures in self._jobs:
-                digests = [future.result() for future in futures]
-                pieced = algorithm.endswith(_PIECED_SUFFIX)
-                checksum = _combine(_base(algorithm), digests) if pieced else digests[0]
-                entries.append(FileEntry(size, checksum, algorithm))
+                digests = [future.result() for future, _ in futures]
+                entries.append(FileEntry(size, _checksum(algorithm, digests), algorithm))
             return entries
         finally:
             self.close()
 
     def close(self) -> None:
         """Wait until no worker reads a buffer any more (idempotent); results are then discarded."""
-        wait([future for _, _, futures in self._jobs for future in futures])
+        wait([future for _, _, futures in self._jobs for future, _ in futures])
         self._jobs = []
 
 
