@@ -43,20 +43,68 @@ LIBS = ("accelerando", "accelerate")
 GROUPS = ("first", "step", "ddp", "dataloader", "launch", "checkpoint", "big_model")
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What a row must reach: ``ratio`` ("acc/raw" or "acc/ref") at most ``bound`` (seconds over raw for launches)."""
+
+    ratio: str
+    bound: float
+    seconds: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.ratio} <= {self.bound:+.2f} s" if self.seconds else f"{self.ratio} <= {self.bound:g}"
+
+
 @dataclass
 class Row:
-    """One figure: samples of each column, and paired accelerando/raw ratios."""
+    """One figure: per-round samples of each column, index-aligned (sample i of every column is round i).
+
+    ``raw`` holds the raw figure measured beside accelerando (in the same child or the same round), so
+    that acc/raw pairs measurements taken together. ``difference``: launches report seconds over raw.
+    """
 
     label: str
-    unit: str = "s"
+    goal: Goal | None = None
+    difference: bool = False
     samples: dict[str, list[float]] = field(default_factory=lambda: {"acc": [], "ref": [], "raw": []})
-    acc_over_raw: list[float] = field(default_factory=list)
 
     def cell(self, column: str) -> float | None:
         """Median of one column, None when it has no sample."""
         values = self.samples[column]
         return statistics.median(values) if values else None
 
+    def of_medians(self, other: str) -> float | None:
+        """accelerando's median over ``other``'s median (minus it, for a difference row)."""
+        acc, base = self.cell("acc"), self.cell(other)
+        if acc is None or not base:
+            return None
+        return acc - base if self.difference and other == "raw" else acc / base
+
+    def per_round(self, other: str) -> list[float]:
+        """accelerando over ``other`` in each round (minus it, for a difference row)."""
+        pairs = zip(self.samples["acc"], self.samples[other], strict=False)
+        if self.difference and other == "raw":
+            return [a - b for a, b in pairs]
+        return [a / b for a, b in pairs if b]
+
+    def verdict(self) -> str:
+        """The goal and whether the ratio of medians meets it; '~' when the rounds' spread crosses it."""
+        if self.goal is None:
+            return "-"
+        value, rounds = (
+            self.of_medians(self.goal.ratio.split("/")[1]),
+            self.per_round(self.goal.ratio.split("/")[1]),
+        )
+        if value is None:
+            return f"{self.goal}: not measured"
+        mark = "met" if value <= self.goal.bound else "MISSED"
+        if rounds and min(rounds) <= self.goal.bound < max(rounds):
+            mark += " (spread crosses the goal)"
+        return f"{self.goal}: {mark}"
+
+
+# Nothing in the training step or the dataloader loop may cost more than the raw loop beyond noise.
+STEP_GOAL = Goal("acc/raw", 1.02)
 
 # ---------------------------------------------------------------- child measurements (one process)
 
@@ -117,7 +165,6 @@ def child_step(lib: str, args: argparse.Namespace) -> dict[str, float]:
             if rep:
                 times[name].append(time.process_time() - start)
     result = {name: statistics.median(values) for name, values in times.items()}
-    result["paired"] = statistics.median(p / r for p, r in zip(times["lib"], times["raw"], strict=True))
     return result
 
 
@@ -139,7 +186,7 @@ def child_dataloader(lib: str, args: argparse.Namespace) -> dict[str, float]:
         device=torch.device("cpu"),
     )
     result = _compare(raw, prepared, args.reps, len(raw))
-    return {"lib": result["prepared_s"], "raw": result["raw_s"], "paired": result["ratio"]}
+    return {"lib": result["prepared_s"], "raw": result["raw_s"]}
 
 
 def child_big_model(lib: str, args: argparse.Namespace) -> dict[str, float]:
@@ -247,10 +294,8 @@ def measure_children(rows: list[Row], figure: str, extra: list[str], rounds: int
         result = run_child(figure, name, extra, processes)
         column = {"accelerando": "acc", "accelerate": "ref", "raw": "raw"}[name]
         row.samples[column].append(result["lib"])
-        if "raw" in result:
+        if name == "accelerando" and "raw" in result:  # the raw epoch measured beside accelerando's
             row.samples["raw"].append(result["raw"])
-        if name == "accelerando" and "paired" in result:
-            row.acc_over_raw.append(result["paired"])
 
 
 def measure_launch(rows: list[Row], processes: int, rounds: int) -> None:
@@ -279,11 +324,8 @@ def measure_launch(rows: list[Row], processes: int, rounds: int) -> None:
                         "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                         "--dynamo_backend", "no", *tail],
             }  # fmt: skip
-        paired: dict[int, dict[str, float]] = {}
-        for i, column in _alternating(rounds, list(commands)):
-            paired.setdefault(i, {})[column] = _first_line_delay(commands[column], out, env, column)
-            rows[0].samples[column].append(paired[i][column])
-        rows[0].acc_over_raw = [p["acc"] - p["raw"] for p in paired.values()]
+        for _, column in _alternating(rounds, list(commands)):
+            rows[0].samples[column].append(_first_line_delay(commands[column], out, env, column))
 
 
 def measure_checkpoint(rows: list[Row], args: argparse.Namespace) -> None:
@@ -291,13 +333,13 @@ def measure_checkpoint(rows: list[Row], args: argparse.Namespace) -> None:
     result = run_child(
         "checkpoint", "accelerando", ["--size-mb", str(args.size_mb), "--reps", str(args.rounds)]
     )
-    save, scratch, load = rows
+    result |= run_child("small_save", "accelerando", ["--reps", str(args.rounds)])
+    save, scratch, load, small, small_scratch = rows
     save.samples = {"acc": result["acc_save"], "ref": result["ref_save"], "raw": result["raw_fsync"]}
-    save.acc_over_raw = [a / r for a, r in zip(result["acc_save"], result["raw_fsync"], strict=True)]
     scratch.samples = {"acc": result["acc_scratch"], "ref": result["ref_save"], "raw": result["raw_write"]}
-    scratch.acc_over_raw = [a / r for a, r in zip(result["acc_scratch"], result["raw_write"], strict=True)]
     load.samples = {"acc": result["acc_load"], "ref": result["ref_load"], "raw": result["raw_load"]}
-    load.acc_over_raw = [a / r for a, r in zip(result["acc_load"], result["raw_load"], strict=True)]
+    small.samples = {"acc": result["acc_small"], "ref": result["ref_small"], "raw": []}
+    small_scratch.samples = {"acc": result["acc_small_scratch"], "ref": result["ref_small"], "raw": []}
 
 
 def child_checkpoint(_: str, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -357,7 +399,41 @@ def child_checkpoint(_: str, args: argparse.Namespace) -> dict[str, list[float]]
     return times
 
 
+def child_small_save(_: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Mean seconds of one ``save_state`` of a 4x2 model + SGD (fixed costs), per round, both libraries."""
+    import torch
+
+    from accelerando.core.settings.fields import FIELDS_BY_NAME
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ours = _accelerator_class("accelerando")(cpu=True)
+    ours.prepare(model, optimizer)
+    ref = _accelerator_class("accelerate")(cpu=True)
+    ref.prepare(model, optimizer)
+    folder = tempfile.mkdtemp(prefix="compare_small_", dir=args.dir)
+    scratch_kwargs = {"durable": False} if "checkpoint_durable" in FIELDS_BY_NAME else {}
+    saves = {
+        "acc_small": lambda: ours.save_state(os.path.join(folder, "acc")),
+        "acc_small_scratch": lambda: ours.save_state(os.path.join(folder, "acc_scratch"), **scratch_kwargs),
+        "ref_small": lambda: ref.save_state(os.path.join(folder, "ref")),
+    }
+    for save in saves.values():  # one unrecorded save each: lazy imports, the folders exist
+        save()
+    times: dict[str, list[float]] = {name: [] for name in saves}
+    per_sample = 20
+    for _, name in _alternating(args.reps, list(saves)):
+        start = time.perf_counter()
+        for _ in range(per_sample):
+            saves[name]()
+        times[name].append((time.perf_counter() - start) / per_sample)
+    shutil.rmtree(folder, ignore_errors=True)
+    return times
+
+
 CHILDREN["checkpoint"] = child_checkpoint  # type: ignore[assignment]
+CHILDREN["small_save"] = child_small_save  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------- the table
@@ -373,32 +449,39 @@ def build_rows(args: argparse.Namespace) -> list[Row]:
             print(table(rows), file=sys.stderr, flush=True)
         print(f"measuring {group} ...", file=sys.stderr, flush=True)
         if group == "first":
-            rows.append(Row("first `Accelerator()` after `import torch` (CPU s)"))
+            rows.append(Row("first `Accelerator()` after `import torch` (CPU s)", Goal("acc/ref", 0.5)))
             measure_children(rows[-1:], "first", [], args.rounds, raw=False)
         elif group in ("step", "ddp"):
             processes = 2 if group == "ddp" else 1
             for width in (512, 32):
                 for accumulation in (1, 4) if group == "step" or width == 32 else (1,):
                     name = f"{'2-process DDP' if processes > 1 else 'training'} epoch, {width} wide, accumulation {accumulation} (CPU s)"
-                    rows.append(Row(name))
+                    rows.append(Row(name, STEP_GOAL))
                     extra = [*step_extra, "--width", str(width), "--accumulation", str(accumulation)]
                     measure_children(rows[-1:], "step", extra, args.rounds, raw=True, processes=processes)
         elif group == "dataloader":
-            rows.append(Row(f"dataloader epoch, {args.samples * 8} samples, batch 32 (CPU s)"))
+            rows.append(Row(f"dataloader epoch, {args.samples * 8} samples, batch 32 (CPU s)", STEP_GOAL))
             extra = ["--samples", str(args.samples * 8), "--reps", str(args.reps)]
             measure_children(rows[-1:], "dataloader", extra, args.rounds, raw=True)
         elif group == "launch":
             for processes in (1, 2):
                 base = "python" if processes == 1 else "torchrun"
-                rows.append(Row(f"launch {processes} process(es) to first line (s; acc/raw: +s over {base})"))
+                goal = Goal("acc/raw", 0.15 if processes == 1 else 0.10, seconds=True)
+                label = f"launch {processes} process(es) to first line (s; acc/raw: +s over {base})"
+                rows.append(Row(label, goal, difference=True))
                 measure_launch(rows[-1:], processes, args.rounds)
         elif group == "checkpoint":
             rows += [
-                Row(f"`save_state` {args.size_mb} MB + AdamW (raw: + fsync, the durable floor)"),
-                Row("`save_state` scratch (durable=False; raw: no fsync)"),
-                Row("`load_state` (raw: safetensors + torch.load + load_state_dict)"),
+                Row(
+                    f"`save_state` {args.size_mb} MB + AdamW (raw: + fsync, the durable floor)",
+                    Goal("acc/raw", 1.05),
+                ),
+                Row("`save_state` scratch (durable=False; raw: no fsync)", Goal("acc/ref", 1.05)),
+                Row("`load_state` (raw: safetensors + torch.load + load_state_dict)", Goal("acc/raw", 1.0)),
+                Row("`save_state` of a 4x2 model + SGD, durable (s per save)", Goal("acc/ref", 2.0)),
+                Row("`save_state` of a 4x2 model + SGD, durable=False (s per save)", Goal("acc/ref", 1.2)),
             ]
-            measure_checkpoint(rows[-3:], args)
+            measure_checkpoint(rows[-5:], args)
         elif group == "big_model":
             import bench_big_model
 
@@ -417,21 +500,36 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _spread(values: list[float], difference: bool = False) -> str:
+    if not values:
+        return "-"
+    if difference:
+        return f"{min(values):+.3f} to {max(values):+.3f} s"
+    return f"{min(values):.3f}-{max(values):.3f}"
+
+
 def table(rows: list[Row]) -> str:
-    """The markdown table: figure | accelerando | reference | raw | acc/raw | acc/ref."""
+    """The markdown table: each column's median, ratios of those medians, each ratio's per-round spread, goal.
+
+    A ratio column is the ratio of the medians printed on its row (for launches: the difference of
+    the medians), so a reader can check it; the spread beside it is the min-max of the same ratio
+    taken round by round.
+    """
     lines = [
-        "| figure | accelerando | reference | raw | acc/raw | acc/ref |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| figure | accelerando | reference | raw | acc/raw | acc/raw rounds | acc/ref | acc/ref rounds | goal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        acc, ref, raw = row.cell("acc"), row.cell("ref"), row.cell("raw")
-        over_raw = statistics.median(row.acc_over_raw) if row.acc_over_raw else None
-        if over_raw is None and acc is not None and raw:
-            over_raw = acc / raw
-        launch = row.label.startswith("launch")
-        ratio_raw = "-" if over_raw is None else (f"{over_raw:+.3f} s" if launch else f"{over_raw:.3f}")
-        ratio_ref = _fmt(acc / ref if acc is not None and ref else None)
-        lines.append(f"| {row.label} | {_fmt(acc)} | {_fmt(ref)} | {_fmt(raw)} | {ratio_raw} | {ratio_ref} |")
+        over_raw, over_ref = row.of_medians("raw"), row.of_medians("ref")
+        ratio_raw = (
+            "-" if over_raw is None else (f"{over_raw:+.3f} s" if row.difference else f"{over_raw:.3f}")
+        )
+        cells = [
+            row.label, _fmt(row.cell("acc")), _fmt(row.cell("ref")), _fmt(row.cell("raw")),
+            ratio_raw, _spread(row.per_round("raw"), row.difference),
+            _fmt(over_ref), _spread(row.per_round("ref")), row.verdict(),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -467,11 +565,14 @@ def main() -> None:
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return
+    before = os.getloadavg()
     rows = build_rows(args)
-    load = os.getloadavg()
+    after = os.getloadavg()
     header = (
-        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end; "
-        f"medians of {args.rounds} alternating rounds"
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) {before[0]:.1f} / {before[1]:.1f} / {before[2]:.1f}"
+        f" before, {after[0]:.1f} / {after[1]:.1f} / {after[2]:.1f} after; {args.rounds} alternating rounds;"
+        " each column is the median of its rounds, each ratio the ratio of those medians, 'rounds' the"
+        " min-max of the same ratio round by round"
     )
     text = f"{header}\n\n{table(rows)}\n"
     print(text)
