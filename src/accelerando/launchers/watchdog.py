@@ -5,26 +5,43 @@ writes into a run folder the launcher made: ``rank<N>.pid`` (pid and main-thread
 ``rank<N>.stack`` (its threads' stacks, dumped on SIGUSR1) and ``rank<N>.failure.json`` (an uncaught
 exception with a nanosecond time stamp). :class:`RunFolder` reads them.
 
-:class:`Watchdog` is a thread of the launcher. What it measures is progress of the job, not CPU
-use: a process waiting in a collective (gloo, a barrier, a rendezvous) sits in one call until every
-peer has joined, and uses no CPU there, so "process R used no CPU for ``timeout_s`` seconds and its
-stack is in ``torch.distributed``" means that collective has not completed for ``timeout_s`` seconds,
-whatever the other processes do meanwhile. Two cases stop the job:
+:class:`Watchdog` is a thread of the launcher. What it measures is progress of the job, read from
+each process's **main thread** (the thread that runs the user's script; Linux gives it the process's
+id as thread id, so ``/proc/<pid>/task/<pid>/stat`` holds its CPU time). A main thread waiting in a
+collective (gloo, a barrier, a rendezvous) sits in one call until every peer has joined and uses no
+CPU there, so "the main thread of process R used no CPU for ``timeout_s`` seconds and its stack is in
+``torch.distributed``" means that collective has not completed for ``timeout_s`` seconds, whatever
+the other processes do meanwhile. The whole process's CPU time is not the measure: background
+threads run while the main thread waits (gloo's ``gloo_tcp_loop`` thread alone uses about 2.5 ms of
+CPU a second in every process of a gloo job), so a hung process would look busy. The rule:
 
-- a process waited in a collective for ``timeout_s`` while others kept running elsewhere (a rank
-  spinning in a loop of its own, or stuck in a long computation): those others did not arrive;
-- no live process used CPU for ``timeout_s`` (every process waits, sleeps, or waits for peers that
-  finished): the job cannot end by itself.
+- a process is *quiet* when its main thread used less than ``threshold_s`` CPU seconds (1 ms a
+  second of the timeout, at least 50 ms) for ``timeout_s`` seconds; any process starting or ending
+  restarts every clock (that is progress of the job);
+- a quiet process whose main thread is in a collective (its stack, asked once) while others run
+  elsewhere (a rank spinning in a loop of its own, or stuck in a long computation) means those others
+  did not arrive: the job is stopped;
+- when every live process is quiet, the job is stopped when one of them waits in a collective, or when
+  none does and no process as a whole did work either (every one waits, sleeps, or waits for peers
+  that finished: the job cannot end by itself). A quiet main thread in a process that does work in
+  other threads (at least 1% of a core: ten times gloo's background use) outside any collective is
+  left alone (training run in a thread the main thread joins).
+
+A process whose main thread computes, however long, is never quiet: a long legitimate step on every
+rank is not stopped; one process computing alone for longer than the timeout while the others wait
+for it in a collective is (it looks exactly like one spinning in a loop that never ends: raise the
+timeout for such jobs). Why no progress counter in the training loop: the stack of a quiet main
+thread already says whether it is in a collective, for every collective (the user's own
+``torch.distributed`` calls included) at no cost per step; a counter would need a hook in each.
 
 The watchdog then asks each live process for its stacks (SIGUSR1: faulthandler writes them from the
 signal handler, so a process spinning in pure Python answers too), names those not waiting in a
 collective as the ones that did not arrive (with where they were), and kills every live process; the
 agent then ends the job. Nothing runs in the processes for this (no per-step counter, no collective):
-the watchdog reads ``/proc/<pid>/stat`` and, only for a process idle for ``timeout_s``, asks for its
-stacks once (microseconds of the process's time). :class:`ProgressMonitor` holds the decision, apart
-from the processes it watches. A GPU collective that hangs spins a CPU thread: that case is left to
-the process group's own timeout (NCCL's watchdog), which ends the process with an error the summary
-names.
+the watchdog reads ``/proc`` and, only for a process quiet for ``timeout_s``, asks for its stacks once
+(microseconds of the process's time). :class:`ProgressMonitor` holds the decision, apart from the
+processes it watches. A GPU collective that hangs spins a CPU thread: that case is left to the process
+group's own timeout (NCCL's watchdog), which ends the process with an error the summary names.
 """
 
 from __future__ import annotations
@@ -47,6 +64,7 @@ __all__ = [
     "RunFolder",
     "Verdict",
     "Watchdog",
+    "cpu_readings",
     "is_waiting",
     "main_thread_stack",
 ]
@@ -153,18 +171,33 @@ def _caller(frames: list[str]) -> str:
     return next((f for f in frames if "/torch/" not in f), frames[0] if frames else "?")
 
 
-def _cpu_and_state(pid: int) -> tuple[float, str] | None:
-    """CPU seconds used by all threads of ``pid`` and its state letter; None when it is gone."""
+def _stat_cpu(path: str) -> float | None:
+    """CPU seconds (user + system) in a ``/proc`` stat file; None when gone or a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+        with open(path, encoding="ascii", errors="replace") as handle:
             text = handle.read()
     except OSError:
         return None
     rest = text[text.rindex(")") + 2 :].split()
-    state = rest[0]
-    if state in ("Z", "X"):
+    if rest[0] in ("Z", "X"):
         return None
-    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK"), state
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_readings(pid: int) -> tuple[float, float] | None:
+    """CPU seconds used so far by the main thread of ``pid`` and by all its threads together.
+
+    The main thread is the one whose id is the process id (Linux): the thread that runs the script.
+
+    Returns:
+        ``(main thread, whole process)``; None when the process is gone (or a zombie). When the
+        main thread cannot be read on its own, the whole process stands for it.
+    """
+    process = _stat_cpu(f"/proc/{pid}/stat")
+    if process is None:
+        return None
+    main = _stat_cpu(f"/proc/{pid}/task/{pid}/stat")
+    return (process if main is None else main), process
 
 
 @dataclass
@@ -223,54 +256,81 @@ class Verdict:
     """What :meth:`ProgressMonitor.observe` concluded.
 
     Attributes:
-        kind: ``"idle"``: no live process used CPU for the timeout (the job cannot go on);
-            ``"suspect"``: these processes used none for the timeout while others ran, so the
+        kind: ``"idle"``: no live process's main thread used CPU for the timeout; ``"suspect"``:
+            these processes' main threads used none for the timeout while others ran, so the
             watchdog looks at their stacks (waiting in a collective: a hang).
-        ranks: the processes idle for the timeout.
+        ranks: the processes quiet for the timeout.
+        working: among ``ranks``, those whose process as a whole did work meanwhile (in threads
+            other than the main one): an idle job with one of them and no collective waiting is
+            left alone.
     """
 
     kind: str
     ranks: frozenset[int]
+    working: frozenset[int] = frozenset()
 
 
 class ProgressMonitor:
-    """Per-process idle clocks, fed with CPU readings; says when the watchdog must look at stacks.
+    """Per-process quiet clocks, fed with CPU readings; says when the watchdog must look at stacks.
 
-    A process's clock restarts when it has used ``threshold_s`` CPU seconds since the clock's last
-    start, and every clock restarts when a process starts or ends (that is progress of the job).
+    A process's clock restarts when its main thread has used ``threshold_s`` CPU seconds since the
+    clock's last start, and every clock restarts when a process starts or ends (that is progress of
+    the job). Background threads do not count (see the module docstring).
 
     Args:
-        timeout_s: seconds a process may stay idle before it is suspect.
-        threshold_s: CPU seconds below which a process counts as idle (an idle process's noise).
+        timeout_s: seconds a process may stay quiet before it is suspect.
+        threshold_s: main-thread CPU seconds below which a process counts as quiet (noise).
+        working_share: share of a core the whole process must have used over a quiet clock's time
+            to count as working in other threads (default 1%: gloo's background thread uses 0.25%).
     """
 
-    def __init__(self, timeout_s: float, threshold_s: float):
+    def __init__(self, timeout_s: float, threshold_s: float, working_share: float = 0.01):
         self.timeout_s = timeout_s
         self.threshold_s = threshold_s
-        self._clocks: dict[int, tuple[float, float]] = {}  # rank -> (CPU at its start, its start)
+        self.working_share = working_share
+        # rank -> (main-thread CPU at its start, process CPU at its start, its start)
+        self._clocks: dict[int, tuple[float, float, float]] = {}
+        self._process: dict[int, float] = {}  # rank -> the last whole-process reading
 
-    def observe(self, now: float, cpu: dict[int, float]) -> Verdict | None:
-        """Take one reading: ``rank -> CPU seconds`` of every live process at ``now`` (monotonic).
+    def observe(
+        self, now: float, cpu: dict[int, float], process_cpu: dict[int, float] | None = None
+    ) -> Verdict | None:
+        """Take one reading of every live process at ``now`` (monotonic seconds).
+
+        Args:
+            now: the time of the reading.
+            cpu: ``rank -> CPU seconds`` used so far by each live process's main thread.
+            process_cpu: ``rank -> CPU seconds`` used so far by each whole process (all threads);
+                None: the main thread's reading stands for it.
 
         Returns:
             ``None`` while nothing is due, else the :class:`Verdict`.
         """
+        self._process = dict(cpu if process_cpu is None else process_cpu)
         if set(cpu) != set(self._clocks):
-            self._clocks = {rank: (used, now) for rank, used in cpu.items()}
+            self._clocks = {rank: (used, self._process[rank], now) for rank, used in cpu.items()}
             return None
         for rank, used in cpu.items():
             if used - self._clocks[rank][0] >= self.threshold_s:
-                self._clocks[rank] = (used, now)
-        idle = frozenset(r for r, (_, start) in self._clocks.items() if now - start >= self.timeout_s)
-        if not idle:
+                self._clocks[rank] = (used, self._process[rank], now)
+        quiet = frozenset(r for r, clock in self._clocks.items() if now - clock[2] >= self.timeout_s)
+        if not quiet:
             return None
-        return Verdict("idle" if idle == set(cpu) else "suspect", idle)
+        if quiet != set(cpu):
+            return Verdict("suspect", quiet)
+        working = frozenset(
+            rank
+            for rank in quiet
+            if self._process[rank] - self._clocks[rank][1]
+            >= self.working_share * (now - self._clocks[rank][2])
+        )
+        return Verdict("idle", quiet, working)
 
     def excuse(self, ranks: frozenset[int] | set[int], now: float) -> None:
-        """Restart the clocks of ``ranks`` (their stacks showed them idle on their own, not waiting)."""
+        """Restart the clocks of ``ranks`` (their stacks showed them quiet on their own, not waiting)."""
         for rank in ranks:
             if rank in self._clocks:
-                self._clocks[rank] = (self._clocks[rank][0], now)
+                self._clocks[rank] = (self._clocks[rank][0], self._process[rank], now)
 
 
 class Watchdog(threading.Thread):
@@ -290,7 +350,7 @@ class Watchdog(threading.Thread):
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.2, timeout_s / 10))
         self.report: HangReport | None = None
         self._stop_event = threading.Event()
-        # CPU below this is an idle process's noise
+        # main-thread CPU below this (1 ms a second of the timeout, at least 50 ms) is a quiet thread's noise
         self.monitor = ProgressMonitor(timeout_s, max(0.05, 0.001 * timeout_s))
 
     def stop(self) -> None:
@@ -300,18 +360,21 @@ class Watchdog(threading.Thread):
     def run(self) -> None:  # noqa: D102 - threading.Thread's contract
         while not self._stop_event.wait(self.poll_s):
             processes = self.folder.processes()
-            live = {}
-            for rank, (pid, _) in processes.items():
-                seen = _cpu_and_state(pid)
-                if seen is not None:
-                    live[rank] = seen[0]
-            verdict = self.monitor.observe(time.monotonic(), live)
+            readings = {rank: cpu_readings(pid) for rank, (pid, _) in processes.items()}
+            live = {rank: seen for rank, seen in readings.items() if seen is not None}
+            now = time.monotonic()
+            main = {rank: seen[0] for rank, seen in live.items()}
+            verdict = self.monitor.observe(now, main, {rank: seen[1] for rank, seen in live.items()})
             if verdict is None:
                 continue
             if verdict.kind == "idle":
-                self.report = self._stop_job(processes, set(live), self._stacks(processes, set(live)))
+                stacks = self._stacks(processes, set(live))
+                if verdict.working and not any(is_waiting(frames) for frames in stacks.values()):
+                    self.monitor.excuse(verdict.ranks, time.monotonic())  # work in a thread of its own
+                    continue
+                self.report = self._stop_job(processes, set(live), stacks)
                 return
-            # Only the idle ones are asked first: a busy process is not interrupted unless it is stuck.
+            # Only the quiet ones are asked first: a busy process is not interrupted unless it is stuck.
             stacks = self._stacks(processes, set(verdict.ranks))
             waited = sorted(rank for rank in verdict.ranks if is_waiting(stacks[rank]))
             if not waited:
