@@ -23,7 +23,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from accelerando.backends.trackers.aim import AimTracker
-from accelerando.backends.trackers.base import GeneralTracker, on_main_process, scalar_value
+from accelerando.backends.trackers.base import (
+    CHECKPOINT_SIZE_KEY,
+    GeneralTracker,
+    on_main_process,
+    scalar_value,
+)
 from accelerando.backends.trackers.clearml import ClearMLTracker
 from accelerando.backends.trackers.comet import CometMLTracker
 from accelerando.backends.trackers.dvclive import DVCLiveTracker
@@ -320,6 +325,11 @@ class TrackingManager:
         log_with: see :func:`filter_trackers`.
         logging_dir: the Accelerator's logging directory.
 
+    Attributes:
+        last_step: the ``step`` of the script's last :meth:`log` call (None before the first one, or
+            when that call gave none): checkpoint metrics are logged at it, so that they follow the
+            script's own step axis and never move it.
+
     Raises:
         ValueError, ImportError, TypeError: as :func:`filter_trackers`.
     """
@@ -328,6 +338,7 @@ class TrackingManager:
         self.logging_dir = logging_dir
         self._requested = filter_trackers(log_with, logging_dir)
         self._trackers: list[GeneralTracker] = []
+        self.last_step: int | None = None
 
     @property
     def trackers(self) -> list[GeneralTracker]:
@@ -411,6 +422,7 @@ class TrackingManager:
         if reduce is not None:
             values = _reduce_values(values, reduce)
         log_kwargs = log_kwargs or {}
+        self.last_step = step
         for tracker in self._trackers:
             if _runs_here(tracker):
                 tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
@@ -425,8 +437,14 @@ class TrackingManager:
     def log_checkpoint(self, step: int | None, path: str | os.PathLike[str], size_bytes: int) -> None:
         """Record a committed checkpoint in every tracker (called by the checkpoint code, main process).
 
+        Only with the ``log_checkpoint_metrics`` setting: by default ``save_state`` logs nothing to the
+        trackers. The metric is :data:`~accelerando.backends.trackers.base.CHECKPOINT_SIZE_KEY`, in
+        accelerando's own namespace.
+
         Args:
-            step: the training step the checkpoint belongs to.
+            step: the script's step (:attr:`last_step`), never
+                ``accelerator.step`` (micro-batches, restarting each epoch: a tracker keeping one row
+                per step would drop the script's rows logged after a lower step).
             path: the checkpoint folder.
             size_bytes: its size on disk.
         """
@@ -436,7 +454,7 @@ class TrackingManager:
             if hasattr(tracker, "log_checkpoint"):
                 tracker.log_checkpoint(step, os.fspath(path), int(size_bytes))
             else:
-                tracker.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
+                tracker.log({CHECKPOINT_SIZE_KEY: int(size_bytes)}, step=step)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> object:
         """Return the tracker called ``name``, or its native object with ``unwrap=True``.

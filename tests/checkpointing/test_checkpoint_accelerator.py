@@ -278,7 +278,8 @@ def test_failed_write_commits_nothing(tmp_path) -> None:
     assert os.path.basename(accelerator.save_state()) == "checkpoint_0"
 
 
-def test_committed_checkpoints_are_reported_to_trackers(tmp_path) -> None:
+def test_committed_checkpoints_are_reported_to_trackers_only_when_asked(tmp_path, monkeypatch) -> None:
+    """By default save_state logs nothing; log_checkpoint_metrics reports at the script's step."""
     from accelerando.tracking import GeneralTracker
 
     class Recorder(GeneralTracker):
@@ -302,19 +303,25 @@ def test_committed_checkpoints_are_reported_to_trackers(tmp_path) -> None:
         def log_checkpoint(self, step, path, size_bytes) -> None:
             self.logged.append(("checkpoint", step, path, size_bytes))
 
-    recorder = Recorder()
-    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
-    accelerator = Accelerator(cpu=True, project_config=config, log_with=recorder)
-    accelerator.init_trackers("run")
-    model = accelerator.prepare(torch.nn.Linear(2, 2))
-    accelerator.step = 5
-    path = accelerator.save_state()
-    (entry,) = [e for e in recorder.logged if e[0] == "checkpoint"]
-    assert entry[1:3] == (5, path)
+    def run(project: str) -> tuple[list[tuple], str]:
+        recorder = Recorder()
+        config = ProjectConfiguration(project_dir=str(tmp_path / project), automatic_checkpoint_naming=True)
+        accelerator = Accelerator(cpu=True, project_config=config, log_with=recorder)
+        accelerator.init_trackers("run")
+        accelerator.prepare(torch.nn.Linear(2, 2))
+        accelerator.step = 5  # micro-batches: never the step a checkpoint is reported at
+        accelerator.log({"loss": 1.0}, step=3)
+        return recorder.logged, accelerator.save_state()
+
+    logged, _ = run("default")
+    assert logged == [("log", {"loss": 1.0}, 3)]  # nothing but the script's own row
+    monkeypatch.setenv("ACCELERANDO_LOG_CHECKPOINT_METRICS", "1")
+    logged, path = run("opted_in")
+    (entry,) = [e for e in logged if e[0] == "checkpoint"]
+    assert entry[1:3] == (3, path)  # the step the script last logged at
     assert entry[3] == sum(
         os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n != MANIFEST_NAME
     )
-    del model
 
 
 def test_save_on_each_node_single_process(tmp_path) -> None:

@@ -66,7 +66,7 @@ def test_custom_instance_and_class_are_driven_through_the_lifecycle() -> None:
     assert instance.calls[0] == ("start", "mine")
     assert instance.calls[1] == ("config", {"lr": 1e-3})
     assert instance.calls[2] == ("log", {"loss": 0.5, "n": 3}, 7, {"commit": True})
-    assert instance.calls[3] == ("log", {"checkpoint/size_bytes": 1234}, 7, {})
+    assert instance.calls[3] == ("log", {"accelerando/checkpoint_size_bytes": 1234}, 7, {})
     assert instance.calls[-1] == ("finish",)
     assert manager.get_tracker("recording") is instance
     assert manager.get_tracker("recording", unwrap=True) is None

@@ -35,7 +35,7 @@ def _round_trip(logging_dir: str, tracking_uri: str, tmp_path: Path) -> None:
     history = client.get_metric_history(run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(0, 2.0), (1, 1.0), (2, 0.0)]
     assert "label" not in run.data.metrics
-    assert client.get_metric_history(run_id, "checkpoint/size_bytes")[0].value == 4096
+    assert client.get_metric_history(run_id, "accelerando/checkpoint_size_bytes")[0].value == 4096
     assert client.get_experiment(run.info.experiment_id).name == "exp"
 
 

@@ -34,8 +34,8 @@ def test_scalars_text_hparams_and_images_round_trip(tmp_path: Path) -> None:
     loss = events.Scalars("loss")
     assert [e.step for e in loss] == [0, 1, 2, 3]
     assert [round(e.value, 4) for e in loss] == [1.0, 0.5, 0.3333, 0.25]
-    assert [e.step for e in events.Scalars("checkpoint/size_bytes")] == [4]
-    assert events.Scalars("checkpoint/size_bytes")[0].value == 2048
+    assert [e.step for e in events.Scalars("accelerando/checkpoint_size_bytes")] == [4]
+    assert events.Scalars("accelerando/checkpoint_size_bytes")[0].value == 2048
     tags = events.Tags()
     assert "note/text_summary" in tags["tensors"]
     # add_images tiles the batch of two 4x4 images into one 8x4 picture

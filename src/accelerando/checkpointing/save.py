@@ -539,7 +539,10 @@ def save_state_sync(
 
 
 def _report_to_trackers(target: CheckpointTarget, path: str, size: int) -> None:
-    """Report a committed checkpoint (step, path, size) to the active trackers, on the main process."""
+    """Report a committed checkpoint (path, size) to the active trackers, on the main process.
+
+    The target logs only when the ``log_checkpoint_metrics`` setting asks for it, at the script's step.
+    """
     if not target.state.is_main_process:
         return
-    target.log_checkpoint(int(target.step), path, size)
+    target.log_checkpoint(path, size)

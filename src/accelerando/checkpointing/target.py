@@ -134,6 +134,6 @@ class CheckpointTarget(Protocol):
         """The full state dict of ``model`` (gathered from shards by sharding strategies)."""
         ...
 
-    def log_checkpoint(self, step: int, path: str, size: int) -> None:
-        """Tell the trackers a checkpoint was written (a no-op without trackers)."""
+    def log_checkpoint(self, path: str, size: int) -> None:
+        """Tell the trackers a checkpoint was written (only with the ``log_checkpoint_metrics`` setting)."""
         ...

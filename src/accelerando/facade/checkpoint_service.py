@@ -172,9 +172,10 @@ class AcceleratorCheckpointTarget:
         """The full state dict of ``model``, as ``Accelerator.get_state_dict`` gives it."""
         return self._parts.strategy.model_state_dict(model)
 
-    def log_checkpoint(self, step: int, path: str, size: int) -> None:
-        """Report a written checkpoint to the trackers (nothing without trackers)."""
-        self._parts.observability.log_checkpoint(step, path, size)
+    def log_checkpoint(self, path: str, size: int) -> None:
+        """Report a written checkpoint to the trackers, only with the ``log_checkpoint_metrics`` setting."""
+        if getattr(self._parts.settings, "log_checkpoint_metrics", False):
+            self._parts.observability.log_checkpoint(path, size)
 
 
 class CheckpointService:

@@ -90,11 +90,16 @@ class Observability:
         """Return the tracker called ``name`` (its native run object with ``unwrap=True``)."""
         return self._tracking_manager().get(name, unwrap=unwrap)
 
-    def log_checkpoint(self, step: int, path: str, size: int) -> None:
-        """Report a written checkpoint to the trackers (nothing without trackers)."""
+    def log_checkpoint(self, path: str, size: int) -> None:
+        """Report a written checkpoint to the trackers (nothing without trackers).
+
+        The step is the script's own: the one its last ``log`` call gave (None when it gave none, so
+        that each tracker uses its own counter, as for the script's values); never
+        ``accelerator.step``, which counts micro-batches and restarts each epoch.
+        """
         manager = self.tracking
-        if manager is not None and callable(getattr(manager, "log_checkpoint", None)):
-            manager.log_checkpoint(step, path, size)
+        if manager is not None:
+            manager.log_checkpoint(manager.last_step, path, size)
 
     def enable_memory_monitor(
         # Any: MemoryMonitor's own keyword options, passed on as given.

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from accelerando.logging import _process_view
 
 __all__ = [
+    "CHECKPOINT_SIZE_KEY",
     "GeneralTracker",
     "LibraryRunTracker",
     "flatten_config",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., object])
+
+#: The metric ``log_checkpoint`` writes: in accelerando's own namespace, so no key of the script's is touched.
+CHECKPOINT_SIZE_KEY = "accelerando/checkpoint_size_bytes"
 
 
 def on_main_process(function: F) -> F:
@@ -121,17 +125,20 @@ class GeneralTracker:
         """
 
     def log_checkpoint(self, step: int | None, path: str, size_bytes: int) -> None:
-        """Record that a checkpoint was committed (called by the checkpoint code on the main process).
+        """Record that a checkpoint was committed (only with the ``log_checkpoint_metrics`` setting).
 
-        The default logs ``checkpoint/size_bytes`` as a metric at ``step``; backends with a richer
-        notion (tags, artifacts) override it.
+        Called by the checkpoint code on the main process. The default logs
+        :data:`CHECKPOINT_SIZE_KEY` as a metric at ``step``, the script's own step; backends whose
+        history is one row per step (W&B, DVCLive) add it to the current row instead, and backends
+        with a richer notion (tags, artifacts) add that.
 
         Args:
-            step: the training step of the checkpoint.
+            step: the script's step (the one its last ``log`` call gave; None when that call gave none,
+                so that the tracker's own counter places it, as it placed the script's values).
             path: where the checkpoint was written.
             size_bytes: its total size on disk.
         """
-        self.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
+        self.log({CHECKPOINT_SIZE_KEY: int(size_bytes)}, step=step)
 
     def finish(self) -> None:
         """Flush and close the native run."""

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from accelerando.backends.trackers.base import (
+    CHECKPOINT_SIZE_KEY,
     GeneralTracker,
     missing_library_error,
     on_main_process,
@@ -95,6 +96,24 @@ class DVCLiveTracker(GeneralTracker):
                     f"DVCLiveTracker: skipped {key!r}; DVCLive metrics must be numbers or strings."
                 )
         live.next_step()
+
+    @on_main_process
+    def log_checkpoint(self, step: int | None, path: str, size_bytes: int) -> None:
+        """Log the checkpoint size at ``step`` without moving DVCLive's step counter (no ``next_step``).
+
+        Args:
+            step: the script's step; None: DVCLive's current step (the row the script writes next).
+            path: the checkpoint folder (unused).
+            size_bytes: its total size on disk.
+        """
+        live = self._tracker
+        current = live.step
+        if step is not None:
+            live.step = step
+        try:
+            live.log_metric(CHECKPOINT_SIZE_KEY, int(size_bytes))
+        finally:
+            live.step = current  # the script's next ``log`` continues where it left off
 
     @on_main_process
     def finish(self) -> None:

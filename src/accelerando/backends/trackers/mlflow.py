@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from accelerando.backends.trackers.base import (
+    CHECKPOINT_SIZE_KEY,
     GeneralTracker,
     flatten_config,
     missing_library_error,
@@ -249,11 +250,11 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def log_checkpoint(self, step: int | None, path: str, size_bytes: int) -> None:
-        """Log the checkpoint size as a metric and its path as the ``last_checkpoint`` tag."""
+        """Log the checkpoint size as a metric and its path as the ``last_checkpoint`` tag (opt-in, see base)."""
         import mlflow
 
         mlflow.set_tag("last_checkpoint", str(path))
-        self.log({"checkpoint/size_bytes": int(size_bytes)}, step=step)
+        self.log({CHECKPOINT_SIZE_KEY: int(size_bytes)}, step=step)
 
     @on_main_process
     def log_figure(

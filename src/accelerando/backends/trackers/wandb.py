@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from accelerando.backends.trackers.base import (
+    CHECKPOINT_SIZE_KEY,
     LibraryRunTracker,
     on_main_process,
     sanitize_config,
@@ -47,6 +48,20 @@ class WandBTracker(LibraryRunTracker):
             **kwargs: passed to ``run.log`` (``commit``, ...).
         """
         self._tracker.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def log_checkpoint(self, step: int | None, path: str, size_bytes: int) -> None:
+        """Add the checkpoint size to the run's current history row (``commit=False``).
+
+        A W&B history is one row per step and drops any row logged at a lower step than the last
+        one, so the metric joins the row the script is writing rather than naming a step.
+
+        Args:
+            step: unused (see above).
+            path: the checkpoint folder (unused).
+            size_bytes: its total size on disk.
+        """
+        self._tracker.log({CHECKPOINT_SIZE_KEY: int(size_bytes)}, commit=False)
 
     @on_main_process
     def log_images(

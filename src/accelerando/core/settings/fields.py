@@ -413,6 +413,9 @@ FIELDS: tuple[Field, ...] = (
     _core("checkpoint_durable", "bool", True,
           help="save_state flushes every file and rename to disk (fsync) before returning; false: scratch "
                "checkpoints, still atomic against a crashed process but not against power loss."),
+    _core("log_checkpoint_metrics", "bool", False, switch=True,
+          help="save_state logs accelerando/checkpoint_size_bytes to the trackers at the step of the script's "
+               "last accelerator.log call (never accelerator.step); off: save_state logs nothing to them."),
     _core("auto_resume", "bool", False, switch=True,
           help="The first prepare() loads the newest complete checkpoint of the project folder (automatic "
                "checkpoint naming) and the prepared dataloaders skip to their saved position; implies "
