@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,24 @@ import torch.distributed as dist
 from accelerando.core import process_group
 
 mode, rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if mode == "exit0" and rank == 1:  # registered before the teardown's hook: runs after it
+    import atexit
+    atexit.register(lambda: print(f"rank 1 torn down at {time.time()!r}", flush=True))
 handle = process_group.start(
     device=torch.device("cpu"), default_backend="gloo", main_address="127.0.0.1", main_port=port,
     rank=rank, world_size=2, shutdown_timeout_s=float(sys.argv[4]),
 )
 total = torch.ones(1)
+if mode == "exit" and rank == 1:
+    sys.exit(3)  # while rank 0 waits for it in the all_reduce
 dist.all_reduce(total)
 assert total.item() == 2.0 and handle.backend == "gloo"
 print(f"rank {rank} finished", flush=True)
+if mode == "exit0":
+    if rank == 1:
+        sys.exit(0)  # clean: the teardown still waits for rank 0
+    time.sleep(3)
+    print(f"rank 0 reaches the teardown at {time.time()!r}", flush=True)
 if rank == 1 and mode == "vanish":
     os.kill(os.getpid(), signal.SIGKILL)  # never reaches the teardown agreement
 if rank == 1 and mode == "raise":
@@ -172,6 +183,103 @@ def test_failing_peer_releases_the_survivor_at_once(tmp_path, env):
     assert code1 == 1 and "rank 1 failed at the end" in out1
     assert code0 == 0, out0
     assert "terminate called" not in out0 + out1
+
+
+def test_a_failing_sys_exit_releases_the_peer_waiting_for_it_at_once(tmp_path, env):
+    # No launcher (as under torchrun): the sys.exit the teardown wraps marks the failure. Before issue
+    # 42 rank 1 waited its whole bound (here 600 s, past the 45 s subprocess timeout) for rank 0,
+    # which waited for it in the all_reduce.
+    (code0, out0), (code1, out1) = _plain_pair(tmp_path, env, "exit", bound_s=600)
+    assert code1 == 3, out1
+    # its all_reduce failed at once (gloo's words vary: "Connection closed by peer", "reset", ...)
+    assert code0 == 1 and "RuntimeError" in out0 and "dist.all_reduce(total)" in out0, out0
+    assert "terminate called" not in out0 + out1
+
+
+def test_a_clean_sys_exit_still_waits_for_its_peers(tmp_path, env):
+    (code0, out0), (code1, out1) = _plain_pair(tmp_path, env, "exit0", bound_s=30)
+    assert (code0, code1) == (0, 0), out0 + out1
+    arrived = float(out0.split("rank 0 reaches the teardown at ")[1].split()[0])
+    torn_down = float(out1.split("rank 1 torn down at ")[1].split()[0])
+    assert torn_down >= arrived  # rank 1's teardown waited for rank 0's arrival
+
+
+@pytest.mark.parametrize(("code", "failing"), [(3, True), ("bad input", True), (0, False), (None, False)])
+def test_the_launch_shim_marks_a_failing_system_exit(tmp_path, monkeypatch, code, failing):
+    from types import SimpleNamespace
+
+    from accelerando.launchers import _child
+
+    marked = []
+    monkeypatch.setitem(
+        sys.modules, "accelerando.core.process_group", SimpleNamespace(mark_failed=lambda: marked.append(1))
+    )
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    script = tmp_path / "leave.py"
+    script.write_text(f"raise SystemExit({code!r})\n")
+    with pytest.raises(SystemExit) as raised:
+        _child.main(["-", "0", "script", str(script)])
+    assert raised.value.code == code
+    assert marked == ([1] if failing else [])
+
+
+EARLY_EXIT = """\
+import time
+
+started = time.time()
+import os
+import sys
+
+from accelerando import Accelerator
+
+accelerator = Accelerator(cpu=True)
+record = os.path.join(sys.argv[1], f"rank{accelerator.process_index}")
+with open(record, "a") as handle:
+    handle.write(f"start {started!r}\\n")
+if accelerator.process_index == 1:
+    with open(record, "a") as handle:
+        handle.write(f"exit {time.time()!r}\\n")
+    if sys.argv[2] == "raise":
+        raise SystemExit(3)
+    sys.exit(3)
+accelerator.wait_for_everyone()  # rank 0 waits here for a peer that never comes
+"""
+
+
+def _early_exit_gaps(
+    tmp_path: Path, env: dict[str, str], argv: list[str], how: str
+) -> tuple[list[float], float]:
+    records = tmp_path / f"records-{argv[0].rsplit('/', 1)[-1]}-{how}"
+    records.mkdir()
+    script = tmp_path / "early_exit.py"
+    script.write_text(EARLY_EXIT)
+    done = subprocess.run([*argv, str(script), str(records), how], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    ended = time.time()
+    assert done.returncode != 0, done.stderr
+    exits = [
+        float(line.split()[1])
+        for line in (records / "rank1").read_text().splitlines()
+        if line.startswith("exit")
+    ]
+    starts = [float(line.split()[1]) for line in (records / "rank0").read_text().splitlines()]
+    assert len(exits) == 2, done.stderr  # --max_restarts 1: two tries
+    # The seconds from rank 1's exit to the next try's first line, then to the launcher's exit.
+    return [min(s for s in starts if s > exits[0]) - exits[0]], ended - exits[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sys.exit", "raise"])
+def test_an_early_exit_ends_the_launch_within_5_s_and_restarts_without_waiting(tmp_path, env, how):
+    launch = [*_launcher(), "launch", "--cpu", "--num_processes", "2", "--max_restarts", "1"]
+    (restart_gap,), to_end = _early_exit_gaps(tmp_path, env, launch, how)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1"]
+    (torchrun_restart,), torchrun_end = _early_exit_gaps(tmp_path, env, torchrun, how)
+    print(f"{how}: exit -> launcher exit {to_end:.2f} s (torchrun {torchrun_end:.2f} s); exit -> restarted "
+          f"try's first line {restart_gap:.2f} s (torchrun {torchrun_restart:.2f} s)")  # fmt: skip
+    assert to_end <= 5, to_end  # was 30-32 s: the teardown waited its whole bound for rank 0
+    assert restart_gap <= 10, restart_gap  # the restart's start-up (an interpreter, torch) included
 
 
 def test_the_report_blames_the_killed_process_over_the_peer_that_lost_it(capsys):

@@ -12,8 +12,13 @@ Contract (who calls what, in which order, what holds afterwards):
    second call, or a call after the user destroyed the group with ``torch.distributed.
    destroy_process_group()``, is harmless.
 3. At interpreter exit the hook calls ``shutdown()`` when no one did. When the process is exiting
-   because of an uncaught exception it does not wait for the others: it tells them (so a process
-   already waiting stops waiting) and only destroys its own group.
+   because of an uncaught exception, or a ``SystemExit`` with a failing status (``sys.exit(3)``,
+   seen by the ``sys.exit`` :func:`start` wraps, and any ``SystemExit`` out of a script that
+   ``accelerando launch``'s process shim runs, which calls :func:`mark_failed`: Python runs no hook
+   of its own for a ``SystemExit``), it does not wait for the others: it tells them (so a process
+   already waiting stops waiting) and only destroys its own group. A peer waiting in a collective for it could never
+   reach the teardown, so waiting for it would only delay the job's end by the whole shutdown
+   timeout (30 s), and every restart of ``--max_restarts`` would pay it again.
 
 The agreement runs on the rendezvous store (a ``TCPStore``), not on the process group itself:
 see :meth:`ProcessGroupHandle.shutdown` for why. The teardown exists because a gloo backend still
@@ -23,19 +28,22 @@ alive when the interpreter finalizes can abort a finished process (exit 134): se
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
 import time
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from torch.distributed.distributed_c10d import Store
 
-__all__ = ["CPU_BACKENDS", "DEFAULT_SHUTDOWN_TIMEOUT_S", "ProcessGroupHandle", "start"]
+__all__ = ["CPU_BACKENDS", "DEFAULT_SHUTDOWN_TIMEOUT_S", "ProcessGroupHandle", "mark_failed", "start"]
 
 #: process-group backends that can run collectives on CPU tensors.
 CPU_BACKENDS = ("gloo", "mpi", "ccl", "cpu:gloo,cuda:nccl")
@@ -333,7 +341,44 @@ def _register(handle: ProcessGroupHandle) -> None:
         previous(kind, value, traceback)
 
     sys.excepthook = _excepthook
+    sys.exit = _exit_marking_failure(sys.exit)
     atexit.register(_shutdown_at_exit)
+
+
+def _exit_marking_failure(original: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
+    """``sys.exit`` that first calls :func:`mark_failed` when its status is a failure.
+
+    Python runs no hook for a ``SystemExit``, so without this a process started by another launcher
+    (torchrun, plain ``python``) that calls ``sys.exit(3)`` while a peer waits for it in a collective
+    would wait the whole shutdown timeout at exit (``accelerando launch``'s shim also catches a
+    ``raise SystemExit(3)``). Only the main thread's call counts: elsewhere it ends one thread.
+    """
+
+    @functools.wraps(original)
+    def exit(status: object = None, /) -> NoReturn:  # noqa: A001 - it stands for sys.exit
+        if _is_failing(status) and threading.current_thread() is threading.main_thread():
+            mark_failed()
+        original(status)
+
+    return exit
+
+
+def _is_failing(status: object) -> bool:
+    """Whether ``SystemExit(status)`` ends the process with a non-zero exit status."""
+    return status is not None and (not isinstance(status, int) or status != 0)
+
+
+def mark_failed() -> None:
+    """Record that this process is ending with a failure: its exit-time teardown will not wait for peers.
+
+    For an exit Python's exception hook never sees: a ``SystemExit`` with a non-zero status
+    (``sys.exit(3)``, argparse's error exit). ``accelerando launch``'s process shim
+    (:mod:`accelerando.launchers._child`) calls it when the script raises one; code that ends its
+    process with a failing status by other means may call it first. Does nothing when no process
+    group was started.
+    """
+    if _current is not None:
+        _current.mark_failed()
 
 
 def _shutdown_at_exit() -> None:

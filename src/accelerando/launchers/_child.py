@@ -11,7 +11,10 @@ module without importing the accelerando package (:mod:`accelerando.launchers._s
 2. writes ``RUN_DIR/rank<N>.pid`` and registers a stack dump of every thread on SIGUSR1 into
    ``RUN_DIR/rank<N>.stack`` (the launcher's watchdog sends it to a job that stopped progressing);
 3. records an uncaught exception, with a nanosecond time stamp, in ``RUN_DIR/rank<N>.failure.json``
-   (so the launcher names the process that failed first, not a peer that failed because of it);
+   (so the launcher names the process that failed first, not a peer that failed because of it), and
+   tells accelerando's process-group teardown not to wait for its peers when the target ends with a
+   failing ``SystemExit`` (a peer waiting in a collective for it would never come: the launcher
+   then ends the job at once, instead of after the teardown's 30 s);
 4. with ``ACCELERANDO_INSTALL_AS_ACCELERATE`` true (``accelerando launch --install_as_accelerate``),
    calls :func:`accelerando.core.stand_in.install_as_accelerate` so that ``import accelerate`` anywhere in
    the process gets accelerando.
@@ -205,6 +208,24 @@ def _run(kind: str, target: str, args: list[str]) -> dict[str, object]:
     return runpy._run_module_code(code, None, "__main__", None, "", target)  # noqa: SLF001  # pyright: ignore[reportAttributeAccessIssue]
 
 
+def _is_failing(code: object) -> bool:
+    """Whether ``SystemExit(code)`` ends the process with a non-zero status (as Python maps it)."""
+    return code is not None and (not isinstance(code, int) or code != 0)
+
+
+def _release_peers() -> None:
+    """Tell the process group's exit-time teardown not to wait for peers (a failing ``SystemExit``).
+
+    Python calls no exception hook for a ``SystemExit``, so the teardown cannot tell ``sys.exit(3)``
+    from a clean end; it would wait its whole shutdown timeout (30 s) for a peer that waits in a
+    collective for this process and never comes. Looked up, not imported: a process that never
+    started a group has nothing to tear down, and the shim imports only the standard library.
+    """
+    group = sys.modules.get("accelerando.core.process_group")
+    if group is not None:
+        group.mark_failed()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Prepare this process (see the module docstring), then run the target.
 
@@ -226,7 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     _prepare(run_dir, int(launcher_pid), kind)
     if kind != "program":  # a program replaces this interpreter: nothing installed here would reach it
         install_if_asked()
-    _run(kind, target, args)
+    try:
+        _run(kind, target, args)
+    except SystemExit as exiting:
+        if _is_failing(exiting.code):
+            _release_peers()
+        raise
 
 
 if __name__ == "__main__":
