@@ -13,7 +13,7 @@ import contextlib
 import functools
 import gc
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import torch
@@ -80,6 +80,17 @@ if TYPE_CHECKING:
 __all__ = ["Accelerator"]
 
 F = TypeVar("F", bound=Callable[..., object])
+# ``prepare`` gives each object back as the type it was given (the prepared wrapper behaves as it), so
+# a user's ``model, optimizer = accelerator.prepare(model, optimizer)`` keeps completion and checks.
+_P1 = TypeVar("_P1")
+_P2 = TypeVar("_P2")
+_P3 = TypeVar("_P3")
+_P4 = TypeVar("_P4")
+_P5 = TypeVar("_P5")
+_P6 = TypeVar("_P6")
+_P7 = TypeVar("_P7")
+_P8 = TypeVar("_P8")
+_Placement = Sequence[bool | None] | None
 
 logger = logging.getLogger(__name__)
 
@@ -386,7 +397,78 @@ class Accelerator:
         return resume_point(self)
 
     # ---------------------------------------------------------------- prepare
-    prepare = delegate("_preparer", Preparer.prepare)
+    @overload
+    def prepare(self, a: _P1, /, *, device_placement: _Placement = None) -> _P1: ...
+    @overload
+    def prepare(self, a: _P1, b: _P2, /, *, device_placement: _Placement = None) -> tuple[_P1, _P2]: ...
+    @overload
+    def prepare(
+        self, a: _P1, b: _P2, c: _P3, /, *, device_placement: _Placement = None
+    ) -> tuple[_P1, _P2, _P3]: ...
+    @overload
+    def prepare(
+        self, a: _P1, b: _P2, c: _P3, d: _P4, /, *, device_placement: _Placement = None
+    ) -> tuple[_P1, _P2, _P3, _P4]: ...
+    @overload
+    def prepare(
+        self, a: _P1, b: _P2, c: _P3, d: _P4, e: _P5, /, *, device_placement: _Placement = None
+    ) -> tuple[_P1, _P2, _P3, _P4, _P5]: ...
+    @overload
+    def prepare(
+        self, a: _P1, b: _P2, c: _P3, d: _P4, e: _P5, f: _P6, /, *, device_placement: _Placement = None
+    ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6]: ...
+    @overload
+    def prepare(
+        self,
+        a: _P1,
+        b: _P2,
+        c: _P3,
+        d: _P4,
+        e: _P5,
+        f: _P6,
+        g: _P7,
+        /,
+        *,
+        device_placement: _Placement = None,
+    ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6, _P7]: ...
+    @overload
+    def prepare(
+        self,
+        a: _P1,
+        b: _P2,
+        c: _P3,
+        d: _P4,
+        e: _P5,
+        f: _P6,
+        g: _P7,
+        h: _P8,
+        /,
+        *,
+        device_placement: _Placement = None,
+    ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8]: ...
+    @overload
+    def prepare(self, *args: object, device_placement: _Placement = None) -> tuple[object, ...]: ...
+    def prepare(self, *args: object, device_placement: _Placement = None) -> object:
+        """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
+
+        Returns the prepared objects in the order given (the object itself when one was passed), each
+        typed as what was passed. An object that was already prepared comes back unchanged. Models are
+        prepared first (some strategies need them wrapped before their optimizers), then optimizers,
+        dataloaders, schedulers.
+
+        Args:
+            *args: The objects to prepare.
+            device_placement: One entry per object: whether to move it to the device (None: the
+                Accelerator's ``device_placement``).
+
+        Raises:
+            ValueError: ``device_placement`` has the wrong length.
+
+        Example:
+            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # doctest: +SKIP
+        """
+        return self._preparer.prepare(*args, device_placement=device_placement)
+
     prepare_model = delegate("_preparer", Preparer.prepare_model)
     prepare_optimizer = delegate("_preparer", Preparer.prepare_optimizer)
     prepare_scheduler = delegate("_preparer", Preparer.prepare_scheduler)

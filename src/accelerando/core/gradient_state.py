@@ -7,6 +7,10 @@ Contract (who calls what):
   when an iteration starts and ``_remove_dataloader(self)`` when it ends; while registered they expose
   ``end_of_dataloader: bool`` (True while the last batch is being used) and ``remainder: int`` (number
   of real samples in the last global batch when the dataset does not divide evenly, else -1).
+- Something that must act between two training steps, after the loop body of the last one ran (a
+  preemption checkpoint), sets ``at_next_batch``; prepared dataloaders (through
+  :func:`with_batch_boundaries`) and the next ``accumulate`` entry call :meth:`GradientState.reach_batch_boundary`
+  when it is set, before the next batch is read or given out.
 - Everything else only reads.
 """
 
@@ -14,12 +18,12 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
 from accelerando.core.settings import environment_setting
 
-__all__ = ["GradientState"]
+__all__ = ["GradientState", "with_batch_boundaries"]
 
 T = TypeVar("T")
 
@@ -83,6 +87,8 @@ class GradientState:
         plugin_kwargs: the accumulation plugin's fields that differ from its defaults
             (``GradientAccumulationPlugin.to_kwargs()``), always with the current ``num_steps``;
             empty before any Accelerator.
+        at_next_batch: called once at the next batch boundary (the loop asks a prepared dataloader
+            for its next batch, or enters ``accumulate``), then cleared; None: nothing waits for one.
     """
 
     _shared_state: dict[str, object] = {}
@@ -104,6 +110,7 @@ class GradientState:
             # What the accumulation plugin was given beyond its defaults (the reference's dict;
             # transformers' Trainer reads ``plugin_kwargs.get("sync_each_batch")``).
             self.plugin_kwargs: dict[str, object] = {}
+            self.at_next_batch: Callable[[], object] | None = None
             self._initialized = True
         if gradient_accumulation_plugin is not None:
             self._configure(gradient_accumulation_plugin)
@@ -210,6 +217,18 @@ class GradientState:
                 break
         self._active_dataloader_ref = refs[-1]
 
+    def reach_batch_boundary(self) -> None:
+        """Run and clear ``at_next_batch``: the loop is between two batches.
+
+        Called by prepared dataloaders when asked for their next batch (before reading it) and by
+        ``accumulate`` on entry, only while ``at_next_batch`` is set. At that point the loop body after
+        the last step (the script's counters, progress bars, logging) has run and no batch of the next
+        step has been taken.
+        """
+        hook, self.at_next_batch = self.at_next_batch, None
+        if hook is not None:
+            hook()
+
     @classmethod
     def _reset_state(cls) -> None:
         """Forget everything (tests and ``Accelerator.free_memory``)."""
@@ -224,3 +243,32 @@ class GradientState:
 
 def _identity(value: T) -> T:
     return value
+
+
+def with_batch_boundaries(batches: Iterator[T]) -> Iterator[T]:
+    """Yield ``batches``, reaching the batch boundary whenever the loop asks for the next one.
+
+    A prepared dataloader wraps each iteration in it. The boundary is reached as the iteration starts
+    and after each batch given out, when the loop asks for another (the last one included: the loop
+    body of the epoch's last step has run then), before the underlying iterator is advanced. While
+    nothing waits for a boundary (``at_next_batch`` unset, the usual case) each batch costs one dict
+    lookup.
+
+    Args:
+        batches: the loader's own iterator over this epoch's batches; closed when this one is.
+
+    Yields:
+        The batches of ``batches``, unchanged.
+    """
+    shared = GradientState._shared_state
+    try:
+        if shared.get("at_next_batch") is not None:
+            GradientState().reach_batch_boundary()
+        for batch in batches:
+            yield batch
+            if shared.get("at_next_batch") is not None:
+                GradientState().reach_batch_boundary()
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # a loop that stopped early: the loader's own clean-up runs now

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 from torch.utils.data import DataLoader
 
+from accelerando.core.gradient_state import with_batch_boundaries
 from accelerando.data_loader.batches import batch_size_of, concat_batches, resolve_send_to_device, slice_batch
 from accelerando.data_loader.progress import PreparedLoaderMixin
 from accelerando.data_loader.samplers import BatchSamplerShard, _consume
@@ -141,7 +142,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         self.begin()
         completed = False
         try:
-            yield from self._receive(start)
+            yield from with_batch_boundaries(self._receive(start))
             completed = True
         finally:
             self.end(completed)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from accelerando.core.gradient_state import with_batch_boundaries
 from accelerando.data_loader.adapter import with_stateful_base
 from accelerando.data_loader.batches import resolve_send_to_device
 from accelerando.data_loader.progress import PreparedLoaderMixin
@@ -201,7 +202,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         self.begin()
         completed = False
         try:
-            yield from self._iterate(start)
+            yield from with_batch_boundaries(self._iterate(start))
             completed = True
         finally:
             self.end(completed)

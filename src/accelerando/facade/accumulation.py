@@ -72,8 +72,10 @@ class Accumulation:
 
     def __enter__(self) -> None:
         accelerator = self._accelerator
-        accelerator._do_sync()
         gs = accelerator.gradient_state
+        if gs.at_next_batch is not None:  # e.g. a preemption checkpoint agreed at the last step's end
+            gs.reach_batch_boundary()
+        accelerator._do_sync()
         if gs.sync_gradients or gs.sync_each_batch or not self._models:
             return
         strategy = accelerator._strategy
@@ -98,14 +100,16 @@ class Accumulation:
         if stack is not None and stack.__exit__(exc_type, exc, tb):
             return True  # a no_sync context swallowed the exception, as it would inside ExitStack
         if exc_type is None:
-            # The step is complete here (reached only without an exception): a preemption acts now.
+            # The step is complete here (reached only without an exception): the processes agree on
+            # a preemption now, and checkpoint at the next batch boundary, once the loop body after
+            # this block (the script's step counter, progress bar, logging) has run.
             accelerator = self._accelerator
             preemption = accelerator._preemption
             if preemption is not None and preemption.should_stop(accelerator.state.num_processes):
                 # Deferred: a watch exists only if the preemption module was loaded to install it.
-                from accelerando.facade.preemption import checkpoint_and_exit
+                from accelerando.facade.preemption import checkpoint_at_next_batch
 
-                checkpoint_and_exit(accelerator, preemption)
+                checkpoint_at_next_batch(accelerator, preemption)
         return False
 
 

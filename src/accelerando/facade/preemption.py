@@ -3,12 +3,19 @@
 A signal handler for SIGTERM (and SIGUSR1, SLURM's early-warning signal, when the process was not
 started by ``accelerando launch``: there SIGUSR1 asks for a stack dump, and the launcher turns its own
 SIGUSR1 into SIGTERM for the processes) only sets a flag. The training notices the flag where a step
-ends, when an ``accelerator.accumulate(...)`` block exits: at that point the optimizer and scheduler
-have stepped and no batch of the next step has been taken, so a checkpoint there resumes bit-exactly.
-Every process must stop at the same step: each one shares its flag with the others through an
-asynchronous all-reduce (on a gloo group of its own) started at one step end and read at the next, so
-the decision costs no wait and every process reads the same answer at the same step. Then every
-process saves (``save_state()`` into the project folder) and exits with :data:`PREEMPTED_EXIT_CODE`.
+ends, when an ``accelerator.accumulate(...)`` block exits. Every process must stop at the same step:
+each one shares its flag with the others through an asynchronous all-reduce (on a gloo group of its
+own) started at one step end and read at the next, so the decision costs no wait and every process
+reads the same answer at the same step.
+
+The checkpoint itself waits for the next batch boundary: the loop asking a prepared dataloader for its
+next batch (or entering ``accumulate`` again). By then the loop body after the block has run (the
+script's ``completed_steps += 1``, its progress bar and logging, a counter registered with
+``register_for_checkpointing``), the optimizer and scheduler have stepped, and no batch of the next
+step has been read, so the checkpoint holds the script's bookkeeping of that step and resumes
+bit-exactly. Then every process saves (``save_state()`` into the project folder) and exits with
+:data:`PREEMPTED_EXIT_CODE`. A loop that never asks for another batch (the training ended) finishes
+as it would have, without that checkpoint.
 
 Until the first step has ended (no ``accumulate`` block yet) the signals keep their usual meaning,
 so a script that never reaches a step boundary still stops at once.
@@ -16,6 +23,7 @@ so a script that never reaches a step boundary still stops at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -29,12 +37,13 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup, Work
 
+    from accelerando.core.gradient_state import GradientState
     from accelerando.plugins.project import ProjectConfiguration
 
     # What signal.signal() returns and takes: a handler, SIG_DFL / SIG_IGN, or None.
     _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
-__all__ = ["PREEMPTED_EXIT_CODE", "PreemptionWatch", "install"]
+__all__ = ["PREEMPTED_EXIT_CODE", "PreemptionWatch", "checkpoint_at_next_batch", "install"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +134,11 @@ class Checkpointing(Protocol):
     """What a preemption checkpoint uses of the Accelerator."""
 
     @property
+    def gradient_state(self) -> GradientState:
+        """Where the checkpoint waits for the next batch boundary (``at_next_batch``)."""
+        ...
+
+    @property
     def is_main_process(self) -> bool:
         """True on the process of global index 0."""
         ...
@@ -156,6 +170,15 @@ def checkpoint_and_exit(accelerator: Checkpointing, watch: PreemptionWatch) -> N
             flush=True,
         )
     raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
+def checkpoint_at_next_batch(accelerator: Checkpointing, watch: PreemptionWatch) -> None:
+    """Arm the checkpoint-and-exit for the next batch boundary (every process agreed to stop).
+
+    Called where a step ends (``accumulate`` exits); the checkpoint is taken when the loop next asks
+    a prepared dataloader for a batch or enters ``accumulate``, see the module docstring.
+    """
+    accelerator.gradient_state.at_next_batch = functools.partial(checkpoint_and_exit, accelerator, watch)
 
 
 def install(config: ProjectConfiguration) -> PreemptionWatch:

@@ -29,7 +29,11 @@ class Stateful(Protocol):
         """The object's state."""
         ...
 
-    def load_state_dict(self, state: object) -> object:
+    # A read-only member typed as a callable taking anything: a user's method takes the state it
+    # returns (``dict[str, int]``, ...), narrower than ``object``, and a method with a parameter of
+    # type ``object`` made pyright refuse ``register_for_checkpointing(counter)`` in users' scripts.
+    @property
+    def load_state_dict(self) -> Callable[..., object]:
         """Restore a ``state_dict()`` result."""
         ...
 
