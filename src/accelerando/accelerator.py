@@ -446,8 +446,13 @@ class Accelerator:
         *,
         device_placement: _Placement = None,
     ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8]: ...
+    # Nine objects or more (rare): only from the ninth on, so that a call with the user's own untyped
+    # names (Unknown to a checker) matches exactly one overload above and stays Unknown, not object.
     @overload
-    def prepare(self, *args: object, device_placement: _Placement = None) -> tuple[object, ...]: ...
+    def prepare(
+        self, a: object, b: object, c: object, d: object, e: object, f: object, g: object, h: object, i: object,
+        /, *more: object, device_placement: _Placement = None,
+    ) -> tuple[object, ...]: ...  # fmt: skip
     def prepare(self, *args: object, device_placement: _Placement = None) -> object:
         """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
 
