@@ -208,6 +208,13 @@ def _read_candidate(
             _load_custom(target, folder, i, name, present, customs_read.get(name))
             for i, name in enumerate(customs)
         ]
+        if reading is not None:
+            reading.guard.check()  # before the verdict: a file changed since its checksum is damage
+            loaded.files = reading.guard  # checked again around the apply, then closed
+    except BaseException:
+        if reading is not None:
+            reading.guard.close()
+        raise
     finally:
         if reading is not None:
             reading.close()
@@ -275,12 +282,19 @@ def restore_custom_objects(target: CheckpointTarget, folder: str | os.PathLike, 
             "accelerator.load_state() yourself after registering."
         )
     sources: dict[str, memoryview] = {}
+    guard = None
     if manifest is not None:
-        sources = read_once(folder, manifest, customs, _default_verification(target))  # read once, checked
-    states = [
-        _load_custom(target, folder, start + k, name, present, sources.get(name))
-        for k, name in enumerate(customs)
-    ]
+        sources, guard = read_once(folder, manifest, customs, _default_verification(target))  # checked
+    try:
+        states = [
+            _load_custom(target, folder, start + k, name, present, sources.get(name))
+            for k, name in enumerate(customs)
+        ]
+        if guard is not None:
+            guard.check()  # the states were copied out of the bytes: nothing maps the files any more
+    finally:
+        if guard is not None:
+            guard.close()
     for obj, custom in zip(objects[start:], states, strict=True):
         obj.load_state_dict(custom)
     logger.info("Restored %d late-registered object(s) from %s", len(states), folder)

@@ -254,15 +254,22 @@ def load_accelerator_state(
     rank = _process_index(process_index)
     counts = (len(models), len(optimizers), len(schedulers), len(dataloaders), rank, scaler is not None)
     sources: dict[str, memoryview] = {}
+    guard = None
     if os.path.lexists(os.path.join(folder, MANIFEST_NAME)):
         manifest, _ = inspect_checkpoint(folder)  # parse, scan (links refused), sizes of every file
         # Each file read once and checked; the same bytes are deserialized below.
-        sources = read_once(folder, manifest, needed_files(folder, *counts), verify_checksums)
+        sources, guard = read_once(folder, manifest, needed_files(folder, *counts), verify_checksums)
     else:
         scan_folder(folder, recursive=False)  # links refused before any name is looked up
         logger.warning("%s has no %s: loading it without verification", folder, MANIFEST_NAME)
-    with F.unpickling(weights_only, load_options):
-        loaded = read_state_files(folder, *counts, map_location=map_location, sources=sources)
+    try:
+        with F.unpickling(weights_only, load_options):
+            loaded = read_state_files(folder, *counts, map_location=map_location, sources=sources)
+    except BaseException:
+        if guard is not None:
+            guard.close()
+        raise
+    loaded.files = guard  # checked around the apply (a file changed on disk is refused), then closed
     apply_state(loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs)
     return {"step": loaded.step if loaded.step is not None else 0}
 

@@ -18,6 +18,7 @@ import torch
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.foreign import read_reference_rng, reference_rng_payload
 from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
+from accelerando.checkpointing.sources import FileGuard
 from accelerando.checkpointing.target import Stateful
 from accelerando.checkpointing.workers import threads_for_copies
 from accelerando.common.serialization import _should_write
@@ -186,6 +187,8 @@ class LoadedState:
     rng: dict[str, object] | None = None
     step: int | None = None
     gradients: dict[str, torch.Tensor] | None = None
+    # The mapped files the tensors above are views of (checked around the apply, then closed).
+    files: FileGuard | None = None
 
 
 def _dataloader_file(folder: str, index: int) -> tuple[str, str] | None:
@@ -459,7 +462,39 @@ def apply_state(
     scaler: Stateful | None = None,
     **load_model_func_kwargs: bool,
 ) -> None:
-    """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``)."""
+    """Put a :class:`LoadedState` into live objects (models get ``load_model_func_kwargs``).
+
+    When ``loaded.files`` holds the mapped files its tensors are views of, each is checked unchanged
+    on disk before anything is applied and again after (then closed).
+
+    Raises:
+        CheckpointError: If a mapped file changed on disk since it was opened: before the apply,
+            nothing is applied; after it, the message says the objects may hold unverified bytes.
+    """
+    if loaded.files is None:
+        _apply_read_state(
+            loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs
+        )
+        return
+    try:
+        loaded.files.check()  # a truncated file is refused here, before a page past its end is touched
+        _apply_read_state(
+            loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs
+        )
+        loaded.files.check(applied=True)
+    finally:
+        loaded.files.close()
+
+
+def _apply_read_state(
+    loaded: LoadedState,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    schedulers: Sequence[Stateful],
+    dataloaders: Sequence[object],
+    scaler: Stateful | None = None,
+    **load_model_func_kwargs: bool,
+) -> None:
     with threads_for_copies():  # one-time copies of every weight and optimizer state
         for model, state in zip(models, loaded.models, strict=True):
             module = unwrap(model)
