@@ -17,6 +17,7 @@ import torch
 from accelerando.big_modeling.budgets import DeviceLike, check_device_visible
 from accelerando.big_modeling.offload import SAFETENSORS_DTYPES, read_safetensors_header
 from accelerando.big_modeling.tensors import to_torch_device
+from accelerando.core.safe_files import UnsafeArchiveError, check_archive
 from accelerando.core.settings.fields import quote_value
 
 __all__ = ["check_map_devices", "device_resolver", "iter_checkpoint_file", "load_state_dict"]
@@ -67,6 +68,10 @@ def _torch_load(path: str, mmap: bool = False) -> Mapping[str, torch.Tensor]:
     """``torch.load`` with ``weights_only=True`` (never anything else): a file holding other objects is
     refused with a message naming the file, what it holds and the fix.
     """
+    try:
+        check_archive(path)  # before torch.load inflates anything (a zip bomb is refused)
+    except UnsafeArchiveError as err:
+        raise ValueError(str(err)) from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:

@@ -44,7 +44,7 @@ from accelerando.common.constants import (
 )
 from accelerando.common.environment import parse_flag_from_env
 from accelerando.common.serialization import clean_state_dict_for_safetensors, refused_type
-from accelerando.core.safe_files import NotRegularFileError, check_regular
+from accelerando.core.safe_files import NotRegularFileError, UnsafeArchiveError, check_archive, check_regular
 
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION
@@ -61,6 +61,7 @@ __all__ = [
     "GRADIENTS_NAME",
     "OPT_IN",
     "UnsafeCheckpointError",
+    "bounded_archive",
     "indexed",
     "model_file",
     "torch_load",
@@ -200,17 +201,20 @@ def torch_load(
         UnsafeCheckpointError: If the file holds a type ``weights_only`` loading refuses (the message
             names the file, the type and the opt-in).
         CheckpointError: If ``path`` is not a regular file (a FIFO, a device such as ``/dev/zero`` or a
-            folder would hang or fail the reader).
+            folder would hang or fail the reader), or is an archive that would inflate beyond its size
+            (a compressed entry, or entries declaring more bytes than the file holds: a zip bomb).
     """
     weights_only = _WEIGHTS_ONLY.get() if weights_only is None else bool(weights_only)
     extra = dict(_LOAD_OPTIONS.get() or {})
     if data is not None:
+        bounded_archive(_BufferReader(data), path)  # the bytes deserialized below
         in_place = bool(extra.pop("mmap", mapped and len(data) >= MAPPED_LOAD_MIN_BYTES))
         return _load_buffer(path, data, map_location, in_place, weights_only, extra)
     try:
         check_regular(path)
     except NotRegularFileError as err:
         raise CheckpointError(f"Cannot load {err}; the checkpoint is damaged.") from None
+    bounded_archive(path, path)
     if "mmap" in extra:  # the caller's explicit choice, for every file (torch refuses legacy files)
         return _load(path, map_location, bool(extra.pop("mmap")), weights_only, extra)
     # Legacy (non-zip) torch.save files cannot be memory-mapped.
@@ -222,6 +226,20 @@ def torch_load(
         except (OSError, RuntimeError, ValueError) as err:  # e.g. a file system that cannot map files
             logger.debug("memory-mapped load of %s failed (%s); reading it instead", path, err)
     return _load(path, map_location, False, weights_only, extra)
+
+
+def bounded_archive(source: str | io.RawIOBase, path: str) -> None:
+    """Refuse the ``torch.save`` archive ``source`` (a path, or a reader over its bytes) before
+    ``torch.load`` inflates anything in it, when it would inflate beyond its size (see
+    :func:`accelerando.core.safe_files.check_archive`).
+
+    Raises:
+        CheckpointError: Naming the file and the entry (one line).
+    """
+    try:
+        check_archive(source, path)  # pyright: ignore[reportArgumentType]
+    except UnsafeArchiveError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _load(

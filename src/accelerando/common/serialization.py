@@ -16,6 +16,7 @@ from typing import Any, overload
 
 import torch
 
+from accelerando.core.safe_files import check_archive
 from accelerando.state import PartialState
 
 __all__ = ["clean_state_dict_for_safetensors", "load", "refused_type", "save"]
@@ -166,6 +167,8 @@ def load(f: str | os.PathLike, map_location: str | torch.device | None = None, *
         FileNotFoundError: If ``f`` does not exist.
         pickle.UnpicklingError: If ``weights_only`` loading refuses a type in the file (the message
             names the file, the type and ``weights_only=False``).
+        UnsafeArchiveError: (an ``OSError``) If the file is a zip archive that would inflate beyond
+            its size (a compressed entry, or entries declaring more bytes than the file holds).
 
     Example:
         >>> state_dict = load("weights.safetensors")
@@ -179,6 +182,7 @@ def load(f: str | os.PathLike, map_location: str | torch.device | None = None, *
         device = "cpu" if map_location is None else str(map_location)
         return load_file(path, device=device)
     kwargs.setdefault("weights_only", True)
+    check_archive(path)  # before torch.load inflates anything: a zip bomb is refused
     try:
         return torch.load(path, map_location=map_location, **kwargs)
     except pickle.UnpicklingError as err:

@@ -7,6 +7,10 @@ symbolic link to one. Every such file is opened here: without blocking (``O_NONB
 regular file, and read no further than the bound the caller states. Files we write into (lock files)
 are opened without following a link (``O_NOFOLLOW``).
 
+Archives are bounded too: :func:`check_archive` reads the central directory of a ``torch.save`` zip
+archive before ``torch.load`` reads any entry, and refuses one that would inflate beyond the file
+(a zip bomb).
+
 The bottom layer: it imports nothing of accelerando, so the settings, the CLI and checkpointing share it.
 """
 
@@ -20,8 +24,11 @@ TYPE_CHECKING = False  # typing's constant, without importing typing (launcher s
 if TYPE_CHECKING:
     from typing import BinaryIO
 __all__ = [
+    "ARCHIVE_SLACK_BYTES",
     "FileTooLargeError",
     "NotRegularFileError",
+    "UnsafeArchiveError",
+    "check_archive",
     "check_regular",
     "describe_mode",
     "open_regular",
@@ -177,3 +184,92 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, follow: bool = Tr
     if len(data) > max_bytes:
         raise FileTooLargeError(os.fspath(path), len(data), max_bytes)
     return data
+
+
+# How far an archive's entries may declare more bytes than the file holds (torch.save stores its
+# entries uncompressed, so their sizes add up to less than the file's; the slack only forgives rounding).
+ARCHIVE_SLACK_BYTES = 2**20
+_ZIP_MAGIC = b"PK\x03\x04"  # what torch.load takes for a zip archive (anything else: its legacy format)
+
+
+class UnsafeArchiveError(OSError):
+    """A ``torch.save`` archive whose entries would inflate beyond the file (a zip bomb), or unreadable.
+
+    Attributes:
+        path: The file.
+        reason: What is wrong, in words.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(errno.EINVAL, f"Refused to load {path!r}: {reason}")
+
+    def __str__(self) -> str:
+        return (
+            f"Refused to load {self.path!r}: {self.reason}. torch.save writes its entries uncompressed and "
+            "within the file, so this file is damaged or was made to inflate to far more memory than its "
+            "size (a zip bomb): load another copy, or re-save the object with torch.save."
+        )
+
+
+def check_archive(
+    source: str | os.PathLike[str] | BinaryIO, path: str | None = None, max_total_bytes: int | None = None
+) -> None:
+    """Refuse a zip archive (``torch.save``'s format) that ``torch.load`` would inflate beyond its size.
+
+    Reads only the archive's central directory (what torch's reader trusts for each entry's method
+    and sizes), before ``torch.load`` reads any entry. A file that does not start as a zip archive
+    (torch's legacy format) is left to ``torch.load``.
+
+    Args:
+        source: The file's path (opened as a regular file), or a seekable binary file object over
+            its bytes (its position is kept).
+        path: The file's name in messages (default: ``source`` when it is a path).
+        max_total_bytes: The most bytes all entries may declare together (default: the file's size
+            plus ``ARCHIVE_SLACK_BYTES``).
+
+    Raises:
+        UnsafeArchiveError: If an entry is compressed, declares more than the file's size plus
+            ``ARCHIVE_SLACK_BYTES``, the entries declare more than ``max_total_bytes`` in all, or the
+            central directory cannot be read.
+        NotRegularFileError: If ``source`` is a path that is not a regular file.
+    """
+    if isinstance(source, str | os.PathLike):
+        with open_regular(source) as handle:
+            check_archive(handle, path if path is not None else os.fspath(source), max_total_bytes)
+        return
+    name = path if path is not None else str(getattr(source, "name", "<archive>"))
+    start = source.tell()
+    try:
+        size = source.seek(0, os.SEEK_END)
+        source.seek(0)
+        if source.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+            return
+        reason = _archive_problem(source, size, max_total_bytes)
+        if reason is not None:
+            raise UnsafeArchiveError(name, reason)
+    finally:
+        source.seek(start)
+
+
+def _archive_problem(source: BinaryIO, size: int, max_total_bytes: int | None) -> str | None:
+    """What makes the zip archive ``source`` (of ``size`` bytes) unsafe to inflate (None: nothing)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(source) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        return f"its zip central directory cannot be read ({str(err)[:200]})"
+    total = 0
+    for entry in entries:
+        name = entry.filename[:200]
+        if entry.compress_type != zipfile.ZIP_STORED:
+            return f"its entry {name!r} is compressed (zip method {entry.compress_type})"
+        if entry.file_size > size + ARCHIVE_SLACK_BYTES:
+            return f"its entry {name!r} declares {entry.file_size} bytes, more than the file's {size}"
+        total += entry.file_size
+    limit = size + ARCHIVE_SLACK_BYTES if max_total_bytes is None else max_total_bytes
+    if total > limit:
+        return f"its {len(entries)} entries declare {total} bytes in all, more than the {limit} accepted"
+    return None

@@ -33,6 +33,7 @@ from accelerando.backends.strategies.fsdp.helpers import (
 )
 from accelerando.backends.strategies.fsdp.strategy import _clean
 from accelerando.backends.strategies.fsdp.wrap import apply_activation_checkpointing, wrap_units
+from accelerando.core.safe_files import check_archive
 from accelerando.state import PartialState
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ def _read_weights(job: _Job, kind: str, suffix: str) -> dict[str, torch.Tensor]:
     path = _weights_file(job.folder, _MODEL_STEM, job.index, suffix)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No FSDP {kind} weights at {path}; check input_dir and model_index.")
+    check_archive(path)  # before torch.load inflates anything: a zip bomb is refused
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -278,6 +280,7 @@ def _load_full_optimizer(job: _Job) -> None:
     path = _weights_file(job.folder, _OPTIMIZER_STEM, job.index)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No FSDP optimizer state at {path}; check input_dir and optimizer_index.")
+    check_archive(path)  # before torch.load inflates anything: a zip bomb is refused
     state = torch.load(path, map_location="cpu", weights_only=True)
     S.load_full_optimizer_state_dict(job.model, job.plain_optimizer(), state)
 

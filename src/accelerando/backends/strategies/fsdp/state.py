@@ -310,6 +310,7 @@ def _load_byte_item(folder: str, planner: object, read_item: ReadItem, value: io
     info = storage.get(read_item.storage_index)
     path = os.path.join(folder, str(getattr(info, "relative_path", "?")))
     weights_only = F.weights_only_default()
+    F.bounded_archive(value, f"item {read_item.dest_index.fqn!r} of {path}")  # pyright: ignore[reportArgumentType]
     try:
         # io.BytesIO: a plain byte container (Transformer Engine's extra state in Megatron checkpoints).
         with torch.serialization.safe_globals([io.BytesIO]):
