@@ -150,6 +150,11 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
     def _receive(self, start: int) -> Iterator[object]:
         processes, rank = _world()
         steps = self._steps(start, processes) if rank == 0 else None
+        if rank != 0:
+            # The reference starts an iterator of the underlying loader on every process at each epoch
+            # (only the main one reads it): its base-seed draw keeps their global generators in step.
+            with self._first_iterator_rng(start):
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         device = self.device
         send = resolve_send_to_device() if device is not None and device.type != "cpu" else None
         progress, position = self._progress, start
@@ -192,10 +197,12 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         if isinstance(self.batch_sampler, BatchSamplerShard):
             self.batch_sampler._next_start = skip
             try:
-                return DataLoader.__iter__(self)
+                with self._first_iterator_rng(start_steps):
+                    return DataLoader.__iter__(self)
             finally:
                 self.batch_sampler._next_start = 0
-        iterator = DataLoader.__iter__(self)
+        with self._first_iterator_rng(start_steps):
+            iterator = DataLoader.__iter__(self)
         _consume(iterator, skip)
         return iterator
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, Protocol, TypeGuard, cast
+from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 from accelerando.data_loader.adapter import DataLoaderStateMixin
 from accelerando.data_loader.dispatcher import DataLoaderDispatcher
+from accelerando.data_loader.progress import PreparedLoaderMixin
 from accelerando.data_loader.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -20,7 +21,7 @@ from accelerando.data_loader.samplers import (
     _DrawnRandomSampler,
     _GlobalDrawRandomSampler,
 )
-from accelerando.data_loader.shard import DataLoaderShard, with_stateful_base
+from accelerando.data_loader.shard import DataLoaderShard, _stateful_base, with_stateful_base
 from accelerando.state import PartialState
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from accelerando.data_loader._typing import DataLoaderKwargs, DataLoaderOptions, LoaderArgs, RngTypes
 
 _END = object()
+_PreparedT = TypeVar("_PreparedT", bound=PreparedLoaderMixin)
 
 __all__ = ["SkipBatchSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
@@ -237,18 +239,20 @@ def prepare_data_loader(
             **_sampling_kwargs(dataloader, use_seedable_sampler, data_seed),
             **kwargs,
         }
-        return dispatch_cls(
-            dataset,
-            split_batches=split_batches,
-            _drop_last=dataloader.drop_last,
-            slice_fn=slice_fn_for_dispatch,
-            torch_device_mesh=torch_device_mesh,
-            device=target,
-            rng_types=rng_types,
-            even_batches=even_batches,
-            use_stateful_dataloader=use_stateful_dataloader,
-            _non_blocking=non_blocking,
-            **sampling,
+        return _started(
+            dispatch_cls(
+                dataset,
+                split_batches=split_batches,
+                _drop_last=dataloader.drop_last,
+                slice_fn=slice_fn_for_dispatch,
+                torch_device_mesh=torch_device_mesh,
+                device=target,
+                rng_types=rng_types,
+                even_batches=even_batches,
+                use_stateful_dataloader=use_stateful_dataloader,
+                _non_blocking=non_blocking,
+                **sampling,
+            )
         )
     if isinstance(dataset, IterableDataset):
         loader_args = _shard_iterable(dataloader, num_processes, process_index, split_batches, even_batches)
@@ -264,16 +268,29 @@ def prepare_data_loader(
             data_seed,
         )
     args: LoaderArgs = {**loader_args, **kwargs}
-    return shard_cls(
-        synchronized_generator=generator,
-        device=target,
-        rng_types=rng_types,
-        torch_device_mesh=torch_device_mesh,
-        _drop_last=dataloader.drop_last,
-        use_stateful_dataloader=use_stateful_dataloader,
-        _non_blocking=non_blocking,
-        **args,
+    return _started(
+        shard_cls(
+            synchronized_generator=generator,
+            device=target,
+            rng_types=rng_types,
+            torch_device_mesh=torch_device_mesh,
+            _drop_last=dataloader.drop_last,
+            use_stateful_dataloader=use_stateful_dataloader,
+            _non_blocking=non_blocking,
+            **args,
+        )
     )
+
+
+def _started(loader: _PreparedT) -> _PreparedT:
+    """``loader``, having drawn its first iterator's seeds now when it is built on torchdata's base.
+
+    The reference's stateful loader starts its first iterator when ``prepare`` builds it (see
+    ``PreparedLoaderMixin._draw_first_iterator_seeds``); its ``skip_first_batches`` copies do not.
+    """
+    if _stateful_base(type(loader)) is not None:
+        loader._draw_first_iterator_seeds()
+    return loader
 
 
 def _check_split(dataloader: DataLoader, split_batches: bool, num_processes: int) -> None:
@@ -300,7 +317,8 @@ def _sampling_kwargs(
     dataloader: DataLoader, use_seedable_sampler: bool = False, data_seed: int | None = None
 ) -> DataLoaderKwargs:
     if dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
-        batch_sampler, _ = _prepare_sampling(dataloader.batch_sampler, use_seedable_sampler, data_seed, 2)
+        # Only the main process reads: it shuffles as one process does (the reference's order).
+        batch_sampler, _ = _prepare_sampling(dataloader.batch_sampler, use_seedable_sampler, data_seed, 1)
         return {"batch_sampler": batch_sampler}
     if isinstance(dataloader.dataset, IterableDataset):
         return {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}

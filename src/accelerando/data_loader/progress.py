@@ -7,7 +7,8 @@ either describes the same run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeGuard, cast
 
@@ -52,6 +53,10 @@ class _Progress:
     # Every batch of the epoch was given out (the underlying iterator is already exhausted): a state
     # captured now describes the start of the next epoch.
     exhausted: bool = False
+    # A state was loaded: the epoch it resumes drew its iterator's seeds before the save, and the
+    # restored generators hold those draws. ``replaying`` is that, for the epoch started mid-way.
+    restored: bool = False
+    replaying: bool = False
 
 
 class _Totalled(Protocol):
@@ -111,6 +116,10 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._non_blocking = bool(non_blocking)
         self._skip_once = int(skip_batches)
         self._progress = _Progress()
+        # Built on torchdata's base, a prepared loader draws its first iterator's seeds at once: the
+        # state of the generator it drew from, before that draw, replayed by its first iterator (a
+        # loader's own, not shared with its ``skip_first_batches`` copies).
+        self._first_iterator_rng_state: torch.Tensor | None = None
         self.end_of_dataloader = False
         self.remainder = -1
 
@@ -166,6 +175,57 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         progress = self._progress
         if position:
             progress.pending_position = progress.position = int(position)
+
+    def _draw_first_iterator_seeds(self) -> None:
+        """Draw, while being built, the random numbers the first epoch's iterator will use.
+
+        The reference library builds its stateful loader's first iterator at once (torchdata's
+        ``StatefulDataLoader`` starts one to answer ``state_dict`` before any iteration), so the base
+        seed (and, with workers, the shuffling seed their prefetch draws) leaves the global generator
+        at ``prepare`` time, not when the first epoch starts. Drawing them here, and replaying them
+        when the first iterator is created (``_first_iterator_rng``), gives the same batches and the
+        same later random numbers (dropout masks) as the reference for the same seed.
+        """
+        generator: torch.Generator | None = getattr(self, "generator", None)
+        self._first_iterator_rng_state = torch.get_rng_state() if generator is None else generator.get_state()
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        workers = int(getattr(self, "num_workers", 0) or 0)
+        if (
+            generator is None
+            and workers > 0
+            and isinstance(_find_sampler(self.batch_sampler), _GlobalDrawRandomSampler)
+        ):
+            torch.empty((), dtype=torch.int64).random_()
+
+    @contextmanager
+    def _first_iterator_rng(self, start: int) -> Iterator[None]:
+        """Create the first epoch's iterator from the seeds drawn when the loader was built.
+
+        Inside the block the generator that gives the base seed is back where it stood before
+        ``_draw_first_iterator_seeds`` drew; afterwards the global generator is where it was on
+        entry, as if the iterator had been created already. Without such a draw pending (a
+        ``skip_first_batches`` copy starts an iterator of its own, as the reference's does), or for
+        an epoch started mid-way, nothing changes.
+
+        Args:
+            start: The batch the epoch starts at.
+        """
+        saved = self._first_iterator_rng_state
+        generator: torch.Generator | None = getattr(self, "generator", None)
+        if saved is None or start > 0:
+            yield
+            return
+        self._first_iterator_rng_state = None
+        if generator is not None:
+            generator.set_state(saved)
+            yield
+            return
+        now = torch.get_rng_state()
+        torch.set_rng_state(saved)
+        try:
+            yield
+        finally:
+            torch.set_rng_state(now)
 
     def get_sampler(self) -> object:
         """The index sampler this loader draws from (see :func:`accelerando.data_loader.get_sampler`)."""
@@ -246,6 +306,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         progress = self._progress
         start = max(self._skip_once, progress.pending_position)
         self._skip_once = progress.pending_position = 0
+        progress.replaying, progress.restored = progress.restored and start > 0, False
         self._sync_seed()
         generator = self.synchronized_generator
         if progress.pending_rng_state is not None and generator is not None:
@@ -410,6 +471,12 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
                 f"(with 'epoch' and 'position'), got keys {sorted(state_dict)}."
             )
         progress = self._progress
+        self._first_iterator_rng_state = None  # the restored generators hold the saved run's draws
+        # Only a state that records the epoch's order replays it; without one (``{"epoch": n}``) the
+        # rest of the epoch draws a new order from the restored generators, as the reference does.
+        progress.restored = any(
+            key in state_dict for key in ("generator_state", "epoch_seed", "sampler_seed")
+        )
         progress.epoch = int(state_dict["epoch"])
         progress.in_epoch = False
         progress.exhausted = False
@@ -418,8 +485,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         progress.position = progress.pending_position
         if self.use_stateful_dataloader and state_dict.get("loader_state") is not None:
             progress.pending_loader_state = state_dict["loader_state"]
-        if state_dict.get("generator_state") is not None:
-            progress.pending_rng_state = torch.as_tensor(state_dict["generator_state"]).clone()
+        saved_rng = state_dict.get("generator_state")
+        progress.pending_rng_state = None if saved_rng is None else torch.as_tensor(saved_rng).clone()
         sampler = _find_sampler(self.batch_sampler)
         if "sampler_seed" in state_dict and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state_dict["sampler_seed"])

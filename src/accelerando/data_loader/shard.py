@@ -241,18 +241,22 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         pending, progress.pending_loader_state = progress.pending_loader_state, None
         if pending is not None:
             stateful.load_state_dict(self, pending)
-        iterator = stateful.__iter__(self)
+        with self._first_iterator_rng(0 if pending is None else 1):
+            iterator = stateful.__iter__(self)
         return iterator, pending is not None, iterator.state_dict
 
     def _base_iterator(self, shard: BatchSamplerShard, start: int) -> Iterator[object]:
         shard._next_start = start
         # Creating a DataLoader iterator without a generator of its own draws a base seed from the
-        # global RNG. An epoch entered mid-way (resume / skip_first_batches) had that draw made when
-        # the interrupted run entered it, and the restored RNG state already includes it: drawing
-        # again would shift every later random number (dropout masks) by one.
-        rng_state = torch.get_rng_state() if start > 0 and self.generator is None else None
+        # global RNG. An epoch resumed mid-way (load_state, then skip_first_batches) had that draw
+        # made when the interrupted run entered it, and the restored RNG state already includes it:
+        # drawing again would shift every later random number (dropout masks) by one. Skipping
+        # without a loaded state draws, as the reference does.
+        replaying = start > 0 and self._progress.replaying
+        rng_state = torch.get_rng_state() if replaying and self.generator is None else None
         try:
-            return DataLoader.__iter__(self)
+            with self._first_iterator_rng(start):
+                return DataLoader.__iter__(self)
         finally:
             shard._next_start = 0
             if rng_state is not None:
