@@ -189,7 +189,9 @@ def test_every_process_raises_the_same_kind_of_error() -> None:
     with pytest.raises(CheckpointLockedError) as caught:
         save._raise_reported(None, [(0, save._report(refusal))], "prepare")
     assert str(caught.value) == str(refusal)
-    with pytest.raises(atomic.CheckpointError, match="Process 1 failed to write: KeyError: 'k'"):
+    with pytest.raises(
+        atomic.CheckpointError, match="Checkpoint not saved: process 1 failed to write: KeyError: 'k'"
+    ):
         save._raise_reported(None, [(1, save._report(KeyError("k")))], "write")
 
 

@@ -254,7 +254,10 @@ def _background_writer(
         if error is not None:
             raise error
         if failed or snapshot is None:
-            raise atomic.CheckpointError(f"process {failed[0]} failed to copy its state to host memory")
+            raise atomic.CheckpointError(
+                f"Checkpoint not saved: process {failed[0]} failed to copy its state to host memory (its own "
+                "error says why). Save again, or with async_save=False."
+            )
         snapshot.write(on_written, group)
 
     return write

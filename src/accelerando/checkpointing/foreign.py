@@ -127,7 +127,10 @@ def read_reference_rng(path: str) -> dict[str, Any]:
     with torch.serialization.safe_globals(_numpy_allowlist()):
         payload = torch_load(path)
     if not isinstance(payload, dict) or not ("torch_manual_seed" in payload or "rng" in payload):
-        raise CheckpointError(f"{path!r} is not a random-states file written by save_state.")
+        raise CheckpointError(
+            f"Cannot restore this checkpoint's random states: {path!r} is not a random-states file written "
+            "by save_state. Load another checkpoint."
+        )
     return payload
 
 
@@ -144,7 +147,10 @@ def reference_rng_payload(payload: Mapping[str, object]) -> dict[str, object]:
     if numpy_state is not None:
         key = numpy_state[1] if isinstance(numpy_state, tuple) and len(numpy_state) > 1 else None
         if not isinstance(key, np.ndarray) or key.dtype != np.uint32:
-            raise CheckpointError("The reference random-states file holds an unexpected NumPy state.")
+            raise CheckpointError(
+                "Cannot restore the random states of this checkpoint (the reference library's): its NumPy "
+                "state is not the uint32 Mersenne Twister state NumPy writes. Load another checkpoint."
+            )
         states["numpy"] = numpy_state
     else:
         states["numpy"] = np.random.get_state()

@@ -19,6 +19,7 @@ __all__ = ["check_buffer_header", "check_file_header"]
 _ZIP_MAGIC = b"PK\x03\x04"
 # A safetensors header above this is not a real one (the format's own reader limit is 100 MB).
 _MAX_SAFETENSORS_HEADER = 100_000_000
+_FIX = "Load another checkpoint (or save this one again)."
 
 
 def _check_bytes(path: str, name: str, size: int, head: bytes, read: Callable[[int], bytes]) -> int:
@@ -30,29 +31,30 @@ def _check_bytes(path: str, name: str, size: int, head: bytes, read: Callable[[i
     if name.endswith(".safetensors"):
         if len(head) < 8:
             raise CheckpointError(
-                f"{path!r} is too short to be a safetensors file; the checkpoint is damaged."
+                f"The checkpoint is damaged: {path!r} is too short to be a safetensors file. {_FIX}"
             )
         (length,) = struct.unpack("<Q", head)
         if length > _MAX_SAFETENSORS_HEADER:
             raise CheckpointError(
-                f"{path!r} has a safetensors header length ({length}) above the format's limit "
-                f"({_MAX_SAFETENSORS_HEADER}): header too large; the file is damaged."
+                f"The checkpoint is damaged: {path!r} has a safetensors header length ({length}) above the "
+                f"format's limit ({_MAX_SAFETENSORS_HEADER}): header too large. {_FIX}"
             )
         if length > size - 8:
             raise CheckpointError(
-                f"{path!r} has a safetensors header length ({length}) beyond its size; the file is damaged."
+                f"The checkpoint is damaged: {path!r} has a safetensors header length ({length}) beyond "
+                f"its size. {_FIX}"
             )
         try:
             json.loads(read(length))
         except ValueError:
             raise CheckpointError(
-                f"{path!r} has an unreadable safetensors header; the checkpoint is damaged."
+                f"The checkpoint is damaged: {path!r} has an unreadable safetensors header. {_FIX}"
             ) from None
         return length
     if not head.startswith(_ZIP_MAGIC):
         raise CheckpointError(
-            f"{path!r} is not a torch.save archive (no zip header); the checkpoint is damaged or "
-            "was not written by save_state."
+            f"The checkpoint is damaged or was not written by save_state: {path!r} is not a torch.save "
+            f"archive (no zip header). {_FIX}"
         )
     return 0
 
@@ -62,7 +64,7 @@ def _check_header(path: str, name: str, size: int = 0) -> None:
     try:
         handle = open_regular(path, follow=False)
     except OSError as err:  # a link, a special file, or gone since the folder was scanned
-        raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
+        raise CheckpointError(f"The checkpoint is damaged: {path!r} cannot be read ({err}). {_FIX}") from None
     with handle:
         _check_bytes(path, name, os.fstat(handle.fileno()).st_size, handle.read(8), handle.read)
 

@@ -251,20 +251,25 @@ def _open_lock_file(path: str, what: str) -> int:
 
     Raises:
         CheckpointError: One line naming the lock file, what it is and the fix, when it is not a
-            regular file or cannot be opened for writing (immutable, read-only, permission denied).
+            regular file or an existing one cannot be opened for writing (immutable, read-only).
+        OSError: The lock file could not be created: the folder is not writable (the save reports
+            that folder and the fix, see ``save._translated``), or another failure of ``open``.
     """
     try:
         return open_regular_fd(path, os.O_RDWR | os.O_CREAT, 0o644, follow=False)
     except NotRegularFileError as err:
         raise CheckpointError(
-            f"Cannot save into {what!r}: its lock file {path!r} is {err.what}, not a regular file "
-            "(links are never followed, so that no other file is overwritten). Remove it and save again."
+            f"Cannot save into {what!r}: {path!r}, the lock file kept beside it while saving, is "
+            f"{err.what}, not a regular file (links are never followed, so that no other file is "
+            "overwritten). Remove it and save again."
         ) from None
     except OSError as err:
+        if not os.path.lexists(path):
+            raise  # not created: the folder is what is not writable, not a file of ours
         raise CheckpointError(
-            f"Cannot save into {what!r}: its lock file {path!r} cannot be opened for writing "
-            f"({err.strerror or err}; is it immutable or read-only, or the folder not writable?). "
-            "Fix its permissions (or remove it) and save again."
+            f"Cannot save into {what!r}: {path!r}, the lock file kept beside it while saving, cannot be "
+            f"opened for writing ({err.strerror or err}; is it immutable or read-only?). Remove it or fix "
+            "its permissions, then save again."
         ) from None
 
 

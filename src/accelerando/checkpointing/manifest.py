@@ -180,8 +180,8 @@ def read_manifest(folder: str) -> Manifest:
         info = os.lstat(path)
     except FileNotFoundError:
         raise CheckpointError(
-            f"Checkpoint {folder!r} has no {MANIFEST_NAME}: it is incomplete (a save was interrupted) "
-            "or was not written by accelerando; load another checkpoint."
+            f"Checkpoint {folder!r} is incomplete (a save was interrupted) or was not written by accelerando: "
+            f"it has no {MANIFEST_NAME}. Load another checkpoint."
         ) from None
     except OSError as err:
         raise _damaged(folder, f"{MANIFEST_NAME} cannot be read ({err.strerror})") from err

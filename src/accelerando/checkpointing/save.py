@@ -124,7 +124,7 @@ def _raise_reported(
         raise OSError(errno.ENOSPC, f"process {rank}: {message}")
     if kind == "value":
         raise ValueError(message)
-    raise atomic.CheckpointError(f"Process {rank} failed to {doing}: {message}")
+    raise atomic.CheckpointError(f"Checkpoint not saved: process {rank} failed to {doing}: {message}")
 
 
 def _state_bytes(target: CheckpointTarget) -> int:
@@ -153,10 +153,28 @@ def _state_bytes(target: CheckpointTarget) -> int:
     return total
 
 
+# What writing into a folder the user cannot write to raises: permission denied, a read-only file system.
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def _translated(
     error: BaseException, target: CheckpointTarget, final_dir: str, staging: str
 ) -> BaseException:
-    """``error``, or an ``OSError(ENOSPC)`` saying how much space is needed when the disk is full."""
+    """``error``, or the same kind of ``OSError`` leading with what the user must do about it.
+
+    A folder that is not writable (permission denied, read-only file system) is named with the fix;
+    a full disk says how much space is needed (``ENOSPC``).
+    """
+    if isinstance(error, OSError) and error.errno in _NOT_WRITABLE:
+        folder = os.path.dirname(os.fspath(error.filename)) if error.filename else os.path.dirname(final_dir)
+        translated = OSError(
+            error.errno,
+            f"Cannot save the checkpoint {final_dir!r}: the folder {folder!r} is not writable "
+            f"({error.strerror or error}): save elsewhere (another project_dir or output_dir) or fix its "
+            "permissions.",
+        )
+        translated.__cause__ = error
+        return translated
     needed = _state_bytes(target)
     if not atomic.is_out_of_space(error, staging, needed):
         return error

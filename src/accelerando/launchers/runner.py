@@ -346,7 +346,8 @@ def write_deepspeed_env(env: Mapping[str, object], path: str) -> None:
     for key, value in sorted(env.items()):
         if "\n" in str(value):
             raise ValueError(
-                f"environment value of {key} contains a newline; DeepSpeed's env file cannot carry it"
+                f"the variable {key} holds a newline, which a multi-machine DeepSpeed launch cannot pass to "
+                f"the other machines (it writes one KEY=VALUE line each). Fix: set {key} without newlines."
             )
         lines.append(f"{key}={value}")
     with open(path, "w", encoding="utf-8") as handle:
