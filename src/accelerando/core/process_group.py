@@ -37,6 +37,8 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
+from accelerando.core.listeners import listen_address, store_server
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -226,6 +228,7 @@ def start(
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     init_method: str | None = None,
     attempt: int = 0,
+    bind_address: str | None = None,
 ) -> ProcessGroupHandle:
     """Initialise the default process group and register its ordered teardown at exit.
 
@@ -246,6 +249,9 @@ def start(
             Every key this group and its teardown write is prefixed with it: the agent's store
             outlives a restart, and a try that read the previous try's gloo addresses would connect
             to processes that are gone ("connectFullMesh ... Connection refused").
+        bind_address: where rank 0 hosts the store when no launcher agent hosts it (``--bind_address``);
+            ``main_address`` when None. Never every interface unless it says so
+            (:mod:`accelerando.core.listeners`).
 
     Returns:
         The handle that ends the group's life. When a default group already exists (a user
@@ -257,7 +263,6 @@ def start(
     """
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import PrefixStore
-    from torch.distributed.rendezvous import rendezvous
 
     chosen = backend or default_backend
     if chosen is None:
@@ -285,11 +290,8 @@ def start(
         store_timeout = timeout if timeout is not None else _default_timeout(chosen)
         # The store is made here, not inside init_process_group, so that the teardown can agree on
         # it after the group is gone; rendezvous() picks the launcher agent's store when there is one.
-        store, rank, world_size = next(
-            rendezvous(
-                init_method or f"tcp://{main_address}:{main_port}", rank, world_size, timeout=store_timeout
-            )
-        )
+        where = (main_address, main_port, bind_address)
+        store, rank, world_size = _rendezvous(init_method, where, rank, world_size, store_timeout)
         store.set_timeout(store_timeout)
         # torch's own env:// rendezvous does the same under an agent store; tcp:// and file:// do not.
         store = PrefixStore(f"accelerando/attempt_{attempt}", store)
@@ -310,6 +312,32 @@ def start(
     handle = ProcessGroupHandle(str(dist.get_backend()), rank, world_size, store, shutdown_timeout_s)
     _register(handle)
     return handle
+
+
+def _rendezvous(
+    init_method: str | None,
+    where: tuple[str, int, str | None],
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+) -> tuple[Store, int, int]:
+    """The rendezvous store, this process's rank and the world size (torch's ``rendezvous``, bound).
+
+    torch's ``tcp://`` rendezvous hosts rank 0's store on every interface; when no launcher agent
+    hosts the store (a Ray launch, a process started by hand), rank 0 hosts it on the bind address
+    only (``where``: the main address, its port and the bind address).
+    """
+    from torch.distributed.rendezvous import _torchelastic_use_agent_store, rendezvous
+
+    main_address, main_port, bind_address = where
+    if init_method is None and rank == 0 and not _torchelastic_use_agent_store():
+        bind = listen_address(bind_address, main_address)
+        store = store_server(
+            bind, main_port, world_size=world_size, timeout=timeout, wait_for_workers=True, multi_tenant=True
+        )
+        return store, rank, world_size
+    url = init_method or f"tcp://{main_address}:{main_port}"
+    return next(rendezvous(url, rank, world_size, timeout=timeout))
 
 
 def _default_timeout(backend: str) -> timedelta:

@@ -466,6 +466,7 @@ def start_process(settings: Settings, pg_options: Mapping[str, object] | None = 
             timeout=timeout,
             init_method=f"file://{rdv_file}" if rdv_file else None,
             attempt=cluster.restart_count,
+            bind_address=settings.bind_address,
         )
     device_backend.set_device(device)
     if settings.enable_cpu_affinity and device.type == "cuda":

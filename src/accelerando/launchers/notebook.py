@@ -18,9 +18,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.common.environment import patch_environment
+from accelerando.core.listeners import LOOPBACK, is_loopback
 from accelerando.core.runtime import current_process
 from accelerando.core.settings.machine import detect_machine, free_port, visible_gpu_count
 from accelerando.core.settings.resolve import parse_value
+from accelerando.launchers.bound_rendezvous import bound_rendezvous
+from accelerando.launchers.plan import loopback_sockets
 from accelerando.state import PartialState
 
 if TYPE_CHECKING:
@@ -130,11 +133,17 @@ def _launch(
                           start_method="fork", log_line_prefix_template=kw.get("log_line_prefix_template"))  # fmt: skip
     if config.rdzv_backend == "static":
         config.rdzv_configs.setdefault("rank", kw.get("node_rank", 0))
+    # The rendezvous stores listen on the endpoint's host only (loopback on one machine); on one machine
+    # the workers' store (c10d) is advertised there too, and gloo/NCCL sockets use the loopback interface.
+    bind = kw["rdzv_endpoint"].rsplit(":", 1)[0].strip("[]") or LOOPBACK
+    if kw.get("num_nodes", 1) == 1 and is_loopback(bind):
+        config.local_addr = bind
+        env = {**loopback_sockets(detect_machine()), **env}
     # The agent logs each failure's traceback again; the parent raises it once, below.
     agent_logger = logging.getLogger("torch.distributed.elastic")
     level = agent_logger.level
     agent_logger.setLevel(logging.CRITICAL)
-    with patch_environment(**env):
+    with patch_environment(**env), bound_rendezvous(bind):
         try:
             results = elastic_launch(config, function)(*args)
         except ChildFailedError as err:

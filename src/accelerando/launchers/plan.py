@@ -39,7 +39,7 @@ from accelerando.core.settings.fields import (
     machine_range,
     quote_value,
 )
-from accelerando.core.settings.machine import MachineInfo, detect_machine, free_port
+from accelerando.core.settings.machine import SOCKET_IFNAME_ENV, MachineInfo, detect_machine, free_port
 from accelerando.core.settings.resolve import ECHOED_DEFAULTS_ENV, SOURCES_ENV, Settings
 from accelerando.launchers.limits import check_process_count, clip
 from accelerando.launchers.mpirun import MpiRun, detect_mpirun, mpirun_argv
@@ -60,6 +60,7 @@ __all__ = [
     "INSTALL_ENV",
     "automatic_layout",
     "machine_counts",
+    "loopback_sockets",
     "oversubscription_warning",
     "rendezvous_backend",
     "RANGE_RDZV_BACKEND",
@@ -125,6 +126,8 @@ class LaunchPlan:
         min_machines: the fewest machines an elastic job (``--num_machines MIN:MAX``) runs with;
             ``None`` for a fixed machine count. ``num_machines`` and ``num_processes`` are then the
             largest job (MAX machines); the agent tells each process the current ``WORLD_SIZE``.
+        bind_address: the address the launch's listeners bind (the rendezvous store): ``--bind_address``,
+            else ``--main_process_ip``, else loopback (see :func:`accelerando.core.listeners.listen_address`).
     """
 
     mode: str
@@ -137,6 +140,7 @@ class LaunchPlan:
     notes: tuple[str, ...] = ()
     hang_timeout_s: float = 0.0
     min_machines: int | None = None
+    bind_address: str = "127.0.0.1"
 
     @property
     def elastic_range(self) -> bool:
@@ -652,6 +656,9 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
         argv += ["--rdzv_backend", backend, "--rdzv_endpoint", f"{address}:{main_port}"]
         if low != machines:  # every machine derives the same id without talking to the others
             argv += ["--rdzv_id", f"accelerando-{main_port}"]
+        if _on_loopback(address, machines):
+            # The agent hosts the workers' store at this address (its host name otherwise): loopback.
+            argv += ["--local_addr", address]
     if rdzv_conf:
         argv += ["--rdzv_conf", rdzv_conf]
     argv += [
@@ -932,8 +939,12 @@ def build(
         argv = [machine.python, "-m", _ELASTIC_MODULE, *agent_options, *agent]
     else:
         argv = _target_argv(target, machine.python)
+    # What accelerando.core.listeners.listen_address says (not imported here: the one-process launch's start-up).
+    bind = (settings.bind_address or settings.main_process_ip or "127.0.0.1").strip()
     if mode == "elastic":  # the processes start on this machine (mpirun and DeepSpeed's runner: on the hosts)
         notes += oversubscription_warning(settings, machine, per_node, machines)
+        if _on_loopback(bind, machines):
+            env.update(loopback_sockets(machine))
     if settings.install_as_accelerate:
         env[INSTALL_ENV] = "true"
     return LaunchPlan(
@@ -947,7 +958,41 @@ def build(
         notes=tuple(notes),
         hang_timeout_s=float(settings.hang_timeout or 0),
         min_machines=low if low != machines else None,
+        bind_address=bind,
     )
+
+
+def _on_loopback(address: str, machines: int) -> bool:
+    """Whether a launch on ``machines`` machines binding ``address`` is this machine's alone.
+
+    :func:`accelerando.core.listeners.is_loopback`'s rule for the spellings a launch gets (127.x.y.z,
+    ``::1``, ``localhost``), without importing ``ipaddress`` on the launcher's start-up path.
+    """
+    host = address.strip().strip("[]").lower()
+    return machines == 1 and (host.startswith("127.") or host in ("::1", "localhost"))
+
+
+def loopback_sockets(machine: MachineInfo) -> dict[str, str]:
+    """Variables that bind gloo's and NCCL's sockets to the loopback interface (a one-machine job).
+
+    gloo listens on the address this machine's host name resolves to, and NCCL on its first
+    non-loopback interface: reachable from other machines, although every peer is on this one. A
+    variable the user set is left alone.
+
+    Args:
+        machine: the machine the processes start on.
+
+    Returns:
+        ``{"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}`` less those the user set; empty
+        when the loopback interface's name is unknown.
+    """
+    if machine.loopback_interface is None:
+        return {}
+    return {
+        name: machine.loopback_interface
+        for name in SOCKET_IFNAME_ENV
+        if name not in machine.interfaces_chosen
+    }
 
 
 def oversubscription_warning(

@@ -246,13 +246,20 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
     args = parse_args(plan.agent_args)
     if hasattr(signal, "SIGUSR1"):  # the agent stops its processes as for SIGTERM (see the module docstring)
         signal.signal(signal.SIGUSR1, _usr1_as_sigterm)
+    # The rendezvous store listens on the launch's bind address only (loopback on one machine).
+    from accelerando.launchers.bound_rendezvous import bound_rendezvous
+
     if os.name != "posix":  # no shim: no parent-death signal, stack dumps or records there
-        return _wait_elastic(lambda: elastic_run(args), None, None)
+        with bound_rendezvous(plan.bind_address):
+            return _wait_elastic(lambda: elastic_run(args), None, None)
     # Imported here, not at the top: a one-process launch needs no watchdog (its import is counted by
     # tests/launchers/test_launch_startup_work.py).
     from accelerando.launchers.watchdog import RunFolder, Watchdog
 
-    with tempfile.TemporaryDirectory(prefix="accelerando-run-") as run_dir:
+    with (
+        bound_rendezvous(plan.bind_address),
+        tempfile.TemporaryDirectory(prefix="accelerando-run-") as run_dir,
+    ):
         folder = RunFolder(run_dir)
         watchdog = Watchdog(folder, plan.hang_timeout_s) if plan.hang_timeout_s > 0 else None
         if watchdog is not None:

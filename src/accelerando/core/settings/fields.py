@@ -465,6 +465,10 @@ FIELDS: tuple[Field, ...] = (
     _core("multi_gpu", "bool", False, group="launch", switch=True, config_keys=("multi_gpu",),
           help="Start one process per GPU with distributed data parallel."),
     _core("main_process_ip", "str", None, group="launch", help="Address of the machine of rank 0."),
+    _core("bind_address", "str", None, group="launch",
+          help="Address the job's listeners bind (rendezvous store, torchft lighthouse, managers and checkpoint "
+               "servers); unset: --main_process_ip, or 127.0.0.1 (this machine only) on one machine. "
+               "0.0.0.0 or :: binds every interface."),
     _core("main_process_port", "int", None, group="launch", minimum=0, maximum=65535,
           help="Port of the machine of rank 0 (0 or unset: a free port on one machine, 29500 on several)."),
     _core("same_network", "bool", True, group="launch", switch=True,
@@ -501,6 +505,10 @@ FIELDS: tuple[Field, ...] = (
         help="Seconds a fault-tolerant all-reduce, commit or weight transfer may wait (default 60)."),
     _ft("ft_heartbeat_timeout", "float", None, minimum=0,
         help="Seconds without a heartbeat after which the lighthouse drops a replica group (default 5)."),
+    _ft("ft_insecure", "bool", False, switch=True,
+        help="Let torchft's servers (lighthouse, managers, checkpoint servers) listen on an address other "
+             "machines reach: they have no authentication, so anyone who reaches them can join, stall or "
+             "stop the job and read its weights."),
     _ft("ft_replica_id", "int", None, minimum=0, cli=None, in_config=False,
         help="This process's replica group (written by the launch for each group)."),
     # --- job files: `accelerando launch --emit slurm|kubernetes` writes a job instead of starting one ---

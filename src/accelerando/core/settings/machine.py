@@ -12,7 +12,7 @@ import sys
 from accelerando.core.devices.counting import visible_gpu_count
 from accelerando.core.records import record
 
-__all__ = ["MachineInfo", "detect_machine", "visible_gpu_count", "free_port"]
+__all__ = ["SOCKET_IFNAME_ENV", "MachineInfo", "detect_machine", "visible_gpu_count", "free_port"]
 
 
 @record
@@ -24,12 +24,26 @@ class MachineInfo:
         cpu_count: CPU cores usable by this process.
         python: the interpreter that runs the script.
         omp_threads_set: ``OMP_NUM_THREADS`` is already set by the user (then it is left alone).
+        loopback_interface: the name of the loopback network interface (``lo`` on Linux), or None
+            when unknown; a one-machine job's gloo and NCCL sockets are bound to it.
+        interfaces_chosen: the ``*_SOCKET_IFNAME`` variables the user set (then they are left alone).
     """
 
     gpu_count: int = 0
     cpu_count: int = 1
     python: str = sys.executable
     omp_threads_set: bool = False
+    loopback_interface: str | None = None
+    interfaces_chosen: tuple[str, ...] = ()
+
+
+#: Variables that choose the network interface of gloo's and NCCL's sockets.
+SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def _loopback_interface() -> str | None:
+    # Linux names it lo (one stat, no socket import on the launcher's start-up path); elsewhere unknown.
+    return "lo" if os.path.isdir("/sys/class/net/lo") else None
 
 
 def detect_machine() -> MachineInfo:
@@ -47,6 +61,8 @@ def detect_machine() -> MachineInfo:
         cpu_count=cpus,
         python=sys.executable,
         omp_threads_set=bool(os.environ.get("OMP_NUM_THREADS")),
+        loopback_interface=_loopback_interface(),
+        interfaces_chosen=tuple(name for name in SOCKET_IFNAME_ENV if os.environ.get(name)),
     )
 
 

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from accelerando.core.listeners import LOOPBACK
+from accelerando.core.settings.machine import SOCKET_IFNAME_ENV
 from accelerando.core.settings.resolve import Settings
 from accelerando.launchers.plan import Command, LaunchPlan
 from accelerando.launchers.ray.worker import RankProcess
@@ -225,11 +227,17 @@ class _Job:
         main = self.workers[0]
         port = self.ray.get(main.actor.free_port.remote())
         machines = len({w.node_id for w in self.workers})
+        # On one machine the store and gloo/NCCL sockets are this machine's only (loopback).
+        address = LOOPBACK if machines == 1 else main.node_ip
+        base = dict(self.base_env)
+        if machines > 1:  # the plan pinned gloo/NCCL to loopback (one machine); the actors landed on several
+            for name in SOCKET_IFNAME_ENV:
+                base.pop(name, None)
         starts = []
         for worker, (rank, local, node_rank, local_size) in zip(self.workers, ranks, strict=True):
             env = process_env(
-                self.base_env, rank=rank, local_rank=local, node_rank=node_rank, local_world_size=local_size,
-                world_size=len(self.workers), num_machines=machines, address=main.node_ip, port=port,
+                base, rank=rank, local_rank=local, node_rank=node_rank, local_world_size=local_size,
+                world_size=len(self.workers), num_machines=machines, address=address, port=port,
                 attempt=attempt, max_restarts=int(self.settings.max_restarts or 0),
             )  # fmt: skip
             starts.append(
