@@ -48,11 +48,15 @@ def _rendered_names() -> list[str]:
     return names
 
 
-@pytest.mark.slow
-def test_site_builds_strictly(tmp_path: pathlib.Path) -> None:
+@pytest.fixture(scope="module")
+def built_site(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[pathlib.Path, subprocess.CompletedProcess[str]]:
+    """The site built once (``mkdocs build --strict``) for the tests of this module that read it."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     pytest.importorskip("mkdocstrings_handlers.python")
+    site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     result = subprocess.run(
         [
@@ -64,7 +68,7 @@ def test_site_builds_strictly(tmp_path: pathlib.Path) -> None:
             "-f",
             str(ROOT / "mkdocs.yml"),
             "-d",
-            str(tmp_path),
+            str(site),
         ],
         cwd=ROOT,
         env=env,
@@ -72,13 +76,101 @@ def test_site_builds_strictly(tmp_path: pathlib.Path) -> None:
         text=True,
         timeout=300,
     )
+    return site, result
+
+
+@pytest.mark.slow
+def test_site_builds_strictly(built_site: tuple[pathlib.Path, subprocess.CompletedProcess[str]]) -> None:
+    tmp_path, result = built_site
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
+    # A clean build prints nothing that says error (a module run on import once printed
+    # "accelerando config: error: invalid choice: 'build'" and the build still succeeded).
+    output = result.stdout + result.stderr
+    assert "error" not in output.lower(), output[-6000:]
     cli = (tmp_path / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "ACCELERANDO_MIXED_PRECISION" in cli
     api = (tmp_path / "reference" / "api" / "accelerator" / "index.html").read_text(encoding="utf-8")
     assert "save_state" in api and "gather_for_metrics" in api
     for figure in ("memory_timeline.png", "device_map.png", "launch_processes.png"):
         assert (tmp_path / "img" / figure).stat().st_size > 1000
+
+
+# Runs in the page once it has loaded (and Material's script has wrapped the tables): for every table
+# cell, whether its content overflows the cell, or the cell reaches past the right edge of what is
+# visible of the content column (the nearest ancestor that clips or scrolls, else the window). A
+# cell hidden behind a horizontal scroll counts as cut: that is how the Default column went missing.
+_MEASURE = """
+<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var out = {width: window.innerWidth, tables: 0, wrapped: 0, cut: []};
+  document.querySelectorAll("article table").forEach(function (table, index) {
+    out.tables += 1;
+    if (table.closest(".md-typeset__scrollwrap")) { out.wrapped += 1; }
+    var edge = document.documentElement.clientWidth;
+    for (var a = table.parentElement; a; a = a.parentElement) {
+      if (["auto", "scroll", "hidden", "clip"].indexOf(getComputedStyle(a).overflowX) >= 0) {
+        edge = Math.min(edge, a.getBoundingClientRect().left + a.clientWidth); break;
+      }
+    }
+    table.querySelectorAll("td, th").forEach(function (cell) {
+      var right = cell.getBoundingClientRect().right;
+      if (cell.scrollWidth > cell.clientWidth + 1 || right > edge + 1) {
+        out.cut.push({table: index, cell: cell.textContent.trim().replace(/\\s+/g, " ").slice(0, 50),
+                      right: Math.round(right), edge: Math.round(edge)});
+      }
+    });
+  });
+  var pre = document.createElement("pre");
+  pre.id = "table-measure";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 300); });
+</script>
+"""
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return next(
+        (found for name in ("chromium", "chromium-browser", "google-chrome", "headless_shell")
+         if (found := shutil.which(name))),
+        None,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_api_reference_tables_fit_a_1366_px_window(
+    built_site: tuple[pathlib.Path, subprocess.CompletedProcess[str]], tmp_path: pathlib.Path
+) -> None:
+    import json
+
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no headless Chromium on PATH (.ci/run apt-installs the chromium package)")
+    site, result = built_site
+    assert result.returncode == 0, result.stderr[-4000:]
+    pages = sorted((site / "reference" / "api").glob("*/index.html"))
+    assert len(pages) >= 5, pages
+    cut, tables = [], 0
+    for page in pages:
+        measured = page.with_name("measured.html")  # beside the page: its styles and scripts load
+        measured.write_text(
+            page.read_text(encoding="utf-8").replace("</body>", _MEASURE + "</body>"), "utf-8"
+        )
+        dom = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+             "--window-size=1366,768", "--virtual-time-budget=10000", "--dump-dom", measured.as_uri()],
+            capture_output=True, text=True, timeout=120, check=False,
+        ).stdout  # fmt: skip
+        found = re.search(r'<pre id="table-measure">(.*?)</pre>', dom)
+        assert found, f"{page}: the measuring script did not run"
+        report = json.loads(found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+        assert report["width"] == 1366 and report["tables"] == report["wrapped"] > 0, (page, report)
+        tables += report["tables"]
+        cut += [f"{page.parent.name}: {each}" for each in report["cut"]]
+    assert tables > 100, tables
+    assert not cut, "table cells cut at 1366 px:\n" + "\n".join(map(str, cut[:20]))
 
 
 def test_cli_reference_covers_every_setting() -> None:
