@@ -97,3 +97,42 @@ def test_one_process_draws_and_batches_match_reference() -> None:
 @pytest.mark.slow
 def test_two_processes_draws_and_batches_match_reference() -> None:
     _compare(2, CASES)
+
+
+def resumed_order(library: str, folder: str, fresh_order: bool) -> list[list[int]]:
+    """Save after 3 batches, then in a new Accelerator load and skip them: the batches that follow.
+
+    With ``fresh_order`` (accelerando only) the loader is told, after ``load_state``, to forget the
+    saved epoch's order: the one line the migration page gives for the reference's resume.
+    """
+    module = importlib.import_module(library)
+    utils = importlib.import_module(f"{library}.utils")
+
+    def prepared() -> tuple[object, DataLoader]:
+        accelerator = module.Accelerator(cpu=True)
+        utils.set_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+        data = DataLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True)
+        model, data = accelerator.prepare(model, data)
+        return accelerator, data
+
+    accelerator, loader = prepared()
+    for step, _batch in enumerate(loader):
+        torch.rand(3)
+        if step == 2:
+            accelerator.save_state(folder)
+    accelerator.free_memory()
+    accelerator, loader = prepared()
+    accelerator.load_state(folder)
+    if fresh_order:
+        loader.load_state_dict({"epoch": loader.iteration})
+    return [batch.tolist() for (batch,) in accelerator.skip_first_batches(loader, 3)]
+
+
+@needs_torchdata_and_reference
+def test_resume_gives_the_same_epoch_and_one_line_gives_the_references_fresh_order(tmp_path) -> None:
+    exact = run_distributed(resumed_order, 1, "accelerando", str(tmp_path / "ours"), False)[0]
+    fresh = run_distributed(resumed_order, 1, "accelerando", str(tmp_path / "fresh"), True)[0]
+    reference = run_distributed(resumed_order, 1, "accelerate", str(tmp_path / "reference"), False)[0]
+    assert fresh == reference
+    assert exact != reference  # ours continues the saved epoch's order (a deliberate difference)
