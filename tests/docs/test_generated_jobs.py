@@ -23,7 +23,7 @@ COMMANDS = {
 
 def _emitted(kind: str, tmp_path: pathlib.Path) -> str:
     argv = shlex.split(COMMANDS[kind])[1:]
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     env = {k: v for k, v in env.items() if not k.startswith(("ACCELERATE_", "SLURM_"))}
     out = subprocess.run(
         [sys.executable, "-m", "accelerando.commands.cli", *argv],

@@ -103,7 +103,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "RAY_ADDRESS"))
     }
-    env.update(OMP_NUM_THREADS="1", ACCELERANDO_CONFIG_FILE=str(tmp_path / "none.yaml"))
+    env.update(OMP_NUM_THREADS="1", ACCELERANDO_CONFIG_FILE=os.devnull)
     return env
 
 

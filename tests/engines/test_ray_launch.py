@@ -168,7 +168,7 @@ def test_import_help_and_emit_load_no_ray(tmp_path: Path) -> None:
         "assert main() == 0\n"
         "print('\\n' + json.dumps([m for m in ('ray', 'torchft') if m in sys.modules]))\n"
     )
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.sh")], capture_output=True,
                             text=True, env=env, check=True)  # fmt: skip
     assert json.loads(result.stdout.splitlines()[-1]) == []

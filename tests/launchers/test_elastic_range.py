@@ -182,7 +182,7 @@ def test_the_processes_read_their_count_from_the_agent_not_the_launcher():
 
 
 def test_dry_run_shows_the_range(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", os.devnull)
     argv = ["--dry-run", "--cpu", "--num_machines", "1:2",
             "--main_process_ip", "127.0.0.1", "--num_processes", "2", "t.py"]  # fmt: skip
     assert launch.main(argv) == 0
@@ -192,7 +192,7 @@ def test_dry_run_shows_the_range(capsys, tmp_path, monkeypatch):
 
 
 def test_bad_ranges_exit_2_with_the_message(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", os.devnull)
     argv = ["--num_machines", "4:2", "t.py"]
     assert launch.main(argv) == 2
     assert "MIN 4 is above MAX 2" in capsys.readouterr().err
@@ -304,7 +304,7 @@ if acc.is_main_process:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "PET_"))}
-    env.update(ACCELERANDO_CONFIG_FILE=str(tmp_path / "none.yaml"), OMP_NUM_THREADS="1",
+    env.update(ACCELERANDO_CONFIG_FILE=os.devnull, OMP_NUM_THREADS="1",
                XDG_CACHE_HOME=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"))  # fmt: skip
     return env
 

@@ -34,7 +34,7 @@ def _settings(**values):
 
 
 def _launch(tmp_path: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     return subprocess.run(
         [sys.executable, "-m", "accelerando.commands.launch", *argv],
         cwd=tmp_path,
@@ -169,7 +169,7 @@ def test_the_emitted_sbatch_script_runs_a_two_process_job_on_slurm(tmp_path: Pat
     emitted = _launch(tmp_path, "--emit", "slurm", "--emit_to", "job.sh", "--cpu", "--num_processes", "2",
                       "probe.py", str(out), "two words")  # fmt: skip
     assert emitted.returncode == 0, emitted.stderr
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     done = subprocess.run(
         ["sbatch", "--wait", f"--output={tmp_path / 'slurm.out'}", str(tmp_path / "job.sh")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,

@@ -214,7 +214,7 @@ def test_a_newline_in_the_working_directory_is_refused_not_run() -> None:
 def test_the_cli_refuses_to_emit_from_a_folder_with_a_newline(tmp_path: Path) -> None:
     folder = tmp_path / "run\ntouch CANARY"
     folder.mkdir()
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     done = subprocess.run([sys.executable, "-m", "accelerando.commands.launch", "--emit", "slurm", "--cpu", "t.py"],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""

@@ -203,7 +203,7 @@ def test_reference_module_functions_run_a_real_launch_with_install_as_accelerate
 ) -> None:
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
-    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", os.devnull)
     # The launcher runs in this process and exports the launch's environment into it (it is the agent
     # process): restore it afterwards, or later tests would read this launch's settings.
     environ_before = dict(os.environ)

@@ -121,7 +121,7 @@ def _mpirun_job(tmp_path: Path, mode: str) -> list[dict]:
     script, hosts = tmp_path / "probe.py", tmp_path / "hosts"
     script.write_text(PROBE)
     hosts.write_text("localhost slots=2\n")
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     argv = ["--cpu", "--num_processes", "2", "--mpirun-hostfile", str(hosts), "--mpirun_ccl", "1", "--debug"]
     done = subprocess.run(
         [sys.executable, "-m", "accelerando.commands.launch", *argv, str(script), str(tmp_path), mode],

@@ -45,7 +45,7 @@ def _reports(folder: Path) -> list[dict]:
 def test_two_machines_on_loopback_form_one_process_group(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     port = str(get_free_port())
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull, "OMP_NUM_THREADS": "1"}
     machines = [
         subprocess.Popen(
             [
@@ -94,7 +94,7 @@ def test_two_machines_on_loopback_form_one_process_group(tmp_path: Path) -> None
 )
 def test_ranks_started_by_plain_mpirun_are_detected(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull, "OMP_NUM_THREADS": "1"}
     # MPI does not say where rank 0 is: MASTER_ADDR/MASTER_PORT (exported to every rank) do.
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(get_free_port()))
     as_root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []

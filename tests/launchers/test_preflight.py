@@ -117,7 +117,7 @@ def test_an_unreachable_machine_0_is_an_error(monkeypatch: pytest.MonkeyPatch) -
 def _launch(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('the preflight should have stopped the launch')\n")
-    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    env = {**os.environ, "ACCELERANDO_CONFIG_FILE": os.devnull}
     base = ["--cpu", "--num_machines", "2", "--num_processes", "2"]
     # The timeout only keeps a regression from hanging the suite; the checks take seconds.
     return subprocess.run(

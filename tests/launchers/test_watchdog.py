@@ -269,7 +269,7 @@ def test_a_launch_names_the_rank_that_spins_or_sleeps_outside_the_all_reduce(
     script = tmp_path / "hang.py"
     script.write_text(SPIN.format(spin=spins))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_"))}
-    env["ACCELERANDO_CONFIG_FILE"] = str(tmp_path / "none.yaml")
+    env["ACCELERANDO_CONFIG_FILE"] = os.devnull
     argv = [*_cli(), "launch", "--cpu", "--num_processes", "2", "--hang_timeout", "5", str(script)]
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
@@ -314,7 +314,7 @@ def _launch_gloo_job(tmp_path: Path, mode: str, timeout: int) -> tuple[subproces
     script = tmp_path / "job.py"
     script.write_text(GLOO_JOB)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_"))}
-    env["ACCELERANDO_CONFIG_FILE"] = str(tmp_path / "none.yaml")
+    env["ACCELERANDO_CONFIG_FILE"] = os.devnull
     argv = [*_cli(), "launch", "--cpu", "--num_processes", "2", "--hang_timeout", str(timeout), str(script),
             mode, str(tmp_path / "hung_at")]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)

@@ -77,7 +77,7 @@ def test_a_real_launch_exports_the_reference_environment_key_by_key(tmp_path: Pa
     script = tmp_path / "dump.py"
     script.write_text(DUMP)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE", "ACCELERANDO", "FSDP_"))}
-    clean["ACCELERANDO_CONFIG_FILE"] = str(tmp_path / "none.yaml")
+    clean["ACCELERANDO_CONFIG_FILE"] = os.devnull
     argv = ["--cpu", "--num_processes", "2", "--num_cpu_threads_per_process", "1", *FSDP_FLAGS]
     done = subprocess.run(
         [sys.executable, "-m", "accelerando.commands.launch", *argv, str(script), str(tmp_path)],
@@ -113,7 +113,7 @@ def _plan_env(argv: list[str]) -> dict[str, str]:
 
 
 def test_deepspeed_environment_matches_the_reference(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", os.devnull)
     argv = [
         "--use_deepspeed", "--zero_stage", "2", "--offload_optimizer_device", "cpu", "--offload_param_device",
         "none", "--gradient_accumulation_steps", "3", "--gradient_clipping", "1.0", "--zero3_init_flag", "true",
@@ -140,7 +140,7 @@ def test_deepspeed_environment_matches_the_reference(tmp_path: Path, monkeypatch
 def test_simple_launch_dynamo_megatron_parallelism_and_affinity_spellings(
     tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", os.devnull)
     env = _plan_env(
         ["--cpu", "--dynamo_backend", "inductor", "--dynamo_use_fullgraph", "--enable_cpu_affinity"]
     )
@@ -206,7 +206,7 @@ def test_every_formerly_ignored_reference_variable_resolves(variable: str, monke
 
 
 def test_formerly_ignored_variables_change_what_the_launcher_does(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("ACCELERATE_IN_TPU_POD", "true")
     with pytest.raises(ValueError, match="TPU pod"):
         _plan_env([])

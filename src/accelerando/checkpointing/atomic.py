@@ -308,7 +308,12 @@ def commit(staging: str, final_dir: str, manifest: Manifest, durable: bool = Tru
     parent = os.path.dirname(final_dir)
     manifest_path = os.path.join(staging, MANIFEST_NAME)
     tmp_manifest = manifest_path + ".tmp"
-    with open(tmp_manifest, "w", encoding="utf-8") as handle:
+    # A new file only (O_EXCL, O_NOFOLLOW): never written through a link planted in the staging folder.
+    new_only = (
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
+    fd = os.open(tmp_manifest, new_only, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(manifest.to_json())
         if durable:
             handle.flush()

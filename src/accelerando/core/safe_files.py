@@ -30,10 +30,12 @@ __all__ = [
     "UnsafeArchiveError",
     "check_archive",
     "check_regular",
+    "check_regular_inside",
     "describe_mode",
     "open_regular",
     "open_regular_fd",
     "read_regular",
+    "replace_file",
 ]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -48,14 +50,15 @@ class NotRegularFileError(OSError):
     Attributes:
         path: The path.
         what: What it is instead, in words ("a directory", "a FIFO (named pipe)", ...).
+        expected: What it had to be, in words ("a regular file", or "a folder" for a folder on the way).
     """
 
-    def __init__(self, path: str, what: str) -> None:
-        self.path, self.what = path, what
-        super().__init__(errno.EINVAL, f"{path!r} is {what}, not a regular file")
+    def __init__(self, path: str, what: str, expected: str = "a regular file") -> None:
+        self.path, self.what, self.expected = path, what, expected
+        super().__init__(errno.EINVAL, f"{path!r} is {what}, not {expected}")
 
     def __str__(self) -> str:
-        return f"{self.path!r} is {self.what}, not a regular file"
+        return f"{self.path!r} is {self.what}, not {self.expected}"
 
 
 class FileTooLargeError(OSError):
@@ -105,6 +108,69 @@ def check_regular(path: str | os.PathLike[str], follow: bool = True) -> os.stat_
     if not stat.S_ISREG(info.st_mode):
         raise NotRegularFileError(os.fspath(path), describe_mode(info.st_mode))
     return info
+
+
+def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o666) -> None:
+    """Replace the file ``path`` by one holding ``data``, through a new temporary file next to it.
+
+    The temporary file gets a fresh random name and is created with ``O_CREAT | O_EXCL | O_NOFOLLOW``:
+    never through a link or into a file someone planted, so nothing outside is ever written. It is
+    then renamed over ``path`` (a link at ``path`` is replaced, not followed).
+
+    Args:
+        path: The file to (re)place; its folder must exist.
+        data: The whole new content.
+        mode: Permissions of the new file (before the umask).
+
+    Raises:
+        OSError: If the folder cannot be written (the temporary file is removed).
+    """
+    name = os.fspath(path)
+    folder, base = os.path.split(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | _BINARY
+    while True:
+        temporary = os.path.join(folder, f".{base}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(temporary, flags, mode)
+            break
+        except FileExistsError:  # pragma: no cover - 48 random bits taken: draw again
+            continue
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, name)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def check_regular_inside(folder: str, name: str) -> os.stat_result:
+    """``lstat`` every component of the relative ``name`` below ``folder``, opening nothing: each folder
+    on the way must be a real folder and the last component a regular file, none of them a link.
+
+    So a name read from a file inside ``folder`` (a DCP ``.metadata``) cannot reach outside it
+    through a linked folder (``sub/x`` where ``sub`` links elsewhere). ``name`` must already be a
+    plain relative name (no ``..``, not absolute).
+
+    Returns:
+        The last component's ``lstat`` result.
+
+    Raises:
+        NotRegularFileError: Naming the first component that is a link, or not a folder (on the
+            way) or not a regular file (at the end).
+        OSError: If a component cannot be looked at (``FileNotFoundError`` when missing).
+    """
+    parts = name.replace("\\", "/").split("/")
+    current = folder
+    for part in parts[:-1]:
+        current = os.path.join(current, part)
+        info = os.lstat(current)
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotRegularFileError(current, describe_mode(info.st_mode), "a folder")
+    return check_regular(os.path.join(current, parts[-1]), follow=False)
 
 
 def open_regular_fd(

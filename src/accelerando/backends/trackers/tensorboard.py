@@ -30,6 +30,23 @@ def _summary_writer_class() -> Callable[..., object]:
     return SummaryWriter
 
 
+def _run_folder(logging_dir: str, run_name: str) -> str:
+    """``<logging_dir>/<run_name>``, refused when the project name would leave ``logging_dir``.
+
+    Raises:
+        ValueError: If ``run_name`` is absolute or climbs above ``logging_dir`` with ``..``.
+    """
+    folder = os.path.join(logging_dir, run_name)
+    root = os.path.normpath(os.path.abspath(logging_dir))
+    inside = os.path.normpath(os.path.abspath(folder))
+    if os.path.isabs(run_name) or os.path.commonpath([root, inside]) != root:
+        raise ValueError(
+            f"TensorBoard project name {run_name!r} would write outside logging_dir {logging_dir!r}; "
+            "use a name inside it (no absolute path, no '..'), or change logging_dir."
+        )
+    return folder
+
+
 class TensorBoardTracker(GeneralTracker):
     """Write scalars, text, hyperparameters and images to TensorBoard event files.
 
@@ -41,7 +58,8 @@ class TensorBoardTracker(GeneralTracker):
         **kwargs: passed to ``SummaryWriter`` (``flush_secs``, ``max_queue``, ...).
 
     Raises:
-        ValueError: ``logging_dir`` is missing.
+        ValueError: ``logging_dir`` is missing, or ``run_name`` would put the run outside it (an
+            absolute path, or ``..`` climbing above it).
     """
 
     name = "tensorboard"
@@ -57,7 +75,7 @@ class TensorBoardTracker(GeneralTracker):
                 "(or logging_dir=... when building the tracker)."
             )
         self.run_name = run_name
-        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
+        self.logging_dir = _run_folder(os.fspath(logging_dir), run_name)
         self._kwargs = kwargs
 
     @on_main_process

@@ -8,7 +8,9 @@ existing ``default_config.yaml`` works unchanged. Keys are checked against the s
 
 Default location: ``$ACCELERANDO_CONFIG_FILE``, else ``$XDG_CACHE_HOME/accelerando/default_config.yaml``
 (``~/.cache`` when XDG_CACHE_HOME is unset). When that file does not exist but the reference project's
-default config does, that one is used and the caller is told so.
+default config does, that one is used and the caller is told so. ``ACCELERANDO_CONFIG_FILE`` must name
+a regular file (a missing file, a folder or a FIFO is a :class:`ConfigError`, never silently
+ignored); ``ACCELERANDO_CONFIG_FILE=/dev/null`` (``os.devnull``) means "no config file".
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from accelerando.core.safe_files import FileTooLargeError, NotRegularFileError, describe_mode, read_regular
+from accelerando.core.safe_files import (
+    FileTooLargeError,
+    NotRegularFileError,
+    describe_mode,
+    read_regular,
+    replace_file,
+)
 from accelerando.core.settings.fields import FIELDS, Field, get_field, quote_value
 from accelerando.core.settings.resolve import Sourced, parse_value
 
@@ -127,19 +135,16 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
         obvious (the reference project's file was used), else ``""``.
 
     Raises:
-        ConfigError: when ``explicit`` names a file that does not exist or is not a regular file
-            (a directory, a device, a FIFO: the message says which).
+        ConfigError: when ``explicit`` or ``$ACCELERANDO_CONFIG_FILE`` names a file that does not exist
+            or is not a regular file (a directory, a device, a FIFO: the message says which).
     """
     if explicit is not None:
-        from pathlib import Path
-
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"Config file {str(path)!r} {_what_is(path)}. Fix: check the path given to --config_file, "
-                "or create one with `accelerando config`."
-            )
-        return path, ""
+        return _regular_config(os.path.expanduser(os.fspath(explicit)), "the path given to --config_file"), ""
+    configured = os.environ.get("ACCELERANDO_CONFIG_FILE")
+    if configured:
+        if configured == os.devnull:  # the documented spelling of "no config file"
+            return None, ""
+        return _regular_config(os.path.expanduser(configured), "ACCELERANDO_CONFIG_FILE (or unset it)"), ""
     # Found as text, with os.path alone: the common launch (no file anywhere) makes no path object.
     ours = _default_config_text()
     if os.path.isfile(ours):
@@ -151,6 +156,19 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> tuple[Pa
             "Run `accelerando config update --config_file` on it to make your own copy."
         )
     return None, ""
+
+
+def _regular_config(text: str, named_by: str) -> Path:
+    """``Path(text)`` if it names a regular file (links followed), else a :class:`ConfigError` saying
+    what it is and where the name came from (``named_by``).
+    """
+    path = _as_path(text)
+    if not path.is_file():
+        raise ConfigError(
+            f"Config file {text!r} {_what_is(path)}. Fix: check {named_by}, or create one with "
+            "`accelerando config`."
+        )
+    return path
 
 
 def _as_path(text: str) -> Path:
@@ -443,7 +461,5 @@ def write_config_file(data: Mapping[str, object], path: str | os.PathLike[str]) 
         import yaml
 
         text = yaml.safe_dump(dict(data), sort_keys=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    replace_file(path, text.encode("utf-8"))  # a fresh O_EXCL|O_NOFOLLOW temporary file, renamed over
     return path

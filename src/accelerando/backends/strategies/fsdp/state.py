@@ -261,7 +261,8 @@ def _shard_reader(folder: str) -> FileSystemReader:
     DCP reads ``.metadata`` with a plain ``pickle.load`` and wraps every error it meets; here it is
     read before DCP starts, through an allowlist (full unpickling only on the caller's opt-in,
     ``load_kwargs={"weights_only": False}``), and every shard file it names must be a plain name inside
-    ``folder`` naming a regular file (no link, FIFO or device, which could hang the read); the reader
+    ``folder`` naming a regular file (no link, FIFO or device, which could hang the read), reached
+    through real folders only (no folder on the way may be a link out of ``folder``); the reader
     hands DCP that metadata. Pair it with :func:`safe_load_planner`, which reads the shards' non-tensor
     items without full unpickling.
 
@@ -278,7 +279,7 @@ def _shard_reader(folder: str) -> FileSystemReader:
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         try:
             name = check_name(getattr(info, "relative_path", None))
-            safe_files.check_regular(os.path.join(folder, name), follow=False)
+            safe_files.check_regular_inside(folder, name)  # no link anywhere on the way
         except (ValueError, safe_files.NotRegularFileError) as err:
             raise CheckpointError(f"Checkpoint shards {folder!r} are damaged: {path!r} lists {err}") from None
         except FileNotFoundError:
