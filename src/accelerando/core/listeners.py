@@ -28,6 +28,7 @@ __all__ = [
     "LOOPBACK",
     "WILDCARDS",
     "advertised_host",
+    "check_torchft_exposure",
     "is_loopback",
     "is_wildcard",
     "listen_address",
@@ -89,6 +90,27 @@ def advertised_host(bind: str) -> str:
     import socket
 
     return socket.gethostname() if is_wildcard(bind) else bind.strip("[]")
+
+
+def check_torchft_exposure(bind: str, insecure: bool) -> None:
+    """Refuse to let torchft's servers listen beyond this machine unless the user accepted the risk.
+
+    Args:
+        bind: the address the servers would bind.
+        insecure: ``--ft_insecure`` (setting ``ft_insecure``).
+
+    Raises:
+        ValueError: ``bind`` is not loopback and ``insecure`` is not set; the message names the risk and the flag.
+    """
+    if is_loopback(bind) or insecure:
+        return
+    raise ValueError(
+        f"fault tolerance would let torchft's lighthouse, managers and checkpoint servers listen on {bind}, where "
+        "other machines reach them, and they have no authentication: anyone who reaches them can list the "
+        "replicas, stop a training process, join the quorum to stall the job or feed it other weights, and read "
+        "the model's weights during a heal. Fix: keep the default (127.0.0.1: the groups of one machine), or pass "
+        "--ft_insecure (ft_insecure: true) on a network where every machine is trusted"
+    )
 
 
 def listening_socket(address: str, port: int = 0, backlog: int = 2048) -> socket.socket:

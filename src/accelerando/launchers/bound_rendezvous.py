@@ -130,3 +130,25 @@ def bound_rendezvous(bind: str) -> Iterator[None]:
                 table.pop(name, None)
             else:
                 table[name] = creator
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m accelerando.launchers.bound_rendezvous BIND ARGS...``: torchrun ARGS with bound stores.
+
+    How a fault-tolerant launch starts a replica group of several processes (each group is its own
+    elastic job, run in its own process: :mod:`accelerando.launchers.ft`).
+
+    Args:
+        argv: the bind address, then ``torch.distributed.run``'s arguments (default: ``sys.argv[1:]``).
+    """
+    import sys
+
+    from torch.distributed.run import main as torchrun
+
+    args = sys.argv[1:] if argv is None else argv
+    with bound_rendezvous(args[0]):
+        torchrun(args[1:])
+
+
+if __name__ == "__main__":
+    main()

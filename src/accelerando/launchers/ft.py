@@ -18,15 +18,25 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from accelerando.core.listeners import (
+    LOOPBACK,
+    advertised_host,
+    check_torchft_exposure,
+    is_loopback,
+    is_wildcard,
+    listen_address,
+)
 from accelerando.core.records import replace
 from accelerando.core.settings.fields import FIELDS_BY_NAME
+from accelerando.core.settings.machine import detect_machine
 from accelerando.core.settings.resolve import Settings
 from accelerando.launchers._child import set_parent_death_signal
-from accelerando.launchers.plan import LaunchPlan
+from accelerando.launchers.plan import LaunchPlan, loopback_sockets
 
 if TYPE_CHECKING:
     from torchft._torchft import LighthouseServer
@@ -69,6 +79,8 @@ class FaultTolerantPlan:
         max_restarts: restarts allowed to each group before the launch fails.
         monitor_interval_s: seconds between checks of the groups' processes.
         notes: sentences to show the user.
+        bind_address: where the lighthouse (and every group's servers) listen: loopback unless
+            ``--bind_address`` names another address (which needs ``--ft_insecure``).
     """
 
     groups: tuple[ReplicaGroup, ...]
@@ -78,6 +90,7 @@ class FaultTolerantPlan:
     max_restarts: int
     monitor_interval_s: float = 0.1
     notes: tuple[str, ...] = field(default_factory=tuple)
+    bind_address: str = LOOPBACK
 
     def describe(self) -> str:
         """A human-readable summary (what ``--dry_run`` adds for a fault-tolerant launch)."""
@@ -107,8 +120,10 @@ def build(
 
     Raises:
         ValueError: a launch on several machines (each machine would start its own groups and lighthouse:
-            give --ft_lighthouse and launch each machine's groups with --num_machines 1), or
-            ft_min_replicas larger than the number of groups.
+            give --ft_lighthouse and launch each machine's groups with --num_machines 1),
+            ft_min_replicas larger than the number of groups, torchft's servers asked to listen beyond
+            loopback without ``--ft_insecure``, or a lighthouse on another machine while this machine's
+            groups listen on loopback (other machines' groups could not reach them).
     """
     count = settings.ft_replica_groups or DEFAULT_REPLICA_GROUPS
     min_replicas = settings.ft_min_replicas or 1
@@ -124,10 +139,13 @@ def build(
             f"{count} replica group(s) of this launch, so no step could ever be committed; lower it or raise "
             "--ft_replica_groups"
         )
+    bind = listen_address(settings.bind_address, None)
+    check_torchft_exposure(bind, bool(settings.ft_insecure))
+    _check_lighthouse_reach(settings, bind)
     plans = [first_plan, *(next_plan() for _ in range(count - 1))]
     extra = {_LIGHTHOUSE_ENV: settings.ft_lighthouse} if settings.ft_lighthouse else {}
     groups = tuple(
-        ReplicaGroup(i, replace(plan, env={**plan.env, **extra, _REPLICA_ID_ENV: str(i)}))
+        ReplicaGroup(i, replace(plan, argv=_bound(plan), env={**plan.env, **extra, _REPLICA_ID_ENV: str(i)}))
         for i, plan in enumerate(plans)
     )
     return FaultTolerantPlan(
@@ -141,7 +159,29 @@ def build(
         ),
         max_restarts=settings.max_restarts or 0,
         monitor_interval_s=settings.monitor_interval or 0.1,
+        bind_address=bind,
     )
+
+
+def _bound(plan: LaunchPlan) -> tuple[str, ...]:
+    """A group's command: an elastic one runs torchrun with its stores bound to the plan's bind address."""
+    if plan.mode != "elastic":
+        return plan.argv
+    return (plan.argv[0], "-m", "accelerando.launchers.bound_rendezvous", plan.bind_address, *plan.agent_args)
+
+
+def _check_lighthouse_reach(settings: Settings, bind: str) -> None:
+    """A lighthouse on another machine means groups on other machines: this machine's must be reachable."""
+    if not settings.ft_lighthouse or not is_loopback(bind):
+        return
+    host = urllib.parse.urlsplit(settings.ft_lighthouse).hostname or ""
+    if host and not is_loopback(host):
+        raise ValueError(
+            f"--ft_lighthouse {settings.ft_lighthouse} (from {settings.source('ft_lighthouse')}) is on another "
+            "machine, so other machines' replica groups heal from and all-reduce with this machine's, whose servers "
+            "listen on 127.0.0.1 by default. Fix: pass --bind_address <this machine's address> --ft_insecure "
+            "(torchft's servers have no authentication: only on a network where every machine is trusted)"
+        )
 
 
 class _Lighthouse:
@@ -154,13 +194,18 @@ class _Lighthouse:
             from torchft._torchft import LighthouseServer
 
             timeout_ms = max(1, int(plan.heartbeat_timeout_s * 1000))
+            bind = plan.bind_address
+            host = "[::]" if is_wildcard(bind) else (f"[{bind}]" if ":" in bind else bind)
             self.server = LighthouseServer(
-                bind="[::]:0",
+                bind=f"{host}:0",
                 min_replicas=plan.min_replicas,
                 join_timeout_ms=timeout_ms,
                 heartbeat_timeout_ms=timeout_ms,
             )
-            self.address = str(self.server.address())
+            # torchft advertises this machine's host name; the groups connect where it listens.
+            port = urllib.parse.urlsplit(str(self.server.address())).port
+            advertised = advertised_host(bind)
+            self.address = f"http://{f'[{advertised}]' if ':' in advertised else advertised}:{port}"
 
     def close(self) -> None:
         if self.server is not None:
@@ -268,6 +313,8 @@ def run(plan: FaultTolerantPlan, quiet: bool = False) -> int:
         ImportError: a lighthouse must be started and torchft is not installed (the message names the extra).
     """
     log_level = {} if "RUST_LOG" in os.environ else _TORCHFT_LOG_LEVEL
+    # The groups' gloo sockets (across groups too) listen on this machine only when the servers do.
+    sockets = loopback_sockets(detect_machine()) if is_loopback(plan.bind_address) else {}
     os.environ.update(log_level)  # the lighthouse logs from this process
     try:
         lighthouse = _Lighthouse(plan)
@@ -279,7 +326,7 @@ def run(plan: FaultTolerantPlan, quiet: bool = False) -> int:
     assert lighthouse.address is not None
     _say(f"fault tolerance: {len(plan.groups)} replica group(s), lighthouse {lighthouse.address}", quiet)
     try:
-        return _supervise(plan, {**log_level, _LIGHTHOUSE_ENV: lighthouse.address}, quiet)
+        return _supervise(plan, {**sockets, **log_level, _LIGHTHOUSE_ENV: lighthouse.address}, quiet)
     except KeyboardInterrupt:
         return 130
     finally:

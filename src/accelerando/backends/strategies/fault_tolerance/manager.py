@@ -5,12 +5,19 @@ process, when the connector builds it. Every process of a replica group calls :f
 the same point (several processes exchange the group's store port through the default process group).
 Afterwards the manager's server (on the group's rank 0) heartbeats to the lighthouse until
 :meth:`ManagerHandle.shutdown`, which runs at interpreter exit at the latest.
+
+Every server a group starts listens on the job's bind address (loopback unless ``--bind_address``
+names another, which needs ``--ft_insecure``: torchft's servers have no authentication): the group's
+store, the manager's server (torchft binds it to every interface; :func:`_manager_server_bound_to`
+rebinds it) and the checkpoint server (:class:`~.transport.WeightsOnlyTransport`, which loads a heal's
+reply weights-only).
 """
 
 from __future__ import annotations
 
 import atexit
-import socket
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -21,11 +28,19 @@ if TYPE_CHECKING:
 
     from accelerando.plugins.fault_tolerance import FaultTolerancePlugin
 
+from accelerando.backends.strategies.fault_tolerance.transport import WeightsOnlyTransport
+from accelerando.core.listeners import (
+    LOOPBACK,
+    advertised_host,
+    check_torchft_exposure,
+    is_wildcard,
+    store_server,
+)
+
 __all__ = ["DEFAULT_TIMEOUT_S", "ManagerHandle", "start_manager"]
 
 #: Seconds a cross-group all-reduce, commit or weight transfer waits when no timeout is set (torchft's).
 DEFAULT_TIMEOUT_S = 60.0
-_LOOPBACK = "127.0.0.1"
 
 
 @dataclass
@@ -64,37 +79,70 @@ def _require(plugin: FaultTolerancePlugin) -> tuple[str, int]:
     return plugin.lighthouse, plugin.replica_id
 
 
-def _group_store(group_rank: int, group_size: int) -> TCPStore:
-    """The replica group's own store: rank 0 hosts it on a free port and tells the others."""
+def _group_store(group_rank: int, group_size: int, bind: str) -> TCPStore:
+    """The replica group's own store: rank 0 hosts it on a free port of ``bind`` and tells the others."""
     import torch.distributed as dist
 
-    # torch.distributed.TCPStore is public (documented) but re-exported from a C module pyright cannot see.
-    store_class = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
-    store = store_class(_LOOPBACK, 0, is_master=True, wait_for_workers=False) if group_rank == 0 else None
+    store = store_server(bind, 0) if group_rank == 0 else None
     if group_size == 1:
         assert store is not None
         return store
     port = [store.port if store is not None else 0]
     dist.broadcast_object_list(port, src=0)
-    return store if store is not None else store_class(_LOOPBACK, port[0], is_master=False)
+    # torch.distributed.TCPStore is public (documented) but re-exported from a C module pyright cannot see.
+    client = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
+    return store if store is not None else client(advertised_host(bind), port[0], is_master=False)
 
 
-def start_manager(plugin: FaultTolerancePlugin, group_rank: int, group_size: int) -> ManagerHandle:
+@contextlib.contextmanager
+def _manager_server_bound_to(bind: str) -> Iterator[None]:
+    """While torchft's ``Manager`` is built, its ``ManagerServer`` listens on ``bind`` (torchft hard-codes ``[::]``).
+
+    torchft builds it through its module's name (group rank 0 only); tests/engines/test_torchft_security.py
+    fails if a torchft release changes that.
+    """
+    import torchft.manager as torchft_manager
+
+    original = torchft_manager.ManagerServer
+    host = "[::]" if is_wildcard(bind) else (f"[{bind}]" if ":" in bind else bind)
+
+    def bound(*args: object, bind: str, **kwargs: object) -> object:
+        return original(*args, bind=f"{host}:{bind.rsplit(':', 1)[1]}", **kwargs)
+
+    torchft_manager.ManagerServer = bound  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        torchft_manager.ManagerServer = original
+
+
+def start_manager(
+    plugin: FaultTolerancePlugin,
+    group_rank: int,
+    group_size: int,
+    bind_address: str | None = None,
+    insecure: bool = False,
+) -> ManagerHandle:
     """Create this process's torchft ``Manager`` (collective over the replica group's processes).
 
     Args:
         plugin: the filled :class:`~accelerando.plugins.fault_tolerance.FaultTolerancePlugin`.
         group_rank: this process's rank within its replica group.
         group_size: processes in the replica group.
+        bind_address: where the group's servers listen (``--bind_address``); loopback when None.
+        insecure: ``--ft_insecure``: the user accepts servers without authentication beyond loopback.
 
     Returns:
         The handle holding the manager and the group's store; shut down at interpreter exit.
 
     Raises:
-        ValueError: no lighthouse address or no replica id is known.
+        ValueError: no lighthouse address or no replica id is known, or the servers would listen
+            beyond loopback without ``insecure`` (:func:`~accelerando.core.listeners.check_torchft_exposure`).
         ImportError: torchft is not installed (the message names the extra).
     """
     lighthouse, replica_id = _require(plugin)
+    bind = bind_address or LOOPBACK
+    check_torchft_exposure(bind, insecure)
     try:
         from torchft import Manager, ProcessGroupGloo
     except ImportError as err:
@@ -103,28 +151,32 @@ def start_manager(plugin: FaultTolerancePlugin, group_rank: int, group_size: int
             "`pip install 'accelerando[torchft]'`"
         ) from err
     timeout = timedelta(seconds=plugin.timeout or DEFAULT_TIMEOUT_S)
-    store = _group_store(group_rank, group_size)
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout),
-        load_state_dict=None,
-        state_dict=None,
-        min_replica_size=plugin.min_replicas or 1,
-        use_async_quorum=plugin.use_async_quorum,
-        timeout=timeout,
-        quorum_timeout=timeout,
-        connect_timeout=timeout,
-        rank=group_rank,
-        world_size=group_size,
-        # Other groups connect to this store to form the cross-group process group: advertise the host
-        # name, as torchft does for the manager's own server.
-        store_addr=socket.gethostname(),
-        store_port=store.port,
-        lighthouse_addr=lighthouse,
-        # torchft numbers the group's processes from the digits that end the replica id.
-        replica_id=f"accelerando_{replica_id}",
-        port=0,
-        init_sync=plugin.init_sync,
-    )
+    store = _group_store(group_rank, group_size, bind)
+    # Other groups connect to the store, the manager and the checkpoint server at this address.
+    host = advertised_host(bind)
+    with _manager_server_bound_to(bind):
+        manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=plugin.min_replicas or 1,
+            use_async_quorum=plugin.use_async_quorum,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=group_rank,
+            world_size=group_size,
+            store_addr=host,
+            store_port=store.port,
+            lighthouse_addr=lighthouse,
+            # torchft numbers the group's processes from the digits that end the replica id.
+            replica_id=f"accelerando_{replica_id}",
+            port=0,
+            hostname=host,
+            # A heal's reply is loaded weights-only, from a server on the bind address.
+            checkpoint_transport=WeightsOnlyTransport(bind, timeout),  # type: ignore[arg-type]
+            init_sync=plugin.init_sync,
+        )
     handle = ManagerHandle(manager, store)
     atexit.register(handle.shutdown)
     return handle

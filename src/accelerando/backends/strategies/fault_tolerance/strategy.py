@@ -84,7 +84,14 @@ class FaultTolerantStrategy(Strategy):
                 "or launch with --num_processes 1 and more --ft_replica_groups"
             )
         self.plugin = _plugin(runtime)
-        self._handle: ManagerHandle = start_manager(self.plugin, int(runtime.process_index), group_size)
+        settings = getattr(runtime, "settings", None)
+        self._handle: ManagerHandle = start_manager(
+            self.plugin,
+            int(runtime.process_index),
+            group_size,
+            bind_address=getattr(settings, "bind_address", None),
+            insecure=bool(getattr(settings, "ft_insecure", False)),
+        )
         self._registered = 0
         #: The group's ("dp_shard",) mesh when the group shards its models (HSDP), else None.
         self.shard_mesh: DeviceMesh | None = None
