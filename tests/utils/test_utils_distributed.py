@@ -63,6 +63,9 @@ def _collectives_per_rank() -> dict[str, Any]:
 
     seen["gather_object_list"] = gather_object([f"r{rank}", rank])
     seen["gather_object_plain"] = gather_object({"rank": rank})
+    seen["gather_object_rows"] = gather_object(torch.tensor([rank, 10 + rank]))
+    seen["gather_object_scalar"] = gather_object(rank)
+    seen["broadcast_object_list_empty"] = broadcast_object_list([], from_process=1)
 
     tensor = torch.full((3,), float(rank)) + torch.arange(3.0)
     seen["broadcast"] = broadcast({"t": tensor.clone()}, from_process=1)["t"].tolist()
@@ -132,7 +135,11 @@ def test_gather_of_mismatched_shapes_names_the_fix(observations):
 def test_gather_object(observations):
     for seen in observations:
         assert seen["gather_object_list"] == ["r0", 0, "r1", 1]
-        assert seen["gather_object_plain"] == [{"rank": 0}, {"rank": 1}]
+        # As the reference: each process's object is iterated (a dict gives its keys, a tensor
+        # its rows); one that cannot be iterated contributes itself (the reference raises there).
+        assert seen["gather_object_plain"] == ["rank", "rank"]
+        assert [int(t) for t in seen["gather_object_rows"]] == [0, 10, 1, 11]
+        assert seen["gather_object_scalar"] == [0, 1]
 
 
 def test_broadcast_and_broadcast_object_list(observations):
@@ -140,13 +147,14 @@ def test_broadcast_and_broadcast_object_list(observations):
         assert seen["broadcast"] == [1.0, 2.0, 3.0]
         assert seen["broadcast_noncontig"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
         assert seen["broadcast_objects"] == [{"from": 0}, "text0"]
+        assert seen["broadcast_object_list_empty"] == []  # returns at once (torch alone would hang)
 
 
 def test_reduce(observations):
     for seen in observations:
         assert seen["reduce_mean"] == [1.5, 3.0]
         assert seen["reduce_sum"] == [3.0, 6.0]
-        assert seen["reduce_scale"] == [6.0, 12.0]
+        assert seen["reduce_scale"] == [3.0, 6.0]  # scale acts on XLA only, as in the reference
     assert observations[1]["reduce_input_untouched"] == [2.0, 4.0]
 
 

@@ -204,11 +204,16 @@ def test_collectives_are_identities_in_one_process():
     data = {"x": torch.arange(3), "y": (torch.tensor(1.0),)}
     assert gather(data) is data
     assert broadcast(data) is data
-    assert pad_across_processes(data) is data
-    assert gather_object(["a", "b"]) == ["a", "b"]
-    assert gather_object({"k": 1}) == [{"k": 1}]
+    padded = pad_across_processes(data)  # the reference rebuilds the containers, same tensors
+    assert padded is not data and padded["x"] is data["x"] and padded["y"][0] is data["y"][0]
+    with pytest.raises(TypeError):
+        pad_across_processes({"n": 1})
+    names = ["a", "b"]
+    assert gather_object(names) is names  # in one process the object itself, as the reference
+    assert gather_object({"k": 1}) == {"k": 1}
     objs = [1, 2]
     assert broadcast_object_list(objs) is objs
+    assert broadcast_object_list((1, 2)) == (1, 2)
     wait_for_everyone()
 
 
@@ -216,15 +221,10 @@ def test_reduce_single_process_returns_copies():
     value = torch.tensor([2.0, 4.0])
     out = reduce({"v": value}, "mean")
     assert out["v"].tolist() == [2.0, 4.0] and out["v"] is not value
-    assert reduce(value, "sum", scale=0.5).tolist() == [1.0, 2.0]
-    assert reduce(torch.tensor([3]), "mean").tolist() == [3.0]
+    assert reduce(value, "sum", scale=0.5).tolist() == [2.0, 4.0]  # scale acts on XLA only (reference)
+    assert reduce(torch.tensor([3]), "mean").dtype == torch.int64  # a copy, as the reference
     with pytest.raises(ValueError, match="reduction"):
         reduce(value, "max")
-
-
-def test_broadcast_object_list_rejects_non_lists():
-    with pytest.raises(TypeError, match=r"\[obj\]"):
-        broadcast_object_list((1, 2))
 
 
 def test_structures_survive_pickling_after_apply():

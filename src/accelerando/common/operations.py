@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence, Sized
 from typing import TYPE_CHECKING, NoReturn, ParamSpec, Protocol, TypeGuard, TypeVar, cast, overload
 
 import torch
@@ -693,40 +693,54 @@ def gather(tensor: T) -> T:
 
 
 @overload
-def gather_object(object: list[T] | tuple[T, ...]) -> list[T]: ...
+def gather_object(object: list[T]) -> list[T]: ...
 
 
 @overload
-def gather_object(object: T) -> list[T]: ...
+def gather_object(object: tuple[T, ...]) -> Sequence[T]: ...
 
 
-def gather_object(object: object) -> Sequence[object]:
-    """Gather picklable objects from all processes.
+@overload
+def gather_object(object: object) -> object: ...
 
-    A list (or tuple) passed by a process contributes its items; any other object contributes
-    itself. So ``gather_object([x])`` and ``gather_object(x)`` both give one entry per process.
+
+def _contribution(item: object) -> list[object]:
+    """What one process adds to ``gather_object``'s result: the items iterating it gives (a list's
+    items, a tensor's rows, a dict's keys, a string's characters, as the reference flattens), or the
+    object itself when it cannot be iterated (a number, None, a 0-d tensor; the reference fails there).
+    """
+    if isinstance(item, torch.Tensor) and item.ndim == 0:
+        return [item]
+    try:
+        return list(item)  # type: ignore[call-overload]
+    except TypeError:
+        return [item]
+
+
+def gather_object(object: object) -> object:
+    """Gather picklable objects from all processes, as the reference does.
+
+    In a single process ``object`` comes back itself. With several processes, each process's
+    object is iterated and the items of every process are concatenated in rank order: pass a list
+    (``gather_object([x])``) to get one entry per process. What iteration gives is what comes back:
+    a tensor contributes its rows, a dict its keys, a string its characters (the reference's
+    behaviour). An object that cannot be iterated (a number, None, a 0-d tensor), which the
+    reference rejects, contributes itself.
 
     Args:
-        object: any picklable object.
+        object: any picklable object, usually a list.
 
     Returns:
-        A list of the contributions of every process, in rank order. In a single process: the items
-        of ``object`` when it is a list or tuple, else ``[object]``.
+        ``object`` itself in a single process; otherwise the list of every process's items.
     """
     state = _distributed()
     if state is None:
-        return list(object) if isinstance(object, (list, tuple)) else [object]
+        return object
     import torch.distributed as dist
 
     gathered: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, object)
-    result: list[object] = []
-    for contribution in gathered:
-        if isinstance(contribution, (list, tuple)):
-            result.extend(contribution)
-        else:
-            result.append(contribution)
-    return result
+    return [item for contribution in gathered for item in _contribution(contribution)]
 
 
 def _check_source(from_process: int, state: PartialState) -> None:
@@ -775,6 +789,10 @@ def broadcast(tensor: T, from_process: int = 0) -> T:
 def broadcast_object_list(object_list: list[T], from_process: int = 0) -> list[T]:
     """Replace, in place, the items of ``object_list`` on every process by those of ``from_process``.
 
+    As in the reference, ``object_list`` goes to ``torch.distributed.broadcast_object_list`` as it
+    is (anything indexable whose items can be assigned; a list in practice), and comes back
+    untouched in a single process. An empty one returns at once (torch would wait forever).
+
     Args:
         object_list: a list of picklable objects, of the same length on every process.
         from_process: the rank whose objects are sent.
@@ -783,17 +801,14 @@ def broadcast_object_list(object_list: list[T], from_process: int = 0) -> list[T
         ``object_list``, updated in place.
 
     Raises:
-        TypeError: if ``object_list`` is not a list.
         ValueError: if ``from_process`` is not a valid rank.
     """
-    if not isinstance(object_list, list):
-        raise TypeError(
-            f"broadcast_object_list updates a list in place; got {type(object_list).__name__}. Wrap it: [obj]."
-        )
     state = _distributed()
     if state is None:
         return object_list
     _check_source(from_process, state)
+    if isinstance(object_list, Sized) and not isinstance(object_list, torch.Tensor) and not len(object_list):
+        return object_list  # nothing to send
     import torch.distributed as dist
 
     dist.broadcast_object_list(object_list, src=from_process)
@@ -804,45 +819,49 @@ _REDUCTIONS = ("mean", "sum", "none", None)
 
 
 def reduce(tensor: T, reduction: str | None = "mean", scale: float = 1.0) -> T:
-    """Reduce every tensor of a nested structure across processes.
+    """Reduce every tensor of a nested structure across processes, as the reference does.
 
-    The input is not modified: a reduced copy is returned. Each process's tensor is multiplied by
-    ``scale`` before reducing. ``"sum"`` adds the processes' tensors; ``"mean"`` divides that sum by
-    the number of processes (integer tensors become floating point); ``"none"`` / ``None`` sums without
-    dividing, as the reference does.
+    The input is not modified: a reduced copy is returned. ``"sum"`` adds the processes' tensors;
+    ``"mean"`` divides that sum by the number of processes; ``"none"`` / ``None`` sums without
+    dividing. In a single process the copies come back as they are (an integer tensor stays
+    integer). With several processes an integer mean becomes floating point (the reference fails
+    there, dividing in place).
 
     Args:
         tensor: a tensor or a nesting of lists, tuples and mappings of same-shaped tensors.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        scale: a factor applied to each process's tensor before the reduction.
+        scale: accepted for the reference's signature, where it acts only on XLA (TPU) devices; it
+            has no effect on the devices accelerando drives, as on the reference's.
 
     Returns:
-        The reduced copies (in a single process: scaled copies of the inputs).
+        The reduced copies (in a single process: copies of the inputs).
 
     Raises:
         ValueError: if ``reduction`` is not one of the accepted values, or shapes differ.
         TypeError: if a leaf is not a tensor.
     """
+    del scale  # the reference applies it on XLA only
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
     state = _distributed()
-    if state is not None:
-        leaves = _tensor_leaves(tensor, strict=True)
-        _check_same_layout(leaves, _comm_device(leaves, state), "reduce")
-    num_processes = state.num_processes if state is not None else 1
+    if state is None:
+        return _map_tensors(torch.clone, tensor, error_on_other_type=True)
+    leaves = _tensor_leaves(tensor, strict=True)
+    _check_same_layout(leaves, _comm_device(leaves, state), "reduce")
+    num_processes = state.num_processes
 
     def one(t: torch.Tensor) -> torch.Tensor:
-        result = t.clone() if scale == 1.0 else t * scale
-        result = result.contiguous()
-        if state is not None:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
-            dist.all_reduce(result, op=dist.ReduceOp.SUM)
-        if reduction == "mean":
-            result = result / num_processes
-        return result
+        result = t.clone().contiguous()
+        dist.all_reduce(result, op=dist.ReduceOp.SUM)
+        return result / num_processes if reduction == "mean" else result
 
     return _map_tensors(one, tensor, error_on_other_type=True)
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _warn_if_nested(tensor: torch.Tensor) -> bool:
@@ -894,7 +913,8 @@ def pad_across_processes(tensor: T, dim: int = 0, pad_index: int = 0, pad_first:
         pad_first: pad at the start of the dimension instead of the end.
 
     Returns:
-        The same structure with padded tensors (in a single process, ``tensor`` itself).
+        The same structure with padded tensors (in a single process, the same tensors; their
+        containers rebuilt, as the reference does).
 
     Raises:
         TypeError: if a leaf is not a tensor.
@@ -902,7 +922,8 @@ def pad_across_processes(tensor: T, dim: int = 0, pad_index: int = 0, pad_first:
     if _distributed() is None:
         # Nothing to pad against; a nested tensor still gets its warning, as it would with peers.
         recursively_apply(_warn_if_nested, tensor)
-        return tensor
+        # As the reference: containers come back rebuilt, a leaf that is not a tensor is refused.
+        return _map_tensors(_same, tensor, error_on_other_type=True)
     # Called directly (not through _map_tensors): the nested-tensor warning's stacklevel counts these
     # frames. Tensors are replaced by tensors, so the structure keeps its type.
     padded = recursively_apply(

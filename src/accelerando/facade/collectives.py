@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -20,13 +20,38 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def _all_tensors(data: object) -> bool:
+    """Whether every leaf of ``data`` is a tensor (empty containers included), as the reference
+    decides between ``gather`` and ``gather_object``.
+    """
     if isinstance(data, torch.Tensor):
         return True
     if isinstance(data, (list, tuple)):
-        return len(data) > 0 and all(_all_tensors(d) for d in data)
-    if isinstance(data, dict):
-        return len(data) > 0 and all(_all_tensors(v) for v in data.values())
+        return all(_all_tensors(d) for d in data)
+    if isinstance(data, Mapping):
+        return all(_all_tensors(v) for v in data.values())
     return False
+
+
+def _has_scalar(data: object) -> bool:
+    """Whether a 0-d tensor is among the tensors of ``data`` (it has no samples to count or cut)."""
+    found: list[bool] = []
+    common.operations.recursively_apply(lambda t: found.append(t.ndim == 0), data)
+    return any(found)
+
+
+def _first_samples(data: object, remainder: int, use_object: bool) -> object:
+    """The first ``remainder`` samples of gathered ``data``; ``data`` whole where it has no samples
+    to cut, as the reference returns it: an object that cannot be sliced (a number, a dict), or
+    tensors among which one is 0-d (a count, a mean loss).
+    """
+    if use_object:
+        try:
+            return data[:remainder]  # type: ignore[index]
+        except (TypeError, IndexError, KeyError):
+            return data
+    if _has_scalar(data):
+        return data
+    return common.operations.recursively_apply(lambda t: t[:remainder], data)
 
 
 def _batch_copies(mesh: object) -> tuple[int, bool]:
@@ -75,37 +100,37 @@ class Collectives:
         """Gather for evaluation, dropping the samples duplicated to even out the last batch.
 
         Works for tensors in any nesting and, through ``gather_object``, for other picklable objects
-        (then a flat list comes back). On the last batch of a prepared dataloader whose dataset did
+        (then, with several processes, the flat list of every process's items; in one, the object
+        itself). On the last batch of a prepared dataloader whose dataset did
         not divide evenly, only the first ``GradientState().remainder`` gathered samples are real;
         the rest are dropped so the result has exactly ``len(dataset)`` items over the epoch, in
         dataset order. This holds on one process too: a value repeated to the full batch size on
         the last, short batch (as ``transformers.Trainer`` does with the loss) is cut to the real
-        count.
+        count. Data with nothing to cut comes back whole there, as the reference returns it: a 0-d
+        tensor anywhere in it (a token count, a mean loss), or an object that cannot be sliced.
         With a device mesh, ranks that differ only along tensor/context axes read the same batches:
         only the first of them contributes, so no sample is counted twice.
         """
         use_object = use_gather_object or not _all_tensors(input_data)
         copies, first_copy = _batch_copies(self.state.device_mesh)
-        if copies > 1 and not first_copy:
+        if copies > 1 and not first_copy and (use_object or not _has_scalar(input_data)):
             input_data = (
                 [] if use_object else common.operations.recursively_apply(lambda t: t[:0], input_data)
             )
         data: Any
         if use_object:
             data = common.operations.gather_object(input_data)
-        elif (self.options.dataloader_config.even_batches and copies == 1) or not self.state.use_distributed:
+        elif not self.state.use_distributed or _has_scalar(input_data):
+            data = common.operations.gather(input_data)
+        elif self.options.dataloader_config.even_batches and copies == 1:
             data = common.operations.gather(input_data)
         else:
             data = self._gather_ragged(input_data)
         gs = self.gradient_state
-        if not gs.end_of_dataloader:
+        if not gs.end_of_dataloader or gs.remainder <= 0:
+            # Not the last batch; or the duplicates are unknown (-1: no length) or none (0).
             return data
-        remainder = gs.remainder
-        if remainder <= 0:  # unknown (-1), or the data divided evenly (0): nothing was added
-            return data
-        if use_object:
-            return data[:remainder]
-        return common.operations.recursively_apply(lambda t: t[:remainder], data)
+        return _first_samples(data, gs.remainder, use_object)
 
     def _gather_ragged(self, data: object) -> object:
         """Gather tensors whose first dimension differs across processes (uneven last batches)."""
