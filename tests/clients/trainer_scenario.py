@@ -12,11 +12,14 @@ transformers, then:
    A's and B's final weights.
 
 ``--client trainer`` uses ``transformers.Trainer``; ``--client sft`` uses ``trl.SFTTrainer``;
+``--client reward`` trl's ``RewardTrainer`` (a sequence-classification head) and ``--client dpo`` trl's
+``DPOTrainer`` (its reference model a copy), both on preference pairs made here;
 ``--lora`` wraps the model with a peft LoRA adapter; ``--deepspeed FILE`` / ``--fsdp SPEC`` pass
 the trainer's own options. ``--auto_find_batch_size`` sets ``TrainingArguments(auto_find_batch_size=True)``
 and ``--oom_above N`` makes every forward of a batch above N samples raise the out-of-memory error a
 GPU would; the result then records each start and completion of the training loop (a callback). ``--accelerate reference`` skips the stand-in (the real accelerate runs;
-used by the benchmark and the parity tests). ``--eval_only`` evaluates the freshly built (seeded)
+used by the benchmark and the parity tests; ``--weights`` saves the final weights to
+``<out>/weights-rank<N>.pt`` for them). ``--epochs N`` trains whole epochs instead of ``--steps``. ``--eval_only`` evaluates the freshly built (seeded)
 model on ``--eval_samples`` rows with ``--eval_batch`` per device, and stops there.
 """
 
@@ -36,7 +39,9 @@ VOCAB, SEQ = 128, 16
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--client", choices=["trainer", "sft"], default="trainer")
+    p.add_argument("--client", choices=["trainer", "sft", "reward", "dpo"], default="trainer")
+    p.add_argument("--epochs", type=int, default=0, help="train whole epochs (max_steps unset)")
+    p.add_argument("--weights", action="store_true", help="save the final weights for a comparison")
     p.add_argument("--model", choices=["llama", "gpt2"], default="llama")
     p.add_argument("--accelerate", choices=["accelerando", "reference"], default="accelerando")
     p.add_argument("--steps", type=int, default=6)
@@ -62,7 +67,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _model(args: argparse.Namespace) -> Any:
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
     torch.manual_seed(0)
     if args.model == "gpt2":
@@ -70,23 +75,51 @@ def _model(args: argparse.Namespace) -> Any:
             vocab_size=VOCAB, n_embd=args.hidden, n_layer=args.layers, n_head=4, n_positions=64
         )
         model = GPT2LMHeadModel(config)
+    elif args.client == "reward":
+        from transformers import LlamaForSequenceClassification
+
+        model = LlamaForSequenceClassification(_llama_config(args, num_labels=1, pad_token_id=0))
     else:
-        config = LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=args.hidden,
-            intermediate_size=2 * args.hidden,
-            num_hidden_layers=args.layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(_llama_config(args))
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
         targets = ["c_attn"] if args.model == "gpt2" else ["q_proj", "v_proj"]
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
     return model
+
+
+def _llama_config(args: argparse.Namespace, **extra: Any) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **extra,
+    )
+
+
+def _pairs(n: int, seed: int, prompt: bool) -> Any:
+    """Preference pairs of made-up words: chosen and rejected completions (after a prompt for DPO)."""
+    from datasets import Dataset
+
+    rows = _tokens(3 * n, seed).clamp(min=3).view(n, 3, SEQ)
+
+    def text(row: Any, k: int) -> str:
+        return " ".join(f"w{int(t)}" for t in row[:k])
+
+    data: dict[str, list[str]] = {
+        "chosen": [text(r[1], 6) for r in rows],
+        "rejected": [text(r[2], 5) for r in rows],
+    }
+    if prompt:
+        data["prompt"] = [text(r[0], 4) for r in rows]
+    return Dataset.from_dict(data)
 
 
 def _tokens(n: int, seed: int) -> Any:
@@ -155,10 +188,20 @@ def _training_args(args: argparse.Namespace, out: str) -> Any:
     if args.fsdp:
         common["fsdp"] = args.fsdp
         common["fsdp_config"] = {"min_num_params": 0, "state_dict_type": "FULL_STATE_DICT"}
+    if args.epochs:
+        common.update(max_steps=-1, num_train_epochs=args.epochs)
     if args.client == "sft":
         from trl import SFTConfig
 
         return SFTConfig(max_length=SEQ + 2, packing=False, **common)
+    if args.client == "reward":
+        from trl import RewardConfig
+
+        return RewardConfig(max_length=SEQ, **common)
+    if args.client == "dpo":
+        from trl import DPOConfig
+
+        return DPOConfig(max_length=SEQ, **common)
     from transformers import TrainingArguments
 
     return TrainingArguments(**common)
@@ -175,6 +218,21 @@ def _trainer(args: argparse.Namespace, out: str) -> Any:
             args=training_args,
             train_dataset=_text_dataset(args.samples, 1),
             eval_dataset=_text_dataset(args.eval_samples, 2),
+            processing_class=_tokenizer(),
+        )
+    if args.client in ("reward", "dpo"):
+        import copy
+
+        from trl import DPOTrainer, RewardTrainer
+
+        extra = {"ref_model": copy.deepcopy(model)} if args.client == "dpo" else {}
+        cls = RewardTrainer if args.client == "reward" else DPOTrainer
+        return cls(
+            model=model,
+            **extra,
+            args=training_args,
+            train_dataset=_pairs(args.samples, 1, args.client == "dpo"),
+            eval_dataset=_pairs(args.eval_samples, 2, args.client == "dpo"),
             processing_class=_tokenizer(),
         )
     from transformers import Trainer
@@ -272,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, fh, indent=1, default=str)
         return 0
     dtypes: list[str] = []
-    head = trainer.model.get_output_embeddings()
+    head = trainer.model.get_output_embeddings() or getattr(trainer.model, "score", None)
     handle = head.register_forward_hook(lambda _m, _i, o: dtypes.append(str(o.dtype)))
     loop: dict[str, list[int]] = {"begin": [], "end": []}
     _watch_training_loop(trainer, args, loop)
@@ -294,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints = sorted(d for d in os.listdir(out_a) if d.startswith("checkpoint-"))
     result["checkpoints"] = {d: sorted(os.listdir(os.path.join(out_a, d))) for d in checkpoints}
     weights_a = _final_weights(trainer)
+    if args.weights:
+        torch.save(weights_a, os.path.join(args.out, f"weights-rank{rank}.pt"))
     result["trainable_a"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
 
     if args.resume:
