@@ -80,18 +80,24 @@ def build_model(kind: str, vocab_size: int) -> torch.nn.Module:
         LlamaForSequenceClassification,
     )
 
-    shape = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
     if kind == "bert":
-        return BertForSequenceClassification(
-            BertConfig(**shape, intermediate_size=64, max_position_embeddings=64, num_labels=2)
-        )
+        bert = BertConfig(
+            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64,
+        )  # fmt: skip
+        bert.num_labels = 2
+        return BertForSequenceClassification(bert)
     # Llama classifies from the last non-padding token, so it must know the padding id.
-    config = LlamaConfig(**shape, intermediate_size=64, num_key_value_heads=2, num_labels=2, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    config.num_labels = 2
     return LlamaForSequenceClassification(config)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", choices=["bert", "llama"], default="bert")
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
     parser.add_argument("--epochs", type=int, default=3)

@@ -50,8 +50,21 @@ class StepCounter:
         self.value = int(state["value"])
 
 
+def evaluate(accelerator: Accelerator, model: nn.Module, evaluation: DataLoader) -> tuple[float, int]:
+    """Accuracy over the whole evaluation set (every process's share, gathered) and its sample count."""
+    model.eval()
+    correct = total = 0
+    for inputs, labels in evaluation:
+        with torch.no_grad():
+            predictions = model(inputs).argmax(dim=-1)
+        predictions, labels = accelerator.gather_for_metrics((predictions, labels))  # accelerando
+        correct += int((predictions == labels).sum().item())
+        total += labels.numel()
+    return correct / total, total
+
+
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=8)
@@ -93,14 +106,17 @@ def main() -> None:
     if args.resume and latest_checkpoint(args.project_dir):
         accelerator.load_state()  # the newest complete checkpoint; damaged ones are skipped
         point = resume_point(accelerator)
-        start_epoch, skip = point.epoch, point.batches_to_skip
-        accelerator.print(f"resumed at epoch {start_epoch}, skipping {skip} batches already seen")
+        if point is not None:
+            start_epoch, skip = point.epoch, point.batches_to_skip
+            accelerator.print(f"resumed at epoch {start_epoch}, skipping {skip} batches already seen")
 
+    accuracy, total = float("nan"), 0
     for epoch in range(start_epoch, args.epochs):
         model.train()
-        train.set_epoch(epoch)
+        # The prepared loader counts its epochs itself (and load_state restores the count).
         loader = accelerator.skip_first_batches(train, skip) if skip else train
         skip = 0
+        loss: torch.Tensor | None = None
         for inputs, labels in loader:
             with accelerator.accumulate(model):  # accelerando
                 loss = nn.functional.cross_entropy(model(inputs), labels)
@@ -112,19 +128,13 @@ def main() -> None:
                 steps.value += 1
                 if args.checkpoint_every and steps.value % args.checkpoint_every == 0:
                     accelerator.save_state()
-        model.eval()
-        correct = total = 0
-        for inputs, labels in evaluation:
-            with torch.no_grad():
-                predictions = model(inputs).argmax(dim=-1)
-            predictions, labels = accelerator.gather_for_metrics((predictions, labels))  # accelerando
-            correct += (predictions == labels).sum().item()
-            total += labels.numel()
-        accelerator.print(
-            f"epoch {epoch}: loss {loss.item():.4f} accuracy {correct / total:.3f} ({total} samples)"
-        )
-    accelerator.print(f"final accuracy: {correct / total:.3f}")
-    metrics = {"accuracy": correct / total, "eval_samples": total, "optimizer_steps": steps.value}
+        accuracy, total = evaluate(accelerator, model, evaluation)
+        last_loss = float("nan") if loss is None else loss.item()
+        accelerator.print(f"epoch {epoch}: loss {last_loss:.4f} accuracy {accuracy:.3f} ({total} samples)")
+    if total == 0:  # resumed after the last epoch's last step: nothing left to train, evaluate once
+        accuracy, total = evaluate(accelerator, model, evaluation)
+    accelerator.print(f"final accuracy: {accuracy:.3f}")
+    metrics = {"accuracy": accuracy, "eval_samples": total, "optimizer_steps": steps.value}
     accelerator.print("METRICS " + json.dumps(metrics))
     accelerator.end_training()
 

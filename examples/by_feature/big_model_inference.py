@@ -49,7 +49,7 @@ def build_model(width: int, depth: int) -> nn.Module:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=16)
     parser.add_argument(

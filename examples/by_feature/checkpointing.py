@@ -56,7 +56,7 @@ class Progress:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--project_dir", default="examples_output/checkpointing")
     parser.add_argument(
         "--checkpointing_steps", default="epoch", help="'epoch', or a number of optimizer steps"
@@ -106,12 +106,10 @@ def main() -> None:
         folder = None if resume == "latest" else resume
         accelerator.load_state(folder)  # None: the newest complete checkpoint of the project
         point = accelerator.resume_point
-        start_epoch, skip, resumed_from = (
-            point.epoch,
-            point.batches_to_skip,
-            os.path.basename(point.checkpoint),
-        )
-        accelerator.print(f"resumed from {resumed_from}: epoch {start_epoch}, skipping {skip} batches")
+        if point is not None:  # None only when the load restored nothing
+            start_epoch, skip = point.epoch, point.batches_to_skip
+            resumed_from = os.path.basename(point.checkpoint)
+            accelerator.print(f"resumed from {resumed_from}: epoch {start_epoch}, skipping {skip} batches")
 
     every = None if args.checkpointing_steps == "epoch" else int(args.checkpointing_steps)
     bar = tqdm(
@@ -120,8 +118,8 @@ def main() -> None:
         disable=not accelerator.is_local_main_process,
     )
     loss = torch.zeros(())
-    for epoch in range(start_epoch, args.epochs):
-        train.set_epoch(epoch)
+    for _ in range(start_epoch, args.epochs):
+        # The prepared loader counts its epochs itself (and load_state restores the count).
         loader = accelerator.skip_first_batches(train, skip) if skip else train
         skip = 0
         for inputs, labels in loader:

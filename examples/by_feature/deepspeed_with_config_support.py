@@ -38,7 +38,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=16, help="per process")
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -102,6 +102,9 @@ def main() -> None:
         correct += (predictions == labels).sum().item()
         total += labels.numel()
 
+    from deepspeed import DeepSpeedEngine
+
+    assert isinstance(model, DeepSpeedEngine)  # under DeepSpeed, prepare() returned the engine
     metrics = {
         "zero_stage": model.zero_optimization_stage(),
         # The batch sizes the engine runs with: the "auto" values of the JSON, filled in by prepare().

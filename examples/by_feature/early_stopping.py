@@ -33,7 +33,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--target_loss", type=float, default=0.2, help="stop once a process's loss is below")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)

@@ -64,7 +64,7 @@ def local_numel(parameter: torch.Tensor) -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)

@@ -39,7 +39,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--starting_batch_size", type=int, default=64)
     parser.add_argument("--simulate_memory_for", type=int, default=0, help="largest batch that 'fits'")
     parser.add_argument("--project_dir", default="examples_output/memory")

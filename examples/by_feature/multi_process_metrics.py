@@ -36,7 +36,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--eval_size", type=int, default=1001, help="not a multiple of the batch on purpose")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)

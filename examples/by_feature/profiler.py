@@ -34,7 +34,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--trace_dir", default="examples_output/profiler")
     parser.add_argument("--active_steps", type=int, default=5, help="steps recorded after 1 wait + 1 warmup")
     parser.add_argument("--seed", type=int, default=0)

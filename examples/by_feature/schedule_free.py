@@ -34,7 +34,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--warmup_steps", type=int, default=10)

@@ -37,7 +37,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--with", dest="log_with", default="tensorboard", help="a tracker name, or 'all'")
     parser.add_argument("--project_dir", default="examples_output/tracking")
     parser.add_argument("--epochs", type=int, default=5)

@@ -91,6 +91,7 @@ _P6 = TypeVar("_P6")
 _P7 = TypeVar("_P7")
 _P8 = TypeVar("_P8")
 _Placement = Sequence[bool | None] | None
+_Module = TypeVar("_Module", bound=torch.nn.Module)
 
 logger = logging.getLogger(__name__)
 
@@ -638,15 +639,20 @@ class Accelerator:
 
     # ------------------------------------------------------------------ models
     def unwrap_model(
-        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
-    ) -> torch.nn.Module:
+        self, model: _Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> _Module:
         """Return the user's module inside DDP / FSDP / DeepSpeed / torch.compile wrappers.
 
-        With ``keep_fp32_wrapper=False`` the mixed-precision forward wrapper is removed too.
+        With ``keep_fp32_wrapper=False`` the mixed-precision forward wrapper is removed too. Typed as
+        the type ``prepare`` gave the model back as: the user's own class.
+
+        Example:
+            >>> torch.save(accelerator.unwrap_model(model).state_dict(), "model.pt")  # doctest: +SKIP
         """
-        return self._strategy.unwrap_model(
+        inner = self._strategy.unwrap_model(
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
+        return cast(_Module, inner)  # the user's module, of the type prepare() gave back
 
     def free_memory(self, *objects: object) -> list[None]:
         """Drop references to every prepared object, collect garbage and empty device caches.

@@ -23,9 +23,6 @@ class _Averaging(Protocol):
 
     runtime: Runtime
 
-    @property
-    def num_processes(self) -> int: ...
-
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
 
     def wait_for_everyone(self) -> None: ...
@@ -64,7 +61,7 @@ class LocalSGD:
         self.accelerator = accelerator
         self.model = model
         self.local_sgd_steps = local_sgd_steps
-        self.enabled = enabled and accelerator.num_processes > 1
+        self.enabled = enabled and accelerator.runtime.num_processes > 1
         self.num_steps = 0
         self._stack: contextlib.ExitStack | None = None
 

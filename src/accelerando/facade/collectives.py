@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -17,6 +17,11 @@ from accelerando.state import AcceleratorState, PartialState
 __all__ = ["Collectives", "process_filter"]
 
 F = TypeVar("F", bound=Callable[..., object])
+# The collectives give back data of the shape they were given (a tensor, a tuple of tensors, a dict
+# of them): typed as pass-throughs, so ``accelerator.gather(out).shape`` type-checks for the user.
+# (``gather_for_metrics`` of non-tensor objects over several processes returns the flat list of every
+# process's items, as the reference does: the one case the annotation does not describe.)
+_Data = TypeVar("_Data")
 
 
 def _all_tensors(data: object) -> bool:
@@ -88,15 +93,15 @@ class Collectives:
         self.options = options
         self.flag_tensor: torch.Tensor | None = None
 
-    def gather(self, tensor: object) -> object:
+    def gather(self, tensor: _Data) -> _Data:
         """Concatenate ``tensor`` (or a nested structure of tensors) from every process along dim 0.
 
         Raises:
             ValueError: shapes differ across processes (use ``pad_across_processes`` first).
         """
-        return common.operations.gather(tensor)
+        return cast(_Data, common.operations.gather(tensor))
 
-    def gather_for_metrics(self, input_data: object, use_gather_object: bool = False) -> object:
+    def gather_for_metrics(self, input_data: _Data, use_gather_object: bool = False) -> _Data:
         """Gather for evaluation, dropping the samples duplicated to even out the last batch.
 
         Works for tensors in any nesting and, through ``gather_object``, for other picklable objects
@@ -114,10 +119,10 @@ class Collectives:
         use_object = use_gather_object or not _all_tensors(input_data)
         copies, first_copy = _batch_copies(self.state.device_mesh)
         if copies > 1 and not first_copy and (use_object or not _has_scalar(input_data)):
-            input_data = (
-                [] if use_object else common.operations.recursively_apply(lambda t: t[:0], input_data)
+            input_data = cast(
+                _Data, [] if use_object else common.operations.recursively_apply(lambda t: t[:0], input_data)
             )
-        data: Any
+        data: object
         if use_object:
             data = common.operations.gather_object(input_data)
         elif not self.state.use_distributed or _has_scalar(input_data):
@@ -129,8 +134,8 @@ class Collectives:
         gs = self.gradient_state
         if not gs.end_of_dataloader or gs.remainder <= 0:
             # Not the last batch; or the duplicates are unknown (-1: no length) or none (0).
-            return data
-        return _first_samples(data, gs.remainder, use_object)
+            return cast(_Data, data)
+        return cast(_Data, _first_samples(data, gs.remainder, use_object))
 
     def _gather_ragged(self, data: object) -> object:
         """Gather tensors whose first dimension differs across processes (uneven last batches)."""
@@ -144,21 +149,22 @@ class Collectives:
 
         return common.operations.recursively_apply(pick, padded)
 
-    def reduce(self, tensor: object, reduction: str = "sum", scale: float = 1.0) -> object:
+    def reduce(self, tensor: _Data, reduction: str = "sum", scale: float = 1.0) -> _Data:
         """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""
-        return common.operations.reduce(tensor, reduction, scale)
+        return cast(_Data, common.operations.reduce(tensor, reduction, scale))
 
     def pad_across_processes(
-        self, tensor: object, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> object:
+        self, tensor: _Data, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> _Data:
         """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered."""
-        return common.operations.pad_across_processes(
-            tensor, dim=dim, pad_index=pad_index, pad_first=pad_first
+        return cast(
+            _Data,
+            common.operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first),
         )
 
     def split_between_processes(
-        self, inputs: object, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[object]:
+        self, inputs: _Data, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[_Data]:
         """Context manager yielding this process's share of ``inputs`` (see ``PartialState``)."""
         return self.state._partial.split_between_processes(inputs, apply_padding=apply_padding)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.registry import PreparedObjects
@@ -86,8 +86,22 @@ class Observability:
             return
         self.tracking.log(values, step, log_kwargs, reduce=reduce)
 
+    @overload
+    def get_tracker(self, name: str, unwrap: Literal[False] = False) -> GeneralTracker: ...
+    # Any: with unwrap=True the backend's own object (a W&B run, a SummaryWriter...), whose methods the
+    # user calls; its type belongs to a library this module never imports.
+    @overload
+    def get_tracker(self, name: str, unwrap: bool) -> Any: ...
     def get_tracker(self, name: str, unwrap: bool = False) -> object:
-        """Return the tracker called ``name`` (its native run object with ``unwrap=True``)."""
+        """Return the tracker called ``name`` (its native run object with ``unwrap=True``).
+
+        Raises:
+            ValueError: trackers exist but none is called ``name``.
+
+        Example:
+            >>> accelerator.get_tracker("tensorboard").log({"loss": 0.5}, step=1)  # doctest: +SKIP
+            >>> writer = accelerator.get_tracker("tensorboard", unwrap=True)  # doctest: +SKIP
+        """
         return self._tracking_manager().get(name, unwrap=unwrap)
 
     def log_checkpoint(self, path: str, size: int) -> None:

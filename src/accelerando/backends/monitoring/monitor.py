@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict, cast
 
 from accelerando.backends.monitoring.profiling import MemoryProfileReport, profile_memory_step
 from accelerando.backends.monitoring.readers import DeviceMemoryReader, ProcessMemoryReader
@@ -32,7 +32,7 @@ from accelerando.logging import _process_view, get_logger
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MemoryMonitor", "linear_trend"]
+__all__ = ["MemoryMonitor", "MemorySummary", "linear_trend"]
 
 logger = get_logger(__name__)
 
@@ -60,6 +60,41 @@ class LeakReport(TypedDict):
     growth_bytes: float
     r2: float
     steps_until_exhausted: int | None
+
+
+class _SummaryCounts(TypedDict):
+    samples: int
+    leaks: list[LeakReport]
+
+
+class MemorySummary(_SummaryCounts, total=False):
+    """What :meth:`MemoryMonitor.summary` and :meth:`MemoryMonitor.stop` return.
+
+    ``samples`` and ``leaks`` always; ``peak_<metric>`` / ``last_<metric>`` for each metric sampled
+    (a metric the device does not report is absent); ``json_path`` / ``png_path`` from ``stop`` when
+    it wrote them.
+    """
+
+    peak_cpu_rss: float
+    last_cpu_rss: float
+    peak_cpu_rss_peak: float
+    last_cpu_rss_peak: float
+    peak_children_rss: float
+    last_children_rss: float
+    peak_device_allocated: float
+    last_device_allocated: float
+    peak_device_reserved: float
+    last_device_reserved: float
+    peak_device_peak: float
+    last_device_peak: float
+    peak_gpu_temperature_c: float
+    last_gpu_temperature_c: float
+    peak_gpu_power_w: float
+    last_gpu_power_w: float
+    peak_gpu_utilization_pct: float
+    last_gpu_utilization_pct: float
+    json_path: str
+    png_path: str
 
 
 def linear_trend(values: Sequence[float]) -> tuple[float, float]:
@@ -274,22 +309,23 @@ class MemoryMonitor:
             return None
         return int(max(total - self.records[-1].get("device_reserved", 0), 0) / slope)
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> MemorySummary:
         """Peaks and last values over all samples, plus the leak reports.
 
         Returns:
-            ``{"samples", "peak_<metric>", "last_<metric>", "leaks"}``.
+            ``{"samples", "peak_<metric>", "last_<metric>", "leaks"}`` (see :class:`MemorySummary`).
         """
-        out: dict[str, object] = {"samples": len(self.records), "leaks": list(self.leaks)}
+        out = MemorySummary(samples=len(self.records), leaks=list(self.leaks))
+        values_of = cast("dict[str, float]", out)  # the metric keys are only known once sampled
         if self.records:
             keys = [k for k in self.records[-1] if k not in ("step", "time_s")]
             for key in keys:
                 values = [r[key] for r in self.records if key in r]
-                out[f"peak_{key}"] = max(values)
-                out[f"last_{key}"] = values[-1]
+                values_of[f"peak_{key}"] = max(values)
+                values_of[f"last_{key}"] = values[-1]
         return out
 
-    def stop(self) -> dict[str, object]:
+    def stop(self) -> MemorySummary:
         """Close the readers and write ``memory_rank<k>.json`` (and ``.png``) into ``output_dir``.
 
         Returns:
