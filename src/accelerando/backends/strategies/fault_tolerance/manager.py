@@ -107,7 +107,8 @@ def _manager_server_bound_to(bind: str) -> Iterator[None]:
     host = "[::]" if is_wildcard(bind) else (f"[{bind}]" if ":" in bind else bind)
 
     def bound(*args: object, bind: str, **kwargs: object) -> object:
-        return original(*args, bind=f"{host}:{bind.rsplit(':', 1)[1]}", **kwargs)
+        # torchft's own arguments, passed through untouched: only ``bind`` is rewritten.
+        return original(*args, bind=f"{host}:{bind.rsplit(':', 1)[1]}", **kwargs)  # pyright: ignore[reportArgumentType]
 
     torchft_manager.ManagerServer = bound  # type: ignore[assignment,misc]
     try:

@@ -26,7 +26,7 @@ import threading
 import urllib.request
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -143,7 +143,7 @@ class WeightsOnlyTransport:
         with self._ready:
             self._step, self._payload = -1, None
 
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> object:
         """Fetch the state of ``step`` from the peer at ``metadata`` and load it weights-only.
 
         Raises:
