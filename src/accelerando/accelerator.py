@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
@@ -40,6 +41,7 @@ from accelerando.common.constants import (  # noqa: F401
 from accelerando.core.enums import FP8BackendType
 from accelerando.core.gradient_state import GradientState
 from accelerando.core.runtime import Plugins, set_active_accelerator
+from accelerando.facade import handler_views
 from accelerando.facade import options as arguments
 from accelerando.facade.accumulation import Accumulation, override_even_batches
 from accelerando.facade.checkpoint_service import CheckpointService
@@ -102,18 +104,21 @@ logger = logging.getLogger(__name__)
 _AVAILABILITY_CHECKS = ("is_bitsandbytes_multi_backend_available", "is_xpu_available")
 
 
-def __getattr__(name: str) -> Callable[..., bool]:
-    """The reference's availability checks as attributes of this module (PEP 562).
+def __getattr__(name: str) -> object:
+    """The reference's availability checks, and the other names its ``accelerate.accelerator``
+    module holds (``facade.reference_names``), as attributes of this module (PEP 562).
 
     Raises:
         AttributeError: for any other name.
     """
-    if name not in _AVAILABILITY_CHECKS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from accelerando.common import imports
+    from accelerando.facade.reference_names import ACCELERATOR_MODULE_NAMES
 
-    check: Callable[..., bool] = getattr(imports, name)
-    return check
+    owner = (
+        "accelerando.common.imports" if name in _AVAILABILITY_CHECKS else ACCELERATOR_MODULE_NAMES.get(name)
+    )
+    if owner is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(owner), name)
 
 
 def _bitsandbytes_runs_on_cpu() -> bool:
@@ -122,7 +127,7 @@ def _bitsandbytes_runs_on_cpu() -> bool:
     check = globals().get("is_bitsandbytes_multi_backend_available") or __getattr__(
         "is_bitsandbytes_multi_backend_available"
     )
-    return bool(check())
+    return bool(cast("Callable[..., bool]", check)())
 
 
 def _handler(kind: str, doc: str) -> property:
@@ -312,6 +317,23 @@ class Accelerator:
     init_handler = _handler("InitProcessGroupKwargs", "The InitProcessGroupKwargs given, or None.")
     autocast_handler = _handler("AutocastKwargs", "The AutocastKwargs given in code, or None.")
     profile_handler = _handler("ProfileKwargs", "The ProfileKwargs given in code, or None.")
+    fp8_recipe_handler = _handler(
+        "FP8RecipeKwargs", "The (deprecated) FP8RecipeKwargs given in code, or None."
+    )
+    ao_recipe_handler = handler_views.fp8_recipe_handler("AO", "The torchao FP8 recipe in effect, or None.")
+    te_recipe_handler = handler_views.fp8_recipe_handler(
+        "TE", "The Transformer Engine recipe in effect, or None."
+    )
+    msamp_recipe_handler = handler_views.fp8_recipe_handler("MSAMP", "The MS-AMP recipe in effect, or None.")
+    has_fp8_handler = property(
+        handler_views.has_fp8_handler, doc="Whether an FP8 recipe handler is in effect."
+    )
+    has_lomo_optimizer = property(
+        handler_views.has_lomo_optimizer, doc="Whether a LOMO optimizer is prepared."
+    )
+    log_with = property(
+        handler_views.requested_loggers, doc="The trackers log_with asked for (LoggerType or yours)."
+    )
     device = forwarded("state.device", "The device this process computes on.")
     distributed_type = forwarded("state.distributed_type", "How processes cooperate (DistributedType).")
     num_processes = forwarded("state.num_processes", "Total number of processes.")
@@ -384,6 +406,18 @@ class Accelerator:
     def fp8_backend(self) -> FP8BackendType:
         """The FP8 backend in use, an ``FP8BackendType`` (AO, TE or MSAMP; NO unless mixed_precision is fp8)."""
         return getattr(self._precision, "fp8_backend", FP8BackendType.NO)
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Whether training runs in FP8 (``mixed_precision="fp8"``, through one of the FP8 backends)."""
+        return self.fp8_backend != FP8BackendType.NO
+
+    @property
+    def delayed_fp8_autocast(self) -> bool:
+        """Whether FP8 autocast runs inside the wrapped model's forward instead of around it (the
+        reference does so for Transformer Engine under DDP/FSDP); False unless the precision says so.
+        """
+        return bool(getattr(self._precision, "delayed_fp8_autocast", False))
 
     @property
     def multi_device(self) -> bool:

@@ -52,6 +52,26 @@ _STRING_DTYPE_BYTES: dict[str, float] = {
 }
 
 
+def _get_proper_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The reference's private ``accelerate.utils.modeling._get_proper_dtype`` (diffusers' tests import it).
+
+    A string names a ``torch`` attribute once every ``"torch."`` in it is removed (``"float16"``,
+    ``"torch.bfloat16"``, ``"float"``), as the reference reads it; anything else comes back as it is.
+
+    Args:
+        dtype: a dtype name or a ``torch.dtype``.
+
+    Returns:
+        The ``torch`` attribute the name gives, or ``dtype`` itself when it is not a string.
+
+    Raises:
+        AttributeError: ``torch`` has no attribute of that name (as the reference raises).
+    """
+    if not isinstance(dtype, str):
+        return dtype
+    return getattr(torch, dtype.replace("torch.", ""))
+
+
 def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | str | None:
     """Normalise a dtype given as a ``torch.dtype`` or a name (``"float16"``, ``"torch.bfloat16"``).
 

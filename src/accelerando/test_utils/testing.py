@@ -34,9 +34,56 @@ from accelerando.common.constants import (
     FSDP2_PYTORCH_VERSION,
     FSDP_PYTORCH_VERSION,
 )
-from accelerando.common.environment import parse_flag_from_env
+
+# The reference's testing module imports these helpers, and test suites import them from it
+# (`from accelerate.test_utils.testing import is_xpu_available`): the same objects, from their owners.
+from accelerando.common.environment import check_cuda_fp8_capability, parse_flag_from_env, str_to_bool  # noqa: F401
+from accelerando.common.imports import (  # noqa: F401
+    compare_versions,
+    is_aim_available,
+    is_bnb_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_dvclive_available,
+    is_fp8_available,
+    is_fp16_available,
+    is_habana_gaudi1,
+    is_hpu_available,
+    is_import_timer_available,
+    is_matplotlib_available,
+    is_mlflow_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_pandas_available,
+    is_peft_available,
+    is_pippy_available,
+    is_pytest_available,
+    is_schedulefree_available,
+    is_sdaa_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_timm_available,
+    is_torch_version,
+    is_torch_xla_available,
+    is_torchao_available,
+    is_torchdata_stateful_dataloader_available,
+    is_torchvision_available,
+    is_trackio_available,
+    is_transformer_engine_available,
+    is_transformer_engine_mxfp8_available,
+    is_transformers_available,
+    is_triton_available,
+    is_wandb_available,
+    is_xpu_available,
+)
 from accelerando.common.operations import gather
-from accelerando.state import AcceleratorState
+from accelerando.state import AcceleratorState, GradientState  # noqa: F401 (GradientState: as the reference's module)
 from accelerando.test_utils._backend import available, family_count, get_backend
 from accelerando.test_utils._cases import AccelerateTestCase, MockingTestCase, TempDirTestCase
 from accelerando.test_utils._subprocess import SubprocessCallException, execute_subprocess_async, run_command

@@ -25,7 +25,14 @@ from accelerando.backends.strategies.fsdp.checkpoint import (
     save_fsdp_model,
     save_fsdp_optimizer,
 )
+
+# Names the reference's module imports and test suites patch there (``...fsdp_utils.logger``,
+# ``...fsdp_utils.is_compiled_module``): the owners' objects (not in __all__, as in the reference).
+from accelerando.backends.strategies.fsdp.helpers import logger  # noqa: F401
+from accelerando.big_modeling.tensors import get_non_persistent_buffers  # noqa: F401
 from accelerando.common.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from accelerando.common.other import get_module_class_from_name  # noqa: F401
+from accelerando.common.unwrap import is_compiled_module  # noqa: F401
 
 __all__ = [
     "FSDP_MODEL_NAME",

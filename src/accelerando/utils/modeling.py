@@ -10,6 +10,7 @@ from __future__ import annotations
 from accelerando.core._lazy import lazy_dir, lazy_getattr
 
 _EXPORTS: dict[str, str] = {
+    "_get_proper_dtype": "accelerando.big_modeling.sizes",
     "SAFE_WEIGHTS_NAME": "accelerando.common.constants",
     "WEIGHTS_INDEX_NAME": "accelerando.common.constants",
     "WEIGHTS_NAME": "accelerando.common.constants",

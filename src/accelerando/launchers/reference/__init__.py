@@ -27,6 +27,7 @@ import logging
 import os
 import subprocess
 import sys
+import types
 from shutil import which
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
     "PrepareForLaunch",
+    "PatchThroughModule",
     "env_var_path_add",
     "prepare_deepspeed_cmd_env",
     "prepare_extend_env_parallelism_config",
@@ -66,6 +68,38 @@ __all__ = [
     "prepare_tpu",
     "setup_fp8_env",
 ]
+
+#: The machine look-ups of this module that the reference's tests patch at its utils path
+#: (``mock.patch("accelerate.utils.launch.which")``, ``...launch.subprocess.check_output``).
+_PATCHABLE = frozenset({"which", "subprocess"})
+
+
+class PatchThroughModule(types.ModuleType):
+    """The class of ``accelerando.utils.launch``: ``which`` and ``subprocess`` there are this module's.
+
+    Reading, setting or deleting them on the address-book module reads, sets or deletes them here,
+    where :func:`_mpirun` looks them up, so ``mock.patch("accelerando.utils.launch.which")`` has the
+    same effect as patching through the stand-in path (``accelerate.utils.launch``), which is this
+    module itself.
+    """
+
+    def __getattr__(self, name: str) -> object:
+        if name in _PATCHABLE:
+            return getattr(sys.modules[__name__], name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _PATCHABLE:
+            setattr(sys.modules[__name__], name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _PATCHABLE:
+            delattr(sys.modules[__name__], name)
+        else:
+            super().__delattr__(name)
+
 
 # The reference logs this code under its utils path; scripts and tests listen there.
 logger = logging.getLogger("accelerando.utils.launch")
