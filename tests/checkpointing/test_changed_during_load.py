@@ -132,7 +132,10 @@ def test_explicit_form_refuses_a_mapped_file_rewritten_after_its_checksum(tmp_pa
     path = os.path.join(folder, "model.safetensors")
     assert os.path.getsize(path) > PRIVATE_READ_MAX_BYTES
     _rewrite_after(monkeypatch, CheckedFiles, "verify", path)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors' changed on disk .*nothing was applied"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"changed on disk while it was being loaded, so nothing was applied: .*model\.safetensors. changed on disk",
+    ):
         load_accelerator_state(folder, models=[model], process_index=0)
     assert bool((model.weight == 7.0).all())
 

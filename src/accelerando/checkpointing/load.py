@@ -423,7 +423,9 @@ def load_state(
         if not may_fall_back or not all(is_damage for _, _, is_damage in failed):
             if error is not None:
                 raise error
-            raise atomic.CheckpointError(f"Process {failed[0][0]} could not load {folder!r}: {failed[0][1]}")
+            raise atomic.CheckpointError(
+                f"Checkpoint not loaded: process {failed[0][0]} could not load {folder!r}: {failed[0][1]}"
+            )
         logger.warning("Skipping checkpoint %s: %s", folder, failed[0][1])
         warnings.warn(f"Skipping damaged checkpoint {folder}: {failed[0][1]}", stacklevel=2)
     raise atomic.CheckpointError(

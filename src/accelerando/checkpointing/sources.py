@@ -126,13 +126,14 @@ def _changed(path: str, before: _Signature, now: _Signature | None, applied: boo
         what = ", ".join(f"{field} {a} -> {b}" if field == "size" else field for field, a, b in differ)
     if applied:
         return CheckpointError(
-            f"{path!r} changed on disk while it was being applied ({what}): the objects loaded from it "
-            "may hold bytes that were never verified. Load the checkpoint again once no other process "
-            "writes to it."
+            f"The checkpoint changed on disk while it was being loaded: {path!r} changed on disk while it "
+            f"was being applied ({what}), so the objects loaded from it may hold bytes that were never "
+            "verified. Load the checkpoint again once no other process writes to it."
         )
     return CheckpointError(
-        f"{path!r} changed on disk after it was opened for loading ({what}); nothing was applied. "
-        "Another process wrote to the checkpoint while it was loaded: load it again once it is complete."
+        f"The checkpoint changed on disk while it was being loaded, so nothing was applied: {path!r} "
+        f"changed on disk after it was opened for loading ({what}). Another process wrote to the "
+        "checkpoint: load it again once it is complete."
     )
 
 
@@ -159,7 +160,10 @@ def read_file_once(path: str, guard: FileGuard | None = None) -> memoryview:
     try:
         fd = open_regular_fd(path, follow=False)
     except OSError as err:  # a link, a special file, or gone since the folder was scanned
-        raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
+        raise CheckpointError(
+            f"The checkpoint is damaged: {path!r} cannot be read ({err}). Load another checkpoint "
+            "(load_state() without a folder picks the newest complete one) or save a new one."
+        ) from None
     kept = False
     try:
         info = os.fstat(fd)
@@ -174,7 +178,10 @@ def read_file_once(path: str, guard: FileGuard | None = None) -> memoryview:
             kept = True
         return mapped
     except OSError as err:
-        raise CheckpointError(f"{path!r} cannot be read ({err}); the checkpoint is damaged.") from None
+        raise CheckpointError(
+            f"The checkpoint is damaged: {path!r} cannot be read ({err}). Load another checkpoint "
+            "(load_state() without a folder picks the newest complete one) or save a new one."
+        ) from None
     finally:
         if not kept:
             os.close(fd)
