@@ -695,9 +695,7 @@ class Accelerator:
         """
         self._registry.clear()
         self.step = 0
-        release = getattr(self._strategy, "release", None)
-        if release is not None:
-            release()  # e.g. DeepSpeed engines hold buffers outside the prepared objects
+        self._strategy.release()  # e.g. DeepSpeed engines hold buffers outside the prepared objects
         from accelerando.checkpointing.lock import release as release_project_lock
 
         release_project_lock(self)  # another run may now save into this project folder

@@ -78,7 +78,7 @@ def checkpoint_numbers(root: str) -> list[int]:
 
 def owns_loading(target: CheckpointTarget) -> bool:
     """Whether the strategy restores models and optimizers itself (sharded layouts)."""
-    return bool(getattr(target.strategy, "loads_own_checkpoints", False))
+    return target.strategy.loads_own_checkpoints
 
 
 def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:

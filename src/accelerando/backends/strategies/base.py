@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from accelerando.optimizer import AcceleratedOptimizer
     from accelerando.scheduler import AcceleratedScheduler
 
-__all__ = ["SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "Strategy"]
+__all__ = ["SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "SkipsSync", "Strategy"]
 
 #: Why ``Accelerator.deepspeed_ulysses_dl_adapter`` was refused, and the fix.
 SEQUENCE_PARALLEL_NEEDED = (
@@ -30,6 +30,15 @@ SEQUENCE_PARALLEL_NEEDED = (
     "Accelerator(parallelism_config=ParallelismConfig(sp_size=N, sp_backend='deepspeed')) with a "
     "DeepSpeed plugin"
 )
+
+
+@runtime_checkable
+class SkipsSync(Protocol):
+    """A model wrapper with its own ``no_sync`` context (torch's DDP, torchft's DDP, FSDP1)."""
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which backward passes accumulate gradients locally."""
+        ...
 
 
 @record
@@ -189,7 +198,20 @@ class Strategy:
         self.precision.backward(loss, **kwargs)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Context in which backward passes do not communicate (nothing to skip here)."""
+        """Context in which backward passes of ``model`` do not communicate.
+
+        The rule every strategy shares is written here once: a model wrapper that carries its own
+        ``no_sync`` (torch's DDP, torchft's DDP, FSDP1) is asked for it; any other model goes to
+        :meth:`_no_sync`, the hook strategies override. Only a strategy whose engine decides
+        synchronisation itself (DeepSpeed: its engine's ``no_sync`` refuses ZeRO-2/3) overrides this
+        method.
+        """
+        if isinstance(model, SkipsSync):
+            return model.no_sync()
+        return self._no_sync(model)
+
+    def _no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Hook of :meth:`no_sync` for a model without its own ``no_sync``: nothing to skip here."""
         return contextlib.nullcontext()
 
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -259,6 +281,13 @@ class Strategy:
     ) -> contextlib.AbstractContextManager[object]:
         """Context letting processes with fewer batches finish (a no-op without DDP)."""
         return contextlib.nullcontext()
+
+    def release(self) -> None:
+        """Free what the strategy holds outside the prepared objects; nothing here.
+
+        Called by ``Accelerator.free_memory`` after it dropped the prepared objects. Strategies
+        whose engines hold buffers and hooks of their own (DeepSpeed) override it.
+        """
 
     # ------------------------------------------------------ sequence / context
     def context_parallel(

@@ -63,11 +63,6 @@ class DDPStrategy(Strategy):
         return wrapped
 
     @override
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        no_sync = getattr(model, "no_sync", None)
-        return no_sync() if no_sync is not None else contextlib.nullcontext()
-
-    @override
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
         # DDP decides whether to all-reduce from these two flags when the forward runs; setting them

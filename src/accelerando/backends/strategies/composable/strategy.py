@@ -320,7 +320,7 @@ class ComposableStrategy(Strategy):
         return optimizer
 
     # -------------------------------------------------------------- training
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    def _no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Accumulate gradients without the FSDP2 reduce-scatter (tensor-parallel collectives still run)."""
         return self._sync.no_sync(model)
 

@@ -340,8 +340,12 @@ class DeepSpeedStrategy(Strategy):
             )
         self.engine_wrapper.backward(loss, sync_gradients=GradientState().sync_gradients, **kwargs)
 
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """Nothing to do: the engine reduces gradients only at its accumulation boundary."""
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Nothing to do: the engine reduces gradients only at its accumulation boundary.
+
+        Overrides the base's public method (not its ``_no_sync`` hook): the engine has a ``no_sync``
+        of its own, which refuses ZeRO-2/3, and must not be asked.
+        """
         return contextlib.nullcontext()
 
     def clip_grad_norm_(

@@ -10,7 +10,6 @@ holds the same weights as the others, bit for bit.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -142,11 +141,6 @@ class FaultTolerantStrategy(Strategy):
 
         self._register("optimizer", optimizer)
         return FaultTolerantOptimizer(self.manager, optimizer)
-
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Torchft's DDP ``no_sync`` (gradients accumulate locally); a plain model: nothing to skip."""
-        no_sync = getattr(model, "no_sync", None)
-        return no_sync() if no_sync is not None else super().no_sync(model)
 
     def current_step(self) -> int:
         """Steps committed so far by the replica groups (a recovered group takes the live groups' count)."""

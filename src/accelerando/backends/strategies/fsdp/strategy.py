@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, TypeGuard
 
 import torch
@@ -217,15 +217,9 @@ class FSDPStrategy(Strategy):
         return optimizer
 
     # -------------------------------------------------------------- training
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Accumulate gradients locally: FSDP2 skips reduce-scatter, FSDP1 uses its ``no_sync``."""
-        if _is_fsdp1(model):
-            with model.no_sync():
-                yield
-        else:
-            with self._sync.no_sync(model):
-                yield
+    def _no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Accumulate gradients locally: FSDP2 skips reduce-scatter (FSDP1's own ``no_sync`` is the base's)."""
+        return self._sync.no_sync(model)
 
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Force backwards inside this context to reduce gradients (FSDP2; FSDP1 cannot)."""

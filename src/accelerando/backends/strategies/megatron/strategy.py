@@ -236,7 +236,7 @@ class MegatronStrategy(Strategy):
     def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
         """No-op: the engine's train step (the prepared model's call) already ran the backward passes."""
 
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def _no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """No-op context: the engine synchronises gradients once per global batch itself."""
         return contextlib.nullcontext()
 

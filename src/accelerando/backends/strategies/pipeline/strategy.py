@@ -193,7 +193,7 @@ class PipelineStrategy(Strategy):
             grad.detach().mul_(coef.to(grad.device))
         return total
 
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    def _no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Pipeline calls inside keep their gradients local (no all-reduce over the pipelines)."""
         return _grad_sync(model, False)
 
