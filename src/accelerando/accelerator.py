@@ -234,12 +234,12 @@ class Accelerator:
             dynamo=dynamo_plugin,
             handlers=arguments.handlers_by_type(kwargs_handlers),
         )
-        self.runtime = connector.build(connector.resolve_settings(code), plugins)
+        built = connector.build(connector.resolve_settings(code), plugins)
+        self.runtime = built.runtime
         self.state = AcceleratorState()
-        # The runtime is frozen: these are shortcuts for the training step, never re-pointed. The
-        # connector builds them from strategies.base / precision.base, whose full surface the facade uses.
-        self._strategy = cast(Strategy, self.runtime.strategy)
-        self._precision = cast(Precision, self.runtime.precision)
+        # The strategy and precision the connector built beside the Runtime: fixed for this Accelerator.
+        self._strategy: Strategy = built.strategy
+        self._precision: Precision = built.precision
         self.scaler = self._precision.scaler
         plugin = arguments.accumulation_plugin(plugin, self.settings)
         self.gradient_state = GradientState(gradient_accumulation_plugin=plugin)

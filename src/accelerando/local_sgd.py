@@ -8,7 +8,7 @@ averaged across processes.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
@@ -18,10 +18,22 @@ if TYPE_CHECKING:
 __all__ = ["LocalSGD"]
 
 
+class _Layout(Protocol):
+    """What LocalSGD asks of the strategy (``backends.strategies.base.Strategy``): its name and
+    whether every process holds the whole model as plain parameters.
+    """
+
+    name: ClassVar[str]
+    plain_data_parallel: ClassVar[bool]
+
+
 class _Averaging(Protocol):
     """What LocalSGD uses of the ``Accelerator`` (a layer above this module)."""
 
     runtime: Runtime
+
+    @property
+    def _strategy(self) -> _Layout: ...
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
 
@@ -53,7 +65,7 @@ class LocalSGD:
     ) -> None:
         if local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be >= 1, got {local_sgd_steps}")
-        strategy = accelerator.runtime.strategy
+        strategy = accelerator._strategy
         if not strategy.plain_data_parallel:
             raise ValueError(
                 f"LocalSGD works with plain data parallelism only, not {strategy.name}; drop LocalSGD or use DDP"

@@ -5,21 +5,26 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
+from typing import ParamSpec, Protocol, TypeVar, cast
 
 import torch
 from typing_extensions import override
 
 from accelerando.core.gradient_state import GradientState
 
-if TYPE_CHECKING:
-    from accelerando.core.runtime import PrecisionContract
-
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _SteppingPrecision(Protocol):
+    """What the optimizer uses of a precision (``backends.precision.base.Precision``, a layer above)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: object) -> bool:
+        """Step ``optimizer`` (unscaling first under a loss scaler); False when the step was skipped."""
+        ...
 
 
 def _move_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
@@ -96,7 +101,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         device_placement: bool = True,
         scaler: torch.amp.GradScaler | None = None,
-        precision: PrecisionContract | None = None,
+        precision: _SteppingPrecision | None = None,
         device: torch.device | None = None,
     ) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: this object holds no params of

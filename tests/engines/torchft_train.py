@@ -51,7 +51,7 @@ def _stop_step(out_dir: str, max_steps: int) -> int:
 def main() -> None:
     out_dir, total_steps, step_sleep = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     accelerator = Accelerator()
-    replica = accelerator.runtime.strategy.plugin.replica_id
+    replica = accelerator._strategy.plugin.replica_id
     # Rank 0 of a group writes group<r>.jsonl / final<r>.pt; rank k > 0 (HSDP) adds ".rank<k>".
     tag = f"{replica}" if accelerator.process_index == 0 else f"{replica}.rank{accelerator.process_index}"
     log_path = os.path.join(out_dir, f"group{tag}.jsonl")

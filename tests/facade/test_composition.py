@@ -70,8 +70,8 @@ class _CountingStrategy(Strategy):
         return super().prepare_optimizer(optimizer)
 
 
-def _runtime() -> Any:
-    """The connector's runtime for one CPU process, built without an Accelerator."""
+def _runtime() -> connector.Built:
+    """The connector's runtime, strategy and precision for one CPU process, built without an Accelerator."""
     return connector.build(connector.resolve_settings({"cpu": True}), Plugins())
 
 
@@ -149,7 +149,7 @@ def test_the_reference_attributes_are_the_services_objects() -> None:
 # ------------------------------------------------------------------------------ each service alone
 def test_registry_and_preparer_alone_prepare_a_tiny_model_once() -> None:
     runtime = _runtime()
-    strategy = _CountingStrategy(runtime, runtime.precision)
+    strategy = _CountingStrategy(runtime.runtime, runtime.precision)
     registry, gradients = PreparedObjects(), GradientState()
     preparer = _preparer(registry, strategy, runtime, gradients)
     model, optimizer, loader, scheduler = _tiny()
@@ -170,7 +170,7 @@ def test_prepared_optimizer_steps_bit_for_bit_like_plain_pytorch_and_calls_the_r
     registry = PreparedObjects()
     steps: list[int] = []
     registry.set_after_optimizer_step(lambda: steps.append(1))
-    preparer = _preparer(registry, Strategy(runtime, runtime.precision), runtime, GradientState())
+    preparer = _preparer(registry, Strategy(runtime.runtime, runtime.precision), runtime, GradientState())
     model, optimizer, _, _ = _tiny()
     reference = nn.Linear(3, 1)
     reference.load_state_dict(model.state_dict())
@@ -203,7 +203,7 @@ def test_checkpoint_service_alone_saves_and_restores_a_tiny_model(tmp_path: Path
     state, registry, owner, options = AcceleratorState(), PreparedObjects(), _Owner(), _options(tmp_path)
     observability = Observability(state, options, registry)
     service = CheckpointService(
-        owner, registry, runtime.strategy, runtime.precision, state, GradientState(), runtime.settings, options,
+        owner, registry, runtime.strategy, runtime.precision, state, GradientState(), runtime.runtime.settings, options,
         observability,
     )  # fmt: skip
     model = nn.Linear(3, 1)

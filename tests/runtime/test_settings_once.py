@@ -75,5 +75,5 @@ def test_state_views_are_read_only(fresh_state):
         state.mixed_precision = "fp16"
     with pytest.raises(AttributeError, match="read-only view"):
         PartialState().num_processes = 4
-    assert accelerator.runtime.strategy is accelerator._strategy
+    assert accelerator._strategy.runtime is accelerator.runtime
     assert accelerator.runtime.settings is accelerator.settings

@@ -14,9 +14,8 @@ node bundled as a wheel, so it runs offline), from the test extra.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
-
-import pytest
 
 from suite_support import PyrightRun
 
@@ -144,27 +143,27 @@ def test_connector_builds_the_runtime_whole_then_activates_it(fresh_state, isola
             seen["active_while_built"] = rt.current()
             seen["runtime"] = runtime
             seen["precision"] = precision
-            seen["has_strategy_yet"] = hasattr(runtime, "strategy")
             seen["device"] = runtime.device
 
     monkeypatch.setattr(strategies, "strategy_class", lambda name: RecordingStrategy)
     built = connector.build(connector.resolve_settings({"cpu": True}), rt.Plugins())
     assert seen["active_while_built"] is None  # nothing sees the record before it is complete
-    assert seen["runtime"] is built and built.strategy.runtime is built
-    assert seen["precision"] is built.precision
-    assert seen["has_strategy_yet"] is False
-    assert seen["device"] == built.device and rt.current() is built
+    assert seen["runtime"] is built.runtime and built.strategy.runtime is built.runtime
+    assert seen["precision"] is built.precision and built.strategy.precision is built.precision
+    assert seen["device"] == built.runtime.device and rt.current() is built.runtime
     assert isinstance(built.strategy, RecordingStrategy)
 
 
-def test_a_runtime_cannot_be_copied_with_a_second_strategy(fresh_state, isolated_env):
+def test_the_runtime_is_data_without_the_objects_built_from_it(fresh_state, isolated_env):
+
     import accelerando.core.runtime as rt
     from accelerando.backends import connector
-    from accelerando.core import records
 
     built = connector.build(connector.resolve_settings({"cpu": True}), rt.Plugins())
-    with pytest.raises(ValueError, match="make_strategy"):
-        records.replace(built, reason="copied")
+    fields = [f.name for f in dataclasses.fields(built.runtime)]
+    assert fields == ["settings", "process", "mesh", "distributed_type", "plugins", "reason"]
+    copy = dataclasses.replace(built.runtime, reason="copied")  # plain data: copying builds no strategy
+    assert copy.settings is built.runtime.settings and copy.reason == "copied"
 
 
 def test_strategies_read_no_global_state():

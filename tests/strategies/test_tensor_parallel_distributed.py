@@ -85,9 +85,9 @@ def _tp_worker(root: str, sizes: dict, phase: int) -> dict:
     opt = _optimizer(model)
     model, opt, loader = acc.prepare(model, opt, loader)
     out: dict = {
-        "strategy": acc.runtime.strategy.name,
+        "strategy": acc._strategy.name,
         "distributed_type": str(acc.distributed_type),
-        "applied": list(acc.runtime.strategy.applied),
+        "applied": list(acc._strategy.applied),
         "dtensor_params": sum(isinstance(p, DTensor) for p in model.parameters()),
         "tp_rank": acc.tensor_parallel_rank,
         "dp_rank": acc.data_parallel_rank,

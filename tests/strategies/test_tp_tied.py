@@ -199,7 +199,7 @@ def _tied_worker(root: str, sizes: dict, phase: int) -> dict:
     model = _llama(seed=dist.get_rank())  # different per rank: prepare takes rank 0's weights
     opt = _optimizer(model)
     model, opt, loader = acc.prepare(model, opt, loader)
-    out: dict = {"applied": list(acc.runtime.strategy.applied), "after_prepare": _tie_facts(model, opt)}
+    out: dict = {"applied": list(acc._strategy.applied), "after_prepare": _tie_facts(model, opt)}
     ckpt = os.path.join(root, "ckpt")
     if phase == 1:
         acc.load_state(ckpt)
@@ -240,7 +240,7 @@ def _tied_worker(root: str, sizes: dict, phase: int) -> dict:
             )
     # a weights file holding the tied tensor once loads back into the split model (strict)
     weights = _load_weights(os.path.join(saved, "model.safetensors"))
-    acc.runtime.strategy.load_model_state_dict(model, weights)
+    acc._strategy.load_model_state_dict(model, weights)
     with torch.no_grad():
         out["reload_diff"] = float((model(input_ids=probe).logits - logits).abs().max())
     out["reload_tied"] = model.lm_head.weight is model.model.embed_tokens.weight

@@ -11,8 +11,9 @@ declare the type they report. :func:`build` reads top to bottom:
 4. device mesh, from a ``ParallelismConfig`` (where tensor / pipeline / context parallelism plug in);
 5. strategy rule (an explicit backend wins, else several processes mean DDP, else one device);
 6. precision (fp32 / AMP fp16 with a loss scaler / bf16 / fp8);
-7. instantiate: the Runtime record, whose strategy is built last from the finished record and the
-   precision (strategies read no global state), then activate it, so ``AcceleratorState()`` views it.
+7. instantiate: the Runtime record (data only), then the strategy from the finished record and the
+   precision (strategies read no global state); activate the record, so ``AcceleratorState()`` views
+   it, and hand the three back together (:class:`Built`).
 
 Settings are resolved once per ``Accelerator`` by :func:`resolve_settings` (the environment part
 once per process); plugins read the same process settings through ``settings.fill_unset``.
@@ -20,17 +21,17 @@ once per process); plugins read the same process settings through ``settings.fil
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import accelerando.backends.strategies as strategies
 import accelerando.core.runtime as rt
 from accelerando.backends.precision import build_precision
-from accelerando.core import records
 from accelerando.core.devices import DeviceBackend
 from accelerando.core.enums import DistributedType
-from accelerando.core.records import record
 from accelerando.core.settings import Settings, resolve_runtime_settings
 from accelerando.plugins.dynamo import TorchDynamoPlugin
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "Built",
     "CodeHandlers",
     "Decision",
     "build",
@@ -86,7 +88,18 @@ def is_multi_device(distributed_type: DistributedType) -> bool:
     return distributed_type in _MULTI_DEVICE
 
 
-@record
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What :func:`build` makes for one Accelerator: the Runtime (data) and, beside it, the typed
+    strategy and precision built from it (the Accelerator holds all three).
+    """
+
+    runtime: rt.Runtime
+    strategy: Strategy
+    precision: Precision
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What the connector decided, with the reason for the strategy choice."""
 
@@ -213,7 +226,7 @@ def _fold_tensor_parallel_plugin(plugins: rt.Plugins, num_processes: int) -> rt.
     # Deferred: the ParallelismConfig dataclass loads only when a mesh is asked for.
     from accelerando.parallelism_config import ParallelismConfig
 
-    return records.replace(
+    return dataclasses.replace(
         plugins, parallelism_config=ParallelismConfig(**plugin.parallelism_sizes(num_processes))
     )
 
@@ -349,15 +362,15 @@ def _default_backend_plugins(decision: Decision, plugins: rt.Plugins) -> rt.Plug
     if decision.distributed_type is DistributedType.FSDP and plugins.fsdp is None:
         from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 
-        return records.replace(plugins, fsdp=FullyShardedDataParallelPlugin())
+        return dataclasses.replace(plugins, fsdp=FullyShardedDataParallelPlugin())
     if decision.distributed_type is DistributedType.DEEPSPEED and plugins.deepspeed is None:
         from accelerando.plugins.deepspeed import DeepSpeedPlugin
 
-        return records.replace(plugins, deepspeed={"default": DeepSpeedPlugin()})
+        return dataclasses.replace(plugins, deepspeed={"default": DeepSpeedPlugin()})
     return plugins
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class CodeHandlers:
     """The kwargs handlers given in code that the connector reads (None where not given)."""
 
@@ -418,12 +431,11 @@ def _dynamo_plugin(settings: Settings, plugin: TorchDynamoPlugin | None) -> Torc
 
 
 # ------------------------------------------------------------------------------------- build
-def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
-    """Turn resolved settings and the user's plugins into the process's Runtime (steps 1-7).
+def build(settings: Settings, plugins: rt.Plugins) -> Built:
+    """Turn resolved settings and the user's plugins into the Runtime, strategy and precision (steps 1-7).
 
-    The Runtime is built whole before anything sees it: every decided field first, then the
-    strategy, which receives the record and the precision by constructor (it reads no global
-    state); only the finished record is activated.
+    The Runtime is built whole before anything sees it; the strategy then receives the record and
+    the precision by constructor (it reads no global state); only then is the record activated.
 
     Args:
         settings: from :func:`resolve_settings`.
@@ -431,7 +443,8 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
             :func:`normalise_deepspeed_plugins`).
 
     Returns:
-        The frozen Runtime, also made the active one (``AcceleratorState()`` views it).
+        The :class:`Built` record: the frozen Runtime (also made the active one, which
+        ``AcceleratorState()`` views), the strategy and the precision.
 
     Raises:
         ValueError: contradictory requests or a bad mesh, naming where each value came from.
@@ -449,7 +462,7 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     mesh = None if own_layout else _build_mesh(plugins.parallelism_config, process)
     decision = _strategy_rule(settings, plugins, process)
     plugins = _default_backend_plugins(decision, plugins)
-    plugins = records.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
+    plugins = dataclasses.replace(plugins, dynamo=_dynamo_plugin(settings, plugins.dynamo))
     strategy_cls = strategies.strategy_class(decision.strategy_name)
     if mesh is None:
         # A strategy that lays the processes out itself (the pipeline's ("dp_replicate", "pp") mesh) makes
@@ -459,21 +472,15 @@ def build(settings: Settings, plugins: rt.Plugins) -> rt.Runtime:
     precision = _build_precision(
         settings, plugins, handlers, process.device.type, loss_scaling=not strategy_cls.manages_precision
     )
-    ddp_kwargs = handlers.ddp
-
-    def make_strategy(runtime: rt.Runtime) -> Strategy:
-        return strategy_cls(runtime, precision, ddp_kwargs=ddp_kwargs)
-
-    # 7. instantiate: the strategy is built from the otherwise complete record, then the record is activated
+    # 7. instantiate: the Runtime record (data only), then the strategy from it, then activate the record
     runtime = rt.Runtime(
         settings=settings,
         process=process,
         mesh=mesh,
         distributed_type=decision.distributed_type,
-        precision=precision,
         plugins=plugins,
         reason=decision.reason,
-        make_strategy=make_strategy,
     )
+    strategy = strategy_cls(runtime, precision, ddp_kwargs=handlers.ddp)
     rt.activate(runtime)
-    return runtime
+    return Built(runtime, strategy, precision)

@@ -10,17 +10,16 @@ error.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from accelerando.core.runtime import StrategyContract
     from accelerando.core.settings import Settings
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.state import AcceleratorState
 
-__all__ = ["CheckpointTarget", "Stateful"]
+__all__ = ["CheckpointHooks", "CheckpointTarget", "Stateful"]
 
 
 class Stateful(Protocol):
@@ -33,6 +32,44 @@ class Stateful(Protocol):
     # Any: implementations take the state they return (a scheduler's dict, ...), narrower than object.
     def load_state_dict(self, state: Any, /) -> object:
         """Restore what :meth:`state_dict` returned."""
+        ...
+
+
+class CheckpointHooks(Protocol):
+    """What checkpointing uses of a strategy (``backends.strategies.base.Strategy``, a layer above).
+
+    A strategy that writes its own checkpoint files (sharded layouts, engines) answers True from a
+    ``save_*`` hook and reads them back in the ``load_*`` hook; False leaves the object to
+    checkpointing's default files.
+
+    Attributes:
+        name: the strategy's name, for messages.
+        loads_own_checkpoints: whether its ``load_*`` hooks restore every model and optimizer.
+    """
+
+    name: ClassVar[str]
+    loads_own_checkpoints: ClassVar[bool]
+
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
+    ) -> bool:
+        """Write ``model``'s checkpoint the strategy's own way; False = checkpointing's default."""
+        ...
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Load what ``save_model_checkpoint`` wrote; False = checkpointing's default."""
+        ...
+
+    def save_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
+    ) -> bool:
+        """Write an optimizer's state the strategy's own way; False = checkpointing's default."""
+        ...
+
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
+        """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
         ...
 
 
@@ -96,7 +133,7 @@ class CheckpointTarget(Protocol):
         ...
 
     @property
-    def strategy(self) -> StrategyContract:
+    def strategy(self) -> CheckpointHooks:
         """The strategy: its checkpoint hooks and ``loads_own_checkpoints``."""
         ...
 

@@ -8,13 +8,9 @@ notebook launcher's child before it builds one):
   or ``Accelerator()``) and owns the process group's life: :func:`accelerando.core.process_group.start`
   registers the ordered teardown at exit.
 - :class:`Runtime` adds what an ``Accelerator()`` decided: resolved settings, the device mesh, the
-  distributed type, the precision, the backend plugins and, built last from all of these, the
-  strategy.
-
-The precision and the strategy are classes of layers above this one, so the Runtime names them by
-the contracts the layers below use (:class:`PrecisionContract`, :class:`StrategyContract`);
-``accelerando.backends.precision.base.Precision`` and ``accelerando.backends.strategies.base.Strategy`` satisfy them
-(the connector, which builds the Runtime from them, is type-checked against these protocols).
+  distributed type, the backend plugins and the reason for the choice. It is data only: the
+  connector builds the strategy and precision objects (classes of the layers above) from it and
+  hands them beside it, so nothing here mirrors their surfaces.
 
 Who writes what: only :mod:`accelerando.backends.connector` builds these records and calls :func:`activate`;
 ``PartialState`` / ``AcceleratorState`` are read-only views over them; the facade registers itself
@@ -24,25 +20,21 @@ the folder-only checkpoint functions).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import InitVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from accelerando.core.devices import backend_for, detect_device_backend
 from accelerando.core.enums import DistributedType
 from accelerando.core.environments import detect_environment
-from accelerando.core.records import entry, record
 from accelerando.core.settings import environment_setting
 
 if TYPE_CHECKING:
     import torch
-    from torch.distributed.algorithms.join import Joinable
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.utils.data import DataLoader
 
     from accelerando.core.devices import DeviceBackend
     from accelerando.core.environments import ClusterEnvironment
@@ -53,10 +45,8 @@ HandlerT = TypeVar("HandlerT")
 
 __all__ = [
     "Plugins",
-    "PrecisionContract",
     "ProcessContext",
     "Runtime",
-    "StrategyContract",
     "activate",
     "active_accelerator",
     "current",
@@ -69,7 +59,7 @@ __all__ = [
 ]
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class ProcessContext:
     """Where this process runs: cluster environment, device, process group.
 
@@ -115,7 +105,7 @@ class ProcessContext:
         return None if self.process_group is None else self.process_group.backend
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Plugins:
     """The backend plugins and handlers in effect (given in code, or made from the settings).
 
@@ -135,7 +125,7 @@ class Plugins:
     torch_tp: Any = None
     parallelism_config: Any = None
     dynamo: Any = None
-    handlers: dict[type, object] = entry(default_factory=dict[type, object])
+    handlers: dict[type, object] = field(default_factory=dict[type, object])
 
     def handler(self, kind: type[HandlerT]) -> HandlerT | None:
         """The kwargs handler of class ``kind`` given in code, or None.
@@ -151,191 +141,13 @@ class Plugins:
         return found
 
 
-class PrecisionContract(Protocol):
-    """What the layers below the precision package use of a precision (``precision.base.Precision``).
-
-    Contract, in the order the Accelerator calls it: ``convert_module(model)`` once per model in
-    ``prepare``; ``autocast()`` around user code on request; ``backward(loss)`` per micro-batch;
-    ``unscale_(optimizer)`` before clipping; ``optimizer_step(optimizer)`` on sync steps (False =
-    skipped by the loss scaler); ``state_dict()`` / ``load_state_dict()`` for checkpoints.
-    """
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        """The loss scaler (a ``torch.amp.GradScaler`` of the device family), or None."""
-        ...
-
-    @property
-    def name(self) -> str:
-        """The mode: ``"no"``, ``"fp16"``, ``"bf16"``, ``"fp8"``."""
-        ...
-
-    def prepare_objects(
-        self,
-        objects: Sequence[object],
-        placement: Sequence[bool],
-        device: torch.device | None,
-        is_prepared: Callable[[object], bool],
-    ) -> list[object]:
-        """Convert the objects of one ``prepare`` call that must change together (MS-AMP)."""
-        ...
-
-    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Prepare ``model`` for this precision."""
-        ...
-
-    def autocast(
-        self, enabled: bool = True, cache_enabled: bool | None = None
-    ) -> contextlib.AbstractContextManager[None]:
-        """Context manager running its block in this precision."""
-        ...
-
-    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
-        """Back-propagate ``loss`` (scaled when a loss scaler is in use)."""
-        ...
-
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide the gradients by the loss scale."""
-        ...
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: object) -> bool:
-        """Step ``optimizer``; False when the loss scaler skipped the step."""
-        ...
-
-    def state_dict(self) -> Mapping[str, object]:
-        """The loss scaler's state for checkpoints ({} without one)."""
-        ...
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        ...
-
-
-class StrategyContract(Protocol):
-    """What the layers below the strategies use of a strategy (``strategies.base.Strategy``).
-
-    The full contract, with the calling order, is on ``Strategy``; this protocol names the members
-    the Runtime promises. Records of the strategy layer (``PrepareRequest``, ``Prepared``) are
-    typed there; here they pass as ``Any``. Each parameter type here is what the callers below the
-    strategies pass (so ``Strategy``'s own may be wider); each return type, what they may rely on.
-    """
-
-    name: ClassVar[str]
-    manages_precision: ClassVar[bool]
-    divides_loss_for_accumulation: ClassVar[bool]
-    plain_data_parallel: ClassVar[bool]
-    loads_own_checkpoints: ClassVar[bool]
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """What ``accelerator.distributed_type`` reports for this strategy."""
-        ...
-
-    def prepare_all(self, request: Any) -> object:
-        """Prepare every object of one ``prepare`` call at once (a ``Prepared``), or None."""
-        ...
-
-    def prepare_model(
-        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
-    ) -> torch.nn.Module:
-        """Wrap ``model`` the strategy's way and return what the training loop calls."""
-        ...
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Return the optimizer the strategy steps."""
-        ...
-
-    def unwrap_model(
-        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
-    ) -> torch.nn.Module:
-        """The user's module inside what ``prepare`` wrapped it in."""
-        ...
-
-    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
-        """Back-propagate ``loss``."""
-        ...
-
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Context in which backward passes do not communicate."""
-        ...
-
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Context forcing the next backward to synchronise."""
-        ...
-
-    def clip_grad_norm_(
-        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip the gradient norm; return the total norm before clipping."""
-        ...
-
-    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
-        """Clamp every gradient element into ``[-clip_value, clip_value]``."""
-        ...
-
-    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The full state dict of ``model``."""
-        ...
-
-    def load_model_state_dict(
-        self, model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
-    ) -> object:
-        """Load a full state dict into ``model``."""
-        ...
-
-    def save_model_checkpoint(
-        self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
-    ) -> bool:
-        """Write ``model``'s checkpoint the strategy's own way; False = checkpointing's default."""
-        ...
-
-    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
-        """Load what ``save_model_checkpoint`` wrote; False = checkpointing's default."""
-        ...
-
-    def save_optimizer_checkpoint(
-        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int
-    ) -> bool:
-        """Write an optimizer's state the strategy's own way; False = checkpointing's default."""
-        ...
-
-    def load_optimizer_checkpoint(
-        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
-    ) -> bool:
-        """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
-        ...
-
-    def join_uneven_inputs(
-        self, joinables: list[Joinable], even_batches: bool | None = None
-    ) -> contextlib.AbstractContextManager[object]:
-        """Context letting processes with fewer batches finish."""
-        ...
-
-    def context_parallel(
-        self,
-        buffers: list[torch.Tensor] | None = None,
-        buffer_seq_dims: list[int] | None = None,
-        no_restore_buffers: set[torch.Tensor] | None = None,
-    ) -> contextlib.AbstractContextManager[None]:
-        """Context sharding ``buffers`` along their sequence dims over the ``cp`` mesh axis."""
-        ...
-
-    def sequence_parallel_dataloader(
-        self, dataloader: DataLoader[object], model: torch.nn.Module
-    ) -> Iterable[object]:
-        """Wrap a prepared dataloader so that each sequence-parallel rank gets its slice."""
-        ...
-
-
-@record
+@dataclass(frozen=True, slots=True)
 class Runtime:
-    """What the connector built for one ``Accelerator``: frozen once built.
+    """What the connector decided for one ``Accelerator``: plain data, frozen once built.
 
-    Built in one expression, in dependency order: every decided field first, then the strategy,
-    made by ``make_strategy`` from the finished record (its constructor reads every field but
-    ``strategy``, which does not exist until it returns). Nothing else sees the record before it
-    is complete: the connector activates it afterwards. ``records.replace`` refuses to copy it
-    (``make_strategy`` is required), so a strategy is never rebuilt by accident.
+    The strategy and precision objects built from it are not part of it: the connector hands them
+    beside it (``connector.Built``), and the Accelerator holds them. A lower layer that must call a
+    strategy or precision declares the narrow Protocol it uses in its own module.
 
     Attributes:
         settings: the resolved settings, with the source of every value.
@@ -343,25 +155,16 @@ class Runtime:
         mesh: the ``DeviceMesh`` of the job (from ``plugins.parallelism_config``, or the layout the
             chosen strategy makes itself, e.g. the pipeline's); None without one.
         distributed_type: what ``accelerator.distributed_type`` reports.
-        precision: the precision instance (autocast, loss scaling).
         plugins: the :class:`Plugins` in effect.
         reason: why the connector chose this strategy (shown by ``--dry-run`` / debugging).
-        strategy: the strategy instance (how models are wrapped, how processes talk).
     """
 
     settings: Settings
     process: ProcessContext
     mesh: DeviceMesh | None
     distributed_type: DistributedType
-    precision: PrecisionContract
     plugins: Plugins
     reason: str
-    make_strategy: InitVar[Callable[[Runtime], StrategyContract]]
-    strategy: StrategyContract = entry(init=False, compare=False)
-
-    def __post_init__(self, make_strategy: Callable[[Runtime], StrategyContract]) -> None:
-        # Frozen: the one write, from inside the constructor, of the field that needs the record.
-        object.__setattr__(self, "strategy", make_strategy(self))
 
     @property
     def cluster(self) -> ClusterEnvironment:
@@ -572,7 +375,7 @@ def _install_rich_tracebacks() -> None:
     install(show_locals=False)
 
 
-@record(frozen=False)
+@dataclass(slots=True)
 class _Registry:
     """The process's records. One module global on purpose: one process, one of each; tests reset it
     through ``forget``.

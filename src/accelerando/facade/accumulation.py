@@ -18,7 +18,7 @@ import torch
 from accelerando.core.gradient_state import GradientState
 
 if TYPE_CHECKING:
-    from accelerando.core.runtime import StrategyContract
+    from accelerando.backends.strategies.base import Strategy
     from accelerando.facade.preemption import PendingSave, PreemptionWatch
     from accelerando.state import AcceleratorState
 
@@ -34,7 +34,7 @@ class Accumulating(Protocol):
         ...
 
     @property
-    def _strategy(self) -> StrategyContract: ...
+    def _strategy(self) -> Strategy: ...
 
     @property
     def _preemption(self) -> PreemptionWatch | None: ...

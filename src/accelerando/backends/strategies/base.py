@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -11,7 +12,6 @@ import torch
 from accelerando.backends.precision.base import Precision
 from accelerando.common.unwrap import unwrap_model
 from accelerando.core.enums import DistributedType
-from accelerando.core.records import entry, record
 from accelerando.core.runtime import Plugins, ProcessContext, Runtime
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class SkipsSync(Protocol):
         ...
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class PrepareRequest:
     """What the facade hands a strategy for one ``Accelerator.prepare`` call.
 
@@ -71,7 +71,7 @@ def _no_schedulers() -> list[AcceleratedScheduler]:
     return []
 
 
-@record(frozen=False)
+@dataclass(slots=True)
 class Prepared:
     """What a strategy made of one ``prepare`` call; the facade registers it (the strategy never does).
 
@@ -85,11 +85,11 @@ class Prepared:
     """
 
     objects: list[object]
-    models: list[torch.nn.Module] = entry(default_factory=lambda: list[torch.nn.Module]())
-    optimizers: list[AcceleratedOptimizer] = entry(default_factory=_no_optimizers)
-    schedulers: list[AcceleratedScheduler] = entry(default_factory=_no_schedulers)
+    models: list[torch.nn.Module] = field(default_factory=lambda: list[torch.nn.Module]())
+    optimizers: list[AcceleratedOptimizer] = field(default_factory=_no_optimizers)
+    schedulers: list[AcceleratedScheduler] = field(default_factory=_no_schedulers)
     engine: object = None
-    fixed_settings: dict[str, int] = entry(default_factory=lambda: dict[str, int]())
+    fixed_settings: dict[str, int] = field(default_factory=lambda: dict[str, int]())
 
 
 class Strategy:
@@ -110,9 +110,9 @@ class Strategy:
     registers.
 
     Args:
-        runtime: the Runtime being built (every field but ``runtime.strategy``, which is this
-            strategy once its constructor returns).
-        precision: the precision instance (``runtime.precision``).
+        runtime: the finished Runtime (data: settings, process, mesh, plugins); the connector
+            hands this strategy beside it.
+        precision: the precision instance built for the same Runtime.
         options: strategy-specific settings (e.g. ``ddp_kwargs`` for DDP); ignored by the others.
     """
 

@@ -152,9 +152,10 @@ class FaultTolerantStrategy(Strategy):
 
 
 class _Built(Protocol):
-    """What :func:`current_step` reads of an Accelerator: the Runtime it was built with."""
+    """What :func:`current_step` reads of an Accelerator: the strategy the connector built for it."""
 
-    runtime: Runtime
+    @property
+    def _strategy(self) -> object: ...
 
 
 def current_step(accelerator: _Built) -> int:
@@ -172,7 +173,7 @@ def current_step(accelerator: _Built) -> int:
     Raises:
         ValueError: the Accelerator does not run with fault tolerance (the message says how to turn it on).
     """
-    strategy = accelerator.runtime.strategy
+    strategy = accelerator._strategy
     if not isinstance(strategy, FaultTolerantStrategy):
         raise ValueError(
             f"current_step() needs an Accelerator running with fault tolerance, and this one uses the "
