@@ -39,7 +39,8 @@ class RegressionDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng(seed)
         self.length = length
         self.x = rng.normal(size=(length,)).astype(np.float32)
-        self.y = (a * self.x + b + rng.normal(scale=0.1, size=(length,))).astype(np.float32)
+        # float32 arithmetic throughout (the noise too), as the reference's values are computed
+        self.y = a * self.x + b + rng.normal(scale=0.1, size=(length,)).astype(np.float32)
 
     def __len__(self) -> int:
         return self.length
@@ -58,9 +59,12 @@ def _needed(x: torch.Tensor | None) -> torch.Tensor:
 class RegressionModel(nn.Module):
     """``y = a * x + b`` with scalar parameters ``a`` and ``b``.
 
+    As the reference's model: the first forward prints the parameters' and the input's dtypes and
+    clears ``first_batch``; ``double_output`` is kept as an attribute, the output is one tensor.
+
     Args:
-        a: initial slope. b: initial intercept. double_output: return the prediction twice (tests
-            outputs made of several tensors).
+        a: initial slope. b: initial intercept. double_output: stored (the reference's forward does
+            not read it).
     """
 
     def __init__(self, a: float = 0.0, b: float = 0.0, double_output: bool = False) -> None:
@@ -70,14 +74,17 @@ class RegressionModel(nn.Module):
         self.first_batch = True
         self.double_output = double_output
 
-    def forward(self, x: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Return ``a * x + b`` (twice when ``double_output``).
+    def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """Return ``a * x + b``.
 
         Raises:
             TypeError: ``x`` is None.
         """
-        out = _needed(x) * self.a + self.b
-        return (out, out) if self.double_output else out
+        x = _needed(x)
+        if self.first_batch:
+            print(f"Model dtype: {self.a.dtype}, {self.b.dtype}. Input dtype: {x.dtype}")
+            self.first_batch = False
+        return x * self.a + self.b
 
 
 class RegressionModel4XPU(RegressionModel):
@@ -89,9 +96,12 @@ class RegressionModel4XPU(RegressionModel):
         self.b = nn.Parameter(torch.tensor([float(b), float(b)]))
 
     @override
-    def forward(self, x: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        out = _needed(x) * self.a[0] + self.b[0]
-        return (out, out) if self.double_output else out
+    def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        x = _needed(x)
+        if self.first_batch:
+            print(f"Model dtype: {self.a.dtype}, {self.b.dtype}. Input dtype: {x.dtype}")
+            self.first_batch = False
+        return x * self.a[0] + self.b[0]
 
 
 # --- GLUE/MRPC dataloaders for example-script tests -----------------------------------------------
@@ -104,7 +114,10 @@ MRPC_DATA_FILES = {
 #: Tokenizer of the sequence-classification examples.
 SEQUENCE_TOKENIZER = "bert-base-cased"
 #: Tokenizer used for the causal-LM variant (pad token set to its end-of-sequence token).
-AUTOREGRESSIVE_TOKENIZER = "gpt2"
+AUTOREGRESSIVE_TOKENIZER = "HuggingFaceTB/SmolLM-360M"
+#: Rows per batch of the mocked training and evaluation loaders, whatever ``batch_size`` says (as the
+#: reference's helpers: 6 sample rows give 3 training steps and 6 evaluation steps).
+TRAIN_BATCH_SIZE, EVAL_BATCH_SIZE = 2, 1
 
 
 def _load_mrpc(data_files: dict[str, str] | None) -> DatasetDict:
@@ -157,13 +170,14 @@ def mocked_dataloaders(
 ) -> tuple[DataLoader, DataLoader]:
     """Build MRPC train/validation dataloaders from the small CSV samples instead of the Hub dataset.
 
-    Sentence pairs are tokenized (truncated, padded to the model's maximum length), labels become
-    ``labels`` ids; batches are padded to the longest item (to 128 under XLA, whose graphs need fixed
-    shapes). The training loader shuffles.
+    Sentence pairs are tokenized (truncated to the model's maximum length), labels become ``labels``
+    ids; batches are padded to their longest item (to 128 under XLA, whose graphs need fixed shapes).
+    As the reference's helper: 2 rows per training batch (shuffled), 1 per evaluation batch.
 
     Args:
         accelerator: the Accelerator the loaders are for (its ``distributed_type`` picks the padding).
-        batch_size: items per batch of both loaders.
+        batch_size: accepted for the reference's signature, which does not use it either
+            (:data:`TRAIN_BATCH_SIZE`, :data:`EVAL_BATCH_SIZE`).
         tokenizer: a tokenizer object or Hub name (default: ``bert-base-cased``).
         data_files: ``{"train": csv, "validation": csv}`` (default: :data:`MRPC_DATA_FILES`).
 
@@ -174,18 +188,13 @@ def mocked_dataloaders(
         FileNotFoundError: the CSV files are not there.
         ImportError: ``datasets`` or ``transformers`` is not installed.
     """
+    del batch_size  # the reference's helper ignores it too
     raw = _load_mrpc(data_files)
     tok = _tokenizer(tokenizer, SEQUENCE_TOKENIZER)
     label_ids = {label: index for index, label in enumerate(raw["train"].unique("label"))}
 
     def tokenize(examples: dict[str, list]) -> BatchEncoding:
-        encoded = tok(
-            examples["sentence1"],
-            examples["sentence2"],
-            truncation=True,
-            max_length=None,
-            padding="max_length",
-        )
+        encoded = tok(examples["sentence1"], examples["sentence2"], truncation=True, max_length=None)
         if "label" in examples:
             encoded["labels"] = [label_ids[label] for label in examples["label"]]
         return encoded
@@ -198,10 +207,10 @@ def mocked_dataloaders(
         return tok.pad(examples, padding="longest", return_tensors="pt")
 
     train = DataLoader(
-        _map_style(tokenized["train"]), shuffle=True, collate_fn=collate, batch_size=batch_size
+        _map_style(tokenized["train"]), shuffle=True, collate_fn=collate, batch_size=TRAIN_BATCH_SIZE
     )
     evaluation = DataLoader(
-        _map_style(tokenized["validation"]), shuffle=False, collate_fn=collate, batch_size=batch_size
+        _map_style(tokenized["validation"]), shuffle=False, collate_fn=collate, batch_size=EVAL_BATCH_SIZE
     )
     return train, evaluation
 
@@ -215,15 +224,16 @@ def mocked_dataloaders_for_autoregressive_models(
 ) -> tuple[DataLoader, DataLoader]:
     """Build causal-LM train/validation dataloaders from the MRPC CSV samples.
 
-    Each item is the tokenized sentence pair (no attention mask, no truncation padding); batches are
-    padded to the longest item (to 128 under XLA) and carry ``labels`` equal to ``input_ids`` with the
-    padding positions set to -100 so the loss ignores them. The training loader shuffles.
+    Each item is the tokenized first sentence; a batch is padded (with the end-of-sequence token,
+    which becomes the pad token) to one more than its longest item (to 129 under XLA), then shifted:
+    ``input_ids`` and ``attention_mask`` drop the last position, ``labels`` are the next tokens with
+    every pad token set to -100 so the loss ignores it (``token_type_ids`` keep the padded length).
+    As the reference's helper: 2 rows per training batch, 1 per evaluation batch, neither shuffled.
 
     Args:
         accelerator: the Accelerator the loaders are for (its ``distributed_type`` picks the padding).
-        batch_size: items per batch of both loaders.
-        tokenizer: a tokenizer object or Hub name (default: :data:`AUTOREGRESSIVE_TOKENIZER`); a
-            tokenizer without a pad token pads with its end-of-sequence token.
+        batch_size: accepted for the reference's signature, which does not use it either.
+        tokenizer: a tokenizer object or Hub name (default: :data:`AUTOREGRESSIVE_TOKENIZER`).
         data_files: ``{"train": csv, "validation": csv}`` (default: :data:`MRPC_DATA_FILES`).
 
     Returns:
@@ -233,37 +243,30 @@ def mocked_dataloaders_for_autoregressive_models(
         FileNotFoundError: the CSV files are not there.
         ImportError: ``datasets`` or ``transformers`` is not installed.
     """
+    del batch_size  # the reference's helper ignores it too
     raw = _load_mrpc(data_files)
     tok = _tokenizer(tokenizer, AUTOREGRESSIVE_TOKENIZER)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok.pad_token = tok.eos_token
 
     def tokenize(examples: dict[str, list]) -> BatchEncoding:
-        return tok(
-            examples["sentence1"],
-            examples["sentence2"],
-            truncation=True,
-            max_length=None,
-            return_attention_mask=False,
-        )
+        return tok(examples["sentence1"], truncation=False)
 
     tokenized = raw.map(tokenize, batched=True, remove_columns=raw["train"].column_names)
 
     def collate(examples: list[dict]) -> BatchEncoding:
-        if _is_xla(accelerator):
-            batch = tok.pad(examples, padding="max_length", max_length=128, return_tensors="pt")
-        else:
-            batch = tok.pad(examples, padding="longest", return_tensors="pt")
-        labels = batch["input_ids"].clone()
-        if "attention_mask" in batch:
-            labels[batch["attention_mask"] == 0] = -100
-        batch["labels"] = labels
+        longest = 128 if _is_xla(accelerator) else max(len(example["input_ids"]) for example in examples)
+        batch = tok.pad(examples, padding="max_length", max_length=longest + 1, return_tensors="pt")
+        ids = batch["input_ids"]
+        labels = ids[:, 1:].clone()
+        labels[labels == tok.pad_token_id] = -100
+        batch["input_ids"], batch["labels"] = ids[:, :-1], labels
+        batch["attention_mask"] = batch["attention_mask"][:, :-1]
         return batch
 
     train = DataLoader(
-        _map_style(tokenized["train"]), shuffle=True, collate_fn=collate, batch_size=batch_size
+        _map_style(tokenized["train"]), shuffle=False, collate_fn=collate, batch_size=TRAIN_BATCH_SIZE
     )
     evaluation = DataLoader(
-        _map_style(tokenized["validation"]), shuffle=False, collate_fn=collate, batch_size=batch_size
+        _map_style(tokenized["validation"]), shuffle=False, collate_fn=collate, batch_size=EVAL_BATCH_SIZE
     )
     return train, evaluation
