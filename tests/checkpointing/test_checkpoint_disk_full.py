@@ -123,9 +123,12 @@ def test_torch_writer_running_out_of_space(tmp_path, monkeypatch, form: str) -> 
     lock.release(accelerator)
 
 
-def test_safetensors_running_out_of_space(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("writer", ["save_file", "one write from memory"])
+def test_safetensors_running_out_of_space(tmp_path, monkeypatch, writer: str) -> None:
     import safetensors.torch
     from safetensors import SafetensorError
+
+    from accelerando.checkpointing import written
 
     accelerator, _ = _setup(str(tmp_path))
     accelerator.save_state()
@@ -133,7 +136,14 @@ def test_safetensors_running_out_of_space(tmp_path, monkeypatch) -> None:
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    def short_write(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if writer == "save_file":  # big weights: safetensors writes the file from the tensors' memory
+        monkeypatch.setattr(files, "SMALL_FILE_BYTES", 0)
+        monkeypatch.setattr(safetensors.torch, "save_file", full)
+    else:  # small weights are serialized in memory and written in one write
+        monkeypatch.setattr(written, "_write_all", short_write)
     with pytest.raises(OSError, match="no space left on device") as caught:
         accelerator.save_state()
     assert caught.value.errno == errno.ENOSPC
@@ -146,7 +156,7 @@ def test_disk_full_when_writing_the_manifest(tmp_path, monkeypatch) -> None:
     accelerator.save_state()
     real_commit = atomic.commit
 
-    def commit_on_a_full_disk(staging, final_dir, manifest, durable=True):
+    def commit_on_a_full_disk(staging, final_dir, manifest, durable=True, **flushes):
         with open(os.path.join(staging, atomic.MANIFEST_NAME + ".tmp"), "w") as handle:
             handle.write("{")
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -202,7 +202,7 @@ def _install_pause(atomic, pause: str | None, ready) -> None:
     import time
 
     if pause == "rmtree":
-        original_rmtree = atomic.shutil.rmtree
+        original_rmtree = atomic.remove_tree
 
         def slow_rmtree(path, *args, **kwargs):
             if (
@@ -216,7 +216,7 @@ def _install_pause(atomic, pause: str | None, ready) -> None:
                 time.sleep(5)
             original_rmtree(path, *args, **kwargs)
 
-        atomic.shutil.rmtree = slow_rmtree
+        atomic.remove_tree = slow_rmtree
     elif pause == "fsync":
         original_fsync = atomic.fsync_file
         calls = {"n": 0}

@@ -101,12 +101,17 @@ def torch_save(obj: object, path: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         sink = written.HashingFile(fd)
-        # torch's stub asks for IO[bytes]; torch.save only calls write() on a file object.
+        # torch's stub asks for IO[bytes]; torch.save only calls write() and flush() on a file object.
         torch.save(obj, sink)  # pyright: ignore[reportArgumentType]
+        sink.flush()
         written.record(path, sink.digest.entry(), os.fstat(fd))
     finally:
         os.close(fd)
 
+
+# Weights up to this many bytes are serialized in memory and written with one write (and hashed from
+# that buffer); bigger ones are written by safetensors from the tensors' memory (no copy).
+SMALL_FILE_BYTES = 1 << 20
 
 # Files at least this big are read through a memory map when the caller copies their tensors
 # elsewhere anyway (see state_io.load_optimizer_state): no fresh allocation, no second copy.
@@ -292,6 +297,7 @@ def _in_place_loader() -> Callable[..., object] | None:
 
     import torch.serialization as serialization
 
+    # torch 2.13: torch/serialization.py:1976 (private; torch.load's archive reader, taking one storage)
     loader = getattr(serialization, "_load", None)
     if loader is None or "overall_storage" not in inspect.signature(loader).parameters:
         return None
@@ -317,10 +323,12 @@ def _load_in_place(data: memoryview, map_location: MAP_LOCATION, weights_only: b
     reader.seek(0)
     storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
     # torch's stub asks for IO[bytes]; its reader only calls seek, tell and readinto.
+    # torch 2.13: torch/serialization.py:805, :2231 (private; open the archive as torch.load does)
     with serialization._open_zipfile_reader(reader) as archive:  # pyright: ignore[reportArgumentType]
         if serialization._is_torchscript_zip(archive):
             return _NOT_IN_PLACE
         if weights_only:
+            # torch 2.13: torch/_weights_only_unpickler.py:1 (private; torch.load(weights_only=True)'s unpickler)
             from torch import _weights_only_unpickler
 
             return loader(
@@ -372,6 +380,12 @@ def save_model_weights(state_dict: Mapping[str, torch.Tensor], path: str, safe_s
 
         cleaned = clean_state_dict_for_safetensors(state_dict)
         tensors = {k: v.detach() for k, v in cleaned.items()}
+        if sum(int(t.nbytes) for t in tensors.values()) <= SMALL_FILE_BYTES:
+            from safetensors.torch import save
+
+            # One buffer: one write, hashed from memory (save_file's bytes, without the file's set-up).
+            written.write_bytes(path, save(tensors, metadata={"format": "pt"}))
+            return
         save_file(tensors, path, metadata={"format": "pt"})
         if written.is_collected(path):
             written.record_safetensors(path, tensors)  # hashes the memory just written, not the file

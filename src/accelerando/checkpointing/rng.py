@@ -7,7 +7,9 @@ torch's CPU generator and each initialised accelerator's generators (CUDA, XPU, 
 
 from __future__ import annotations
 
+import array
 import random
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,35 +22,74 @@ if TYPE_CHECKING:
 
 __all__ = ["capture_rng_states", "restore_rng_states"]
 
-_NDARRAY_TAG = "__ndarray__"
+_NDARRAY_TAG = "__ndarray__"  # a NumPy array as a list (files written before the packed form)
+_PACKED_ARRAY_TAG = "__ndarray_bytes__"  # a NumPy array as its bytes, dtype and shape
+_PACKED_INTS_TAG = "__uint64_le__"  # a long tuple or list of ints in [0, 2**64) as little-endian bytes
+# Sequences of ints at least this long are packed: pickling costs a call per object (torch.save's
+# persistent_id), about 1,250 for Python's and NumPy's Mersenne Twister states otherwise.
+_PACK_MIN_INTS = 32
+_UINT64_END = 1 << 64
+
+
+def _packed_ints(value: list[object] | tuple[object, ...]) -> dict[str, object] | None:
+    """``value`` (a long sequence of plain ints in [0, 2**64)) packed into bytes, else None."""
+    if len(value) < _PACK_MIN_INTS or not all(type(v) is int and 0 <= v < _UINT64_END for v in value):
+        return None
+    data = array.array("Q", value)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return {_PACKED_INTS_TAG: data.tobytes(), "kind": "tuple" if isinstance(value, tuple) else "list"}
 
 
 def _to_plain(value: object) -> object:
-    """Turn NumPy arrays inside a nested structure into tagged lists (loadable with weights_only)."""
+    """Turn NumPy arrays and long int sequences inside a nested structure into plain, compact data
+    (bytes in tagged dicts, loadable with weights_only; one pickled object each).
+    """
     try:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy is a dependency
         return value
     if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biuf" and not value.dtype.hasobject:
+            data = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<"), copy=False)
+            return {_PACKED_ARRAY_TAG: data.tobytes(), "dtype": str(value.dtype), "shape": list(value.shape)}
         return {_NDARRAY_TAG: value.tolist(), "dtype": str(value.dtype)}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
         return {k: _to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if all(type(v) is int for v in value):  # e.g. Python's random state (625 ints): nothing to convert
+        packed = _packed_ints(value)
+        if packed is not None:
+            return packed
+        if all(type(v) is int for v in value):  # short: nothing to convert
             return value
         return type(value)(_to_plain(v) for v in value)
     return value
 
 
-def _from_plain(value: object) -> object:
-    """Inverse of :func:`_to_plain`."""
-    if isinstance(value, dict):
-        if _NDARRAY_TAG in value:
-            import numpy as np
+def _from_packed(value: dict[str, Any]) -> object:
+    """The NumPy array or int sequence of a tagged dict written by :func:`_to_plain`."""
+    import numpy as np
 
-            return np.asarray(value[_NDARRAY_TAG], dtype=value["dtype"])
+    if _NDARRAY_TAG in value:
+        return np.asarray(value[_NDARRAY_TAG], dtype=value["dtype"])
+    if _PACKED_ARRAY_TAG in value:
+        dtype = np.dtype(value["dtype"])
+        data = np.frombuffer(value[_PACKED_ARRAY_TAG], dtype=dtype.newbyteorder("<"))
+        return data.astype(dtype).reshape(value["shape"])  # a writable copy, in this machine's order
+    data = array.array("Q")
+    data.frombytes(value[_PACKED_INTS_TAG])
+    if sys.byteorder != "little":
+        data.byteswap()
+    return tuple(data) if value.get("kind") == "tuple" else list(data)
+
+
+def _from_plain(value: object) -> object:
+    """Inverse of :func:`_to_plain` (reads the list form of arrays of earlier files too)."""
+    if isinstance(value, dict):
+        if _NDARRAY_TAG in value or _PACKED_ARRAY_TAG in value or _PACKED_INTS_TAG in value:
+            return _from_packed(value)
         return {k: _from_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_from_plain(v) for v in value)

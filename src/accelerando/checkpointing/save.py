@@ -95,6 +95,8 @@ class _Plan:
     committer: bool
     each_node: bool
     durable: bool = True  # False: a scratch save, without fsync (the checkpoint_durable setting)
+    # Files the committing process wrote and has not flushed yet: flushed with the manifest (durable).
+    unflushed: list[str] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------ errors, everywhere
@@ -418,16 +420,12 @@ def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[_WriteRe
         entries.update(described)
     # With save_on_each_node (no shared file system) only this node's files are here to commit.
     entries = {name: entry for name, entry in entries.items() if os.path.exists(os.path.join(staging, name))}
-    # Files written by save hooks belong to the checkpoint too.
-    extra = []
-    for root, _, filenames in os.walk(staging):
-        if root != staging and plan.durable:
-            atomic.fsync_dir(root)  # a hook's sub-folder: make its entries durable too
-        for filename in filenames:
-            rel = os.path.relpath(os.path.join(root, filename), staging)
-            if rel not in entries and rel != atomic.MANIFEST_NAME:
-                extra.append(rel)
-    entries.update(atomic.describe_files(staging, extra, plan.durable))
+    extra, folders = _unlisted(staging, entries)
+    unflushed = plan.unflushed
+    if extra:
+        described, flush = _describe(staging, extra, plan.durable)
+        entries.update(described)
+        unflushed = [*unflushed, *flush]
 
     manifest = atomic.Manifest(
         files=entries,
@@ -435,8 +433,35 @@ def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[_WriteRe
         library_version=__version__,
         extra={"step": int(target.step), "iteration": iteration},
     )
-    atomic.commit(staging, final_dir, manifest, plan.durable)
+    atomic.commit(staging, final_dir, manifest, plan.durable, flush=unflushed, flush_folders=folders)
     return sum(entry.size for entry in entries.values())
+
+
+def _unlisted(staging: str, entries: dict[str, atomic.FileEntry]) -> tuple[list[str], list[str]]:
+    """The files of the staging folder that ``entries`` lacks (written by save hooks, or by the strategy
+    on other processes), and its sub-folders (whose entries a durable save flushes too).
+    """
+    extra: list[str] = []
+    folders: list[str] = []
+    for root, _, filenames in os.walk(staging):
+        if root != staging:
+            folders.append(root)
+        for filename in filenames:
+            rel = os.path.relpath(os.path.join(root, filename), staging)
+            if rel not in entries and rel != atomic.MANIFEST_NAME:
+                extra.append(rel)
+    return extra, folders
+
+
+def _describe(staging: str, names: list[str], durable: bool) -> tuple[dict[str, atomic.FileEntry], list[str]]:
+    """The manifest entries of ``names`` (files of the staging folder), and the paths still to flush."""
+    describer = atomic.FileDescriber(staging, durable)
+    try:
+        for name in names:
+            describer.add(name)
+        return describer.finish(flush=False), describer.unflushed()
+    finally:
+        describer.close()
 
 
 def _number(final_dir: str) -> int | None:
@@ -467,14 +492,16 @@ def _write_everywhere(
     staging = plan.staging
     error: BaseException | None = None
     described: dict[str, atomic.FileEntry] = {}
-    # Flushes (durable saves) and hashes each file while the next is written.
     describer = atomic.FileDescriber(staging, plan.durable)
     try:
         if write is None:
             _write_process_files(target, staging, safe_serialization, plan.each_node, describer.add)
         else:
             write(describer.add)
-        described = describer.finish()
+        # The committing process flushes its files with the manifest (one wait on the disk for all);
+        # the others flush theirs now, before the gather tells the committer they are in place.
+        described = describer.finish(flush=not plan.committer)
+        plan.unflushed = describer.unflushed()
     except Exception as err:  # noqa: BLE001 - reported to every process below
         error = _translated(err, target, plan.final_dir, staging)
     finally:

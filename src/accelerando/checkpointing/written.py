@@ -23,7 +23,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -39,6 +39,7 @@ __all__ = [
     "record",
     "record_safetensors",
     "take",
+    "write_bytes",
 ]
 
 _PIECED_SUFFIX = "-p64m"
@@ -129,35 +130,68 @@ def _overlap_pool() -> ThreadPoolExecutor:
     return _helper
 
 
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte of ``data`` to ``fd`` (looping over short writes)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class HashingFile:
     """A write-only file object for ``torch.save`` that hashes what it writes (see :class:`StreamDigest`).
 
-    Large chunks are hashed on a helper thread while this thread writes them to the descriptor.
+    Small writes (the archive's headers, the pickle, small tensors) are gathered in memory and written
+    and hashed together, up to ``_OVERLAP_MIN_BYTES`` at a time: a small file is one ``write`` and one
+    hash. Large chunks are hashed on a helper thread while this thread writes them to the descriptor.
+    Call :meth:`flush` when ``torch.save`` is done (it writes what is still gathered).
     """
 
     def __init__(self, fd: int, algorithm: str | None = None) -> None:
         self.fd = fd
         self.digest = StreamDigest(algorithm)
+        self._gathered: list[bytes] = []
+        self._gathered_bytes = 0
 
     def write(self, data: bytes | memoryview) -> int:
-        """Write every byte of ``data`` (looping over short writes) and hash it; returns its length."""
+        """Write (or gather) every byte of ``data`` and hash it; returns its length."""
         view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-        hashing: Future[None] | None = None
-        if len(view) >= _OVERLAP_MIN_BYTES:
-            hashing = _overlap_pool().submit(self.digest.update, view)
-        else:
-            self.digest.update(view)
+        if len(view) < _OVERLAP_MIN_BYTES:
+            self._gathered.append(bytes(view))  # a copy: the caller's buffer is not ours to keep
+            self._gathered_bytes += len(view)
+            if self._gathered_bytes >= _OVERLAP_MIN_BYTES:
+                self.flush()
+            return len(view)
+        self.flush()
+        hashing = _overlap_pool().submit(self.digest.update, view)
         try:
-            done = 0
-            while done < len(view):
-                done += os.write(self.fd, view[done:])
+            _write_all(self.fd, view)
         finally:
-            if hashing is not None:
-                hashing.result()
+            hashing.result()
         return len(view)
 
     def flush(self) -> None:
-        """Nothing is buffered here (``torch.save`` calls it when it is done)."""
+        """Write and hash what is gathered (``torch.save`` calls it when it is done)."""
+        if not self._gathered:
+            return
+        data = self._gathered[0] if len(self._gathered) == 1 else b"".join(self._gathered)
+        self._gathered, self._gathered_bytes = [], 0
+        self.digest.update(data)
+        _write_all(self.fd, data)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` as the new file ``path`` in one ``write``, recording its checksum (computed from
+    ``data``, never read back) when ``path`` lies in a folder this thread is collecting.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        _write_all(fd, data)
+        if is_collected(path):
+            digest = StreamDigest()
+            digest.update(data)
+            record(path, digest.entry(), os.fstat(fd))
+    finally:
+        os.close(fd)
 
 
 # Folders a describer collects files of, per thread; and the checksums computed while writing.
@@ -236,10 +270,13 @@ def record_safetensors(path: str, tensors: Mapping[str, torch.Tensor]) -> None:
     if sys.byteorder != "little":
         return
     try:
-        with open(path, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header_bytes = handle.read(length) if length <= info.st_size - 8 else b""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:  # exactly the header's bytes (a buffered read would read a page of tensor data too)
+            info = os.fstat(fd)
+            (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            header_bytes = os.pread(fd, length, 8) if length <= info.st_size - 8 else b""
+        finally:
+            os.close(fd)
         header = json.loads(header_bytes)
     except (OSError, ValueError, struct.error):
         return
