@@ -451,6 +451,7 @@ class ParallelismConfig:
         ):
             if names:
                 # torch types the index as str | tuple[str, ...]; the reference passes the list, as here.
+                # torch 2.13: torch/distributed/device_mesh.py:1268 (private; the reference flattens the same way)
                 mesh[names]._flatten(flat)  # pyright: ignore[reportArgumentType]
         return mesh
 

@@ -58,6 +58,7 @@ class AcceleratedScheduler:
             return
         if not self.gradient_state.sync_gradients:
             if self.gradient_state.adjust_scheduler:
+                # torch 2.13: torch/optim/lr_scheduler.py:178 (private; counts the skipped step as torch's step() would)
                 self.scheduler._step_count += 1
             return
         for opt in self.optimizers:
@@ -67,6 +68,7 @@ class AcceleratedScheduler:
         total = getattr(self.scheduler, "total_steps", None)
         for _ in range(repeats):
             # OneCycleLR raises past its last step; stop there instead.
+            # torch 2.13: torch/optim/lr_scheduler.py:178 (private; steps taken so far)
             if total is not None and self.scheduler._step_count > total:
                 break
             self.scheduler.step(*args, **kwargs)

@@ -132,7 +132,10 @@ def _set_aside(tree: object, sharded: list[object]) -> object: ...
 
 def _set_aside(tree: object, sharded: list[object]) -> object:
     """``tree`` with each ShardedTensor replaced by a :class:`_Slot`, its host copy appended to ``sharded``."""
+    # torch 2.13: torch/distributed/_shard/sharded_tensor/api.py:194 (private; in FSDP1's sharded state dicts)
     from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+
+    # torch 2.13: torch/distributed/_shard/sharded_tensor/shard.py:8 (private; a ShardedTensor's local shard)
     from torch.distributed._shard.sharded_tensor.shard import Shard
 
     if isinstance(tree, ShardedTensor):

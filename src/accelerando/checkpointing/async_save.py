@@ -190,6 +190,7 @@ def _background_group(target: CheckpointTarget) -> ProcessGroup | None:
 
     if target.state.num_processes <= 1 or not (dist.is_available() and dist.is_initialized()):
         return None
+    # torch 2.13: torch/distributed/distributed_c10d.py:1420 (private; to notice a re-created default group)
     default = dist.distributed_c10d._get_default_group()
     made = _GROUPS.get("made")
     # Compared by identity, holding the default group: a process group re-created after

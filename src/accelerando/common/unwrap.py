@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 import torch
 
 if TYPE_CHECKING:
+    # torch 2.13: torch/_dynamo/eval_frame.py:430 (private; annotations only)
     from torch._dynamo.eval_frame import OptimizedModule
 
 __all__ = ["MODULE_WRAPPER_NAMES", "is_compiled_module", "unwrap_model"]
@@ -44,6 +45,7 @@ def is_compiled_module(module: object) -> TypeGuard[OptimizedModule]:
     Returns:
         True for ``torch._dynamo``'s ``OptimizedModule`` (checked without importing dynamo).
     """
+    # torch 2.13: torch/_dynamo/eval_frame.py:459 (private; OptimizedModule._orig_mod is the compiled module)
     return type(module).__name__ == "OptimizedModule" and isinstance(
         getattr(module, "_orig_mod", None), torch.nn.Module
     )
@@ -91,6 +93,7 @@ def _regions_original(module: torch.nn.Module) -> torch.nn.Module | None:
 def _unwrap_compiled_children(model: torch.nn.Module) -> None:
     for name, child in list(model.named_children()):
         if is_compiled_module(child):
+            # torch 2.13: torch/_dynamo/eval_frame.py:459 (private; the compiled child's own module)
             setattr(model, name, child._orig_mod)
             child = child._orig_mod
         _unwrap_compiled_children(child)
@@ -127,6 +130,7 @@ def unwrap_model(
     while True:
         if is_compiled_module(model):
             outer_compiled = outer_compiled or model
+            # torch 2.13: torch/_dynamo/eval_frame.py:459 (private; the module torch.compile wrapped)
             model = model._orig_mod
         elif _is_module_wrapper(model):
             model = model.module
@@ -139,6 +143,7 @@ def unwrap_model(
     if recursive:
         _unwrap_compiled_children(model)
     if keep_torch_compile and outer_compiled is not None:
+        # torch 2.13: torch/_dynamo/eval_frame.py:459 (private)
         if outer_compiled._orig_mod is model:
             return outer_compiled
         # A new compiled wrapper with the same dynamo settings; the user's compiled (DDP) model stays

@@ -327,6 +327,7 @@ def _rendezvous(
     hosts the store (a Ray launch, a process started by hand), rank 0 hosts it on the bind address
     only (``where``: the main address, its port and the bind address).
     """
+    # torch 2.13: torch/distributed/rendezvous.py:158 (private; does torchelastic's agent host the store?)
     from torch.distributed.rendezvous import _torchelastic_use_agent_store, rendezvous
 
     main_address, main_port, bind_address = where

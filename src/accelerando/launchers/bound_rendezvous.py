@@ -66,6 +66,8 @@ def _c10d_store(bind: str, params: RendezvousParameters) -> Store:
     """The c10d backend's store: hosted (on ``bind``) when this machine is the endpoint's, else a client."""
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    # torch 2.13: torch/distributed/elastic/rendezvous/utils.py:117 (private; is the endpoint this machine?)
     from torch.distributed.elastic.rendezvous.utils import (
         _matches_machine_hostname,
         parse_rendezvous_endpoint,
@@ -118,6 +120,7 @@ def bound_rendezvous(bind: str) -> Iterator[None]:
     """
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
 
+    # torch 2.13: torch/distributed/elastic/rendezvous/api.py:338 (private; the handlers by backend name)
     table = registry._registry
     saved = {name: table.get(name) for name in ("static", "c10d")}
     table["static"] = functools.partial(_static_handler, bind)

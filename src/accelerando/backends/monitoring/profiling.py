@@ -260,6 +260,7 @@ def profile_memory_step(
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     record_history = use_cuda and snapshot_path is not None
     if record_history:
+        # torch 2.13: torch/cuda/memory.py:892 (private; records allocator events for the memory snapshot)
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     handles = _label_modules(model) if model is not None else []
     report = MemoryProfileReport()
@@ -271,11 +272,13 @@ def profile_memory_step(
         if record_history and snapshot_path is not None:  # record_history implies a path
             path = report.snapshot_path = os.fspath(snapshot_path)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            # torch 2.13: torch/cuda/memory.py:1129 (private; writes the snapshot pytorch.org/memory_viz reads)
             torch.cuda.memory._dump_snapshot(path)
     finally:
         for handle in handles:
             handle.remove()
         if record_history:
+            # torch 2.13: torch/cuda/memory.py:892 (private; enabled=None stops the recording)
             torch.cuda.memory._record_memory_history(enabled=None)
     report.modules, report.ops = _rows(prof.key_averages(), top_k)
     logger.info("Memory profile of one step:\n" + report.table())

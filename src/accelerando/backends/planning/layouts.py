@@ -100,7 +100,10 @@ def one_rank_chunks() -> Iterator[None]:
     context the chunks are made when FSDP2 reads them: the same views and empty tensors, two per
     parameter. Only the simulator uses it; a measured run lays out with torch's own function.
     """
+    # torch 2.13: torch/distributed/fsdp/_fully_shard/_fsdp_param.py:1 (private; FSDP2's chunking is patched here)
     from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    # torch 2.13: torch/distributed/fsdp/_fully_shard/_fsdp_common.py:134 (private; made lazy under fake tensors)
     from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty as original
 
     def chunk_with_empty(tensor: torch.Tensor, num_chunks: int, dim: int) -> Sequence[torch.Tensor]:
@@ -152,19 +155,23 @@ def _real_mesh_arithmetic() -> Iterator[None]:
     leaves the mode: a tensor FSDP2 allocated outside it would be real, then copied into a fake twin by
     the next fake op, and counted twice.
     """
+    # torch 2.13: torch/_subclasses/fake_tensor.py:208 (private; leave the fake mode to build a real mesh)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
 
+    # torch 2.13: torch/distributed/device_mesh.py:1429 (private; FSDP2 concatenates meshes here)
     original = DeviceMesh._concatenate
 
     def concatenate(meshes: list[DeviceMesh]) -> DeviceMesh:
         with unset_fake_temporarily():
             return original(meshes)
 
+    # torch 2.13: torch/distributed/device_mesh.py:1429 (private; patched for the block)
     DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign]
     try:
         yield
     finally:
+        # torch 2.13: torch/distributed/device_mesh.py:1429 (private; torch's own put back)
         DeviceMesh._concatenate = staticmethod(original)  # type: ignore[method-assign]
 
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
+
+# torch 2.13: torch/utils/_python_dispatch.py:72 (private; base of the op-counting dispatch mode)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from accelerando.backends.planning.derive import ZERO3_DEFAULTS
@@ -28,6 +30,7 @@ from accelerando.backends.planning.spec import Candidate, MemoryBreakdown, Train
 from accelerando.backends.planning.tracking import CollectiveCounter, memory_tracker, tracked_breakdown
 
 if TYPE_CHECKING:
+    # torch 2.13: torch/_ops.py:806, torch/distributed/_tools/mem_tracker.py:324 (private; annotations only)
     from torch._ops import OpOverload
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -164,6 +167,7 @@ def run_steps(source: ModelSource, candidate: Candidate, shape: TrainingShape, f
     mode: contextlib.AbstractContextManager[object]
     chunks: contextlib.AbstractContextManager[None]
     if fake:
+        # torch 2.13: torch/_subclasses/fake_tensor.py:1432 (private; runs the step on tensors without memory)
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode, chunks = FakeTensorMode(allow_non_fake_inputs=True), one_rank_chunks()
@@ -260,6 +264,7 @@ def simulate(source: ModelSource, candidate: Candidate, shape: TrainingShape) ->
         ValueError: a process group is already initialised in this process (plan before the job starts,
             or in a separate process), or the candidate cannot be laid out.
     """
+    # torch 2.13: torch/testing/_internal/distributed/fake_pg.py:7 (private; the store of the 'fake' backend)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():

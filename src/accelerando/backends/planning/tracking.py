@@ -20,12 +20,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+
+# torch 2.13: torch/utils/_python_dispatch.py:72 (private; base of the collective-counting dispatch mode)
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# torch 2.13: torch/utils/_pytree.py:1521 (private; the tensors among an op's arguments)
 from torch.utils._pytree import tree_leaves
 
 from accelerando.backends.planning.spec import MemoryBreakdown
 
 if TYPE_CHECKING:
+    # torch 2.13: torch/_ops.py:806, torch/distributed/_tools/mem_tracker.py:324 (private; annotations only)
     from torch._ops import OpOverload
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -111,7 +116,10 @@ def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
     The model and optimizer are registered so that tensors created before the tracker starts count.
     """
+    # torch 2.13: torch/distributed/_tools/fsdp2_mem_tracker.py:122 (private; FSDP2 peak memory by category)
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    # torch 2.13: torch/distributed/_tools/mem_tracker.py:324 (private; peak memory by category)
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 

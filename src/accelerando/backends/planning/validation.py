@@ -156,6 +156,7 @@ def predict(name: str, layout: str, world_size: int, shape: TrainingShape = VALI
         fsdp2 = _fsdp2_count(name, world_size, shape)
         sizes = fsdp2.zero3_sizes
         if zero3_settings.param_persistence_threshold != ZERO3_DEFAULTS.param_persistence_threshold:
+            # torch 2.13: torch/_subclasses/fake_tensor.py:1432 (private; shapes without allocating)
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             with FakeTensorMode():

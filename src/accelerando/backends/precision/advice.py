@@ -70,6 +70,7 @@ def cpu_has_native(dtype: str) -> bool:
     """
     import torch
 
+    # torch 2.13: torch/_inductor/utils.py:4405 calls the same C++ op (private; native bf16/fp16 CPU kernels?)
     query = getattr(torch.ops.mkldnn, f"_is_mkldnn_{dtype}_supported", None)
     if query is not None:
         try:

@@ -105,6 +105,7 @@ class AMPPrecision(Precision):
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is None:
             return
+        # torch 2.13: torch/amp/grad_scaler.py:559 (private; has this optimizer been unscaled this step?)
         state = self.scaler._per_optimizer_states[id(optimizer)]
         # Unscaling twice in one step raises inside GradScaler; clipping then stepping does both.
         if state["stage"].name != "UNSCALED":
@@ -128,6 +129,7 @@ class AMPPrecision(Precision):
             return not found_inf
         return self.scaler.get_scale() >= scale_before
 
+    # torch 2.13: torch/amp/grad_scaler.py:559 (private; the scaler's found-inf flags per device)
     def _found_inf(self, optimizer: torch.optim.Optimizer) -> bool | None:
         flags = self.scaler._per_optimizer_states[id(optimizer)].get("found_inf_per_device", {})  # type: ignore[union-attr]
         if not flags:
@@ -142,6 +144,7 @@ class AMPPrecision(Precision):
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
+        # torch 2.13: torch/amp/grad_scaler.py:559 (private; the flags every process max-reduces)
         flags = self.scaler._per_optimizer_states[id(optimizer)].get("found_inf_per_device", {})  # type: ignore[union-attr]
         for device, flag in flags.items():
             reduced = flag.clone()

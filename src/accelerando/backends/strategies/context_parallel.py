@@ -74,6 +74,8 @@ def context_parallel_context(
         raise ValueError(f"context parallelism needs a mesh with a 'cp' axis, got axes {names}")
     check_context_parallel_device(int(cp_mesh.size()), str(cp_mesh.device_type))
     from torch.distributed.tensor.experimental import context_parallel
+
+    # torch 2.13: torch/distributed/tensor/experimental/_context_parallel/_attention.py:1693 (private; no public setter)
     from torch.distributed.tensor.experimental._attention import set_rotate_method
 
     if rotate_method is not None:

@@ -178,6 +178,7 @@ class WeightsOnlyTransport:
 
 def _to_cpu(value: object) -> object:
     """``value`` with every tensor copied to CPU (the reply is read on another machine's CPU)."""
+    # torch 2.13: torch/utils/_pytree.py:1537 (private; map over a nested state dict)
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda item: item.cpu() if isinstance(item, torch.Tensor) else item, value)

@@ -100,6 +100,8 @@ def broadcast_full_state_dict(
     so no process other than rank 0 ever holds more than its shards plus one full tensor.
     """
     from torch.distributed.tensor import DTensor
+
+    # torch 2.13: torch/distributed/tensor/_utils.py:93 (private; where each shard lies in the full tensor)
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     del cpu_offload  # shards are copied in place, wherever they live
@@ -352,6 +354,7 @@ def safe_load_planner(folder: str, empty: bool = False) -> DefaultLoadPlanner:
 
     base: type[DefaultLoadPlanner] = DefaultLoadPlanner
     if empty:
+        # torch 2.13: torch/distributed/checkpoint/default_planner.py:410 (private; load into an empty dict)
         from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
         base = _EmptyStateDictLoadPlanner
@@ -360,6 +363,7 @@ def safe_load_planner(folder: str, empty: bool = False) -> DefaultLoadPlanner:
         def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             loaded = _load_byte_item(folder, self, read_item, value)
             if self.flatten_state_dict:
+                # torch 2.13: torch/distributed/checkpoint/_traverse.py:120 (private; set a value at its nested path)
                 from torch.distributed.checkpoint._traverse import set_element
 
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
@@ -397,6 +401,7 @@ def weights_only_dcp_reads(folder: str) -> Iterator[None]:
     def load_bytes(self: DefaultLoadPlanner, read_item: ReadItem, value: io.BytesIO) -> None:
         loaded = _load_byte_item(folder, self, read_item, value)
         if self.flatten_state_dict:
+            # torch 2.13: torch/distributed/checkpoint/_traverse.py:120 (private; set a value at its nested path)
             from torch.distributed.checkpoint._traverse import set_element
 
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
@@ -449,6 +454,7 @@ def load_shards(state: dict[str, object], folder: str, everything: bool = False)
     try:
         if everything:
             # Public ``dcp.load`` returns early on an empty dict: the loader dcp_to_torch_save uses.
+            # torch 2.13: torch/distributed/checkpoint/state_dict_loader.py:203 (private)
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
             _load_state_dict(

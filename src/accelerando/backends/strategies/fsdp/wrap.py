@@ -129,6 +129,8 @@ def activation_wrapper_fn(checkpoint: bool, offload: bool) -> Callable[[torch.nn
     (``offload``, torch's ``offload_wrapper``: ``save_on_cpu`` around the unit), or both (the
     checkpointed unit's saved inputs go to CPU).
     """
+    # torch 2.13: torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py:196, :174 (private module;
+    # FSDP's activation checkpointing and CPU offload wrappers, as the reference uses them)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         checkpoint_wrapper,
@@ -158,9 +160,12 @@ def apply_activation_checkpointing(
 
     The wrappers' state-dict hooks hide their extra name levels, so checkpoints keep the plain names.
     """
+    # torch 2.13: torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py:25 (private module)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         ActivationWrapper,
     )
+
+    # torch 2.13: torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py:239 (private module)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing as apply_ac,
     )
@@ -313,6 +318,7 @@ def fsdp1_wrap(
         use_orig_params=bool(plugin.use_orig_params),
     )
     if (plugin.activation_checkpointing or plugin.activation_checkpointing_offload) and units:
+        # torch 2.13: torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py:239 (private module)
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             apply_activation_checkpointing as apply_ac,
         )

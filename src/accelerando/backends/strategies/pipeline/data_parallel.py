@@ -149,6 +149,7 @@ def build_pipeline_mesh(device_type: str, pp: int, dp: int) -> DeviceMesh:
         return init_device_mesh(device_type, (pp,), mesh_dim_names=(PP_AXIS,))
     mesh = init_device_mesh(device_type, (dp, pp), mesh_dim_names=(DP_AXIS, PP_AXIS))
     # ``accelerator.data_parallel_rank`` reads the flattened "dp" dimension, as on ParallelismConfig meshes.
+    # torch 2.13: torch/distributed/device_mesh.py:1268 (private; no public way to name a flattened axis)
     mesh[(DP_AXIS,)]._flatten(_DP_FLAT)
     return mesh
 
@@ -164,6 +165,7 @@ def all_reduce_gradients(
     grads = [p.grad for p in parameters if p.grad is not None]
     if size <= 1 or not grads:
         return
+    # torch 2.13: torch/_utils.py:588, :625 (private; one flat buffer for one all-reduce, as DDP's buckets)
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}

@@ -25,6 +25,8 @@ from accelerando.backends.strategies.pipeline.stage import (
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    # torch 2.13: torch/distributed/pipelining/stage.py:129 (private; annotations only)
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = ["PipelineModel", "PipelineOutput"]

@@ -19,6 +19,8 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    # torch 2.13: torch/distributed/pipelining/stage.py:129 (private; annotations only)
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = [
