@@ -46,6 +46,7 @@ from accelerando.facade import options as arguments
 from accelerando.facade.accumulation import Accumulation, override_even_batches
 from accelerando.facade.checkpoint_service import CheckpointService
 from accelerando.facade.collectives import Collectives, process_filter
+from accelerando.facade.context import ServiceContext
 from accelerando.facade.delegation import delegate, forwarded
 from accelerando.facade.observing import Observability
 from accelerando.facade.parallelism_settings import default_parallelism_config
@@ -225,6 +226,7 @@ class Accelerator:
     ) -> None:
         steps, plugin = gradient_accumulation_steps, gradient_accumulation_plugin
         code = arguments.code_settings(mixed_precision, steps, plugin, cpu, dynamo_backend, dynamo_plugin)
+        code = connector.join_live_state(code)  # one mixed-precision mode per process, as the reference
         plugins = Plugins(
             deepspeed=connector.normalise_deepspeed_plugins(deepspeed_plugin, deepspeed_plugins),
             fsdp=fsdp_plugin,
@@ -256,33 +258,30 @@ class Accelerator:
 
     def _compose(self, log_with: LogWith) -> None:
         """Build the services, each from what it needs, and arm the opt-in fault handling."""
-        state, options, registry = self.state, self._options, PreparedObjects()
-        self._registry = registry
-        strategy, precision, gradients = self._strategy, self._precision, self.gradient_state
-        self._preparer = Preparer(
-            registry,
-            strategy,
-            precision,
-            state,
-            gradients,
-            options,
-            self.dynamo_plugin,
-            _bitsandbytes_runs_on_cpu,
+        registry = self._registry = PreparedObjects()
+        # One record of what the services share, built once; each service takes it plus its own extras.
+        context = ServiceContext(
+            runtime=self.runtime,
+            strategy=self._strategy,
+            precision=self._precision,
+            state=self.state,
+            gradient_state=self.gradient_state,
+            options=self._options,
+            registry=registry,
         )
-        self._collectives = Collectives(state, gradients, options)
-        self._observability = Observability(state, options, registry, log_with, self.profile_handler)
-        self._checkpoints = CheckpointService(
-            self, registry, strategy, precision, state, gradients, self.settings, options, self._observability
-        )
+        self._preparer = Preparer(context, _bitsandbytes_runs_on_cpu)
+        self._collectives = Collectives(context)
+        self._observability = Observability(context, log_with, self.profile_handler)
+        self._checkpoints = CheckpointService(context, self, self._observability)
         self._checkpoint_target = self._checkpoints.target
-        self._mesh_ranks = MeshRanks(state, self.runtime.plugins.parallelism_config)
+        self._mesh_ranks = MeshRanks(context)
         # Opt-in fault handling: resume in the first prepare(), checkpoint-and-exit on SIGTERM/SIGUSR1.
         auto_resume = bool(getattr(self.settings, "auto_resume", False))
         self._preemption: PreemptionWatch | None = None
         if auto_resume or bool(getattr(self.settings, "preemption_checkpoint", False)):
             from accelerando.facade.preemption import install  # deferred: opt-in, off by default
 
-            self._preemption = install(options.project_configuration)
+            self._preemption = install(self._options.project_configuration)
         if auto_resume:
             from accelerando.facade.resume import resume_on_prepare  # deferred: opt-in, off by default
 
@@ -335,16 +334,15 @@ class Accelerator:
         handler_views.requested_loggers, doc="The trackers log_with asked for (LoggerType or yours)."
     )
     device = forwarded("state.device", "The device this process computes on.")
-    distributed_type = forwarded("state.distributed_type", "How processes cooperate (DistributedType).")
+    distributed_type = forwarded("runtime.distributed_type", "How processes cooperate (DistributedType).")
     num_processes = forwarded("state.num_processes", "Total number of processes.")
     process_index = forwarded("state.process_index", "Global index of this process.")
     local_process_index = forwarded("state.local_process_index", "Index of this process on its machine.")
     is_local_main_process = forwarded("state.is_local_main_process", "True on each machine's first process.")
     is_last_process = forwarded("state.is_last_process", "True on the last process.")
     use_distributed = forwarded("state.use_distributed", "Whether several processes cooperate.")
-    mixed_precision = forwarded("state.mixed_precision", "The mixed-precision mode in effect.")
-    deepspeed_plugin = forwarded("state.deepspeed_plugin", "The active DeepSpeed plugin, or None.")
-    torch_device_mesh = forwarded("state.device_mesh", "The device mesh, or None.")
+    mixed_precision = forwarded("runtime.mixed_precision", "This Accelerator's mixed-precision mode.")
+    torch_device_mesh = forwarded("runtime.mesh", "This Accelerator's device mesh, or None.")
     split_batches = _loader_flag("split_batches", "Whether batches are split across processes.")
     dispatch_batches = forwarded("_options.dataloader_config.dispatch_batches", "Main process dispatches.")
     even_batches = _loader_flag("even_batches", "Whether short last batches are padded.", writable=True)
@@ -399,8 +397,18 @@ class Accelerator:
     @property
     def is_fsdp2(self) -> bool:
         """Whether FSDP version 2 (``fully_shard``) is in use."""
-        plugin = self.state.fsdp_plugin
+        plugin = self.runtime.plugins.fsdp
         return plugin is not None and getattr(plugin, "fsdp_version", 1) == 2
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The active DeepSpeed plugin of this Accelerator (the one selected by name), or None."""
+        plugins = self.runtime.plugins.deepspeed
+        if not plugins:
+            return None
+        # Which plugin is selected is the process view's one piece of state (select_deepspeed_plugin).
+        name = getattr(self.state, "active_deepspeed_plugin_name", None)
+        return plugins.get(name) if name in plugins else next(iter(plugins.values()))
 
     @property
     def fp8_backend(self) -> FP8BackendType:
@@ -515,13 +523,24 @@ class Accelerator:
     prepare_data_loader = delegate("_preparer", Preparer.prepare_data_loader)
 
     def skip_first_batches(self, dataloader: DataLoader[object], num_batches: int = 0) -> DataLoader[object]:
-        """Return a loader that starts ``num_batches`` batches into ``dataloader`` (O(1) for map-style data)."""
+        """Return a loader that starts ``num_batches`` batches into ``dataloader`` (O(1) for map-style data).
+
+        Example:
+            >>> resumed = accelerator.skip_first_batches(dataloader, num_batches=2)
+            >>> len(resumed)  # the epoch's 4 batches less the 2 already seen
+            2
+        """
         from accelerando.data_loader import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
-        """True when ``model`` (or a submodule) was dispatched over several devices with a device map."""
+        """True when ``model`` (or a submodule) was dispatched over several devices with a device map.
+
+        Example:
+            >>> accelerator.verify_device_map(torch.nn.Linear(4, 2))  # True for a model dispatched with device_map
+            False
+        """
         return verify_device_map(model)
 
     def deepspeed_ulysses_dl_adapter(
@@ -532,13 +551,23 @@ class Accelerator:
         Raises:
             ValueError: no ``ParallelismConfig`` with ``sp_size > 1`` and ``sp_backend="deepspeed"``.
             ImportError / RuntimeError: DeepSpeed Ulysses is not installed / not set up.
+
+        Example:
+            >>> # with Accelerator(parallelism_config=ParallelismConfig(sp_size=2, sp_backend="deepspeed"), ...)
+            >>> dataloader = accelerator.deepspeed_ulysses_dl_adapter(dataloader, model)  # doctest: +SKIP
         """
         return self._strategy.sequence_parallel_dataloader(dl, model)
 
     # --------------------------------------------------------------- training
     # kwargs go to torch's Tensor.backward or the strategy's engine (DeepSpeed's takes its own options).
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Back-propagate ``loss``: divided by the accumulation steps, scaled under fp16."""
+        """Back-propagate ``loss``: divided by the accumulation steps, scaled under fp16.
+
+        Example:
+            >>> batch, target = next(iter(dataloader))
+            >>> loss = torch.nn.functional.mse_loss(model(batch), target)
+            >>> accelerator.backward(loss)  # instead of loss.backward()
+        """
         strategy = self._strategy
         steps = self.gradient_state._num_steps  # the attribute, not the property: a call per micro-batch
         if steps > 1 and strategy.divides_loss_for_accumulation:
@@ -572,18 +601,38 @@ class Accelerator:
         the dataloader (``sync_with_dataloader``); with ``sync_each_batch`` they are all-reduced on
         every micro-batch but the optimizer still steps only on sync steps. On leaving the context
         without an exception, a pending preemption checkpoints and exits.
+
+        Example:
+            >>> for batch, target in dataloader:
+            ...     with accelerator.accumulate(model):
+            ...         loss = torch.nn.functional.mse_loss(model(batch), target)
+            ...         accelerator.backward(loss)
+            ...         optimizer.step()
+            ...         optimizer.zero_grad()
         """
         return Accumulation(self, models)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Context in which backward passes of ``model`` accumulate locally without all-reduce."""
+        """Context in which backward passes of ``model`` accumulate locally without all-reduce.
+
+        Example:
+            >>> with accelerator.no_sync(model):
+            ...     accelerator.backward(model(torch.randn(2, 4)).sum())  # gradients stay local
+            >>> accelerator.backward(model(torch.randn(2, 4)).sum())  # this one is averaged
+        """
         with self._strategy.no_sync(model):
             yield
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
-        """Context forcing the next backward of ``model`` to synchronise, even inside ``no_sync``."""
+        """Context forcing the next backward of ``model`` to synchronise, even inside ``no_sync``.
+
+        Example:
+            >>> with accelerator.no_sync(model):
+            ...     with accelerator.trigger_sync_in_backward(model):
+            ...         accelerator.backward(model(torch.randn(2, 4)).sum())  # averaged after all
+        """
         with self._strategy.trigger_sync_in_backward(model):
             yield
 
@@ -596,6 +645,11 @@ class Accelerator:
         With ``even_batches`` given, the dataloaders prepared before the context use it for its
         duration (set on their batch samplers) and get their own value back on exit; loaders over
         iterable datasets cannot change it and are left alone with a warning.
+
+        Example:
+            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+            ...     for batch, target in dataloader:
+            ...         accelerator.backward(model(batch).sum())
         """
         overridden = override_even_batches(self._registry.dataloaders, even_batches)
         try:
@@ -608,7 +662,12 @@ class Accelerator:
     def unscale_gradients(
         self, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None
     ) -> None:
-        """Divide gradients by the fp16 loss scale (a no-op in other precisions)."""
+        """Divide gradients by the fp16 loss scale (a no-op in other precisions).
+
+        Example:
+            >>> accelerator.backward(model(torch.randn(2, 4)).sum())
+            >>> accelerator.unscale_gradients(optimizer)  # under fp16: the true gradients from here on
+        """
         if self._precision.scaler is None or not self.gradient_state.sync_gradients:
             return
         targets = (
@@ -622,19 +681,35 @@ class Accelerator:
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2
     ) -> torch.Tensor:
-        """Clip the gradient norm (unscaling fp16 gradients first); return the norm before clipping."""
+        """Clip the gradient norm (unscaling fp16 gradients first); return the norm before clipping.
+
+        Example:
+            >>> accelerator.backward(model(torch.randn(2, 4)).sum())
+            >>> if accelerator.sync_gradients:
+            ...     norm = accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        """
         self.unscale_gradients()
         return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
-        """Clamp gradients into ``[-clip_value, clip_value]`` (unscaling fp16 gradients first)."""
+        """Clamp gradients into ``[-clip_value, clip_value]`` (unscaling fp16 gradients first).
+
+        Example:
+            >>> accelerator.backward(model(torch.randn(2, 4)).sum())
+            >>> accelerator.clip_grad_value_(model.parameters(), clip_value=0.5)
+        """
         self.unscale_gradients()
         self._strategy.clip_grad_value_(parameters, clip_value)
 
     def autocast(
         self, autocast_handler: AutocastKwargs | None = None
     ) -> contextlib.AbstractContextManager[None]:
-        """Context running its block in the mixed precision (an ``AutocastKwargs`` may tune it)."""
+        """Context running its block in the mixed precision (an ``AutocastKwargs`` may tune it).
+
+        Example:
+            >>> with accelerator.autocast():
+            ...     out = model(torch.randn(2, 4))  # in the mixed precision, if any
+        """
         handler = autocast_handler or self.autocast_handler
         if handler is None:
             return self._precision.autocast()
@@ -645,6 +720,10 @@ class Accelerator:
 
         Raises:
             ValueError: no prepared optimizer is a LOMO optimizer.
+
+        Example:
+            >>> # with an optimizer from the lomo-optim package: lomo_optim.Lomo(model, lr=1e-3)
+            >>> accelerator.lomo_backward(loss, learning_rate=1e-3)  # doctest: +SKIP
         """
         for opt in self._registry.optimizers:
             fused_backward = getattr(opt.optimizer, "fused_backward", None)
@@ -668,6 +747,11 @@ class Accelerator:
 
         Raises:
             ValueError: ``cp_size > 1`` on a device other than CUDA (the message says why and the fix).
+
+        Example:
+            >>> inputs = torch.randn(2, 16, 4)  # (batch, sequence, features)
+            >>> with accelerator.maybe_context_parallel(buffers=[inputs], buffer_seq_dims=[1]):
+            ...     out = model(inputs)
         """
         return self._strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
@@ -692,6 +776,11 @@ class Accelerator:
         """Drop references to every prepared object, collect garbage and empty device caches.
 
         Returns ``objects`` replaced by Nones, to rebind: ``model, opt = accelerator.free_memory(model, opt)``.
+
+        Example:
+            >>> model, optimizer = accelerator.free_memory(model, optimizer)
+            >>> model is None
+            True
         """
         self._registry.clear()
         self.step = 0
@@ -704,7 +793,11 @@ class Accelerator:
         return [None for _ in objects]
 
     def clear(self, *objects: object) -> list[None]:
-        """Alias of ``free_memory``."""
+        """Alias of ``free_memory``.
+
+        Example:
+            >>> model, optimizer = accelerator.clear(model, optimizer)
+        """
         return self.free_memory(*objects)
 
     # ------------------------------------------------------------ collectives
@@ -727,7 +820,15 @@ class Accelerator:
     @overload
     def on_main_process(self, function: None = None) -> Callable[[F], F]: ...
     def on_main_process(self, function: F | None = None) -> F | Callable[[F], F]:
-        """Decorator: run only on the main process (bare, called, or unbound on the class)."""
+        """Decorator: run only on the main process (bare, called, or unbound on the class).
+
+        Example:
+            >>> @accelerator.on_main_process
+            ... def report(message):
+            ...     print(message)
+            >>> report("once per job")
+            once per job
+        """
         return _filter(self, function, "on_main_process")
 
     @overload
@@ -735,7 +836,15 @@ class Accelerator:
     @overload
     def on_local_main_process(self, function: None = None) -> Callable[[F], F]: ...
     def on_local_main_process(self, function: F | None = None) -> F | Callable[[F], F]:
-        """Decorator: run only on each machine's first process (bare, called, or unbound)."""
+        """Decorator: run only on each machine's first process (bare, called, or unbound).
+
+        Example:
+            >>> @accelerator.on_local_main_process
+            ... def report(message):
+            ...     print(message)
+            >>> report("once per machine")
+            once per machine
+        """
         return _filter(self, function, "on_local_main_process")
 
     @overload
@@ -743,7 +852,15 @@ class Accelerator:
     @overload
     def on_last_process(self, function: None = None) -> Callable[[F], F]: ...
     def on_last_process(self, function: F | None = None) -> F | Callable[[F], F]:
-        """Decorator: run only on the last process (bare, called, or unbound)."""
+        """Decorator: run only on the last process (bare, called, or unbound).
+
+        Example:
+            >>> @accelerator.on_last_process
+            ... def report(message):
+            ...     print(message)
+            >>> report("only on the last process")
+            only on the last process
+        """
         return _filter(self, function, "on_last_process")
 
     @overload
@@ -751,7 +868,15 @@ class Accelerator:
     @overload
     def on_process(self, function: None = None, process_index: int | None = None) -> Callable[[F], F]: ...
     def on_process(self, function: F | None = None, process_index: int | None = None) -> F | Callable[[F], F]:
-        """Decorator: run only on process ``process_index`` (``@accelerator.on_process(process_index=1)``)."""
+        """Decorator: run only on process ``process_index`` (``@accelerator.on_process(process_index=1)``).
+
+        Example:
+            >>> @accelerator.on_process(process_index=0)
+            ... def report(message):
+            ...     print(message)
+            >>> report("only on process 0")
+            only on process 0
+        """
         return _filter(self, function, "on_process", process_index=process_index)
 
     @overload
@@ -763,7 +888,15 @@ class Accelerator:
     def on_local_process(
         self, function: F | None = None, local_process_index: int | None = None
     ) -> F | Callable[[F], F]:
-        """Decorator: run only on local process ``local_process_index``."""
+        """Decorator: run only on local process ``local_process_index``.
+
+        Example:
+            >>> @accelerator.on_local_process(local_process_index=0)
+            ... def report(message):
+            ...     print(message)
+            >>> report("on each machine's process 0")
+            on each machine's process 0
+        """
         return _filter(self, function, "on_local_process", local_process_index=local_process_index)
 
     # ----------------------------------------------------------- checkpoints

@@ -23,13 +23,13 @@ from accelerando.core.gradient_state import GradientState
 from accelerando.core.runtime import Plugins
 from accelerando.facade.checkpoint_service import CheckpointService
 from accelerando.facade.collectives import Collectives
+from accelerando.facade.context import ServiceContext
 from accelerando.facade.observing import Observability
 from accelerando.facade.options import AcceleratorOptions
 from accelerando.facade.preparer import Preparer
 from accelerando.facade.registry import PreparedObjects
 from accelerando.facade.topology import MeshRanks
 from accelerando.optimizer import AcceleratedOptimizer
-from accelerando.plugins.dynamo import TorchDynamoPlugin
 from accelerando.plugins.project import ProjectConfiguration
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
@@ -80,19 +80,29 @@ def _options(tmp_path: Path | None = None) -> AcceleratorOptions:
     return AcceleratorOptions(dataloader_config=DataLoaderConfiguration(), project_configuration=project)
 
 
-def _preparer(
-    registry: PreparedObjects, strategy: Strategy, runtime: Any, gradients: GradientState
-) -> Preparer:
-    return Preparer(
-        registry,
-        strategy,
-        runtime.precision,
-        AcceleratorState(),
-        gradients,
-        _options(),
-        TorchDynamoPlugin(),
-        lambda: False,
+def _context(
+    built: connector.Built,
+    registry: PreparedObjects | None = None,
+    strategy: Strategy | None = None,
+    options: AcceleratorOptions | None = None,
+    gradients: GradientState | None = None,
+) -> ServiceContext:
+    """The services record an Accelerator builds in ``_compose``, built here from its parts."""
+    return ServiceContext(
+        runtime=built.runtime,
+        strategy=strategy or built.strategy,
+        precision=built.precision,
+        state=AcceleratorState(),
+        gradient_state=gradients or GradientState(),
+        options=options or _options(),
+        registry=registry if registry is not None else PreparedObjects(),
     )
+
+
+def _preparer(
+    registry: PreparedObjects, strategy: Strategy, built: connector.Built, gradients: GradientState
+) -> Preparer:
+    return Preparer(_context(built, registry, strategy, gradients=gradients), lambda: False)
 
 
 def _tiny() -> tuple[nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader, Any]:
@@ -187,8 +197,7 @@ def test_prepared_optimizer_steps_bit_for_bit_like_plain_pytorch_and_calls_the_r
 
 
 def test_collectives_alone_gather_and_trigger_on_one_process() -> None:
-    _runtime()
-    collectives = Collectives(AcceleratorState(), GradientState(), _options())
+    collectives = Collectives(_context(_runtime()))
     tensor = torch.arange(4.0)
     assert torch.equal(collectives.gather(tensor), tensor)
     assert torch.equal(collectives.reduce(tensor, "sum"), tensor)
@@ -199,13 +208,9 @@ def test_collectives_alone_gather_and_trigger_on_one_process() -> None:
 
 
 def test_checkpoint_service_alone_saves_and_restores_a_tiny_model(tmp_path: Path) -> None:
-    runtime = _runtime()
-    state, registry, owner, options = AcceleratorState(), PreparedObjects(), _Owner(), _options(tmp_path)
-    observability = Observability(state, options, registry)
-    service = CheckpointService(
-        owner, registry, runtime.strategy, runtime.precision, state, GradientState(), runtime.runtime.settings, options,
-        observability,
-    )  # fmt: skip
+    registry, owner = PreparedObjects(), _Owner()
+    context = _context(_runtime(), registry, options=_options(tmp_path))
+    service = CheckpointService(context, owner, Observability(context))
     model = nn.Linear(3, 1)
     registry.models.append(model)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
@@ -222,9 +227,8 @@ def test_checkpoint_service_alone_saves_and_restores_a_tiny_model(tmp_path: Path
 def test_observability_alone_logs_nothing_without_trackers_and_hooks_the_memory_monitor(
     tmp_path: Path,
 ) -> None:
-    _runtime()
     registry = PreparedObjects()
-    observability = Observability(AcceleratorState(), _options(tmp_path), registry)
+    observability = Observability(_context(_runtime(), registry, options=_options(tmp_path)))
     observability.log({"loss": 1.0})  # no tracker: a no-op
     assert observability.trackers == []
     monitor = observability.enable_memory_monitor(window=3, plot=False)
@@ -234,8 +238,7 @@ def test_observability_alone_logs_nothing_without_trackers_and_hooks_the_memory_
 
 
 def test_mesh_ranks_alone_without_a_mesh() -> None:
-    _runtime()
-    ranks = MeshRanks(AcceleratorState(), None)
+    ranks = MeshRanks(_context(_runtime()))
     assert ranks.tensor_parallel_rank == ranks.pipeline_parallel_rank == ranks.context_parallel_rank == 0
     assert ranks.data_parallel_rank == 0 and ranks.data_parallel_shard_rank == 0
     assert ranks.should_save_model is True

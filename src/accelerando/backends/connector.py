@@ -57,6 +57,7 @@ __all__ = [
     "code_handlers",
     "decide",
     "is_multi_device",
+    "join_live_state",
     "normalise_deepspeed_plugins",
     "process_distributed_type",
     "resolve_settings",
@@ -279,6 +280,35 @@ def resolve_settings(code: Mapping[str, object] | None = None) -> Settings:
         ValueError: a value that is not allowed (the message names the setting, its source and the fix).
     """
     return resolve_runtime_settings(code=code)
+
+
+def join_live_state(code: Mapping[str, object]) -> dict[str, object]:
+    """The code settings of a new Accelerator, agreed with the process-wide state already in effect.
+
+    As in the reference, a process has one mixed-precision mode until
+    ``AcceleratorState._reset_state()``: while an earlier Accelerator's Runtime is the active one,
+    a new Accelerator that leaves ``mixed_precision`` unset takes that mode, and one that asks for
+    another is refused (each Accelerator then answers from its own Runtime, which is why the process
+    view, free functions and transformers stay consistent with every live Accelerator).
+
+    Raises:
+        ValueError: ``mixed_precision`` differs from the mode in effect (the reference's message,
+            with the mode in effect and how to change it).
+    """
+    live = rt.current()
+    if live is None:
+        return dict(code)
+    held, wanted = live.mixed_precision, code.get("mixed_precision")
+    if wanted is None:
+        return {**code, "mixed_precision": held}
+    if str(wanted).lower() != held:
+        raise ValueError(
+            "AcceleratorState has already been initialized and cannot be changed, restart your runtime "
+            f"completely and pass `mixed_precision='{wanted}'` to `Accelerator()`. (The Accelerator "
+            f"already built in this process uses mixed_precision={held!r}; to build one with another "
+            "mode in the same process, call AcceleratorState._reset_state() first.)"
+        )
+    return dict(code)
 
 
 # ------------------------------------------------------------------------------------ step 4

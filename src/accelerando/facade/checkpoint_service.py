@@ -15,13 +15,10 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 import accelerando.common as common
-from accelerando.backends.precision.base import Precision
 from accelerando.backends.strategies.base import Strategy
-from accelerando.core.gradient_state import GradientState
-from accelerando.core.records import record
+from accelerando.facade.context import ServiceContext
 from accelerando.facade.observing import Observability
-from accelerando.facade.options import AcceleratorOptions
-from accelerando.facade.registry import PreparedObjects, Stateful
+from accelerando.facade.registry import Stateful
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState
@@ -32,27 +29,13 @@ if TYPE_CHECKING:
     from accelerando.core.settings import Settings
     from accelerando.plugins.project import ProjectConfiguration
 
-__all__ = ["AcceleratorCheckpointTarget", "CheckpointParts", "CheckpointService", "StepOwner"]
+__all__ = ["AcceleratorCheckpointTarget", "CheckpointService", "StepOwner"]
 
 
 class StepOwner(Protocol):
     """The object the user holds (the Accelerator): checkpoints are kept per owner, and it counts micro-steps."""
 
     step: int
-
-
-@record
-class CheckpointParts:
-    """The objects a checkpoint reads, shared by the service and its target (neither links to the other)."""
-
-    registry: PreparedObjects
-    strategy: Strategy
-    precision: Precision
-    state: AcceleratorState
-    gradient_state: GradientState
-    settings: Settings
-    options: AcceleratorOptions
-    observability: Observability
 
 
 class AcceleratorCheckpointTarget:
@@ -62,12 +45,13 @@ class AcceleratorCheckpointTarget:
     hold them. Only ``owner`` and ``step`` reach back to the Accelerator, through a weak reference.
     """
 
-    def __init__(self, owner: StepOwner, parts: CheckpointParts) -> None:
+    def __init__(self, owner: StepOwner, context: ServiceContext, observability: Observability) -> None:
         # Weak: the Accelerator holds this target, so a strong link back would keep both alive
-        # after the user drops the Accelerator (until a garbage collection). The parts hold no link
+        # after the user drops the Accelerator (until a garbage collection). The context holds no link
         # back either: a dropped Accelerator frees its prepared objects at once, without a gc pass.
         self._owner: Callable[[], StepOwner | None] = weakref.ref(owner)
-        self._parts = parts
+        self._context = context
+        self._observability = observability
         self.warned_shared_fs = False
 
     def __getstate__(self) -> dict[str, object]:
@@ -97,67 +81,67 @@ class AcceleratorCheckpointTarget:
     @property
     def models(self) -> list[torch.nn.Module]:
         """The prepared models."""
-        return list(self._parts.registry.models)
+        return list(self._context.registry.models)
 
     @property
     def optimizers(self) -> list[AcceleratedOptimizer]:
         """The prepared optimizers."""
-        return list(self._parts.registry.optimizers)
+        return list(self._context.registry.optimizers)
 
     @property
     def schedulers(self) -> list[AcceleratedScheduler]:
         """The prepared schedulers."""
-        return list(self._parts.registry.schedulers)
+        return list(self._context.registry.schedulers)
 
     @property
     def dataloaders(self) -> list[torch.utils.data.DataLoader]:
         """The prepared dataloaders."""
-        return list(self._parts.registry.dataloaders)
+        return list(self._context.registry.dataloaders)
 
     @property
     def custom_objects(self) -> list[Stateful]:
         """The objects registered for checkpointing."""
-        return list(self._parts.registry.custom_objects)
+        return list(self._context.registry.custom_objects)
 
     @property
     def save_hooks(self) -> list[Callable[..., None]]:
         """The save_state pre-hooks."""
-        return list(self._parts.registry.save_hooks.values())
+        return list(self._context.registry.save_hooks.values())
 
     @property
     def load_hooks(self) -> list[Callable[..., None]]:
         """The load_state pre-hooks."""
-        return list(self._parts.registry.load_hooks.values())
+        return list(self._context.registry.load_hooks.values())
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         """The fp16 GradScaler, or None."""
-        return self._parts.precision.scaler
+        return self._context.precision.scaler
 
     @property
     def strategy(self) -> Strategy:
         """The strategy and its checkpoint hooks."""
-        return self._parts.strategy
+        return self._context.strategy
 
     @property
     def state(self) -> AcceleratorState:
         """The process view."""
-        return self._parts.state
+        return self._context.state
 
     @property
     def settings(self) -> Settings:
         """The resolved settings."""
-        return self._parts.settings
+        return self._context.settings
 
     @property
     def sync_gradients(self) -> bool:
         """False in the middle of an accumulation cycle."""
-        return self._parts.gradient_state.sync_gradients
+        return self._context.gradient_state.sync_gradients
 
     @property
     def project_configuration(self) -> ProjectConfiguration:
         """Folders, rotation and iteration."""
-        return self._parts.options.project_configuration
+        return self._context.options.project_configuration
 
     @property
     def step(self) -> int:
@@ -170,27 +154,25 @@ class AcceleratorCheckpointTarget:
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict of ``model``, as ``Accelerator.get_state_dict`` gives it."""
-        return self._parts.strategy.model_state_dict(model)
+        return self._context.strategy.model_state_dict(model)
 
     def log_checkpoint(self, path: str, size: int) -> None:
         """Report a written checkpoint to the trackers, only with the ``log_checkpoint_metrics`` setting."""
-        if getattr(self._parts.settings, "log_checkpoint_metrics", False):
-            self._parts.observability.log_checkpoint(path, size)
+        if getattr(self._context.settings, "log_checkpoint_metrics", False):
+            self._observability.log_checkpoint(path, size)
 
 
 class CheckpointService:
     """Saves and restores the training of one Accelerator.
 
     Args:
-        owner: the object the user holds (the Accelerator): resume points, pending asynchronous
-            saves and project locks are kept per owner; its ``step`` is saved and restored.
-        registry: the prepared and registered objects, and the save/load hooks.
-        strategy: gathers sharded state dicts and writes/reads its own checkpoint files.
-        precision: the precision in effect (its fp16 GradScaler is saved).
-        state: the process view.
-        gradient_state: whether the run is mid accumulation.
-        settings: the resolved settings (checksum verification...).
-        options: the shared options (the project configuration).
+        context: the Accelerator's shared services record: the registry (prepared and registered
+            objects, the save/load hooks), the strategy (gathers sharded state dicts, writes and
+            reads its own checkpoint files), the precision (its fp16 GradScaler is saved), the
+            process view, the accumulation state, the settings (checksum verification...) and the
+            options (the project configuration).
+        owner: the object the user holds (the Accelerator): its ``step`` is saved and restored,
+            and its lifetime bounds the project locks this service takes.
         observability: told about each written checkpoint (trackers).
 
     Attributes:
@@ -198,30 +180,14 @@ class CheckpointService:
         resumed_from: the checkpoint ``auto_resume`` loaded, or None.
     """
 
-    def __init__(
-        self,
-        owner: StepOwner,
-        registry: PreparedObjects,
-        strategy: Strategy,
-        precision: Precision,
-        state: AcceleratorState,
-        gradient_state: GradientState,
-        settings: Settings,
-        options: AcceleratorOptions,
-        observability: Observability,
-    ) -> None:
-        self.registry = registry
-        self.strategy = strategy
-        self.precision = precision
-        self.state = state
-        self.gradient_state = gradient_state
-        self.settings = settings
-        self.options = options
-        self.observability = observability
-        parts = CheckpointParts(
-            registry, strategy, precision, state, gradient_state, settings, options, observability
-        )
-        self.target = AcceleratorCheckpointTarget(owner, parts)
+    def __init__(self, context: ServiceContext, owner: StepOwner, observability: Observability) -> None:
+        self.context = context
+        self.registry = context.registry
+        self.strategy = context.strategy
+        self.state = context.state
+        self.settings = context.settings
+        self.options = context.options
+        self.target = AcceleratorCheckpointTarget(owner, context, observability)
         # The target's ``step`` is a read/write property over the owner's counter; the protocol
         # declares it as a plain attribute, which pyright does not match with a property.
         self._target = cast("CheckpointTarget", self.target)
@@ -236,13 +202,22 @@ class CheckpointService:
         """Return the full state dict of ``model`` (gathered from shards by strategies that shard).
 
         With ``unwrap=False`` the wrapper's own keys are kept (e.g. ``module.`` under DDP).
+
+        Example:
+            >>> state_dict = accelerator.get_state_dict(model)  # on every process (sharded models gather)
+            >>> sorted(state_dict)
+            ['bias', 'weight']
         """
         if not unwrap:
             return model.state_dict()
         return self.strategy.model_state_dict(model)
 
     def save(self, obj: object, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``)."""
+        """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``).
+
+        Example:
+            >>> accelerator.save({"epoch": 3}, "extra_state.pt")  # written by one process
+        """
         # Through the package attribute: serialization loads on the first save, not with the Accelerator.
         common.serialization.save(
             obj,
@@ -265,6 +240,9 @@ class CheckpointService:
 
         Raises:
             ValueError: ``save_directory`` is a file.
+
+        Example:
+            >>> accelerator.save_model(model, "exported")  # exported/model.safetensors
         """
         from accelerando.backends.model_io import write_model_weights
 
@@ -289,6 +267,16 @@ class CheckpointService:
             FileNotFoundError: after an automatic resume, the checkpoint has no state for a newly
                 registered object (it was saved with fewer objects); the message says how to order calls.
             CheckpointError: after an automatic resume, that state's file is damaged or unsafe.
+
+        Example:
+            >>> class StepCounter:
+            ...     def __init__(self):
+            ...         self.steps = 0
+            ...     def state_dict(self):
+            ...         return {"steps": self.steps}
+            ...     def load_state_dict(self, state):
+            ...         self.steps = state["steps"]
+            >>> accelerator.register_for_checkpointing(StepCounter())  # saved and restored with the state
         """
         bad = [
             f"\t- Item at index {i}, `{type(o).__name__}`"
@@ -315,13 +303,26 @@ class CheckpointService:
 
         The hook may edit ``weights`` (or empty ``models``) to save models its own way.
         Returns a handle whose ``remove()`` unregisters it.
+
+        Example:
+            >>> def before_save(models, weights, output_dir):
+            ...     print(f"saving {len(weights)} model(s)")
+            >>> handle = accelerator.register_save_state_pre_hook(before_save)
+            >>> handle.remove()
         """
         handle = RemovableHandle(self.registry.save_hooks)
         self.registry.save_hooks[handle.id] = hook
         return handle
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Register ``hook(models, input_dir)`` to run before ``load_state`` loads models."""
+        """Register ``hook(models, input_dir)`` to run before ``load_state`` loads models.
+
+        Example:
+            >>> def before_load(models, input_dir):
+            ...     print(f"loading {len(models)} model(s)")
+            >>> handle = accelerator.register_load_state_pre_hook(before_load)
+            >>> handle.remove()
+        """
         handle = RemovableHandle(self.registry.load_hooks)
         self.registry.load_hooks[handle.id] = hook
         return handle
@@ -334,6 +335,10 @@ class CheckpointService:
         See ``accelerando.checkpointing.save_state`` for what is saved and the commit protocol. With
         ``async_save=True`` (or ``ProjectConfiguration(async_save=True)``) it returns once the state is
         copied to host memory, with a handle whose ``result()`` waits for the commit and returns the path.
+
+        Example:
+            >>> path = accelerator.save_state("checkpoint")  # models, optimizers, schedulers, RNG states
+            >>> # later, or in a new run: accelerator.load_state("checkpoint")
         """
         from accelerando.checkpointing import save_state
 
@@ -358,6 +363,10 @@ class CheckpointService:
 
         Raises:
             See ``accelerando.checkpointing.load_state`` (missing or damaged checkpoints, bad ``load_kwargs``).
+
+        Example:
+            >>> path = accelerator.save_state("checkpoint")
+            >>> accelerator.load_state("checkpoint")  # model, optimizer, RNG states as they were saved
         """
         from accelerando.checkpointing import load_state
         from accelerando.checkpointing.async_save import wait_pending

@@ -10,9 +10,8 @@ from typing import TypeVar, cast
 import torch
 
 import accelerando.common as common
-from accelerando.core.gradient_state import GradientState
-from accelerando.facade.options import AcceleratorOptions
-from accelerando.state import AcceleratorState, PartialState
+from accelerando.facade.context import ServiceContext
+from accelerando.state import PartialState
 
 __all__ = ["Collectives", "process_filter"]
 
@@ -77,20 +76,19 @@ class Collectives:
     """gather / reduce / padding / triggers / process-ordering contexts of one Accelerator.
 
     Args:
-        state: the process view (device, mesh, process group).
-        gradient_state: tells ``gather_for_metrics`` where the last batch of a dataloader ends.
-        options: the shared options (``dataloader_config.even_batches``).
+        context: the Accelerator's shared services record: the process view (device, process
+            group), the mesh (``gather_for_metrics`` counts each batch once), the accumulation state
+            (where the last batch of a dataloader ends) and the options (``even_batches``).
 
     Attributes:
         flag_tensor: the flag ``set_trigger`` raised on this process, or None.
     """
 
-    def __init__(
-        self, state: AcceleratorState, gradient_state: GradientState, options: AcceleratorOptions
-    ) -> None:
-        self.state = state
-        self.gradient_state = gradient_state
-        self.options = options
+    def __init__(self, context: ServiceContext) -> None:
+        self.context = context
+        self.state = context.state
+        self.gradient_state = context.gradient_state
+        self.options = context.options
         self.flag_tensor: torch.Tensor | None = None
 
     def gather(self, tensor: _Data) -> _Data:
@@ -98,6 +96,10 @@ class Collectives:
 
         Raises:
             ValueError: shapes differ across processes (use ``pad_across_processes`` first).
+
+        Example:
+            >>> accelerator.gather(torch.tensor([accelerator.process_index]))  # on 2 processes: tensor([0, 1])
+            tensor([0])
         """
         return cast(_Data, common.operations.gather(tensor))
 
@@ -115,9 +117,17 @@ class Collectives:
         tensor anywhere in it (a token count, a mean loss), or an object that cannot be sliced.
         With a device mesh, ranks that differ only along tensor/context axes read the same batches:
         only the first of them contributes, so no sample is counted twice.
+
+        Example:
+            >>> predictions = []
+            >>> with torch.no_grad():
+            ...     for batch, target in dataloader:
+            ...         predictions.append(accelerator.gather_for_metrics(model(batch)))
+            >>> len(torch.cat(predictions))  # one row per sample of the dataset, on any number of processes
+            8
         """
         use_object = use_gather_object or not _all_tensors(input_data)
-        copies, first_copy = _batch_copies(self.state.device_mesh)
+        copies, first_copy = _batch_copies(self.context.mesh)
         if copies > 1 and not first_copy and (use_object or not _has_scalar(input_data)):
             input_data = cast(
                 _Data, [] if use_object else common.operations.recursively_apply(lambda t: t[:0], input_data)
@@ -150,13 +160,24 @@ class Collectives:
         return common.operations.recursively_apply(pick, padded)
 
     def reduce(self, tensor: _Data, reduction: str = "sum", scale: float = 1.0) -> _Data:
-        """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``."""
+        """Reduce ``tensor`` across processes ("sum", "mean" or None), times ``scale``.
+
+        Example:
+            >>> accelerator.reduce(torch.tensor([1.0, 2.0]), reduction="sum")  # on 2 processes: tensor([2., 4.])
+            tensor([1., 2.])
+        """
         return cast(_Data, common.operations.reduce(tensor, reduction, scale))
 
     def pad_across_processes(
         self, tensor: _Data, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> _Data:
-        """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered."""
+        """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered.
+
+        Example:
+            >>> lengths = torch.ones(accelerator.process_index + 2)  # 2 and 3 items on 2 processes
+            >>> accelerator.pad_across_processes(lengths).shape  # on 2 processes: torch.Size([3]) on each
+            torch.Size([2])
+        """
         return cast(
             _Data,
             common.operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first),
@@ -165,19 +186,44 @@ class Collectives:
     def split_between_processes(
         self, inputs: _Data, apply_padding: bool = False
     ) -> contextlib.AbstractContextManager[_Data]:
-        """Context manager yielding this process's share of ``inputs`` (see ``PartialState``)."""
+        """Context manager yielding this process's share of ``inputs`` (see ``PartialState``).
+
+        Example:
+            >>> with accelerator.split_between_processes(["a", "b", "c"]) as mine:
+            ...     print(mine)  # on 2 processes: ['a', 'b'] on process 0, ['c'] on process 1
+            ['a', 'b', 'c']
+        """
         return self.state._partial.split_between_processes(inputs, apply_padding=apply_padding)
 
     def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
+        """Block until every process reaches this point.
+
+        Example:
+            >>> accelerator.wait_for_everyone()  # e.g. before the main process reads what every process wrote
+        """
         self.state._partial.wait_for_everyone()
 
     def set_trigger(self) -> None:
-        """Raise a flag on this process; ``check_trigger`` on every process then sees it."""
+        """Raise a flag on this process; ``check_trigger`` on every process then sees it.
+
+        Example:
+            >>> accelerator.set_trigger()  # e.g. when this process's loss became NaN
+            >>> accelerator.check_trigger()  # every process sees it, and the flag is reset
+            True
+        """
         self.flag_tensor = torch.ones(1, device=self.state.device)
 
     def check_trigger(self) -> bool:
-        """Return True on every process when any process called ``set_trigger``; resets the flag."""
+        """Return True on every process when any process called ``set_trigger``; resets the flag.
+
+        Example:
+            >>> loss = torch.tensor(float("nan"))
+            >>> if torch.isnan(loss):
+            ...     accelerator.set_trigger()
+            >>> if accelerator.check_trigger():  # True on every process
+            ...     print("stopping early")
+            stopping early
+        """
         flag = self.flag_tensor
         if flag is None:
             flag = torch.zeros(1, device=self.state.device)
@@ -186,15 +232,30 @@ class Collectives:
         return bool(total.item() >= 1)
 
     def print(self, *args: object, **kwargs: object) -> None:
-        """``print`` once per machine."""
+        """``print`` once per machine.
+
+        Example:
+            >>> accelerator.print("epoch 1 done")  # once, not once per process
+            epoch 1 done
+        """
         self.state._partial.print(*args, **kwargs)
 
     def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Context: the main process runs the block before the others."""
+        """Context: the main process runs the block before the others.
+
+        Example:
+            >>> with accelerator.main_process_first():
+            ...     data = list(range(8))  # e.g. preprocess once, the others then read the cache
+        """
         return self.state._partial.main_process_first()
 
     def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Context: each machine's first process runs the block before the others."""
+        """Context: each machine's first process runs the block before the others.
+
+        Example:
+            >>> with accelerator.local_main_process_first():
+            ...     data = list(range(8))  # e.g. download and cache a dataset once per machine
+        """
         return self.state._partial.local_main_process_first()
 
 

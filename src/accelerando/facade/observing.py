@@ -7,9 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from accelerando.facade.options import AcceleratorOptions
-from accelerando.facade.registry import PreparedObjects
-from accelerando.state import AcceleratorState
+from accelerando.facade.context import ServiceContext
 
 if TYPE_CHECKING:
     import torch
@@ -25,24 +23,19 @@ class Observability:
     """init_trackers / log / get_tracker / end_training / memory monitor / profile.
 
     Args:
-        state: the process view (process index, waiting for every process).
-        options: the shared options (the project configuration's folders).
-        registry: the prepared optimizers, which the memory monitor samples after each step.
+        context: the Accelerator's shared services record: the process view (process index,
+            waiting for every process), the options (the project configuration's folders) and the
+            registry (the prepared optimizers, which the memory monitor samples after each step).
         log_with: tracker name(s), ``GeneralTracker`` instance(s) or "all"; None for no trackers.
         profile_handler: the ``ProfileKwargs`` given in code, or None.
     """
 
     def __init__(
-        self,
-        state: AcceleratorState,
-        options: AcceleratorOptions,
-        registry: PreparedObjects,
-        log_with: object = None,
-        profile_handler: ProfileKwargs | None = None,
+        self, context: ServiceContext, log_with: object = None, profile_handler: ProfileKwargs | None = None
     ) -> None:
-        self.state = state
-        self.options = options
-        self.registry = registry
+        self.state = context.state
+        self.options = context.options
+        self.registry = context.registry
         self.log_with = log_with
         self.profile_handler = profile_handler
         self.tracking: TrackingManager | None = None
@@ -70,6 +63,10 @@ class Observability:
     ) -> None:
         """Start a run named ``project_name`` in every tracker of ``log_with`` (main process only,
         unless a tracker says otherwise), storing ``config`` as hyperparameters.
+
+        Example:
+            >>> # with Accelerator(log_with="tensorboard", project_dir="runs")
+            >>> accelerator.init_trackers("my_project", config={"learning_rate": 1e-3})
         """
         self._tracking_manager().init(project_name, config, init_kwargs)
 
@@ -81,7 +78,11 @@ class Observability:
         *,
         reduce: str | None = None,
     ) -> None:
-        """Log ``values`` at ``step`` to every tracker (``reduce="mean"|"sum"|"max"`` aggregates across processes first)."""
+        """Log ``values`` at ``step`` to every tracker (``reduce="mean"|"sum"|"max"`` aggregates across processes first).
+
+        Example:
+            >>> accelerator.log({"train_loss": 0.25, "learning_rate": 1e-3}, step=10)
+        """
         if self.tracking is None:
             return
         self.tracking.log(values, step, log_kwargs, reduce=reduce)
@@ -128,6 +129,10 @@ class Observability:
         warning; ``end_training()`` writes ``memory_rank<k>.json`` (and a PNG timeline with
         matplotlib) into ``output_dir`` (default ``<project_dir>/memory`` when a project dir is set).
         Extra keyword arguments go to ``accelerando.backends.monitoring.MemoryMonitor``. Returns the monitor.
+
+        Example:
+            >>> monitor = accelerator.enable_memory_monitor(window=20)
+            >>> # ... training steps; accelerator.end_training() then writes the report
         """
         from accelerando.backends.monitoring.monitor import MemoryMonitor
 
@@ -142,7 +147,11 @@ class Observability:
         return monitor
 
     def end_training(self) -> None:
-        """Finish every tracker's run, stop the memory monitor, and wait for all processes."""
+        """Finish every tracker's run, stop the memory monitor, and wait for all processes.
+
+        Example:
+            >>> accelerator.end_training()  # after the last step, on every process
+        """
         monitor = self.memory_monitor
         if monitor is not None:
             monitor.stop()
@@ -157,6 +166,11 @@ class Observability:
         """Profile the block with torch.profiler (options from a ``ProfileKwargs``); yields the profiler.
 
         With ``output_trace_dir`` set, each process writes a Chrome trace there on exit.
+
+        Example:
+            >>> with accelerator.profile() as profiler:
+            ...     out = model(torch.randn(2, 4))
+            >>> table = profiler.key_averages().table(row_limit=5)
         """
         from accelerando.backends.monitoring.profiling import profile_context
         from accelerando.plugins.kwargs import ProfileKwargs

@@ -13,16 +13,12 @@ from typing import cast
 
 import torch
 
-from accelerando.backends.precision.base import Precision
-from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
-from accelerando.core.gradient_state import GradientState
+from accelerando.backends.strategies.base import Prepared, PrepareRequest
 from accelerando.core.settings import environment_setting
-from accelerando.facade.options import AcceleratorOptions
-from accelerando.facade.registry import PreparedObjects
+from accelerando.facade.context import ServiceContext
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.plugins.dynamo import TorchDynamoPlugin
 from accelerando.scheduler import AcceleratedScheduler
-from accelerando.state import AcceleratorState
 
 __all__ = ["Preparer", "kind_of", "mark_prepared", "verify_device_map"]
 
@@ -75,13 +71,10 @@ class Preparer:
     """Prepares objects for one Accelerator and registers them.
 
     Args:
-        registry: where prepared objects are registered.
-        strategy: wraps models and optimizers (``prepare_all`` / ``prepare_model`` / ``prepare_optimizer``).
-        precision: converts models (and, for MS-AMP, model and optimizer together).
-        state: the process view (device, process index and count, mesh).
-        gradient_state: holds the accumulation steps (a strategy may fix them).
-        options: the Accelerator's shared options (dataloader config, device placement, RNGs...).
-        dynamo_plugin: compiles prepared models when enabled.
+        context: the Accelerator's shared services record: the registry where prepared objects are
+            registered, the strategy that wraps models and optimizers, the precision that converts
+            models, the process view, the accumulation state (a strategy may fix its steps), the
+            shared options and the Runtime (mesh, plugins: ``dynamo`` compiles prepared models).
         quantized_offload_on_cpu: whether bitsandbytes can run an 8/4-bit model offloaded to the CPU.
 
     Attributes:
@@ -89,24 +82,15 @@ class Preparer:
             (automatic resume), or None.
     """
 
-    def __init__(
-        self,
-        registry: PreparedObjects,
-        strategy: Strategy,
-        precision: Precision,
-        state: AcceleratorState,
-        gradient_state: GradientState,
-        options: AcceleratorOptions,
-        dynamo_plugin: TorchDynamoPlugin,
-        quantized_offload_on_cpu: Callable[[], bool],
-    ) -> None:
-        self.registry = registry
-        self.strategy = strategy
-        self.precision = precision
-        self.state = state
-        self.gradient_state = gradient_state
-        self.options = options
-        self.dynamo_plugin = dynamo_plugin
+    def __init__(self, context: ServiceContext, quantized_offload_on_cpu: Callable[[], bool]) -> None:
+        self.context = context
+        self.registry = context.registry
+        self.strategy = context.strategy
+        self.precision = context.precision
+        self.state = context.state
+        self.gradient_state = context.gradient_state
+        self.options = context.options
+        self.dynamo_plugin: TorchDynamoPlugin = context.runtime.plugins.dynamo
         self.quantized_offload_on_cpu = quantized_offload_on_cpu
         self.after_first_prepare: Callable[[], object] | None = None
 
@@ -201,6 +185,9 @@ class Preparer:
                 ``device_map`` (unless the ``bypass_device_map`` setting,
                 ``ACCELERATE_BYPASS_DEVICE_MAP``, is true); an 8/4-bit model offloaded where
                 bitsandbytes cannot train it.
+
+        Example:
+            >>> model = accelerator.prepare_model(torch.nn.Linear(4, 2))
         """
         models = self.registry.models
         if any(model is m for m in models):
@@ -220,7 +207,7 @@ class Preparer:
         )
         if self.dynamo_plugin.enabled:
             # regional compilation when the plugin asks for it, else torch.compile of the whole model
-            model = self.dynamo_plugin.compile(model, self.state.distributed_type)
+            model = self.dynamo_plugin.compile(model, self.context.runtime.distributed_type)
         models[-1] = model
         return model
 
@@ -257,7 +244,11 @@ class Preparer:
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
-        """Wrap ``optimizer`` in an ``AcceleratedOptimizer`` (once; a prepared one comes back as is)."""
+        """Wrap ``optimizer`` in an ``AcceleratedOptimizer`` (once; a prepared one comes back as is).
+
+        Example:
+            >>> optimizer = accelerator.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        """
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         for prepared in self.registry.optimizers:
@@ -280,7 +271,12 @@ class Preparer:
         return wrapped
 
     def prepare_scheduler(self, scheduler: object) -> AcceleratedScheduler:
-        """Wrap ``scheduler`` so it steps with the real optimizer steps."""
+        """Wrap ``scheduler`` so it steps with the real optimizer steps.
+
+        Example:
+            >>> scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+            >>> scheduler = accelerator.prepare_scheduler(scheduler)
+        """
         if isinstance(scheduler, AcceleratedScheduler):
             return scheduler
         for prepared in self.registry.schedulers:
@@ -301,10 +297,10 @@ class Preparer:
 
     def _data_parallel_processes(self) -> int:
         """How many processes read different batches (all of them without a ParallelismConfig)."""
-        mesh = self.state.device_mesh
+        mesh = self.context.mesh
         if mesh is None:
             return self.state.num_processes
-        config = self.state.parallelism_config
+        config = self.context.runtime.plugins.parallelism_config
         if config is not None:
             return int(config.data_parallel_size)
         from accelerando.data_loader.prepare import _data_parallel_layout
@@ -317,7 +313,14 @@ class Preparer:
         device_placement: bool | None = None,
         slice_fn_for_dispatch: Callable[..., object] | None = None,
     ) -> object:
-        """Shard ``data_loader`` across processes and move its batches to the device."""
+        """Shard ``data_loader`` across processes and move its batches to the device.
+
+        Example:
+            >>> from torch.utils.data import DataLoader
+            >>> loader = accelerator.prepare_data_loader(DataLoader(list(range(8)), batch_size=2))
+            >>> len(loader)  # batches per process: 2 on 2 processes
+            4
+        """
         dataloaders = self.registry.dataloaders
         if any(data_loader is d for d in dataloaders):
             return data_loader
@@ -343,7 +346,7 @@ class Preparer:
             use_stateful_dataloader=cfg.use_stateful_dataloader,
             # With tensor/context/pipeline axes, the ranks that differ only along them read the same
             # batches (every stage of a pipeline sees the same batch).
-            torch_device_mesh=self.state.device_mesh,
+            torch_device_mesh=self.context.mesh,
         )
         dataloaders.append(prepared)
         return prepared

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelerando.state import AcceleratorState
+from accelerando.facade.context import ServiceContext
 
 if TYPE_CHECKING:
     from accelerando.parallelism_config import ParallelismConfig
@@ -16,17 +16,18 @@ class MeshRanks:
     """Ranks of this process along the mesh axes (0 along an axis the job does not have).
 
     Args:
-        state: the process view (its ``device_mesh``, process index, local main process).
-        parallelism_config: the ``ParallelismConfig`` given to the Accelerator, or None.
+        context: the Accelerator's shared services record: its Runtime's mesh and
+            ``ParallelismConfig``, and the process view (process index, local main process).
     """
 
-    def __init__(self, state: AcceleratorState, parallelism_config: ParallelismConfig | None) -> None:
-        self.state = state
-        self.parallelism_config = parallelism_config
+    def __init__(self, context: ServiceContext) -> None:
+        self.context = context
+        self.state = context.state
+        self.parallelism_config: ParallelismConfig | None = context.runtime.plugins.parallelism_config
 
     def rank(self, dim: str) -> int:
         """This process's rank along a mesh dimension (raw or flattened); 0 when the mesh lacks it."""
-        mesh = self.state.device_mesh
+        mesh = self.context.mesh
         if mesh is None:
             return 0
         try:
@@ -55,7 +56,7 @@ class MeshRanks:
 
         With a mesh it is the rank on the flattened ``dp`` dimension (replicas x shards).
         """
-        if self.state.device_mesh is None:
+        if self.context.mesh is None:
             return self.state.process_index
         return self.rank("dp")
 
