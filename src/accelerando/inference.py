@@ -166,6 +166,14 @@ def prepare_pippy(
     Raises:
         ValueError: no example inputs, bad split points, or a batch not divisible by ``num_chunks``.
         RuntimeError: a single process (launch several), or a model that cannot be traced.
+
+    Example:
+        >>> # in a script started with: accelerando launch --num_processes 2 script.py
+        >>> from accelerando import prepare_pippy
+        >>> inputs = torch.randint(0, 1000, (2, 128))  # doctest: +SKIP
+        >>> model = prepare_pippy(model, split_points="auto", example_args=(inputs,))  # doctest: +SKIP
+        >>> with torch.no_grad():  # doctest: +SKIP
+        ...     output = model(inputs)  # the last stage's output
     """
     example_kwargs = dict(example_kwargs or {})
     example_args = tuple(example_args or ())

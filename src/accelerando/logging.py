@@ -210,9 +210,12 @@ def get_logger(name: str, log_level: str | int | None = None) -> MultiProcessAda
         ValueError: the level (argument or environment variable) is not a logging level name.
 
     Example:
-        >>> logger = get_logger(__name__, log_level="INFO")
-        >>> logger.info("printed once per run")
-        >>> logger.info("printed by every process", main_process_only=False)
+        >>> from accelerando import PartialState
+        >>> from accelerando.logging import get_logger
+        >>> state = PartialState()  # an Accelerator creates it in a training script
+        >>> logger = get_logger("train", log_level="INFO")  # usually get_logger(__name__)
+        >>> logger.info("logged once per run")
+        >>> logger.info("logged by every process", main_process_only=False)
     """
     if log_level is None:
         log_level = _level_from_settings()

@@ -310,6 +310,18 @@ def get_balanced_memory(
 
     Raises:
         ValueError: for an unknown device or unreadable size in ``max_memory``.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import infer_auto_device_map, init_empty_weights
+        >>> from accelerando.utils import get_balanced_memory
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Sequential(*[torch.nn.Linear(1000, 1000) for _ in range(4)])  # 4 MB each
+        >>> budgets = get_balanced_memory(model, max_memory={0: "1GB", 1: "1GB", "cpu": "1GB"})
+        >>> budgets[0] < budgets[1]  # the first GPU gets about half the model, not all of it
+        True
+        >>> dict(infer_auto_device_map(model, max_memory=budgets))
+        {'0': 0, '1': 0, '2': 1, '3': 1}
     """
     low_zero = bool(low_zero if low_zero_memory is None else low_zero_memory)
     user_budget = max_memory is not None

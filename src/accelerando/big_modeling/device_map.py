@@ -469,6 +469,14 @@ def infer_auto_device_map(
 
     Raises:
         ValueError: for an unknown device or unreadable size in ``max_memory``.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import infer_auto_device_map, init_empty_weights
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Sequential(*[torch.nn.Linear(1000, 1000) for _ in range(3)])  # 4 MB each
+        >>> dict(infer_auto_device_map(model, max_memory={0: "10MB", "cpu": "1GB"}))
+        {'0': 0, '1': 'cpu', '2': 'cpu'}
     """
     budget = get_max_memory(max_memory)
     no_split_module_classes = as_class_name_list(no_split_module_classes)

@@ -69,6 +69,13 @@ def cpu_offload(
 
     Returns:
         The model, with hooks attached.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import cpu_offload
+        >>> model = cpu_offload(torch.nn.Linear(4, 2), execution_device="cpu")  # execution_device=0 on a GPU
+        >>> model(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
     """
     device = (
         to_torch_device(check_device_visible(execution_device, "execution_device"))
@@ -107,6 +114,16 @@ def cpu_offload_with_hook(
     Returns:
         ``(model, hook)``; call ``hook.offload()`` to move the model back to CPU, ``hook.remove()``
         to detach it.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import cpu_offload_with_hook
+        >>> encoder, encoder_hook = cpu_offload_with_hook(torch.nn.Linear(4, 4), execution_device="cpu")
+        >>> decoder, decoder_hook = cpu_offload_with_hook(
+        ...     torch.nn.Linear(4, 2), execution_device="cpu", prev_module_hook=encoder_hook
+        ... )  # execution_device=0 on a GPU: the encoder goes back to CPU when the decoder runs
+        >>> out = decoder(encoder(torch.ones(1, 4)))
+        >>> decoder_hook.offload()
     """
     hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
     add_hook_to_module(model, hook, append=True)
@@ -133,6 +150,13 @@ def disk_offload(
 
     Returns:
         The model, with hooks attached.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import disk_offload
+        >>> model = disk_offload(torch.nn.Linear(4, 2), offload_dir="offload", execution_device="cpu")
+        >>> model(torch.ones(1, 4)).shape  # weights read from offload/ for the forward
+        torch.Size([1, 2])
     """
     if not os.path.isfile(os.path.join(offload_dir, "index.json")):
         _refuse_empty(model, tensors_on_meta(model), "disk_offload")
@@ -268,6 +292,14 @@ def dispatch_model(
     Raises:
         ValueError: if the map misses parameters, names a device this machine does not have, sends
             modules to disk without ``offload_dir``, or leaves tensors on ``meta`` that nothing can fill.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import dispatch_model
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        >>> model = dispatch_model(model, device_map={"0": "cpu", "1": "cpu"})  # {"0": 0, "1": 1} on 2 GPUs
+        >>> model.hf_device_map
+        {'0': 'cpu', '1': 'cpu'}
     """
     checked = _normalize_map(device_map)
     # Looked up on the package at call time: transformers swaps ``accelerate.big_modeling.check_device_map``

@@ -67,6 +67,14 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
 
     Yields:
         Nothing; build the model inside the block.
+
+    Example:
+        >>> import torch
+        >>> from accelerando import init_on_device
+        >>> with init_on_device("meta"):  # or "cuda": build straight on the GPU
+        ...     layer = torch.nn.Linear(4, 4)
+        >>> layer.weight.device
+        device(type='meta')
     """
     device = torch.device(device)
     if include_buffers is None:
@@ -113,5 +121,13 @@ def init_empty_weights(include_buffers: bool | None = None) -> contextlib.Abstra
 
     Returns:
         The context manager (see :func:`init_on_device`).
+
+    Example:
+        >>> import torch
+        >>> from accelerando import init_empty_weights
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Linear(4096, 4096)  # no memory allocated for the weights
+        >>> model.weight.device
+        device(type='meta')
     """
     return init_on_device(torch.device("meta"), include_buffers=include_buffers)

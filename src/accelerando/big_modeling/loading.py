@@ -93,6 +93,18 @@ def load_checkpoint_in_model(
             a ``.bin`` holding anything but tensors (read with ``weights_only=True``), a device this
             machine does not have, disk offload without ``offload_folder``, or, with ``strict=True``,
             a checkpoint that does not match the model.
+
+    Example:
+        >>> import torch
+        >>> from safetensors.torch import save_file
+        >>> from accelerando import init_empty_weights, load_checkpoint_in_model
+        >>> save_file(torch.nn.Linear(4, 2).state_dict(), "weights.safetensors")
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Linear(4, 2)
+        >>> load_checkpoint_in_model(model, "weights.safetensors")  # (missing keys, unexpected keys)
+        ([], [])
+        >>> model.weight.device
+        device(type='cpu')
     """
     del offload_state_dict, offload_8bit_bnb
     check_map_devices(device_map)
@@ -166,6 +178,17 @@ def load_checkpoint_and_dispatch(
         ValueError: for an unknown device-map strategy, for tensors of the model the checkpoint does not
             hold (they would stay without data), and see :func:`load_checkpoint_in_model` and
             :func:`~accelerando.big_modeling.dispatch_model`.
+
+    Example:
+        >>> import torch
+        >>> from safetensors.torch import save_file
+        >>> from accelerando import init_empty_weights, load_checkpoint_and_dispatch
+        >>> save_file(torch.nn.Linear(4, 2).state_dict(), "weights.safetensors")
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Linear(4, 2)
+        >>> model = load_checkpoint_and_dispatch(model, "weights.safetensors", device_map="auto")
+        >>> model.weight.device  # on a GPU machine: the first GPU
+        device(type='cpu')
     """
     strategies = ("auto", "balanced", "balanced_low_0", "sequential")
     if isinstance(device_map, str):

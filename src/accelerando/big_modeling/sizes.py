@@ -236,6 +236,13 @@ def compute_module_sizes(
 
     Raises:
         ValueError: for an unknown dtype name.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import compute_module_sizes
+        >>> sizes = compute_module_sizes(torch.nn.Linear(4, 2))  # 8 + 2 float32 values
+        >>> sizes[""], sizes["weight"], sizes["bias"]
+        (40, 32, 8)
     """
     dtype = parse_dtype(dtype)
     sizes: defaultdict[str, int | float] = defaultdict(int)

@@ -232,6 +232,14 @@ def find_tied_parameters(model: nn.Module, **kwargs: object) -> list[list[str]]:
 
     Returns:
         A sorted list of sorted name groups, e.g. ``[["lm_head.weight", "transformer.wte.weight"]]``.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import find_tied_parameters
+        >>> model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+        >>> model[1].weight = model[0].weight  # tie the output layer to the embedding
+        >>> find_tied_parameters(model)
+        [['0.weight', '1.weight']]
     """
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -279,6 +287,14 @@ def check_tied_parameters_on_same_device(
 
     Raises:
         TypeError: for a list of groups without a ``device_map``.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import check_tied_parameters_on_same_device, find_tied_parameters
+        >>> model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+        >>> model[1].weight = model[0].weight
+        >>> check_tied_parameters_on_same_device(find_tied_parameters(model), {"0": 0, "1": 0})
+        True
     """
     if isinstance(tied_params, nn.Module):
         devices = _tensor_devices(tied_params)
@@ -316,6 +332,17 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
     Args:
         model: the model.
         tied_params: groups of names, as returned by :func:`find_tied_parameters` before loading.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import find_tied_parameters, retie_parameters
+        >>> model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+        >>> model[1].weight = model[0].weight
+        >>> tied = find_tied_parameters(model)
+        >>> model[1].weight = torch.nn.Parameter(model[0].weight.detach().clone())  # e.g. by loading
+        >>> retie_parameters(model, tied)
+        >>> model[1].weight is model[0].weight
+        True
     """
     for group in tied_params:
         located = [resolve_submodule(model, name) for name in group]

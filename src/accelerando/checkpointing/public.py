@@ -131,7 +131,10 @@ def save_accelerator_state(
         The folder written.
 
     Example:
-        >>> save_accelerator_state("ckpt/step_1000")  # with an Accelerator alive
+        >>> from accelerando import Accelerator
+        >>> from accelerando.utils import save_accelerator_state
+        >>> accelerator = Accelerator(cpu=True)
+        >>> path = save_accelerator_state("checkpoint/step_1000")  # the active Accelerator's state
     """
     explicit = (model_states, optimizers, schedulers, dataloaders, process_index, step, scaler)
     if all(value is None for value in explicit):
@@ -235,6 +238,13 @@ def load_accelerator_state(
         CheckpointError: If a file is missing, truncated, corrupted, not listed in the manifest or a
             symbolic link, or the manifest is invalid (the message names it).
         UnsafeCheckpointError: If a file needs full unpickling and ``load_kwargs`` does not opt in.
+
+    Example:
+        >>> from accelerando import Accelerator
+        >>> from accelerando.utils import load_accelerator_state, save_accelerator_state
+        >>> accelerator = Accelerator(cpu=True)
+        >>> path = save_accelerator_state("checkpoint")  # the active Accelerator's state
+        >>> load_accelerator_state("checkpoint")  # restores it
     """
     explicit = (models, optimizers, schedulers, dataloaders, process_index, scaler)
     if all(value is None for value in explicit):
@@ -310,7 +320,8 @@ def save_custom_state(
         The file written, or None on processes that do not write.
 
     Example:
-        >>> save_custom_state({"epoch": 5}, "ckpt/metadata.pkl")
+        >>> from accelerando.utils import save_custom_state
+        >>> path = save_custom_state({"epoch": 5}, "checkpoint/metadata.pkl")
     """
     del scaler
     index = index if process_index is None else process_index
@@ -368,6 +379,12 @@ def load_custom_state(
         FileNotFoundError: If the file does not exist.
         CheckpointError: If the file is a link, unlisted or damaged in a checkpoint folder.
         UnsafeCheckpointError: If the state needs full unpickling and ``load_kwargs`` does not opt in.
+
+    Example:
+        >>> from accelerando.utils import load_custom_state, save_custom_state
+        >>> path = save_custom_state({"epoch": 5}, "metadata.pkl")
+        >>> load_custom_state("metadata.pkl")
+        {'epoch': 5}
     """
     del scaler
     weights_only = check_load_kwargs(load_kwargs)

@@ -262,6 +262,14 @@ def send_to_device(
 
     Returns:
         The same structure, with its tensors on ``device``.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import send_to_device
+        >>> batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "labels": [0, 1]}
+        >>> batch = send_to_device(batch, "cpu")  # e.g. "cuda:0"; values without .to() stay as they are
+        >>> batch["input_ids"].device, batch["labels"]
+        (device(type='cpu'), [0, 1])
     """
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]

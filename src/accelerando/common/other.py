@@ -174,6 +174,11 @@ def convert_bytes(size: float) -> str:
     Raises:
         ValueError: if ``size`` is negative.
         TypeError: if ``size`` is not a number.
+
+    Example:
+        >>> from accelerando.utils import convert_bytes
+        >>> convert_bytes(1536)
+        '1.5 KB'
     """
     if isinstance(size, bool) or not isinstance(size, (int, float)):
         raise TypeError(f"convert_bytes takes a number of bytes, got {type(size).__name__}.")

@@ -92,6 +92,15 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
 
     Raises:
         TypeError: if ``seed`` is not an integer.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import set_seed
+        >>> set_seed(42)
+        >>> first = torch.rand(2)
+        >>> set_seed(42)
+        >>> torch.equal(first, torch.rand(2))
+        True
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}; e.g. set_seed(42).")
@@ -196,6 +205,10 @@ def synchronize_rng_states(
 
     Raises:
         ValueError: if a type is unknown, or ``"generator"`` is listed without a generator.
+
+    Example:
+        >>> from accelerando import synchronize_rng_states
+        >>> synchronize_rng_states(["torch"])  # every process now draws what the main process draws
     """
     if rng_types is None:
         rng_types = ["torch", *[f for f in _DEVICE_FAMILIES if _device_module(f) is not None][:1]]

@@ -531,6 +531,13 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
 
     Raises:
         ValueError: When ``num_batches`` is negative or not an integer.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> from accelerando import skip_first_batches
+        >>> loader = DataLoader(list(range(10)), batch_size=2)
+        >>> [batch.tolist() for batch in skip_first_batches(loader, num_batches=3)]  # resume mid-epoch
+        [[6, 7], [8, 9]]
     """
     if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches must be a non-negative integer, got {num_batches!r}.")

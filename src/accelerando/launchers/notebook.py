@@ -200,6 +200,14 @@ def notebook_launcher(
         ValueError: bad arguments, an Accelerator created before launching, or CUDA initialised in
             this process (the message says how to fix it).
         LaunchedFunctionError: a process failed; the message holds its traceback.
+
+    Example:
+        >>> from accelerando import Accelerator, notebook_launcher
+        >>> def training_function(learning_rate):
+        ...     accelerator = Accelerator()  # created inside the function, in every process
+        ...     accelerator.print(f"{accelerator.num_processes} processes, learning rate {learning_rate}")
+        >>> notebook_launcher(training_function, args=(1e-3,), num_processes=2)  # doctest: +SKIP
+        2 processes, learning rate 0.001
     """
     precision = parse_value("mixed_precision", mixed_precision, "notebook_launcher(mixed_precision=...)")
     if log_line_prefix_template is not None:
@@ -264,6 +272,13 @@ def debug_launcher(
     Raises:
         ValueError: for a bad ``num_processes`` or an Accelerator created before launching.
         LaunchedFunctionError: a process failed; the message holds its traceback.
+
+    Example:
+        >>> from accelerando import PartialState, debug_launcher
+        >>> def rank():
+        ...     return PartialState().process_index
+        >>> debug_launcher(rank, num_processes=2)  # doctest: +SKIP
+        [0, 1]
     """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer. Fix: pass e.g. 2.")

@@ -82,6 +82,15 @@ def release_memory(*objects: object) -> list[None]:
 
     Returns:
         A list of ``None``, one per object.
+
+    Example:
+        >>> import torch
+        >>> from accelerando.utils import release_memory
+        >>> model = torch.nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model, optimizer = release_memory(model, optimizer)
+        >>> model is None
+        True
     """
     released: list[None] = [None for _ in objects]
     del objects
@@ -263,10 +272,16 @@ def find_executable_batch_size(
         TypeError: ``function`` is not callable or ``starting_batch_size`` is not an int.
 
     Example:
+        >>> from accelerando import find_executable_batch_size
         >>> @find_executable_batch_size(starting_batch_size=128)
         ... def train(batch_size, model_name):
-        ...     ...
-        >>> train("tiny")  # runs once, with the first size that fits; train.batch_size holds it
+        ...     if batch_size > 32:  # stands for the out-of-memory error a real step raises
+        ...         raise RuntimeError("CUDA out of memory.")
+        ...     return f"{model_name} trained with batch size {batch_size}"
+        >>> train("tiny")  # tries 128, 115, 103, ... and returns from the first size that fits
+        'tiny trained with batch size 32'
+        >>> train.batch_size
+        32
     """
     if not isinstance(starting_batch_size, int) or isinstance(starting_batch_size, bool):
         raise TypeError(f"starting_batch_size must be an int, got {starting_batch_size!r}.")

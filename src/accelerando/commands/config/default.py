@@ -80,6 +80,13 @@ def write_basic_config(
 
     Raises:
         ValueError: for an unknown ``mixed_precision``.
+
+    Example:
+        >>> from accelerando.utils import write_basic_config
+        >>> path = write_basic_config(mixed_precision="bf16", save_location="default_config.yaml")
+        >>> write_basic_config(save_location="default_config.yaml")  # an existing file is kept
+        Config file already exists at default_config.yaml; not overwriting it. Fix: delete it first or pass another path.
+        False
     """
     del use_xpu  # the basic config does not depend on it here
     path = Path(save_location).expanduser() if save_location is not None else default_config_path()
