@@ -298,7 +298,6 @@ def _in_place_loader() -> Callable[..., object] | None:
     import torch.serialization as serialization
 
     # torch 2.13: torch/serialization.py:1976 (private; torch.load's archive reader, taking one storage)
-    # torch 2.13: torch/serialization.py:1976 (private; torch.load's archive reader, taking one storage)
     loader = getattr(serialization, "_load", None)
     if loader is None or "overall_storage" not in inspect.signature(loader).parameters:
         return None
@@ -325,12 +324,10 @@ def _load_in_place(data: memoryview, map_location: MAP_LOCATION, weights_only: b
     storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
     # torch's stub asks for IO[bytes]; its reader only calls seek, tell and readinto.
     # torch 2.13: torch/serialization.py:805, :2231 (private; open the archive as torch.load does)
-    # torch 2.13: torch/serialization.py:805, :2231 (private; open the archive as torch.load does)
     with serialization._open_zipfile_reader(reader) as archive:  # pyright: ignore[reportArgumentType]
         if serialization._is_torchscript_zip(archive):
             return _NOT_IN_PLACE
         if weights_only:
-            # torch 2.13: torch/_weights_only_unpickler.py:1 (private; torch.load(weights_only=True)'s unpickler)
             # torch 2.13: torch/_weights_only_unpickler.py:1 (private; torch.load(weights_only=True)'s unpickler)
             from torch import _weights_only_unpickler
 
