@@ -7,6 +7,8 @@ attributes too (``accelerando.utils.set_seed``), imported on first access.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from accelerando.core._lazy import lazy_getattr
 from accelerando.core.version import __version__
 
@@ -52,7 +54,7 @@ _EXPORTS: dict[str, str] = {
     "is_cuda_available": "accelerando.common.imports",
     "is_deepspeed_available": "accelerando.common.imports",
     "write_basic_config": "accelerando.commands.config",
-    "convert_bytes": "accelerando.common.other",
+    "convert_bytes": "accelerando.common.names",
     "PipelineParallelPlugin": "accelerando.plugins.pipeline",
     "FaultTolerancePlugin": "accelerando.plugins.fault_tolerance",
     "is_rich_available": "accelerando.common.imports",
@@ -67,8 +69,6 @@ __getattr__ = lazy_getattr(__name__, _EXPORTS, globals(), submodules=True)
 def __dir__() -> list[str]:
     return sorted(__all__)
 
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:  # pragma: no cover - static analysers only
     from accelerando.accelerator import Accelerator  # noqa: F401

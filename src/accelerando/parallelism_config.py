@@ -28,17 +28,18 @@ from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict
 
 from typing_extensions import Unpack
 
+import accelerando.core.parallelism_layout as pl
+from accelerando.core.parallelism_layout import Layout, MachineShape, ModelFacts
 from accelerando.core.settings import environment_text
+from accelerando.plugins import parallel_configs
+from accelerando.plugins.parallel_configs import (
+    DeepSpeedSequenceParallelConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-    from accelerando.core.parallelism_layout import Layout, MachineShape, ModelFacts
-    from accelerando.plugins.parallel_configs import (
-        DeepSpeedSequenceParallelConfig,
-        TorchContextParallelConfig,
-        TorchTensorParallelConfig,
-    )
 
     #: The option classes of the non-data axes.
     AxisHandler: TypeAlias = (
@@ -97,8 +98,6 @@ def _env_int(axis: str) -> int | str:
 
 def _default_handler(axis: str) -> AxisHandler:
     """A default instance of the axis's option class (``accelerando.plugins.parallel_configs``)."""
-    from accelerando.plugins import parallel_configs
-
     return getattr(parallel_configs, _HANDLER_CLASSES[axis])()
 
 
@@ -252,8 +251,6 @@ class ParallelismConfig:
                 stages (no ``pp`` axis here: use ``PipelineParallelPlugin``), or it contradicts a size
                 given as a number.
         """
-        import accelerando.core.parallelism_layout as pl
-
         if model_facts is None:
             if model is None:
                 raise ValueError(

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import settings as hypothesis_settings
-from hypothesis import strategies as st
 
 from accelerando.commands import launch
 from accelerando.core.settings import Sourced, resolve, resolve_runtime_settings
@@ -295,16 +292,3 @@ def test_deepspeed_env_file_carries_the_settings(tmp_path):
     assert path.read_text().splitlines() == ["A=1", "ACCELERANDO_MIXED_PRECISION=bf16"]
     with pytest.raises(ValueError, match="newline"):
         write_deepspeed_env({"BAD": "a\nb"}, str(path))
-
-
-@hypothesis_settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.text(), st.text(), max_size=6))
-def test_the_launch_plans_json_values_are_what_json_writes(values: dict[str, str]) -> None:
-    import json
-
-    from accelerando.launchers.plan import _json_object
-
-    assert _json_object(values) == json.dumps(values, sort_keys=True)
-    assert _json_object({"\U0001f600\x7f\x00": 'a"\\\n\u2028'}) == json.dumps(
-        {"\U0001f600\x7f\x00": 'a"\\\n\u2028'}
-    )

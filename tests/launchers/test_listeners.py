@@ -183,7 +183,7 @@ def test_the_launch_binds_what_the_user_named() -> None:
     "address", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "10.0.0.1", "0.0.0.0", "::", "node0"]
 )
 def test_the_plan_knows_loopback_as_the_listeners_do(address: str) -> None:
-    from accelerando.launchers.plan import _on_loopback
+    from accelerando.launchers.plan.environment import _on_loopback
 
     assert _on_loopback(address, 1) == is_loopback(address)
     assert not _on_loopback(address, 2)

@@ -26,15 +26,18 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 MAX_MODULES = 55
 
 # The dataclasses a default Accelerator builds: the reference's public configuration classes it
-# constructs itself. Internal records (core/records.py) generate no code; the kwargs handlers and
-# ParallelismConfig load only when a script uses them. (23 dataclasses were built before 2026-12-02:
-# about 40 % of the first Accelerator's CPU time.)
-DATACLASSES_BUILT = [
+# constructs itself, and our internal records (settings, runtime, prepare requests...). Since issue 43
+# the records are plain dataclasses again (core/records.py, which built them without generated code, is
+# gone): 18 classes, about 8 ms of the first Accelerator's CPU time, which stays within 0.5x the
+# reference's (python benchmarks/compare_reference.py --only first). The kwargs handlers and
+# ParallelismConfig still load only when a script uses them.
+PUBLIC_DATACLASSES_BUILT = {
     "DataLoaderConfiguration",
     "GradientAccumulationPlugin",
     "ProjectConfiguration",
     "TorchDynamoPlugin",
-]
+}
+MAX_DATACLASSES_BUILT = 18
 
 # Loaded only when used: none of them is needed by a CPU Accelerator before prepare().
 NOT_LOADED = (
@@ -76,7 +79,7 @@ def probes(request: pytest.FixtureRequest) -> Iterator[ConcurrentProbes]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)}
     commands = {
         "test_first_accelerator_loads_few_accelerando_modules": CODE,
-        "test_first_accelerator_builds_only_the_reference_s_public_dataclasses": DATACLASS_CODE,
+        "test_first_accelerator_builds_few_dataclasses": DATACLASS_CODE,
     }
     running = ConcurrentProbes(
         request, {test: {"args": [sys.executable, "-c", code], "env": env} for test, code in commands.items()}
@@ -118,6 +121,9 @@ print(json.dumps(sorted(built)))
 """
 
 
-def test_first_accelerator_builds_only_the_reference_s_public_dataclasses(probes: ConcurrentProbes) -> None:
-    built = _last_line(probes, "test_first_accelerator_builds_only_the_reference_s_public_dataclasses")
-    assert built == DATACLASSES_BUILT
+def test_first_accelerator_builds_few_dataclasses(probes: ConcurrentProbes) -> None:
+    built = _last_line(probes, "test_first_accelerator_builds_few_dataclasses")
+    assert PUBLIC_DATACLASSES_BUILT <= set(built), PUBLIC_DATACLASSES_BUILT - set(built)
+    assert len(built) <= MAX_DATACLASSES_BUILT, (len(built), built)
+    # The kwargs handlers and ParallelismConfig are built only when a script uses them.
+    assert not {"ParallelismConfig", "DistributedDataParallelKwargs", "GradScalerKwargs"} & set(built)

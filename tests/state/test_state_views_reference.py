@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -125,11 +126,10 @@ def test_quantized_model_with_cpu_offload_is_refused(monkeypatch: pytest.MonkeyP
 @pytest.mark.usefixtures("fresh_state")
 def test_cpu_cannot_be_asked_for_once_placed_on_an_accelerator() -> None:
     import accelerando.core.runtime as runtime
-    from accelerando.core import records
     from accelerando.core.settings import resolve_runtime_settings
 
     context = PartialState()._process
-    runtime.set_process(records.replace(context, device=torch.device("cuda", 0)))
+    runtime.set_process(dataclasses.replace(context, device=torch.device("cuda", 0)))
     with pytest.raises(ValueError, match="cpu=True cannot be honoured"):
         PartialState(cpu=True)
     with pytest.raises(ValueError, match="cpu=True cannot be honoured"):

@@ -19,6 +19,7 @@ from accelerando.core.settings.fields import machine_range
 from accelerando.core.settings.machine import detect_machine
 from accelerando.core.settings.resolve import env_layer, resolve
 from accelerando.core.version import __version__ as version
+from accelerando.launchers.plan import automatic_layout
 
 if TYPE_CHECKING:
     from accelerando.core.settings.resolve import Settings
@@ -248,9 +249,6 @@ def env_command(args: argparse.Namespace) -> EnvSummary:
 
 def _print_layout(settings: Settings) -> None:
     """The automatic parallel layout of these settings (``parallelism: auto``), with its reasons."""
-    # Here, not at the top: the launch plan imports torch, and `accelerando env` reports versions without it.
-    from accelerando.launchers.plan import automatic_layout
-
     machine = detect_machine()
     machines = machine_range(settings.num_machines)[1]
     processes = settings.num_processes or max(machine.gpu_count, 1) * machines

@@ -11,8 +11,6 @@ which plain argparse would call ambiguous.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 __all__ = [
     "SPELLING_NOTE",
@@ -20,7 +18,6 @@ __all__ = [
     "add_dash_spellings",
     "canonical_key",
     "other_spelling",
-    "terminal_columns",
 ]
 
 #: The one line of ``--help`` that tells about the second spelling.
@@ -60,40 +57,11 @@ def canonical_key(option: str) -> str:
     return "--" + name[2:].replace("-", "_") if name.startswith("--") else name
 
 
-def terminal_columns() -> int:
-    """The width of the terminal, as :func:`shutil.get_terminal_size` gives it, without importing ``shutil``.
-
-    Returns:
-        ``$COLUMNS`` when it is a positive number, else the width of the terminal on standard output,
-        else 80.
-    """
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns > 0:
-        return columns
-    try:
-        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        columns = 0
-    return columns if columns > 0 else 80
-
-
 class SpellingParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` where two spellings of one flag are not ambiguous.
 
     Subparsers made through ``add_subparsers`` are of this class too (argparse uses the parent's).
     """
-
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        # argparse makes a formatter for every flag added (to check its metavar), and the formatter
-        # imports shutil (with bz2, lzma, zlib) for the terminal width: a third of a launch's parser.
-        # The width is the same (shutil's rule, minus argparse's margin of 2).
-        formatter_class = self.formatter_class
-        if isinstance(formatter_class, type) and issubclass(formatter_class, argparse.HelpFormatter):
-            return formatter_class(prog=self.prog, width=terminal_columns() - 2)
-        return super()._get_formatter()
 
     def _get_option_tuples(self, option_string: str) -> list[tuple[argparse.Action, str, str | None]]:
         # The tuples are argparse's (Python 3.12 adds a fourth item); only their action is read here.

@@ -20,12 +20,12 @@ import importlib.metadata
 import importlib.util
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import torch
 
 from accelerando.core.devices.families import CUDABackend, MPSBackend
-from accelerando.core.records import record
 from accelerando.core.settings import environment_text
 
 if TYPE_CHECKING:
@@ -282,7 +282,7 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
 # --- package checks: one table, one generator ---------------------------------------------------------
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class _PackageCheck:
     """One row of the package-check table; ``_make_check`` turns it into a public function."""
 

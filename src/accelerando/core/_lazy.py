@@ -10,10 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 
 def lazy_getattr(

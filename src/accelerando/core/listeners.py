@@ -16,7 +16,8 @@ Nothing is imported at module level (the launcher's start-up imports this module
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     import ipaddress
     import socket

@@ -19,10 +19,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import BinaryIO
 
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
-if TYPE_CHECKING:
-    from typing import BinaryIO
 __all__ = [
     "ARCHIVE_SLACK_BYTES",
     "FileTooLargeError",

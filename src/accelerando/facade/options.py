@@ -10,9 +10,9 @@ several services read, and that a script may rebind on the Accelerator
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from accelerando.core.records import entry, record
 from accelerando.plugins.accumulation import GradientAccumulationPlugin
 from accelerando.plugins.dataloader import DataLoaderConfiguration
 from accelerando.plugins.dynamo import TorchDynamoPlugin
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-@record(frozen=False)
+@dataclass(slots=True)
 class AcceleratorOptions:
     """The Accelerator's options read by its services, shared by reference (rebinding one is seen by all).
 
@@ -47,7 +47,7 @@ class AcceleratorOptions:
     dataloader_config: DataLoaderConfiguration
     project_configuration: ProjectConfiguration
     device_placement: bool = True
-    rng_types: list[str] = entry(default_factory=lambda: ["generator"])
+    rng_types: list[str] = field(default_factory=lambda: ["generator"])
     step_scheduler_with_optimizer: bool = True
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from accelerando.core.listeners import (
@@ -31,7 +31,6 @@ from accelerando.core.listeners import (
     is_wildcard,
     listen_address,
 )
-from accelerando.core.records import replace
 from accelerando.core.settings.fields import FIELDS_BY_NAME
 from accelerando.core.settings.machine import detect_machine
 from accelerando.core.settings.resolve import Settings

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-
-from accelerando.core.records import record
+from dataclasses import dataclass
 
 __all__ = ["MpiRun", "FLAVOURS", "detect_mpirun", "flavour_of", "mpirun_argv"]
 
@@ -32,7 +31,7 @@ _INSTALL_HINT = (
 )
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class MpiRun:
     """The ``mpirun`` program found on this machine.
 

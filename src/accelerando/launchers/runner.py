@@ -26,14 +26,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from accelerando.core.settings.fields import quote_value
+from accelerando.launchers._child import set_parent_death_signal
+from accelerando.launchers.bound_rendezvous import bound_rendezvous
+from accelerando.launchers.preflight import RendezvousError, check_plan
+from accelerando.launchers.watchdog import RunFolder, Watchdog
 
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
-
-# subprocess, logging, ctypes (the parent-death signal) and the shim load only for the launches that
-# use them: a command-line one-process launch execs the script and needs none of them (counted by
-# tests/launchers/test_launch_startup_work.py).
+# subprocess, logging and ctypes (the parent-death signal) load only for the launches that use them: a
+# command-line one-process launch execs the script and needs none of them.
 if TYPE_CHECKING:
     import argparse
     import subprocess
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from accelerando.launchers.plan import LaunchPlan
-    from accelerando.launchers.watchdog import FailureRecord, RunFolder, Watchdog
+    from accelerando.launchers.watchdog import FailureRecord
 
     # What ``signal.signal`` returns (typeshed's private ``_HANDLER``).
     _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
@@ -57,8 +59,6 @@ _CHILD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_start.p
 
 
 def _die_with(launcher_pid: int) -> Callable[[], None]:
-    from accelerando.launchers._child import set_parent_death_signal
-
     def _in_child() -> None:  # between fork and exec: the kernel keeps the request across exec
         set_parent_death_signal(launcher_pid)
 
@@ -247,15 +247,9 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
     if hasattr(signal, "SIGUSR1"):  # the agent stops its processes as for SIGTERM (see the module docstring)
         signal.signal(signal.SIGUSR1, _usr1_as_sigterm)
     # The rendezvous store listens on the launch's bind address only (loopback on one machine).
-    from accelerando.launchers.bound_rendezvous import bound_rendezvous
-
     if os.name != "posix":  # no shim: no parent-death signal, stack dumps or records there
         with bound_rendezvous(plan.bind_address):
             return _wait_elastic(lambda: elastic_run(args), None, None)
-    # Imported here, not at the top: a one-process launch needs no watchdog (its import is counted by
-    # tests/launchers/test_launch_startup_work.py).
-    from accelerando.launchers.watchdog import RunFolder, Watchdog
-
     with (
         bound_rendezvous(plan.bind_address),
         tempfile.TemporaryDirectory(prefix="accelerando-run-") as run_dir,
@@ -315,9 +309,6 @@ def run(plan: LaunchPlan, *, quiet: bool = False, replace_process: bool = False)
         ``os.environ`` is the same afterwards as before.
     """
     if plan.mode == "elastic":  # a wrong address or a taken port fails here, not as a hang
-        # Imported for a multi-process launch only: socket is a tenth of a one-process launch's start-up.
-        from accelerando.launchers.preflight import RendezvousError, check_plan
-
         try:
             warnings = check_plan(plan)
         except RendezvousError as err:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from accelerando.common.other import CompileKwargs
+    from accelerando.common.compilation import CompileKwargs
 
 # Backends whose wrapped model must be compiled in place: DeepSpeed's engine holds the model, FSDP2
 # holds the shards (DTensor parameters); other models get a compiled copy.
@@ -44,7 +44,7 @@ class TorchDynamoPlugin(KwargsHandler):
         fullgraph: refuse graph breaks. dynamic: dynamic shapes. options: backend options.
         disable: compile nothing.
         use_regional_compilation: compile each repeated block (transformer layer) once, through
-            ``accelerando.common.other.compile_regions``, instead of the whole model: much shorter
+            ``accelerando.common.compilation.compile_regions``, instead of the whole model: much shorter
             compile time, same outputs.
 
     Raises:
@@ -131,9 +131,11 @@ class TorchDynamoPlugin(KwargsHandler):
         """
         import torch
 
-        from accelerando.common import other
+        from accelerando.common import compilation
+        from accelerando.common.other import model_has_dtensor
+        from accelerando.common.unwrap import is_compiled_module
 
-        if not self.enabled or other.is_compiled_module(model) or other.has_compiled_regions(model):
+        if not self.enabled or is_compiled_module(model) or compilation.has_compiled_regions(model):
             return model
         kwargs = self.compile_kwargs()
         if not self.use_regional_compilation:
@@ -143,8 +145,8 @@ class TorchDynamoPlugin(KwargsHandler):
         kind = _as_distributed_type(distributed_type)
         in_place = _IN_PLACE_REGIONS.get(kind) if kind is not None else None
         if in_place == "engine":
-            other.compile_regions_deepspeed(model, **kwargs)
+            compilation.compile_regions_deepspeed(model, **kwargs)
             return model
-        if in_place == "shards" and other.model_has_dtensor(model):
-            return other.compile_regions_fsdp2(model, **kwargs)
-        return other.compile_regions(model, **kwargs)
+        if in_place == "shards" and model_has_dtensor(model):
+            return compilation.compile_regions_fsdp2(model, **kwargs)
+        return compilation.compile_regions(model, **kwargs)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from accelerando.logging import get_logger
+
 __all__ = ["PrecisionAdvice", "cpu_has_native", "precision_advice", "warn_if_emulated"]
 
 #: (precision, hardware) pairs already warned about in this process.
@@ -172,7 +174,5 @@ def warn_if_emulated(
     key = (precision, device_type)
     if key not in _WARNED:
         _WARNED.add(key)
-        from accelerando.logging import get_logger
-
         get_logger(__name__).warning(advice.message, main_process_only=True)
     return advice

@@ -9,13 +9,10 @@ without string comparisons of their own (``Strategy`` and the prepare records lo
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-from accelerando.core.records import record
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 if TYPE_CHECKING:
-    from typing import Protocol
-
     from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
 
 __all__ = [
@@ -42,7 +39,7 @@ STRATEGIES: dict[str, str] = {
 }
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class DistributedKind:
     """One ``distributed_type`` value as the launcher and ``accelerando config`` see it.
 

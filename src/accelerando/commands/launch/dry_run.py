@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from accelerando.launchers.limits import clip
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
+from accelerando.launchers.limits import clip
 
 if TYPE_CHECKING:
     from accelerando.core.settings.resolve import Settings

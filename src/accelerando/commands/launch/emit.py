@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import accelerando.launchers as launchers
 from accelerando.commands.launch.resolution import command_of, resolve_launch_settings
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:
     import accelerando.launchers.emit  # noqa: F401 - names the submodule for type checkers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.entry import run
 from accelerando.commands.launch.flags import SAGEMAKER, TPU_POD, refused_message
@@ -19,8 +20,6 @@ from accelerando.core.settings.fields import FIELDS
 from accelerando.launchers import runner
 from accelerando.launchers.mpirun import MpiRun
 from accelerando.launchers.plan import check_files
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

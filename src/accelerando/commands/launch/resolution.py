@@ -8,17 +8,16 @@ and adds the compatibility variables. Heavy imports (yaml, the planner) happen i
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from accelerando.commands.launch.flags import compat_env
 from accelerando.commands.launch.parser import is_given
-from accelerando.core.records import replace
 from accelerando.core.settings.configfile import find_config_file, load_config_layer
 from accelerando.core.settings.fields import FIELDS
 from accelerando.core.settings.machine import detect_machine
 from accelerando.core.settings.resolve import Sourced, env_layer, resolve
 from accelerando.launchers.plan import Command, build, check_command
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

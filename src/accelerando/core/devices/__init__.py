@@ -6,9 +6,9 @@ stays importable without torch.
 
 from __future__ import annotations
 
-from accelerando.core._lazy import lazy_getattr
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
+from accelerando.core._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from accelerando.core.devices.base import DeviceBackend

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from accelerando.core.safe_files import (
     FileTooLargeError,
@@ -27,8 +28,6 @@ from accelerando.core.safe_files import (
 )
 from accelerando.core.settings.fields import FIELDS, Field, get_field, quote_value
 from accelerando.core.settings.resolve import Sourced, parse_value
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 # pathlib loads only where a path object is made: a launch without a config file looks for one with
 # os.path alone (pathlib is a twentieth of a one-process launch; tests/launchers/test_launch_startup_work.py).

@@ -11,16 +11,13 @@ This module must stay importable without torch: the command line uses it before 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict
 
 from accelerando.core.enums import DistributedType, DynamoBackend, PrecisionType
-from accelerando.core.records import entry, record
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
 
 if TYPE_CHECKING:
-    from typing import TypedDict
-
     from typing_extensions import Unpack
 
 __all__ = ["Field", "FIELDS", "FIELDS_BY_NAME", "GROUPS", "get_field", "fields_in_group", "quote_value"]
@@ -55,7 +52,7 @@ def quote_value(value: object, limit: int = QUOTE_LIMIT) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-@record
+@dataclasses.dataclass(frozen=True, slots=True)
 class Field:
     """One setting: its type, default and every place it can come from.
 
@@ -93,7 +90,7 @@ class Field:
     group: str = "core"
     help: str = ""
     choices: tuple[str, ...] | None = None
-    aliases: dict[str, str] = entry(default_factory=dict)
+    aliases: dict[str, str] = dataclasses.field(default_factory=dict)
     minimum: float | None = None
     maximum: float | None = None
     env: tuple[str, ...] = ()

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 from accelerando.core.devices.counting import visible_gpu_count
-from accelerando.core.records import record
 
 __all__ = ["SOCKET_IFNAME_ENV", "MachineInfo", "detect_machine", "visible_gpu_count", "free_port"]
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class MachineInfo:
     """What the launch plan needs to know about the machine it runs on.
 

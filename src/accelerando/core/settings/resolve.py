@@ -14,14 +14,14 @@ Who calls what:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
-from accelerando.core.records import entry as record_entry
-from accelerando.core.records import record
 from accelerando.core.settings.fields import (
     FIELDS,
     FIELDS_BY_NAME,
@@ -30,10 +30,6 @@ from accelerando.core.settings.fields import (
     get_field,
     quote_value,
 )
-
-TYPE_CHECKING = False  # typing's constant, without importing typing (launcher start-up)
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = [
     "Sourced",
@@ -70,7 +66,7 @@ SOURCES_ENV = "ACCELERANDO_SOURCES"
 ECHOED_DEFAULTS_ENV = "ACCELERANDO_ECHOED_DEFAULTS"
 
 
-@record
+@dataclasses.dataclass(frozen=True, slots=True)
 class Sourced:
     """A raw value, the label of the place it came from, and where that place got it (if known).
 
@@ -204,7 +200,9 @@ def parse_value(field: Field | str, raw: object, source: str = "code") -> Any:
     return str(raw).lower() if isinstance(raw, bool) else str(raw)
 
 
-@record
+# No slots: with them, the frozen ``__setattr__`` of Python 3.10 and 3.11 raises TypeError instead of
+# FrozenInstanceError for a name that is not a dataclass field, and every setting is such a name.
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """Resolved values of every setting, each with the label of the layer that set it.
 
@@ -219,7 +217,7 @@ class Settings:
 
     values: Mapping[str, object]
     sources: Mapping[str, str]
-    origins: Mapping[str, str] = record_entry(default_factory=dict)
+    origins: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     # Any: a setting's value, whose type is its field's kind (bool, int, str...).
     def __getattr__(self, name: str) -> Any:

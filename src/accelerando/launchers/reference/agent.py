@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
-
-from accelerando.core.records import replace
 
 if TYPE_CHECKING:
     from accelerando.launchers.plan import LaunchPlan

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from accelerando.common.other import merge_dicts
+from accelerando.common.names import merge_dicts
 from accelerando.core.enums import DynamoBackend, PrecisionType
 from accelerando.launchers.reference.env import setting_text, setup_fp8_env
 
