@@ -33,7 +33,14 @@ def code_lines(text: str) -> int:
     """Lines holding code: not blank, not only a comment, not part of a docstring."""
     docstrings = _docstring_lines(ast.parse(text))
     lines: set[int] = set()
-    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    skip = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+    }
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type not in skip:
             lines.update(line for line in range(token.start[0], token.end[0] + 1) if line not in docstrings)
