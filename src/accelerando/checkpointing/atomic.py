@@ -190,17 +190,19 @@ def flush_all(files: Sequence[str], folders: Sequence[str] = ()) -> None:
         raise error
 
 
-def remove_tree(path: str) -> None:
+def remove_tree(path: str, together: bool = True) -> None:
     """Delete the folder ``path`` and everything in it, ignoring errors (as ``shutil.rmtree`` with
-    ``ignore_errors``); its files are unlinked at once on the flush pool.
+    ``ignore_errors``); with ``together``, its files are unlinked at once on the flush pool.
 
     One after the other, each unlink of a file flushed moments ago can wait for a journal commit of its
-    own (about 3 ms each on a busy ext4); unlinked together they wait once. Links are removed, never
-    followed: the folder is opened without following a link and its entries are unlinked relative to
-    that descriptor; sub-folders go through ``shutil.rmtree``.
+    own (about 3 ms each on a busy ext4); unlinked together they wait once. Files never flushed (a
+    scratch save's) are unlinked in this thread (``together=False``): handing them to threads would
+    cost more than the unlinks. Links are removed, never followed: the folder is opened without
+    following a link and its entries are unlinked relative to that descriptor; sub-folders go through
+    ``shutil.rmtree``.
     """
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-    if os.unlink not in os.supports_dir_fd or os.scandir not in os.supports_fd:
+    if not together or os.unlink not in os.supports_dir_fd or os.scandir not in os.supports_fd:
         shutil.rmtree(path, ignore_errors=True)
         return
     try:
@@ -275,7 +277,7 @@ def discard(path: str, durable: bool = True) -> None:
     trash = _to_trash(path)
     if durable:
         fsync_dir(os.path.dirname(trash))
-    remove_tree(trash)
+    remove_tree(trash, together=durable)
 
 
 def _to_trash(path: str) -> str:
@@ -410,7 +412,7 @@ def commit(
             sync_dir(parent)
             # The staging name now holds the previous checkpoint: removed where it is (a crash leaves a
             # hidden staging folder, which the next save of this folder removes; no flush needed).
-            remove_tree(staging)
+            remove_tree(staging, together=durable)
             return
         discard(final_dir, durable)
     os.rename(staging, final_dir)
@@ -482,7 +484,7 @@ def rotate(
     if trashed and durable:
         fsync_dir(checkpoints_dir)  # one flush for every rename above
     for trash in trashed:
-        remove_tree(trash)
+        remove_tree(trash, together=durable)
     return doomed
 
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Protocol
@@ -30,11 +30,13 @@ from typing import Protocol
 import torch
 
 from accelerando.checkpointing.digest import PIECE_BYTES, FileEntry, default_algorithm
+from accelerando.checkpointing.workers import pool as worker_pool
 
 __all__ = [
     "HashingFile",
     "StreamDigest",
     "collecting",
+    "digest_segments",
     "is_collected",
     "record",
     "record_safetensors",
@@ -113,10 +115,16 @@ class StreamDigest:
     def entry(self) -> FileEntry:
         """The manifest entry of the bytes fed so far."""
         digests = [*self._digests, self._piece.intdigest()] if self._filled else list(self._digests)
-        width = 8 if self._base == "xxh3_64" else 4
-        combined = _new_hasher(self._base)
-        combined.update(memoryview(b"".join(d.to_bytes(width, "little") for d in digests)))
-        return FileEntry(self.size, combined.intdigest(), self.algorithm)
+        return _combined(self.algorithm, digests, self.size)
+
+
+def _combined(algorithm: str, digests: list[int], size: int) -> FileEntry:
+    """The entry of ``size`` bytes whose pieces have ``digests``: the digest of their digests."""
+    base = algorithm.removesuffix(_PIECED_SUFFIX)
+    width = 8 if base == "xxh3_64" else 4
+    combined = _new_hasher(base)
+    combined.update(memoryview(b"".join(d.to_bytes(width, "little") for d in digests)))
+    return FileEntry(size, combined.intdigest(), algorithm)
 
 
 _helper: ThreadPoolExecutor | None = None
@@ -283,16 +291,49 @@ def record_safetensors(path: str, tensors: Mapping[str, torch.Tensor]) -> None:
     layout = sorted(
         (tuple(value["data_offsets"]), name) for name, value in header.items() if name != "__metadata__"
     )
-    digest = StreamDigest()
-    digest.update(struct.pack("<Q", length))
-    digest.update(header_bytes)
+    segments = [memoryview(struct.pack("<Q", length)), memoryview(header_bytes)]
     position = 0
     for (start, stop), name in layout:
         data = _tensor_bytes(tensors[name]) if name in tensors else None
         if data is None or start != position or stop - start != len(data):
             return
-        digest.update(data)
+        segments.append(data)
         position = stop
     if len(layout) != len(tensors) or 8 + length + position != info.st_size:
         return
-    record(path, digest.entry(), info)
+    record(path, digest_segments(segments), info)
+
+
+def digest_segments(segments: Sequence[memoryview], algorithm: str | None = None) -> FileEntry:
+    """The manifest entry of the bytes of ``segments`` one after the other (what :class:`StreamDigest`
+    gives for them), without joining them: the ``PIECE_BYTES`` pieces are hashed at the same time on
+    the checkpoint worker pool.
+    """
+    digest = StreamDigest(algorithm)
+    pieces: list[list[memoryview]] = [[]]
+    filled = 0
+    for segment in segments:
+        view = segment.cast("B") if segment.format != "B" or segment.ndim != 1 else segment
+        while len(view):
+            take = min(len(view), PIECE_BYTES - filled)
+            pieces[-1].append(view[:take])
+            filled += take
+            view = view[take:]
+            if filled == PIECE_BYTES:
+                pieces.append([])
+                filled = 0
+    if len(pieces) <= 2:  # at most one whole piece: hashed here, in order
+        for part in (part for piece in pieces for part in piece):
+            digest.update(part)
+        return digest.entry()
+    futures = [worker_pool().submit(_hash_parts, digest.algorithm, piece) for piece in pieces if piece]
+    digests = [future.result() for future in futures]
+    return _combined(digest.algorithm, digests, sum(len(s) for s in segments))
+
+
+def _hash_parts(algorithm: str, parts: list[memoryview]) -> int:
+    """One piece's digest, fed the piece's parts in order."""
+    hasher = _new_hasher(algorithm.removesuffix(_PIECED_SUFFIX))
+    for part in parts:
+        hasher.update(part)
+    return hasher.intdigest()
