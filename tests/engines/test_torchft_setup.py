@@ -46,7 +46,9 @@ def test_launch_plan_starts_one_job_per_replica_group(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("isolated_env")
 def test_a_given_lighthouse_reaches_every_group_and_defaults_hold(tmp_path: Path) -> None:
-    plan = _plan(tmp_path, "--ft_lighthouse", "http://lh:29510", "--bind_address", "10.0.0.5", "--ft_insecure")
+    plan = _plan(
+        tmp_path, "--ft_lighthouse", "http://lh:29510", "--bind_address", "10.0.0.5", "--ft_insecure"
+    )
     assert len(plan.groups) == ft.DEFAULT_REPLICA_GROUPS
     assert {g.plan.env["ACCELERANDO_FT_LIGHTHOUSE"] for g in plan.groups} == {"http://lh:29510"}
     assert plan.heartbeat_timeout_s == ft.DEFAULT_HEARTBEAT_TIMEOUT_S

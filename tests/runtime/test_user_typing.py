@@ -47,7 +47,9 @@ def _user_project(folder: Path) -> list[str]:
     readme = "\n".join(_python_blocks(ROOT / "README.md"))
     (folder / "readme_blocks.py").write_text(README_PREAMBLE + readme)
     files.append("readme_blocks.py")
-    shutil.copytree(ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+    shutil.copytree(
+        ROOT / "examples", folder / "examples", ignore=shutil.ignore_patterns("__pycache__", "*.md")
+    )
     files += [str(p.relative_to(folder)) for p in sorted((folder / "examples").rglob("*.py"))]
     (folder / "docs").mkdir()
     for page in sorted((ROOT / "docs").rglob("*.md")):
