@@ -785,9 +785,7 @@ class Accelerator:
         self._registry.clear()
         self.step = 0
         self._strategy.release()  # e.g. DeepSpeed engines hold buffers outside the prepared objects
-        from accelerando.checkpointing.lock import release as release_project_lock
-
-        release_project_lock(self)  # another run may now save into this project folder
+        self._checkpoints.target.release_locks()  # another run may now save into this project folder
         gc.collect()
         self.state.device_backend.empty_cache()
         return [None for _ in objects]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from accelerando import Accelerator
-from accelerando.checkpointing import atomic, files, list_checkpoints, lock, verify_checkpoint
+from accelerando.checkpointing import atomic, files, list_checkpoints, verify_checkpoint
 from accelerando.plugins.project import ProjectConfiguration
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
@@ -85,7 +85,7 @@ def test_a_really_full_disk(small_disk) -> None:
         assert 0 < free < needed
         _assert_nothing_lost(accelerator, root, [0])
     finally:
-        lock.release(accelerator)
+        accelerator._checkpoints.target.release_locks()
 
 
 _ENOSPC_FORMS = {
@@ -120,7 +120,7 @@ def test_torch_writer_running_out_of_space(tmp_path, monkeypatch, form: str) -> 
     _assert_nothing_lost(accelerator, root, [0])
     monkeypatch.setattr(files.torch, "save", real_save)
     assert os.path.basename(accelerator.save_state()) == "checkpoint_1"  # the next save works again
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
 
 
 @pytest.mark.parametrize("writer", ["save_file", "one write from memory"])
@@ -148,7 +148,7 @@ def test_safetensors_running_out_of_space(tmp_path, monkeypatch, writer: str) ->
         accelerator.save_state()
     assert caught.value.errno == errno.ENOSPC
     _assert_nothing_lost(accelerator, os.path.join(str(tmp_path), "checkpoints"), [0])
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
 
 
 def test_disk_full_when_writing_the_manifest(tmp_path, monkeypatch) -> None:
@@ -167,7 +167,7 @@ def test_disk_full_when_writing_the_manifest(tmp_path, monkeypatch) -> None:
     _assert_nothing_lost(accelerator, os.path.join(str(tmp_path), "checkpoints"), [0])
     monkeypatch.setattr(atomic, "commit", real_commit)
     accelerator.save_state()
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
 
 
 def test_a_short_write_with_space_left_is_not_called_a_full_disk(tmp_path, monkeypatch) -> None:
@@ -183,7 +183,7 @@ def test_a_short_write_with_space_left_is_not_called_a_full_disk(tmp_path, monke
         accelerator.save_state()
     assert "no space" not in str(caught.value)
     assert os.listdir(os.path.join(str(tmp_path), "checkpoints")) == []
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
 
 
 def test_every_process_raises_the_same_kind_of_error() -> None:

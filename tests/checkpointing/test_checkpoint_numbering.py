@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from accelerando import Accelerator
-from accelerando.checkpointing import list_checkpoints, lock, verify_checkpoint
+from accelerando.checkpointing import list_checkpoints, verify_checkpoint
 from accelerando.plugins.project import ProjectConfiguration
 from suite_support import reset_accelerator_state
 
@@ -66,7 +66,7 @@ def test_save_after_a_fallback_takes_a_fresh_number_and_rotation_keeps_the_limit
     assert _numbers(root) == [1, 2]
     _damage(os.path.join(root, "checkpoint_2"))
     if restart:
-        lock.release(accelerator)
+        accelerator._checkpoints.target.release_locks()
         accelerator, model = _run(project)
     with pytest.warns(UserWarning, match="Skipping damaged checkpoint"):
         accelerator.load_state()
@@ -85,7 +85,7 @@ def test_save_after_a_fallback_takes_a_fresh_number_and_rotation_keeps_the_limit
     _fill(model, -1.0)
     accelerator.load_state()
     assert _value(model) == 4.0 and accelerator.save_iteration == 5
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
 
 
 def test_incomplete_folders_numbers_are_never_reused(tmp_path) -> None:
@@ -99,7 +99,7 @@ def test_incomplete_folders_numbers_are_never_reused(tmp_path) -> None:
     os.makedirs(os.path.join(root, "checkpoint_1"))
     (tmp_path / "checkpoints" / "checkpoint_1" / "note.txt").write_text("not ours")
     os.makedirs(os.path.join(root, "checkpoint_7"))
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
     accelerator, model = _run(project, total_limit=None)
     with pytest.warns(UserWarning, match="incomplete checkpoint"):
         accelerator.load_state()
@@ -107,7 +107,7 @@ def test_incomplete_folders_numbers_are_never_reused(tmp_path) -> None:
     assert os.path.basename(accelerator.save_state()) == "checkpoint_8"
     assert os.path.basename(accelerator.save_state()) == "checkpoint_9"
     assert (tmp_path / "checkpoints" / "checkpoint_1" / "note.txt").read_text() == "not ours"
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
 
 
 def test_a_run_that_did_not_resume_numbers_after_the_existing_checkpoints(tmp_path) -> None:
@@ -120,7 +120,7 @@ def test_a_run_that_did_not_resume_numbers_after_the_existing_checkpoints(tmp_pa
     for value in (0.0, 1.0, 2.0):
         _fill(model, value)
         accelerator.save_state()
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()
     accelerator, model = _run(project)
     _fill(model, 9.0)
     assert os.path.basename(accelerator.save_state()) == "checkpoint_3"
@@ -128,4 +128,4 @@ def test_a_run_that_did_not_resume_numbers_after_the_existing_checkpoints(tmp_pa
     accelerator.project_configuration.iteration = 2
     with pytest.raises(ValueError, match="checkpoint_2' already exists.*next free number \\(4\\)"):
         accelerator.save_state()
-    lock.release(accelerator)
+    accelerator._checkpoints.target.release_locks()

@@ -148,7 +148,7 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path, fork_child: bool) -> None
         holder.join(timeout=30)
         accelerator.load_state()  # a restarted run resumes, then saves
         assert os.path.basename(accelerator.save_state()) == "checkpoint_1"
-        lock.release(accelerator)
+        accelerator._checkpoints.target.release_locks()
     finally:
         if child_pid.value:
             os.kill(child_pid.value, signal.SIGKILL)
@@ -172,7 +172,7 @@ def test_accelerators_of_one_process_share_the_lock_until_both_are_released(tmp_
     path = lock.project_lock_path(project)
     with pytest.raises(CheckpointLockedError, match="another process"):
         _other_process_lock(path)
-    lock.release(first)
+    first._checkpoints.target.release_locks()
     assert lock.holds(path)
     del second
     import gc
@@ -194,7 +194,7 @@ def test_the_project_lock_leaves_no_file_in_the_project(tmp_path) -> None:
         with pytest.raises(CheckpointLockedError, match=f"pid {os.getpid()} on host"):
             _other_process_lock(lock.project_lock_path(project))
     finally:
-        lock.release(accelerator)
+        accelerator._checkpoints.target.release_locks()
 
 
 def test_project_lock_falls_back_to_a_file_where_folders_cannot_be_locked(tmp_path, monkeypatch) -> None:
@@ -230,7 +230,7 @@ def test_refusal_and_wait_in_one_process(tmp_path, monkeypatch) -> None:
         threading.Timer(0.3, os.close, args=(fd,)).start()
         assert os.path.basename(accelerator.save_state(wait_for_lock=30)) == "checkpoint_0"
     finally:
-        lock.release(accelerator)
+        accelerator._checkpoints.target.release_locks()
     with pytest.raises(ValueError, match="seconds >= 0"):
         accelerator.save_state(wait_for_lock=-1)
     with pytest.raises(TypeError, match="number of seconds"):

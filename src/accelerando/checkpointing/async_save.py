@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, TypeVar
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.save as sync
 from accelerando.checkpointing.snapshot import _Snapshot, can_overlap, frozen_target, snapshot_tree
-from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.checkpointing.target import CheckpointMemory, CheckpointTarget
 from accelerando.core.runtime import set_active_accelerator
 
 if TYPE_CHECKING:
@@ -60,8 +60,6 @@ __all__ = ["AsyncSaveHandle", "can_overlap", "save_state_async", "snapshot_tree"
 
 logger = logging.getLogger(__name__)
 
-# The pending save of each Accelerator (weakly: the Accelerator may be collected).
-_PENDING: weakref.WeakKeyDictionary[object, AsyncSaveHandle] = weakref.WeakKeyDictionary()
 # Every handle not yet waited for, for the wait at interpreter exit.
 _UNWAITED: set[AsyncSaveHandle] = set()
 _UNWAITED_LOCK = threading.Lock()
@@ -89,7 +87,7 @@ class AsyncSaveHandle:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._reported = False
-        self._owner: weakref.ref[object] | None = None
+        self._memory: weakref.ref[CheckpointMemory] | None = None
 
     def _start(self, work: Callable[[], None]) -> None:
         def run() -> None:
@@ -124,9 +122,9 @@ class AsyncSaveHandle:
                 raise TimeoutError(f"the asynchronous save of {self.path!r} is still being written")
         with _UNWAITED_LOCK:
             _UNWAITED.discard(self)
-        owner = self._owner() if self._owner is not None else None
-        if owner is not None and _PENDING.get(owner) is self:
-            del _PENDING[owner]  # waited for: its error is raised here, once
+        memory = self._memory() if self._memory is not None else None
+        if memory is not None and memory.pending is self:
+            memory.pending = None  # waited for: its error is raised here, once
         if self._error is not None:
             raise self._error
         if not self._reported:
@@ -139,13 +137,13 @@ class AsyncSaveHandle:
         return f"AsyncSaveHandle({self.path!r}, {state})"
 
 
-def wait_pending(owner: object) -> None:
-    """Wait for ``owner``'s pending asynchronous save, if any (raising its error).
+def wait_pending(memory: CheckpointMemory) -> None:
+    """Wait for the pending asynchronous save of the Accelerator whose ``memory`` this is, if any.
 
     Raises:
         What the pending save raised.
     """
-    handle = _PENDING.pop(owner, None)
+    handle, memory.pending = memory.pending, None
     if handle is not None:
         handle.result()
 
@@ -321,7 +319,7 @@ def save_state_async(
     frozen = frozen_target(target, int(target.step))
     number = sync._number(plan.final_dir)
     if plan.checkpoints_dir is not None and number is not None:
-        sync._run(target).last_saved = number  # the next save takes the next number, as after a sync one
+        target.memory.last_saved = number  # the next save takes the next number, as after a sync one
         target.project_configuration.iteration = number + 1
 
     sizes: list[int] = []
@@ -334,7 +332,7 @@ def save_state_async(
     handle = AsyncSaveHandle(
         plan.final_dir, lambda: sync._report_to_trackers(frozen, plan.final_dir, sizes[0] if sizes else 0)
     )
-    _PENDING[target.owner] = handle
-    handle._owner = weakref.ref(target.owner)
+    target.memory.pending = handle
+    handle._memory = weakref.ref(target.memory)
     handle._start(work)
     return handle

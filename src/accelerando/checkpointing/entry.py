@@ -78,7 +78,7 @@ def save_state(
     durable = _durable(target, save_model_func_kwargs.pop("durable", None))
     wait = _wait_for_lock(target, save_model_func_kwargs)
     del save_model_func_kwargs
-    wait_pending(target.owner)  # one save at a time: the previous asynchronous one commits first
+    wait_pending(target.memory)  # one save at a time: the previous asynchronous one commits first
     if async_save:
         return save_state_async(  # type: ignore[return-value]
             target, output_dir, safe_serialization, wait, overlap=overlap, durable=durable

@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from accelerando.checkpointing.manifest import CheckpointError
 from accelerando.checkpointing.project import CHECKPOINTS_FOLDER
@@ -52,7 +53,6 @@ __all__ = [
     "holds",
     "project_lock_path",
     "refusal",
-    "release",
     "save_lock",
 ]
 
@@ -334,13 +334,16 @@ class _Held:
 
 _HELD: dict[str, _Held] = {}
 _MUTEX = threading.Lock()
-# Per owner: the lock paths it counts in, each with the finalizer that drops it when the owner is freed.
-_OWNED: weakref.WeakKeyDictionary[object, dict[str, weakref.finalize]] = weakref.WeakKeyDictionary()
 # Drops requested while the mutex was taken (a finalizer may run during any allocation, even in hold()).
 _PENDING: list[str] = []
+# Counts forks: a forked child's holds (and its parent's finalizers) belong to an earlier generation.
+_GENERATION = 0
+# What each owner holds (path -> (generation, finalizer)) lives with the owner: CheckpointMemory.locks.
+if TYPE_CHECKING:
+    Owned = dict[str, tuple[int, weakref.finalize[..., object]]]
 
 
-def hold(owner: object, path: str, wait: float, what: str, run: str) -> None:
+def hold(owner: object, owned: Owned, path: str, wait: float, what: str, run: str) -> None:
     """Make sure this process holds the project lock ``path`` on behalf of ``owner``.
 
     The first call for a path takes the lock (waiting up to ``wait`` seconds for another process);
@@ -349,6 +352,7 @@ def hold(owner: object, path: str, wait: float, what: str, run: str) -> None:
 
     Args:
         owner: the object whose lifetime bounds the lock (the Accelerator).
+        owned: the locks ``owner`` counts in (its ``CheckpointMemory.locks``), updated here.
         path: the project's ``checkpoints`` folder (:func:`project_lock_path`).
         wait: seconds to wait for another process's lock.
         what: the folder the lock protects, for the error message.
@@ -360,14 +364,16 @@ def hold(owner: object, path: str, wait: float, what: str, run: str) -> None:
     path = os.path.realpath(path)  # one entry however the folder is reached (a symlink, a relative path)
     with _MUTEX:
         _drain()
-        owned = _OWNED.setdefault(owner, {})
-        if path in owned:
+        entry = owned.get(path)
+        if entry is not None and entry[0] == _GENERATION:
             return
+        if entry is not None:  # taken before a fork: this child holds nothing yet
+            entry[1].detach()
         held = _HELD.get(path)
         if held is None:
             held = _HELD[path] = _Held(_acquire_project(path, wait, what, run), run)
         held.holders += 1
-        owned[path] = weakref.finalize(owner, _drop, path)
+        owned[path] = (_GENERATION, weakref.finalize(owner, _drop, path, _GENERATION))
 
 
 def holds(path: str) -> bool:
@@ -375,7 +381,9 @@ def holds(path: str) -> bool:
     return os.path.realpath(path) in _HELD
 
 
-def _drop(path: str) -> None:
+def _drop(path: str, generation: int) -> None:
+    if generation != _GENERATION:
+        return  # a hold of the parent process (before a fork): not this process's to give up
     _PENDING.append(path)
     if _MUTEX.acquire(blocking=False):
         try:
@@ -397,27 +405,14 @@ def _drain() -> None:
             _unlock_close(held.fd)
 
 
-def release(owner: object) -> None:
-    """Give up every project lock ``owner`` holds (those no other owner of this process still needs)."""
-    with _MUTEX:
-        owned = _OWNED.pop(owner, {})
-        for path, finalizer in owned.items():
-            if finalizer.detach() is not None:
-                _PENDING.append(path)
-        _drain()
-
-
 def _after_fork_in_child() -> None:
     """A forked child shares its parent's lock: drop the child's reference so the lock stays the parent's."""
     for held in _HELD.values():
         _unlock_close(held.fd)
     _HELD.clear()
-    for owned in _OWNED.values():
-        for finalizer in owned.values():
-            finalizer.detach()
-    _OWNED.clear()
     _PENDING.clear()
-    global _MUTEX
+    global _MUTEX, _GENERATION
+    _GENERATION += 1  # the parent's holds, still recorded with their owners, are not this child's
     _MUTEX = threading.Lock()  # it may have been held by another thread at the fork
 
 

@@ -24,9 +24,7 @@ import errno
 import logging
 import os
 import time
-import uuid
 import warnings
-import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -40,7 +38,6 @@ from accelerando.checkpointing.collective import gather, is_committer, save_on_e
 from accelerando.checkpointing.project import (
     NUMBERED,
     RESUME_POINTS,
-    ResumePoint,
     checkpoint_numbers,
     checkpoints_dir,
     owns_loading,
@@ -51,7 +48,7 @@ from accelerando.checkpointing.state_io import (
     capture_gradients,
     write_state_files,
 )
-from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.checkpointing.target import CheckpointMemory, CheckpointTarget
 from accelerando.core.runtime import set_active_accelerator
 from accelerando.core.version import __version__
 
@@ -66,23 +63,6 @@ if TYPE_CHECKING:
 __all__ = ["save_state_sync"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Run:
-    """What one Accelerator's saves remember between calls (kept per owner, on every process)."""
-
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this run's staging folders
-    last_saved: int | None = None  # number of the last automatically named checkpoint saved
-    resumed: ResumePoint | None = None  # the resume point already accounted for in ``skipped``
-    skipped: set[str] = field(default_factory=set)  # newer checkpoints the resume passed over
-
-
-_RUNS: weakref.WeakKeyDictionary[object, _Run] = weakref.WeakKeyDictionary()
-
-
-def _run(target: CheckpointTarget) -> _Run:
-    return _RUNS.setdefault(target.owner, _Run())
 
 
 @dataclass
@@ -194,7 +174,7 @@ def _wait_for_lock(target: CheckpointTarget, kwargs: dict[str, object]) -> float
     return lock.check_wait(lock.WAIT_FOR_LOCK_S if value is None else value)
 
 
-def _resumed_number(target: CheckpointTarget, root: str, run: _Run) -> int | None:
+def _resumed_number(target: CheckpointTarget, root: str, run: CheckpointMemory) -> int | None:
     """Number of the checkpoint of ``root`` the last ``load_state`` restored, or None.
 
     The first time a resume point is seen, the newer checkpoints it passed over (damaged ones it fell
@@ -214,7 +194,7 @@ def _resumed_number(target: CheckpointTarget, root: str, run: _Run) -> int | Non
     return number
 
 
-def _next_number(target: CheckpointTarget, root: str, run: _Run) -> int:
+def _next_number(target: CheckpointTarget, root: str, run: CheckpointMemory) -> int:
     """The number of the next automatically named checkpoint (committing process, holding the lock).
 
     ``project_configuration.iteration`` unless a ``checkpoint_<n>`` at or above it exists (a damaged
@@ -243,9 +223,11 @@ def _claim(
     target: CheckpointTarget, stack: ExitStack, root: str | None, final_dir: str, wait: float
 ) -> tuple[str, str]:
     """Committing process: lock, clean leftovers, pick the folder, create the staging folder."""
-    run = _run(target)
+    run = target.memory
     if root is not None:
-        lock.hold(target.owner, root, wait, root, run.token)  # root: the project's checkpoints folder
+        lock.hold(
+            target.owner, run.locks, root, wait, root, run.token
+        )  # root: the project's checkpoints folder
         atomic.remove_stale(root, "checkpoint_")  # ours alone to clean: we hold the lock
         final_dir = os.path.join(root, f"checkpoint_{_next_number(target, root, run)}")
     else:
@@ -285,7 +267,7 @@ def _claim_in_slices(
                 error = None if retry else lock.refusal(err.lock_file, wait, err.folder)
             except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
                 error = _translated(
-                    err, target, final_dir, atomic.staging_path(final_dir, _run(target).token)
+                    err, target, final_dir, atomic.staging_path(final_dir, target.memory.token)
                 )
         report = _report(error)
         entry: _ClaimEntry = (state.process_index, node, committer, claimed, report, retry)
@@ -548,7 +530,7 @@ def _commit_everywhere(
 def _rotate(target: CheckpointTarget, root: str, durable: bool = True) -> None:
     """Delete checkpoints beyond ``total_limit``; a failure leaves extra ones behind, with a warning."""
     try:
-        atomic.rotate(root, target.project_configuration.total_limit, _run(target).skipped, durable)
+        atomic.rotate(root, target.project_configuration.total_limit, target.memory.skipped, durable)
     except OSError as err:
         warnings.warn(
             f"Could not delete old checkpoints in {root!r} ({err}); delete them by hand.", stacklevel=4
@@ -576,7 +558,7 @@ def save_state_sync(
         size = _commit_everywhere(target, plan, results)
     number = _number(plan.final_dir)
     if plan.checkpoints_dir is not None and number is not None:
-        _run(target).last_saved = number
+        target.memory.last_saved = number
         target.project_configuration.iteration = number + 1
     _report_to_trackers(target, plan.final_dir, size)
     report_to_ray(target, plan.final_dir)  # every process: Ray Train's report is a barrier

@@ -9,6 +9,8 @@ error.
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.state import AcceleratorState
 
-__all__ = ["CheckpointHooks", "CheckpointTarget", "Stateful"]
+__all__ = ["CheckpointHooks", "CheckpointMemory", "CheckpointTarget", "PendingSave", "Stateful"]
 
 
 class Stateful(Protocol):
@@ -73,11 +75,55 @@ class CheckpointHooks(Protocol):
         ...
 
 
+class PendingSave(Protocol):
+    """An asynchronous save not waited for yet (``async_save.AsyncSaveHandle``)."""
+
+    def result(self, timeout: float | None = None) -> str:
+        """Wait for the commit and return the checkpoint folder (raising the save's error)."""
+        ...
+
+
+class CheckpointMemory:
+    """What the checkpoints of one Accelerator remember between calls; its checkpoint service holds it.
+
+    Per-process facts (the project locks this process holds, the background save's process group)
+    stay in their modules; what belongs to one Accelerator lives here, so it goes with it.
+
+    Attributes:
+        token: names this run's staging folders and is recorded in its project lock.
+        last_saved: number of the last automatically named checkpoint saved, or None.
+        resumed: the resume point already accounted for in ``skipped`` (compared by identity).
+        skipped: newer checkpoints the resume passed over (rotation leaves them alone).
+        pending: the asynchronous save not waited for yet, or None.
+        locks: the project locks taken for this Accelerator: path -> (fork generation, the
+            finalizer that gives the lock up when the Accelerator is freed).
+    """
+
+    def __init__(self) -> None:
+        self.token: str = uuid.uuid4().hex
+        self.last_saved: int | None = None
+        self.resumed: object = None
+        self.skipped: set[str] = set()
+        self.pending: PendingSave | None = None
+        self.locks: dict[str, tuple[int, weakref.finalize[..., object]]] = {}
+
+    def release_locks(self) -> None:
+        """Give up the project locks taken for this Accelerator (those no other owner still needs).
+
+        Each lock's finalizer runs now instead of when the Accelerator is freed.
+        """
+        entries = list(self.locks.values())
+        self.locks.clear()
+        for _, finalizer in entries:
+            finalizer()
+
+
 class CheckpointTarget(Protocol):
     """The objects a checkpoint holds and how to reach them.
 
     Attributes:
         owner: the object the user holds (the Accelerator); resume points are kept per owner.
+        memory: what its checkpoints remember between calls (:class:`CheckpointMemory`).
         models / optimizers / schedulers / dataloaders: the prepared objects, in preparation order.
         custom_objects: objects registered with ``register_for_checkpointing``.
         scaler: the fp16 GradScaler, or None.
@@ -98,6 +144,11 @@ class CheckpointTarget(Protocol):
     @property
     def owner(self) -> object:
         """The object the user holds (the Accelerator)."""
+        ...
+
+    @property
+    def memory(self) -> CheckpointMemory:
+        """What this Accelerator's checkpoints remember between calls (numbering, pending save, locks)."""
         ...
 
     @property

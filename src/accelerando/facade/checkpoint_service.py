@@ -25,7 +25,7 @@ from accelerando.state import AcceleratorState
 
 if TYPE_CHECKING:
     from accelerando.checkpointing.async_save import AsyncSaveHandle
-    from accelerando.checkpointing.target import CheckpointTarget
+    from accelerando.checkpointing.target import CheckpointMemory, CheckpointTarget
     from accelerando.core.settings import Settings
     from accelerando.plugins.project import ProjectConfiguration
 
@@ -52,6 +52,7 @@ class AcceleratorCheckpointTarget:
         self._owner: Callable[[], StepOwner | None] = weakref.ref(owner)
         self._context = context
         self._observability = observability
+        self._memory: CheckpointMemory | None = None
         self.warned_shared_fs = False
 
     def __getstate__(self) -> dict[str, object]:
@@ -77,6 +78,22 @@ class AcceleratorCheckpointTarget:
         if owner is None:
             raise ReferenceError("The Accelerator of this checkpoint target no longer exists.")
         return owner
+
+    @property
+    def memory(self) -> CheckpointMemory:
+        """What this Accelerator's checkpoints remember between calls: numbering, the pending
+        asynchronous save, the project locks (made on first use: checkpointing loads with it).
+        """
+        if self._memory is None:
+            from accelerando.checkpointing.target import CheckpointMemory
+
+            self._memory = CheckpointMemory()
+        return self._memory
+
+    def release_locks(self) -> None:
+        """Give up the project locks taken for this Accelerator (another run may then save there)."""
+        if self._memory is not None:
+            self._memory.release_locks()
 
     @property
     def models(self) -> list[torch.nn.Module]:
@@ -371,7 +388,7 @@ class CheckpointService:
         from accelerando.checkpointing import load_state
         from accelerando.checkpointing.async_save import wait_pending
 
-        wait_pending(self.target.owner)  # a pending asynchronous save commits first
+        wait_pending(self.target.memory)  # a pending asynchronous save commits first
         if load_kwargs is not None:
             load_model_func_kwargs["load_kwargs"] = load_kwargs
         load_state(self._target, input_dir, **load_model_func_kwargs)

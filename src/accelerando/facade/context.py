@@ -9,7 +9,6 @@ process group) from ``state``, the process view.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,9 +26,11 @@ if TYPE_CHECKING:
 __all__ = ["ServiceContext"]
 
 
-@dataclass(frozen=True, slots=True)
 class ServiceContext:
     """What the facade's services of one Accelerator share (built once, never re-pointed).
+
+    A plain class with slots, not a dataclass: it is built on every ``Accelerator()`` and generates
+    no code at import (tests/runtime/test_first_accelerator_modules.py counts dataclasses built).
 
     Attributes:
         runtime: this Accelerator's Runtime (settings, mesh, plugins, distributed type).
@@ -41,13 +42,26 @@ class ServiceContext:
         registry: the prepared and registered objects, and the save/load hooks.
     """
 
-    runtime: Runtime
-    strategy: Strategy
-    precision: Precision
-    state: AcceleratorState
-    gradient_state: GradientState
-    options: AcceleratorOptions
-    registry: PreparedObjects
+    __slots__ = ("gradient_state", "options", "precision", "registry", "runtime", "state", "strategy")
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        strategy: Strategy,
+        precision: Precision,
+        state: AcceleratorState,
+        gradient_state: GradientState,
+        options: AcceleratorOptions,
+        registry: PreparedObjects,
+    ) -> None:
+        self.runtime = runtime
+        self.strategy = strategy
+        self.precision = precision
+        self.state = state
+        self.gradient_state = gradient_state
+        self.options = options
+        self.registry = registry
 
     @property
     def settings(self) -> Settings:
