@@ -58,12 +58,12 @@ NOT_FOR_ONE_PROCESS = {
     "torch",
     "accelerando.core.stand_in",
 }
-# accelerando modules a one-process launcher imports: 48 since issue 43 (33 before: the launch plan
-# became a package of 7 modules by subject, and the launcher's modules import what they use at the top,
-# the multi-process runner's preflight, watchdog and bound rendezvous, the --fault_tolerance and --ray
-# launchers and the layout rules among them: a few ms, against the +0.15 s budget). A new one on this
-# path costs every launch its import time; raise with care.
-LAUNCHER_MODULE_CEILING = 48
+# accelerando modules a one-process launcher imports: 39 since issue 43 (33 before: the launch plan
+# became a package of 7 modules by subject). The multi-process runner's preflight, watchdog and bound
+# rendezvous, the --fault_tolerance and --ray launchers and the layout rules load only in their launch
+# mode: at module level they made a one-process launch +0.38 s over python (budget +0.15 s). A new one
+# on this path costs every launch its import time; raise with care.
+LAUNCHER_MODULE_CEILING = 39
 # The shim is started by path (``python -u .../launchers/_start.py``) and loads as the top-level module
 # ``_child``: no accelerando package, so no ``typing`` (and its ``re``); it runs a script as runpy.run_path
 # would, without the ``pkgutil`` (typing again) that run_path imports. Each was a third of the shim.

@@ -30,9 +30,6 @@ from typing import TYPE_CHECKING
 
 from accelerando.core.settings.fields import quote_value
 from accelerando.launchers._child import set_parent_death_signal
-from accelerando.launchers.bound_rendezvous import bound_rendezvous
-from accelerando.launchers.preflight import RendezvousError, check_plan
-from accelerando.launchers.watchdog import RunFolder, Watchdog
 
 # subprocess, logging and ctypes (the parent-death signal) load only for the launches that use them: a
 # command-line one-process launch execs the script and needs none of them.
@@ -44,7 +41,7 @@ if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from accelerando.launchers.plan import LaunchPlan
-    from accelerando.launchers.watchdog import FailureRecord
+    from accelerando.launchers.watchdog import FailureRecord, RunFolder, Watchdog
 
     # What ``signal.signal`` returns (typeshed's private ``_HANDLER``).
     _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
@@ -246,6 +243,11 @@ def _run_elastic(plan: LaunchPlan, quiet: bool) -> int:
     args = parse_args(plan.agent_args)
     if hasattr(signal, "SIGUSR1"):  # the agent stops its processes as for SIGTERM (see the module docstring)
         signal.signal(signal.SIGUSR1, _usr1_as_sigterm)
+    # Launch mode chosen at run time: only a multi-process launch needs these (a one-process launch
+    # execs the script and imports no more than it must).
+    from accelerando.launchers.bound_rendezvous import bound_rendezvous
+    from accelerando.launchers.watchdog import RunFolder, Watchdog
+
     # The rendezvous store listens on the launch's bind address only (loopback on one machine).
     if os.name != "posix":  # no shim: no parent-death signal, stack dumps or records there
         with bound_rendezvous(plan.bind_address):
@@ -309,6 +311,8 @@ def run(plan: LaunchPlan, *, quiet: bool = False, replace_process: bool = False)
         ``os.environ`` is the same afterwards as before.
     """
     if plan.mode == "elastic":  # a wrong address or a taken port fails here, not as a hang
+        from accelerando.launchers.preflight import RendezvousError, check_plan  # multi-process only
+
         try:
             warnings = check_plan(plan)
         except RendezvousError as err:

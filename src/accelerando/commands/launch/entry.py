@@ -25,11 +25,8 @@ from accelerando.commands.launch.parser import (
 from accelerando.commands.launch.resolution import command_of, plan_for
 from accelerando.core.settings.fields import FIELDS
 from accelerando.launchers import runner
-from accelerando.launchers.ft import build as build_fault_tolerant
-from accelerando.launchers.ft import run as run_fault_tolerant
 from accelerando.launchers.limits import check_exec_size
 from accelerando.launchers.plan import check_files
-from accelerando.launchers.ray import run_on_ray
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -154,6 +151,8 @@ def _fault_tolerant_plan(args: argparse.Namespace, settings: Settings, plan: Lau
     Raises:
         ValueError: the settings cannot run as replica groups (the message names the fix).
     """
+    from accelerando.launchers.ft import build as build_fault_tolerant  # only --fault_tolerance
+
     return build_fault_tolerant(settings, plan, lambda: plan_for(args)[1])
 
 
@@ -179,6 +178,8 @@ def _run_plan(
         except ValueError as err:
             print(f"accelerando launch: {err}", file=sys.stderr)
             return 2
+        from accelerando.launchers.ft import run as run_fault_tolerant  # only --fault_tolerance
+
         return run_fault_tolerant(fault_tolerant, quiet=args.quiet)
 
     return runner.run(plan, quiet=args.quiet, replace_process=replace_process)
@@ -186,6 +187,8 @@ def _run_plan(
 
 def _run_on_ray(settings: Settings, plan: LaunchPlan, args: argparse.Namespace) -> int:
     """Run the plan's processes on the Ray cluster of ``--ray``; exit 2 when Ray is missing or unreachable."""
+    from accelerando.launchers.ray import run_on_ray  # only --ray
+
     try:
         return run_on_ray(settings, plan, command_of(args), quiet=args.quiet)
     except ModuleNotFoundError as err:

@@ -6,7 +6,6 @@ import os
 from typing import Any
 
 from accelerando.backends.strategies import DISTRIBUTED_KINDS
-from accelerando.core import parallelism_layout as pl
 from accelerando.core.settings.fields import FIELDS, FIELDS_BY_NAME
 from accelerando.core.settings.machine import MachineInfo
 from accelerando.core.settings.resolve import Settings
@@ -101,6 +100,8 @@ def automatic_layout(settings: Settings, machine: MachineInfo, num_processes: in
     """
     if settings.parallelism != "auto" or not settings.parallelism_model:
         return None
+    from accelerando.core import parallelism_layout as pl  # only `--parallelism auto` needs the layout rules
+
     per_node = max(num_processes // num_machines, 1)
     on_gpu = not settings.cpu and machine.gpu_count > 0
     if settings.parallelism_device_memory:
