@@ -203,7 +203,10 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
         Inside the block the generator that gives the base seed is back where it stood before
         ``_draw_first_iterator_seeds`` drew; afterwards the global generator is where it was on
-        entry, as if the iterator had been created already. Without such a draw pending (a
+        entry, as if the iterator had been created already. When that generator also shuffles, the
+        state the epoch is saved with (``state_dict``'s ``generator_state``) is this one: the
+        iterator is created from it, and a resumed run must replay it (the state after the
+        prepare-time draw would give another order). Without such a draw pending (a
         ``skip_first_batches`` copy starts an iterator of its own, as the reference's does), or for
         an epoch started mid-way, nothing changes.
 
@@ -218,6 +221,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._first_iterator_rng_state = None
         if generator is not None:
             generator.set_state(saved)
+            if generator is self.synchronized_generator and self._progress.in_epoch:
+                self._progress.epoch_rng_state = saved.clone()
             yield
             return
         now = torch.get_rng_state()
