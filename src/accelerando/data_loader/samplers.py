@@ -210,6 +210,8 @@ class _EpochStream:
                 indices = _iter_sampler_from(inner, start_index)
             else:
                 indices = itertools.chain(self.head[start_index:], _iter_sampler_from(inner, len(self.head)))
+            # These samplers give exactly len() indices: their batches are grouped in C.
+            return self._chunk_known(indices, size, len(inner) - start_index, sampler.drop_last)
         else:
             indices = iter(inner)
             self.head = list(itertools.islice(indices, head_size))
@@ -218,6 +220,21 @@ class _EpochStream:
             else:
                 _consume(indices, start_index - head_size)
         return self._chunk(indices, size, sampler.drop_last)
+
+    @staticmethod
+    def _chunk_known(indices: Iterator[int], size: int, count: int, drop_last: bool) -> Iterator[list[int]]:
+        """Batches of ``size`` from a stream of exactly ``count`` indices, without a Python frame per batch.
+
+        ``zip`` over ``size`` references to one iterator takes ``size`` indices per tuple (in C); only
+        the short last batch, if kept, comes from a generator.
+        """
+        full, rest = divmod(max(count, 0), size)
+        # strict=False: islice stops after the full batches, before zip could see the end.
+        grouped = zip(*[indices] * size, strict=False)
+        batches: Iterator[list[int]] = map(list, itertools.islice(grouped, full))
+        if rest and not drop_last:
+            return itertools.chain(batches, _EpochStream._chunk(indices, size, drop_last))
+        return batches
 
     @staticmethod
     def _chunk(indices: Iterator[int], size: int, drop_last: bool) -> Iterator[list[int]]:
@@ -351,14 +368,19 @@ class BatchSamplerShard(BatchSampler):
         return full + 1 if self.even_batches or p < extra else full
 
     def _iter_from(self, start: int) -> Iterator[list[int]]:
-        """Iterate this process's batches of the epoch, starting at its batch number ``start``."""
-        n = self.num_processes
-        if n == 1:
-            yield from _EpochStream(self.batch_sampler, start, 0).batches
-        elif self.split_batches:
-            yield from self._iter_split(start)
-        else:
-            yield from self._iter_dealt(start)
+        """Iterate this process's batches of the epoch, starting at its batch number ``start``.
+
+        A plain function returning one of the generators below (each starts reading the sampler only
+        when asked for its first batch): one generator layer fewer per batch.
+        """
+        if self.num_processes == 1:
+            return self._iter_single(start)
+        if self.split_batches:
+            return self._iter_split(start)
+        return self._iter_dealt(start)
+
+    def _iter_single(self, start: int) -> Iterator[list[int]]:
+        yield from _EpochStream(self.batch_sampler, start, 0).batches
 
     def __iter__(self) -> Iterator[list[int]]:
         # The loader sets ``_next_start`` around creating its iterator (which may call iter() twice).
