@@ -2,7 +2,7 @@
 
 import torch
 
-from accelerando.common.other import compile_regions
+from accelerando.common.compilation import compile_regions
 from accelerando.common.unwrap import unwrap_model
 
 

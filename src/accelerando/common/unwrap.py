@@ -84,7 +84,7 @@ def _remove_autocast_forward(model: torch.nn.Module) -> None:
 
 
 def _regions_original(module: torch.nn.Module) -> torch.nn.Module | None:
-    # compile_regions (accelerando.common.other) returns a copy whose repeated blocks are compiled and
+    # compile_regions (accelerando.common.compilation) returns a copy whose repeated blocks are compiled and
     # records the module it was given in the instance __dict__ (not as a registered submodule).
     original = module.__dict__.get("_orig_mod")
     return original if isinstance(original, torch.nn.Module) else None
