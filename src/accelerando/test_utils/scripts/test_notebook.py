@@ -21,6 +21,7 @@ import socket
 import tempfile
 
 from accelerando import PartialState
+from accelerando.core.settings.resolve import environment_value
 from accelerando.launchers.notebook import notebook_launcher
 
 __all__ = [
@@ -108,7 +109,7 @@ def check_monitoring(num_processes: int) -> None:
 
 def main() -> None:
     """Run every check with ``ACCELERATE_NUM_PROCESSES`` processes (default 1)."""
-    num_processes = int(os.environ.get("ACCELERATE_NUM_PROCESSES", "1"))
+    num_processes = int(environment_value("num_processes") or 1)  # ACCELERATE_NUM_PROCESSES
     print(f"Test basic notebook launch on {num_processes} process(es)")
     check_basic(num_processes)
     for backend in ("static", "c10d"):
