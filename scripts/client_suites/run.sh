@@ -14,7 +14,7 @@
 #     pillow rich requests-mock            # resolves to transformers 5.24.0, peft 0.21.2, datasets 5.2.0
 # then run this script with V/bin on PATH.
 # Env: CLIENT_SUITES_DIR (checkouts, stand-ins, results; default ./.client_suites), TRL_GIT / DIFFUSERS_GIT
-# (where to clone the tests from; default the GitHub repositories), CLIENT_SUITES_FILE_TIMEOUT (per file, 900 s),
+# (where to clone the tests from; default the GitHub repositories), CLIENT_SUITES_FILE_TIMEOUT (per file, 2400 s; SIGINT, so the finished tests still reach the XML),
 # CLIENT_SUITES_TEST_TIMEOUT (per test, 300 s). Offline: HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1; the Hub
 # repositories the tests load are built locally by build_standins.py from trl's own generation scripts.
 set -u -o pipefail
@@ -31,6 +31,9 @@ DIFFUSERS_FILES=(models/unets/test_models_unet_2d.py models/unets/test_models_un
   models/unets/test_models_unet_2d_condition.py models/autoencoders/test_models_autoencoder_kl.py
   models/autoencoders/test_models_autoencoder_tiny.py models/autoencoders/test_models_vq.py
   models/test_layers_utils.py models/test_attention_processor.py)
+# Some files only (space-separated, relative to tests/): CLIENT_SUITES_TRL_FILES, CLIENT_SUITES_DIFFUSERS_FILES.
+[ -n "${CLIENT_SUITES_TRL_FILES:-}" ] && read -r -a TRL_FILES <<<"$CLIENT_SUITES_TRL_FILES"
+[ -n "${CLIENT_SUITES_DIFFUSERS_FILES:-}" ] && read -r -a DIFFUSERS_FILES <<<"$CLIENT_SUITES_DIFFUSERS_FILES"
 
 checkout() {  # $1 = name, $2 = git source, $3 = tag, $4.. = paths to extract
   local name=$1 src=$2 tag=$3; shift 3
@@ -65,7 +68,7 @@ run_suite() {  # $1 = baseline|candidate, $2 = trl|diffusers
   PYTHONPATH="$pp" "$PY" -c "import accelerate; print('$kind $suite: import accelerate ->', accelerate.__file__)"
   for f in "${files[@]}"; do
     xml="$out/junit/${f//\//_}.xml"; log="$out/logs/${f//\//_}.log"; rm -f "$xml"
-    (cd "$DIR/$suite" && PYTHONPATH="$pp" TMPDIR="$out/tmp" nice -n 10 timeout -k 30 "${CLIENT_SUITES_FILE_TIMEOUT:-900}" \
+    (cd "$DIR/$suite" && PYTHONPATH="$pp" TMPDIR="$out/tmp" nice -n 10 timeout -s INT -k 60 "${CLIENT_SUITES_FILE_TIMEOUT:-2400}" \
       "$PY" -m pytest -p suite_shims -p no:cacheprovider -q -rfE "${marks[@]}" \
       --timeout "${CLIENT_SUITES_TEST_TIMEOUT:-300}" --junitxml="$xml" -o junit_family=xunit1 "tests/$f" \
       >"$log" 2>&1 </dev/null); rc=$?
