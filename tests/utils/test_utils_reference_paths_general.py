@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from accelerando.common import constants, environment, imports, other
+from accelerando.common import constants, environment, imports
+from accelerando.utils import other  # the reference's path: re-exports from the owners
 
 # --- constants ------------------------------------------------------------------------------------
 

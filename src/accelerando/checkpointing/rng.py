@@ -10,7 +10,7 @@ from __future__ import annotations
 import array
 import random
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -35,7 +35,7 @@ def _packed_ints(value: list[object] | tuple[object, ...]) -> dict[str, object] 
     """``value`` (a long sequence of plain ints in [0, 2**64)) packed into bytes, else None."""
     if len(value) < _PACK_MIN_INTS or not all(type(v) is int and 0 <= v < _UINT64_END for v in value):
         return None
-    data = array.array("Q", value)
+    data = array.array("Q", cast("list[int]", value))  # every item was just checked to be such an int
     if sys.byteorder != "little":
         data.byteswap()
     return {_PACKED_INTS_TAG: data.tobytes(), "kind": "tuple" if isinstance(value, tuple) else "list"}

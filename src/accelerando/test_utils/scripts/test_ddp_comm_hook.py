@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from accelerando import Accelerator, PartialState
+from accelerando.core.enums_on_demand import DDPCommunicationHookType
 from accelerando.plugins.kwargs import DistributedDataParallelKwargs
-from accelerando.utils import DDPCommunicationHookType
 
 __all__ = ["CASES", "check_comm_hook", "main"]
 
@@ -48,6 +48,7 @@ def _batched_power_sgd_works() -> bool:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
     try:
+        # torch 2.13: torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py:19 (private; probes the bug)
         powerSGD_hook._orthogonalize(torch.randn(4, 1))  # what batched_powerSGD_hook passes it
     except AssertionError:
         return False
