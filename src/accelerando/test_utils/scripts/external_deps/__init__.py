@@ -1,49 +1,71 @@
 """The reference's checks that need libraries, downloads or GPUs beyond accelerando's CPU test set.
 
-Each script here stands at the reference's path (``test_utils/scripts/external_deps/<name>.py``) so
-a suite that launches it finds it. What it needs is stated by :func:`run_or_skip`: when this machine
-lacks any of it, the script prints one line with the reason and exits 0 (nothing it could check);
-when everything is there, it says that accelerando's own version of this check is not written yet
-and exits 1, so a suite never counts it as a pass it did not earn.
+Each script here stands at the reference's path (``test_utils/scripts/external_deps/<name>.py``) so that
+its name resolves and a suite that launches it finds it, but accelerando's own version of these checks
+is not written: every script prints what this machine lacks (or that the check is not provided) and
+exits 1, so a suite never counts as a pass a check that did not run. The reference's own versions fail
+on a CPU machine without downloads too (all but ``test_pippy.py``, which exits 0 with fewer than 2 GPUs).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
-from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple, NoReturn
 
-__all__ = ["cuda_devices", "missing_modules", "run_or_skip"]
-
-
-def missing_modules(*names: str) -> list[str]:
-    """The importable-module names among ``names`` that are not installed."""
-    return [name for name in names if importlib.util.find_spec(name) is None]
+__all__ = ["NEEDS", "Needs", "not_provided"]
 
 
-def cuda_devices() -> int:
-    """How many CUDA devices this process sees (0 without CUDA)."""
-    import torch
+class Needs(NamedTuple):
+    """What one of the reference's external-dependency checks needs to run."""
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    modules: tuple[str, ...]
+    gpus: int = 0
+    hub: bool = False
 
 
-def run_or_skip(script: str, unmet: Sequence[str]) -> None:
-    """Exit this script: 0 with the first unmet requirement printed, else 1 (check not written yet).
+NEEDS: dict[str, Needs] = {
+    "test_checkpointing.py": Needs(("evaluate", "datasets", "transformers"), gpus=0, hub=True),
+    "test_metrics.py": Needs(("evaluate", "datasets", "transformers"), gpus=0, hub=True),
+    "test_performance.py": Needs(("evaluate", "datasets", "transformers"), gpus=0, hub=True),
+    "test_ds_multiple_model.py": Needs(
+        ("deepspeed", "evaluate", "datasets", "transformers"), gpus=1, hub=True
+    ),
+    "test_peak_memory_usage.py": Needs(("datasets", "transformers"), gpus=1, hub=True),
+    "test_ds_alst_ulysses_sp.py": Needs(("deepspeed", "transformers"), gpus=2, hub=False),
+    "test_zero3_integration.py": Needs(("deepspeed", "transformers"), gpus=1, hub=False),
+    "test_pippy.py": Needs(("transformers",), gpus=2, hub=False),
+}
 
-    Args:
-        script: the script's file name, for the printed line.
-        unmet: the requirements this machine lacks, each a short reason; empty when all are met.
+
+def _unmet(needs: Needs) -> list[str]:
+    unmet = [
+        f"needs {m}, which is not installed" for m in needs.modules if importlib.util.find_spec(m) is None
+    ]
+    if needs.gpus:
+        import torch
+
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < needs.gpus:
+            unmet.append(f"needs {needs.gpus} CUDA device(s), found {found}")
+    if needs.hub and os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        unmet.append("needs models and data from the Hugging Face Hub; HF_HUB_OFFLINE is set")
+    return unmet
+
+
+def not_provided(script: str) -> NoReturn:
+    """End the script named ``script`` (its ``__file__``) with status 1, saying why it checks nothing.
 
     Raises:
-        SystemExit: always (status 0 when skipped, 1 when the check could run but is not provided).
+        SystemExit: always, with status 1: the first unmet requirement is printed, or, when every one is
+            met, that accelerando's version of this check is not written yet.
     """
-    if unmet:
-        print(f"{script}: skipped: {unmet[0]}")
-        raise SystemExit(0)
-    print(
-        f"{script}: this machine could run this check, but accelerando's version of it is not "
-        "written yet; run the reference's script for it",
-        file=sys.stderr,
+    name = Path(script).name
+    unmet = _unmet(NEEDS[name])
+    reason = (
+        unmet[0] if unmet else "accelerando's version of this check is not written yet; run the reference's"
     )
+    print(f"{name}: not run: {reason}", file=sys.stderr)
     raise SystemExit(1)

@@ -1,22 +1,18 @@
 """Placeholder at the reference's path for its check of DeepSpeed ALST/Ulysses sequence parallelism.
 
-Needs deepspeed, transformers, 2 CUDA device(s).
-Without them it prints the reason and exits 0; see ``external_deps/__init__.py``.
+Not provided (see ``external_deps/__init__.py``): prints why it checks nothing and exits 1.
 """
 
 from __future__ import annotations
 
-from accelerando.test_utils.scripts.external_deps import cuda_devices, missing_modules, run_or_skip
+from accelerando.test_utils.scripts.external_deps import not_provided
 
 __all__ = ["main"]
 
 
 def main() -> None:
-    """Skip with the first unmet requirement, else report that the check is not provided."""
-    unmet = [f"needs {name}, which is not installed" for name in missing_modules("deepspeed", "transformers")]
-    if cuda_devices() < 2:
-        unmet.append(f"needs 2 CUDA device(s), found {cuda_devices()}")
-    run_or_skip("test_ds_alst_ulysses_sp.py", unmet)
+    """Print why this check does not run here and exit 1 (never a pass it did not earn)."""
+    not_provided(__file__)
 
 
 if __name__ == "__main__":

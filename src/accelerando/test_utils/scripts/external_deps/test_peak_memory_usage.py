@@ -1,26 +1,18 @@
 """Placeholder at the reference's path for its check of peak GPU memory of a transformers model's training.
 
-Needs datasets, transformers, 1 CUDA device(s) and models or data from the Hugging Face Hub (downloads).
-Without them it prints the reason and exits 0; see ``external_deps/__init__.py``.
+Not provided (see ``external_deps/__init__.py``): prints why it checks nothing and exits 1.
 """
 
 from __future__ import annotations
 
-import os
-
-from accelerando.test_utils.scripts.external_deps import cuda_devices, missing_modules, run_or_skip
+from accelerando.test_utils.scripts.external_deps import not_provided
 
 __all__ = ["main"]
 
 
 def main() -> None:
-    """Skip with the first unmet requirement, else report that the check is not provided."""
-    unmet = [f"needs {name}, which is not installed" for name in missing_modules("datasets", "transformers")]
-    if cuda_devices() < 1:
-        unmet.append(f"needs 1 CUDA device(s), found {cuda_devices()}")
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        unmet.append("needs models and data from the Hugging Face Hub; HF_HUB_OFFLINE is set")
-    run_or_skip("test_peak_memory_usage.py", unmet)
+    """Print why this check does not run here and exit 1 (never a pass it did not earn)."""
+    not_provided(__file__)
 
 
 if __name__ == "__main__":
