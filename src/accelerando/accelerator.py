@@ -56,6 +56,9 @@ from accelerando.facade.topology import MeshRanks
 from accelerando.state import AcceleratorState
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeVarTuple, Unpack
+
+    _Objects = TypeVarTuple("_Objects")
     from torch.distributed.algorithms.join import Joinable
     from torch.utils.data import DataLoader
 
@@ -86,13 +89,6 @@ F = TypeVar("F", bound=Callable[..., object])
 # ``prepare`` gives each object back as the type it was given (the prepared wrapper behaves as it), so
 # a user's ``model, optimizer = accelerator.prepare(model, optimizer)`` keeps completion and checks.
 _P1 = TypeVar("_P1")
-_P2 = TypeVar("_P2")
-_P3 = TypeVar("_P3")
-_P4 = TypeVar("_P4")
-_P5 = TypeVar("_P5")
-_P6 = TypeVar("_P6")
-_P7 = TypeVar("_P7")
-_P8 = TypeVar("_P8")
 _Placement = Sequence[bool | None] | None
 _Module = TypeVar("_Module", bound=torch.nn.Module)
 
@@ -443,59 +439,9 @@ class Accelerator:
     @overload
     def prepare(self, a: _P1, /, *, device_placement: _Placement = None) -> _P1: ...
     @overload
-    def prepare(self, a: _P1, b: _P2, /, *, device_placement: _Placement = None) -> tuple[_P1, _P2]: ...
-    @overload
     def prepare(
-        self, a: _P1, b: _P2, c: _P3, /, *, device_placement: _Placement = None
-    ) -> tuple[_P1, _P2, _P3]: ...
-    @overload
-    def prepare(
-        self, a: _P1, b: _P2, c: _P3, d: _P4, /, *, device_placement: _Placement = None
-    ) -> tuple[_P1, _P2, _P3, _P4]: ...
-    @overload
-    def prepare(
-        self, a: _P1, b: _P2, c: _P3, d: _P4, e: _P5, /, *, device_placement: _Placement = None
-    ) -> tuple[_P1, _P2, _P3, _P4, _P5]: ...
-    @overload
-    def prepare(
-        self, a: _P1, b: _P2, c: _P3, d: _P4, e: _P5, f: _P6, /, *, device_placement: _Placement = None
-    ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6]: ...
-    @overload
-    def prepare(
-        self,
-        a: _P1,
-        b: _P2,
-        c: _P3,
-        d: _P4,
-        e: _P5,
-        f: _P6,
-        g: _P7,
-        /,
-        *,
-        device_placement: _Placement = None,
-    ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6, _P7]: ...
-    @overload
-    def prepare(
-        self,
-        a: _P1,
-        b: _P2,
-        c: _P3,
-        d: _P4,
-        e: _P5,
-        f: _P6,
-        g: _P7,
-        h: _P8,
-        /,
-        *,
-        device_placement: _Placement = None,
-    ) -> tuple[_P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8]: ...
-    # Nine objects or more (rare): only from the ninth on, so that a call with the user's own untyped
-    # names (Unknown to a checker) matches exactly one overload above and stays Unknown, not object.
-    @overload
-    def prepare(
-        self, a: object, b: object, c: object, d: object, e: object, f: object, g: object, h: object, i: object,
-        /, *more: object, device_placement: _Placement = None,
-    ) -> tuple[object, ...]: ...  # fmt: skip
+        self, *objects: Unpack[_Objects], device_placement: _Placement = None
+    ) -> tuple[Unpack[_Objects]]: ...
     def prepare(self, *args: object, device_placement: _Placement = None) -> object:
         """Prepare models, optimizers, dataloaders and schedulers, in any mix and order.
 
