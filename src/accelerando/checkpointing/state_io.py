@@ -471,19 +471,18 @@ def apply_state(
         CheckpointError: If a mapped file changed on disk since it was opened: before the apply,
             nothing is applied; after it, the message says the objects may hold unverified bytes.
     """
-    if loaded.files is None:
-        _apply_read_state(
-            loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs
-        )
-        return
+    files = loaded.files
     try:
-        loaded.files.check()  # a truncated file is refused here, before a page past its end is touched
+        if files is not None:
+            files.check()  # a truncated file is refused here, before a page past its end is touched
         _apply_read_state(
             loaded, models, optimizers, schedulers, dataloaders, scaler, **load_model_func_kwargs
         )
-        loaded.files.check(applied=True)
+        if files is not None:
+            files.check(applied=True)
     finally:
-        loaded.files.close()
+        if files is not None:
+            files.close()
 
 
 def _apply_read_state(

@@ -91,11 +91,13 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
         "--monitor_interval",
         f"{settings.monitor_interval:g}",
     ]
-    if command.module:
-        argv.append("--module")
-    elif command.no_python:
-        argv.append("--no_python")
-    return [*argv, command.target, *command.args]
+    return [*argv, *_launcher_target(command)]
+
+
+def _launcher_target(command: Command) -> list[str]:
+    """The script (or module / program) part of a torchrun-style or DeepSpeed-runner command line."""
+    mode = ["--module"] if command.module else ["--no_python"] if command.no_python else []
+    return [*mode, command.target, *command.args]
 
 
 def _runner_argv(
@@ -124,11 +126,7 @@ def _runner_argv(
         argv += ["--include", settings.deepspeed_inclusion_filter]
     if settings.deepspeed_exclusion_filter:
         argv += ["--exclude", settings.deepspeed_exclusion_filter]
-    if command.module:
-        argv.append("--module")
-    elif command.no_python:
-        argv.append("--no_python")
-    return [*argv, command.target, *command.args]
+    return [*argv, *_launcher_target(command)]
 
 
 def _mpirun_launch(
