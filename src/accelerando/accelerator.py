@@ -191,6 +191,12 @@ class Accelerator:
         kwargs_handlers: ``KwargsHandler`` instances (DDP, GradScaler, process group, autocast, ...).
         dynamo_backend / dynamo_plugin: compile the prepared model with ``torch.compile``.
         deepspeed_plugins: several named DeepSpeed plugins. parallelism_config: mesh layout.
+        elastic_batch: accelerando's own: what ``load_state`` keeps when the number of processes
+            changed since the save. ``"keep_accumulation"`` (default) keeps
+            ``gradient_accumulation_steps``; ``"keep_global"`` changes it so the batch of each
+            optimizer step (per-process batch x processes x accumulation steps) stays the saved one
+            where that divides, and the learning-rate schedule advances as it did. Also the
+            ``--elastic_batch`` flag, ``ACCELERANDO_ELASTIC_BATCH`` and the config key ``elastic_batch``.
 
     Raises:
         ValueError / TypeError: contradictory or invalid settings, naming where each came from.
@@ -219,9 +225,12 @@ class Accelerator:
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: dict[str, DeepSpeedPlugin] | None = None,
         parallelism_config: ParallelismConfig | None = None,
+        elastic_batch: str | None = None,
     ) -> None:
         steps, plugin = gradient_accumulation_steps, gradient_accumulation_plugin
         code = arguments.code_settings(mixed_precision, steps, plugin, cpu, dynamo_backend, dynamo_plugin)
+        if elastic_batch is not None:
+            code["elastic_batch"] = elastic_batch
         code = connector.join_live_state(code)  # one mixed-precision mode per process, as the reference
         plugins = Plugins(
             deepspeed=connector.normalise_deepspeed_plugins(deepspeed_plugin, deepspeed_plugins),

@@ -50,6 +50,19 @@ class AcceleratedScheduler:
         if num_processes is None:
             num_processes = PartialState().num_processes
         self.num_processes = num_processes
+        # Set by load_state with elastic_batch="keep_global": the saved run's pace, kept on another size.
+        self._repeats_override: int | None = None
+
+    @property
+    def steps_per_optimizer_step(self) -> int:
+        """How many times the schedule advances per optimizer step (see the class docstring)."""
+        return self._repeats_override or (1 if self.split_batches else self.num_processes)
+
+    @steps_per_optimizer_step.setter
+    def steps_per_optimizer_step(self, value: int) -> None:
+        if int(value) < 1:
+            raise ValueError(f"steps_per_optimizer_step must be at least 1, got {value}")
+        self._repeats_override = int(value)
 
     def step(self, *args: object, **kwargs: object) -> None:
         """Advance the schedule as described in the class docstring."""
@@ -64,7 +77,7 @@ class AcceleratedScheduler:
         for opt in self.optimizers:
             if getattr(opt, "step_was_skipped", False):
                 return
-        repeats = 1 if self.split_batches else self.num_processes
+        repeats = self._repeats_override or (1 if self.split_batches else self.num_processes)
         total = getattr(self.scheduler, "total_steps", None)
         for _ in range(repeats):
             # OneCycleLR raises past its last step; stop there instead.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.files as F
 from accelerando.checkpointing.collective import gather
+from accelerando.checkpointing.elastic import plan_resize, saved_accumulation
 from accelerando.checkpointing.foreign import check_reference_files, is_reference_checkpoint
 from accelerando.checkpointing.manifest import Manifest, inspect_checkpoint, require_listed, scan_folder
 from accelerando.checkpointing.project import (
@@ -27,6 +28,7 @@ from accelerando.checkpointing.project import (
     checkpoints_dir,
     owns_loading,
 )
+from accelerando.checkpointing.rng import derived_seed
 from accelerando.checkpointing.sources import CheckedFiles, read_once, start_reading
 from accelerando.checkpointing.state_io import (
     LoadedState,
@@ -38,6 +40,7 @@ from accelerando.checkpointing.state_io import (
 )
 from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.core.runtime import set_active_accelerator
+from accelerando.scheduler import AcceleratedScheduler
 
 if TYPE_CHECKING:
     import torch
@@ -156,12 +159,14 @@ def _read_candidate(
     state = target.state
     manifest, present, foreign = _verify_folder(folder, allow_unverified)
     per_rank = manifest is None or manifest.world_size == state.num_processes
+    rng_rank = None if manifest is None or per_rank else state.process_index % manifest.world_size
     if manifest is not None and not per_rank:
         warnings.warn(
             f"{folder} was saved by {manifest.world_size} processes and is loaded by {state.num_processes}: "
-            "models, optimizers, schedulers, the scaler and custom objects are restored; random states, "
-            "dataloader positions and unfinished-accumulation gradients are per process and are NOT "
-            "restored, so the run will not continue bit-exactly.",
+            "models, optimizers, schedulers, the scaler and custom objects are restored; random states "
+            "follow the elastic rule (a process that existed gets its own back, a new one a state derived "
+            "from them); dataloader positions and unfinished-accumulation gradients are per process and "
+            "are NOT restored, so the run will not continue bit-exactly.",
             stacklevel=3,
         )
     loaders = list(target.dataloaders) if per_rank else []
@@ -175,7 +180,8 @@ def _read_candidate(
         target.scaler is not None,
     )
     customs = [f"{F.CUSTOM_NAME}_{i}.pkl" for i in range(len(target.custom_objects))]
-    names = needed_files(folder, *counts, per_rank=per_rank) + [n for n in customs if n in present]
+    names = needed_files(folder, *counts, per_rank=per_rank, rng_rank=rng_rank)
+    names += [n for n in customs if n in present]
     reading: CheckedFiles | None = None
     sources: dict[str, memoryview] = {}
     if manifest is not None:
@@ -197,6 +203,7 @@ def _read_candidate(
                 per_rank=per_rank,
                 foreign=foreign,
                 sources=sources,
+                rng_rank=rng_rank,
             )
         except Exception:
             if reading is not None:
@@ -204,6 +211,7 @@ def _read_candidate(
             raise
         if reading is not None:
             reading.verify()
+        _note_saved_run(loaded, manifest, rng_rank, state.process_index)
         custom_states = [
             _load_custom(target, folder, i, name, present, customs_read.get(name))
             for i, name in enumerate(customs)
@@ -219,6 +227,14 @@ def _read_candidate(
         if reading is not None:
             reading.close()
     return loaded, custom_states, per_rank
+
+
+def _note_saved_run(loaded: LoadedState, manifest: Manifest | None, rng_rank: int | None, rank: int) -> None:
+    """Keep what the resize needs from the manifest; a process the saving run lacked gets its seed."""
+    if manifest is not None:
+        loaded.saved_world, loaded.saved_extra = manifest.world_size, dict(manifest.extra)
+    if rng_rank is not None and rng_rank != rank and loaded.rng is not None:
+        loaded.rng_seed = derived_seed(loaded.rng, rank)
 
 
 def _load_custom(
@@ -468,12 +484,47 @@ def _apply(target: CheckpointTarget, folder: str, outcome: _Outcome, model_kwarg
         obj.load_state_dict(custom)
     if loaded.step is not None:
         target.step = loaded.step
+    _resize(target, folder, loaded, per_rank)
     config = target.project_configuration
     match = NUMBERED.match(os.path.basename(folder))
     if config.automatic_checkpoint_naming and match:
         config.iteration = int(match.group(1)) + 1
     RESUME_POINTS[target.owner] = _resume_point(target, folder, loaded)
     logger.info("Loaded state from %s", folder)
+
+
+def _resize(target: CheckpointTarget, folder: str, loaded: LoadedState, per_rank: bool) -> None:
+    """Apply the ``elastic_batch`` setting: accumulation steps, step counter and schedule pace."""
+    saved_world = loaded.saved_world
+    if saved_world is None:
+        return  # no record of how the saved run stepped (the reference's folders)
+    plan = plan_resize(
+        loaded.saved_extra,
+        saved_world,
+        target.state.num_processes,
+        target.gradient_accumulation_steps,
+        int(target.step),
+        bool(getattr(target.settings, "split_batches", False)),
+        str(getattr(target.settings, "elastic_batch", "keep_accumulation") or "keep_accumulation"),
+    )
+    target.gradient_accumulation_steps = plan.gradient_accumulation_steps
+    target.step = plan.step
+    if plan.scheduler_repeats is not None:
+        for scheduler, repeats in zip(target.schedulers, plan.scheduler_repeats, strict=False):
+            if isinstance(scheduler, AcceleratedScheduler):
+                scheduler.steps_per_optimizer_step = repeats
+    saved_cycle = saved_accumulation(loaded.saved_extra, plan.gradient_accumulation_steps)
+    if not per_rank and loaded.step and loaded.step % saved_cycle:
+        logger.warning(
+            "%s was saved in the middle of an accumulation cycle on %d processes: the gradients "
+            "accumulated so far are per process and are not carried to %d; the optimizer step in "
+            "progress misses them (save at an optimizer step to resume exactly)",
+            folder,
+            saved_world,
+            target.state.num_processes,
+        )
+    if plan.message and target.state.is_main_process:
+        logger.warning(plan.message)
 
 
 def _resume_point(target: CheckpointTarget, folder: str, loaded: LoadedState) -> ResumePoint:

@@ -8,6 +8,7 @@ torch's CPU generator and each initialised accelerator's generators (CUDA, XPU, 
 from __future__ import annotations
 
 import array
+import hashlib
 import random
 import sys
 from typing import TYPE_CHECKING, Any, cast
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from types import ModuleType
 
-__all__ = ["capture_rng_states", "restore_rng_states"]
+__all__ = ["capture_rng_states", "derived_seed", "restore_rng_states"]
 
 _NDARRAY_TAG = "__ndarray__"  # a NumPy array as a list (files written before the packed form)
 _PACKED_ARRAY_TAG = "__ndarray_bytes__"  # a NumPy array as its bytes, dtype and shape
@@ -181,3 +182,29 @@ def restore_rng_states(payload: Mapping[str, object]) -> None:
     if not isinstance(states, dict):
         raise TypeError(f"The saved random states must be a dict, got {type(states).__name__}.")
     _restore_local(states)
+
+
+def derived_seed(payload: Mapping[str, object], rank: int) -> int:
+    """The seed of a process that did not exist in the run that saved (a resume on more processes).
+
+    The rule (documented in the guide on changing the number of processes): process ``rank`` of the
+    resumed run, with ``rank >= N`` saved processes, first restores the states of saved process
+    ``rank % N`` (``payload``), then seeds every generator with the first 8 bytes (little-endian) of
+    SHA-256 over ``b"accelerando-elastic-rng"``, that process's torch CPU generator state and
+    ``rank`` as 8 little-endian bytes. So the same checkpoint gives the same streams on every resume,
+    and no two processes draw the same numbers.
+
+    Args:
+        payload: what :func:`capture_rng_states` returned in saved process ``rank % N``.
+        rank: this process's index in the resumed run.
+
+    Returns:
+        A seed in ``[0, 2**63)``.
+    """
+    states = _from_plain(payload.get("states"))
+    torch_state = states.get("torch") if isinstance(states, dict) else None
+    digest = hashlib.sha256(b"accelerando-elastic-rng")
+    if isinstance(torch_state, torch.Tensor):
+        digest.update(torch_state.contiguous().view(torch.uint8).numpy().tobytes())
+    digest.update(int(rank).to_bytes(8, "little"))
+    return int.from_bytes(digest.digest()[:8], "little") >> 1

@@ -35,6 +35,7 @@ import torch
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.lock as lock
 from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
+from accelerando.checkpointing.elastic import manifest_facts
 from accelerando.checkpointing.project import (
     NUMBERED,
     RESUME_POINTS,
@@ -51,6 +52,7 @@ from accelerando.checkpointing.state_io import (
 from accelerando.checkpointing.target import CheckpointMemory, CheckpointTarget
 from accelerando.core.runtime import set_active_accelerator
 from accelerando.core.version import __version__
+from accelerando.scheduler import AcceleratedScheduler
 
 if TYPE_CHECKING:
     from accelerando.checkpointing.collective import Exchange
@@ -413,10 +415,19 @@ def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[_WriteRe
         files=entries,
         world_size=int(target.state.num_processes),
         library_version=__version__,
-        extra={"step": int(target.step), "iteration": iteration},
+        extra={"step": int(target.step), "iteration": iteration, **_pace(target)},
     )
     atomic.commit(staging, final_dir, manifest, plan.durable, flush=unflushed, flush_folders=folders)
     return sum(entry.size for entry in entries.values())
+
+
+def _pace(target: CheckpointTarget) -> dict[str, object]:
+    """How the run steps (accumulation, each scheduler's advances per optimizer step), for a resize."""
+    repeats = [
+        scheduler.steps_per_optimizer_step if isinstance(scheduler, AcceleratedScheduler) else 1
+        for scheduler in target.schedulers
+    ]
+    return manifest_facts(target.gradient_accumulation_steps, repeats)
 
 
 def _unlisted(staging: str, entries: dict[str, atomic.FileEntry]) -> tuple[list[str], list[str]]:

@@ -21,6 +21,7 @@ from accelerando.checkpointing.rng import capture_rng_states, restore_rng_states
 from accelerando.checkpointing.sources import FileGuard
 from accelerando.checkpointing.target import Stateful
 from accelerando.checkpointing.workers import threads_for_copies
+from accelerando.common.random import set_seed
 from accelerando.common.serialization import _should_write
 from accelerando.common.unwrap import unwrap_model
 
@@ -185,8 +186,13 @@ class LoadedState:
     dataloaders: list[tuple[str, object] | None] = field(default_factory=list)
     scaler: dict[str, object] | None = None
     rng: dict[str, object] | None = None
+    # A process the saving run did not have: seed every generator with this after restoring ``rng``.
+    rng_seed: int | None = None
     step: int | None = None
     gradients: dict[str, torch.Tensor] | None = None
+    # The saving run's number of processes and its manifest's ``extra`` (None without a manifest).
+    saved_world: int | None = None
+    saved_extra: dict[str, object] = field(default_factory=dict)
     # The mapped files the tensors above are views of (checked around the apply, then closed).
     files: FileGuard | None = None
 
@@ -208,8 +214,13 @@ def needed_files(
     process_index: int,
     with_scaler: bool,
     per_rank: bool = True,
+    rng_rank: int | None = None,
 ) -> list[str]:
-    """Names of the files this process reads for the given objects (only those that exist)."""
+    """Names of the files this process reads for the given objects (only those that exist).
+
+    ``rng_rank``: on another number of processes (``per_rank`` False), the saved process whose random
+    states (and step) this process reads; None reads none.
+    """
     names = [os.path.basename(F.find_model_file(folder, i)) for i in range(num_models)]
     names += [F.indexed(F.OPTIMIZER_NAME, i, ".bin") for i in range(num_optimizers)]
     names += [F.indexed(F.SCHEDULER_NAME, i, ".bin") for i in range(num_schedulers)]
@@ -221,6 +232,8 @@ def needed_files(
         grads = f"{F.GRADIENTS_NAME}_{process_index}.safetensors"
         if os.path.exists(os.path.join(folder, grads)):
             names.append(grads)
+    elif rng_rank is not None:
+        names.append(f"{F.RNG_STATE_NAME}_{rng_rank}.pkl")
     return [n for n in names if os.path.exists(os.path.join(folder, n))]
 
 
@@ -246,11 +259,14 @@ def read_state_files(
     per_rank: bool = True,
     foreign: bool = False,
     sources: Mapping[str, memoryview] | None = None,
+    rng_rank: int | None = None,
 ) -> LoadedState:
     """Read (without applying) the state files for the given numbers of objects.
 
     Args:
         per_rank: Also read this process's random states and accumulated gradients.
+        rng_rank: With ``per_rank`` False (another number of processes), read the random states and
+            step of this saved process instead (None: none).
         foreign: The folder was written by the reference library (its random-state format; its
             pickled ``sampler.bin`` objects are skipped with a warning).
         sources: Files already read (and verified) by name
@@ -292,9 +308,10 @@ def read_state_files(
     if with_scaler:
         path = _require(folder, F.SCALER_NAME, "the GradScaler")
         out.scaler = F.torch_load(path, data=data(path))
-    if per_rank:
-        name = f"{F.RNG_STATE_NAME}_{process_index}.pkl"
-        path = _require(folder, name, f"random states of process {process_index}")
+    source = process_index if per_rank else rng_rank
+    if source is not None:
+        name = f"{F.RNG_STATE_NAME}_{source}.pkl"
+        path = _require(folder, name, f"random states of process {source}")
         if foreign:
             payload = read_reference_rng(path)
             out.step = int(payload.get("step", 0))
@@ -304,7 +321,7 @@ def read_state_files(
             out.step = int(payload.get("step", 0))
             out.rng = payload.get("rng")
         grads = os.path.join(folder, f"{F.GRADIENTS_NAME}_{process_index}.safetensors")
-        if os.path.exists(grads):
+        if per_rank and os.path.exists(grads):
             out.gradients = F.load_model_weights(grads, data=data(grads))
     return out
 
@@ -511,6 +528,8 @@ def _apply_read_state(
         _apply_gradients(models, loaded.gradients)
     if loaded.rng is not None:
         restore_rng_states(loaded.rng)
+        if loaded.rng_seed is not None:
+            set_seed(loaded.rng_seed)
 
 
 # torch.load's keyword arguments (its **pickle_load_args reach the unpickler: encoding, errors...).

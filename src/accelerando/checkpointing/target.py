@@ -133,12 +133,15 @@ class CheckpointTarget(Protocol):
         project_configuration: the ``ProjectConfiguration`` (folders, rotation, iteration).
         settings: the resolved settings (``verify_checksums``).
         step: the micro-step counter; load_state writes it back.
+        gradient_accumulation_steps: micro-batches per optimizer step; load_state changes it on
+            another number of processes with ``elastic_batch="keep_global"``.
         sync_gradients: False in the middle of an accumulation cycle.
         save_hooks / load_hooks: the user's ``register_save_state_pre_hook`` / ``..._load_...`` hooks.
         warned_shared_fs: whether the shared-file-system warning was given (written by checkpointing).
     """
 
     step: int
+    gradient_accumulation_steps: int
     warned_shared_fs: bool
 
     @property

@@ -169,6 +169,15 @@ class AcceleratorCheckpointTarget:
     def step(self, value: int) -> None:
         self.owner.step = int(value)
 
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (the Accelerator's ``gradient_accumulation_steps``)."""
+        return int(self._context.gradient_state.num_steps)
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self._context.gradient_state.num_steps = int(value)
+
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict of ``model``, as ``Accelerator.get_state_dict`` gives it."""
         return self._context.strategy.model_state_dict(model)

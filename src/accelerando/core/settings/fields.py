@@ -417,6 +417,10 @@ FIELDS: tuple[Field, ...] = (
           help="The first prepare() loads the newest complete checkpoint of the project folder (automatic "
                "checkpoint naming) and the prepared dataloaders skip to their saved position; implies "
                "preemption_checkpoint."),
+    _core("elastic_batch", "choice", "keep_accumulation", choices=("keep_accumulation", "keep_global"),
+          help="When load_state resumes on another number of processes: keep_accumulation keeps "
+               "gradient_accumulation_steps (the batch per optimizer step changes with the processes); "
+               "keep_global changes it so the batch per optimizer step stays the saved one, where it divides."),
     _core("preemption_checkpoint", "bool", False, switch=True,
           help="On SIGTERM/SIGUSR1 the training finishes its step, saves a checkpoint and exits with "
                "status 143 (the launcher then exits 143 too, so the scheduler requeues the job)."),
