@@ -113,3 +113,26 @@ def test_keep_global_keeps_the_batch_where_it_divides(
     default = plan_resize(extra, saved_world, world, 3, step, split, "keep_accumulation")
     assert default.gradient_accumulation_steps == 3 and default.step == step
     assert bool(default.message) == (saved_world != world)
+
+
+def test_the_setting_comes_from_flag_environment_config_and_code(tmp_path, isolated_env) -> None:
+    from accelerando.commands.launch import launch_command_parser
+    from accelerando.core.settings import Sourced, resolve, resolve_runtime_settings
+    from accelerando.core.settings.configfile import load_config_layer
+    from accelerando.launchers.plan import export_env
+
+    args = launch_command_parser().parse_args(["--elastic_batch", "keep_global", "train.py"])
+    assert args.elastic_batch == "keep_global"
+    flag = resolve([{"elastic_batch": Sourced("keep_global", "cli:--elastic_batch")}], warn_sources=())
+    seen = resolve_runtime_settings(environ=export_env(flag))
+    assert (
+        seen.elastic_batch == "keep_global"
+        and seen.source("elastic_batch") == "env:ACCELERANDO_ELASTIC_BATCH"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text("elastic_batch: keep_global\n")
+    from_file = resolve([load_config_layer(config)])
+    assert from_file.elastic_batch == "keep_global" and from_file.source("elastic_batch").startswith("config")
+    assert resolve_runtime_settings(environ={}).elastic_batch == "keep_accumulation"
+    with pytest.raises(ValueError, match="elastic_batch"):
+        resolve([{"elastic_batch": Sourced("keep_all", "code")}])
