@@ -440,9 +440,9 @@ class Accelerator:
     @property
     def resume_point(self) -> ResumePoint | None:
         """Where the last ``load_state`` left the run (epoch, step, batches to skip), or None."""
-        from accelerando.checkpointing import resume_point
+        from accelerando.checkpointing.project import RESUME_POINT
 
-        return resume_point(self)
+        return self._checkpoint_target.memory.peek(RESUME_POINT)
 
     # ---------------------------------------------------------------- prepare
     @overload

@@ -149,10 +149,10 @@ def test_no_pending_save_costs_the_step_nothing(tmp_path):
 def test_fsdp_shards_are_staged_not_written_while_an_async_save_collects(tmp_path):
     """save_or_stage writes at once outside an asynchronous save and only stages inside one."""
     from accelerando.checkpointing.async_dcp import ShardWrites, collecting, save_or_stage
+    from accelerando.checkpointing.target import CheckpointMemory
 
-    owner = type("Owner", (), {})()
     tensor = torch.arange(6.0)
-    writes = ShardWrites(owner)
+    writes = ShardWrites(CheckpointMemory())
     with collecting(writes):
         save_or_stage({"model": {"w": tensor}}, str(tmp_path / "staged"))
     assert not (tmp_path / "staged").exists() and len(writes.pending) == 1

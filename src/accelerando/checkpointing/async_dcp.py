@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, overload
+
+from accelerando.checkpointing.target import CheckpointMemory, MemorySlot
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -34,37 +35,35 @@ if TYPE_CHECKING:
 __all__ = ["ShardWrites", "collecting", "save_or_stage"]
 
 _ACTIVE = threading.local()  # .writes: the ShardWrites of the save being snapshotted by this thread
-# One DCP stager per Accelerator: its host copies are reused (refreshed in place) by the next save.
-_STAGERS: weakref.WeakKeyDictionary[object, DefaultStager] = weakref.WeakKeyDictionary()
 
 
-def _stager_for(owner: object) -> DefaultStager:
-    stager = _STAGERS.get(owner)
-    if stager is None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+def _new_stager() -> DefaultStager:
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        # Plain host memory, copied in the calling thread (the training waits for exactly this).
-        stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=False,
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=False,
-            )
+    # Plain host memory, copied in the calling thread (the training waits for exactly this).
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=False,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
         )
-        _STAGERS[owner] = stager
-    return stager
+    )
+
+
+# One DCP stager per Accelerator: its host copies are reused (refreshed in place) by the next save.
+_STAGER: MemorySlot[DefaultStager] = MemorySlot("DCP stager", _new_stager)
 
 
 class ShardWrites:
     """The DCP state dicts one asynchronous save staged, in the order the strategy produced them.
 
     Args:
-        owner: the Accelerator (its stager's host copies are reused across saves).
+        memory: the Accelerator's checkpoint memory (its stager's host copies are reused across saves).
     """
 
-    def __init__(self, owner: object, defer: bool = False) -> None:
-        self._owner = owner
+    def __init__(self, memory: CheckpointMemory, defer: bool = False) -> None:
+        self._memory = memory
         self._defer = defer
         self._live: list[tuple[dict[str, object], str]] = []
         self.pending: list[tuple[dict[str, object], str]] = []
@@ -91,7 +90,7 @@ class ShardWrites:
         # DCP's stager cannot copy FSDP1's ShardedTensors: they are copied here, the rest by the stager.
         sharded: list[object] = []
         plain = _set_aside(state_dict, sharded)
-        staged = _stager_for(self._owner).stage(plain)
+        staged = self._memory.get(_STAGER).stage(plain)
         # Staged in this thread (use_async_staging=False): a state dict, never a future.
         assert isinstance(staged, dict)
         self.pending.append((_put_back(staged, sharded), folder))

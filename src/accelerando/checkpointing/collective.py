@@ -7,10 +7,9 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
-import weakref
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.checkpointing.target import CheckpointTarget, MemorySlot
 
 if TYPE_CHECKING:
     from accelerando.state import AcceleratorState, PartialState
@@ -46,7 +45,8 @@ def is_committer(state: PartialState | AcceleratorState, save_on_each_node: bool
     return bool(state.is_local_main_process if save_on_each_node else state.is_main_process)
 
 
-_SHARED_VERDICTS: weakref.WeakKeyDictionary[CheckpointTarget, dict[str, bool]] = weakref.WeakKeyDictionary()
+# Per Accelerator: folder -> whether the nodes share it (file systems do not change during a run).
+_SHARED_VERDICTS: MemorySlot[dict[str, bool]] = MemorySlot("shared-folder verdicts", dict)
 
 
 def _nodes_share(target: CheckpointTarget, parent: str) -> bool:
@@ -59,7 +59,7 @@ def _nodes_share(target: CheckpointTarget, parent: str) -> bool:
     state = target.state
     if state.num_nodes <= 1:
         return False
-    known = _SHARED_VERDICTS.setdefault(target, {})
+    known = target.memory.get(_SHARED_VERDICTS)
     if parent in known:
         return known[parent]
     token = gather(uuid.uuid4().hex if state.is_main_process else None, state.num_processes)[0]

@@ -23,7 +23,7 @@ from accelerando.checkpointing.foreign import check_reference_files, is_referenc
 from accelerando.checkpointing.manifest import Manifest, inspect_checkpoint, require_listed, scan_folder
 from accelerando.checkpointing.project import (
     NUMBERED,
-    RESUME_POINTS,
+    RESUME_POINT,
     ResumePoint,
     checkpoints_dir,
     owns_loading,
@@ -489,7 +489,7 @@ def _apply(target: CheckpointTarget, folder: str, outcome: _Outcome, model_kwarg
     match = NUMBERED.match(os.path.basename(folder))
     if config.automatic_checkpoint_naming and match:
         config.iteration = int(match.group(1)) + 1
-    RESUME_POINTS[target.owner] = _resume_point(target, folder, loaded)
+    target.memory.put(RESUME_POINT, _resume_point(target, folder, loaded))
     logger.info("Loaded state from %s", folder)
 
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
 import accelerando.checkpointing.atomic as atomic
 from accelerando.checkpointing.foreign import is_reference_checkpoint
-from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.checkpointing.target import CheckpointTarget, MemorySlot
 
 __all__ = [
     "CHECKPOINTS_FOLDER",
     "NUMBERED",
-    "RESUME_POINTS",
+    "RESUME_POINT",
     "ResumePoint",
     "checkpoint_numbers",
     "checkpoints_dir",
@@ -47,8 +47,17 @@ class ResumePoint:
     dataloaders: tuple[tuple[int, int], ...] = ()
 
 
-# The resume point of each Accelerator's last load_state (weakly: the Accelerator may be collected).
-RESUME_POINTS: weakref.WeakKeyDictionary[object, ResumePoint] = weakref.WeakKeyDictionary()
+def _no_resume_point() -> ResumePoint | None:
+    return None
+
+
+# What the last load_state of an Accelerator restored (in its checkpoint memory).
+RESUME_POINT: MemorySlot[ResumePoint | None] = MemorySlot("resume point", _no_resume_point)
+
+
+class _Resumable(Protocol):
+    @property
+    def resume_point(self) -> ResumePoint | None: ...
 
 
 def checkpoints_dir(target: CheckpointTarget) -> str:
@@ -105,7 +114,7 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:
     return max(found)[1] if found else None
 
 
-def resume_point(accelerator: object) -> ResumePoint | None:
+def resume_point(accelerator: _Resumable) -> ResumePoint | None:
     """What the last ``load_state`` of ``accelerator`` restored, or None if it loaded nothing.
 
     Example:
@@ -114,4 +123,4 @@ def resume_point(accelerator: object) -> ResumePoint | None:
         >>> point = resume_point(accelerator)
         >>> start_epoch, skip = (point.epoch, point.batches_to_skip) if point else (0, 0)
     """
-    return RESUME_POINTS.get(accelerator)
+    return accelerator.resume_point

@@ -38,7 +38,7 @@ from accelerando.checkpointing.collective import gather, is_committer, save_on_e
 from accelerando.checkpointing.elastic import manifest_facts
 from accelerando.checkpointing.project import (
     NUMBERED,
-    RESUME_POINTS,
+    RESUME_POINT,
     checkpoint_numbers,
     checkpoints_dir,
     owns_loading,
@@ -182,7 +182,7 @@ def _resumed_number(target: CheckpointTarget, root: str, run: CheckpointMemory) 
     The first time a resume point is seen, the newer checkpoints it passed over (damaged ones it fell
     back from) are remembered: rotation does not count them against ``total_limit``.
     """
-    point = RESUME_POINTS.get(target.owner)
+    point = target.memory.peek(RESUME_POINT)
     if point is None:
         return None
     folder = os.path.abspath(point.checkpoint)

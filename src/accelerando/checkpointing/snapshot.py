@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast, overload
 
@@ -23,7 +22,7 @@ from accelerando.checkpointing.async_dcp import ShardWrites, collecting
 from accelerando.checkpointing.public import save_custom_state
 from accelerando.checkpointing.rng import capture_rng_states
 from accelerando.checkpointing.state_io import _dataloader_state, capture_gradients, write_state_files
-from accelerando.checkpointing.target import CheckpointTarget
+from accelerando.checkpointing.target import CheckpointTarget, MemorySlot
 from accelerando.optimizer import AcceleratedOptimizer
 
 if TYPE_CHECKING:
@@ -61,7 +60,7 @@ class _Buffers:
         self.previous, self.current = self.current, []
 
 
-_BUFFERS: weakref.WeakKeyDictionary[object, _Buffers] = weakref.WeakKeyDictionary()
+_BUFFERS: MemorySlot[_Buffers] = MemorySlot("snapshot buffers", _Buffers)
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -265,12 +264,12 @@ class _Snapshot:
     def __init__(
         self, target: CheckpointTarget, plan: sync._Plan, safe_serialization: bool, overlap: bool
     ) -> None:
-        buffers = _BUFFERS.setdefault(target.owner, _Buffers())
+        buffers = target.memory.get(_BUFFERS)
         buffers.rotate()  # the previous save has committed: its buffers are free
         self._memo: dict[object, object] = {"buffers": buffers}
         self.plan, self.safe_serialization = plan, safe_serialization
         # Sharded strategies' DCP state dicts: with overlap their staging waits for the background too.
-        self.shards = ShardWrites(target.owner, defer=overlap)
+        self.shards = ShardWrites(target.memory, defer=overlap)
         self.copied = threading.Event()
         self._held: list[AcceleratedOptimizer] = []
         models = list(target.models)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +21,31 @@ if TYPE_CHECKING:
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.state import AcceleratorState
 
-__all__ = ["CheckpointHooks", "CheckpointMemory", "CheckpointTarget", "PendingSave", "Stateful"]
+__all__ = ["CheckpointHooks", "CheckpointMemory", "CheckpointTarget", "MemorySlot", "PendingSave", "Stateful"]
+
+_T = TypeVar("_T")
+
+
+class MemorySlot(Generic[_T]):
+    """One kind of thing a checkpointing module remembers per Accelerator, in its :class:`CheckpointMemory`.
+
+    The module that owns the thing declares the slot once (``_BUFFERS = MemorySlot("...", _Buffers)``)
+    and reads it with ``target.memory.get(_BUFFERS)``: the value lives and dies with the Accelerator,
+    typed, with no module-level dictionary keyed by owners.
+
+    Args:
+        name: what is remembered (shown in ``repr``).
+        factory: builds the value the first time it is asked for.
+    """
+
+    __slots__ = ("factory", "name")
+
+    def __init__(self, name: str, factory: Callable[[], _T]) -> None:
+        self.name = name
+        self.factory = factory
+
+    def __repr__(self) -> str:
+        return f"MemorySlot({self.name!r})"
 
 
 class Stateful(Protocol):
@@ -106,6 +130,21 @@ class CheckpointMemory:
         self.skipped: set[str] = set()
         self.pending: PendingSave | None = None
         self.locks: dict[str, tuple[int, weakref.finalize[..., object]]] = {}
+        self._slots: dict[MemorySlot[Any], object] = {}
+
+    def get(self, slot: MemorySlot[_T]) -> _T:
+        """The value of ``slot``, built by its factory the first time."""
+        if slot not in self._slots:
+            self._slots[slot] = slot.factory()
+        return self._slots[slot]  # type: ignore[return-value]  # put there by slot's own factory or put()
+
+    def peek(self, slot: MemorySlot[_T]) -> _T | None:
+        """The value of ``slot`` if it was built or put, else None (nothing is built)."""
+        return self._slots.get(slot)  # type: ignore[return-value]  # see get()
+
+    def put(self, slot: MemorySlot[_T], value: _T) -> None:
+        """Replace the value of ``slot``."""
+        self._slots[slot] = value
 
     def release_locks(self) -> None:
         """Give up the project locks taken for this Accelerator (those no other owner still needs).
