@@ -29,10 +29,10 @@ CONTRACT_MODULES = [
     "src/accelerando/checkpointing/target.py",
 ]
 # Measured with this file's counter over src/accelerando: 2028 before issue 28 item 2, 1867 after its
-# first pass, 133 after the second (the issue's goal is under 300). Each one left is commented where it
+# first pass, 133 after the second, 132 with typed Settings attributes (the issue's goal is under 300). Each one left is commented where it
 # stands (loaded or JSON data, keywords forwarded to an untyped library, a plugin type one layer up).
 # Lower it with every file you type; never raise it.
-ANY_RATCHET = 133
+ANY_RATCHET = 132
 ANY_GOAL = 300
 # pyright basic over src/ (reportMissingImports off, see pyproject.toml): 508 errors before issue 28,
 # 496 after the first pass, 0 after the second. A new error fails the default run.

@@ -84,3 +84,61 @@ def test_readme_examples_and_docs_have_no_type_error_for_a_user(tmp_path: Path) 
     ]
     assert report["summary"]["filesAnalyzed"] >= len(files)
     assert not errors, f"{len(errors)} type errors a user would see:\n" + "\n".join(errors)
+
+
+# A user reading settings: each read has its table type (reveal_type notes), a misspelled name is an error.
+SETTINGS_READS = """\
+from accelerando import Accelerator
+from accelerando.core.settings import resolve_runtime_settings
+
+settings = resolve_runtime_settings({"mixed_precision": "bf16"})
+reveal_type(settings.gradient_accumulation_steps)
+reveal_type(settings.cpu)
+reveal_type(settings.num_processes)
+reveal_type(settings.checkpoint_lock_wait)
+reveal_type(settings.mixed_precision)
+reveal_type(settings.fsdp_transformer_layer_cls_to_wrap)
+reveal_type(settings.source("mixed_precision"))
+reveal_type(Accelerator(cpu=True).runtime.settings.gradient_accumulation_steps)
+settings.gradient_acumulation_steps
+"""
+SETTINGS_TYPES = [
+    ("settings.gradient_accumulation_steps", "int"),
+    ("settings.cpu", "bool"),
+    ("settings.num_processes", "int | None"),
+    ("settings.checkpoint_lock_wait", "float | None"),
+    ("settings.mixed_precision", "Literal['no', 'fp8', 'fp16', 'bf16']"),
+    ("settings.fsdp_transformer_layer_cls_to_wrap", "tuple[str, ...] | None"),
+    ('settings.source("mixed_precision")', "str"),
+    ("Accelerator(cpu=True).runtime.settings.gradient_accumulation_steps", "int"),
+]
+
+
+def test_settings_reads_are_typed_and_a_misspelled_setting_is_an_error(tmp_path: Path) -> None:
+    checker = Path(sys.executable).with_name("basedpyright")
+    if not checker.exists():
+        pytest.fail("basedpyright is missing: pip install -e '.[test]' (it is in the test extra)")
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "basic"}))
+    (tmp_path / "reads.py").write_text(SETTINGS_READS)
+    done = subprocess.run(
+        [str(checker), "--outputjson", "--pythonpath", sys.executable, "reads.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    diagnostics = json.loads(done.stdout)["generalDiagnostics"]
+    revealed = [d["message"] for d in diagnostics if d["severity"] == "information"]
+    assert revealed == [f'Type of "{expr}" is "{type_}"' for expr, type_ in SETTINGS_TYPES]
+    errors = [
+        (d["range"]["start"]["line"] + 1, d["message"].splitlines()[0])
+        for d in diagnostics
+        if d["severity"] == "error"
+    ]
+    assert errors == [
+        (
+            len(SETTINGS_READS.splitlines()),
+            'Cannot access attribute "gradient_acumulation_steps" for class "Settings"',
+        )
+    ]

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.core.settings.fields import (
     FIELDS,
@@ -30,6 +30,13 @@ from accelerando.core.settings.fields import (
     get_field,
     quote_value,
 )
+
+if TYPE_CHECKING:
+    # The typed attributes generated from the table (core/settings/codegen.py); the type checker
+    # sees every setting as a property of Settings, run time never imports the module.
+    from accelerando.core.settings.attributes import SettingAttributes
+else:
+    SettingAttributes = object
 
 __all__ = [
     "Sourced",
@@ -203,11 +210,12 @@ def parse_value(field: Field | str, raw: object, source: str = "code") -> Any:
 # No slots: with them, the frozen ``__setattr__`` of Python 3.10 and 3.11 raises TypeError instead of
 # FrozenInstanceError for a name that is not a dataclass field, and every setting is such a name.
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(SettingAttributes):
     """Resolved values of every setting, each with the label of the layer that set it.
 
-    Read a value as an attribute (``settings.mixed_precision``) and its origin with
-    :meth:`source`. Instances are immutable; build a new one with :func:`resolve`.
+    Read a value as an attribute (``settings.mixed_precision``, typed from its row of the table by
+    :mod:`accelerando.core.settings.attributes`) and its origin with :meth:`source`. Instances are
+    immutable; build a new one with :func:`resolve`.
 
     Attributes:
         values: setting name -> resolved value.
@@ -219,12 +227,16 @@ class Settings:
     sources: Mapping[str, str]
     origins: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
-    # Any: a setting's value, whose type is its field's kind (bool, int, str...).
-    def __getattr__(self, name: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        if name in values:
-            return values[name]
-        raise AttributeError(f"Settings has no field {name!r}")
+    def __post_init__(self) -> None:
+        # Every value is also an instance attribute, so reading a setting is a plain attribute lookup
+        # (no Python-level call; it was a __getattr__ call per read). The frozen __setattr__ still
+        # refuses writes; ``values`` stays the mapping the class describes.
+        self.__dict__.update(self.values)
+
+    if not TYPE_CHECKING:  # for the type checker a name that is no setting is an error, not Any
+
+        def __getattr__(self, name: str) -> object:
+            raise AttributeError(f"Settings has no field {name!r}")
 
     def __getitem__(self, name: str) -> Any:
         return self.values[get_field(name).name]

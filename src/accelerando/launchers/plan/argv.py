@@ -146,6 +146,7 @@ def _mpirun_launch(
         ValueError: ``mpirun`` is missing or unknown.
     """
     total, per_node, machines = shape
+    assert settings.mpirun_hostfile is not None  # build.py takes this path only when it is set
     found = mpirun()
     main_port = settings.main_process_port or (port() if machines == 1 else 29500)
     env["MASTER_ADDR"] = settings.main_process_ip or "127.0.0.1"
