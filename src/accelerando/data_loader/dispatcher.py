@@ -105,6 +105,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             device, rng_types, None, skip_batches, use_stateful_dataloader, _drop_last, _non_blocking
         )
 
+    _dispatches = True
+
     def _clone(self, skip_batches: int) -> DataLoaderDispatcher:
         clone = type(self)(self.dataset, skip_batches=skip_batches, **self._init_args)
         clone._progress = self._progress
@@ -201,10 +203,19 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                     return DataLoader.__iter__(self)
             finally:
                 self.batch_sampler._next_start = 0
-        with self._first_iterator_rng(start_steps):
+        with self._first_iterator_rng(start_steps), self._stream_window():
             iterator = DataLoader.__iter__(self)
         _consume(iterator, skip)
         return iterator
+
+    def _tail(self) -> tuple[bool, bool]:
+        """``(drop, pad)`` for the epoch's last step: an epoch resumed from a global position keeps its
+        tail (padded as ``EpochWindow.pad`` says); otherwise ``drop_last`` and ``even_batches``.
+        """
+        window = self._progress.window
+        if window is None:
+            return self._drop_last, self.even_batches
+        return False, window.pad
 
     def _steps(self, start: int, processes: int) -> Iterator[list[_Message]]:
         """Main process: group base batches into steps and cut each into per-process messages.
@@ -223,7 +234,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         while group:
             upcoming = [batch for _, batch in zip(range(per_step), base, strict=False)]
             upcoming_sizes = [batch_size_of(batch) for batch in upcoming]
-            if upcoming and self._drop_last and not self._regular(upcoming_sizes, per_step, processes, state):
+            if upcoming and self._tail()[0] and not self._regular(upcoming_sizes, per_step, processes, state):
                 upcoming = []  # the short tail is dropped: this step is the last one
             yield self._cut(group, sizes, not upcoming, per_step, processes, state)
             group, sizes = upcoming, upcoming_sizes
@@ -262,14 +273,14 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
                 (is_last, remainder, self._slice(whole, i * width, (i + 1) * width, i))
                 for i in range(processes)
             ]
-        if self._drop_last:
+        if self._tail()[0]:
             return [(True, -1, None)] * processes
         return self._cut_last(whole, processes, state["first"])
 
     def _cut_last(self, whole: object, processes: int, first: object) -> list[_Message]:
         real = batch_size_of(whole) or 0
         width = math.ceil(real / processes)
-        if self.even_batches and width * processes > real:
+        if self._tail()[1] and width * processes > real:
             copies = math.ceil((width * processes - real) / max(batch_size_of(first) or 1, 1))
             padding = slice_batch(concat_batches([first] * copies), slice(0, width * processes - real))
             whole = concat_batches([whole, padding])

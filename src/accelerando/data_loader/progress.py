@@ -10,20 +10,31 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, SupportsInt, TypeGuard, cast
 
 import torch
+from torch.utils.data import IterableDataset
 
 from accelerando.common.random import synchronize_rng_states
 from accelerando.core.gradient_state import GradientState
 from accelerando.data_loader.adapter import DataLoaderStateMixin, get_sampler, set_sampler
 from accelerando.data_loader.batches import batch_size_of
+from accelerando.data_loader.global_position import (
+    Layout,
+    ResumePlan,
+    layout_of,
+    needs_translation,
+    plan_resume,
+    report_note,
+)
 from accelerando.data_loader.samplers import (
     BatchSamplerShard,
+    EpochWindow,
     IterableDatasetShard,
     SeedableRandomSampler,
     _GlobalDrawRandomSampler,
     _has_set_epoch,
+    _WindowedStream,
 )
 
 if TYPE_CHECKING:
@@ -33,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PreparedLoaderMixin"]
 
-_STATE_VERSION = 1
+# 2 adds ``global`` (the position in the epoch's global order and the layout); 1 is still read.
+_STATE_VERSION = 2
 
 
 @dataclass
@@ -57,6 +69,10 @@ class _Progress:
     # restored generators hold those draws. ``replaying`` is that, for the epoch started mid-way.
     restored: bool = False
     replaying: bool = False
+    # A state saved on another layout: how this loader continues it (taken when the epoch starts), and
+    # the part of the global order the current epoch gives out when it started from one.
+    plan: ResumePlan | None = None
+    window: EpochWindow | None = None
 
 
 class _Totalled(Protocol):
@@ -93,6 +109,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     dataset: Dataset[object]
     batch_sampler: Iterable[list[int]] | None
+    # The main process reads and scatters (DataLoaderDispatcher).
+    _dispatches: ClassVar[bool] = False
 
     def _init_prepared(
         self,
@@ -122,6 +140,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._first_iterator_rng_state: torch.Tensor | None = None
         self.end_of_dataloader = False
         self.remainder = -1
+        self.resume_note: str | None = None
 
     # DataLoader forbids setting these after construction and reports None for them when a batch
     # sampler is given; report the per-process values instead.
@@ -311,7 +330,17 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         progress = self._progress
         start = max(self._skip_once, progress.pending_position)
         self._skip_once = progress.pending_position = 0
-        progress.replaying, progress.restored = progress.restored and start > 0, False
+        plan, progress.plan = progress.plan, None
+        # A global position from another layout: the epoch's rest, when asked for its batch count.
+        window = None
+        if (
+            plan is not None
+            and plan.window is not None
+            and plan.epoch == progress.epoch
+            and start == plan.batches
+        ):
+            window, start = plan.window, 0
+        progress.replaying, progress.restored = progress.restored and (start > 0 or window is not None), False
         self._sync_seed()
         generator = self.synchronized_generator
         if progress.pending_rng_state is not None and generator is not None:
@@ -325,7 +354,35 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         progress.in_epoch = True
         progress.exhausted = False
         progress.position = start
+        progress.window = window
+        self._set_window(window)
         return start
+
+    def _set_window(self, window: EpochWindow | None) -> None:
+        """Give the sampler or dataset shard the window of the epoch about to start (None: the whole)."""
+        shard, dataset = self._shard(), self.dataset
+        if shard is not None:
+            shard.window = window
+        elif isinstance(dataset, IterableDatasetShard):
+            dataset.window = window
+
+    @contextmanager
+    def _stream_window(self) -> Iterator[None]:
+        """While the epoch's iterator is created: a plain iterable dataset is read through the window."""
+        window, dataset = self._progress.window, self.dataset
+        if (
+            window is None
+            or isinstance(dataset, IterableDatasetShard)
+            or not isinstance(dataset, IterableDataset)
+        ):
+            yield
+            return
+        # DataLoader refuses to set ``dataset`` after construction; its iterator reads it once, here.
+        self.__dict__["dataset"] = _WindowedStream(dataset, window)
+        try:
+            yield
+        finally:
+            self.__dict__["dataset"] = dataset
 
     def begin(self) -> None:
         """Register with ``GradientState`` at the start of an iteration."""
@@ -351,6 +408,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             progress.in_epoch = False
             progress.exhausted = False
             progress.loader_state = None
+            progress.window = None
+            self._set_window(None)
 
     # ----------------------------------------------------------------- sizes
     def _shard(self) -> BatchSamplerShard | None:
@@ -368,15 +427,20 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         the length or the global batch size is unknown. Iterable data learns it at its last batch
         (see ``_last_remainder``).
         """
-        if self._shard() is None or self.drop_last:
+        window = self._progress.window
+        if self._shard() is None or (self.drop_last and window is None):
             return -1
         size = self.total_batch_size
         if not size:
             return -1
         try:
-            return self.total_dataset_length % size
+            length = self.total_dataset_length
         except TypeError:
             return -1
+        if window is None:
+            return length % size
+        left = window.count(length) % size  # a resumed epoch keeps its tail, also with drop_last
+        return left if left or not self.drop_last else -1
 
     def _last_remainder(self, last_batch: object) -> int:
         """``remainder`` once the last batch of iterable data is given out: the real samples in the
@@ -423,10 +487,14 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         last step) describes the start of the next epoch, so that resuming there continues with it.
 
         Returns:
-            A plain dict: ``epoch``, ``position`` (batches given out in the epoch), ``version`` and,
-            when the order is random, ``generator_state`` (the shuffling generator's state at the
-            start of the epoch), ``sampler_seed`` (seeded sampler) or ``epoch_seed`` (the seed a
-            single process drew from the global generator for the current epoch).
+            A plain dict: ``epoch``, ``position`` (batches given out in the epoch, on this process),
+            ``version``, ``global`` (the global position: ``consumed``, the units of the epoch's global
+            order used by all processes together; ``offset``, the units skipped before ``position``
+            counts, when the epoch was itself resumed from another layout; ``layout``, how this loader
+            cuts the order: processes, batch sizes, flags, dataset length) and, when the order is
+            random, ``generator_state`` (the shuffling generator's state at the start of the epoch),
+            ``sampler_seed`` (seeded sampler) or ``epoch_seed`` (the seed a single process drew from
+            the global generator for the current epoch).
         """
         progress = self._progress
         finished = progress.in_epoch and progress.exhausted
@@ -449,9 +517,39 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             seed = sampler.epoch_seed if in_epoch else (None if finished else sampler.pending_seed)
             if seed is not None:
                 state["epoch_seed"] = int(seed)
+            drawn = sampler.epoch_state if in_epoch else (None if finished else sampler.pending_state)
+            if drawn is not None:  # an order replayed from a run on several processes
+                state["generator_state"] = drawn.clone()
         if in_epoch and progress.loader_state is not None:
             state["loader_state"] = progress.loader_state
+        state["global"] = self._global_position(in_epoch, finished)
         return state
+
+    def _global_position(self, in_epoch: bool, finished: bool) -> dict[str, object]:
+        """``state_dict``'s ``global`` entry: units of the epoch's global order consumed, and the layout."""
+        progress, layout = self._progress, layout_of(self)
+        plan, window = progress.plan, progress.window
+        if in_epoch:
+            offset = window.offset if window is not None else 0
+            consumed = offset + progress.position * layout.global_batch
+            stop = window.end if window is not None and window.end is not None else layout.length
+            consumed = consumed if stop is None else min(consumed, max(stop, offset))
+        elif plan is not None and not finished:  # loaded, not iterated yet: the loaded position stands
+            offset = consumed = plan.consumed
+        else:
+            offset = consumed = 0
+        return {"consumed": consumed, "offset": offset, "layout": layout.to_dict()}
+
+    def resume_position(self) -> tuple[int, int] | None:
+        """``(epoch, batches)`` that continue a state loaded from another layout, before it is used.
+
+        ``batches`` counts this loader's batches (what ``resume_point(...).batches_to_skip`` reports):
+        ``skip_first_batches(loader, batches)`` (or ``resume_at(batches)``, or a stateful loader by
+        itself) then starts at the exact sample the saved run stopped at, also when that is not a
+        whole number of this loader's batches. None when no such state is pending.
+        """
+        plan = self._progress.plan
+        return None if plan is None else (plan.epoch, plan.batches)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state from ``state_dict()``; the next iteration replays that epoch's order.
@@ -461,6 +559,17 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         iteration starts right after the last batch given out before the save. A state written by
         the reference library's stateful loader (torchdata's keys, ``_num_yielded``) is accepted too:
         its position is restored, but it does not record the order of a shuffled epoch.
+
+        A state saved on another number of processes (or batch size, or ``split_batches``...)
+        continues the same global order: over the rest of the epoch all processes together get
+        exactly the samples the saved run had not used yet, each once, in its order. The position is
+        then counted in this loader's batches (``resume_position()``, ``resume_point(...)
+        .batches_to_skip``, rounded down); skipping that many (``skip_first_batches``, ``resume_at``,
+        or a stateful loader by itself) starts at the exact sample, dropping the used samples of a
+        batch that straddles the position; the resumed epoch keeps its tail (padded as
+        ``even_batches`` pads it, also with ``drop_last``). Skipping another count skips that many
+        batches of the epoch. Where this cannot be exact (see ``global_position``) one warning line
+        says what will differ; ``resume_note`` keeps it.
 
         Args:
             state_dict: A dict returned by ``state_dict()``.
@@ -499,6 +608,36 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if isinstance(sampler, _GlobalDrawRandomSampler):
             seed = state_dict.get("epoch_seed")
             sampler.pending_seed = None if seed is None else int(seed)
+            sampler.pending_state = (
+                None if seed is not None or saved_rng is None else progress.pending_rng_state
+            )
+        progress.plan, self.resume_note = None, None
+        entry = state_dict.get("global")
+        if isinstance(entry, Mapping):
+            current = layout_of(self)
+            if needs_translation(entry, current):
+                self._continue_global(state_dict, entry, current)
+
+    def _continue_global(self, state: Mapping[str, Any], entry: Mapping[str, Any], current: Layout) -> None:
+        """Turn a global position saved on another layout into this loader's plan (after the restore)."""
+        plan = plan_resume(
+            Layout.from_dict(entry["layout"]), int(entry.get("consumed", 0)), int(state["epoch"]), current
+        )
+        progress = self._progress
+        progress.epoch, progress.pending_loader_state = plan.epoch, None  # torchdata's state is per layout
+        progress.pending_position = plan.batches if self.use_stateful_dataloader else 0
+        progress.position = progress.pending_position
+        progress.plan = plan
+        if plan.epoch != int(state["epoch"]):
+            progress.restored, progress.pending_rng_state = False, None
+        elif state.get("epoch_seed") is not None and self.synchronized_generator is not None:
+            # One process drew this epoch's seed; several shuffle with a generator: the same permutation.
+            generator = torch.Generator()
+            generator.manual_seed(int(state["epoch_seed"]))
+            progress.pending_rng_state = generator.get_state()
+        self.resume_note = plan.note
+        if plan.note is not None:
+            report_note(self, plan.note)
 
 
 def _from_torchdata_state(loader: PreparedLoaderMixin, state: Mapping[str, Any]) -> dict[str, Any]:

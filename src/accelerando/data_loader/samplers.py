@@ -9,17 +9,19 @@ resume and ``skip_first_batches`` work.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sized
-from typing import Any, Protocol, TypeGuard, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeGuard, TypeVar, cast
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 from accelerando.data_loader.batches import like_sample, to_plain
 
-__all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler"]
+__all__ = ["BatchSamplerShard", "EpochWindow", "IterableDatasetShard", "SeedableRandomSampler"]
 
 
 _T = TypeVar("_T")
@@ -84,14 +86,22 @@ class _GlobalDrawRandomSampler(RandomSampler):
         super().__init__(data_source, replacement=replacement, num_samples=num_samples)
         self.epoch_seed: int | None = None
         self.pending_seed: int | None = None
+        # An order saved by several processes (their shuffling generator's state at the epoch's start),
+        # replayed once instead of a seed; ``epoch_state`` keeps it for a checkpoint inside that epoch.
+        self.epoch_state: torch.Tensor | None = None
+        self.pending_state: torch.Tensor | None = None
 
     def __iter__(self) -> Iterator[int]:
         seed, self.pending_seed = self.pending_seed, None
-        if seed is None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        self.epoch_seed = seed
+        state, self.pending_state = self.pending_state, None
         generator = torch.Generator()
-        generator.manual_seed(seed)
+        if state is not None:
+            generator.set_state(state)
+        else:
+            if seed is None:
+                seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            generator.manual_seed(seed)
+        self.epoch_seed, self.epoch_state = seed if state is None else None, state
         self.generator = generator
         try:
             yield from RandomSampler.__iter__(self)
@@ -181,6 +191,102 @@ def _iter_sampler_from(sampler: Iterable[int], start: int) -> Iterator[int]:
     iterator = iter(sampler)
     _consume(iterator, start)
     return iterator
+
+
+@dataclass(frozen=True)
+class EpochWindow:
+    """The part of one epoch's global order that an epoch resumed on another layout gives out.
+
+    Set by a prepared loader on its ``BatchSamplerShard`` or ``IterableDatasetShard`` for that one
+    epoch (see :mod:`accelerando.data_loader.global_position`); the next epoch is a whole one again.
+
+    Attributes:
+        offset: Units of the order already consumed (indices; whole batches of a user's batch
+            sampler), dropped before batching and sharding.
+        end: Where the saved run's epoch stopped, in the same units (None: the order's own end).
+        stride: Keep only whole groups of this many units past ``offset`` (``drop_last`` with a stream
+            of unknown length: the saved run's global batch).
+        pad: Complete the last global batch from the resumed epoch's first samples, as ``even_batches``
+            does (also with ``drop_last``, so that every batch keeps its full size).
+    """
+
+    offset: int
+    end: int | None = None
+    stride: int | None = None
+    pad: bool = True
+
+    def cut(self, items: Iterator[_T], skipped: bool = False) -> Iterator[_T]:
+        """The window of ``items``: past ``offset`` (unless ``skipped`` already), up to ``end``, whole strides.
+
+        Args:
+            items: The epoch's units in order, from the start (or from ``offset`` when ``skipped``).
+            skipped: ``items`` starts at ``offset`` already.
+        """
+        if not skipped:
+            _consume(items, self.offset)
+        if self.end is not None:
+            items = itertools.islice(items, max(self.end - self.offset, 0))
+        if self.stride:
+            return _whole_groups(items, self.stride)
+        return items
+
+    def count(self, total: int) -> int:
+        """Units the window gives out of an order of ``total`` units."""
+        stop = total if self.end is None else min(self.end, total)
+        left = max(stop - self.offset, 0)
+        return left - left % self.stride if self.stride else left
+
+
+def _whole_groups(items: Iterator[_T], size: int) -> Iterator[_T]:
+    """``items`` in groups of ``size``, leaving out a last group that is not whole."""
+    while True:
+        group = list(itertools.islice(items, size))
+        if len(group) < size:
+            return
+        yield from group
+
+
+class _IndexWindow(Sampler[int]):
+    """An index sampler's epoch, cut to an ``EpochWindow`` (skipped indices are not drawn one by one
+    for sequential and seeded samplers).
+    """
+
+    def __init__(self, sampler: Iterable[int], window: EpochWindow) -> None:
+        self.sampler = sampler
+        self.window = window
+
+    def __iter__(self) -> Iterator[int]:
+        return self.window.cut(_iter_sampler_from(self.sampler, self.window.offset), skipped=True)
+
+    def __len__(self) -> int:
+        return self.window.count(len(cast("Sized", self.sampler)))
+
+
+class _BatchWindow:
+    """A user's batch sampler's epoch, cut to an ``EpochWindow`` counted in whole batches."""
+
+    def __init__(self, batch_sampler: Iterable[list[int]], window: EpochWindow) -> None:
+        self.batch_sampler = batch_sampler
+        self.window = window
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.sampler = getattr(batch_sampler, "sampler", None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.window.cut(iter(self.batch_sampler))
+
+    def __len__(self) -> int:
+        return self.window.count(len(cast("Sized", self.batch_sampler)))
+
+
+class _WindowedStream(IterableDataset):
+    """An iterable dataset read through an ``EpochWindow`` (one process, or the dispatcher's reader)."""
+
+    def __init__(self, dataset: Iterable[object], window: EpochWindow) -> None:
+        self.dataset = dataset
+        self.window = window
+
+    def __iter__(self) -> Iterator[object]:
+        return self.window.cut(iter(self.dataset))
 
 
 class _EpochStream:
@@ -301,6 +407,8 @@ class BatchSamplerShard(BatchSampler):
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self.sampler = getattr(batch_sampler, "sampler", None)
         self._next_start = 0
+        # Set by a prepared loader for an epoch resumed on another layout (a global position).
+        self.window: EpochWindow | None = None
         if self.split_batches:
             if self.batch_size is None:
                 raise ValueError(
@@ -346,7 +454,25 @@ class BatchSamplerShard(BatchSampler):
         """Whether the wrapped batch sampler has a length (so this one has too)."""
         return isinstance(self.batch_sampler, Sized)
 
+    def _windowed(self, window: EpochWindow) -> BatchSamplerShard:
+        """A copy of this shard over ``window`` of the epoch: the remaining units, batched and dealt
+        as usual; its tail is kept (padded when ``window.pad``) rather than dropped.
+        """
+        view = copy.copy(self)
+        view.window = None
+        inner = self.batch_sampler
+        if type(inner) is BatchSampler:
+            # Plain BatchSampler: exact, it only needs an index sampler (checked when it was built).
+            indices = _IndexWindow(cast("Iterable[int]", inner.sampler), window)
+            view.batch_sampler = BatchSampler(indices, inner.batch_size, False)
+        else:
+            view.batch_sampler = _BatchWindow(inner, window)
+        view.drop_last, view.even_batches = False, window.pad
+        return view
+
     def __len__(self) -> int:
+        if self.window is not None:
+            return len(self._windowed(self.window))
         if not self.has_length:
             raise TypeError(
                 f"{type(self.batch_sampler).__name__} has no __len__, so the number of batches per process "
@@ -373,6 +499,8 @@ class BatchSamplerShard(BatchSampler):
         A plain function returning one of the generators below (each starts reading the sampler only
         when asked for its first batch): one generator layer fewer per batch.
         """
+        if self.window is not None:
+            return self._windowed(self.window)._iter_from(start)
         if self.num_processes == 1:
             return self._iter_single(start)
         if self.split_batches:
@@ -497,6 +625,8 @@ class IterableDatasetShard(IterableDataset):
         self._first: list[object] | None = None
         # A state restored from a checkpoint: untyped data read back from disk.
         self._resume: dict[str, Any] | None = None
+        # Set by a prepared loader for an epoch resumed on another layout (a global position).
+        self.window: EpochWindow | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Record the epoch and forward it to the dataset when it has ``set_epoch``.
@@ -578,6 +708,8 @@ class IterableDatasetShard(IterableDataset):
                 # The original first batch, rather than its plain copy from the state.
                 self._first = list(itertools.islice(iterator, self.global_batch_size))
                 _consume(iterator, (self._batches - 1) * self.global_batch_size)
+        elif self.window is not None:
+            return self.window.cut(iterator)
         return iterator
 
     def __iter__(self) -> Iterator[object]:
@@ -591,6 +723,10 @@ class IterableDatasetShard(IterableDataset):
         lo, hi = self.process_index * width, (self.process_index + 1) * width
         current: list[object] = []
         self.last_remainder = -1
+        # A resumed epoch keeps its tail, padded when asked (see EpochWindow.pad).
+        window = self.window
+        drop_last = self.drop_last and window is None
+        even = self.even_batches if window is None else window.pad
         for sample in self._stream():
             current.append(sample)
             if len(current) == gbs:
@@ -602,10 +738,10 @@ class IterableDatasetShard(IterableDataset):
                 if (self._batches - 1) % workers == worker:
                     yield from current[lo:hi]
                 current = []
-        if not current or self.drop_last or self._batches % workers != worker:
+        if not current or drop_last or self._batches % workers != worker:
             return
         self.last_remainder = len(current)
-        if self.even_batches and self.num_processes > 1:
+        if even and self.num_processes > 1:
             padding = _cycle_to(self._first or current, gbs - len(current))
             current = current + [like_sample(sample, current[0]) for sample in padding]
         yield from current[lo:hi]

@@ -240,12 +240,13 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         """The underlying iterator; with torchdata, resumed from a loaded state when there is one."""
         stateful = _stateful_base(type(self))
         if stateful is None:
-            return DataLoader.__iter__(self), False, None
+            with self._stream_window():
+                return DataLoader.__iter__(self), False, None
         progress = self._progress
         pending, progress.pending_loader_state = progress.pending_loader_state, None
         if pending is not None:
             stateful.load_state_dict(self, pending)
-        with self._first_iterator_rng(0 if pending is None else 1):
+        with self._first_iterator_rng(0 if pending is None else 1), self._stream_window():
             iterator = stateful.__iter__(self)
         return iterator, pending is not None, iterator.state_dict
 
@@ -256,7 +257,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         # made when the interrupted run entered it, and the restored RNG state already includes it:
         # drawing again would shift every later random number (dropout masks) by one. Skipping
         # without a loaded state draws, as the reference does.
-        replaying = start > 0 and self._progress.replaying
+        replaying = self._progress.replaying  # started past the epoch's first batch, from a loaded state
         rng_state = torch.get_rng_state() if replaying and self.generator is None else None
         try:
             with self._first_iterator_rng(start):
