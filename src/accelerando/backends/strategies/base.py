@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from accelerando.optimizer import AcceleratedOptimizer
     from accelerando.scheduler import AcceleratedScheduler
 
-__all__ = ["SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "SkipsSync", "Strategy"]
+__all__ = ["CAPABILITIES", "SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "SkipsSync", "Strategy"]
+
+#: The capability flags of :class:`Strategy` (class-level booleans each strategy declares).
+CAPABILITIES = (
+    "manages_precision",
+    "divides_loss_for_accumulation",
+    "plain_data_parallel",
+    "loads_own_checkpoints",
+)
 
 #: Why ``Accelerator.deepspeed_ulysses_dl_adapter`` was refused, and the fix.
 SEQUENCE_PARALLEL_NEEDED = (
@@ -118,17 +126,20 @@ class Strategy:
 
     distributed_type: DistributedType = DistributedType.NO
     name: ClassVar[str] = "single"
-    # True for sharded strategies whose load_*_checkpoint hooks restore every model and optimizer
-    # (the checkpoint then holds no full state dict to read for them).
-    loads_own_checkpoints: ClassVar[bool] = False
-    # True when the wrapped engine applies mixed precision itself (the connector then builds the
-    # precision without a loss scaler).
+    # Capabilities (:data:`CAPABILITIES`): what the layers around a strategy ask of it instead of
+    # probing its type. Every registered strategy declares all four in its own class body, even where
+    # its value is this one-device strategy's (tests/strategies/test_capabilities.py).
+    #: The wrapped engine applies mixed precision itself: the connector builds the precision without a
+    #: loss scaler, and ``prepare`` leaves the precision's model/optimizer conversion to the engine.
     manages_precision: ClassVar[bool] = False
-    # False when the engine divides the loss by the accumulation steps itself (DeepSpeed).
+    #: ``Accelerator.backward`` divides the loss by the accumulation steps; False when the engine does.
     divides_loss_for_accumulation: ClassVar[bool] = True
-    # True when every process holds the whole model as plain parameters that a plain all-reduce can
-    # average (one device, DDP); what LocalSGD needs. Sharding strategies and engines say False.
+    #: Every process holds the whole model as plain parameters that a plain all-reduce can average
+    #: (one device, DDP): what LocalSGD needs. Sharding strategies and engines say False.
     plain_data_parallel: ClassVar[bool] = True
+    #: The ``load_*_checkpoint`` hooks restore every model and optimizer (sharded strategies, engines):
+    #: ``load_state`` then reads no full state dict for them.
+    loads_own_checkpoints: ClassVar[bool] = False
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         self.runtime = runtime

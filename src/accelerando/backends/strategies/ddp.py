@@ -28,6 +28,11 @@ class DDPStrategy(Strategy):
     """
 
     name = "ddp"
+    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler around a plain DDP wrapper.
+    manages_precision = False
+    divides_loss_for_accumulation = True
+    plain_data_parallel = True  # every process holds the whole model
+    loads_own_checkpoints = False  # checkpointing loads the full state dict into the unwrapped model
 
     def __init__(
         self,

@@ -173,11 +173,13 @@ class DeepSpeedStrategy(Strategy):
 
     distributed_type = DistributedType.DEEPSPEED
     name = "deepspeed"
+    # Capabilities (Strategy.CAPABILITIES): the engine owns precision, loss scaling and the division
+    # of the loss by the accumulation steps.
     manages_precision = True
     divides_loss_for_accumulation = False
+    plain_data_parallel = False
     # Checkpointing reads no model/optimizer files for us: the engine checkpoint restores them.
     loads_own_checkpoints = True
-    plain_data_parallel = False
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

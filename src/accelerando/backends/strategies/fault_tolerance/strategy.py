@@ -64,8 +64,12 @@ class FaultTolerantStrategy(Strategy):
     """
 
     name = "fault_tolerant"
+    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler around torchft's DDP.
+    manages_precision = False
+    divides_loss_for_accumulation = True
     # The weights are the same on every group, but a plain all-reduce would cross only this group.
     plain_data_parallel = False
+    loads_own_checkpoints = False  # checkpointing loads the full state dict into the unwrapped model
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

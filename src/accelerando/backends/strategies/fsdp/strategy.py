@@ -71,8 +71,11 @@ class FSDPStrategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     name = "fsdp"
-    loads_own_checkpoints = True
+    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler; the model is sharded.
+    manages_precision = False
+    divides_loss_for_accumulation = True
     plain_data_parallel = False
+    loads_own_checkpoints = True  # its load hooks restore the sharded models and optimizers
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

@@ -78,9 +78,11 @@ class MegatronStrategy(Strategy):
 
     distributed_type = DistributedType.MEGATRON_LM
     name = "megatron"
-    plain_data_parallel = False
+    # Capabilities (Strategy.CAPABILITIES): Megatron's train step owns precision, loss scaling and
+    # micro-batching; its checkpoint restores models and optimizers.
     manages_precision = True
     divides_loss_for_accumulation = False
+    plain_data_parallel = False
     loads_own_checkpoints = True
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
