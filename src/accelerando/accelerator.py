@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from accelerando.checkpointing.project import ResumePoint
     from accelerando.core.enums import DynamoBackend
     from accelerando.core.enums_on_demand import LoggerType
+    from accelerando.core.settings import Settings
     from accelerando.facade.preemption import PreemptionWatch
     from accelerando.parallelism_config import ParallelismConfig
     from accelerando.plugins.accumulation import GradientAccumulationPlugin
@@ -281,9 +282,9 @@ class Accelerator:
         self._checkpoint_target = self._checkpoints.target
         self._mesh_ranks = MeshRanks(context)
         # Opt-in fault handling: resume in the first prepare(), checkpoint-and-exit on SIGTERM/SIGUSR1.
-        auto_resume = bool(getattr(self.settings, "auto_resume", False))
+        auto_resume = self.settings.auto_resume
         self._preemption: PreemptionWatch | None = None
-        if auto_resume or bool(getattr(self.settings, "preemption_checkpoint", False)):
+        if auto_resume or self.settings.preemption_checkpoint:
             from accelerando.facade.preemption import install  # deferred: opt-in, off by default
 
             self._preemption = install(self._options.project_configuration)
@@ -313,7 +314,15 @@ class Accelerator:
     )
 
     # ------------------------------------------------------------- properties
-    settings = forwarded("runtime.settings", "The resolved settings, each with its source.")
+    if TYPE_CHECKING:  # the same read, typed: every setting is a typed attribute of Settings
+
+        @property
+        def settings(self) -> Settings:
+            """The resolved settings, each with its source."""
+            ...
+
+    else:
+        settings = forwarded("runtime.settings", "The resolved settings, each with its source.")
     dynamo_plugin = forwarded("runtime.plugins.dynamo", "The TorchDynamoPlugin in effect.")
     parallelism_config = forwarded("runtime.plugins.parallelism_config", "The ParallelismConfig, or None.")
     ddp_handler = _handler("DistributedDataParallelKwargs", "The DDP kwargs given in code, or None.")

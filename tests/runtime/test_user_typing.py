@@ -100,6 +100,7 @@ reveal_type(settings.mixed_precision)
 reveal_type(settings.fsdp_transformer_layer_cls_to_wrap)
 reveal_type(settings.source("mixed_precision"))
 reveal_type(Accelerator(cpu=True).runtime.settings.gradient_accumulation_steps)
+reveal_type(Accelerator(cpu=True).settings.auto_resume)
 settings.gradient_acumulation_steps
 """
 SETTINGS_TYPES = [
@@ -111,6 +112,7 @@ SETTINGS_TYPES = [
     ("settings.fsdp_transformer_layer_cls_to_wrap", "tuple[str, ...] | None"),
     ('settings.source("mixed_precision")', "str"),
     ("Accelerator(cpu=True).runtime.settings.gradient_accumulation_steps", "int"),
+    ("Accelerator(cpu=True).settings.auto_resume", "bool"),
 ]
 
 
