@@ -40,6 +40,7 @@ from accelerando.checkpointing.state_io import (
 )
 from accelerando.checkpointing.target import CheckpointTarget
 from accelerando.core.runtime import set_active_accelerator
+from accelerando.data_loader.global_position import collected_notes, mark_saved_processes, warn_collected
 from accelerando.scheduler import AcceleratedScheduler
 
 if TYPE_CHECKING:
@@ -165,11 +166,11 @@ def _read_candidate(
             f"{folder} was saved by {manifest.world_size} processes and is loaded by {state.num_processes}: "
             "models, optimizers, schedulers, the scaler and custom objects are restored; random states "
             "follow the elastic rule (a process that existed gets its own back, a new one a state derived "
-            "from them); dataloader positions and unfinished-accumulation gradients are per process and "
-            "are NOT restored, so the run will not continue bit-exactly.",
+            "from them); prepared dataloaders continue the same global sample order; unfinished-accumulation "
+            "gradients are per process and are NOT restored, so the run will not continue bit-exactly.",
             stacklevel=3,
         )
-    loaders = list(target.dataloaders) if per_rank else []
+    loaders = list(target.dataloaders)  # shared files: read on any number of processes (global position)
     owns = owns_loading(target)  # then models and optimizers are read by the strategy in _apply
     counts = (
         0 if owns else len(models),
@@ -471,15 +472,14 @@ def _apply(target: CheckpointTarget, folder: str, outcome: _Outcome, model_kwarg
                     f"{folder!r}: the {strategy.name} strategy could not load optimizer {i}"
                 )
         models, optimizers = [], []
-    apply_state(
-        loaded,
-        models,
-        optimizers,
-        list(target.schedulers),
-        list(target.dataloaders) if per_rank else [],
-        target.scaler,
-        **model_kwargs,
-    )
+    loaders = list(target.dataloaders)
+    if not per_rank and loaded.saved_world is not None:
+        mark_saved_processes(loaded.dataloaders, loaded.saved_world)
+    with collected_notes() as notes:  # loaders that cannot continue exactly: one line each, by index
+        apply_state(
+            loaded, models, optimizers, list(target.schedulers), loaders, target.scaler, **model_kwargs
+        )
+    warn_collected(notes, loaders, folder)
     for obj, custom in zip(target.custom_objects, custom_states, strict=True):
         obj.load_state_dict(custom)
     if loaded.step is not None:
@@ -529,10 +529,13 @@ def _resize(target: CheckpointTarget, folder: str, loaded: LoadedState, per_rank
 
 def _resume_point(target: CheckpointTarget, folder: str, loaded: LoadedState) -> ResumePoint:
     positions = []
-    for entry in loaded.dataloaders:
-        state = entry[1] if entry is not None and isinstance(entry[1], dict) else {}
-        positions.append((int(state.get("epoch", 0)), int(state.get("position", 0))))
     loaders = list(target.dataloaders)
+    for i, entry in enumerate(loaded.dataloaders):
+        state = entry[1] if entry is not None and isinstance(entry[1], dict) else {}
+        position = (int(state.get("epoch", 0)), int(state.get("position", 0)))
+        # A state from another layout: the position in this loader's batches (global_position).
+        translated = getattr(loaders[i], "resume_position", None) if i < len(loaders) else None
+        positions.append((translated() if callable(translated) else None) or position)
     epoch, skip = positions[0] if positions else (0, 0)
     if loaders and getattr(loaders[0], "use_stateful_dataloader", False):
         skip = 0

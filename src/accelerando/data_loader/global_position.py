@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from torch.utils.data import (
@@ -76,6 +76,15 @@ def report_note(loader: object, note: str) -> None:
         notes.append((loader, note))
         return
     warnings.warn(f"This dataloader cannot continue the saved run exactly: {note}", stacklevel=3)
+
+
+def warn_collected(notes: list[tuple[object, str]], loaders: list[object], folder: str) -> None:
+    """One warning line per loader of ``notes``, naming its index among the prepared ``loaders``."""
+    for loader, note in notes:
+        index = next((i for i, known in enumerate(loaders) if known is loader), "?")
+        warnings.warn(
+            f"{folder}: dataloader {index} cannot continue the saved run exactly: {note}", stacklevel=4
+        )
 
 
 @dataclass(frozen=True)
@@ -259,6 +268,40 @@ def needs_translation(entry: Mapping[str, Any], current: Layout) -> bool:
     if int(entry.get("offset", 0) or 0):
         return True
     return Layout.from_dict(entry.get("layout", {})) != current
+
+
+def legacy_entry(state: Mapping[str, Any], current: Layout) -> dict[str, object] | None:
+    """The global position of a version-1 state (no ``global``) saved on ``saved_num_processes``.
+
+    Such a state records only the per-process ``position``; the saved layout is taken to be the
+    current one on the saved number of processes (the same batch size and flags). None when the
+    number of processes is the same (the per-process path applies).
+    """
+    processes = int(state["saved_num_processes"])
+    if processes == current.num_processes or processes < 1:
+        return None
+    if current.split_batches:
+        size = current.global_batch
+    else:
+        size = current.global_batch // max(current.num_processes, 1) * processes
+    saved = replace(current, num_processes=processes, global_batch=max(size, 1))
+    return {
+        "consumed": int(state.get("position", 0)) * saved.global_batch,
+        "offset": 0,
+        "layout": saved.to_dict(),
+    }
+
+
+def mark_saved_processes(entries: list[tuple[str, object] | None], processes: int) -> None:
+    """Tell version-1 loader states read on another number of processes how many saved them.
+
+    Args:
+        entries: ``(file stem, state)`` per loader as read from a checkpoint (None: no file).
+        processes: The saving run's number of processes (from its manifest).
+    """
+    for entry in entries:
+        if entry is not None and isinstance(entry[1], dict) and "global" not in entry[1]:
+            entry[1]["saved_num_processes"] = int(processes)
 
 
 # --------------------------------------------------------------------------- the layout of a loader

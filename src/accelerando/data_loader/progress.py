@@ -23,6 +23,7 @@ from accelerando.data_loader.global_position import (
     Layout,
     ResumePlan,
     layout_of,
+    legacy_entry,
     needs_translation,
     plan_resume,
     report_note,
@@ -612,11 +613,11 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
                 None if seed is not None or saved_rng is None else progress.pending_rng_state
             )
         progress.plan, self.resume_note = None, None
-        entry = state_dict.get("global")
-        if isinstance(entry, Mapping):
-            current = layout_of(self)
-            if needs_translation(entry, current):
-                self._continue_global(state_dict, entry, current)
+        entry, current = state_dict.get("global"), layout_of(self)
+        if not isinstance(entry, Mapping) and "saved_num_processes" in state_dict:
+            entry = legacy_entry(state_dict, current)  # version 1, saved on another number of processes
+        if isinstance(entry, Mapping) and needs_translation(entry, current):
+            self._continue_global(state_dict, entry, current)
 
     def _continue_global(self, state: Mapping[str, Any], entry: Mapping[str, Any], current: Layout) -> None:
         """Turn a global position saved on another layout into this loader's plan (after the restore)."""
