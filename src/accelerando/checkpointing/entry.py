@@ -93,8 +93,7 @@ def _durable(target: CheckpointTarget, value: object) -> bool:
         TypeError: If the keyword is given and is not True or False.
     """
     if value is None:
-        value = getattr(target.settings, "checkpoint_durable", None)
-        return True if value is None else bool(value)
+        return target.settings.checkpoint_durable
     if not isinstance(value, bool):
         raise TypeError(
             f"save_state(durable=...) takes True or False, not {value!r}; durable=False skips the fsync "

@@ -172,7 +172,7 @@ def _wait_for_lock(target: CheckpointTarget, kwargs: dict[str, object]) -> float
     """Seconds to wait for another process's lock: the keyword, else the setting, else the module's default."""
     value = kwargs.pop("wait_for_lock", None)
     if value is None:
-        value = getattr(target.settings, "checkpoint_lock_wait", None)
+        value = target.settings.checkpoint_lock_wait
     return lock.check_wait(lock.WAIT_FOR_LOCK_S if value is None else value)
 
 

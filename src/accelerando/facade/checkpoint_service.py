@@ -184,7 +184,7 @@ class AcceleratorCheckpointTarget:
 
     def log_checkpoint(self, path: str, size: int) -> None:
         """Report a written checkpoint to the trackers, only with the ``log_checkpoint_metrics`` setting."""
-        if getattr(self._context.settings, "log_checkpoint_metrics", False):
+        if self._context.settings.log_checkpoint_metrics:
             self._observability.log_checkpoint(path, size)
 
 

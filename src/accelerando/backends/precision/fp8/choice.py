@@ -86,7 +86,7 @@ def choose_fp8_backend(
     if len(given) > 1:
         names = ", ".join(type(h).__name__ for h in given)
         raise ValueError(f"pass one FP8 recipe handler, got {names}; keep the one of the backend you want")
-    setting = getattr(settings, "fp8_backend", None) if settings is not None else None
+    setting = settings.fp8_backend if settings is not None else None
     setting_source = (
         settings.source("fp8_backend") if settings is not None and setting is not None else "default"
     )
