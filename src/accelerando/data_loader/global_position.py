@@ -206,15 +206,19 @@ def _order_note(saved: Layout, current: Layout, epoch: int, consumed: int) -> st
 
 
 def _tail_note(current: Layout, window: EpochWindow) -> str | None:
-    """A tail the DataLoader itself drops: one process reading a stream with ``drop_last``."""
-    if current.kind != "iterable" or not current.drop_last or current.dispatch:
+    """A tail the DataLoader itself drops: a stream read in batches by one reader with ``drop_last``."""
+    if current.kind != "iterable" or not current.drop_last:
         return None
-    if current.num_processes == 1 or not window.pad:
-        return (
-            f"drop_last on one process drops the last incomplete batch of {current.batch_size} of the resumed "
-            "epoch, which the saved run (another global batch) would have used"
-        )
-    return None
+    if current.num_processes > 1 and not current.dispatch:
+        return None  # IterableDatasetShard pads the tail to whole batches
+    size = current.batch_size or 1
+    stop = window.end if window.end is not None else current.length
+    if stop is not None and (stop - window.offset) % size == 0:
+        return None
+    return (
+        f"drop_last drops the last incomplete batch of {size} of the resumed epoch (read by one process), "
+        "which the saved run (another global batch) would have used"
+    )
 
 
 def plan_resume(saved: Layout, consumed: int, epoch: int, current: Layout) -> ResumePlan:
