@@ -17,7 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from accelerando.data_loader import prepare_data_loader, skip_first_batches
 from accelerando.data_loader.global_position import Layout, plan_resume
@@ -294,6 +294,35 @@ def test_changed_dataset_length_warns() -> None:
         other.load_state_dict(state)
 
 
+def test_stream_split_by_workers_warns() -> None:
+    """A stream read by loader workers on one process has no order known to continue on two."""
+    torch.manual_seed(0)
+    loader = prepare_data_loader(
+        DataLoader(Stream(24), batch_size=2, num_workers=2), num_processes=1, process_index=0
+    )
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    other = _make(
+        2,
+        0,
+        dict(
+            length=24,
+            batch=2,
+            shuffle=False,
+            seedable=False,
+            even=True,
+            drop_last=False,
+            split=False,
+            iterable=True,
+        ),
+    )
+    with pytest.warns(UserWarning, match="split between loader workers") as caught:
+        other.load_state_dict(state)
+    assert len(caught) == 1
+
+
 def test_same_layout_state_is_the_per_process_path() -> None:
     """On the same layout nothing is planned: ``position`` restores as before (skip_first_batches)."""
     case = dict(
@@ -374,6 +403,8 @@ CONFIGS: dict[str, dict] = {
         "loaders": [{"length": 37, "batch": 3, "shuffle": True}],
     },
     "auto_resume": {"accelerator": {}, "loaders": [{"length": 37, "batch": 3, "shuffle": True}]},
+    # Not exact across sizes: the script's own DistributedSampler (kept as the only sharding).
+    "kept_sampler": {"accelerator": {}, "loaders": [{"length": 37, "batch": 3, "distributed_sampler": True}]},
 }
 
 
@@ -398,11 +429,18 @@ def _build(name: str, project: str, resuming: bool):
     loaders = []
     for spec in config["loaders"]:
         data = Stream(spec["length"]) if spec.get("iterable") else Ids(spec["length"])
+        shuffle = None if spec.get("iterable") else spec.get("shuffle", False)
+        sampler = None
+        if spec.get("distributed_sampler"):
+            state = accelerator.state
+            sampler = DistributedSampler(data, state.num_processes, state.process_index, shuffle=False)
+            shuffle = None
         loaders.append(
             DataLoader(
                 data,
                 batch_size=spec["batch"],
-                shuffle=None if spec.get("iterable") else spec.get("shuffle", False),
+                shuffle=shuffle,
+                sampler=sampler,
                 drop_last=spec.get("drop_last", False),
             )
         )
@@ -513,11 +551,20 @@ def _assert_exact(figures: dict, resumed: list[dict], names: list[str], label: s
 
 def _check(tmp_path, saved_world: int, resumed_worlds: list[int], save_after: int) -> None:
     root = str(tmp_path)
-    saved = run_distributed(save_and_finish, saved_world, NAMES, root, save_after)
+    names = [*NAMES, "kept_sampler"]
+    saved = run_distributed(save_and_finish, saved_world, names, root, save_after)
     for world in resumed_worlds:
-        resumed = run_distributed(resume, world, NAMES, root)
+        resumed = run_distributed(resume, world, names, root)
         figures = _figures(saved, resumed, NAMES, saved_world, world)
         _assert_exact(figures, resumed, NAMES, f"{saved_world}->{world}")
+        notes = [report["kept_sampler"]["notes"] for report in resumed]
+        if world == saved_world:
+            assert notes == [[]] * world
+            continue
+        for lines in notes:  # one line per process, naming the loader and what differs
+            assert len(lines) == 1 and "\n" not in lines[0], lines
+            assert "dataloader 0 cannot continue" in lines[0] and "DistributedSampler" in lines[0]
+            print(f"{saved_world}->{world} kept_sampler: {lines[0]}")
 
 
 def test_two_processes_resumed_on_one_and_on_two(tmp_path) -> None:

@@ -32,7 +32,9 @@ Auto-resume pattern (re-running the same command after a crash continues where i
         for batch in batches:
             ...  # train; every N steps: accelerator.save_state()
 
-For a bit-exact resume with ``shuffle=True``, give the DataLoader its own ``generator``.
+For a bit-exact resume with ``shuffle=True``, give the DataLoader its own ``generator``. On another
+number of processes the same pattern continues each prepared loader's global sample order: ``skip`` is
+then counted in the new run's batches and lands on the exact sample the saved run stopped at.
 """
 
 from __future__ import annotations

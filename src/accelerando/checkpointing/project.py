@@ -37,7 +37,11 @@ class ResumePoint:
         epoch: Epoch of the first prepared dataloader at the save (0 without dataloaders).
         batches_to_skip: Batches of that epoch already consumed, which the script must skip with
             ``accelerator.skip_first_batches``; 0 in stateful mode, where the loader itself resumes.
-        dataloaders: ``(epoch, position)`` saved for every prepared dataloader, in order.
+            Counted in this run's batches: after a save on another number of processes (or batch
+            size) it is the saved global position in whole batches of this run, rounded down, and
+            skipping exactly this many starts at the exact sample the saved run stopped at (see
+            ``PreparedLoaderMixin.load_state_dict``).
+        dataloaders: ``(epoch, position)`` for every prepared dataloader, in order, in this run's batches.
     """
 
     checkpoint: str

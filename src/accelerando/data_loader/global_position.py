@@ -168,13 +168,18 @@ def _same_end(saved: Layout, current: Layout) -> bool:
     return saved.drop_last == current.drop_last and saved.global_batch == current.global_batch
 
 
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
 def _restart_note(saved: Layout, current: Layout, epoch: int) -> str | None:
     """Why the saved position has no meaning in the current layout (the epoch then restarts)."""
     if "per_process" in (saved.kind, current.kind):
         return (
             f"each process read its own part of the data (a DistributedSampler or per-process file shards) "
-            f"on {saved.num_processes} processes, so there is no global order to continue on "
-            f"{current.num_processes}: epoch {epoch} restarts from its first batch (samples already used come again)"
+            f"on {_processes(saved.num_processes)}, so there is no global order to continue on "
+            f"{_processes(current.num_processes)}: epoch {epoch} restarts from its first batch (samples already "
+            "used come again)"
         )
     if saved.unit != current.unit:
         return (
@@ -192,15 +197,15 @@ def _order_note(saved: Layout, current: Layout, epoch: int, consumed: int) -> st
             f"the dataset has {current.length} {current.unit}, the saved run saw {saved.length}: {rest} "
             "the new order, which is not the saved run's"
         )
-    if saved.order != current.order:
-        return (
-            f"the saved run's order was {saved.order!r} and this loader's is {current.order!r} (another sampler "
-            f"or use_seedable_sampler): {rest} a new order, so some samples repeat and others are skipped"
-        )
     if "workers" in (saved.order, current.order):
         return (
             "the stream is split between loader workers, so its order depends on the number of processes "
             f"and workers: {rest} a stream that is not the saved run's"
+        )
+    if saved.order != current.order:
+        return (
+            f"the saved run's order was {saved.order!r} and this loader's is {current.order!r} (another sampler "
+            f"or use_seedable_sampler): {rest} a new order, so some samples repeat and others are skipped"
         )
     return None
 

@@ -522,6 +522,13 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     resumed epoch the original continues with the next epoch; the skip applies to the copy's first
     iteration. Iterable data can only be skipped by reading it.
 
+    After ``load_state`` of a checkpoint saved on another number of processes (or batch size), the
+    saved position is a number of samples of the epoch's global order, which may not fill whole
+    batches of this loader: ``num_batches`` equal to ``resume_point(accelerator).batches_to_skip``
+    (that position in this loader's batches, rounded down) then starts at the exact sample, so
+    that all processes together continue the saved run's order without skipping or repeating a
+    sample; any other count skips that many batches from the start of the epoch.
+
     Args:
         dataloader: A prepared or plain ``DataLoader``.
         num_batches: Number of batches (of this process) already consumed.

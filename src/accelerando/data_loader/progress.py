@@ -182,7 +182,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         order (sampler seed, generator state) is the restored one, and the batches before
         ``position`` are skipped without being yielded. Unlike ``skip_first_batches`` this returns
         no new loader, so the object the training loop holds resumes. A position already pending
-        (a stateful loader's restored one) is kept when ``position`` is 0.
+        (a stateful loader's restored one) is kept when ``position`` is 0. For a state loaded from
+        another layout, ``position`` equal to ``resume_position()[1]`` starts at the exact sample
+        (see ``load_state_dict``).
 
         Args:
             position: Batches of the epoch already given out before the checkpoint.
