@@ -144,7 +144,11 @@ def test_a_range_runs_the_elastic_agent_with_min_max_nodes_on_c10d():
     assert option(agent, "--rdzv_backend") == "c10d"
     assert option(agent, "--rdzv_endpoint") == "10.0.0.1:29500"
     assert option(agent, "--rdzv_id") == "accelerando-29500"  # the same on every machine
-    assert "--master_addr" not in agent and "--rdzv_conf" not in agent
+    assert "--master_addr" not in agent
+    # the launch's rendezvous timings (settings rdzv_last_call_timeout 5, rdzv_peer_timeout 15 = 5 s x 3)
+    assert (
+        option(agent, "--rdzv_conf") == "last_call_timeout=5,keep_alive_interval=5,keep_alive_max_attempt=3"
+    )
     assert "--node_rank" not in agent  # the rendezvous ranks the machines in the order they join
     assert any("elastic range 1:2" in note and "rdzv_backend not given" in note for note in plan.notes)
     # torch's own parser reads the agent's options as given
@@ -155,11 +159,13 @@ def test_a_range_runs_the_elastic_agent_with_min_max_nodes_on_c10d():
 
 
 def test_a_machine_other_than_0_never_hosts_the_rendezvous_store():
+    timing = "keep_alive_interval=5,keep_alive_max_attempt=3"
     plan = plan_for(num_machines="1:2", machine_rank=1, main_process_ip="h", rdzv_conf="last_call_timeout=2")
-    assert option(plan.agent_args, "--rdzv_conf") == "last_call_timeout=2,is_host=false"
+    assert option(plan.agent_args, "--rdzv_conf") == f"last_call_timeout=2,is_host=false,{timing}"
     kept = plan_for(num_machines="1:2", machine_rank=1, main_process_ip="h", rdzv_conf="is_host=true")
-    assert option(kept.agent_args, "--rdzv_conf") == "is_host=true"
-    assert "--rdzv_conf" not in plan_for(num_machines="1:2", machine_rank=0, main_process_ip="h").agent_args
+    assert option(kept.agent_args, "--rdzv_conf") == f"is_host=true,last_call_timeout=5,{timing}"
+    first = plan_for(num_machines="1:2", machine_rank=0, main_process_ip="h").agent_args
+    assert "is_host" not in option(first, "--rdzv_conf")
 
 
 def test_a_fixed_count_is_planned_exactly_as_before():

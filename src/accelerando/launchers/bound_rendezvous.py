@@ -25,6 +25,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from accelerando.core.listeners import is_loopback, is_wildcard, store_server
+from accelerando.launchers.member_watch import watch_members
+from accelerando.launchers.network import is_local_address, route_source
 
 if TYPE_CHECKING:
     from torch.distributed import Store  # pyright: ignore[reportPrivateImportUsage]
@@ -75,7 +77,11 @@ def _c10d_store(bind: str, params: RendezvousParameters) -> Store:
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=c10d.DEFAULT_PORT)
     configured = params.get_as_bool("is_host")
-    is_host = configured if configured is not None else _matches_machine_hostname(host)
+    # torch compares the endpoint with the addresses of the host name only; an address of another
+    # interface (a second card, a network namespace) is this machine's too when a socket can bind it.
+    is_host = (
+        configured if configured is not None else _matches_machine_hostname(host) or is_local_address(host)
+    )
     timeout = timedelta(seconds=int(params.get_as_int("read_timeout", 60) or 60))
     if is_host:
         try:
@@ -87,6 +93,25 @@ def _c10d_store(bind: str, params: RendezvousParameters) -> Store:
     return dist.TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]
 
 
+def _advertise_route_source(params: RendezvousParameters) -> None:
+    """Without ``--local_addr``, this agent names itself by its address on the route to the endpoint.
+
+    torch's default is the fully qualified host name, which on many machines (and in every network
+    namespace of one host) is ``localhost``: the workers of other machines, told to bootstrap from
+    the store of the agent that ranks first, would then look for it on their own machine.
+    """
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    if params.local_addr:
+        return
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    if is_loopback(host):
+        return
+    source = route_source(host, port)
+    if source is not None and not is_loopback(source):
+        params.local_addr = source
+
+
 def _c10d_handler(bind: str, params: RendezvousParameters) -> RendezvousHandler:
     """The c10d (dynamic) handler of torch, with its two stores bound: the rendezvous one and the workers' one."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
@@ -94,7 +119,8 @@ def _c10d_handler(bind: str, params: RendezvousParameters) -> RendezvousHandler:
 
     if params.get("store_type", "tcp").strip().lower() != "tcp":  # a file store listens on nothing
         backend, store = c10d.create_backend(params)
-        return create_handler(store, backend, params)
+        return watch_members(create_handler(store, backend, params))
+    _advertise_route_source(params)
     store = _c10d_store(bind, params)
     handler = create_handler(store, c10d.C10dRendezvousBackend(store, params.run_id), params)
 
@@ -105,7 +131,7 @@ def _c10d_handler(bind: str, params: RendezvousParameters) -> RendezvousHandler:
         return store_server(where, port, multi_tenant=True)
 
     handler._create_tcp_store_server = workers_store  # type: ignore[method-assign]
-    return handler
+    return watch_members(handler)  # a machine that goes silent restarts the others without it
 
 
 @contextlib.contextmanager

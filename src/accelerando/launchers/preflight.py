@@ -21,9 +21,11 @@ import errno
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from accelerando.launchers.network import gloo_interface, is_local_address
 
 if TYPE_CHECKING:
     from accelerando.launchers.plan import LaunchPlan
@@ -35,6 +37,7 @@ __all__ = [
     "check_plan",
     "check_rendezvous",
     "rendezvous_of",
+    "socket_interfaces",
 ]
 
 #: Seconds a host name may take to resolve (asked again meanwhile) before the check gives up on it.
@@ -151,16 +154,6 @@ def _port_in_use(port: int) -> OSError | None:
     return None
 
 
-def _is_local(address: str) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((address, 0))
-        except OSError:
-            return False
-    return True
-
-
 def _connect_error(address: str, port: int, timeout: float) -> OSError | None:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -209,7 +202,7 @@ def check_rendezvous(
             return [message.replace("Fix:", f"The {rdzv.backend} rendezvous retries; if it times out:")]
         raise RendezvousError(message) from None
     if rdzv.machine_rank == 0 and rdzv.backend == "static":  # this machine hosts the rendezvous store
-        if not any(_is_local(address) for address in addresses):
+        if not any(is_local_address(address) for address in addresses):
             warnings.append(
                 f"machine_rank 0 hosts the rendezvous, but {rdzv.host!r} ({', '.join(addresses)}) is not an "
                 "address of this machine; if this is not machine 0, pass its own --machine_rank"
@@ -253,3 +246,25 @@ def check_plan(plan: LaunchPlan) -> list[str]:
         return []
     rdzv = rendezvous_of(plan.agent_args)
     return check_rendezvous(rdzv) if rdzv is not None else []
+
+
+def socket_interfaces(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` for a launch on several machines, where gloo's own choice cannot work.
+
+    gloo listens on the address the host name resolves to; where that is a loopback address, the
+    processes of the other machines never reach it and the job hangs in its first collective. Then
+    the interface this machine reaches machine 0 through is named
+    (:func:`accelerando.launchers.network.gloo_interface`).
+
+    Args:
+        plan: a :class:`~accelerando.launchers.plan.LaunchPlan`.
+        environ: the launcher's environment (a ``GLOO_SOCKET_IFNAME`` set there is left alone).
+
+    Returns:
+        ``{"GLOO_SOCKET_IFNAME": name}``, or empty (one machine, set by the user, or gloo's choice is fine).
+    """
+    if plan.mode != "elastic" or plan.num_machines <= 1 or environ.get("GLOO_SOCKET_IFNAME"):
+        return {}
+    rdzv = rendezvous_of(plan.agent_args)
+    name = gloo_interface(rdzv.host, rdzv.port) if rdzv is not None else None
+    return {"GLOO_SOCKET_IFNAME": name} if name else {}

@@ -310,8 +310,9 @@ def run(plan: LaunchPlan, *, quiet: bool = False, replace_process: bool = False)
         multi-process launch cannot work (:mod:`accelerando.launchers.preflight`, checked first).
         ``os.environ`` is the same afterwards as before.
     """
+    interfaces: dict[str, str] = {}
     if plan.mode == "elastic":  # a wrong address or a taken port fails here, not as a hang
-        from accelerando.launchers.preflight import RendezvousError, check_plan  # multi-process only
+        from accelerando.launchers.preflight import RendezvousError, check_plan, socket_interfaces
 
         try:
             warnings = check_plan(plan)
@@ -320,6 +321,9 @@ def run(plan: LaunchPlan, *, quiet: bool = False, replace_process: bool = False)
             return 2
         for warning in warnings if not quiet else ():
             print(f"accelerando launch: warning: {warning}.", file=sys.stderr)
+        interfaces = socket_interfaces(
+            plan, os.environ
+        )  # gloo's, on several machines, where its own is wrong
     # One process, mpirun (one command that starts them all), or DeepSpeed's own runner; every other
     # plan goes to the elastic agent.
     simple = _exec_simple if replace_process and os.name == "posix" else _run_simple
@@ -327,6 +331,7 @@ def run(plan: LaunchPlan, *, quiet: bool = False, replace_process: bool = False)
     # The processes inherit the plan's variables through our environment; it is put back afterwards, so
     # a launch run from Python (launch_command, `accelerando test`) leaves the caller's as it was.
     saved = os.environ.copy()
+    os.environ.update(interfaces)
     try:
         return direct(plan) if direct is not None else _run_elastic(plan, quiet)
     finally:

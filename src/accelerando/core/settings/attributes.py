@@ -578,6 +578,32 @@ class SettingAttributes:
         ...
 
     @property
+    def rdzv_last_call_timeout(self) -> int:
+        """``rdzv_last_call_timeout`` (launch setting; default ``5``).
+
+        Seconds a dynamic rendezvous (c10d) of a --num_machines MIN:MAX range waits for more machines once MIN
+        joined, at the start and when the machines left after a loss meet again (torchrun's last_call_timeout,
+        30 there).
+
+        Read from ``ACCELERANDO_RDZV_LAST_CALL_TIMEOUT``, the flag ``--rdzv_last_call_timeout``, the config
+        key ``rdzv_last_call_timeout``.
+        """
+        ...
+
+    @property
+    def rdzv_peer_timeout(self) -> int:
+        """``rdzv_peer_timeout`` (launch setting; default ``15``).
+
+        Seconds a machine of a dynamic rendezvous (c10d) may miss its keep-alives before the others drop it
+        and restart without it (also when its processes hang, e.g. a cut link); sets torchrun's
+        keep_alive_interval x keep_alive_max_attempt.
+
+        Read from ``ACCELERANDO_RDZV_PEER_TIMEOUT``, the flag ``--rdzv_peer_timeout``, the config key
+        ``rdzv_peer_timeout``.
+        """
+        ...
+
+    @property
     def hang_timeout(self) -> float:
         """``hang_timeout`` (launch setting; default ``1200.0``).
 

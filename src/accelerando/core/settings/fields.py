@@ -486,6 +486,14 @@ FIELDS: tuple[Field, ...] = (
     _core("max_restarts", "int", 0, group="launch", minimum=0, help="Restarts allowed before failing."),
     _core("monitor_interval", "float", 0.1, group="launch", minimum=0,
           help="Seconds between checks of the processes' state."),
+    _core("rdzv_last_call_timeout", "int", 5, group="launch", minimum=0,
+          help="Seconds a dynamic rendezvous (c10d) of a --num_machines MIN:MAX range waits for more machines "
+               "once MIN joined, at the start and when the machines left after a loss meet again "
+               "(torchrun's last_call_timeout, 30 there)."),
+    _core("rdzv_peer_timeout", "int", 15, group="launch", minimum=2,
+          help="Seconds a machine of a dynamic rendezvous (c10d) may miss its keep-alives before the others "
+               "drop it and restart without it (also when its processes hang, e.g. a cut link); sets "
+               "torchrun's keep_alive_interval x keep_alive_max_attempt."),
     _core("hang_timeout", "float", 1200.0, group="launch", minimum=0,
           help="Seconds a collective may wait for its peers (or the job sit idle) before the launcher stops "
                "the job and names the processes that did not arrive; 0 disables."),

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from accelerando.backends.strategies import DistributedKind
 from accelerando.core.settings.resolve import Settings
 from accelerando.launchers.mpirun import MpiRun, mpirun_argv
-from accelerando.launchers.plan.checks import RANGE_RDZV_BACKEND, machine_counts
+from accelerando.launchers.plan.checks import RANGE_RDZV_BACKEND, machine_counts, rdzv_conf_keys
 from accelerando.launchers.plan.environment import _on_loopback
 from accelerando.launchers.plan.spec import Command
 
-__all__ = ["ELASTIC_MODULE", "rendezvous_backend"]
+__all__ = ["DYNAMIC_BACKENDS", "ELASTIC_MODULE", "rendezvous_backend", "rendezvous_timeouts"]
 
 #: The module the elastic agent runs as (``python -m torch.distributed.run``).
 ELASTIC_MODULE = "torch.distributed.run"
@@ -47,17 +47,52 @@ def rendezvous_backend(settings: Settings) -> str:
     return str(settings.rdzv_backend)
 
 
-def _range_rdzv_conf(settings: Settings) -> str | None:
-    """``--rdzv_conf`` of a machine range: the user's, plus ``is_host=false`` on a machine other than 0.
+#: The rendezvous backends served by torch's dynamic handler (the ``--rdzv_conf`` keys below are its).
+DYNAMIC_BACKENDS = ("c10d", "etcd-v2")
+# The two keys of the peer timeout: the user's one of them keeps the launch from adding the other.
+_KEEP_ALIVE = frozenset({"keep_alive_interval", "keep_alive_max_attempt"})
 
-    The c10d backend hosts its store on every machine whose address matches the endpoint (all of them
-    on one host); a machine other than 0 that hosted it would take the rendezvous down when it leaves.
+
+def rendezvous_timeouts(settings: Settings) -> dict[str, int]:
+    """The dynamic rendezvous' timing keys from the settings ``rdzv_last_call_timeout`` and ``rdzv_peer_timeout``.
+
+    The peer timeout becomes torch's keep-alive interval (at most 5 s, torch's default, at least 1 s;
+    a third of the timeout) times the attempts that fill the timeout: 15 s is torch's own 5 s x 3.
+
+    Args:
+        settings: the launcher's resolved settings.
+
+    Returns:
+        ``{"last_call_timeout": ..., "keep_alive_interval": ..., "keep_alive_max_attempt": ...}`` (seconds, count).
+    """
+    peer = int(settings.rdzv_peer_timeout)
+    interval = min(5, max(1, round(peer / 3)))
+    return {
+        "last_call_timeout": int(settings.rdzv_last_call_timeout),
+        "keep_alive_interval": interval,
+        "keep_alive_max_attempt": max(1, -(-peer // interval)),
+    }
+
+
+def _rdzv_conf(settings: Settings, backend: str, ranged: bool) -> str | None:
+    """``--rdzv_conf``: the user's keys, then what the launch adds where the user set none.
+
+    A dynamic backend gets the timing keys of :func:`rendezvous_timeouts`. On a machine range, a
+    machine other than 0 gets ``is_host=false``: the c10d backend hosts its store on every machine
+    whose address matches the endpoint (all of them on one host), and a machine other than 0 that
+    hosted it would take the rendezvous down when it leaves.
     """
     conf = settings.rdzv_conf or ""
-    keys = {item.split("=", 1)[0].strip() for item in conf.split(",") if item.strip()}
-    if (settings.machine_rank or 0) > 0 and "is_host" not in keys:
-        conf = ",".join(filter(None, (conf, "is_host=false")))
-    return conf or None
+    keys = rdzv_conf_keys(conf)
+    added = []
+    if ranged and (settings.machine_rank or 0) > 0 and "is_host" not in keys:
+        added.append("is_host=false")
+    if backend in DYNAMIC_BACKENDS:
+        given = keys | (_KEEP_ALIVE if keys & _KEEP_ALIVE else set())
+        added += [
+            f"{key}={value}" for key, value in rendezvous_timeouts(settings).items() if key not in given
+        ]
+    return ",".join(filter(None, (conf, *added))) or None
 
 
 def _agent_argv(settings: Settings, command: Command, per_node: int, port: Callable[[], int]) -> list[str]:
@@ -73,7 +108,7 @@ def _agent_argv(settings: Settings, command: Command, per_node: int, port: Calla
     ]
     if low == machines or backend == "static":  # a dynamic rendezvous of a range ranks the machines itself
         argv += ["--node_rank", str(settings.machine_rank or 0)]
-    rdzv_conf = _range_rdzv_conf(settings) if low != machines else settings.rdzv_conf
+    rdzv_conf = _rdzv_conf(settings, backend, low != machines)
     if backend == "static":
         argv += ["--master_addr", address, "--master_port", str(main_port)]
     else:

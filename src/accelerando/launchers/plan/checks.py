@@ -23,6 +23,7 @@ __all__ = [
     "check_settings",
     "machine_counts",
     "parallelism_requested",
+    "rdzv_conf_keys",
 ]
 
 #: The rendezvous backend an elastic machine range uses when none is given (torchrun's dynamic one).
@@ -90,6 +91,7 @@ def check_settings(settings: Settings, machine: MachineInfo) -> None:
     if isinstance(s.zero_stage, int) and s.zero_stage > 3:
         raise ValueError(f"{_where(s, 'zero_stage')}={s.zero_stage} does not exist. Fix: use 0, 1, 2 or 3.")
     _check_deepspeed_paths(s)
+    _check_rendezvous_timeouts(s)
     _check_unsupported_places(s)
     _check_parallelism(s)
     if s.mpirun_hostfile:
@@ -150,6 +152,30 @@ def _check_machine_range(s: Settings, low: int, high: int) -> None:
             "--deepspeed_multinode_launcher standard (accelerando launch on each machine), or give a fixed "
             "--num_machines."
         )
+
+
+def rdzv_conf_keys(conf: str | None) -> set[str]:
+    """The keys of a ``key1=value1,key2=value2`` rendezvous configuration (``rdzv_conf``)."""
+    return {item.split("=", 1)[0].strip() for item in (conf or "").split(",") if item.strip()}
+
+
+# The settings that write a dynamic rendezvous' --rdzv_conf keys, and those keys.
+_TIMEOUT_KEYS = {
+    "rdzv_last_call_timeout": ("last_call_timeout",),
+    "rdzv_peer_timeout": ("keep_alive_interval", "keep_alive_max_attempt"),
+}
+
+
+def _check_rendezvous_timeouts(s: Settings) -> None:
+    """A timeout set both as its own setting and as a key of ``rdzv_conf`` is ambiguous."""
+    keys = rdzv_conf_keys(s.rdzv_conf)
+    for name, named in _TIMEOUT_KEYS.items():
+        both = [key for key in named if key in keys]
+        if both and s.source(name) != "default":
+            raise ValueError(
+                f"{_where(s, name)}={s[name]} and {_where(s, 'rdzv_conf')} key {both[0]} both set the same "
+                f"rendezvous timeout. Fix: keep one of them (drop {both[0]} from rdzv_conf, or --{name})."
+            )
 
 
 def _check_unsupported_places(s: Settings) -> None:
