@@ -453,8 +453,7 @@ def load_state(
 
 def _default_verification(target: CheckpointTarget) -> bool:
     """The ``verify_checksums`` setting (code > launcher > ACCELERANDO_VERIFY_CHECKSUMS > config > True)."""
-    value = getattr(target.settings, "verify_checksums", None)
-    return True if value is None else bool(value)
+    return bool(target.settings.verify_checksums)
 
 
 def _apply(target: CheckpointTarget, folder: str, outcome: _Outcome, model_kwargs: dict[str, bool]) -> None:
@@ -504,8 +503,8 @@ def _resize(target: CheckpointTarget, folder: str, loaded: LoadedState, per_rank
         target.state.num_processes,
         target.gradient_accumulation_steps,
         int(target.step),
-        bool(getattr(target.settings, "split_batches", False)),
-        str(getattr(target.settings, "elastic_batch", "keep_accumulation") or "keep_accumulation"),
+        target.split_batches,
+        target.settings.elastic_batch,
     )
     target.gradient_accumulation_steps = plan.gradient_accumulation_steps
     target.step = plan.step

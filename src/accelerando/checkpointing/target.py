@@ -130,7 +130,7 @@ class CheckpointMemory:
         self.skipped: set[str] = set()
         self.pending: PendingSave | None = None
         self.locks: dict[str, tuple[int, weakref.finalize[..., object]]] = {}
-        self._slots: dict[MemorySlot[Any], object] = {}
+        self._slots: dict[object, object] = {}  # MemorySlot -> its value
 
     def get(self, slot: MemorySlot[_T]) -> _T:
         """The value of ``slot``, built by its factory the first time."""
@@ -174,6 +174,7 @@ class CheckpointTarget(Protocol):
         step: the micro-step counter; load_state writes it back.
         gradient_accumulation_steps: micro-batches per optimizer step; load_state changes it on
             another number of processes with ``elastic_batch="keep_global"``.
+        split_batches: whether the dataloaders split one global batch between the processes.
         sync_gradients: False in the middle of an accumulation cycle.
         save_hooks / load_hooks: the user's ``register_save_state_pre_hook`` / ``..._load_...`` hooks.
         warned_shared_fs: whether the shared-file-system warning was given (written by checkpointing).
@@ -181,6 +182,7 @@ class CheckpointTarget(Protocol):
 
     step: int
     gradient_accumulation_steps: int
+    split_batches: bool
     warned_shared_fs: bool
 
     @property

@@ -178,6 +178,11 @@ class AcceleratorCheckpointTarget:
     def gradient_accumulation_steps(self, value: int) -> None:
         self._context.gradient_state.num_steps = int(value)
 
+    @property
+    def split_batches(self) -> bool:
+        """Whether the dataloaders split one global batch between the processes."""
+        return bool(self._context.options.dataloader_config.split_batches)
+
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict of ``model``, as ``Accelerator.get_state_dict`` gives it."""
         return self._context.strategy.model_state_dict(model)

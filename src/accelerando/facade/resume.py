@@ -37,7 +37,7 @@ def resume_on_prepare(checkpoints: CheckpointService) -> str | None:
         ValueError: If the project has no automatically named checkpoints.
         CheckpointError: If every checkpoint of the project is damaged (see ``load_state``).
     """
-    from accelerando.checkpointing import latest_checkpoint, resume_point
+    from accelerando.checkpointing.project import RESUME_POINT, latest_checkpoint
 
     config = checkpoints.project_configuration
     if not config.automatic_checkpoint_naming or config.project_dir is None:
@@ -49,7 +49,7 @@ def resume_on_prepare(checkpoints: CheckpointService) -> str | None:
         logger.info("auto_resume: no checkpoint under %s, starting fresh", config.project_dir)
         return None
     checkpoints.load_state()
-    point = resume_point(checkpoints.target.owner)
+    point = checkpoints.target.memory.peek(RESUME_POINT)
     if point is None:  # load_state records a resume point; nothing recorded means nothing to position
         return None
     # Objects registered later (register_for_checkpointing after prepare) are restored from here too.
