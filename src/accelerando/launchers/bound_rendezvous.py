@@ -11,6 +11,12 @@ launch's bind address only (:func:`accelerando.core.listeners.store_server`): lo
 the address the user named on several. Who calls it: :mod:`accelerando.launchers.runner` and
 :mod:`accelerando.launchers.notebook`, around the agent's run. Afterwards torch's handlers are back.
 
+The c10d handler also works across machines where torch's does not: it hosts the store where the
+endpoint is an address a socket can bind (torch compares host names only, which misses a second
+network card's or a network namespace's address), names its agent by its address on the route to the
+endpoint instead of the host name (often ``localhost``), and restarts the survivors without a machine
+that went silent (:mod:`accelerando.launchers.member_watch`).
+
 torch's registry refuses a second creator under a taken name, so the entries of its table are
 swapped (``rendezvous_handler_registry._registry``); tests/launchers/test_listeners.py fails if a
 torch release changes that table or the handlers' constructors.

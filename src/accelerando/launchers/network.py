@@ -90,21 +90,30 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def _host_name_is_loopback() -> bool:
-    """Whether this machine's host name resolves to a loopback address only (or not at all)."""
+def _host_name_reaches_out() -> bool:
+    """Whether this machine's host name resolves to an address of this machine that is not loopback.
+
+    gloo listens there; otherwise (loopback only, an address of another network namespace, or no
+    answer) it falls back to loopback.
+    """
     try:
         infos = socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)
     except OSError:
-        return True
-    return all(str(info[4][0]).startswith("127.") or info[4][0] == "::1" for info in infos)
+        return False
+    addresses = {str(info[4][0]) for info in infos}
+    return any(not _is_loopback(address) and is_local_address(address) for address in addresses)
+
+
+def _is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"
 
 
 def gloo_interface(main_host: str, main_port: int) -> str | None:
     """The interface gloo should listen on in a job of several machines, when its own choice is wrong.
 
-    gloo listens on the address the host name resolves to; when that is a loopback address, the
-    processes on other machines cannot reach it and the job hangs in its first collective. Then the
-    interface this machine reaches machine 0 through is the right one.
+    gloo listens on the address the host name resolves to, or on loopback when that address is not
+    one of this machine's; then the processes on other machines cannot reach it and the job hangs in
+    its first collective. The interface this machine reaches machine 0 through is the right one.
 
     Args:
         main_host: machine 0's address (``--main_process_ip``).
@@ -112,11 +121,11 @@ def gloo_interface(main_host: str, main_port: int) -> str | None:
 
     Returns:
         The interface name for ``GLOO_SOCKET_IFNAME``, or None when gloo's own choice is fine (the
-        host name resolves to a reachable address) or no interface is found.
+        host name resolves to an address of this machine other than loopback) or no interface is found.
     """
-    if not _host_name_is_loopback():
+    if _host_name_reaches_out():
         return None
     source = route_source(main_host, main_port)
-    if source is None or source.startswith("127.") or source == "::1":
+    if source is None or _is_loopback(source):
         return None
     return interface_of(source)
