@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sized
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, SupportsInt, cast
 
 from torch.utils.data import (
     BatchSampler,
@@ -47,6 +47,7 @@ __all__ = [
     "Layout",
     "ResumePlan",
     "collected_notes",
+    "count_of",
     "layout_of",
     "needs_translation",
     "plan_resume",
@@ -132,10 +133,11 @@ class Layout:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Layout:
+    def from_dict(cls, data: Mapping[str, object]) -> Layout:
         """The layout a state recorded (unknown keys, from a newer version, are ignored)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        # Plain data read back from a checkpoint: the dataclass's own fields, as they were written.
+        return cls(**cast("dict[str, Any]", {key: value for key, value in data.items() if key in known}))
 
 
 @dataclass(frozen=True)
@@ -269,24 +271,30 @@ def plan_resume(saved: Layout, consumed: int, epoch: int, current: Layout) -> Re
     return ResumePlan(epoch, consumed, consumed // size, window, note or _tail_note(current, window))
 
 
-def needs_translation(entry: Mapping[str, Any], current: Layout) -> bool:
+def count_of(value: object) -> int:
+    """An integer read back from a state (a number; None or absent is 0)."""
+    return int(cast("SupportsInt", value or 0))
+
+
+def needs_translation(entry: Mapping[str, object], current: Layout) -> bool:
     """Whether a saved global position differs from what ``position`` alone restores in ``current``.
 
     The same layout with nothing skipped at the epoch's start keeps today's per-process path exactly.
     """
-    if int(entry.get("offset", 0) or 0):
-        return True
-    return Layout.from_dict(entry.get("layout", {})) != current
+    layout = entry.get("layout")
+    if not isinstance(layout, Mapping):
+        return False  # no layout recorded: nothing to translate
+    return bool(count_of(entry.get("offset"))) or Layout.from_dict(layout) != current
 
 
-def legacy_entry(state: Mapping[str, Any], current: Layout) -> dict[str, object] | None:
+def legacy_entry(state: Mapping[str, object], current: Layout) -> dict[str, object] | None:
     """The global position of a version-1 state (no ``global``) saved on ``saved_num_processes``.
 
     Such a state records only the per-process ``position``; the saved layout is taken to be the
     current one on the saved number of processes (the same batch size and flags). None when the
     number of processes is the same (the per-process path applies).
     """
-    processes = int(state["saved_num_processes"])
+    processes = count_of(state["saved_num_processes"])
     if processes == current.num_processes or processes < 1:
         return None
     if current.split_batches:
@@ -295,7 +303,7 @@ def legacy_entry(state: Mapping[str, Any], current: Layout) -> dict[str, object]
         size = current.global_batch // max(current.num_processes, 1) * processes
     saved = replace(current, num_processes=processes, global_batch=max(size, 1))
     return {
-        "consumed": int(state.get("position", 0)) * saved.global_batch,
+        "consumed": count_of(state.get("position")) * saved.global_batch,
         "offset": 0,
         "layout": saved.to_dict(),
     }
@@ -337,58 +345,59 @@ def _length(obj: object) -> int | None:
         return None
 
 
-def _map_layout(shard: BatchSamplerShard, processes: int, split: bool, per_process: bool) -> dict[str, Any]:
-    """Unit, global batch, length and order of map-style data read through ``shard``'s batch sampler."""
-    inner = shard.batch_sampler
+def _map_layout(layout: Layout, shard: BatchSamplerShard, per_process: bool = False) -> Layout:
+    """``layout`` with the unit, global batch, length and order of map-style data read through ``shard``'s
+    batch sampler (dealt between ``layout.num_processes`` processes, or split).
+    """
+    inner, split, processes = shard.batch_sampler, layout.split_batches, layout.num_processes
     if type(inner) is BatchSampler:
         size = inner.batch_size
-        return {
-            "unit": "samples",
-            "global_batch": size if split else size * processes,
-            "length": _length(inner.sampler),
-            "order": _order(inner.sampler),
-        }
-    return {
-        "unit": "batches",
-        "global_batch": 1 if split else processes,
-        "length": _length(inner),
-        "order": "custom" if per_process else _order(getattr(inner, "sampler", None)),
-    }
+        return replace(
+            layout,
+            unit="samples",
+            global_batch=size if split else size * processes,
+            length=_length(inner.sampler),
+            order=_order(inner.sampler),
+        )
+    return replace(
+        layout,
+        unit="batches",
+        global_batch=1 if split else processes,
+        length=_length(inner),
+        order="custom" if per_process else _order(getattr(inner, "sampler", None)),
+    )
 
 
-def _stream_order(loader: DataLoader, dataset: object) -> str:
+def _stream_order(loader: DataLoader[object], dataset: object) -> str:
     workers = int(getattr(loader, "num_workers", 0) or 0)
     if workers and not (isinstance(dataset, IterableDatasetShard) and dataset.split_by_worker):
         return "workers"
     return "stream"
 
 
-def _dispatcher_layout(loader: DataLoader, processes: int) -> Layout:
+def _dispatcher_layout(loader: DataLoader[object], processes: int) -> Layout:
     split = bool(getattr(loader, "split_batches", False))
     size = int(getattr(loader, "batch_size", None) or 1)
-    common = {
-        "num_processes": processes,
-        "drop_last": bool(getattr(loader, "_drop_last", False)),
-        "even_batches": bool(getattr(loader, "even_batches", True)),
-        "split_batches": split,
-        "dispatch": True,
-        "batch_size": size // processes if split else size,
-    }
-    batch_sampler = loader.batch_sampler
-    if isinstance(batch_sampler, BatchSamplerShard):
-        found = _map_layout(batch_sampler, processes, split, False)
-        return Layout(kind="map", **common, **found)
     dataset = loader.dataset
-    return Layout(
+    layout = Layout(
+        num_processes=processes,
         global_batch=size if split else size * processes,
         length=_length(dataset),
+        drop_last=bool(getattr(loader, "_drop_last", False)),
+        even_batches=bool(getattr(loader, "even_batches", True)),
+        split_batches=split,
+        dispatch=True,
+        batch_size=size // processes if split else size,
         kind="iterable",
         order=_stream_order(loader, dataset),
-        **common,
     )
+    batch_sampler = loader.batch_sampler
+    if isinstance(batch_sampler, BatchSamplerShard):
+        return _map_layout(replace(layout, kind="map"), batch_sampler)
+    return layout
 
 
-def _iterable_layout(loader: DataLoader, dataset: object) -> Layout:
+def _iterable_layout(loader: DataLoader[object], dataset: object) -> Layout:
     if isinstance(dataset, IterableDatasetShard):
         return Layout(
             num_processes=dataset.num_processes,
@@ -414,39 +423,35 @@ def _iterable_layout(loader: DataLoader, dataset: object) -> Layout:
     )
 
 
-def layout_of(loader: DataLoader) -> Layout:
+def layout_of(prepared: object) -> Layout:
     """The layout of a prepared loader (``DataLoaderShard`` or ``DataLoaderDispatcher``).
 
     Args:
-        loader: The prepared loader.
+        prepared: The prepared loader.
 
     Returns:
         Its ``Layout``: what a checkpoint of its position records.
     """
+    loader = cast("DataLoader[object]", prepared)  # a PreparedLoaderMixin is always built on a DataLoader
     if getattr(loader, "_dispatches", False):
         return _dispatcher_layout(loader, _world())
     dataset = loader.dataset
-    shard = next(
-        (
-            c
-            for c in (loader.batch_sampler, getattr(loader, "sampler", None))
-            if isinstance(c, BatchSamplerShard)
-        ),
-        None,
-    )
+    candidates = (loader.batch_sampler, getattr(loader, "sampler", None))
+    shard = next((c for c in candidates if isinstance(c, BatchSamplerShard)), None)
     if shard is None and isinstance(dataset, IterableDataset):
         return _iterable_layout(loader, dataset)
     if shard is None:  # map-style data without batching: one sample per step, one process
         sampler = loader.sampler
         return Layout(num_processes=1, global_batch=1, length=_length(sampler), order=_order(sampler))
     per_process = isinstance(shard.sampler, DistributedSampler) and _world() > 1
-    processes = _world() if per_process else shard.num_processes
-    return Layout(
-        num_processes=processes,
+    layout = Layout(
+        num_processes=shard.num_processes,
+        global_batch=1,
         drop_last=shard.drop_last,
         even_batches=shard.even_batches,
         split_batches=shard.split_batches,
         batch_size=cast("int | None", getattr(loader, "batch_size", None)),
         kind="per_process" if per_process else "map",
-        **_map_layout(shard, shard.num_processes, shard.split_batches, per_process),
     )
+    layout = _map_layout(layout, shard, per_process)
+    return replace(layout, num_processes=_world()) if per_process else layout

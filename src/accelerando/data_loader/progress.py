@@ -22,6 +22,7 @@ from accelerando.data_loader.batches import batch_size_of
 from accelerando.data_loader.global_position import (
     Layout,
     ResumePlan,
+    count_of,
     layout_of,
     legacy_entry,
     needs_translation,
@@ -621,22 +622,23 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if isinstance(entry, Mapping) and needs_translation(entry, current):
             self._continue_global(state_dict, entry, current)
 
-    def _continue_global(self, state: Mapping[str, Any], entry: Mapping[str, Any], current: Layout) -> None:
+    def _continue_global(
+        self, state: Mapping[str, object], entry: Mapping[str, object], current: Layout
+    ) -> None:
         """Turn a global position saved on another layout into this loader's plan (after the restore)."""
-        plan = plan_resume(
-            Layout.from_dict(entry["layout"]), int(entry.get("consumed", 0)), int(state["epoch"]), current
-        )
+        epoch, saved = count_of(state["epoch"]), cast("Mapping[str, object]", entry["layout"])
+        plan = plan_resume(Layout.from_dict(saved), count_of(entry.get("consumed")), epoch, current)
         progress = self._progress
         progress.epoch, progress.pending_loader_state = plan.epoch, None  # torchdata's state is per layout
         progress.pending_position = plan.batches if self.use_stateful_dataloader else 0
         progress.position = progress.pending_position
         progress.plan = plan
-        if plan.epoch != int(state["epoch"]):
+        if plan.epoch != epoch:
             progress.restored, progress.pending_rng_state = False, None
         elif state.get("epoch_seed") is not None and self.synchronized_generator is not None:
             # One process drew this epoch's seed; several shuffle with a generator: the same permutation.
             generator = torch.Generator()
-            generator.manual_seed(int(state["epoch_seed"]))
+            generator.manual_seed(count_of(state["epoch_seed"]))
             progress.pending_rng_state = generator.get_state()
         self.resume_note = plan.note
         if plan.note is not None:
