@@ -76,15 +76,17 @@ def _range_note(settings: Settings, low: int, high: int) -> str:
     backend = rendezvous_backend(settings)
     chosen = " (rdzv_backend not given)" if settings.source("rdzv_backend") == "default" else ""
     restarts = settings.max_restarts or 0
-    leaving = (
-        f"the others restart without it (up to {restarts} time(s), --max_restarts)"
+    failures = (
+        f"a failed process restarts them up to {restarts} time(s) (--max_restarts)"
         if restarts
-        else "the job ends (pass --max_restarts N to let the others go on)"
+        else "a failed process ends the job (pass --max_restarts N to let the others go on)"
     )
     return (
         f"elastic range {low}:{high} machines through the {backend} rendezvous{chosen}: training starts once "
-        f"{low} machine(s) joined (after the rendezvous' last call) and re-forms when a machine joins; when "
-        f"one leaves, {leaving}"
+        f"{low} machine(s) joined and the last call ({settings.rdzv_last_call_timeout} s, "
+        f"--rdzv_last_call_timeout) passed, and re-forms when a machine joins; a machine silent for "
+        f"{settings.rdzv_peer_timeout} s (--rdzv_peer_timeout) is dropped and the others restart without it; "
+        f"{failures}"
     )
 
 
