@@ -257,6 +257,49 @@ def test_one_process_stream_with_drop_last_warns_in_one_line() -> None:
     assert rest == list(range(4, 19))  # 19 of the saved run's 20 is the dropped tail
 
 
+class Uneven:
+    """A user's batch sampler of batches of 1, 2, 3, 1, 2, 3... ids (no ``batch_size``): re-sharded in
+    whole batches of its own."""
+
+    def __init__(self, length: int) -> None:
+        self.batches, start = [], 0
+        for size in [1, 2, 3] * length:
+            if start >= length:
+                break
+            self.batches.append(list(range(start, min(start + size, length))))
+            start += size
+
+    def __iter__(self):
+        return iter([list(batch) for batch in self.batches])
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@pytest.mark.parametrize(("saved", "resumed", "steps"), [(2, 3, 1), (3, 2, 1), (2, 1, 2), (1, 2, 3)])
+def test_user_batch_sampler_continues_in_whole_batches(saved, resumed, steps) -> None:
+    def make(processes: int, rank: int):
+        loader = DataLoader(Ids(40), batch_sampler=Uneven(40))
+        return prepare_data_loader(loader, num_processes=processes, process_index=rank)
+
+    batches = Uneven(40).batches
+    first = [make(saved, r) for r in range(saved)]
+    iterators = [iter(loader) for loader in first]
+    for _ in range(steps):
+        for it in iterators:
+            next(it)
+    state = first[0].state_dict()
+    assert state["global"]["consumed"] == steps * saved and state["global"]["layout"]["unit"] == "batches"
+    new = [make(resumed, r) for r in range(resumed)]
+    for loader in new:
+        loader.load_state_dict(state)
+    assert new[0].resume_note is None
+    skip = new[0].resume_position()[1]
+    rest = _lockstep([skip_first_batches(loader, skip) for loader in new])
+    want = [i for batch in batches[steps * saved :] for i in batch]
+    assert rest[: len(want)] == want  # then at most one round of padding batches
+
+
 def test_changed_dataset_length_warns() -> None:
     first = _make(
         2,
