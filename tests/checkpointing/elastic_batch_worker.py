@@ -120,3 +120,55 @@ def rng_draws(folder: str, save: bool) -> dict[str, object]:
         "numpy": np.random.rand(3).tolist(),
         "pid": os.getpid(),
     }
+
+
+def train_from_loader(
+    accumulation: int,
+    epochs_steps: int,
+    folder: str,
+    save_after: int | None,
+    resume: bool,
+    elastic: str | None,
+) -> dict[str, object]:
+    """Train from a prepared, shuffled DataLoader; resume with the documented pattern.
+
+    ``load_state`` + ``skip_first_batches(loader, accelerator.resume_point.batches_to_skip)``; the loss
+    recorded per optimizer step is the mean over every process's micro-batches of that step.
+    """
+    from torch.utils.data import DataLoader, TensorDataset
+
+    accelerator, model, optimizer, scheduler = _build(accumulation, elastic)
+    inputs, targets = _sample_batch(0, 96)
+    loader = DataLoader(
+        TensorDataset(inputs, targets),
+        batch_size=PER_PROCESS_BATCH,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(7),
+    )
+    loader = accelerator.prepare(loader)
+    batches = loader
+    if resume:
+        accelerator.load_state(folder)
+        point = accelerator.resume_point
+        assert point is not None
+        batches = accelerator.skip_first_batches(loader, point.batches_to_skip)
+    losses: list[float] = []
+    seen: list[float] = []
+    total, count = torch.zeros(()), 0
+    for x, y in batches:
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        seen.extend(accelerator.gather(x[:, 0].contiguous()).tolist())
+        total, count = total + loss.detach(), count + 1
+        if accelerator.sync_gradients:
+            losses.append(float(accelerator.reduce(total / count, "mean")))
+            total, count = torch.zeros(()), 0
+            if save_after is not None and len(losses) == save_after:
+                accelerator.save_state(folder)
+        if len(losses) == epochs_steps:
+            break
+    return {"losses": losses, "seen": seen, "accumulation": accelerator.gradient_accumulation_steps}

@@ -136,3 +136,25 @@ def test_the_setting_comes_from_flag_environment_config_and_code(tmp_path, isola
     assert resolve_runtime_settings(environ={}).elastic_batch == "keep_accumulation"
     with pytest.raises(ValueError, match="elastic_batch"):
         resolve([{"elastic_batch": Sourced("keep_all", "code")}])
+
+
+def test_a_prepared_loader_and_keep_global_continue_the_two_process_run_on_one(tmp_path) -> None:
+    """Items 1 and 2 together, with the documented resume pattern: saved mid-epoch on 2 processes
+    (shuffled loader), resumed on 1 with keep_global: the same samples in the same optimizer steps
+    (none skipped or repeated) and the same losses."""
+    folder = str(tmp_path / "ckpt")
+    steps, save_after = 10, 4
+    whole = run_distributed(worker.train_from_loader, 2, 1, steps, folder, save_after, False, None)[0]
+    (after,) = run_distributed(
+        worker.train_from_loader, 1, 1, steps - save_after, folder, None, True, "keep_global"
+    )
+    assert after["accumulation"] == 2
+    per_step = 2 * worker.PER_PROCESS_BATCH
+    expected = whole["seen"][save_after * per_step :]
+    assert sorted(after["seen"]) == sorted(expected)  # 0 skipped, 0 repeated
+    for step in range(steps - save_after):  # each optimizer step took the same samples
+        window = slice(step * per_step, (step + 1) * per_step)
+        assert sorted(after["seen"][window]) == sorted(expected[window])
+    difference = _max_relative(after["losses"], whole["losses"][save_after:])
+    print(f"prepared loader 2 -> 1 keep_global: max relative loss difference {difference:.2e}")
+    assert difference <= 1e-6
