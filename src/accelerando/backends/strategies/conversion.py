@@ -16,17 +16,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import torch
 
 from accelerando.checkpointing import files as F
 
-if TYPE_CHECKING:
-    from accelerando.backends.strategies.base import Strategy
-
 __all__ = [
     "READABLE_FORMATS",
+    "apply_plain",
+    "existing_folder",
     "CheckpointConversionError",
     "Conversion",
     "PortableState",
@@ -94,7 +93,8 @@ def names_of(models: Sequence[torch.nn.Module]) -> list[dict[int, str]]:
 def _plain(model: torch.nn.Module) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
 
 
 def optimizer_names(models: Sequence[torch.nn.Module], optimizer: object) -> list[list[str]]:
@@ -141,6 +141,14 @@ def refuse_unreadable(folder: str, layout: Mapping[str, object], world: int, tar
     )
 
 
+# Readers of the layouts their strategies own, by format ("module:function", imported on first use so
+# this module imports no strategy: the strategies import it).
+_READERS = {
+    "dcp": "accelerando.backends.strategies.fsdp.state:read_dcp_portable",
+    "deepspeed": "accelerando.backends.strategies.deepspeed.convert:read_deepspeed",
+}
+
+
 def read_portable(conversion: Conversion, num_models: int, num_optimizers: int) -> list[PortableState]:
     """Read every model's and optimizer's state of the planned folder into portable form.
 
@@ -149,41 +157,24 @@ def read_portable(conversion: Conversion, num_models: int, num_optimizers: int) 
         CheckpointConversionError: The files hold something no conversion understands.
         UnsafeCheckpointError: A file needs full unpickling without the caller's opt-in.
     """
+    import importlib
+
     layout, folder = conversion.layout, conversion.folder
-    kind = layout.get("format")
-    if kind == "deepspeed":
-        from accelerando.backends.strategies.deepspeed.convert import read_deepspeed
-
-        return read_deepspeed(folder, layout, conversion.saved_world, num_models, num_optimizers)
-    reader: Callable[[str, int, bool], PortableState] = _read_dcp if kind == "dcp" else _reader_full(layout)
-    return [reader(folder, i, i < num_optimizers) for i in range(max(num_models, num_optimizers))]
-
-
-def _read_dcp(folder: str, index: int, with_optimizer: bool) -> PortableState:
-    from accelerando.backends.strategies.fsdp.state import (
-        MODEL_SHARDS_NAME,
-        OPTIMIZER_SHARDS_NAME,
-        load_shards,
-    )
-
-    model: dict[str, object] = {}
-    load_shards(model, _existing(folder, f"{MODEL_SHARDS_NAME}_{index}"), everything=True)
-    weights = model.get("model")
-    if not isinstance(weights, dict):
-        raise CheckpointConversionError(f"{folder!r}: {MODEL_SHARDS_NAME}_{index} holds no 'model' entry")
-    optimizer = None
-    if with_optimizer:
-        loaded: dict[str, object] = {}
-        load_shards(loaded, _existing(folder, f"{OPTIMIZER_SHARDS_NAME}_{index}"), everything=True)
-        optimizer = loaded.get("optimizer")
-        if not isinstance(optimizer, dict):
-            raise CheckpointConversionError(
-                f"{folder!r}: {OPTIMIZER_SHARDS_NAME}_{index} holds no 'optimizer'"
-            )
-    return PortableState(dict(weights), optimizer)
+    found = _READERS.get(str(layout.get("format")))
+    if found is not None:
+        module, name = found.split(":")
+        reader = getattr(importlib.import_module(module), name)
+        return reader(folder, layout, conversion.saved_world, num_models, num_optimizers)
+    full = _reader_full(layout)
+    return [full(folder, i, i < num_optimizers) for i in range(max(num_models, num_optimizers))]
 
 
-def _existing(folder: str, name: str) -> str:
+def existing_folder(folder: str, name: str) -> str:
+    """``folder/name``, which must be a folder (a model or optimizer saved as DCP shards).
+
+    Raises:
+        FileNotFoundError: It is missing (fewer models or optimizers were saved).
+    """
     path = os.path.join(folder, name)
     if not os.path.isdir(path):
         raise FileNotFoundError(
@@ -290,19 +281,16 @@ def to_indexed(optimizer: dict[str, Any], names: list[list[str]], folder: str) -
 
 
 def apply_plain(
-    strategy: Strategy,
-    conversion: Conversion,
-    models: Sequence[torch.nn.Module],
-    optimizers: Sequence[object],
+    conversion: Conversion, models: Sequence[torch.nn.Module], optimizers: Sequence[object]
 ) -> None:
     """Apply portable state to plain modules and torch optimizers (one process, DDP)."""
     for model, portable in zip(models, conversion.states, strict=False):
-        strategy.unwrap_model(model, keep_torch_compile=False).load_state_dict(portable.weights, strict=True)
+        _plain(model).load_state_dict(portable.weights, strict=True)
     for i, optimizer in enumerate(optimizers):
         portable = conversion.states[i]
         if portable.optimizer is None:
             continue
-        inner = getattr(optimizer, "optimizer", optimizer)
+        inner = cast("torch.optim.Optimizer", getattr(optimizer, "optimizer", optimizer))
         names = optimizer_names(models, inner)
         inner.load_state_dict(to_indexed(portable.optimizer, names, conversion.folder))
 
