@@ -21,7 +21,7 @@ import torch
 
 import accelerando.backends.connector as connector
 from accelerando.backends.precision.base import Precision
-from accelerando.backends.strategies.base import Strategy
+from accelerando.backends.strategies.base import ScalesLossForAccumulation, Strategy
 
 # The reference's accelerate.accelerator module exposes these constants; scripts import them from it.
 from accelerando.common.constants import (  # noqa: F401
@@ -534,7 +534,7 @@ class Accelerator:
         """
         strategy = self._strategy
         steps = self.gradient_state._num_steps  # the attribute, not the property: a call per micro-batch
-        if steps > 1 and strategy.divides_loss_for_accumulation:
+        if steps > 1 and not isinstance(strategy, ScalesLossForAccumulation):  # the engine divides it itself
             loss = loss / steps
         # The common case (a strategy and precision without their own backward) calls torch directly:
         # two Python-level calls fewer per micro-batch (tests/strategies/test_ddp_step_calls.py).

@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
+from accelerando.backends.strategies.base import ReplicatesParameters
+
 if TYPE_CHECKING:
     from accelerando.core.runtime import Runtime
 
 __all__ = ["LocalSGD"]
 
 
-class _Layout(Protocol):
-    """What LocalSGD asks of the strategy (``backends.strategies.base.Strategy``): its name and
-    whether every process holds the whole model as plain parameters.
-    """
+class _Named(Protocol):
+    """What LocalSGD reads of any strategy (``backends.strategies.base.Strategy``): its name, for the refusal."""
 
     name: ClassVar[str]
-    plain_data_parallel: ClassVar[bool]
 
 
 class _Averaging(Protocol):
@@ -33,13 +32,11 @@ class _Averaging(Protocol):
     runtime: Runtime
 
     @property
-    def _strategy(self) -> _Layout: ...
+    def _strategy(self) -> _Named: ...
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
 
     def wait_for_everyone(self) -> None: ...
-
-    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
     def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> object: ...
 
@@ -66,10 +63,11 @@ class LocalSGD:
         if local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be >= 1, got {local_sgd_steps}")
         strategy = accelerator._strategy
-        if not strategy.plain_data_parallel:
+        if not isinstance(strategy, ReplicatesParameters):
             raise ValueError(
                 f"LocalSGD works with plain data parallelism only, not {strategy.name}; drop LocalSGD or use DDP"
             )
+        self._replicas = strategy
         self.accelerator = accelerator
         self.model = model
         self.local_sgd_steps = local_sgd_steps
@@ -98,7 +96,7 @@ class LocalSGD:
     def _average(self) -> None:
         self.accelerator.wait_for_everyone()
         with torch.no_grad():
-            for param in self.accelerator.unwrap_model(self.model).parameters():
+            for param in self._replicas.replica_parameters(self.model):
                 mean = self.accelerator.reduce(param.data, reduction="mean")
                 assert isinstance(mean, torch.Tensor)  # the reduction of a tensor is a tensor
                 param.data.copy_(mean)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import accelerando.backends.strategies as strategies
 import accelerando.core.runtime as rt
 from accelerando.backends.precision import build_precision
+from accelerando.backends.strategies.base import ManagesPrecision
 from accelerando.core.devices import DeviceBackend
 from accelerando.core.enums import DistributedType
 from accelerando.core.settings import Settings, resolve_runtime_settings
@@ -500,7 +501,11 @@ def build(settings: Settings, plugins: rt.Plugins) -> Built:
         mesh = strategy_cls.own_mesh(plugins, process)
     # 6. A strategy whose engine scales the loss itself (DeepSpeed) keeps autocast but gets no scaler.
     precision = _build_precision(
-        settings, plugins, handlers, process.device.type, loss_scaling=not strategy_cls.manages_precision
+        settings,
+        plugins,
+        handlers,
+        process.device.type,
+        loss_scaling=not issubclass(strategy_cls, ManagesPrecision),
     )
     # 7. instantiate: the Runtime record (data only), then the strategy from it, then activate the record
     runtime = rt.Runtime(

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import accelerando.checkpointing.atomic as atomic
 from accelerando.checkpointing.foreign import is_reference_checkpoint
-from accelerando.checkpointing.target import CheckpointTarget, MemorySlot
+from accelerando.checkpointing.target import CheckpointTarget, LoadsOwnCheckpoints, MemorySlot
 
 __all__ = [
     "CHECKPOINTS_FOLDER",
@@ -91,7 +91,7 @@ def checkpoint_numbers(root: str) -> list[int]:
 
 def owns_loading(target: CheckpointTarget) -> bool:
     """Whether the strategy restores models and optimizers itself (sharded layouts)."""
-    return target.strategy.loads_own_checkpoints
+    return isinstance(target.strategy, LoadsOwnCheckpoints)
 
 
 def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:

@@ -21,7 +21,15 @@ if TYPE_CHECKING:
     from accelerando.plugins.project import ProjectConfiguration
     from accelerando.state import AcceleratorState
 
-__all__ = ["CheckpointHooks", "CheckpointMemory", "CheckpointTarget", "MemorySlot", "PendingSave", "Stateful"]
+__all__ = [
+    "CheckpointHooks",
+    "CheckpointMemory",
+    "CheckpointTarget",
+    "LoadsOwnCheckpoints",
+    "MemorySlot",
+    "PendingSave",
+    "Stateful",
+]
 
 _T = TypeVar("_T")
 
@@ -68,13 +76,14 @@ class CheckpointHooks(Protocol):
     ``save_*`` hook and reads them back in the ``load_*`` hook; False leaves the object to
     checkpointing's default files.
 
+    A strategy whose ``load_*`` hooks restore every model and optimizer also inherits
+    :class:`LoadsOwnCheckpoints`.
+
     Attributes:
         name: the strategy's name, for messages.
-        loads_own_checkpoints: whether its ``load_*`` hooks restore every model and optimizer.
     """
 
     name: ClassVar[str]
-    loads_own_checkpoints: ClassVar[bool]
 
     def save_model_checkpoint(
         self, model: torch.nn.Module, output_dir: str, index: int, safe_serialization: bool
@@ -97,6 +106,37 @@ class CheckpointHooks(Protocol):
     ) -> bool:
         """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
         ...
+
+
+class LoadsOwnCheckpoints:
+    """A strategy whose checkpoint loading restores every model and optimizer itself.
+
+    Sharded strategies (FSDP, composable) and engines (DeepSpeed, Megatron-LM) write their own
+    files and read them back: ``load_state`` then reads no full state dict for their models and
+    optimizers (and checks their files rank by rank), and ``save_state`` in the middle of an
+    accumulation cycle captures no gradients, which the strategy holds. The strategy lists this
+    class before ``Strategy`` in its bases, so a hook it forgot fails loudly. A plain class, not an
+    ABC (see the capabilities in ``backends/strategies/base.py``), declared here because checkpointing
+    sits below the strategies.
+    """
+
+    def load_model_checkpoint(self, model: torch.nn.Module, input_dir: str, index: int) -> bool:
+        """Restore ``model`` from what the strategy's ``save_model_checkpoint`` wrote into ``input_dir``.
+
+        Raises:
+            NotImplementedError: the strategy declares the capability without implementing it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement load_model_checkpoint")
+
+    def load_optimizer_checkpoint(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
+    ) -> bool:
+        """Restore ``optimizer`` (of ``model``) from what the strategy's ``save_optimizer_checkpoint`` wrote.
+
+        Raises:
+            NotImplementedError: the strategy declares the capability without implementing it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement load_optimizer_checkpoint")
 
 
 class PendingSave(Protocol):
@@ -167,7 +207,7 @@ class CheckpointTarget(Protocol):
         custom_objects: objects registered with ``register_for_checkpointing``.
         scaler: the fp16 GradScaler, or None.
         strategy: the strategy (its ``save_*_checkpoint`` / ``load_*_checkpoint`` hooks and
-            ``loads_own_checkpoints``).
+            whether it is a :class:`LoadsOwnCheckpoints`).
         state: the process view (``process_index``, ``num_processes``, ``is_main_process``, ...).
         project_configuration: the ``ProjectConfiguration`` (folders, rotation, iteration).
         settings: the resolved settings (``verify_checksums``).
@@ -229,7 +269,7 @@ class CheckpointTarget(Protocol):
 
     @property
     def strategy(self) -> CheckpointHooks:
-        """The strategy: its checkpoint hooks and ``loads_own_checkpoints``."""
+        """The strategy: its checkpoint hooks (a :class:`LoadsOwnCheckpoints` restores everything itself)."""
         ...
 
     @property

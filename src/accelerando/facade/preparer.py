@@ -13,7 +13,7 @@ from typing import cast
 
 import torch
 
-from accelerando.backends.strategies.base import Prepared, PrepareRequest
+from accelerando.backends.strategies.base import ManagesPrecision, Prepared, PrepareRequest
 from accelerando.core.settings import environment_setting
 from accelerando.facade.context import ServiceContext
 from accelerando.optimizer import AcceleratedOptimizer
@@ -111,7 +111,7 @@ class Preparer:
             raise ValueError(
                 f"device_placement has {len(placements)} entries for {len(args)} objects; give one per object"
             )
-        if not self.strategy.manages_precision:
+        if not isinstance(self.strategy, ManagesPrecision):
             # MS-AMP converts a model together with its optimizer, before any wrapping (DDP); an engine
             # strategy (DeepSpeed) does it inside its engine, from its config, instead.
             default = self.options.device_placement

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 STRATEGIES: dict[str, str] = {
-    "single": "accelerando.backends.strategies.base:Strategy",
+    "single": "accelerando.backends.strategies.base:SingleDeviceStrategy",
     "ddp": "accelerando.backends.strategies.ddp:DDPStrategy",
     "fsdp": "accelerando.backends.strategies.fsdp:FSDPStrategy",
     "deepspeed": "accelerando.backends.strategies.deepspeed:DeepSpeedStrategy",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol, cast, runtime_checkable
 
 import torch
+from typing_extensions import override
 
 from accelerando.backends.precision.base import Precision
 from accelerando.common.unwrap import unwrap_model
@@ -22,15 +23,17 @@ if TYPE_CHECKING:
     from accelerando.optimizer import AcceleratedOptimizer
     from accelerando.scheduler import AcceleratedScheduler
 
-__all__ = ["CAPABILITIES", "SEQUENCE_PARALLEL_NEEDED", "PrepareRequest", "Prepared", "SkipsSync", "Strategy"]
-
-#: The capability flags of :class:`Strategy` (class-level booleans each strategy declares).
-CAPABILITIES = (
-    "manages_precision",
-    "divides_loss_for_accumulation",
-    "plain_data_parallel",
-    "loads_own_checkpoints",
-)
+__all__ = [
+    "SEQUENCE_PARALLEL_NEEDED",
+    "ManagesPrecision",
+    "PrepareRequest",
+    "Prepared",
+    "ReplicatesParameters",
+    "ScalesLossForAccumulation",
+    "SingleDeviceStrategy",
+    "SkipsSync",
+    "Strategy",
+]
 
 #: Why ``Accelerator.deepspeed_ulysses_dl_adapter`` was refused, and the fix.
 SEQUENCE_PARALLEL_NEEDED = (
@@ -100,6 +103,74 @@ class Prepared:
     fixed_settings: dict[str, int] = field(default_factory=lambda: dict[str, int]())
 
 
+# ------------------------------------------------------------------ capabilities
+# What a strategy can do beyond the base contract, as small interfaces it inherits. The layers around
+# a strategy ask ``isinstance(strategy, ManagesPrecision)`` (``issubclass`` on the class, before it is
+# built) instead of probing its type or name. Each interface names the methods that carry the
+# capability; a strategy that has it lists the interface before ``Strategy`` in its bases, so a method
+# it forgot raises NotImplementedError instead of running the one-device default. Plain classes, not
+# ``abc.ABC``: isinstance against a plain class runs in C, an ABC's ``__instancecheck__`` is a Python
+# call, and ``Accelerator.backward`` asks on every accumulating micro-batch
+# (tests/facade/test_hot_path_calls.py). They live here, not in a module of their own: the first
+# ``Accelerator()`` loads this module anyway (tests/runtime/test_import_budget.py counts modules).
+# The checkpointing layer, below, declares the fourth: ``checkpointing.target.LoadsOwnCheckpoints``.
+# tests/strategies/test_capabilities.py pins which registered strategy has which.
+
+
+class ManagesPrecision:
+    """The engine applies mixed precision and loss scaling itself (DeepSpeed, Megatron-LM).
+
+    Its engine is built from the model and optimizer together and casts them, keeps master weights
+    and scales the loss from its own configuration. So the connector builds the precision without a
+    loss scaler (autocast stays), and ``prepare`` leaves the precision's model/optimizer conversion
+    (MS-AMP, fp8) to the engine.
+    """
+
+    def prepare_all(self, request: PrepareRequest) -> Prepared:
+        """Build the engine from every object of one ``prepare`` call, in the engine's precision.
+
+        Raises:
+            NotImplementedError: the strategy declares the capability without implementing it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement prepare_all (ManagesPrecision)")
+
+
+class ScalesLossForAccumulation:
+    """The engine divides the loss by its gradient accumulation steps itself (DeepSpeed, Megatron-LM).
+
+    ``Accelerator.backward`` then hands the loss over undivided; every other strategy gets it
+    divided by the accumulation steps first.
+    """
+
+    def backward(self, loss: torch.Tensor, **kwargs: object) -> None:
+        """Back-propagate the undivided ``loss`` through the engine, which scales it for accumulation.
+
+        Raises:
+            NotImplementedError: the strategy declares the capability without implementing it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement backward (ScalesLossForAccumulation)"
+        )
+
+
+class ReplicatesParameters:
+    """Plain data parallelism: every process holds the whole model as plain parameters (one device, DDP).
+
+    A plain all-reduce of the parameters then averages the replicas, which is what ``LocalSGD``
+    does. Sharding strategies, pipelines and engines do not have this capability.
+    """
+
+    def replica_parameters(self, model: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
+        """Every parameter of this process's whole copy of the prepared ``model`` (wrappers removed).
+
+        Raises:
+            NotImplementedError: the strategy declares the capability without implementing it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement replica_parameters (ReplicatesParameters)"
+        )
+
+
 class Strategy:
     """Single-device training: no wrapping, no communication. Base class of every strategy.
 
@@ -115,7 +186,11 @@ class Strategy:
     Everything a strategy needs about the job (processes, device, mesh, settings, plugins) it reads
     from the ``runtime`` it is built with, never from global state; it never reads or writes the
     Accelerator. ``prepare_all`` returns what it made as a :class:`Prepared` record that the facade
-    registers.
+    registers. What a strategy can do beyond this contract (an engine that manages precision, plain
+    data parallelism, loading its own checkpoints...) it says by inheriting the small interfaces of
+    this module (``ManagesPrecision``, ``ScalesLossForAccumulation``, ``ReplicatesParameters``) and of
+    ``checkpointing.target`` (``LoadsOwnCheckpoints``); the registered one-device strategy is
+    :class:`SingleDeviceStrategy`.
 
     Args:
         runtime: the finished Runtime (data: settings, process, mesh, plugins); the connector
@@ -126,20 +201,6 @@ class Strategy:
 
     distributed_type: DistributedType = DistributedType.NO
     name: ClassVar[str] = "single"
-    # Capabilities (:data:`CAPABILITIES`): what the layers around a strategy ask of it instead of
-    # probing its type. Every registered strategy declares all four in its own class body, even where
-    # its value is this one-device strategy's (tests/strategies/test_capabilities.py).
-    #: The wrapped engine applies mixed precision itself: the connector builds the precision without a
-    #: loss scaler, and ``prepare`` leaves the precision's model/optimizer conversion to the engine.
-    manages_precision: ClassVar[bool] = False
-    #: ``Accelerator.backward`` divides the loss by the accumulation steps; False when the engine does.
-    divides_loss_for_accumulation: ClassVar[bool] = True
-    #: Every process holds the whole model as plain parameters that a plain all-reduce can average
-    #: (one device, DDP): what LocalSGD needs. Sharding strategies and engines say False.
-    plain_data_parallel: ClassVar[bool] = True
-    #: The ``load_*_checkpoint`` hooks restore every model and optimizer (sharded strategies, engines):
-    #: ``load_state`` then reads no full state dict for them.
-    loads_own_checkpoints: ClassVar[bool] = False
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         self.runtime = runtime
@@ -340,6 +401,19 @@ class Strategy:
             ValueError: this strategy has no sequence parallelism (the message says how to ask for it).
         """
         raise ValueError(SEQUENCE_PARALLEL_NEEDED)
+
+
+class SingleDeviceStrategy(ReplicatesParameters, Strategy):
+    """Train on this process's device: no wrapping, no communication; registered as ``"single"``.
+
+    The :class:`Strategy` contract as written, plus the one capability the base class cannot carry
+    (every strategy inherits the base): it holds the whole model as plain parameters, so ``LocalSGD``
+    accepts it.
+    """
+
+    @override
+    def replica_parameters(self, model: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
+        return self.unwrap_model(model).parameters()
 
 
 def _offloaded_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:

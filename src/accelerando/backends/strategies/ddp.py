@@ -10,7 +10,7 @@ import torch
 from typing_extensions import override
 
 from accelerando.backends.precision.base import Precision
-from accelerando.backends.strategies.base import Strategy
+from accelerando.backends.strategies.base import ReplicatesParameters, Strategy
 from accelerando.core.runtime import Runtime
 from accelerando.plugins.kwargs import DistributedDataParallelKwargs
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["DDPStrategy"]
 
 
-class DDPStrategy(Strategy):
+class DDPStrategy(ReplicatesParameters, Strategy):
     """Wrap trainable models in ``torch.nn.parallel.DistributedDataParallel``.
 
     Options: ``ddp_kwargs`` (a ``DistributedDataParallelKwargs`` or None).
@@ -28,11 +28,6 @@ class DDPStrategy(Strategy):
     """
 
     name = "ddp"
-    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler around a plain DDP wrapper.
-    manages_precision = False
-    divides_loss_for_accumulation = True
-    plain_data_parallel = True  # every process holds the whole model
-    loads_own_checkpoints = False  # checkpointing loads the full state dict into the unwrapped model
 
     def __init__(
         self,
@@ -66,6 +61,10 @@ class DDPStrategy(Strategy):
         if self.ddp_kwargs is not None:
             self.ddp_kwargs.register_comm_hook(wrapped)
         return wrapped
+
+    @override
+    def replica_parameters(self, model: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
+        return self.unwrap_model(model).parameters()
 
     @override
     @contextlib.contextmanager

@@ -46,6 +46,7 @@ from accelerando.backends.strategies.fsdp.wrap import (
     wrap_units,
 )
 from accelerando.checkpointing import files as F
+from accelerando.checkpointing.target import LoadsOwnCheckpoints
 from accelerando.common.other import get_model_tp_size
 from accelerando.core.runtime import Runtime
 
@@ -58,7 +59,7 @@ __all__ = ["ComposableStrategy"]
 logger = logging.getLogger(__name__)
 
 
-class ComposableStrategy(Strategy):
+class ComposableStrategy(LoadsOwnCheckpoints, Strategy):
     """Tensor parallel (``tp``) x FSDP2 (``dp_shard``) x replication (``dp_replicate``) on one mesh.
 
     The connector picks it when a ``ParallelismConfig`` has ``tp_size > 1``, or ``dp_shard_size > 1``
@@ -74,11 +75,6 @@ class ComposableStrategy(Strategy):
     """
 
     name = "composable"
-    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler; the model is sharded.
-    manages_precision = False
-    divides_loss_for_accumulation = True
-    plain_data_parallel = False
-    loads_own_checkpoints = True  # its load hooks restore the sharded models and optimizers
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

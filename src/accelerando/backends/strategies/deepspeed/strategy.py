@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, TypeGuard
 import torch
 
 from accelerando.backends.precision.base import Precision
-from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
+from accelerando.backends.strategies.base import (
+    ManagesPrecision,
+    Prepared,
+    PrepareRequest,
+    ScalesLossForAccumulation,
+    Strategy,
+)
 from accelerando.backends.strategies.deepspeed.auto_stage import ZeroChoice
 from accelerando.backends.strategies.deepspeed.config import get_value
 from accelerando.backends.strategies.deepspeed.msamp import (
@@ -36,6 +42,7 @@ from accelerando.backends.strategies.deepspeed.wrappers import (
     DummyScheduler,
 )
 from accelerando.checkpointing import files as F
+from accelerando.checkpointing.target import LoadsOwnCheckpoints
 from accelerando.core.enums import DistributedType
 from accelerando.core.gradient_state import GradientState
 from accelerando.core.runtime import Runtime
@@ -164,7 +171,7 @@ def _mark_moe_leaves(plugin: DeepSpeedPlugin, model: torch.nn.Module, config: Ma
         plugin.set_moe_leaf_modules(model)
 
 
-class DeepSpeedStrategy(Strategy):
+class DeepSpeedStrategy(ManagesPrecision, ScalesLossForAccumulation, LoadsOwnCheckpoints, Strategy):
     """Wrap each prepared model (with its optimizer and scheduler) in a DeepSpeed engine.
 
     The engine divides the loss for accumulation, reduces gradients, clips (``gradient_clipping``
@@ -173,13 +180,6 @@ class DeepSpeedStrategy(Strategy):
 
     distributed_type = DistributedType.DEEPSPEED
     name = "deepspeed"
-    # Capabilities (Strategy.CAPABILITIES): the engine owns precision, loss scaling and the division
-    # of the loss by the accumulation steps.
-    manages_precision = True
-    divides_loss_for_accumulation = False
-    plain_data_parallel = False
-    # Checkpointing reads no model/optimizer files for us: the engine checkpoint restores them.
-    loads_own_checkpoints = True
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

@@ -82,7 +82,7 @@ class DeepSpeedEngineWrapper:
     """Runs backward and the optimizer step through a DeepSpeed engine.
 
     The engine divides the loss by its own accumulation steps, so the Accelerator must not divide it
-    again (the strategy declares ``divides_loss_for_accumulation = False``).
+    again (the strategy is a ``ScalesLossForAccumulation``).
 
     Args:
         engine: the ``deepspeed.DeepSpeedEngine``.

@@ -64,12 +64,9 @@ class FaultTolerantStrategy(Strategy):
     """
 
     name = "fault_tolerant"
-    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler around torchft's DDP.
-    manages_precision = False
-    divides_loss_for_accumulation = True
-    # The weights are the same on every group, but a plain all-reduce would cross only this group.
-    plain_data_parallel = False
-    loads_own_checkpoints = False  # checkpointing loads the full state dict into the unwrapped model
+    # No capability interface (strategies/base.py, checkpointing/target.py): torch's autocast and loss
+    # scaler around torchft's DDP, full state dicts loaded by checkpointing; not ReplicatesParameters:
+    # the weights are the same on every group, but a plain all-reduce would cross only this group.
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

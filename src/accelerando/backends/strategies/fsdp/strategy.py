@@ -26,6 +26,7 @@ from accelerando.backends.strategies.base import Strategy
 from accelerando.backends.strategies.fsdp.auto import ShardingChoice, choose_sharding_strategy
 from accelerando.backends.strategies.fsdp.sync import FSDP2GradientSync
 from accelerando.checkpointing import files as F
+from accelerando.checkpointing.target import LoadsOwnCheckpoints
 from accelerando.core.enums import DistributedType
 from accelerando.core.runtime import Runtime
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
@@ -58,7 +59,7 @@ def _is_fsdp2(model: object) -> bool:
     return isinstance(model, FSDPModule)
 
 
-class FSDPStrategy(Strategy):
+class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
     """Fully Sharded Data Parallel, configured by a ``FullyShardedDataParallelPlugin``.
 
     The plugin is the one given to the Accelerator (``state.fsdp_plugin``), else one built from
@@ -71,11 +72,6 @@ class FSDPStrategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     name = "fsdp"
-    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler; the model is sharded.
-    manages_precision = False
-    divides_loss_for_accumulation = True
-    plain_data_parallel = False
-    loads_own_checkpoints = True  # its load hooks restore the sharded models and optimizers
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, NoReturn
 import torch
 
 from accelerando.backends.precision.base import Precision
-from accelerando.backends.strategies.base import Prepared, PrepareRequest, Strategy
+from accelerando.backends.strategies.base import (
+    ManagesPrecision,
+    Prepared,
+    PrepareRequest,
+    ScalesLossForAccumulation,
+    Strategy,
+)
 from accelerando.backends.strategies.megatron.engine import (
     MegatronEngine,
     MegatronLMOptimizerWrapper,
@@ -26,6 +32,7 @@ from accelerando.backends.strategies.megatron.train_steps import (
     MegatronLMDummyDataLoader,
     MegatronLMDummyScheduler,
 )
+from accelerando.checkpointing.target import LoadsOwnCheckpoints
 from accelerando.core.enums import DistributedType
 from accelerando.core.runtime import Runtime
 
@@ -58,7 +65,7 @@ def _refuse_alone(method: str, what_together: str) -> NoReturn:
     )
 
 
-class MegatronStrategy(Strategy):
+class MegatronStrategy(ManagesPrecision, ScalesLossForAccumulation, LoadsOwnCheckpoints, Strategy):
     """Megatron-LM tensor / pipeline / data parallelism over megatron-core, on CUDA GPUs.
 
     Chosen by the connector for a ``MegatronLMPlugin`` or ``--use_megatron_lm``. Creating the
@@ -78,12 +85,6 @@ class MegatronStrategy(Strategy):
 
     distributed_type = DistributedType.MEGATRON_LM
     name = "megatron"
-    # Capabilities (Strategy.CAPABILITIES): Megatron's train step owns precision, loss scaling and
-    # micro-batching; its checkpoint restores models and optimizers.
-    manages_precision = True
-    divides_loss_for_accumulation = False
-    plain_data_parallel = False
-    loads_own_checkpoints = True
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)

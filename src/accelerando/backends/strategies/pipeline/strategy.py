@@ -69,12 +69,8 @@ class PipelineStrategy(Strategy):
     """
 
     name = "pipeline"
-    # Capabilities (Strategy.CAPABILITIES): torch's autocast and loss scaler; each process holds one
-    # stage, whose full state dict checkpointing loads as usual.
-    manages_precision = False
-    divides_loss_for_accumulation = True
-    plain_data_parallel = False
-    loads_own_checkpoints = False
+    # No capability interface (strategies/base.py, checkpointing/target.py): torch's autocast and loss
+    # scaler; each process holds one stage, whose full state dict checkpointing loads as usual.
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)
