@@ -331,7 +331,9 @@ def measure_launch(rows: list[Row], processes: int, rounds: int) -> None:
 def measure_checkpoint(rows: list[Row], args: argparse.Namespace) -> None:
     """save_state / load_state of both libraries and raw files, interleaved in one child process."""
     result = run_child(
-        "checkpoint", "accelerando", ["--size-mb", str(args.size_mb), "--reps", str(args.rounds)]
+        "checkpoint",
+        "accelerando",
+        ["--size-mb", str(args.size_mb), "--reps", str(args.rounds), *(["--settle"] if args.settle else [])],
     )
     result |= run_child("small_save", "accelerando", ["--reps", str(args.rounds)])
     save, scratch, load, small, small_scratch = rows
@@ -392,6 +394,8 @@ def child_checkpoint(_: str, args: argparse.Namespace) -> dict[str, list[float]]
             for load in loads.values():  # one unrecorded load each: lazy imports, first page mappings
                 load()
         for _, name in _alternating(args.reps, list(variants)):
+            if args.settle and variants is saves:
+                os.sync()  # untimed: no other variant's dirty pages are being written back during this one
             start = time.perf_counter()
             variants[name]()
             times[name].append(time.perf_counter() - start)
@@ -545,6 +549,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", help=f"comma-separated groups among {','.join(GROUPS)}")
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where checkpoints are written")
+    parser.add_argument(
+        "--settle",
+        action="store_true",
+        help="checkpoint saves: os.sync() (untimed) before each timed save, so none pays for the "
+        "write-back of the previous variants' gigabytes (as a save between training steps)",
+    )
     parser.add_argument("--workdir", default="/tmp/bench_big_model")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--lib", help=argparse.SUPPRESS)
