@@ -95,7 +95,8 @@ def _read_zero12(tag: str, world: int) -> PortableState:
     for g, shapes in enumerate(model["param_shapes"]):
         flats = [r["single_partition_of_fp32_groups"][g] for r in ranks]
         base = [r["base_optimizer_state"]["state"].get(g, {}) for r in ranks]
-        keys = [k for k, v in base[0].items() if isinstance(v, torch.Tensor) and v.shape == flats[0].shape]
+        # Per-element state (exp_avg...): flat like the partition (which a save may store unpadded).
+        keys = [k for k, v in base[0].items() if isinstance(v, torch.Tensor) and v.dim() == 1]
         for name, shape in shapes.items():
             pieces = [(r, ranks[r]["param_slice_mappings"][g].get(name)) for r in range(world)]
             pieces = [(r, a) for r, a in pieces if a is not None]
@@ -122,14 +123,15 @@ def _read_zero3(tag: str, world: int) -> PortableState:
     weights = {k: v for k, v in model["module"].items() if k in buffers}
     base = [r["optimizer_state_dict"]["state"] for r in ranks]
     flats = [torch.cat(list(r["fp32_flat_groups"])) for r in ranks]
-    count = len(ranks[0]["fp32_flat_groups"])
-    sizes = [int(g.numel()) for g in ranks[0]["fp32_flat_groups"]]
-    keys = [
-        k
-        for k, v in base[0].get(0, {}).items()
-        if isinstance(v, torch.Tensor) and v.numel() == sizes[0] and v.dim() == 1
-    ]
-    states = {k: [torch.cat([b[g][k] for g in range(count)]) for b in base] for k in keys}
+    keys = [k for k, v in base[0].get(0, {}).items() if isinstance(v, torch.Tensor) and v.dim() == 1]
+    # Each sub-group's state cut to its saved partition (a state may be padded beyond it).
+    states = {
+        k: [
+            torch.cat([b[g][k][: f.numel()] for g, f in enumerate(r["fp32_flat_groups"])])
+            for b, r in zip(base, ranks, strict=True)
+        ]
+        for k in keys
+    }
     hyper = [_hyper(g) for g in ranks[0]["optimizer_state_dict"]["param_groups"]]
     if any(h != hyper[0] for h in hyper):
         raise CheckpointConversionError(
