@@ -171,7 +171,10 @@ def _read_candidate(
             stacklevel=3,
         )
     loaders = list(target.dataloaders)  # shared files: read on any number of processes (global position)
-    owns = owns_loading(target)  # then models and optimizers are read by the strategy in _apply
+    layout = manifest.extra.get("layout") if manifest is not None else None
+    saved_world = manifest.world_size if manifest is not None else state.num_processes
+    target.strategy.plan_checkpoint_read(folder, layout if isinstance(layout, dict) else None, saved_world)
+    owns = owns_loading(target, folder)  # then models and optimizers are read by the strategy (_apply)
     counts = (
         0 if owns else len(models),
         0 if owns else len(target.optimizers),
@@ -212,6 +215,8 @@ def _read_candidate(
             raise
         if reading is not None:
             reading.verify()
+        if target.strategy.converts(folder):  # another strategy's layout: read and checked, not applied
+            target.strategy.read_converted_checkpoint(models, list(target.optimizers))
         _note_saved_run(loaded, manifest, rng_rank, state.process_index)
         custom_states = [
             _load_custom(target, folder, i, name, present, customs_read.get(name))
@@ -459,8 +464,11 @@ def _default_verification(target: CheckpointTarget) -> bool:
 def _apply(target: CheckpointTarget, folder: str, outcome: _Outcome, model_kwargs: dict[str, bool]) -> None:
     models, loaded, custom_states, per_rank = outcome
     optimizers: list[torch.optim.Optimizer] = list(target.optimizers)
-    if owns_loading(target):
-        strategy = target.strategy
+    strategy = target.strategy
+    if strategy.converts(folder):
+        strategy.apply_converted_checkpoint(models, optimizers)
+        models, optimizers = [], []
+    elif owns_loading(target):
         for i, model in enumerate(models):
             if not strategy.load_model_checkpoint(model, folder, i):
                 raise FileNotFoundError(f"{folder!r}: the {strategy.name} strategy could not load model {i}")

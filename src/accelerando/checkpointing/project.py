@@ -89,9 +89,12 @@ def checkpoint_numbers(root: str) -> list[int]:
     return sorted(int(match.group(1)) for name in os.listdir(root) if (match := NUMBERED.match(name)))
 
 
-def owns_loading(target: CheckpointTarget) -> bool:
-    """Whether the strategy restores models and optimizers itself (sharded layouts)."""
-    return isinstance(target.strategy, LoadsOwnCheckpoints)
+def owns_loading(target: CheckpointTarget, folder: str | None = None) -> bool:
+    """Whether the strategy restores models and optimizers itself: sharded layouts, or (with ``folder``)
+    a checkpoint of another layout that it loads through a conversion it planned for that folder.
+    """
+    strategy = target.strategy
+    return isinstance(strategy, LoadsOwnCheckpoints) or (folder is not None and strategy.converts(folder))
 
 
 def latest_checkpoint(project_dir: str | os.PathLike) -> str | None:

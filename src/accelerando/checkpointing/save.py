@@ -415,7 +415,7 @@ def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[_WriteRe
         files=entries,
         world_size=int(target.state.num_processes),
         library_version=__version__,
-        extra={"step": int(target.step), "iteration": iteration, **_pace(target)},
+        extra={"step": int(target.step), "iteration": iteration, **_pace(target), "layout": _layout(target)},
     )
     atomic.commit(staging, final_dir, manifest, plan.durable, flush=unflushed, flush_folders=folders)
     return sum(entry.size for entry in entries.values())
@@ -428,6 +428,13 @@ def _pace(target: CheckpointTarget) -> dict[str, object]:
         for scheduler in target.schedulers
     ]
     return manifest_facts(target.gradient_accumulation_steps, repeats)
+
+
+def _layout(target: CheckpointTarget) -> dict[str, object]:
+    """How models and optimizers were written (format, strategy, ZeRO stage...): a load under another
+    strategy decides from it, before reading anything, whether and how to convert.
+    """
+    return target.strategy.checkpoint_layout(list(target.models), list(target.optimizers))
 
 
 def _unlisted(staging: str, entries: dict[str, atomic.FileEntry]) -> tuple[list[str], list[str]]:

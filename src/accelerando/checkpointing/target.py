@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -105,6 +105,36 @@ class CheckpointHooks(Protocol):
         self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, input_dir: str, index: int
     ) -> bool:
         """Load what ``save_optimizer_checkpoint`` wrote; False = checkpointing's default."""
+        ...
+
+    def checkpoint_layout(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> dict[str, object]:
+        """How ``save_state`` lays out models and optimizers (the manifest's ``extra["layout"]``)."""
+        ...
+
+    def plan_checkpoint_read(
+        self, folder: str, layout: Mapping[str, object] | None, saved_world: int
+    ) -> bool:
+        """Before reading: True when ``folder`` (saved in ``layout``) loads through a conversion; raises
+        ``CheckpointConversionError`` (one line) when no conversion exists.
+        """
+        ...
+
+    def converts(self, folder: str) -> bool:
+        """Whether a conversion was planned for ``folder``."""
+        ...
+
+    def read_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Read the planned folder's models and optimizers and check them against the live ones."""
+        ...
+
+    def apply_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Apply what ``read_converted_checkpoint`` read."""
         ...
 
 

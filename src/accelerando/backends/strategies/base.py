@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.utils.data import DataLoader
 
+    from accelerando.backends.strategies.conversion import Conversion
     from accelerando.optimizer import AcceleratedOptimizer
     from accelerando.scheduler import AcceleratedScheduler
 
@@ -34,6 +35,9 @@ __all__ = [
     "SkipsSync",
     "Strategy",
 ]
+
+# Strategies whose checkpoints are plain full files and whose loads convert other layouts.
+_PLAIN_STRATEGIES = ("single", "ddp")
 
 #: Why ``Accelerator.deepspeed_ulysses_dl_adapter`` was refused, and the fix.
 SEQUENCE_PARALLEL_NEEDED = (
@@ -201,6 +205,8 @@ class Strategy:
 
     distributed_type: DistributedType = DistributedType.NO
     name: ClassVar[str] = "single"
+    # A conversion planned by plan_checkpoint_read, applied by apply_converted_checkpoint.
+    _conversion: Conversion | None = None
 
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         self.runtime = runtime
@@ -349,6 +355,80 @@ class Strategy:
     ) -> bool:
         """Load an optimizer's state written by ``save_optimizer_checkpoint``; False = default."""
         return False
+
+    # ------------------------------------------------- checkpoints across strategies
+    def checkpoint_layout(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> dict[str, object]:
+        """How ``save_state`` lays out models and optimizers here; recorded in the manifest.
+
+        One process and DDP write ``"full"`` files (optimizers keyed by index, their parameter names
+        recorded); a strategy that writes its own files names its own format, which only it reads.
+        """
+        if self.name in _PLAIN_STRATEGIES:
+            from accelerando.backends.strategies.conversion import plain_layout
+
+            return plain_layout(self.name, models, optimizers)
+        return {"strategy": self.name, "format": self.name}
+
+    def reads_layout(self, layout: Mapping[str, object], saved_world: int) -> bool:
+        """Whether this strategy's own checkpoint loading reads ``layout`` (saved by ``saved_world``)."""
+        if self.name not in _PLAIN_STRATEGIES:
+            return True  # strategies without a converter keep their own loading
+        return layout.get("format") == "full" and layout.get("optimizer_keys") == "index"
+
+    def plan_checkpoint_read(
+        self, folder: str, layout: Mapping[str, object] | None, saved_world: int
+    ) -> bool:
+        """Decide, before anything is read, how ``folder`` loads: True when through a conversion.
+
+        Raises:
+            CheckpointConversionError: No conversion from the saved layout to this strategy exists
+                (one line naming both and what to do).
+        """
+        from accelerando.backends.strategies.conversion import Conversion, refuse_unreadable
+
+        self._conversion = None
+        if layout is None or self.reads_layout(layout, saved_world):
+            return False
+        refuse_unreadable(
+            folder, layout, saved_world, f"{self.name} on {self.runtime.num_processes} process(es)"
+        )
+        self._conversion = Conversion(folder, layout, saved_world)
+        return True
+
+    def converts(self, folder: str) -> bool:
+        """Whether ``plan_checkpoint_read`` planned a conversion for ``folder``."""
+        return self._conversion is not None and self._conversion.folder == folder
+
+    def read_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Read the planned folder into portable state and check it against the live objects.
+
+        Raises:
+            CheckpointConversionError: The saved state does not fit the live models or optimizers.
+        """
+        import accelerando.backends.strategies.conversion as C
+
+        conversion = self._conversion
+        assert conversion is not None, "plan_checkpoint_read planned no conversion"
+        conversion.states = C.read_portable(conversion, len(models), len(optimizers))
+        for i, model in enumerate(models):
+            C.check_portable(conversion.states[i], C.plain_shapes(model), conversion.folder, i)
+        for i, optimizer in enumerate(optimizers):
+            names = C.optimizer_names(models, optimizer)
+            C.check_optimizer(conversion.states[i], names, conversion.folder, i)
+
+    def apply_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Apply what ``read_converted_checkpoint`` read (plain modules and torch optimizers here)."""
+        from accelerando.backends.strategies.conversion import apply_plain
+
+        conversion, self._conversion = self._conversion, None
+        assert conversion is not None, "read_converted_checkpoint read nothing"
+        apply_plain(conversion, models, optimizers)
 
     def join_uneven_inputs(
         self, joinables: list[Joinable], even_batches: bool | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TypedDict, cast
 
 import torch
 
@@ -24,13 +24,15 @@ from accelerando.checkpointing import files as F
 
 __all__ = [
     "READABLE_FORMATS",
-    "apply_plain",
-    "existing_folder",
+    "NamedOptimizerState",
+    "group_names",
     "CheckpointConversionError",
     "Conversion",
     "PortableState",
     "check_optimizer",
+    "apply_plain",
     "check_portable",
+    "existing_folder",
     "names_of",
     "optimizer_names",
     "plain_layout",
@@ -45,6 +47,23 @@ class CheckpointConversionError(ValueError):
     """A checkpoint's layout cannot be converted to the loading strategy's; nothing was applied."""
 
 
+class NamedOptimizerState(TypedDict):
+    """An optimizer's full state keyed by parameter name (``get_optimizer_state_dict``'s full form).
+
+    Attributes:
+        state: ``{name: {key: value}}`` (``exp_avg``, ``step``...).
+        param_groups: The groups' hyperparameters, each with ``"params"``: its parameters' names.
+    """
+
+    state: dict[str, dict[str, object]]
+    param_groups: list[dict[str, object]]
+
+
+def group_names(group: Mapping[str, object]) -> list[str]:
+    """The parameter names of one group of a :class:`NamedOptimizerState`."""
+    return [str(name) for name in cast("list[object]", group["params"])]
+
+
 @dataclass
 class PortableState:
     """One model's weights and its optimizer's state, full (unsharded) and keyed by parameter name.
@@ -57,7 +76,7 @@ class PortableState:
     """
 
     weights: dict[str, torch.Tensor]
-    optimizer: dict[str, Any] | None = None
+    optimizer: NamedOptimizerState | None = None
 
 
 @dataclass
@@ -94,7 +113,8 @@ def _plain(model: torch.nn.Module) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     inner = model.module if isinstance(model, DistributedDataParallel) else model
-    return getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
+    # torch 2.13: torch/_dynamo/eval_frame.py:459 (private; OptimizedModule._orig_mod is the compiled module)
+    return getattr(inner, "_orig_mod", inner)
 
 
 def optimizer_names(models: Sequence[torch.nn.Module], optimizer: object) -> list[list[str]]:
@@ -191,11 +211,12 @@ def _reader_full(layout: Mapping[str, object]) -> Callable[[str, int, bool], Por
         if not with_optimizer:
             return PortableState(weights)
         path = os.path.join(folder, F.indexed(F.OPTIMIZER_NAME, index, ".bin"))
-        state = F.torch_load(path, "cpu")
-        if not isinstance(state, dict) or "state" not in state or "param_groups" not in state:
+        loaded = F.torch_load(path, "cpu")
+        if not isinstance(loaded, dict) or "state" not in loaded or "param_groups" not in loaded:
             raise CheckpointConversionError(
                 f"{path!r} is not an optimizer state_dict (no 'state' / 'param_groups')"
             )
+        state = cast("NamedOptimizerState", loaded)
         if layout.get("optimizer_keys") == "name":
             return PortableState(weights, state)
         names = params[index] if isinstance(params, list) and index < len(params) else None
@@ -204,22 +225,25 @@ def _reader_full(layout: Mapping[str, object]) -> Callable[[str, int, bool], Por
     return read
 
 
-def _to_named(state: dict[str, Any], names: object, path: str) -> dict[str, Any]:
+def _to_named(indexed: Mapping[str, object], names: object, path: str) -> NamedOptimizerState:
     """Torch's index-keyed optimizer state to name-keyed, with the names recorded at save time."""
-    groups = state["param_groups"]
-    if not isinstance(names, list) or [len(g) for g in names] != [len(g["params"]) for g in groups]:
+    groups = cast("list[dict[str, object]]", indexed["param_groups"])
+    state = cast("dict[int, dict[str, object]]", indexed["state"])
+    counts = [len(cast("list[int]", g["params"])) for g in groups]
+    if not isinstance(names, list) or [len(cast("list[str]", g)) for g in names] != counts:
         raise CheckpointConversionError(
             f"{path!r} keys its optimizer state by parameter index and the manifest does not name the "
             "parameters of each group; load it under the strategy that saved it (single process or DDP)."
         )
+    listed = cast("list[list[str]]", names)
     by_index = {
         i: n
-        for g, group_names in zip(groups, names, strict=True)
-        for i, n in zip(g["params"], group_names, strict=True)
+        for g, saved in zip(groups, listed, strict=True)
+        for i, n in zip(cast("list[int]", g["params"]), saved, strict=True)
     }
     return {
-        "state": {by_index[i]: dict(s) for i, s in state["state"].items()},
-        "param_groups": [{**g, "params": list(n)} for g, n in zip(groups, names, strict=True)],
+        "state": {by_index[i]: dict(s) for i, s in state.items()},
+        "param_groups": [{**g, "params": list(n)} for g, n in zip(groups, listed, strict=True)],
     }
 
 
@@ -258,7 +282,7 @@ def check_optimizer(portable: PortableState, names: list[list[str]], folder: str
         to_indexed(portable.optimizer, names, f"{folder}' (optimizer {index})")
 
 
-def to_indexed(optimizer: dict[str, Any], names: list[list[str]], folder: str) -> dict[str, Any]:
+def to_indexed(optimizer: NamedOptimizerState, names: list[list[str]], folder: str) -> dict[str, object]:
     """Name-keyed optimizer state to torch's index-keyed ``state_dict`` for an optimizer whose groups hold
     parameters named ``names`` (saved groups matched in order; their hyperparameters are restored).
 
@@ -266,7 +290,7 @@ def to_indexed(optimizer: dict[str, Any], names: list[list[str]], folder: str) -
         CheckpointConversionError: The saved groups do not hold the same parameters.
     """
     saved = optimizer["param_groups"]
-    if [sorted(g["params"]) for g in saved] != [sorted(n) for n in names]:
+    if [sorted(group_names(g)) for g in saved] != [sorted(n) for n in names]:
         raise CheckpointConversionError(
             f"{folder!r}: the optimizer's parameter groups differ from the saved ones; build the "
             "optimizer over the same parameters, in the same groups, as when saving."

@@ -129,6 +129,26 @@ def _weights_only_engine_loads(engine: object) -> Iterator[None]:
         del checkpoint_engine.load
 
 
+def _check_scalars(optimizer: Mapping[str, object], folder: str) -> None:
+    """DeepSpeed keeps one step counter per partition: refuse saved per-parameter counters that differ.
+
+    Raises:
+        CheckpointConversionError: Naming the counter that differs between parameters.
+    """
+    from accelerando.backends.strategies.conversion import CheckpointConversionError
+
+    state = optimizer.get("state")
+    seen: dict[str, float] = {}
+    for entry in state.values() if isinstance(state, dict) else []:
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                if seen.setdefault(key, float(value)) != float(value):
+                    raise CheckpointConversionError(
+                        f"{folder!r}: the saved optimizer's {key!r} differs between parameters and DeepSpeed "
+                        "keeps one per partition; load it under the strategy that saved it."
+                    )
+
+
 def _kind(obj: object) -> str | None:
     if isinstance(obj, torch.nn.Module):
         return "model"
@@ -468,6 +488,60 @@ class DeepSpeedStrategy(ManagesPrecision, ScalesLossForAccumulation, LoadsOwnChe
                 f"{input_dir!r} has no DeepSpeed checkpoint {self._tag(index)!r}; was it saved under DeepSpeed?"
             )
         return True
+
+    # ------------------------------------------------- checkpoints across strategies
+    def checkpoint_layout(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> dict[str, object]:
+        """A DeepSpeed engine checkpoint of this ZeRO stage."""
+        stage = self.engines[0].zero_optimization_stage() if self.engines else 0
+        return {"strategy": "deepspeed", "format": "deepspeed", "zero_stage": int(stage)}
+
+    def reads_layout(self, layout: Mapping[str, object], saved_world: int) -> bool:
+        """DeepSpeed's own loading: the same ZeRO stage on the same number of processes."""
+        return (
+            layout.get("format") == "deepspeed"
+            and saved_world == self.runtime.num_processes
+            and (not self.engines or layout.get("zero_stage") == self.engines[0].zero_optimization_stage())
+        )
+
+    def read_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Read another layout (or another stage / process count) and check it against the engines."""
+        import accelerando.backends.strategies.conversion as C
+
+        conversion = self._conversion
+        assert conversion is not None, "plan_checkpoint_read planned no conversion"
+        conversion.states = C.read_portable(conversion, len(models), len(optimizers))
+        for i, model in enumerate(models):
+            module = self.unwrap_model(model, keep_torch_compile=False)
+            shapes = {n: getattr(p, "ds_shape", p.shape) for n, p in module.named_parameters()}
+            shapes.update({n: b.shape for n, b in module.named_buffers()})
+            C.check_portable(conversion.states[i], shapes, conversion.folder, i)
+            optim = conversion.states[i].optimizer
+            if optim is not None:
+                _check_scalars(optim, conversion.folder)
+                trainable = sorted(n for n, p in module.named_parameters() if p.requires_grad)
+                if sorted(n for g in optim["param_groups"] for n in C.group_names(g)) != trainable:
+                    raise C.CheckpointConversionError(
+                        f"{conversion.folder!r}: the saved optimizer holds other parameters than model {i}'s "
+                        "trainable ones; build the optimizer over the same parameters as when saving."
+                    )
+
+    def apply_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Write the portable state into each engine's partitions (any ZeRO stage, any process count)."""
+        from accelerando.backends.strategies.deepspeed.convert import apply_deepspeed
+
+        conversion, self._conversion = self._conversion, None
+        assert conversion is not None, "read_converted_checkpoint read nothing"
+        for model, portable in zip(models, conversion.states, strict=False):
+            if _is_engine(model):
+                apply_deepspeed(model, portable, self.load_model_state_dict)
+            else:
+                self.load_model_state_dict(model, portable.weights)
 
     def save_optimizer_checkpoint(
         self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, output_dir: str, index: int

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from accelerando.backends.strategies.conversion import NamedOptimizerState, PortableState
 from accelerando.backends.strategies.ties import find_ties, share_tied_entries
 from accelerando.checkpointing import files as F
 from accelerando.checkpointing.async_dcp import save_or_stage
@@ -41,6 +42,8 @@ __all__ = [
     "broadcast_params",
     "full_model_state_dict",
     "full_optimizer_state_dict",
+    "full_shapes",
+    "read_dcp_portable",
     "load_full_model_state_dict",
     "load_full_optimizer_state_dict",
     "load_sharded_model",
@@ -159,6 +162,42 @@ def load_full_model_state_dict(
 
     state: dict[str, ValueType] = dict(state_dict)
     return set_model_state_dict(model, state, options=_options(full_state_dict=True, strict=strict))
+
+
+def full_shapes(model: torch.nn.Module) -> dict[str, torch.Size]:
+    """The full (unsharded) shape of every entry of a sharded model's state dict, by plain name."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return {name: value.size() for name, value in get_model_state_dict(model).items()}  # type: ignore[union-attr]
+
+
+def read_dcp_portable(
+    folder: str, layout: Mapping[str, object], world: int, num_models: int, num_optimizers: int
+) -> list[PortableState]:
+    """Read DCP-sharded models and optimizers (saved by any number of processes) in full, in this process.
+
+    Raises:
+        FileNotFoundError: A model's or optimizer's shard folder is missing.
+        CheckpointConversionError: A folder holds no ``model`` / ``optimizer`` entry.
+        UnsafeCheckpointError: An item needs full unpickling without the caller's opt-in.
+    """
+    from accelerando.backends.strategies.conversion import CheckpointConversionError, existing_folder
+
+    del layout, world  # DCP's metadata describes the shards, whatever wrote them
+    out = []
+    for index in range(max(num_models, num_optimizers)):
+        parts: dict[str, object] = {}
+        for stem, key in ((MODEL_SHARDS_NAME, "model"), (OPTIMIZER_SHARDS_NAME, "optimizer")):
+            if key == "optimizer" and index >= num_optimizers:
+                continue
+            loaded: dict[str, object] = {}
+            load_shards(loaded, existing_folder(folder, f"{stem}_{index}"), everything=True)
+            if not isinstance(loaded.get(key), dict):
+                raise CheckpointConversionError(f"{folder!r}: {stem}_{index} holds no {key!r} entry")
+            parts[key] = loaded[key]
+        weights = cast("dict[str, torch.Tensor]", parts["model"])
+        out.append(PortableState(dict(weights), cast("NamedOptimizerState | None", parts.get("optimizer"))))
+    return out
 
 
 def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> OptimizerStateType:

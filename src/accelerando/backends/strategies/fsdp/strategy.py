@@ -15,7 +15,7 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 
@@ -32,6 +32,7 @@ from accelerando.core.runtime import Runtime
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType
     from torch.distributed.fsdp import FullyShardedDataParallel
 
 __all__ = ["FSDPStrategy"]
@@ -276,6 +277,56 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
         path = F.find_model_file(input_dir, index)
         self.load_model_state_dict(model, F.load_model_weights(path))
         return True
+
+    # ------------------------------------------------- checkpoints across strategies
+    def checkpoint_layout(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> dict[str, object]:
+        """``"dcp"`` (SHARDED_STATE_DICT) or ``"full"`` files; optimizers keyed by parameter name."""
+        return {
+            "strategy": "fsdp",
+            "fsdp_version": self.plugin.fsdp_version,
+            "format": "dcp" if self.sharded_checkpoints else "full",
+            "optimizer_keys": "name",
+        }
+
+    def reads_layout(self, layout: Mapping[str, object], saved_world: int) -> bool:
+        """DCP shards from any number of processes, and full files with name-keyed optimizers."""
+        kind = layout.get("format")
+        return kind == "dcp" or (kind == "full" and layout.get("optimizer_keys") == "name")
+
+    def read_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Read another layout into portable state; check it against the sharded models' full shapes."""
+        import accelerando.backends.strategies.conversion as C
+
+        conversion = self._conversion
+        assert conversion is not None, "plan_checkpoint_read planned no conversion"
+        conversion.states = C.read_portable(conversion, len(models), len(optimizers))
+        for i, model in enumerate(models):
+            C.check_portable(conversion.states[i], S.full_shapes(model), conversion.folder, i)
+        for i, optimizer in enumerate(optimizers):
+            model = self._model_for(optimizer, models[i] if i < len(models) else None)
+            C.check_optimizer(
+                conversion.states[i], C.optimizer_names([model], optimizer), conversion.folder, i
+            )
+
+    def apply_converted_checkpoint(
+        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Load the full portable state into the sharded models and optimizers (each rank keeps its shard)."""
+        conversion, self._conversion = self._conversion, None
+        assert conversion is not None, "read_converted_checkpoint read nothing"
+        for model, portable in zip(models, conversion.states, strict=False):
+            self.load_model_state_dict(model, portable.weights)
+        for i, optimizer in enumerate(optimizers):
+            optim = conversion.states[i].optimizer
+            if optim is not None:
+                model = self._model_for(optimizer, models[i] if i < len(models) else None)
+                S.load_full_optimizer_state_dict(
+                    model, getattr(optimizer, "optimizer", optimizer), cast("OptimizerStateType", optim)
+                )
 
     def _model_for(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> torch.nn.Module:
         inner = getattr(optimizer, "optimizer", optimizer)
