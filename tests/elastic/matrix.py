@@ -288,7 +288,13 @@ def run_matrix(
     results = {}
     for target in loads:
         order = list(saves)
-        got = _launch(load_rank, target[1], target[0], [folders[c] for c in order])
+        try:
+            got = _launch(load_rank, target[1], target[0], [folders[c] for c in order])
+        except Exception as err:  # noqa: BLE001 - one crashed launch marks its column, the rest still run
+            last = [line for line in str(err).splitlines() if line.strip()][-1]
+            for cell in order:
+                results[(cell, target)] = {"kind": "error", "line": last}
+            continue
         for cell, outcome in zip(order, got[0], strict=True):
             results[(cell, target)] = _judge(saved[cell], outcome)
     return results
@@ -319,8 +325,8 @@ def markdown(results: dict[Any, dict[str, Any]], saves: Sequence[Any], loads: Se
             r = results.get((cell, target))
             if r is None:
                 row.append("")
-            elif r["kind"] == "refused":
-                row.append("refused")
+            elif r["kind"] in ("refused", "error"):
+                row.append(r["kind"])
             elif r["state_diff"] == 0 and r["max_rel"] <= TOLERANCE:
                 row.append(f"ok {r['max_rel']:.1e}")
             else:
@@ -352,9 +358,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="elastic_matrix_") as root:
         results = run_matrix(saves, loads, root)
     print(markdown(results, saves, loads))
-    refusals = {r["line"] for r in results.values() if r["kind"] == "refused"}
-    for line in sorted(refusals):
-        print(f"\n- refused: {line}")
+    for kind in ("refused", "error"):
+        for line in sorted({r["line"] for r in results.values() if r["kind"] == kind}):
+            print(f"\n- {kind}: {line}")
     print(f"\n{len(results)} cells in {time.perf_counter() - start:.0f} s")
 
 

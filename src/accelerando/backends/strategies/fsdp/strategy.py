@@ -291,8 +291,14 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
         }
 
     def reads_layout(self, layout: Mapping[str, object], saved_world: int) -> bool:
-        """DCP shards from any number of processes, and full files with name-keyed optimizers."""
+        """DCP shards (FSDP1: its own, from as many processes), and full files with name-keyed optimizers."""
         kind = layout.get("format")
+        same = layout.get("fsdp_version") == 1 and saved_world == self.runtime.num_processes
+        if kind == "dcp" and self.plugin.fsdp_version == 1 and not same:
+            # torch 2.13's DCP load of other shards into an FSDP1 optimizer fails on 4 processes ("Missing
+            # key in checkpoint state_dict: optimizer.param_groups", FSDP2's shards from 2 or 4): such
+            # loads go through the full state instead.
+            return False
         return kind == "dcp" or (kind == "full" and layout.get("optimizer_keys") == "name")
 
     def read_converted_checkpoint(
