@@ -19,7 +19,7 @@ Who calls it: :func:`accelerando.launchers.bound_rendezvous` when it creates the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousInfo
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["watch_members"]
 
 
-def _members(handler: DynamicRendezvousHandler) -> tuple[int, frozenset[Any], bool]:
+def _members(handler: DynamicRendezvousHandler) -> tuple[int, frozenset[object], bool]:
     # torch 2.13: dynamic_rendezvous.py (private; the state synced from the backend, dead nodes dropped)
     state = handler._state_holder.state
     return state.round, frozenset(state.participants), bool(state.closed)
@@ -59,14 +59,15 @@ def watch_members(handler: DynamicRendezvousHandler) -> DynamicRendezvousHandler
         ``num_nodes_waiting`` answers at least 1 while one of them is missing (see the module
         docstring). A closed rendezvous (the job is ending) never asks for a new round.
     """
-    joined: dict[str, Any] = {}
+    joined: dict[str, tuple[int, frozenset[object]]] = {}
     next_rendezvous = handler.next_rendezvous
     num_nodes_waiting = handler.num_nodes_waiting
 
     def next_rendezvous_recorded() -> RendezvousInfo:
         _forget_workers_store(handler)
         info = next_rendezvous()
-        joined["round"], joined["nodes"], _closed = _members(handler)
+        current, nodes, _closed = _members(handler)
+        joined["round"] = (current, nodes)
         return info
 
     def waiting_or_gone() -> int:
@@ -74,7 +75,8 @@ def watch_members(handler: DynamicRendezvousHandler) -> DynamicRendezvousHandler
         if not joined:
             return waiting
         current, nodes, closed = _members(handler)
-        gone = current != joined["round"] or not joined["nodes"] <= nodes
+        round_joined, nodes_joined = joined["round"]
+        gone = current != round_joined or not nodes_joined <= nodes
         return max(waiting, 1) if gone and not closed else waiting
 
     handler.next_rendezvous = next_rendezvous_recorded  # type: ignore[method-assign]
