@@ -366,9 +366,7 @@ class Strategy:
         recorded); a strategy that writes its own files names its own format, which only it reads.
         """
         if self.name in _PLAIN_STRATEGIES:
-            from accelerando.backends.strategies.conversion import plain_layout
-
-            return plain_layout(self.name, models, optimizers)
+            return _conversions().plain_layout(self.name, models, optimizers)
         return {"strategy": self.name, "format": self.name}
 
     def reads_layout(self, layout: Mapping[str, object], saved_world: int) -> bool:
@@ -386,15 +384,14 @@ class Strategy:
             CheckpointConversionError: No conversion from the saved layout to this strategy exists
                 (one line naming both and what to do).
         """
-        from accelerando.backends.strategies.conversion import Conversion, refuse_unreadable
-
+        C = _conversions()
         self._conversion = None
         if layout is None or self.reads_layout(layout, saved_world):
             return False
-        refuse_unreadable(
+        C.refuse_unreadable(
             folder, layout, saved_world, f"{self.name} on {self.runtime.num_processes} process(es)"
         )
-        self._conversion = Conversion(folder, layout, saved_world)
+        self._conversion = C.Conversion(folder, layout, saved_world)
         return True
 
     def converts(self, folder: str) -> bool:
@@ -409,8 +406,7 @@ class Strategy:
         Raises:
             CheckpointConversionError: The saved state does not fit the live models or optimizers.
         """
-        import accelerando.backends.strategies.conversion as C
-
+        C = _conversions()
         conversion = self._conversion
         assert conversion is not None, "plan_checkpoint_read planned no conversion"
         conversion.states = C.read_portable(conversion, len(models), len(optimizers))
@@ -424,11 +420,9 @@ class Strategy:
         self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> None:
         """Apply what ``read_converted_checkpoint`` read (plain modules and torch optimizers here)."""
-        from accelerando.backends.strategies.conversion import apply_plain
-
         conversion, self._conversion = self._conversion, None
         assert conversion is not None, "read_converted_checkpoint read nothing"
-        apply_plain(conversion, models, optimizers)
+        _conversions().apply_plain(conversion, models, optimizers)
 
     def join_uneven_inputs(
         self, joinables: list[Joinable], even_batches: bool | None = None
@@ -514,3 +508,10 @@ def _offloaded_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
             for name, tensor in own:
                 found[f"{prefix}.{name}" if prefix else name] = tensor.detach().clone()
     return found
+
+
+def _conversions():  # noqa: ANN202 - the checker infers the module itself (ModuleType would erase it)
+    """The checkpoint conversions (loaded with the checkpointing package, only when a checkpoint is)."""
+    import accelerando.backends.strategies.conversion as conversions
+
+    return conversions

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 
+import accelerando.backends.strategies.conversion as C
 from accelerando.backends.precision.base import Precision
 from accelerando.backends.strategies.base import (
     ManagesPrecision,
@@ -24,8 +25,10 @@ from accelerando.backends.strategies.base import (
     ScalesLossForAccumulation,
     Strategy,
 )
+from accelerando.backends.strategies.conversion import CheckpointConversionError
 from accelerando.backends.strategies.deepspeed.auto_stage import ZeroChoice
 from accelerando.backends.strategies.deepspeed.config import get_value
+from accelerando.backends.strategies.deepspeed.convert import apply_deepspeed
 from accelerando.backends.strategies.deepspeed.msamp import (
     converts_in_engine,
     engine_initializer,
@@ -135,8 +138,6 @@ def _check_scalars(optimizer: Mapping[str, object], folder: str) -> None:
     Raises:
         CheckpointConversionError: Naming the counter that differs between parameters.
     """
-    from accelerando.backends.strategies.conversion import CheckpointConversionError
-
     state = optimizer.get("state")
     seen: dict[str, float] = {}
     for entry in state.values() if isinstance(state, dict) else []:
@@ -509,8 +510,6 @@ class DeepSpeedStrategy(ManagesPrecision, ScalesLossForAccumulation, LoadsOwnChe
         self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> None:
         """Read another layout (or another stage / process count) and check it against the engines."""
-        import accelerando.backends.strategies.conversion as C
-
         conversion = self._conversion
         assert conversion is not None, "plan_checkpoint_read planned no conversion"
         conversion.states = C.read_portable(conversion, len(models), len(optimizers))
@@ -533,8 +532,6 @@ class DeepSpeedStrategy(ManagesPrecision, ScalesLossForAccumulation, LoadsOwnChe
         self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> None:
         """Write the portable state into each engine's partitions (any ZeRO stage, any process count)."""
-        from accelerando.backends.strategies.deepspeed.convert import apply_deepspeed
-
         conversion, self._conversion = self._conversion, None
         assert conversion is not None, "read_converted_checkpoint read nothing"
         for model, portable in zip(models, conversion.states, strict=False):

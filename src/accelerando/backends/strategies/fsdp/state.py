@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.distributed as dist
 
-from accelerando.backends.strategies.conversion import NamedOptimizerState, PortableState
+from accelerando.backends.strategies.conversion import (
+    CheckpointConversionError,
+    NamedOptimizerState,
+    PortableState,
+    existing_folder,
+)
 from accelerando.backends.strategies.ties import find_ties, share_tied_entries
 from accelerando.checkpointing import files as F
 from accelerando.checkpointing.async_dcp import save_or_stage
@@ -181,8 +186,6 @@ def read_dcp_portable(
         CheckpointConversionError: A folder holds no ``model`` / ``optimizer`` entry.
         UnsafeCheckpointError: An item needs full unpickling without the caller's opt-in.
     """
-    from accelerando.backends.strategies.conversion import CheckpointConversionError, existing_folder
-
     del layout, world  # DCP's metadata describes the shards, whatever wrote them
     out = []
     for index in range(max(num_models, num_optimizers)):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 
+import accelerando.backends.strategies.conversion as C
 import accelerando.backends.strategies.fsdp.state as S
 import accelerando.backends.strategies.fsdp.wrap as W
 from accelerando.backends.precision.base import Precision
@@ -305,8 +306,6 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
         self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> None:
         """Read another layout into portable state; check it against the sharded models' full shapes."""
-        import accelerando.backends.strategies.conversion as C
-
         conversion = self._conversion
         assert conversion is not None, "plan_checkpoint_read planned no conversion"
         conversion.states = C.read_portable(conversion, len(models), len(optimizers))
