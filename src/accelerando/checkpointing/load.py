@@ -166,8 +166,9 @@ def _read_candidate(
             f"{folder} was saved by {manifest.world_size} processes and is loaded by {state.num_processes}: "
             "models, optimizers, schedulers, the scaler and custom objects are restored; random states "
             "follow the elastic rule (a process that existed gets its own back, a new one a state derived "
-            "from them); prepared dataloaders continue the same global sample order; unfinished-accumulation "
-            "gradients are per process and are NOT restored, so the run will not continue bit-exactly.",
+            "from them); prepared dataloaders continue the same global sample order; gradients of an "
+            "unfinished accumulation cycle are per process and are not carried over. The batch per optimizer "
+            "step follows the elastic_batch setting (docs: 'Changing the number of processes or the strategy').",
             stacklevel=3,
         )
     loaders = list(target.dataloaders)  # shared files: read on any number of processes (global position)
