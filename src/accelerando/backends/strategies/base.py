@@ -411,10 +411,26 @@ class Strategy:
         assert conversion is not None, "plan_checkpoint_read planned no conversion"
         conversion.states = C.read_portable(conversion, len(models), len(optimizers))
         for i, model in enumerate(models):
-            C.check_portable(conversion.states[i], C.plain_shapes(model), conversion.folder, i)
+            C.check_portable(conversion.states[i], self._full_shapes(model), conversion.folder, i)
+        self._check_converted_optimizers(conversion, models, optimizers)
+
+    def _full_shapes(self, model: torch.nn.Module) -> Mapping[str, torch.Size]:
+        """The full shape of every state-dict entry of a prepared model (the hook sharded strategies override)."""
+        return _conversions().plain_shapes(model)
+
+    def _check_converted_optimizers(
+        self, conversion: Conversion, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> None:
+        """Refuse converted optimizer states that do not fit the live optimizers (names, groups).
+
+        Raises:
+            CheckpointConversionError: Naming the optimizer and what differs.
+        """
+        C = _conversions()
         for i, optimizer in enumerate(optimizers):
-            names = C.optimizer_names(models, optimizer)
-            C.check_optimizer(conversion.states[i], names, conversion.folder, i)
+            C.check_optimizer(
+                conversion.states[i], C.optimizer_names(models, optimizer), conversion.folder, i
+            )
 
     def apply_converted_checkpoint(
         self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]

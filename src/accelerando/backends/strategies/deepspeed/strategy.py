@@ -506,18 +506,20 @@ class DeepSpeedStrategy(ManagesPrecision, ScalesLossForAccumulation, LoadsOwnChe
             and (not self.engines or layout.get("zero_stage") == self.engines[0].zero_optimization_stage())
         )
 
-    def read_converted_checkpoint(
-        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    def _full_shapes(self, model: torch.nn.Module) -> Mapping[str, torch.Size]:
+        """The full shapes of an engine's module (ZeRO-3 parameters report theirs in ``ds_shape``)."""
+        module = self.unwrap_model(model, keep_torch_compile=False)
+        shapes = {n: getattr(p, "ds_shape", p.shape) for n, p in module.named_parameters()}
+        shapes.update({n: b.shape for n, b in module.named_buffers()})
+        return shapes
+
+    def _check_converted_optimizers(
+        self, conversion: C.Conversion, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> None:
-        """Read another layout (or another stage / process count) and check it against the engines."""
-        conversion = self._conversion
-        assert conversion is not None, "plan_checkpoint_read planned no conversion"
-        conversion.states = C.read_portable(conversion, len(models), len(optimizers))
+        """Each engine's optimizer state: one step counter per partition, the model's trainable parameters."""
+        del optimizers  # an engine's optimizer is its model's: checked through the model
         for i, model in enumerate(models):
             module = self.unwrap_model(model, keep_torch_compile=False)
-            shapes = {n: getattr(p, "ds_shape", p.shape) for n, p in module.named_parameters()}
-            shapes.update({n: b.shape for n, b in module.named_buffers()})
-            C.check_portable(conversion.states[i], shapes, conversion.folder, i)
             optim = conversion.states[i].optimizer
             if optim is not None:
                 _check_scalars(optim, conversion.folder)

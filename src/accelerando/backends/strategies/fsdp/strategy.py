@@ -302,15 +302,14 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
             return False
         return kind == "dcp" or (kind == "full" and layout.get("optimizer_keys") == "name")
 
-    def read_converted_checkpoint(
-        self, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
+    def _full_shapes(self, model: torch.nn.Module) -> Mapping[str, torch.Size]:
+        """The full (unsharded) shapes of a sharded model's state-dict entries."""
+        return S.full_shapes(model)
+
+    def _check_converted_optimizers(
+        self, conversion: C.Conversion, models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> None:
-        """Read another layout into portable state; check it against the sharded models' full shapes."""
-        conversion = self._conversion
-        assert conversion is not None, "plan_checkpoint_read planned no conversion"
-        conversion.states = C.read_portable(conversion, len(models), len(optimizers))
-        for i, model in enumerate(models):
-            C.check_portable(conversion.states[i], S.full_shapes(model), conversion.folder, i)
+        """Check each optimizer's saved state against the names of the model it belongs to."""
         for i, optimizer in enumerate(optimizers):
             model = self._model_for(optimizer, models[i] if i < len(models) else None)
             C.check_optimizer(
