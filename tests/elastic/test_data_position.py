@@ -80,6 +80,22 @@ def real_after(length: int, global_batch: int, drop_last: bool, consumed: int) -
 
 
 # ------------------------------------------------------------------------------ in-process lockstep
+def _case(**changes: object) -> dict:
+    """A loader case: 23 ids in batches of 3, sequential, even_batches, no drop_last/split, map-style."""
+    case = {
+        "length": 23,
+        "batch": 3,
+        "shuffle": False,
+        "seedable": False,
+        "even": True,
+        "drop_last": False,
+        "split": False,
+        "iterable": False,
+    }
+    case.update(changes)
+    return case
+
+
 def _make(processes: int, rank: int, case: dict, stateful: bool = False):
     torch.manual_seed(0)
     data = Stream(case["length"]) if case["iterable"] else Ids(case["length"])
@@ -228,16 +244,7 @@ def test_plan_keeps_the_rest_of_the_global_order(
 def test_one_process_stream_with_drop_last_warns_in_one_line() -> None:
     """The non-exact case says so in one line: a stream resumed by one process with another batch size
     and ``drop_last`` loses the incomplete tail (the DataLoader drops it)."""
-    case = dict(
-        length=22,
-        batch=2,
-        shuffle=False,
-        seedable=False,
-        even=True,
-        drop_last=True,
-        split=False,
-        iterable=True,
-    )
+    case = _case(length=22, batch=2, drop_last=True, iterable=True)
     first = [_make(2, r, case) for r in range(2)]
     iterators = [iter(loader) for loader in first]
     for it in iterators:
@@ -304,16 +311,7 @@ def test_changed_dataset_length_warns() -> None:
     first = _make(
         2,
         0,
-        dict(
-            length=20,
-            batch=2,
-            shuffle=True,
-            seedable=False,
-            even=True,
-            drop_last=False,
-            split=False,
-            iterable=False,
-        ),
+        _case(length=20, batch=2, shuffle=True),
     )
     it = iter(first)
     next(it)
@@ -322,16 +320,7 @@ def test_changed_dataset_length_warns() -> None:
     other = _make(
         1,
         0,
-        dict(
-            length=30,
-            batch=2,
-            shuffle=True,
-            seedable=False,
-            even=True,
-            drop_last=False,
-            split=False,
-            iterable=False,
-        ),
+        _case(length=30, batch=2, shuffle=True),
     )
     with pytest.warns(UserWarning, match="the dataset has 30 samples, the saved run saw 20"):
         other.load_state_dict(state)
@@ -350,16 +339,7 @@ def test_stream_split_by_workers_warns() -> None:
     other = _make(
         2,
         0,
-        dict(
-            length=24,
-            batch=2,
-            shuffle=False,
-            seedable=False,
-            even=True,
-            drop_last=False,
-            split=False,
-            iterable=True,
-        ),
+        _case(length=24, batch=2, iterable=True),
     )
     with pytest.warns(UserWarning, match="split between loader workers") as caught:
         other.load_state_dict(state)
@@ -368,16 +348,7 @@ def test_stream_split_by_workers_warns() -> None:
 
 def test_same_layout_state_is_the_per_process_path() -> None:
     """On the same layout nothing is planned: ``position`` restores as before (skip_first_batches)."""
-    case = dict(
-        length=23,
-        batch=3,
-        shuffle=True,
-        seedable=False,
-        even=True,
-        drop_last=False,
-        split=False,
-        iterable=False,
-    )
+    case = _case(shuffle=True)
     first = _make(2, 1, case)
     it = iter(first)
     for _ in range(2):
@@ -391,16 +362,7 @@ def test_same_layout_state_is_the_per_process_path() -> None:
 
 
 def test_version_one_state_still_loads() -> None:
-    case = dict(
-        length=23,
-        batch=3,
-        shuffle=False,
-        seedable=False,
-        even=True,
-        drop_last=False,
-        split=False,
-        iterable=False,
-    )
+    case = _case()
     loader = _make(1, 0, case)
     loader.load_state_dict({"version": 1, "epoch": 2, "position": 3})
     assert loader.iteration == 2 and loader.resume_position() is None
