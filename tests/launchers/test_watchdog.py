@@ -306,7 +306,7 @@ if sys.argv[1] == "busy":  # every rank computes for 90 s in its main thread, no
     while time.monotonic() < end:
         x = torch.tanh(x @ x)
 accelerator.wait_for_everyone()
-print("finished", accelerator.process_index, flush=True)
+print(f"finished {accelerator.process_index}", flush=True)  # one write: the ranks share the pipe
 """
 
 
