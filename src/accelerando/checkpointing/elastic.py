@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 __all__ = ["ElasticPlan", "manifest_facts", "plan_resize", "saved_accumulation"]
 
@@ -94,15 +95,13 @@ def plan_resize(
         The plan; its ``message`` is empty when the world size and the accumulation are unchanged.
     """
     saved = saved_accumulation(extra, accumulation)
-    repeats_raw = extra.get("scheduler_repeats")
-    saved_repeats = (
-        tuple(int(r) for r in repeats_raw if isinstance(r, int) and r >= 1)
-        if isinstance(repeats_raw, list)
-        else None
-    )
+    repeats = extra.get("scheduler_repeats")
+    # All or nothing: dropping one odd entry would shift every later scheduler onto another's pace.
+    valid = isinstance(repeats, list) and all(type(r) is int and r >= 1 for r in repeats)
+    saved_repeats = tuple(cast("list[int]", repeats)) if valid else None
     factor = 1 if split_batches else saved_world
     per_micro_now = 1 if split_batches else world
-    old_batch = f"{saved} x {factor}" if not split_batches else f"{saved} x 1"
+    old_batch = f"{saved} x {factor}"
     if mode != KEEP_GLOBAL:
         if saved_world == world:
             return ElasticPlan(accumulation, step, None, "")
