@@ -21,6 +21,7 @@ from accelerando.checkpointing import (
     save_accelerator_state,
     save_custom_state,
 )
+from accelerando.checkpointing import atomic
 from accelerando.checkpointing.atomic import MANIFEST_NAME
 from accelerando.plugins.project import ProjectConfiguration
 from suite_support import reset_accelerator_state
@@ -173,6 +174,7 @@ def test_explicit_folder_overwrite_and_unverified_legacy_folder(tmp_path) -> Non
     accelerator.save_state(out)
     _fill(model, 2.0)
     accelerator.save_state(out)  # replaces the folder atomically
+    atomic.wait_for_removals()  # the replaced folder is removed in the background
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
     _fill(model, 0.0)
     accelerator.load_state(out, verify_checksums=False)

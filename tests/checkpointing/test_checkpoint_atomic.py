@@ -43,6 +43,7 @@ def test_commit_replaces_existing_folder(tmp_path) -> None:
     _commit(final, {"a.bin": b"old"})
     _commit(final, {"b.bin": b"new"})
     assert sorted(os.listdir(final)) == sorted([atomic.MANIFEST_NAME, "b.bin"])
+    atomic.wait_for_removals()  # the replaced folder is removed in the background
     assert [n for n in os.listdir(tmp_path) if n != "ckpt"] == []  # no trash left
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from accelerando import Accelerator
-from accelerando.checkpointing import CheckpointError, list_checkpoints, verify_checkpoint
+from accelerando.checkpointing import CheckpointError, atomic, list_checkpoints, verify_checkpoint
 from accelerando.checkpointing.digest import PIECE_BYTES, available, file_digest
 from accelerando.checkpointing.written import StreamDigest
 from accelerando.plugins.project import ProjectConfiguration
@@ -54,6 +54,7 @@ def test_overwriting_a_checkpoint_flushes_each_folder_once(tmp_path, fsyncs) -> 
     # Each file, the manifest, the staging folder, the parent: moving the old one away adds none.
     assert len(fsyncs.paths) == len(files) + 3, fsyncs.paths
     assert fsyncs.paths[-1] == str(tmp_path)
+    atomic.wait_for_removals()  # the replaced folder is removed in the background
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
@@ -70,6 +71,7 @@ def test_rotation_flushes_the_checkpoints_folder_once_for_all_deletions(tmp_path
     # The save's own flushes, then one flush of the checkpoints folder for the three deletions.
     assert len(fsyncs.paths) == len(files) + 4, fsyncs.paths
     assert fsyncs.paths[-2:] == [root, root]
+    atomic.wait_for_removals()  # rotated-out folders are removed in the background
     assert not [name for name in os.listdir(root) if name.startswith(".checkpoint_")]  # no trash left
 
 

@@ -255,6 +255,7 @@ def test_explicit_folder_saves_are_one_at_a_time_and_staged_per_run(tmp_path, mo
     accelerator.save_state(out)
     assert len(staged) == 2 and all(".ckpt." in s and s.endswith(".partial") for s in staged)
     assert os.path.basename(staged[0]) not in (".ckpt.partial",)  # named after the run
+    atomic.wait_for_removals()  # the replaced folder is removed in the background
     assert sorted(os.listdir(tmp_path)) == [".ckpt.v2.partial", "ckpt"]  # no lock file left behind
     atomic.verify_checkpoint(out, checksums=True)
     del model

@@ -123,6 +123,7 @@ def test_a_durable_save_waits_on_the_disk_twice(tmp_path, monkeypatch, fsyncs) -
     # ... then the parent folder, once: each file once, nothing twice, no flush for the deletion.
     assert len(fsyncs.paths) == len(names) + 3
     assert fsyncs.paths[-1] == str(tmp_path)
+    atomic.wait_for_removals()  # the replaced folder is removed in the background
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "warm"]
 
 

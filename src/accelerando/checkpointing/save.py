@@ -226,6 +226,7 @@ def _claim(
 ) -> tuple[str, str]:
     """Committing process: lock, clean leftovers, pick the folder, create the staging folder."""
     run = target.memory
+    atomic.wait_for_removals()  # the previous save's replaced folders are gone before this one writes
     if root is not None:
         lock.hold(
             target.owner, run.locks, root, wait, root, run.token
@@ -235,7 +236,38 @@ def _claim(
     else:
         stack.enter_context(lock.save_lock(final_dir, wait, run.token))
         atomic.remove_stale_of(final_dir)
-    return final_dir, atomic.prepare_staging(final_dir, run.token)
+    staging = atomic.prepare_staging(final_dir, run.token)
+    _release_replaced(target, root, final_dir)
+    return final_dir, staging
+
+
+def _release_replaced(target: CheckpointTarget, root: str | None, final_dir: str) -> None:
+    """Drop the cached copy of the checkpoints this save replaces or rotates out (see
+    :func:`atomic.release_cached`): the new files are written into the memory they held.
+    """
+    leaving = [final_dir] if os.path.isdir(final_dir) else []
+    if root is not None:
+        number = _number(final_dir)
+        limit = target.project_configuration.total_limit
+        leaving += atomic.rotated_out(root, limit, target.memory.skipped, number)
+    for folder in leaving:
+        size, durable = _committed_facts(target.memory, folder)
+        if durable and size >= atomic.BACKGROUND_MIN_BYTES:
+            atomic.release_cached(folder)
+
+
+def _committed_facts(run: CheckpointMemory, folder: str) -> tuple[int, bool]:
+    """``(bytes, saved durably)`` of the checkpoint ``folder``: remembered if this Accelerator saved it,
+    else from its manifest (``(0, False)`` when that cannot be read).
+    """
+    known = run.committed.get(folder)
+    if known is not None:
+        return known
+    try:
+        manifest = atomic.read_manifest(folder)
+    except atomic.CheckpointError:
+        return 0, False
+    return sum(entry.size for entry in manifest.files.values()), manifest.extra.get("durable") is True
 
 
 # While waiting for another run's lock, the processes meet this often, so that none of them sits in one
@@ -415,7 +447,13 @@ def _commit_staged(target: CheckpointTarget, plan: _Plan, results: list[_WriteRe
         files=entries,
         world_size=int(target.state.num_processes),
         library_version=__version__,
-        extra={"step": int(target.step), "iteration": iteration, **_pace(target), "layout": _layout(target)},
+        extra={
+            "step": int(target.step),
+            "iteration": iteration,
+            "durable": plan.durable,
+            **_pace(target),
+            "layout": _layout(target),
+        },
     )
     atomic.commit(staging, final_dir, manifest, plan.durable, flush=unflushed, flush_folders=folders)
     return sum(entry.size for entry in entries.values())
@@ -533,6 +571,7 @@ def _commit_everywhere(
     if plan.committer:
         try:
             size = _commit_staged(target, plan, results)
+            target.memory.remember_commit(plan.final_dir, size, plan.durable)
         except Exception as err:  # noqa: BLE001 - every process must learn of it before anyone raises
             error = _translated(err, target, plan.final_dir, plan.staging)
             atomic.discard(plan.staging)

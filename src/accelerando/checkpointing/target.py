@@ -191,7 +191,12 @@ class CheckpointMemory:
         pending: the asynchronous save not waited for yet, or None.
         locks: the project locks taken for this Accelerator: path -> (fork generation, the
             finalizer that gives the lock up when the Accelerator is freed).
+        committed: the latest folders this Accelerator committed: path -> (bytes, saved durably), at
+            most ``COMMITTED_KEPT`` of them (a later save that replaces or rotates one out knows its
+            size without reading its manifest).
     """
+
+    COMMITTED_KEPT = 64
 
     def __init__(self) -> None:
         self.token: str = uuid.uuid4().hex
@@ -200,6 +205,7 @@ class CheckpointMemory:
         self.skipped: set[str] = set()
         self.pending: PendingSave | None = None
         self.locks: dict[str, tuple[int, weakref.finalize[..., object]]] = {}
+        self.committed: dict[str, tuple[int, bool]] = {}
         self._slots: dict[object, object] = {}  # MemorySlot -> its value
 
     def get(self, slot: MemorySlot[_T]) -> _T:
@@ -215,6 +221,13 @@ class CheckpointMemory:
     def put(self, slot: MemorySlot[_T], value: _T) -> None:
         """Replace the value of ``slot``."""
         self._slots[slot] = value
+
+    def remember_commit(self, folder: str, size: int, durable: bool) -> None:
+        """Record a folder this Accelerator committed (see ``committed``)."""
+        self.committed.pop(folder, None)
+        self.committed[folder] = (size, durable)
+        while len(self.committed) > self.COMMITTED_KEPT:
+            del self.committed[next(iter(self.committed))]
 
     def release_locks(self) -> None:
         """Give up the project locks taken for this Accelerator (those no other owner still needs).
