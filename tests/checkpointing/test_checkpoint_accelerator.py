@@ -13,6 +13,7 @@ import torch
 from accelerando import Accelerator
 from accelerando.checkpointing import (
     CheckpointError,
+    atomic,
     latest_checkpoint,
     list_checkpoints,
     load_accelerator_state,
@@ -21,7 +22,6 @@ from accelerando.checkpointing import (
     save_accelerator_state,
     save_custom_state,
 )
-from accelerando.checkpointing import atomic
 from accelerando.checkpointing.atomic import MANIFEST_NAME
 from accelerando.plugins.project import ProjectConfiguration
 from suite_support import reset_accelerator_state
