@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from accelerando import Accelerator
-from accelerando.checkpointing import atomic, verify_checkpoint
+from accelerando.checkpointing import atomic, page_cache, verify_checkpoint
 from accelerando.plugins.project import ProjectConfiguration
 
 
@@ -88,18 +88,86 @@ def test_a_durable_checkpoint_replaced_is_dropped_from_the_cache_before_the_new_
     assert torch.equal(saved["weight"], model.weight.detach())  # and it is the new one
 
 
-def test_a_scratch_checkpoint_replaced_keeps_its_cache(tmp_path, monkeypatch) -> None:
+def _dirty_pages(path: str) -> int | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counts = page_cache.cachestat(fd)
+    finally:
+        os.close(fd)
+    return None if counts is None else counts[1] + counts[2]
+
+
+def test_a_scratch_checkpoint_keeps_its_dirty_pages_and_loses_its_clean_ones(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    accelerator, _ = _tiny(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    weights = os.path.join(folder, "model.safetensors")
+    accelerator.save_state(folder, durable=False)
+    dirty_before = _dirty_pages(weights)
+    if dirty_before is None:
+        pytest.skip("this kernel has no cachestat")
+    seen: list[tuple[int | None, int]] = []
+    accelerator.register_save_state_pre_hook(
+        lambda *_: seen.append((_dirty_pages(weights), _resident_pages(weights)))
+    )
+    advice = _Advice(monkeypatch)
+    accelerator.save_state(folder, durable=False)  # replaces a scratch save not written back yet
+    if dirty_before:  # (the kernel may have written it back on its own meanwhile: then it is clean)
+        assert weights not in advice.dropped()
+        assert seen[0][0] == dirty_before and seen[0][1] > 0  # still cached, still dirty: nothing written
+    os.sync()  # now it is on disk: its pages are clean
+    seen.clear()
+    advice.events.clear()
+    accelerator.save_state(folder, durable=False)
+    assert set(advice.dropped()) == _files(folder)
+    assert seen == [(0, 0)]
+
+
+def test_only_clean_ranges_are_ever_dropped(tmp_path, monkeypatch) -> None:
+    """Whatever the kernel says, a range is dropped only when cachestat found it cached and clean."""
+    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(page_cache, "RANGE_BYTES", 4096)
+    accelerator, _ = _tiny(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    answers: list[tuple[int, int, tuple[int, int, int] | None]] = []
+    real = page_cache.cachestat
+
+    def recording(fd: int, offset: int = 0, length: int = 0) -> tuple[int, int, int] | None:
+        counts = real(fd, offset, length)
+        answers.append((os.fstat(fd).st_ino, offset, counts))
+        return counts
+
+    drops: list[tuple[int, int]] = []
+    real_advise = os.posix_fadvise
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            drops.append((os.fstat(fd).st_ino, offset))
+        real_advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(page_cache, "cachestat", recording)
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    for durable in (False, True, False, False):
+        accelerator.save_state(folder, durable=durable)
+    if any(counts is None for _, _, counts in answers):
+        pytest.skip("this kernel has no cachestat")
+    clean = {
+        (ino, offset) for ino, offset, counts in answers if counts and counts[0] and not counts[1] + counts[2]
+    }
+    assert drops and set(drops) <= clean
+
+
+def test_without_cachestat_only_a_durable_checkpoint_is_dropped(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(page_cache, "cachestat", lambda *_: None)
     accelerator, _ = _tiny(tmp_path)
     folder = str(tmp_path / "ckpt")
     accelerator.save_state(folder, durable=False)
     advice = _Advice(monkeypatch)
-    accelerator.save_state(folder)  # durable now, replacing a scratch save whose pages may be dirty
-    accelerator.save_state(folder, durable=False)  # replacing a durable one: dropped
-    monkeypatch.undo()
-    drops = advice.dropped()
-    assert drops and all(".partial" not in path for path in drops)
-    assert len(drops) == len(_files(folder))  # one save's files, from the second save only
+    accelerator.save_state(folder)  # replaces a scratch save: nothing known to be clean
+    assert advice.dropped() == []
+    accelerator.save_state(folder, durable=False)  # replaces a durable one: dropped whole
+    assert set(advice.dropped()) == _files(folder)
 
 
 def test_a_small_checkpoint_replaced_is_left_cached(tmp_path, monkeypatch) -> None:

@@ -65,7 +65,6 @@ __all__ = [
     "no_space_error",
     "prepare_staging",
     "read_manifest",
-    "release_cached",
     "remove_stale",
     "remove_later",
     "remove_stale_of",
@@ -233,57 +232,6 @@ def remove_tree(path: str, together: bool = True) -> None:
         os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(path)
-
-
-def release_cached(folder: str) -> None:
-    """Drop from the page cache the files of ``folder``, a checkpoint this save replaces or rotates
-    out, right before the new one is written; never raises.
-
-    The files stay on disk untouched (the old checkpoint is whole until the new one commits); only
-    their cached copy goes, so the save holds one checkpoint's worth of page cache instead of two, and
-    the new files are written into the memory just freed. Call it only for a checkpoint saved durably
-    (its pages are clean, so dropping them writes nothing; a scratch save's may still be dirty, and
-    dropping them would write back a checkpoint about to be deleted). Links are never followed; files
-    are opened without blocking (a FIFO planted there is skipped).
-    """
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
-    flags = (
-        os.O_RDONLY
-        | getattr(os, "O_NOFOLLOW", 0)
-        | getattr(os, "O_NONBLOCK", 0)
-        | getattr(os, "O_CLOEXEC", 0)
-    )
-    for path in _regular_files(folder):
-        try:
-            fd = os.open(path, flags)
-        except OSError:
-            continue
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-def _regular_files(folder: str) -> list[str]:
-    """Paths of the regular files under ``folder`` (sub-folders entered, links never followed)."""
-    found: list[str] = []
-    pending = [folder]
-    while pending:
-        try:
-            with os.scandir(pending.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False):
-                        found.append(entry.path)
-        except OSError:
-            continue
-    return found
 
 
 _PENDING_REMOVALS: list[tuple[int, threading.Thread]] = []

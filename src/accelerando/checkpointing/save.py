@@ -34,6 +34,7 @@ import torch
 
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.lock as lock
+import accelerando.checkpointing.page_cache as page_cache
 from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
 from accelerando.checkpointing.elastic import manifest_facts
 from accelerando.checkpointing.project import (
@@ -242,8 +243,8 @@ def _claim(
 
 
 def _release_replaced(target: CheckpointTarget, root: str | None, final_dir: str) -> None:
-    """Drop the cached copy of the checkpoints this save replaces or rotates out (see
-    :func:`atomic.release_cached`): the new files are written into the memory they held.
+    """Drop the clean cached pages of the checkpoints this save replaces or rotates out (see
+    :mod:`accelerando.checkpointing.page_cache`): the new files are written into the memory they held.
     """
     leaving = [final_dir] if os.path.isdir(final_dir) else []
     if root is not None:
@@ -252,8 +253,8 @@ def _release_replaced(target: CheckpointTarget, root: str | None, final_dir: str
         leaving += atomic.rotated_out(root, limit, target.memory.skipped, number)
     for folder in leaving:
         size, durable = _committed_facts(target.memory, folder)
-        if durable and size >= atomic.BACKGROUND_MIN_BYTES:
-            atomic.release_cached(folder)
+        if size >= atomic.BACKGROUND_MIN_BYTES:
+            page_cache.release_cached(folder, known_clean=durable)
 
 
 def _committed_facts(run: CheckpointMemory, folder: str) -> tuple[int, bool]:
