@@ -235,6 +235,18 @@ def remove_tree(path: str, together: bool = True) -> None:
 
 
 _PENDING_REMOVALS: list[tuple[int, threading.Thread]] = []
+_PENDING_LOCK = threading.Lock()  # a background save's commit hands removals over too
+
+
+def _forget_removals_in_child() -> None:
+    """A forked child has the parent's list and lock (maybe held by a thread it lacks), not its threads."""
+    global _PENDING_LOCK
+    _PENDING_LOCK = threading.Lock()
+    _PENDING_REMOVALS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_removals_in_child)
 # Folders smaller than this are removed (and their page cache dropped) in line: it costs less than
 # what doing it differently saves.
 BACKGROUND_MIN_BYTES = 64 << 20
@@ -272,17 +284,19 @@ def remove_later(path: str, together: bool = True) -> None:
         remove_tree(path, together)  # a small folder: gone in less time than a thread takes to start
         return
     pid = os.getpid()
-    _PENDING_REMOVALS[:] = [(p, t) for p, t in _PENDING_REMOVALS if p == pid and t.is_alive()]
     thread = threading.Thread(target=remove_tree, args=(path, together), name="accelerando-remove")
     thread.start()
-    _PENDING_REMOVALS.append((pid, thread))
+    with _PENDING_LOCK:
+        _PENDING_REMOVALS[:] = [(p, t) for p, t in _PENDING_REMOVALS if p == pid and t.is_alive()]
+        _PENDING_REMOVALS.append((pid, thread))
 
 
 def wait_for_removals() -> None:
     """Wait until every folder this process handed to :func:`remove_later` is removed; never raises."""
     pid = os.getpid()  # a forked child has the parent's list, not its threads
-    pending = [thread for owner, thread in _PENDING_REMOVALS if owner == pid]
-    _PENDING_REMOVALS.clear()
+    with _PENDING_LOCK:
+        pending = [thread for owner, thread in _PENDING_REMOVALS if owner == pid]
+        _PENDING_REMOVALS.clear()
     for thread in pending:
         thread.join()
 

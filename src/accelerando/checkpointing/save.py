@@ -246,7 +246,7 @@ def _release_replaced(target: CheckpointTarget, root: str | None, final_dir: str
     """Drop the clean cached pages of the checkpoints this save replaces or rotates out (see
     :mod:`accelerando.checkpointing.page_cache`): the new files are written into the memory they held.
     """
-    leaving = [final_dir] if os.path.isdir(final_dir) else []
+    leaving = [final_dir] if os.path.isdir(final_dir) and not os.path.islink(final_dir) else []
     if root is not None:
         number = _number(final_dir)
         limit = target.project_configuration.total_limit
