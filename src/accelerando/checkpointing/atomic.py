@@ -206,7 +206,7 @@ def remove_tree(path: str, together: bool = True) -> None:
     ``shutil.rmtree``.
     """
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-    if not together or os.unlink not in os.supports_dir_fd or os.scandir not in os.supports_fd:
+    if os.unlink not in os.supports_dir_fd or os.scandir not in os.supports_fd:
         shutil.rmtree(path, ignore_errors=True)
         return
     try:
@@ -222,6 +222,10 @@ def remove_tree(path: str, together: bool = True) -> None:
                     shutil.rmtree(os.path.join(path, entry.name), ignore_errors=True)
                 else:
                     files.append(entry.name)
+        if not together:
+            for name in files:
+                _unlink_at(name, fd)
+            files = []
         pool = flush_pool()
         futures = [pool.submit(_unlink_at, name, fd) for name in files[1:]]
         if files:

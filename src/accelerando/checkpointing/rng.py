@@ -29,14 +29,18 @@ _PACKED_INTS_TAG = "__uint64_le__"  # a long tuple or list of ints in [0, 2**64)
 # Sequences of ints at least this long are packed: pickling costs a call per object (torch.save's
 # persistent_id), about 1,250 for Python's and NumPy's Mersenne Twister states otherwise.
 _PACK_MIN_INTS = 32
-_UINT64_END = 1 << 64
 
 
 def _packed_ints(value: list[object] | tuple[object, ...]) -> dict[str, object] | None:
     """``value`` (a long sequence of plain ints in [0, 2**64)) packed into bytes, else None."""
-    if len(value) < _PACK_MIN_INTS or not all(type(v) is int and 0 <= v < _UINT64_END for v in value):
+    # Plain ints only (not bools or NumPy integers, which would come back as ints); the array refuses
+    # negative ones and those of 2**64 and above.
+    if len(value) < _PACK_MIN_INTS or set(map(type, value)) != {int}:
         return None
-    data = array.array("Q", cast("list[int]", value))  # every item was just checked to be such an int
+    try:
+        data = array.array("Q", cast("list[int]", value))
+    except OverflowError:
+        return None
     if sys.byteorder != "little":
         data.byteswap()
     return {_PACKED_INTS_TAG: data.tobytes(), "kind": "tuple" if isinstance(value, tuple) else "list"}
