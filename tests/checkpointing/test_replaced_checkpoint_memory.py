@@ -286,15 +286,10 @@ _FORKED_CHILD = textwrap.dedent(
 )
 
 
-def _hidden(folder: str) -> list[str]:
-    return [name for name in os.listdir(os.path.dirname(folder)) if name.startswith(".")]
-
-
-@pytest.mark.parametrize("ending", ["normal", "os_exit"])
-def test_a_process_that_exits_leaves_no_replaced_folder_unless_killed(tmp_path, ending: str) -> None:
-    folder = str(tmp_path / "ckpt")
+def _run_saving_child(script: str, folder: str, *args: str) -> None:
+    """Run ``script`` in a fresh interpreter; it must exit 0 leaving a whole checkpoint in ``folder``."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, folder, ending],
+        [sys.executable, "-c", script, folder, *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -302,6 +297,16 @@ def test_a_process_that_exits_leaves_no_replaced_folder_unless_killed(tmp_path, 
     )
     assert done.returncode == 0, done.stderr
     verify_checkpoint(folder, checksums=True)
+
+
+def _hidden(folder: str) -> list[str]:
+    return [name for name in os.listdir(os.path.dirname(folder)) if name.startswith(".")]
+
+
+@pytest.mark.parametrize("ending", ["normal", "os_exit"])
+def test_a_process_that_exits_leaves_no_replaced_folder_unless_killed(tmp_path, ending: str) -> None:
+    folder = str(tmp_path / "ckpt")
+    _run_saving_child(_CHILD, folder, ending)
     if ending == "normal":
         assert _hidden(folder) == []
         return
@@ -316,13 +321,5 @@ def test_a_process_that_exits_leaves_no_replaced_folder_unless_killed(tmp_path, 
 
 def test_a_multiprocessing_child_waits_for_its_removal(tmp_path) -> None:
     folder = str(tmp_path / "ckpt")
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKED_CHILD, folder],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    verify_checkpoint(folder, checksums=True)
+    _run_saving_child(_FORKED_CHILD, folder)
     assert _hidden(folder) == []

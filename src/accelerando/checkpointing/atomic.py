@@ -31,7 +31,7 @@ import shutil
 import stat
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import accelerando.checkpointing.written as written
 from accelerando.checkpointing.digest import FileEntry, PendingDigests, default_algorithm, file_digest
@@ -65,6 +65,7 @@ __all__ = [
     "no_space_error",
     "prepare_staging",
     "read_manifest",
+    "regular_file_entries",
     "remove_stale",
     "remove_later",
     "remove_stale_of",
@@ -256,20 +257,31 @@ if hasattr(os, "register_at_fork"):
 BACKGROUND_MIN_BYTES = 64 << 20
 
 
-def _bytes_at_least(folder: str, enough: int) -> int:
-    """The bytes of the regular files under ``folder``, counted until ``enough`` (links not followed)."""
-    total = 0
+def regular_file_entries(folder: str) -> Iterator[os.DirEntry[str]]:
+    """The regular files under ``folder``, sub-folders entered, links never followed; unreadable
+    folders are skipped.
+    """
     pending = [folder]
-    while pending and total < enough:
+    while pending:
         try:
             with os.scandir(pending.pop()) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
                         pending.append(entry.path)
                     elif entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_size
+                        yield entry
         except OSError:
             continue
+
+
+def _bytes_at_least(folder: str, enough: int) -> int:
+    """The bytes of the regular files under ``folder``, counted until ``enough`` (links not followed)."""
+    total = 0
+    for entry in regular_file_entries(folder):
+        with contextlib.suppress(OSError):
+            total += entry.stat(follow_symlinks=False).st_size
+        if total >= enough:
+            break
     return total
 
 

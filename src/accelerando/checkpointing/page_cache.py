@@ -21,6 +21,8 @@ import os
 import stat
 from collections.abc import Callable
 
+from accelerando.checkpointing.atomic import regular_file_entries
+
 __all__ = ["RANGE_BYTES", "cachestat", "release_cached"]
 
 RANGE_BYTES = 64 << 20
@@ -98,7 +100,7 @@ def release_cached(folder: str, known_clean: bool) -> int:
         | getattr(os, "O_CLOEXEC", 0)
     )
     dropped = 0
-    for path in _regular_files(folder):
+    for path in (entry.path for entry in regular_file_entries(folder)):
         try:
             fd = os.open(path, flags)
         except OSError:
@@ -129,20 +131,3 @@ def _drop_clean(fd: int, size: int, known_clean: bool, advise: _Advise) -> int:
             advise(fd, offset, RANGE_BYTES, os.POSIX_FADV_DONTNEED)
             dropped += min(RANGE_BYTES, size - offset)
     return dropped
-
-
-def _regular_files(folder: str) -> list[str]:
-    """Paths of the regular files under ``folder`` (sub-folders entered, links never followed)."""
-    found: list[str] = []
-    pending = [folder]
-    while pending:
-        try:
-            with os.scandir(pending.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False):
-                        found.append(entry.path)
-        except OSError:
-            continue
-    return found
