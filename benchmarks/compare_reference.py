@@ -425,6 +425,9 @@ def child_small_save(_: str, args: argparse.Namespace) -> dict[str, list[float]]
     }
     for save in saves.values():  # one unrecorded save each: lazy imports, the folders exist
         save()
+    # Untimed: the gigabytes the previous child left dirty are written back now, not while these
+    # saves' few fsyncs wait behind them (the reference's saves, which never flush, would not wait).
+    os.sync()
     times: dict[str, list[float]] = {name: [] for name in saves}
     per_sample = 20
     for _, name in _alternating(args.reps, list(saves)):

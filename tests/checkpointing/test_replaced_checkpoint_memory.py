@@ -323,3 +323,26 @@ def test_a_multiprocessing_child_waits_for_its_removal(tmp_path) -> None:
     folder = str(tmp_path / "ckpt")
     _run_saving_child(_FORKED_CHILD, folder)
     assert _hidden(folder) == []
+
+
+def test_links_and_fifos_planted_in_the_replaced_checkpoint_are_not_followed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    accelerator, _ = _tiny(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(os.urandom(1 << 20))
+    os.sync()
+    outside.read_bytes()  # cached, clean
+    cached_before = _resident_pages(str(outside))
+    os.symlink(outside, os.path.join(folder, "planted_link.bin"))
+    os.mkfifo(os.path.join(folder, "planted_fifo"))
+    advice = _Advice(monkeypatch)
+    accelerator.save_state(folder)  # must neither block on the FIFO nor drop the link's target
+    monkeypatch.undo()
+    dropped = {os.path.basename(path) for path in advice.dropped()}
+    assert dropped and not dropped & {"planted_link.bin", "planted_fifo", "outside.bin"}
+    assert cached_before > 0 and _resident_pages(str(outside)) == cached_before
+    atomic.wait_for_removals()
+    assert outside.exists() and _hidden(folder) == []
+    verify_checkpoint(folder, checksums=True)
