@@ -346,3 +346,15 @@ def test_links_and_fifos_planted_in_the_replaced_checkpoint_are_not_followed(tmp
     atomic.wait_for_removals()
     assert outside.exists() and _hidden(folder) == []
     verify_checkpoint(folder, checksums=True)
+
+
+def test_cachestat_is_never_called_on_a_machine_whose_syscall_numbers_differ(monkeypatch) -> None:
+    real_uname = os.uname()
+    fake = os.uname_result((real_uname.sysname, "n", "6.18", "v", "mips64"))
+    monkeypatch.setattr(os, "uname", lambda: fake)
+    monkeypatch.setattr(page_cache, "_SYSCALL", [])
+    fd = os.open(__file__, os.O_RDONLY)
+    try:
+        assert page_cache.cachestat(fd) is None
+    finally:
+        os.close(fd)

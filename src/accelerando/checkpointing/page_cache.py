@@ -26,7 +26,25 @@ from accelerando.checkpointing.atomic import regular_file_entries
 __all__ = ["RANGE_BYTES", "cachestat", "release_cached"]
 
 RANGE_BYTES = 64 << 20
-_CACHESTAT_SYSCALL = 451  # the same number on every architecture (the unified syscall table)
+_CACHESTAT_SYSCALL = 451
+# Where 451 is cachestat: system calls added since Linux 5.1 share one number on these machines (not on
+# alpha, MIPS or ia64, which offset theirs: there the call is never made).
+_UNIFIED_SYSCALL_MACHINES = frozenset(
+    {
+        "x86_64",
+        "i386",
+        "i686",
+        "aarch64",
+        "arm64",
+        "armv7l",
+        "armv8l",
+        "riscv64",
+        "ppc64le",
+        "ppc64",
+        "s390x",
+        "loongarch64",
+    }
+)
 
 
 class _Range(ctypes.Structure):
@@ -50,7 +68,7 @@ _SYSCALL: list[Callable[..., int] | None] = []  # libc's syscall(), None where t
 def _syscall() -> Callable[..., int] | None:
     if not _SYSCALL:
         function = None
-        if os.uname().sysname == "Linux":
+        if os.uname().sysname == "Linux" and os.uname().machine in _UNIFIED_SYSCALL_MACHINES:
             try:
                 function = ctypes.CDLL(None, use_errno=True).syscall
                 function.restype = ctypes.c_long
