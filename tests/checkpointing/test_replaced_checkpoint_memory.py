@@ -358,3 +358,33 @@ def test_cachestat_is_never_called_on_a_machine_whose_syscall_numbers_differ(mon
         assert page_cache.cachestat(fd) is None
     finally:
         os.close(fd)
+
+
+_SCRATCH_ONLY_CHILD = textwrap.dedent(
+    """
+    import sys, threading, torch
+    from accelerando import Accelerator
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(4, 2))
+    for _ in range(3):
+        accelerator.save_state(sys.argv[1], durable=False)  # the later ones replace the first
+    print(sorted(thread.name for thread in threading.enumerate()))
+    """
+)
+
+
+def test_a_fresh_process_making_scratch_saves_starts_no_thread(tmp_path) -> None:
+    """In a fresh interpreter (no pool left by another test), replacing a small scratch checkpoint
+    unlinks its files in line: no flush pool, no removal thread.
+    """
+    folder = str(tmp_path / "ckpt")
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRATCH_ONLY_CHILD, folder],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['MainThread']"
+    assert _hidden(folder) == []

@@ -223,23 +223,26 @@ def remove_tree(path: str, together: bool = True) -> None:
                     shutil.rmtree(os.path.join(path, entry.name), ignore_errors=True)
                 else:
                     files.append(entry.name)
-        if not together:
+        if not together or len(files) < 2:  # no other thread to wait with: unlinked here
             for name in files:
                 _unlink_at(name, fd)
-            files = []
-        pool = flush_pool()
-        futures = [pool.submit(_unlink_at, name, fd) for name in files[1:]]
-        if files:
+        else:
+            pool = flush_pool()
+            futures = [pool.submit(_unlink_at, name, fd) for name in files[1:]]
             _unlink_at(files[0], fd)
-        for future in futures:
-            future.result()
+            for future in futures:
+                future.result()
     finally:
         os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(path)
 
 
-_PENDING_REMOVALS: list[tuple[int, threading.Thread]] = []
+# Folders smaller than this are removed (and their page cache dropped) in line: it costs less than
+# what doing it differently saves.
+BACKGROUND_MIN_BYTES = 64 << 20
+
+_PENDING_REMOVALS: list[threading.Thread] = []
 _PENDING_LOCK = threading.Lock()  # a background save's commit hands removals over too
 
 
@@ -252,9 +255,6 @@ def _forget_removals_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_removals_in_child)
-# Folders smaller than this are removed (and their page cache dropped) in line: it costs less than
-# what doing it differently saves.
-BACKGROUND_MIN_BYTES = 64 << 20
 
 
 def regular_file_entries(folder: str) -> Iterator[os.DirEntry[str]]:
@@ -299,19 +299,17 @@ def remove_later(path: str, together: bool = True) -> None:
     if _bytes_at_least(path, BACKGROUND_MIN_BYTES) < BACKGROUND_MIN_BYTES:
         remove_tree(path, together)  # a small folder: gone in less time than a thread takes to start
         return
-    pid = os.getpid()
     thread = threading.Thread(target=remove_tree, args=(path, together), name="accelerando-remove")
     thread.start()
     with _PENDING_LOCK:
-        _PENDING_REMOVALS[:] = [(p, t) for p, t in _PENDING_REMOVALS if p == pid and t.is_alive()]
-        _PENDING_REMOVALS.append((pid, thread))
+        _PENDING_REMOVALS[:] = [t for t in _PENDING_REMOVALS if t.is_alive()]
+        _PENDING_REMOVALS.append(thread)
 
 
 def wait_for_removals() -> None:
     """Wait until every folder this process handed to :func:`remove_later` is removed; never raises."""
-    pid = os.getpid()  # a forked child has the parent's list, not its threads
     with _PENDING_LOCK:
-        pending = [thread for owner, thread in _PENDING_REMOVALS if owner == pid]
+        pending = list(_PENDING_REMOVALS)
         _PENDING_REMOVALS.clear()
     for thread in pending:
         thread.join()

@@ -68,7 +68,8 @@ _SYSCALL: list[Callable[..., int] | None] = []  # libc's syscall(), None where t
 def _syscall() -> Callable[..., int] | None:
     if not _SYSCALL:
         function = None
-        if os.uname().sysname == "Linux" and os.uname().machine in _UNIFIED_SYSCALL_MACHINES:
+        system = os.uname()
+        if system.sysname == "Linux" and system.machine in _UNIFIED_SYSCALL_MACHINES:
             try:
                 function = ctypes.CDLL(None, use_errno=True).syscall
                 function.restype = ctypes.c_long
