@@ -202,7 +202,9 @@ def _install_pause(atomic, pause: str | None, ready) -> None:
     import time
 
     if pause == "rmtree":
-        original_rmtree = atomic.remove_tree
+        from accelerando.checkpointing import removal  # rotation's deletes run there
+
+        original_rmtree = removal.remove_tree
 
         def slow_rmtree(path, *args, **kwargs):
             if (
@@ -216,7 +218,7 @@ def _install_pause(atomic, pause: str | None, ready) -> None:
                 time.sleep(5)
             original_rmtree(path, *args, **kwargs)
 
-        atomic.remove_tree = slow_rmtree
+        removal.remove_tree = slow_rmtree
     elif pause == "fsync":
         original_fsync = atomic.fsync_file
         calls = {"n": 0}

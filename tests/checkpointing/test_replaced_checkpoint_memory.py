@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from accelerando import Accelerator
-from accelerando.checkpointing import atomic, page_cache, verify_checkpoint
+from accelerando.checkpointing import atomic, page_cache, removal, verify_checkpoint
 from accelerando.plugins.project import ProjectConfiguration
 
 
@@ -69,7 +69,7 @@ def _files(folder: str) -> set[str]:
 def test_a_durable_checkpoint_replaced_is_dropped_from_the_cache_before_the_new_one_is_written(
     tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(removal, "BACKGROUND_MIN_BYTES", 1)
     accelerator, model = _tiny(tmp_path)
     folder = str(tmp_path / "ckpt")
     accelerator.save_state(folder)
@@ -98,7 +98,7 @@ def _dirty_pages(path: str) -> int | None:
 
 
 def test_a_scratch_checkpoint_keeps_its_dirty_pages_and_loses_its_clean_ones(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(removal, "BACKGROUND_MIN_BYTES", 1)
     accelerator, _ = _tiny(tmp_path)
     folder = str(tmp_path / "ckpt")
     weights = os.path.join(folder, "model.safetensors")
@@ -125,7 +125,7 @@ def test_a_scratch_checkpoint_keeps_its_dirty_pages_and_loses_its_clean_ones(tmp
 
 def test_only_clean_ranges_are_ever_dropped(tmp_path, monkeypatch) -> None:
     """Whatever the kernel says, a range is dropped only when cachestat found it cached and clean."""
-    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(removal, "BACKGROUND_MIN_BYTES", 1)
     monkeypatch.setattr(page_cache, "RANGE_BYTES", 4096)
     accelerator, _ = _tiny(tmp_path)
     folder = str(tmp_path / "ckpt")
@@ -158,7 +158,7 @@ def test_only_clean_ranges_are_ever_dropped(tmp_path, monkeypatch) -> None:
 
 
 def test_without_cachestat_only_a_durable_checkpoint_is_dropped(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(removal, "BACKGROUND_MIN_BYTES", 1)
     monkeypatch.setattr(page_cache, "cachestat", lambda *_: None)
     accelerator, _ = _tiny(tmp_path)
     folder = str(tmp_path / "ckpt")
@@ -185,7 +185,7 @@ def test_a_small_checkpoint_replaced_is_left_cached(tmp_path, monkeypatch) -> No
 
 
 def test_rotated_out_checkpoints_are_dropped_before_writing_and_removed_after(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(removal, "BACKGROUND_MIN_BYTES", 1)
     accelerator, _ = _tiny(tmp_path, automatic_checkpoint_naming=True, total_limit=2)
     for _ in range(2):
         accelerator.save_state()
@@ -252,8 +252,8 @@ _CHILD = textwrap.dedent(
     """
     import os, sys, torch
     from accelerando import Accelerator
-    from accelerando.checkpointing import atomic
-    atomic.BACKGROUND_MIN_BYTES = 1
+    from accelerando.checkpointing import atomic, removal
+    removal.BACKGROUND_MIN_BYTES = 1
     folder = sys.argv[1]
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(torch.nn.Linear(64, 64))
@@ -269,10 +269,10 @@ _FORKED_CHILD = textwrap.dedent(
     """
     import multiprocessing, sys, torch
     from accelerando import Accelerator
-    from accelerando.checkpointing import atomic
+    from accelerando.checkpointing import atomic, removal
 
     def save_twice(folder):
-        atomic.BACKGROUND_MIN_BYTES = 1
+        removal.BACKGROUND_MIN_BYTES = 1
         accelerator = Accelerator(cpu=True)
         accelerator.prepare(torch.nn.Linear(64, 64))
         accelerator.save_state(folder)
@@ -326,7 +326,7 @@ def test_a_multiprocessing_child_waits_for_its_removal(tmp_path) -> None:
 
 
 def test_links_and_fifos_planted_in_the_replaced_checkpoint_are_not_followed(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(atomic, "BACKGROUND_MIN_BYTES", 1)
+    monkeypatch.setattr(removal, "BACKGROUND_MIN_BYTES", 1)
     accelerator, _ = _tiny(tmp_path)
     folder = str(tmp_path / "ckpt")
     accelerator.save_state(folder)

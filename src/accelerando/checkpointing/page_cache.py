@@ -21,7 +21,7 @@ import os
 import stat
 from collections.abc import Callable
 
-from accelerando.checkpointing.atomic import regular_file_entries
+from accelerando.checkpointing.removal import regular_file_entries
 
 __all__ = ["RANGE_BYTES", "cachestat", "release_cached"]
 

@@ -35,6 +35,7 @@ import torch
 import accelerando.checkpointing.atomic as atomic
 import accelerando.checkpointing.lock as lock
 import accelerando.checkpointing.page_cache as page_cache
+import accelerando.checkpointing.removal as removal
 from accelerando.checkpointing.collective import gather, is_committer, save_on_each_node
 from accelerando.checkpointing.elastic import manifest_facts
 from accelerando.checkpointing.project import (
@@ -227,7 +228,7 @@ def _claim(
 ) -> tuple[str, str]:
     """Committing process: lock, clean leftovers, pick the folder, create the staging folder."""
     run = target.memory
-    atomic.wait_for_removals()  # the previous save's replaced folders are gone before this one writes
+    removal.wait_for_removals()  # the previous save's replaced folders are gone before this one writes
     if root is not None:
         lock.hold(
             target.owner, run.locks, root, wait, root, run.token
@@ -253,7 +254,7 @@ def _release_replaced(target: CheckpointTarget, root: str | None, final_dir: str
         leaving += atomic.rotated_out(root, limit, target.memory.skipped, number)
     for folder in leaving:
         size, durable = _committed_facts(target.memory, folder)
-        if size >= atomic.BACKGROUND_MIN_BYTES:
+        if size >= removal.BACKGROUND_MIN_BYTES:
             page_cache.release_cached(folder, known_clean=durable)
 
 
