@@ -333,7 +333,13 @@ def measure_checkpoint(rows: list[Row], args: argparse.Namespace) -> None:
     result = run_child(
         "checkpoint",
         "accelerando",
-        ["--size-mb", str(args.size_mb), "--reps", str(args.rounds), *(["--settle"] if args.settle else [])],
+        [
+            "--size-mb",
+            str(args.size_mb),
+            "--reps",
+            str(args.rounds),
+            *(["--back-to-back"] if args.back_to_back else []),
+        ],
     )
     result |= run_child("small_save", "accelerando", ["--reps", str(args.rounds)])
     save, scratch, load, small, small_scratch = rows
@@ -394,7 +400,7 @@ def child_checkpoint(_: str, args: argparse.Namespace) -> dict[str, list[float]]
             for load in loads.values():  # one unrecorded load each: lazy imports, first page mappings
                 load()
         for _, name in _alternating(args.reps, list(variants)):
-            if args.settle and variants is saves:
+            if not args.back_to_back and variants is saves:
                 os.sync()  # untimed: no other variant's dirty pages are being written back during this one
             start = time.perf_counter()
             variants[name]()
@@ -553,11 +559,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where checkpoints are written")
     parser.add_argument(
-        "--settle",
+        "--back-to-back",
         action="store_true",
-        help="checkpoint saves: os.sync() (untimed) before each timed save, so none pays for the "
-        "write-back of the previous variants' gigabytes (as a save between training steps)",
+        help="checkpoint saves one right after the other; by default os.sync() (untimed) runs before each "
+        "timed save, so none pays for the write-back of the previous variants' gigabytes (as a save "
+        "between training steps, minutes after the last one)",
     )
+    # --settle: the default since 2026-12-05, still accepted
+    parser.add_argument("--settle", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default="/tmp/bench_big_model")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--lib", help=argparse.SUPPRESS)
@@ -586,6 +595,12 @@ def main() -> None:
         f" before, {after[0]:.1f} / {after[1]:.1f} / {after[2]:.1f} after; {args.rounds} alternating rounds;"
         " each column is the median of its rounds, each ratio the ratio of those medians, 'rounds' the"
         " min-max of the same ratio round by round"
+        + ("; checkpoint saves back to back" if args.back_to_back else "")
+        + (
+            "; each timed checkpoint save after an untimed os.sync()"
+            if "checkpoint" in (args.only or ",".join(GROUPS)) and not args.back_to_back
+            else ""
+        )
     )
     text = f"{header}\n\n{table(rows)}\n"
     print(text)

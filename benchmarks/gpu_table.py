@@ -10,7 +10,8 @@ on the device (raw: pinned memory, ``non_blocking`` copies); an FSDP2 step on on
 ``assign``). Times are wall seconds with the device synchronised at the end of each measurement.
 
 Run it only on a machine with a CUDA device (never in CI): without one it prints one line and exits
-with status 2. From a session lent a GPU machine (about 5 minutes on one H200 with the defaults)::
+with status 2. ``--rehearse`` runs every group on the CPU at toy sizes instead (gloo for FSDP2): it
+checks the script itself before a device is lent, and its figures mean nothing. From a session lent a GPU machine (about 5 minutes on one H200 with the defaults)::
 
     run(command="PYTHONPATH=src python3 benchmarks/gpu_table.py --markdown $OUT/gpu_table.md", timeout_s=600)
 
@@ -19,7 +20,7 @@ so carry its wheel as ``scripts/device_check.sh`` carries optional ones (``pip d
 accelerate==1.15.0 -d .whl``, installed with ``--target /tmp/site`` and put on ``PYTHONPATH``).
 Without it the reference column is empty and the table says why.
 
-Run: python benchmarks/gpu_table.py [--rounds 3] [--reps 7] [--only first,step,...] [--markdown t.md]
+Run: python benchmarks/gpu_table.py [--rounds 3] [--reps 7] [--only first,step,...] [--markdown t.md] [--rehearse]
 """
 
 from __future__ import annotations
@@ -54,10 +55,14 @@ NO_DEVICE = (
 # ---------------------------------------------------------------- child measurements (one process)
 
 
-def _sync() -> None:
-    import torch
+_ON_CUDA = [True]  # False in a rehearsal (--device cpu): nothing to synchronise
 
-    torch.cuda.synchronize()
+
+def _sync() -> None:
+    if _ON_CUDA[0]:
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -95,15 +100,16 @@ def _training_setup(lib: str, args: argparse.Namespace, mixed_precision: str):  
     from torch.utils.data import DataLoader
 
     torch.manual_seed(0)
+    pin = args.device == "cuda"
     acc = importlib.import_module(lib).Accelerator(
-        gradient_accumulation_steps=args.accumulation, mixed_precision=mixed_precision
+        gradient_accumulation_steps=args.accumulation, mixed_precision=mixed_precision, cpu=not pin
     )
     model, data = build(args.width, args.samples)
     raw_model = copy.deepcopy(model).to(acc.device)  # its own copy: bf16 patches the prepared forward
     raw_opt = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
-    raw_loader = DataLoader(data, batch_size=64, pin_memory=True)
+    raw_loader = DataLoader(data, batch_size=64, pin_memory=pin)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    model, opt, loader = acc.prepare(model, opt, DataLoader(data, batch_size=64, pin_memory=True))
+    model, opt, loader = acc.prepare(model, opt, DataLoader(data, batch_size=64, pin_memory=pin))
     return acc, (model, opt, loader), (raw_model, raw_opt, raw_loader)
 
 
@@ -116,7 +122,7 @@ def child_step(lib: str, args: argparse.Namespace) -> dict[str, float]:
     acc, prepared, raw = _training_setup(lib, args, args.precision)
 
     def raw_run() -> None:
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        autocast = torch.autocast(args.device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with autocast:
             raw_epoch(*raw, args.accumulation, acc.device)
 
@@ -134,12 +140,12 @@ def child_dataloader(lib: str, args: argparse.Namespace) -> dict[str, float]:
     from bench_dataloader import _dataset
     from torch.utils.data import DataLoader
 
-    device = torch.device("cuda", 0)
+    device, pin = torch.device(args.device, 0), args.device == "cuda"
     prepare_data_loader = importlib.import_module(f"{lib}.data_loader").prepare_data_loader
     dataset = _dataset(args.samples)
-    raw = DataLoader(dataset, batch_size=32, shuffle=True, pin_memory=True)
+    raw = DataLoader(dataset, batch_size=32, shuffle=True, pin_memory=pin)
     prepared = prepare_data_loader(
-        DataLoader(dataset, batch_size=32, shuffle=True, pin_memory=True),
+        DataLoader(dataset, batch_size=32, shuffle=True, pin_memory=pin),
         device=device,
         num_processes=1,
         process_index=0,
@@ -188,9 +194,13 @@ def child_fsdp2(lib: str, args: argparse.Namespace) -> dict[str, float]:
     if lib == "raw":
         from torch.distributed.fsdp import fully_shard
 
-        torch.distributed.init_process_group("nccl")
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
+        if args.device == "cuda":
+            torch.distributed.init_process_group("nccl")
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        else:
+            torch.distributed.init_process_group("gloo")
+            device = torch.device("cpu")
         model = _fsdp_model(args.width).to(device)
         for block in model:
             fully_shard(block)
@@ -200,7 +210,9 @@ def child_fsdp2(lib: str, args: argparse.Namespace) -> dict[str, float]:
         barrier: Callable[[], None] = lambda: None  # noqa: E731
     else:
         module = importlib.import_module(lib)
-        acc = module.Accelerator(fsdp_plugin=module.FullyShardedDataParallelPlugin(fsdp_version=2))
+        acc = module.Accelerator(
+            fsdp_plugin=module.FullyShardedDataParallelPlugin(fsdp_version=2), cpu=args.device == "cpu"
+        )
         device, backward, barrier = acc.device, acc.backward, acc.wait_for_everyone
         model = acc.prepare(_fsdp_model(args.width))  # the model first: its optimizer takes the shards
         opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4))
@@ -215,11 +227,13 @@ def child_fsdp2(lib: str, args: argparse.Namespace) -> dict[str, float]:
 
 def child_big_model(lib: str, args: argparse.Namespace) -> dict[str, float]:
     """Wall seconds of loading the bench_big_model checkpoint onto the GPU and one forward ("raw": meta + assign)."""
+    import bench_big_model
     import torch
-    from bench_big_model import WIDTH, build_model
 
+    bench_big_model.LAYERS = args.layers
+    build_model, target = bench_big_model.build_model, "cuda:0" if args.device == "cuda" else "cpu"
     path = os.path.join(args.workdir, "single", "model.safetensors")
-    x = torch.randn(4, WIDTH, device="cuda")
+    x = torch.randn(4, bench_big_model.WIDTH, device=target)
     _sync()
     start = time.perf_counter()
     if lib == "raw":
@@ -227,12 +241,12 @@ def child_big_model(lib: str, args: argparse.Namespace) -> dict[str, float]:
 
         with torch.device("meta"):
             model = build_model()
-        model.load_state_dict(load_file(path, device="cuda:0"), assign=True)
+        model.load_state_dict(load_file(path, device=target), assign=True)
     else:
         module = importlib.import_module(lib)
         with module.init_empty_weights():
             model = build_model()
-        model = module.load_checkpoint_and_dispatch(model, path, {"": 0})
+        model = module.load_checkpoint_and_dispatch(model, path, {"": 0 if args.device == "cuda" else "cpu"})
     with torch.no_grad():
         model(x)
     _sync()
@@ -268,8 +282,17 @@ def run_child(figure: str, lib: str, extra: list[str], torchrun: bool = False) -
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-    raise RuntimeError(f"{figure} ({lib}) exited with {done.returncode}: {tail}")
+    raise RuntimeError(f"{figure} ({lib}) exited with {done.returncode}: {_cause(done.stderr)}")
+
+
+def _cause(stderr: str) -> str:
+    """The child's exception line (under torchrun its error report ends stderr, not the exception)."""
+    lines = [line.removeprefix("[rank0]: ").strip() for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        name = line.split(":", 1)[0]
+        if name.endswith(("Error", "Exception")) and not name.endswith("ChildFailedError"):
+            return line
+    return lines[-1] if lines else "(no output)"
 
 
 def measure(
@@ -299,13 +322,14 @@ def measure(
 
 def _plan(args: argparse.Namespace) -> Iterator[tuple[Row, str, list[str], str]]:
     """(row, child figure, child arguments, where raw comes from) for each selected group."""
-    reps = ["--reps", str(args.reps), "--samples", str(args.samples)]
+    device = ["--device", args.device]
+    reps = ["--reps", str(args.reps), "--samples", str(args.samples), *device]
     for group in args.only.split(",") if args.only else GROUPS:
         if group == "first":
             yield (
                 Row("first `Accelerator()` after `import torch`, CUDA machine (CPU s)", Goal("acc/ref", 0.5)),
                 "first",
-                [],
+                device,
                 "",
             )
         elif group in ("step", "bf16"):
@@ -327,17 +351,17 @@ def _plan(args: argparse.Namespace) -> Iterator[tuple[Row, str, list[str], str]]
             yield (
                 Row(label, STEP_GOAL),
                 "dataloader",
-                ["--samples", str(args.samples * 8), "--reps", str(args.reps)],
+                ["--samples", str(args.samples * 8), "--reps", str(args.reps), *device],
                 "beside",
             )
         elif group == "fsdp2":
             label = f"FSDP2 epoch on 1 device, {args.width} wide, AdamW (s; raw: fully_shard by hand)"
             yield Row(label, STEP_GOAL), "fsdp2", [*reps, "--width", str(args.width)], "own"
         elif group == "big_model":
-            label = (
-                "big-model load 1.44 GB to the GPU + forward (s; raw: meta + safetensors to cuda + assign)"
-            )
-            yield Row(label), "big_model", ["--workdir", args.workdir], "own"
+            gibibytes = args.layers * 2048 * 2049 * 4 / 2**30
+            label = f"big-model load {gibibytes:.2f} GiB to the GPU + forward (s; raw: meta + safetensors to cuda + assign)"
+            extra = ["--workdir", args.workdir, "--layers", str(args.layers), *device]
+            yield Row(label), "big_model", extra, "own"
         else:
             raise SystemExit(f"gpu_table.py: unknown group {group!r}; choose among {','.join(GROUPS)}")
 
@@ -350,6 +374,7 @@ def build_rows(args: argparse.Namespace, libs: tuple[str, ...]) -> tuple[list[Ro
         if figure == "big_model":
             import bench_big_model
 
+            bench_big_model.LAYERS = args.layers
             os.makedirs(args.workdir, exist_ok=True)
             bench_big_model.prepare(args.workdir)
         print(f"measuring {row.label} ...", file=sys.stderr, flush=True)
@@ -374,7 +399,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workdir", default="/tmp/bench_big_model", help="where the big checkpoint is written"
     )
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run every group on the CPU at toy sizes: checks the script before a GPU is lent (figures mean nothing)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, default=90, help=argparse.SUPPRESS)
     parser.add_argument("--lib", help=argparse.SUPPRESS)
     parser.add_argument("--accumulation", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="no", choices=("no", "bf16"), help=argparse.SUPPRESS)
@@ -386,6 +418,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds and --reps must be at least 1")
     if args.quick:
         args.rounds, args.reps, args.samples = min(args.rounds, 2), min(args.reps, 3), 64 * 20
+    if args.rehearse:
+        args.device, args.rounds, args.reps = "cpu", 1, 1
+        args.samples, args.width, args.layers = 64 * 2, 32, 2
+        args.workdir += "_rehearsal"  # never the real checkpoint's folder: its model has other layers
     return args
 
 
@@ -394,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    _ON_CUDA[0] = args.device == "cuda"
+    if _ON_CUDA[0] and not torch.cuda.is_available():
         print(NO_DEVICE, file=sys.stderr)
         return 2
     if args.child:
@@ -406,8 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     before = os.getloadavg()
     rows, notes = build_rows(args, libs)
     after = os.getloadavg()
+    machine = torch.cuda.get_device_name(0) if _ON_CUDA[0] else "REHEARSAL on the CPU (figures mean nothing)"
     header = (
-        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; {os.cpu_count()} CPUs, load average"
+        f"{machine}, torch {torch.__version__}; {os.cpu_count()} CPUs, load average"
         f" {before[0]:.1f} before, {after[0]:.1f} after; {args.rounds} alternating rounds; each column the"
         " median of its rounds, each ratio the ratio of those medians, 'rounds' its min-max round by round"
     )

@@ -66,3 +66,46 @@ def test_without_cuda_it_refuses_with_one_line() -> None:
     assert done.stdout == ""
     assert done.stderr.strip() == GPU_TABLE.NO_DEVICE
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _rehearsal(groups: str, tmp_path: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rehearse", "--only", groups, "--workdir", str(tmp_path / "big")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "REHEARSAL on the CPU" in done.stdout
+    return done.stdout
+
+
+def _figures(stdout: str, label_part: str) -> list[str]:
+    """The accelerando, reference and raw cells of the row whose label holds ``label_part``."""
+    (line,) = [line for line in stdout.splitlines() if line.startswith("|") and label_part in line]
+    return [cell.strip() for cell in line.strip("|").split("|")][1:4]
+
+
+@pytest.mark.slow
+def test_a_cpu_rehearsal_runs_every_group_end_to_end(tmp_path: Path) -> None:
+    """Every child's code path (bf16 autocast, FSDP2 under torchrun, the big-model load) runs on the CPU,
+    so the first GPU session spends its minutes measuring, not mending the script."""
+    stdout = _rehearsal(",".join(GPU_TABLE.GROUPS), tmp_path)
+    for label in ("first `Accelerator()`", "no precision, accumulation 1", "no precision, accumulation 4",
+                  "bf16 precision", "dataloader", "big-model"):  # fmt: skip
+        accelerando, reference, raw = _figures(stdout, label)
+        assert accelerando != "-" and reference != "-", (label, stdout)
+        if not label.startswith("first"):
+            assert raw != "-", (label, stdout)
+    _, _, raw = _figures(stdout, "FSDP2")
+    assert raw != "-", stdout
+    failures = [line for line in stdout.splitlines() if line.startswith("- ")]
+    # Only accelerando's refusal of FSDP on one process, named by its exception line.
+    assert all("FSDP2" in line and "ValueError: FSDP shards" in line for line in failures), failures
+
+
+def test_a_failing_child_is_named_by_its_exception_line() -> None:
+    report = "[rank0]: Traceback...\n[rank0]: ValueError: no\nChildFailedError: \n=====\n  rank: 0\n"
+    assert GPU_TABLE._cause(report) == "ValueError: no"
+    assert GPU_TABLE._cause("") == "(no output)"
