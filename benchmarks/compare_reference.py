@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,19 +130,35 @@ def child_first(lib: str, _: argparse.Namespace) -> dict[str, float]:
 
 
 def child_step(lib: str, args: argparse.Namespace) -> dict[str, float]:
-    """Median CPU seconds of a prepared epoch and of the raw epoch, interleaved in this process."""
+    """Median main-thread CPU seconds of a prepared epoch and of the raw epoch, interleaved in this process.
+
+    The main thread's time, not the process's: the library's per-step code runs there, while gloo's
+    own threads (the same collectives in both loops) spend CPU waiting for the other process in
+    amounts that swing 15% from one launch to the next. Should any other Python thread run during
+    the epochs (a library's helper), the process's time is used instead, so that its work is counted.
+    """
     import torch
     from bench_training_step import build, prepared_epoch, raw_epoch
     from torch.utils.data import DataLoader, Subset
 
     torch.set_num_threads(1)
     accumulation, width = args.accumulation, args.width
-    acc = _accelerator_class(lib)(gradient_accumulation_steps=accumulation)
+    # cpu=True: under torchrun on a machine without GPUs the reference otherwise runs two independent
+    # one-process copies (no DDP at all); with it, both libraries form one 2-process gloo job.
+    acc = _accelerator_class(lib)(gradient_accumulation_steps=accumulation, cpu=True)
+    if acc.num_processes != int(os.environ.get("WORLD_SIZE", "1")):
+        raise RuntimeError(
+            f"{lib} formed a {acc.num_processes}-process job under a {os.environ['WORLD_SIZE']}-process launch"
+        )
     world, rank = acc.num_processes, acc.process_index
     model, data = build(width, args.samples)
     # One process: both loops train the very same module (prepare returns it unchanged), so the
-    # comparison cannot be skewed by where two copies of the weights happen to sit in memory.
+    # comparison cannot be skewed by where two copies of the weights happen to sit in memory. Several:
+    # the copy goes to raw DDP in even rounds and to the prepared model in odd ones, so that where
+    # each copy sits in memory favours neither side over a run.
     raw_model = model if world == 1 else copy.deepcopy(model)
+    if world > 1 and args.round % 2:
+        model, raw_model = raw_model, model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -154,16 +171,22 @@ def child_step(lib: str, args: argparse.Namespace) -> dict[str, float]:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     model, opt, loader = acc.prepare(model, opt, DataLoader(data, batch_size=64))
     times: dict[str, list[float]] = {"lib": [], "raw": []}
+    process_times: dict[str, list[float]] = {"lib": [], "raw": []}
+    other_threads = False
     for rep in range(args.reps + 1):  # the first round warms up and is dropped
         for name in ("raw", "lib") if rep % 2 == 0 else ("lib", "raw"):
             acc.wait_for_everyone()
-            start = time.process_time()
+            start, process_start = time.thread_time(), time.process_time()
             if name == "raw":
                 raw_epoch(raw_model, raw_opt, raw_loader, accumulation)
             else:
                 prepared_epoch(acc, model, opt, loader, accumulation)
             if rep:
-                times[name].append(time.process_time() - start)
+                times[name].append(time.thread_time() - start)
+                process_times[name].append(time.process_time() - process_start)
+            other_threads = other_threads or threading.active_count() > 1
+    if other_threads:
+        times = process_times
     result = {name: statistics.median(values) for name, values in times.items()}
     return result
 
@@ -290,8 +313,8 @@ def measure_children(rows: list[Row], figure: str, extra: list[str], rounds: int
     names = [*LIBS, "raw"] if raw and figure == "big_model" else list(LIBS)
     for name in names:  # one unrecorded round each: fills the bytecode folder, warms the file cache
         run_child(figure, name, extra, processes)
-    for _, name in _alternating(rounds, names):
-        result = run_child(figure, name, extra, processes)
+    for index, name in _alternating(rounds, names):
+        result = run_child(figure, name, [*extra, "--round", str(index)], processes)
         column = {"accelerando": "acc", "accelerate": "ref", "raw": "raw"}[name]
         row.samples[column].append(result["lib"])
         if name == "accelerando" and "raw" in result:  # the raw epoch measured beside accelerando's
@@ -468,7 +491,7 @@ def build_rows(args: argparse.Namespace) -> list[Row]:
             processes = 2 if group == "ddp" else 1
             for width in (512, 32):
                 for accumulation in (1, 4) if group == "step" or width == 32 else (1,):
-                    name = f"{'2-process DDP' if processes > 1 else 'training'} epoch, {width} wide, accumulation {accumulation} (CPU s)"
+                    name = f"{'2-process DDP' if processes > 1 else 'training'} epoch, {width} wide, accumulation {accumulation} (main-thread CPU s)"
                     rows.append(Row(name, STEP_GOAL))
                     extra = [*step_extra, "--width", str(width), "--accumulation", str(accumulation)]
                     measure_children(rows[-1:], "step", extra, args.rounds, raw=True, processes=processes)
@@ -572,6 +595,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lib", help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_argument("--accumulation", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.reps, args.samples = min(args.rounds, 3), min(args.reps, 5), 64 * 20
