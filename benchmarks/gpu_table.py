@@ -187,7 +187,7 @@ def child_fsdp2(lib: str, args: argparse.Namespace) -> dict[str, float]:
     """Median wall seconds of an FSDP2 epoch on one device (under torchrun, 1 process); "raw": ``fully_shard`` by hand.
 
     The raw figure is a child of its own, so that the reference's and raw columns are measured even
-    where a library refuses FSDP on one process (accelerando does: the table then notes its error).
+    where a library refuses FSDP on one process (the table then notes its error).
     """
     import torch
 

@@ -98,11 +98,9 @@ def test_a_cpu_rehearsal_runs_every_group_end_to_end(tmp_path: Path) -> None:
         assert accelerando != "-" and reference != "-", (label, stdout)
         if not label.startswith("first"):
             assert raw != "-", (label, stdout)
-    _, _, raw = _figures(stdout, "FSDP2")
-    assert raw != "-", stdout
-    failures = [line for line in stdout.splitlines() if line.startswith("- ")]
-    # Only accelerando's refusal of FSDP on one process, named by its exception line.
-    assert all("FSDP2" in line and "ValueError: FSDP shards" in line for line in failures), failures
+    accelerando, _, raw = _figures(stdout, "FSDP2")  # on the CPU the reference's child runs DDP
+    assert accelerando != "-" and raw != "-", stdout
+    assert not [line for line in stdout.splitlines() if line.startswith("- ")], stdout  # no child failed
 
 
 def test_a_failing_child_is_named_by_its_exception_line() -> None:

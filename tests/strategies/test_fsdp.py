@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +22,6 @@ from accelerando.backends.strategies.fsdp.checkpoint import (
 )
 from accelerando.backends.strategies.fsdp.helpers import merge_fsdp_weights
 from accelerando.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
-from suite_support import reset_accelerator_state
 
 MB = 10**6
 
@@ -297,21 +295,3 @@ def test_ram_efficient_loading_switches(monkeypatch):
     disable_fsdp_ram_efficient_loading()
     assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "false"
     assert not Plugin().cpu_ram_efficient_loading
-
-
-def test_fsdp_with_one_process_is_a_clear_error():
-    from accelerando.backends.strategies.fsdp import FSDPStrategy
-
-    with pytest.raises(ValueError, match=r"only one.*--num_processes 2"):
-        FSDPStrategy(SimpleNamespace(num_processes=1, plugins=SimpleNamespace(fsdp=None)), precision=None)
-
-
-def test_accelerator_with_fsdp_plugin_in_one_process_is_a_clear_error():
-    from accelerando import Accelerator
-
-    reset_accelerator_state(partial=False)
-    try:
-        with pytest.raises(ValueError, match="only one"):
-            Accelerator(fsdp_plugin=Plugin(), cpu=True)
-    finally:
-        reset_accelerator_state(partial=False)

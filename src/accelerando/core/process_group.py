@@ -325,12 +325,17 @@ def _rendezvous(
 
     torch's ``tcp://`` rendezvous hosts rank 0's store on every interface; when no launcher agent
     hosts the store (a Ray launch, a process started by hand), rank 0 hosts it on the bind address
-    only (``where``: the main address, its port and the bind address).
+    only (``where``: the main address, its port and the bind address). A job of one process keeps
+    its store in memory: no port is opened.
     """
     # torch 2.13: torch/distributed/rendezvous.py:158 (private; does torchelastic's agent host the store?)
     from torch.distributed.rendezvous import _torchelastic_use_agent_store, rendezvous
 
     main_address, main_port, bind_address = where
+    if init_method is None and world_size == 1:  # a one-process job (FSDP on one device) meets nobody
+        from torch.distributed import HashStore
+
+        return HashStore(), 0, 1
     if init_method is None and rank == 0 and not _torchelastic_use_agent_store():
         bind = listen_address(bind_address, main_address)
         store = store_server(

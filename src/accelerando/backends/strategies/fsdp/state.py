@@ -214,10 +214,38 @@ def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Opt
 def load_full_optimizer_state_dict(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: OptimizerStateType
 ) -> None:
-    """Load a full optimizer state (present on every rank); each rank keeps its shard of it."""
+    """Load a full optimizer state (present on every rank); each rank keeps its shard of it.
+
+    An optimizer that keeps no tensors (SGD without momentum) gets its groups' settings only: torch's
+    loader needs a tensor of the state to learn the device from, and there is none.
+
+    Raises:
+        ValueError: the saved state has another number of parameter groups than ``optimizer``.
+    """
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    if not _holds_tensors(state.get("state", {})):
+        saved_groups = list(state.get("param_groups", []))
+        if len(saved_groups) != len(optimizer.param_groups):
+            raise ValueError(
+                f"the checkpoint's optimizer has {len(saved_groups)} parameter groups and this one has "
+                f"{len(optimizer.param_groups)}; build the optimizer as the saved run did"
+            )
+        for group, saved in zip(optimizer.param_groups, saved_groups, strict=True):
+            group.update({key: value for key, value in saved.items() if key != "params"})
+        return
     set_optimizer_state_dict(model, optimizer, state, options=_options(full_state_dict=True))
+
+
+def _holds_tensors(value: object) -> bool:
+    """Whether ``value`` (nested dicts, lists, tuples) holds a tensor with at least one dimension."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() > 0
+    if isinstance(value, dict):
+        return any(_holds_tensors(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(item) for item in value)
+    return False
 
 
 def _folder(root: str, stem: str, index: int) -> str:

@@ -68,8 +68,9 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
     the settings. ``prepare_model`` shards; ``prepare_optimizer`` re-points an optimizer built over
     the original parameters to the sharded ones (FSDP2 replaces every parameter).
 
-    Raises:
-        ValueError: fewer than two processes.
+    A job of one process (``python script.py``, ``torchrun --nproc_per_node 1``) runs FSDP over a
+    one-process group: the plugin's offloading and mixed-precision policy apply, nothing is sharded,
+    and training matches plain PyTorch bit for bit.
     """
 
     distributed_type = DistributedType.FSDP
@@ -78,11 +79,7 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
     def __init__(self, runtime: Runtime, precision: Precision, **options: object) -> None:
         super().__init__(runtime, precision, **options)
         if runtime.num_processes < 2:
-            raise ValueError(
-                "FSDP shards the model across processes and this job has only one; launch two or more "
-                "(accelerando launch --num_processes 2 script.py, or torchrun --nproc_per_node 2 script.py), "
-                "or drop fsdp_plugin / --use_fsdp to train on one process"
-            )
+            _one_process_group(runtime)
         # The connector puts the plugin in the runtime (one made from the settings when the user gave
         # none); the fallback serves a runtime built without one.
         plugin = runtime.plugins.fsdp
@@ -370,3 +367,25 @@ class FSDPStrategy(LoadsOwnCheckpoints, Strategy):
         path = os.path.join(input_dir, F.indexed(F.OPTIMIZER_NAME, index, ".bin"))
         S.load_full_optimizer_state_dict(model, inner, F.torch_load(path, "cpu"))
         return True
+
+
+def _one_process_group(runtime: Runtime) -> None:
+    """Start the one-process group FSDP needs in a job of one process (no-op when one exists); its
+    store lives in memory, so no port is opened. It is torn down at exit like any other group.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    import accelerando.core.process_group as process_group
+
+    cluster = runtime.cluster
+    process_group.start(
+        device=runtime.device,
+        default_backend=runtime.device_backend.dist_backend,
+        main_address=cluster.main_address,
+        main_port=cluster.main_port,
+        rank=0,
+        world_size=1,
+        attempt=cluster.restart_count,
+    )
