@@ -325,18 +325,20 @@ def _rendezvous(
 
     torch's ``tcp://`` rendezvous hosts rank 0's store on every interface; when no launcher agent
     hosts the store (a Ray launch, a process started by hand), rank 0 hosts it on the bind address
-    only (``where``: the main address, its port and the bind address). A job of one process keeps
-    its store in memory: no port is opened.
+    only (``where``: the main address, its port and the bind address). A job of one process that no
+    agent hosts keeps its store in memory: no port is opened.
     """
     # torch 2.13: torch/distributed/rendezvous.py:158 (private; does torchelastic's agent host the store?)
     from torch.distributed.rendezvous import _torchelastic_use_agent_store, rendezvous
 
     main_address, main_port, bind_address = where
-    if init_method is None and world_size == 1:  # a one-process job (FSDP on one device) meets nobody
-        from torch.distributed import HashStore
+    agent_store = _torchelastic_use_agent_store()
+    if init_method is None and world_size == 1 and not agent_store:  # one process (FSDP on one device)
+        # torch 2.13: torch/_C/_distributed_c10d.pyi:233 (documented as torch.distributed.HashStore)
+        from torch._C._distributed_c10d import HashStore
 
         return HashStore(), 0, 1
-    if init_method is None and rank == 0 and not _torchelastic_use_agent_store():
+    if init_method is None and rank == 0 and not agent_store:
         bind = listen_address(bind_address, main_address)
         store = store_server(
             bind, main_port, world_size=world_size, timeout=timeout, wait_for_workers=True, multi_tenant=True

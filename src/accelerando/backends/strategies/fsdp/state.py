@@ -225,7 +225,7 @@ def load_full_optimizer_state_dict(
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     if not _holds_tensors(state.get("state", {})):
-        saved_groups = list(state.get("param_groups", []))
+        saved_groups = cast("list[Mapping[str, object]]", list(state.get("param_groups", [])))
         if len(saved_groups) != len(optimizer.param_groups):
             raise ValueError(
                 f"the checkpoint's optimizer has {len(saved_groups)} parameter groups and this one has "

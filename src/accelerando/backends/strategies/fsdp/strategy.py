@@ -22,6 +22,7 @@ import torch
 import accelerando.backends.strategies.conversion as C
 import accelerando.backends.strategies.fsdp.state as S
 import accelerando.backends.strategies.fsdp.wrap as W
+import accelerando.core.process_group as process_group
 from accelerando.backends.precision.base import Precision
 from accelerando.backends.strategies.base import Strategy
 from accelerando.backends.strategies.fsdp.auto import ShardingChoice, choose_sharding_strategy
@@ -373,12 +374,8 @@ def _one_process_group(runtime: Runtime) -> None:
     """Start the one-process group FSDP needs in a job of one process (no-op when one exists); its
     store lives in memory, so no port is opened. It is torn down at exit like any other group.
     """
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    if torch.distributed.is_initialized():
         return
-    import accelerando.core.process_group as process_group
-
     cluster = runtime.cluster
     process_group.start(
         device=runtime.device,
