@@ -106,6 +106,11 @@ class Row:
 
 # Nothing in the training step or the dataloader loop may cost more than the raw loop beyond noise.
 STEP_GOAL = Goal("acc/raw", 1.02)
+# Epochs per child. A 2-process DDP epoch of the tiny model lasts 17-25 ms and shares the 2 cores
+# with the other rank and gloo's threads: with 11 epochs a round's median swung enough that the
+# median of 7 rounds read 1.035-1.055 in one run and 1.00-1.02 in the next (same code); 31 epochs
+# cost about 5 minutes more per run of the group.
+REPS, DDP_REPS = 11, 31
 
 # ---------------------------------------------------------------- child measurements (one process)
 
@@ -475,11 +480,16 @@ CHILDREN["small_save"] = child_small_save  # type: ignore[assignment]
 # ---------------------------------------------------------------- the table
 
 
+def child_epochs(args: argparse.Namespace, processes: int) -> int:
+    """Epochs a training or dataloader child measures: ``--reps``, else the default for its process count."""
+    return args.reps or (DDP_REPS if processes > 1 else REPS)
+
+
 def build_rows(args: argparse.Namespace) -> list[Row]:
     """Measure the selected groups; one Row per figure."""
     rows: list[Row] = []
     groups = args.only.split(",") if args.only else GROUPS
-    step_extra = ["--samples", str(args.samples), "--reps", str(args.reps)]
+    step_extra = ["--samples", str(args.samples)]
     for group in groups:
         if rows:  # the figures so far, in case a long run is stopped
             print(table(rows), file=sys.stderr, flush=True)
@@ -493,11 +503,12 @@ def build_rows(args: argparse.Namespace) -> list[Row]:
                 for accumulation in (1, 4) if group == "step" or width == 32 else (1,):
                     name = f"{'2-process DDP' if processes > 1 else 'training'} epoch, {width} wide, accumulation {accumulation} (main-thread CPU s)"
                     rows.append(Row(name, STEP_GOAL))
-                    extra = [*step_extra, "--width", str(width), "--accumulation", str(accumulation)]
+                    shape = ["--width", str(width), "--accumulation", str(accumulation)]
+                    extra = [*step_extra, "--reps", str(child_epochs(args, processes)), *shape]
                     measure_children(rows[-1:], "step", extra, args.rounds, raw=True, processes=processes)
         elif group == "dataloader":
             rows.append(Row(f"dataloader epoch, {args.samples * 8} samples, batch 32 (CPU s)", STEP_GOAL))
-            extra = ["--samples", str(args.samples * 8), "--reps", str(args.reps)]
+            extra = ["--samples", str(args.samples * 8), "--reps", str(child_epochs(args, 1))]
             measure_children(rows[-1:], "dataloader", extra, args.rounds, raw=True)
         elif group == "launch":
             for processes in (1, 2):
@@ -573,7 +584,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; ``--quick`` shrinks every size and count for a smoke run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per figure")
-    parser.add_argument("--reps", type=int, default=11, help="epochs per child measurement")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        help=f"epochs per child measurement (default {REPS}; {DDP_REPS} for the 2-process DDP rows)",
+    )
     parser.add_argument("--samples", type=int, default=64 * 60, help="samples per training epoch")
     parser.add_argument("--size-mb", type=int, default=400, help="checkpoint model size")
     parser.add_argument("--modules", type=int, default=2000, help="modules for infer_auto_device_map")
@@ -598,7 +613,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.reps, args.samples = min(args.rounds, 3), min(args.reps, 5), 64 * 20
+        args.rounds, args.reps, args.samples = min(args.rounds, 3), min(args.reps or 5, 5), 64 * 20
         args.size_mb, args.modules = min(args.size_mb, 100), min(args.modules, 500)
     return args
 

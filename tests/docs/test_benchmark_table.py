@@ -66,3 +66,11 @@ def test_a_row_without_samples_says_not_measured() -> None:
     row = HARNESS_MODULE.Row("figure", HARNESS_MODULE.Goal("acc/ref", 2.0))
     assert row.verdict() == "acc/ref <= 2: not measured"
     assert HARNESS_MODULE.table([row]).splitlines()[-1].startswith("| figure | - | - | - | - |")
+
+
+def test_ddp_rows_measure_more_epochs_unless_told() -> None:
+    default, told, quick = (HARNESS_MODULE.parse_args(argv) for argv in ([], ["--reps", "7"], ["--quick"]))
+    assert HARNESS_MODULE.child_epochs(default, 2) == HARNESS_MODULE.DDP_REPS > HARNESS_MODULE.REPS
+    assert HARNESS_MODULE.child_epochs(default, 1) == HARNESS_MODULE.REPS
+    assert HARNESS_MODULE.child_epochs(told, 2) == HARNESS_MODULE.child_epochs(told, 1) == 7
+    assert HARNESS_MODULE.child_epochs(quick, 2) == 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import torch
 from typing_extensions import override
@@ -285,9 +285,11 @@ class Strategy:
         method.
         """
         # Looked up on the class (in C), not with isinstance(model, SkipsSync): a runtime Protocol
-        # check is ~30 Python-level calls, paid on every accumulating micro-batch.
-        if getattr(type(model), "no_sync", None) is not None:
-            return cast("SkipsSync", model).no_sync()
+        # check is ~30 Python-level calls, paid on every accumulating micro-batch (as typing.cast
+        # would be one more: the method found on the class is called with the model).
+        skip_sync = getattr(type(model), "no_sync", None)
+        if skip_sync is not None:
+            return skip_sync(model)
         return self._no_sync(model)
 
     def _no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
