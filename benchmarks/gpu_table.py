@@ -55,13 +55,10 @@ NO_DEVICE = (
 # ---------------------------------------------------------------- child measurements (one process)
 
 
-_ON_CUDA = [True]  # False in a rehearsal (--device cpu): nothing to synchronise
-
-
 def _sync() -> None:
-    if _ON_CUDA[0]:
-        import torch
+    import torch
 
+    if torch.cuda.is_initialized():  # never in a rehearsal (--device cpu): nothing to wait for
         torch.cuda.synchronize()
 
 
@@ -430,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    _ON_CUDA[0] = args.device == "cuda"
-    if _ON_CUDA[0] and not torch.cuda.is_available():
+    on_cuda = args.device == "cuda"
+    if on_cuda and not torch.cuda.is_available():
         print(NO_DEVICE, file=sys.stderr)
         return 2
     if args.child:
@@ -443,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     before = os.getloadavg()
     rows, notes = build_rows(args, libs)
     after = os.getloadavg()
-    machine = torch.cuda.get_device_name(0) if _ON_CUDA[0] else "REHEARSAL on the CPU (figures mean nothing)"
+    machine = torch.cuda.get_device_name(0) if on_cuda else "REHEARSAL on the CPU (figures mean nothing)"
     header = (
         f"{machine}, torch {torch.__version__}; {os.cpu_count()} CPUs, load average"
         f" {before[0]:.1f} before, {after[0]:.1f} after; {args.rounds} alternating rounds; each column the"

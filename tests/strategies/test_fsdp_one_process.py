@@ -1,4 +1,4 @@
-"""FSDP on one process: under a launcher it runs over a one-process group; without one, a clear error.
+"""FSDP on one process (torchrun, accelerando launch, or plain python): it runs over a one-process group.
 
 The launched script trains with FSDP2 (and FSDP1) and plain PyTorch side by side, then saves, reloads and
 trains on, printing what it checked; one launch per FSDP version, several checks each.
