@@ -161,12 +161,13 @@ def child_step(lib: str, args: argparse.Namespace) -> dict[str, float]:
     # comparison cannot be skewed by where two copies of the weights happen to sit in memory. Several:
     # the copy goes to raw DDP in even rounds and to the prepared model in odd ones, so that where
     # each copy sits in memory favours neither side over a run.
-    raw_model = model if world == 1 else copy.deepcopy(model)
-    if world > 1 and args.round % 2:
-        model, raw_model = raw_model, model
+    raw_model = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
+        raw_model = copy.deepcopy(model)
+        if args.round % 2:
+            model, raw_model = raw_model, model
         raw_model = DistributedDataParallel(raw_model)
         indices = [i for b in range(rank, args.samples // 64, world) for i in range(b * 64, b * 64 + 64)]
         raw_loader = DataLoader(Subset(data, indices), batch_size=64)
